@@ -1,0 +1,80 @@
+// blend: importance maps and the streaming Stitcher. No LibTorch (predictions arrive as float CHW arrays).
+//
+// Stitcher promises: output bytes depend only on the predictions, never on their arrival order: windows are
+// accumulated (w*pred and w, float32) strictly in window-index order, buffering early arrivals. Memory is a
+// ring of one output window's height of rows across the padded output width, (C+1) floats per pixel, plus
+// the importance map and early arrivals: bytesHeld() <= wh*PW*(C+1)*4 + ww*wh*4 + pending. Rows are
+// divided by the summed weights and handed to the sink, top to bottom, as soon as no later window can touch
+// them. Not thread safe: one thread feeds a Stitcher.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <opencv2/core.hpp>
+#include <string>
+#include <vector>
+
+#include "tiler/grid.hpp"
+
+namespace tiler {
+
+enum class BlendMode { kConstant, kGaussian, kCrop };
+BlendMode parseBlendMode(const std::string& name);
+
+// The gaussian importance map of MONAI: separable exp(-x^2/(2 sigma^2)), sigma = sigma_scale * n per axis,
+// x = -(n-1)/2 ... (n-1)/2, clamped below at max(min(map), 1e-3). Row-major w x h.
+std::vector<float> gaussianImportance(int64_t w, int64_t h, double sigma_scale);
+
+// Per-axis cores for crop blending: core i of the windows starting at `starts` (each `window` long) is
+// [cores[i], cores[i+1]); overlaps are split at their middle and border windows reach the edges.
+std::vector<int64_t> cropCores(const std::vector<int64_t>& starts, int64_t window, int64_t size);
+
+// Labels of a blended HWC float band: argmax over channels (u8, or u16 above 255 classes); a single channel
+// is thresholded at `threshold` (0 for logits, 0.5 for sigmoid probabilities).
+cv::Mat labelsFromProbabilities(const cv::Mat& band, float threshold);
+
+struct StitchOptions {
+  BlendMode mode = BlendMode::kGaussian;
+  double sigma_scale = 0.125;
+};
+
+class Stitcher {
+ public:
+  // band: rows of the output image (HWC float32, image width * scale), with the index of its first row.
+  using BandSink = std::function<void(const cv::Mat& band, int64_t first_row)>;
+
+  // `grid` is the input-space grid; predictions are channels x (window*scale) arrays.
+  Stitcher(const WindowGrid& grid, int channels, StitchOptions options, BandSink sink);
+
+  // Adds window `index` (0 .. grid.count()-1) as CHW float32. Any order; each index once.
+  void add(int64_t index, const float* chw);
+  // True once every window was added and every row handed to the sink.
+  bool done() const { return next_ == grid_.count(); }
+  int64_t outputWidth() const { return out_w_; }
+  int64_t outputHeight() const { return out_h_; }
+  size_t bytesHeld() const;
+
+ private:
+  void accumulate(int64_t index, const float* chw);
+  void flushUpTo(int64_t padded_row);
+
+  WindowGrid grid_;
+  int channels_;
+  StitchOptions options_;
+  BandSink sink_;
+  Scale scale_;
+  int64_t win_w_, win_h_;            // output-space window
+  int64_t padded_w_, padded_h_;      // output-space padded image
+  int64_t crop_x_, crop_y_;          // output-space offset of the image inside the padding
+  int64_t out_w_, out_h_;            // output image size
+  std::vector<float> importance_;    // win_w_ x win_h_ (gaussian/constant)
+  std::vector<int64_t> cores_x_, cores_y_;  // crop mode
+  std::vector<float> acc_;           // ring of win_h_ rows: padded_w_ x channels_ (w*pred)
+  std::vector<float> weight_;        // ring of win_h_ rows: padded_w_ (w)
+  int64_t flushed_ = 0;              // first padded row not yet handed out
+  int64_t next_ = 0;                 // next window index to accumulate
+  std::map<int64_t, std::vector<float>> pending_;  // early arrivals, owned copies
+};
+
+}  // namespace tiler

@@ -1,0 +1,80 @@
+// dist: who am I in the world, and the collectives the pipeline needs.
+// Promise: discoverWorld() reads ctrun/torchrun (RANK, WORLD_SIZE, ...), else Slurm (SLURM_PROCID, ...), else
+// Open MPI (OMPI_COMM_WORLD_*), else a single process. DistContext rendezvouses through a c10d TCPStore that
+// rank 0 hosts on MASTER_PORT (all interfaces) and builds a gloo (CPU tensors) or NCCL (CUDA tensors) process
+// group. Every call is bounded by DistOptions::timeout; a timeout is a TimeoutError (a DistError) naming
+// MASTER_ADDR:MASTER_PORT, the rank, and what it waited for. A world of one makes no process group at all.
+// Not thread safe: one thread makes the collectives, in the same order on every rank.
+#pragma once
+
+#include <torch/types.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace c10d {
+class Store;
+}
+
+namespace tiler {
+
+struct WorldInfo {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  std::string source = "single";  // torchrun | slurm | mpi | single
+};
+
+using EnvLookup = std::function<const char*(const char*)>;
+WorldInfo discoverWorld(const EnvLookup& env = nullptr);
+
+struct DistOptions {
+  std::string backend = "auto";  // auto | gloo | nccl
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+};
+
+class DistContext {
+ public:
+  // Rendezvous through a TCPStore at world.master_addr:master_port.
+  DistContext(const WorldInfo& world, const DistOptions& options, const torch::Device& device);
+  // Over a given store (ranks as threads in tests: c10d::HashStore).
+  DistContext(const WorldInfo& world, const DistOptions& options, const torch::Device& device,
+              c10::intrusive_ptr<c10d::Store> store);
+  ~DistContext();
+
+  int rank() const { return world_.rank; }
+  int worldSize() const { return world_.world_size; }
+  const std::string& backendName() const { return backend_; }
+
+  // Every rank's `t` (same shape everywhere); on rank 0 the world's tensors in rank order, elsewhere empty.
+  std::vector<torch::Tensor> gather(const torch::Tensor& t, const std::string& what);
+  // Every rank's `t` on every rank, in rank order.
+  std::vector<torch::Tensor> allgather(const torch::Tensor& t, const std::string& what);
+  // In place sum over ranks.
+  void allreduceSum(torch::Tensor& t, const std::string& what);
+  void broadcast(torch::Tensor& t, int root, const std::string& what);
+  void barrier(const std::string& what);
+
+  // Small strings through the store (error messages for the report).
+  void setString(const std::string& key, const std::string& value);
+  // Returns `fallback` when the key does not appear within a short wait.
+  std::string getString(const std::string& key, const std::string& fallback);
+
+ private:
+  struct Impl;
+  void init(c10::intrusive_ptr<c10d::Store> store, const torch::Device& device);
+  [[noreturn]] void fail(const std::string& what, const std::exception& e) const;
+
+  WorldInfo world_;
+  DistOptions options_;
+  std::string backend_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tiler

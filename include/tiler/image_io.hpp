@@ -1,0 +1,110 @@
+// image_io: region reads of huge images and streaming, atomic writes. No LibTorch.
+//
+// ImageReader: TIFF through libtiff decodes only the tiles or strips a region touches; a bounded LRU cache of
+// decoded tiles/strips (max(64 MiB, 2.5 rows of tiles), at most 512 MiB) keeps neighbouring windows from
+// decoding the same tile twice. Other formats go through OpenCV, decoded once at open and shared by all
+// regions. Thread safety: readRegion() may be called from several threads at once; each reader serialises its
+// libtiff handle behind one internal mutex (the copy out of cached tiles happens under it too).
+// Pixels are HWC in the file's native type (u8, u16, i16, u32, f32); colour is RGB(A), never BGR.
+//
+// ImageWriter: takes row bands top to bottom. TIFF output is tiled (256 px), deflate by default, horizontal
+// predictor for integers and floating-point predictor for f32, BigTIFF when the raw data exceeds 2 GiB;
+// memory is one row of tiles. PNG/JPEG are assembled in memory and refused above kMaxInMemoryPixels.
+// Files are written as "<name>.partial" and renamed by close(); a writer destroyed without close() removes
+// its partial file. Every failure is an IoError naming the file.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <opencv2/core.hpp>
+#include <string>
+#include <vector>
+
+#include "tiler/grid.hpp"
+
+namespace tiler {
+
+enum class SampleType { kU8, kU16, kI16, kU32, kF32 };
+const char* sampleTypeName(SampleType type);
+int cvDepthOf(SampleType type);
+size_t bytesPerSample(SampleType type);
+
+struct ImageInfo {
+  std::string path;
+  int64_t width = 0, height = 0;
+  int channels = 0;
+  SampleType type = SampleType::kU8;
+  int pages = 1;
+  std::string format;  // "tiff" or OpenCV's decoder ("png", "jpeg", ...)
+  bool tiled = false;
+  int64_t tile_width = 0, tile_height = 0;  // tiled TIFF
+  int64_t rows_per_strip = 0;               // striped TIFF
+  std::string compression;                  // "none", "lzw", "deflate", "jpeg", "zstd", "packbits", ...
+  bool planar_separate = false;
+  bool bigtiff = false;
+};
+
+class ImageReader {
+ public:
+  // Opens and validates the header; throws IoError naming the file and the problem.
+  static std::unique_ptr<ImageReader> open(const std::string& path);
+  virtual ~ImageReader() = default;
+  virtual const ImageInfo& info() const = 0;
+  // Exactly the pixels of `region`, which must lie inside the image. Thread safe.
+  virtual cv::Mat readRegion(const Rect& region) = 0;
+  // Decoded bytes held by the tile/strip cache or the whole-image buffer, for memory tests.
+  virtual size_t cachedBytes() const = 0;
+};
+
+// True for extensions tiler treats as images (tif, tiff, png, jpg, jpeg, bmp, webp, and OpenCV's others).
+bool hasImageExtension(const std::string& path);
+
+enum class Compression { kDeflate, kZstd, kLzw, kNone };
+Compression parseCompression(const std::string& name);
+
+struct WriterOptions {
+  std::string format = "tif";  // tif | png | jpg
+  Compression compression = Compression::kDeflate;
+  int tile = 256;                // TIFF tile edge (multiple of 16)
+  std::string metadata_from;     // input TIFF whose resolution and GeoTIFF tags are copied
+  double metadata_scale = 1.0;   // output pixels per input pixel, to adjust those tags
+};
+
+class ImageWriter {
+ public:
+  static constexpr int64_t kMaxInMemoryPixels = int64_t(1) << 28;  // PNG/JPEG: 268 Mpx
+
+  ImageWriter(const std::string& path, int64_t width, int64_t height, int channels, SampleType type,
+              WriterOptions options = {});
+  ~ImageWriter();
+  ImageWriter(const ImageWriter&) = delete;
+  ImageWriter& operator=(const ImageWriter&) = delete;
+
+  // Appends band.rows rows (HWC, width columns, the writer's type and channels).
+  void writeRows(const cv::Mat& band);
+  int64_t rowsWritten() const { return rows_written_; }
+  // Flushes everything, closes the file and renames it to its final name. Throws IoError on failure
+  // (then the partial file is removed).
+  void close();
+  const std::string& path() const { return path_; }
+  std::string partialPath() const { return path_ + ".partial"; }
+  // Bytes this writer holds in memory (one row of tiles for TIFF; the image for PNG/JPEG).
+  size_t bufferedBytes() const;
+
+ private:
+  void flushTileRow(int64_t rows);
+  void abandon() noexcept;
+
+  std::string path_;
+  int64_t width_, height_;
+  int channels_;
+  SampleType type_;
+  WriterOptions options_;
+  void* tiff_ = nullptr;  // TIFF* (owned) for TIFF output
+  cv::Mat buffer_;        // TIFF: tile_h rows; PNG/JPEG: the whole image
+  int64_t buffered_rows_ = 0;
+  int64_t rows_written_ = 0;
+  bool done_ = false;
+};
+
+}  // namespace tiler

@@ -1,0 +1,77 @@
+// torch_compat: the one place where LibTorch 1.13 (Debian) and 2.x (pytorch.org, pip wheels) differ.
+// Covers: (1) autocast enable/dtype calls (per-device functions in 1.13..2.3, set_autocast_*(DeviceType)
+// from 2.4); (2) the c10d collective type (ProcessGroupGloo/NCCL derive from ProcessGroup in 1.13 and from
+// Backend in 2.x) and the USE_C10D_* macros the c10d headers need; (3) whether NCCL is compiled in
+// (TILER_WITH_CUDA from CMake: CUDA builds of LibTorch ship NCCL on Linux).
+// Include only from .cpp files that need c10d or autocast: it pulls in heavy headers.
+#pragma once
+
+#include <ATen/autocast_mode.h>
+#include <torch/version.h>
+
+#ifndef USE_C10D_GLOO
+#define USE_C10D_GLOO
+#endif
+#if TILER_WITH_CUDA && !defined(USE_C10D_NCCL)
+#define USE_C10D_NCCL
+#endif
+
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#if TILER_WITH_CUDA
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#define TILER_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+namespace tiler::compat {
+
+constexpr bool kNcclCompiled = TILER_WITH_CUDA != 0;
+
+#if TILER_TORCH_AT_LEAST(2, 0)
+using Collectives = c10d::Backend;
+#else
+using Collectives = c10d::ProcessGroup;
+#endif
+
+// Turns autocast on for `device` (cpu or cuda) with `dtype`, or off.
+inline void setAutocast(c10::DeviceType device, bool enabled, at::ScalarType dtype) {
+#if TILER_TORCH_AT_LEAST(2, 4)
+  at::autocast::set_autocast_enabled(device, enabled);
+  if (enabled) at::autocast::set_autocast_dtype(device, dtype);
+#else
+  if (device == c10::DeviceType::CPU) {
+    at::autocast::set_cpu_enabled(enabled);
+    if (enabled) at::autocast::set_autocast_cpu_dtype(dtype);
+  } else {
+    at::autocast::set_enabled(enabled);
+    if (enabled) at::autocast::set_autocast_gpu_dtype(dtype);
+  }
+#endif
+}
+
+// RAII: autocast on for a scope (forward passes), restored and its cast cache cleared on exit.
+class AutocastScope {
+ public:
+  AutocastScope(c10::DeviceType device, bool enabled, at::ScalarType dtype) : device_(device), enabled_(enabled) {
+    if (enabled_) {
+      setAutocast(device_, true, dtype);
+      at::autocast::increment_nesting();
+    }
+  }
+  ~AutocastScope() {
+    if (enabled_) {
+      if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+      setAutocast(device_, false, at::kFloat);
+    }
+  }
+  AutocastScope(const AutocastScope&) = delete;
+  AutocastScope& operator=(const AutocastScope&) = delete;
+
+ private:
+  c10::DeviceType device_;
+  bool enabled_;
+};
+
+}  // namespace tiler::compat

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs the Debian packages tiler needs, only those missing. Idempotent; fast when all are there.
+set -euo pipefail
+packages=(
+  build-essential cmake ninja-build ccache clang-format libtiff-tools
+  libtorch-dev libopencv-dev
+  libtiff-dev libgloo-dev libcli11-dev libgtest-dev libspdlog-dev nlohmann-json3-dev
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+echo "setup-deps: installing ${missing[*]}"
+sudo=""
+[ "$(id -u)" -ne 0 ] && sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

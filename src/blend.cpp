@@ -1,0 +1,183 @@
+#include "tiler/blend.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "tiler/error.hpp"
+
+namespace tiler {
+
+BlendMode parseBlendMode(const std::string& name) {
+  if (name == "constant") return BlendMode::kConstant;
+  if (name == "gaussian") return BlendMode::kGaussian;
+  if (name == "crop") return BlendMode::kCrop;
+  TILER_THROW(ConfigError, "--blend must be constant, gaussian or crop; got '" << name << "'");
+}
+
+std::vector<float> gaussianImportance(int64_t w, int64_t h, double sigma_scale) {
+  TILER_CHECK(sigma_scale > 0, ConfigError, "--sigma_scale must be > 0, got " << sigma_scale);
+  auto axis = [sigma_scale](int64_t n) {
+    std::vector<double> v(static_cast<size_t>(n));
+    const double sigma = sigma_scale * double(n);
+    for (int64_t i = 0; i < n; ++i) {
+      double x = double(i) - double(n - 1) / 2.0;
+      v[size_t(i)] = std::exp(-x * x / (2.0 * sigma * sigma));
+    }
+    return v;
+  };
+  std::vector<double> gx = axis(w), gy = axis(h);
+  std::vector<float> map(static_cast<size_t>(w * h));
+  float lowest = INFINITY;
+  for (int64_t y = 0; y < h; ++y) {
+    for (int64_t x = 0; x < w; ++x) {
+      float v = float(gy[size_t(y)] * gx[size_t(x)]);
+      map[size_t(y * w + x)] = v;
+      lowest = std::min(lowest, v);
+    }
+  }
+  const float floor_value = std::max(lowest, 1e-3f);
+  for (auto& v : map) v = std::max(v, floor_value);
+  return map;
+}
+
+std::vector<int64_t> cropCores(const std::vector<int64_t>& starts, int64_t window, int64_t size) {
+  std::vector<int64_t> cores(starts.size() + 1);
+  cores.front() = 0;
+  cores.back() = size;
+  for (size_t i = 0; i + 1 < starts.size(); ++i) {
+    const int64_t overlap_begin = starts[i + 1], overlap_end = starts[i] + window;
+    cores[i + 1] = overlap_end > overlap_begin ? (overlap_begin + overlap_end) / 2 : overlap_begin;
+  }
+  return cores;
+}
+
+cv::Mat labelsFromProbabilities(const cv::Mat& band, float threshold) {
+  const int c = band.channels();
+  cv::Mat labels(band.rows, band.cols, c > 255 ? CV_16U : CV_8U);
+  for (int y = 0; y < band.rows; ++y) {
+    const float* p = band.ptr<float>(y);
+    for (int x = 0; x < band.cols; ++x, p += c) {
+      int best = 0;
+      if (c == 1) {
+        best = p[0] > threshold ? 1 : 0;
+      } else {
+        for (int k = 1; k < c; ++k) best = p[k] > p[best] ? k : best;
+      }
+      if (c > 255) labels.ptr<uint16_t>(y)[x] = uint16_t(best);
+      else labels.ptr<uint8_t>(y)[x] = uint8_t(best);
+    }
+  }
+  return labels;
+}
+
+Stitcher::Stitcher(const WindowGrid& grid, int channels, StitchOptions options, BandSink sink)
+    : grid_(grid), channels_(channels), options_(options), sink_(std::move(sink)), scale_(grid.scale()) {
+  TILER_CHECK(channels >= 1, ConfigError, "stitcher: need at least one channel");
+  win_w_ = scale_.apply(grid.windowWidth());
+  win_h_ = scale_.apply(grid.windowHeight());
+  padded_w_ = scale_.apply(grid.paddedWidth());
+  padded_h_ = scale_.apply(grid.paddedHeight());
+  crop_x_ = scale_.apply(grid.padLeft());
+  crop_y_ = scale_.apply(grid.padTop());
+  out_w_ = std::max<int64_t>(1, scale_.apply(grid.imageWidth()));
+  out_h_ = std::max<int64_t>(1, scale_.apply(grid.imageHeight()));
+  TILER_CHECK(win_w_ > 0 && win_h_ > 0, ConfigError, "stitcher: output window is empty at this scale");
+  if (options_.mode == BlendMode::kGaussian) {
+    importance_ = gaussianImportance(win_w_, win_h_, options_.sigma_scale);
+  } else if (options_.mode == BlendMode::kConstant) {
+    importance_.assign(size_t(win_w_ * win_h_), 1.0f);
+  } else {
+    auto scaled = [this](const std::vector<int64_t>& starts) {
+      std::vector<int64_t> out;
+      for (auto s : starts) out.push_back(scale_.apply(s));
+      return out;
+    };
+    cores_x_ = cropCores(scaled(grid.startsX()), win_w_, padded_w_);
+    cores_y_ = cropCores(scaled(grid.startsY()), win_h_, padded_h_);
+  }
+  acc_.assign(size_t(win_h_ * padded_w_ * channels_), 0.0f);
+  weight_.assign(size_t(win_h_ * padded_w_), 0.0f);
+}
+
+size_t Stitcher::bytesHeld() const {
+  size_t pending = 0;
+  for (auto& [i, v] : pending_) pending += v.size() * sizeof(float);
+  return (acc_.size() + weight_.size() + importance_.size()) * sizeof(float) + pending;
+}
+
+void Stitcher::add(int64_t index, const float* chw) {
+  TILER_CHECK(index >= next_ && index < grid_.count() && !pending_.count(index), ConfigError,
+              "stitcher: window " << index << " added twice or out of range (0.." << grid_.count() - 1 << ")");
+  if (index != next_) {
+    const size_t n = size_t(channels_ * win_w_ * win_h_);
+    pending_.emplace(index, std::vector<float>(chw, chw + n));
+    return;
+  }
+  accumulate(index, chw);
+  ++next_;
+  for (auto it = pending_.begin(); it != pending_.end() && it->first == next_; it = pending_.erase(it)) {
+    accumulate(it->first, it->second.data());
+    ++next_;
+  }
+  if (done()) flushUpTo(padded_h_);
+}
+
+void Stitcher::accumulate(int64_t index, const float* chw) {
+  const Rect r = grid_.window(index);
+  const int64_t x0 = scale_.apply(r.x), y0 = scale_.apply(r.y);
+  // Windows arrive in row-major order, so no later window reaches above this one's top row.
+  flushUpTo(y0);
+  int64_t cx0 = 0, cx1 = win_w_, cy0 = 0, cy1 = win_h_;
+  if (options_.mode == BlendMode::kCrop) {
+    const int64_t col = index % grid_.columns(), row = index / grid_.columns();
+    cx0 = cores_x_[size_t(col)] - x0;
+    cx1 = cores_x_[size_t(col) + 1] - x0;
+    cy0 = cores_y_[size_t(row)] - y0;
+    cy1 = cores_y_[size_t(row) + 1] - y0;
+  }
+  const int64_t plane = win_w_ * win_h_;
+  const int c_count = channels_;
+  for (int64_t y = cy0; y < cy1; ++y) {
+    const int64_t ring_row = (y0 + y) % win_h_;
+    float* acc = acc_.data() + size_t((ring_row * padded_w_ + x0) * c_count);
+    float* wsum = weight_.data() + size_t(ring_row * padded_w_ + x0);
+    const float* imp = importance_.empty() ? nullptr : importance_.data() + size_t(y * win_w_);
+    for (int64_t x = cx0; x < cx1; ++x) {
+      const float w = imp ? imp[x] : 1.0f;
+      wsum[x] += w;
+      const float* p = chw + y * win_w_ + x;
+      float* a = acc + x * c_count;
+      for (int c = 0; c < c_count; ++c) a[c] += w * p[c * plane];
+    }
+  }
+}
+
+void Stitcher::flushUpTo(int64_t padded_row) {
+  padded_row = std::min(padded_row, padded_h_);
+  if (padded_row <= flushed_) return;
+  // Only rows inside the image (not its padding) go out.
+  const int64_t first = std::max(flushed_, crop_y_), last = std::min(padded_row, crop_y_ + out_h_);
+  if (last > first) {
+    cv::Mat band(int(last - first), int(out_w_), CV_MAKETYPE(CV_32F, channels_));
+    for (int64_t row = first; row < last; ++row) {
+      const int64_t ring_row = row % win_h_;
+      const float* acc = acc_.data() + size_t((ring_row * padded_w_ + crop_x_) * channels_);
+      const float* wsum = weight_.data() + size_t(ring_row * padded_w_ + crop_x_);
+      float* out = band.ptr<float>(int(row - first));
+      for (int64_t x = 0; x < out_w_; ++x) {
+        const float w = wsum[x];
+        for (int c = 0; c < channels_; ++c) out[x * channels_ + c] = acc[x * channels_ + c] / w;
+      }
+    }
+    sink_(band, first - crop_y_);
+  }
+  for (int64_t row = flushed_; row < padded_row; ++row) {
+    const int64_t ring_row = row % win_h_;
+    std::fill_n(acc_.begin() + ring_row * padded_w_ * channels_, padded_w_ * channels_, 0.0f);
+    std::fill_n(weight_.begin() + ring_row * padded_w_, padded_w_, 0.0f);
+  }
+  flushed_ = padded_row;
+}
+
+}  // namespace tiler

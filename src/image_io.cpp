@@ -1,0 +1,679 @@
+#include "tiler/image_io.hpp"
+
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <tiffio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <list>
+#include <mutex>
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+#include <unordered_map>
+
+#include "tiler/error.hpp"
+
+namespace fs = std::filesystem;
+
+namespace tiler {
+namespace {
+
+// ---- libtiff's handlers become exceptions (errors) and debug lines (warnings) ----------------------------
+
+thread_local std::string t_tiff_error;
+
+void tiffErrorHandler(const char* module, const char* fmt, va_list ap) {
+  char buf[1024];
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  if (!t_tiff_error.empty()) t_tiff_error += "; ";
+  t_tiff_error += module ? std::string(module) + ": " + buf : std::string(buf);
+}
+
+void tiffWarningHandler(const char* module, const char* fmt, va_list ap) {
+  char buf[1024];
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  spdlog::debug("libtiff warning: {}: {}", module ? module : "", buf);
+}
+
+// GeoTIFF tags are unknown to libtiff; registering them lets us read and write them as ordinary fields.
+constexpr ttag_t kModelPixelScale = 33550, kModelTiepoint = 33922, kModelTransformation = 34264,
+                 kGeoKeyDirectory = 34735, kGeoDoubleParams = 34736, kGeoAsciiParams = 34737;
+
+const TIFFFieldInfo kGeoFields[] = {
+    {kModelPixelScale, -1, -1, TIFF_DOUBLE, FIELD_CUSTOM, 1, 1, const_cast<char*>("ModelPixelScaleTag")},
+    {kModelTiepoint, -1, -1, TIFF_DOUBLE, FIELD_CUSTOM, 1, 1, const_cast<char*>("ModelTiepointTag")},
+    {kModelTransformation, -1, -1, TIFF_DOUBLE, FIELD_CUSTOM, 1, 1, const_cast<char*>("ModelTransformationTag")},
+    {kGeoKeyDirectory, -1, -1, TIFF_SHORT, FIELD_CUSTOM, 1, 1, const_cast<char*>("GeoKeyDirectoryTag")},
+    {kGeoDoubleParams, -1, -1, TIFF_DOUBLE, FIELD_CUSTOM, 1, 1, const_cast<char*>("GeoDoubleParamsTag")},
+    {kGeoAsciiParams, -1, -1, TIFF_ASCII, FIELD_CUSTOM, 1, 0, const_cast<char*>("GeoASCIIParamsTag")},
+};
+
+TIFFExtendProc g_parent_extender = nullptr;
+
+void geoTagExtender(TIFF* tif) {
+  TIFFMergeFieldInfo(tif, kGeoFields, sizeof(kGeoFields) / sizeof(kGeoFields[0]));
+  if (g_parent_extender) g_parent_extender(tif);
+}
+
+void installTiffHandlers() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    TIFFSetErrorHandler(tiffErrorHandler);
+    TIFFSetWarningHandler(tiffWarningHandler);
+    g_parent_extender = TIFFSetTagExtender(geoTagExtender);
+  });
+}
+
+std::string takeTiffError() {
+  std::string e = t_tiff_error.empty() ? "unknown libtiff error" : t_tiff_error;
+  t_tiff_error.clear();
+  return e;
+}
+
+std::string compressionName(uint16_t c) {
+  switch (c) {
+    case COMPRESSION_NONE: return "none";
+    case COMPRESSION_LZW: return "lzw";
+    case COMPRESSION_ADOBE_DEFLATE:
+    case COMPRESSION_DEFLATE: return "deflate";
+    case COMPRESSION_JPEG: return "jpeg";
+    case COMPRESSION_OJPEG: return "ojpeg";
+    case COMPRESSION_PACKBITS: return "packbits";
+    case COMPRESSION_ZSTD: return "zstd";
+    case COMPRESSION_LZMA: return "lzma";
+    case COMPRESSION_WEBP: return "webp";
+    case COMPRESSION_CCITTFAX3: return "ccitt-g3";
+    case COMPRESSION_CCITTFAX4: return "ccitt-g4";
+    default: return "code " + std::to_string(c);
+  }
+}
+
+// Largest decoded tile or strip we agree to hold; a header claiming more is absurd or needs re-saving.
+constexpr uint64_t kMaxChunkBytes = uint64_t(1) << 30;
+
+class TiffReader final : public ImageReader {
+ public:
+  explicit TiffReader(const std::string& path) {
+    installTiffHandlers();
+    info_.path = path;
+    info_.format = "tiff";
+    t_tiff_error.clear();
+    tif_ = TIFFOpen(path.c_str(), "r");
+    if (tif_ == nullptr) TILER_THROW(IoError, "'" << path << "': not a readable TIFF: " << takeTiffError());
+    try {
+      readHeader();
+    } catch (...) {
+      TIFFClose(tif_);
+      throw;
+    }
+  }
+  ~TiffReader() override {
+    if (tif_) TIFFClose(tif_);
+  }
+
+  const ImageInfo& info() const override { return info_; }
+
+  size_t cachedBytes() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return cache_bytes_;
+  }
+
+  cv::Mat readRegion(const Rect& r) override {
+    TILER_CHECK(r.x >= 0 && r.y >= 0 && r.w > 0 && r.h > 0 && r.right() <= info_.width &&
+                    r.bottom() <= info_.height,
+                IoError,
+                "'" << info_.path << "': region " << r.x << "," << r.y << " " << r.w << "x" << r.h
+                    << " outside the image " << info_.width << "x" << info_.height);
+    cv::Mat out(int(r.h), int(r.w), CV_MAKETYPE(cvDepthOf(info_.type), info_.channels));
+    const size_t px = bytesPerSample(info_.type) * size_t(info_.channels);
+    const size_t sample = bytesPerSample(info_.type);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (huge_uncompressed_strips_) {
+      readScanlines(r, out);
+      return out;
+    }
+    const int64_t cw = chunk_w_, ch = chunk_h_;
+    const int planes = info_.planar_separate ? info_.channels : 1;
+    for (int64_t cy = r.y / ch; cy * ch < r.bottom(); ++cy) {
+      for (int64_t cx = r.x / cw; cx * cw < r.right(); ++cx) {
+        const int64_t x0 = std::max(r.x, cx * cw), x1 = std::min(r.right(), (cx + 1) * cw);
+        const int64_t y0 = std::max(r.y, cy * ch), y1 = std::min(r.bottom(), (cy + 1) * ch);
+        for (int plane = 0; plane < planes; ++plane) {
+          const std::vector<uint8_t>& chunk = decodedChunk(cx, cy, plane);
+          const size_t chunk_px = info_.planar_separate ? sample : px;
+          for (int64_t y = y0; y < y1; ++y) {
+            const uint8_t* src = chunk.data() + (size_t(y - cy * ch) * size_t(cw) + size_t(x0 - cx * cw)) * chunk_px;
+            uint8_t* dst = out.ptr<uint8_t>(int(y - r.y)) + size_t(x0 - r.x) * px;
+            if (!info_.planar_separate) {
+              std::memcpy(dst, src, size_t(x1 - x0) * px);
+            } else {
+              dst += size_t(plane) * sample;
+              for (int64_t x = x0; x < x1; ++x, src += sample, dst += px) std::memcpy(dst, src, sample);
+            }
+          }
+        }
+      }
+    }
+    return out;
+  }
+
+ private:
+  void readHeader() {
+    uint32_t w = 0, h = 0;
+    uint16_t spp = 1, bps = 1, fmt = SAMPLEFORMAT_UINT, planar = PLANARCONFIG_CONTIG, comp = COMPRESSION_NONE,
+             photometric = PHOTOMETRIC_MINISBLACK;
+    TIFFGetField(tif_, TIFFTAG_IMAGEWIDTH, &w);
+    TIFFGetField(tif_, TIFFTAG_IMAGELENGTH, &h);
+    TIFFGetFieldDefaulted(tif_, TIFFTAG_SAMPLESPERPIXEL, &spp);
+    TIFFGetFieldDefaulted(tif_, TIFFTAG_BITSPERSAMPLE, &bps);
+    TIFFGetFieldDefaulted(tif_, TIFFTAG_SAMPLEFORMAT, &fmt);
+    TIFFGetFieldDefaulted(tif_, TIFFTAG_PLANARCONFIG, &planar);
+    TIFFGetFieldDefaulted(tif_, TIFFTAG_COMPRESSION, &comp);
+    TIFFGetFieldDefaulted(tif_, TIFFTAG_PHOTOMETRIC, &photometric);
+    const std::string& p = info_.path;
+    TILER_CHECK(w > 0 && h > 0, IoError, "'" << p << "': zero image size " << w << "x" << h);
+    TILER_CHECK(spp >= 1 && spp <= 512, IoError, "'" << p << "': unsupported samples per pixel " << spp);
+    info_.width = w;
+    info_.height = h;
+    info_.channels = spp;
+    info_.planar_separate = planar == PLANARCONFIG_SEPARATE && spp > 1;
+    info_.compression = compressionName(comp);
+    info_.bigtiff = (TIFFIsBigTIFF(tif_) != 0);
+    info_.pages = int(TIFFNumberOfDirectories(tif_));
+    TILER_CHECK(TIFFIsCODECConfigured(comp), IoError,
+                "'" << p << "': compression " << info_.compression << " is not supported by this libtiff");
+    if (fmt == SAMPLEFORMAT_UINT && bps == 8) info_.type = SampleType::kU8;
+    else if (fmt == SAMPLEFORMAT_UINT && bps == 16) info_.type = SampleType::kU16;
+    else if (fmt == SAMPLEFORMAT_INT && bps == 16) info_.type = SampleType::kI16;
+    else if (fmt == SAMPLEFORMAT_UINT && bps == 32) info_.type = SampleType::kU32;
+    else if (fmt == SAMPLEFORMAT_IEEEFP && bps == 32) info_.type = SampleType::kF32;
+    else
+      TILER_THROW(IoError, "'" << p << "': unsupported sample format (" << bps << " bits, "
+                               << (fmt == SAMPLEFORMAT_IEEEFP ? "float" : fmt == SAMPLEFORMAT_INT ? "signed" : "unsigned")
+                               << "); tiler reads 8/16/32-bit unsigned, 16-bit signed and 32-bit float");
+    TILER_CHECK(photometric != PHOTOMETRIC_PALETTE, IoError, "'" << p << "': palette TIFFs are not supported");
+    if (photometric == PHOTOMETRIC_YCBCR) {
+      TILER_CHECK(comp == COMPRESSION_JPEG, IoError,
+                  "'" << p << "': YCbCr TIFF without JPEG compression is not supported");
+      TIFFSetField(tif_, TIFFTAG_JPEGCOLORMODE, JPEGCOLORMODE_RGB);
+    }
+    const uint64_t px = bytesPerSample(info_.type) * (info_.planar_separate ? 1 : spp);
+    info_.tiled = TIFFIsTiled(tif_) != 0;
+    if (info_.tiled) {
+      uint32_t tw = 0, th = 0;
+      TIFFGetField(tif_, TIFFTAG_TILEWIDTH, &tw);
+      TIFFGetField(tif_, TIFFTAG_TILELENGTH, &th);
+      TILER_CHECK(tw > 0 && th > 0, IoError, "'" << p << "': tiled TIFF with zero tile size");
+      info_.tile_width = tw;
+      info_.tile_height = th;
+      chunk_w_ = tw;
+      chunk_h_ = th;
+    } else {
+      uint32_t rps = h;
+      TIFFGetFieldDefaulted(tif_, TIFFTAG_ROWSPERSTRIP, &rps);
+      info_.rows_per_strip = std::min<uint32_t>(rps, h);
+      chunk_w_ = w;
+      chunk_h_ = info_.rows_per_strip;
+    }
+    const uint64_t chunk_bytes = uint64_t(chunk_w_) * uint64_t(chunk_h_) * px;
+    if (chunk_bytes > kMaxChunkBytes) {
+      // One strip holding a huge image: uncompressed, rows can be read one at a time; compressed cannot.
+      TILER_CHECK(!info_.tiled && comp == COMPRESSION_NONE && !info_.planar_separate, IoError,
+                  "'" << p << "': a " << (info_.tiled ? "tile" : "strip") << " of " << chunk_bytes
+                      << " bytes (" << chunk_w_ << "x" << chunk_h_ << ") is too large to decode; re-save the image"
+                      << " as a tiled TIFF (e.g. tiffcp -t -w 256 -l 256)");
+      huge_uncompressed_strips_ = true;
+    }
+    // Cheap plausibility check before anything is decoded: the chunk tables must exist and lie in the file.
+    const uint32_t chunks = info_.tiled ? TIFFNumberOfTiles(tif_) : TIFFNumberOfStrips(tif_);
+    TILER_CHECK(chunks > 0, IoError, "'" << p << "': no image data (no strips or tiles)");
+    struct stat st {};
+    if (stat(p.c_str(), &st) == 0) {
+      const uint64_t last = chunks - 1;
+      uint64_t off = TIFFGetStrileOffset(tif_, uint32_t(last));
+      uint64_t cnt = TIFFGetStrileByteCount(tif_, uint32_t(last));
+      TILER_CHECK(off + cnt <= uint64_t(st.st_size) && (comp != COMPRESSION_NONE || cnt > 0), IoError,
+                  "'" << p << "': truncated: the image data ends at byte " << off + cnt << " but the file has "
+                      << st.st_size << " bytes");
+    }
+    const uint64_t tiles_across = (uint64_t(w) + chunk_w_ - 1) / uint64_t(chunk_w_);
+    const uint64_t row_bytes = tiles_across * chunk_bytes * (info_.planar_separate ? spp : 1);
+    cache_budget_ = size_t(std::clamp<uint64_t>(row_bytes * 5 / 2, uint64_t(64) << 20, uint64_t(512) << 20));
+  }
+
+  void readScanlines(const Rect& r, cv::Mat& out) {
+    const size_t px = bytesPerSample(info_.type) * size_t(info_.channels);
+    std::vector<uint8_t> line(size_t(TIFFScanlineSize64(tif_)));
+    for (int64_t y = r.y; y < r.bottom(); ++y) {
+      if (TIFFReadScanline(tif_, line.data(), uint32_t(y), 0) < 0)
+        TILER_THROW(IoError, "'" << info_.path << "': TIFFReadScanline failed at row " << y << ": " << takeTiffError());
+      std::memcpy(out.ptr<uint8_t>(int(y - r.y)), line.data() + size_t(r.x) * px, size_t(r.w) * px);
+    }
+  }
+
+  // The decoded tile/strip (cx, cy) of `plane`, through the LRU cache. Caller holds mutex_.
+  const std::vector<uint8_t>& decodedChunk(int64_t cx, int64_t cy, int plane) {
+    uint32_t index;
+    if (info_.tiled) {
+      index = TIFFComputeTile(tif_, uint32_t(cx * chunk_w_), uint32_t(cy * chunk_h_), 0, uint16_t(plane));
+    } else {
+      index = TIFFComputeStrip(tif_, uint32_t(cy * chunk_h_), uint16_t(plane));
+    }
+    auto it = cache_.find(index);
+    if (it != cache_.end()) {
+      lru_.splice(lru_.begin(), lru_, it->second.lru_pos);
+      return it->second.data;
+    }
+    const size_t px = bytesPerSample(info_.type) * (info_.planar_separate ? 1 : size_t(info_.channels));
+    std::vector<uint8_t> data(size_t(chunk_w_) * size_t(chunk_h_) * px);
+    t_tiff_error.clear();
+    tmsize_t got = info_.tiled ? TIFFReadEncodedTile(tif_, index, data.data(), tmsize_t(data.size()))
+                               : TIFFReadEncodedStrip(tif_, index, data.data(), tmsize_t(data.size()));
+    if (got < 0) {
+      TILER_THROW(IoError, "'" << info_.path << "': " << (info_.tiled ? "TIFFReadTile" : "TIFFReadStrip")
+                               << " failed at " << (info_.tiled ? "tile (" : "strip (") << cx << "," << cy
+                               << "): " << takeTiffError());
+    }
+    while (cache_bytes_ + data.size() > cache_budget_ && !lru_.empty()) {
+      auto victim = cache_.find(lru_.back());
+      cache_bytes_ -= victim->second.data.size();
+      cache_.erase(victim);
+      lru_.pop_back();
+    }
+    lru_.push_front(index);
+    cache_bytes_ += data.size();
+    auto& entry = cache_[index];
+    entry.data = std::move(data);
+    entry.lru_pos = lru_.begin();
+    return entry.data;
+  }
+
+  struct CacheEntry {
+    std::vector<uint8_t> data;
+    std::list<uint32_t>::iterator lru_pos;
+  };
+
+  ImageInfo info_;
+  TIFF* tif_ = nullptr;          // owned; guarded by mutex_
+  mutable std::mutex mutex_;
+  int64_t chunk_w_ = 0, chunk_h_ = 0;
+  bool huge_uncompressed_strips_ = false;
+  size_t cache_budget_ = 64 << 20;
+  size_t cache_bytes_ = 0;
+  std::unordered_map<uint32_t, CacheEntry> cache_;
+  std::list<uint32_t> lru_;      // most recent first
+};
+
+class OpenCvReader final : public ImageReader {
+ public:
+  explicit OpenCvReader(const std::string& path) {
+    info_.path = path;
+    std::string ext = fs::path(path).extension().string();
+    info_.format = ext.empty() ? "unknown" : ext.substr(1);
+    std::transform(info_.format.begin(), info_.format.end(), info_.format.begin(), ::tolower);
+    errno = 0;
+    std::ifstream probe(path, std::ios::binary);
+    TILER_CHECK(probe.good(), IoError, "'" << path << "': cannot open: " << std::strerror(errno ? errno : ENOENT));
+    probe.seekg(0, std::ios::end);
+    TILER_CHECK(probe.tellg() > 0, IoError, "'" << path << "': empty file (0 bytes)");
+    try {
+      image_ = cv::imread(path, cv::IMREAD_UNCHANGED);
+    } catch (const cv::Exception& e) {
+      TILER_THROW(IoError, "'" << path << "': OpenCV cannot decode it: " << e.what());
+    }
+    TILER_CHECK(!image_.empty(), IoError,
+                "'" << path << "': OpenCV cannot decode it (not an image, corrupt, or larger than OpenCV's limit of "
+                    << "2^30 pixels; convert large images to tiled TIFF)");
+    if (image_.channels() == 3) cv::cvtColor(image_, image_, cv::COLOR_BGR2RGB);
+    if (image_.channels() == 4) cv::cvtColor(image_, image_, cv::COLOR_BGRA2RGBA);
+    info_.width = image_.cols;
+    info_.height = image_.rows;
+    info_.channels = image_.channels();
+    switch (image_.depth()) {
+      case CV_8U: info_.type = SampleType::kU8; break;
+      case CV_16U: info_.type = SampleType::kU16; break;
+      case CV_16S: info_.type = SampleType::kI16; break;
+      case CV_32F: info_.type = SampleType::kF32; break;
+      default: TILER_THROW(IoError, "'" << path << "': unsupported pixel depth " << image_.depth());
+    }
+    info_.compression = info_.format;
+  }
+  const ImageInfo& info() const override { return info_; }
+  size_t cachedBytes() const override { return image_.total() * image_.elemSize(); }
+  cv::Mat readRegion(const Rect& r) override {
+    TILER_CHECK(r.x >= 0 && r.y >= 0 && r.w > 0 && r.h > 0 && r.right() <= info_.width &&
+                    r.bottom() <= info_.height,
+                IoError, "'" << info_.path << "': region outside the image");
+    return image_(cv::Rect(int(r.x), int(r.y), int(r.w), int(r.h))).clone();
+  }
+
+ private:
+  ImageInfo info_;
+  cv::Mat image_;  // decoded once, read-only afterwards: concurrent reads need no lock
+};
+
+bool looksLikeTiff(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  unsigned char magic[4] = {0, 0, 0, 0};
+  in.read(reinterpret_cast<char*>(magic), 4);
+  if (in.gcount() < 4) return false;
+  return (magic[0] == 'I' && magic[1] == 'I' && (magic[2] == 42 || magic[2] == 43) && magic[3] == 0) ||
+         (magic[0] == 'M' && magic[1] == 'M' && magic[2] == 0 && (magic[3] == 42 || magic[3] == 43));
+}
+
+std::string lowerExtension(const std::string& path) {
+  std::string ext = fs::path(path).extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), ::tolower);
+  return ext;
+}
+
+// ---- metadata -------------------------------------------------------------------------------------------
+
+struct TiffMetadata {
+  bool has_resolution = false;
+  float xres = 0, yres = 0;
+  uint16_t res_unit = RESUNIT_NONE;
+  std::vector<double> pixel_scale, tiepoint, transformation, double_params;
+  std::vector<uint16_t> key_directory;
+  std::string ascii_params;
+};
+
+template <typename T>
+std::vector<T> getArray(TIFF* tif, ttag_t tag) {
+  uint16_t count = 0;
+  T* data = nullptr;
+  if (TIFFGetField(tif, tag, &count, &data) && data != nullptr) return std::vector<T>(data, data + count);
+  return {};
+}
+
+TiffMetadata readMetadata(const std::string& path) {
+  TiffMetadata m;
+  if (path.empty() || !looksLikeTiff(path)) return m;
+  installTiffHandlers();
+  TIFF* tif = TIFFOpen(path.c_str(), "r");
+  if (tif == nullptr) {
+    takeTiffError();
+    return m;
+  }
+  m.has_resolution = TIFFGetField(tif, TIFFTAG_XRESOLUTION, &m.xres) && TIFFGetField(tif, TIFFTAG_YRESOLUTION, &m.yres);
+  TIFFGetFieldDefaulted(tif, TIFFTAG_RESOLUTIONUNIT, &m.res_unit);
+  m.pixel_scale = getArray<double>(tif, kModelPixelScale);
+  m.tiepoint = getArray<double>(tif, kModelTiepoint);
+  m.transformation = getArray<double>(tif, kModelTransformation);
+  m.double_params = getArray<double>(tif, kGeoDoubleParams);
+  m.key_directory = getArray<uint16_t>(tif, kGeoKeyDirectory);
+  char* ascii = nullptr;
+  if (TIFFGetField(tif, kGeoAsciiParams, &ascii) && ascii) m.ascii_params = ascii;
+  TIFFClose(tif);
+  return m;
+}
+
+// Output pixels are 1/s input pixels: resolution scales up by s, ground size per pixel down by s.
+void writeMetadata(TIFF* tif, TiffMetadata m, double s) {
+  if (m.has_resolution) {
+    TIFFSetField(tif, TIFFTAG_XRESOLUTION, float(m.xres * s));
+    TIFFSetField(tif, TIFFTAG_YRESOLUTION, float(m.yres * s));
+    TIFFSetField(tif, TIFFTAG_RESOLUTIONUNIT, m.res_unit);
+  }
+  if (m.pixel_scale.size() >= 2) {
+    m.pixel_scale[0] /= s;
+    m.pixel_scale[1] /= s;
+  }
+  for (size_t i = 0; i + 5 < m.tiepoint.size(); i += 6) {
+    m.tiepoint[i] *= s;
+    m.tiepoint[i + 1] *= s;
+  }
+  if (m.transformation.size() == 16) {
+    for (int row = 0; row < 4; ++row) {
+      m.transformation[size_t(row * 4)] /= s;
+      m.transformation[size_t(row * 4 + 1)] /= s;
+    }
+  }
+  auto put = [tif](ttag_t tag, const auto& v) {
+    if (!v.empty()) TIFFSetField(tif, tag, uint16_t(v.size()), v.data());
+  };
+  put(kModelPixelScale, m.pixel_scale);
+  put(kModelTiepoint, m.tiepoint);
+  put(kModelTransformation, m.transformation);
+  put(kGeoKeyDirectory, m.key_directory);
+  put(kGeoDoubleParams, m.double_params);
+  if (!m.ascii_params.empty()) TIFFSetField(tif, kGeoAsciiParams, m.ascii_params.c_str());
+}
+
+}  // namespace
+
+const char* sampleTypeName(SampleType type) {
+  switch (type) {
+    case SampleType::kU8: return "u8";
+    case SampleType::kU16: return "u16";
+    case SampleType::kI16: return "i16";
+    case SampleType::kU32: return "u32";
+    case SampleType::kF32: return "f32";
+  }
+  return "?";
+}
+
+int cvDepthOf(SampleType type) {
+  switch (type) {
+    case SampleType::kU8: return CV_8U;
+    case SampleType::kU16: return CV_16U;
+    case SampleType::kI16: return CV_16S;
+    case SampleType::kU32: return CV_32S;  // same bytes; tiler converts to float before use
+    case SampleType::kF32: return CV_32F;
+  }
+  return CV_8U;
+}
+
+size_t bytesPerSample(SampleType type) {
+  switch (type) {
+    case SampleType::kU8: return 1;
+    case SampleType::kU16:
+    case SampleType::kI16: return 2;
+    case SampleType::kU32:
+    case SampleType::kF32: return 4;
+  }
+  return 1;
+}
+
+bool hasImageExtension(const std::string& path) {
+  static const char* kExts[] = {".tif", ".tiff", ".png", ".jpg", ".jpeg", ".bmp", ".webp", ".jp2", ".pbm",
+                                ".pgm", ".ppm", ".pnm", ".exr", ".hdr", ".pic", ".sr", ".ras", ".pxm"};
+  std::string ext = lowerExtension(path);
+  return std::any_of(std::begin(kExts), std::end(kExts), [&](const char* e) { return ext == e; });
+}
+
+std::unique_ptr<ImageReader> ImageReader::open(const std::string& path) {
+  std::error_code ec;
+  TILER_CHECK(fs::exists(path, ec), IoError, "'" << path << "': no such file");
+  TILER_CHECK(!fs::is_directory(path, ec), IoError, "'" << path << "': is a directory");
+  TILER_CHECK(access(path.c_str(), R_OK) == 0, IoError, "'" << path << "': cannot read: " << std::strerror(errno));
+  std::string ext = lowerExtension(path);
+  if (looksLikeTiff(path)) return std::make_unique<TiffReader>(path);
+  TILER_CHECK(ext != ".tif" && ext != ".tiff", IoError,
+              "'" << path << "': not a TIFF (the file does not start with a TIFF header)");
+  return std::make_unique<OpenCvReader>(path);
+}
+
+Compression parseCompression(const std::string& name) {
+  if (name == "deflate" || name == "zip") return Compression::kDeflate;
+  if (name == "zstd") return Compression::kZstd;
+  if (name == "lzw") return Compression::kLzw;
+  if (name == "none") return Compression::kNone;
+  TILER_THROW(ConfigError, "compression must be deflate, zstd, lzw or none; got '" << name << "'");
+}
+
+// ---- writer ---------------------------------------------------------------------------------------------
+
+ImageWriter::ImageWriter(const std::string& path, int64_t width, int64_t height, int channels, SampleType type,
+                         WriterOptions options)
+    : path_(path), width_(width), height_(height), channels_(channels), type_(type), options_(std::move(options)) {
+  TILER_CHECK(width > 0 && height > 0 && channels >= 1, IoError,
+              "'" << path << "': cannot write an image of " << width << "x" << height << "x" << channels);
+  const int cv_type = CV_MAKETYPE(cvDepthOf(type), channels);
+  if (options_.format == "tif" || options_.format == "tiff") {
+    TILER_CHECK(type != SampleType::kI16 && type != SampleType::kU32, IoError,
+                "'" << path << "': writer takes u8, u16 or f32 samples");
+    TILER_CHECK(options_.tile % 16 == 0 && options_.tile > 0, ConfigError, "TIFF tile must be a multiple of 16");
+    installTiffHandlers();
+    const uint64_t raw = uint64_t(width) * uint64_t(height) * uint64_t(channels) * bytesPerSample(type);
+    const bool big = raw > (uint64_t(1) << 31);
+    t_tiff_error.clear();
+    TIFF* tif = TIFFOpen(partialPath().c_str(), big ? "w8" : "w");
+    TILER_CHECK(tif != nullptr, IoError, "'" << partialPath() << "': cannot create: " << takeTiffError());
+    tiff_ = tif;
+    TIFFSetField(tif, TIFFTAG_IMAGEWIDTH, uint32_t(width));
+    TIFFSetField(tif, TIFFTAG_IMAGELENGTH, uint32_t(height));
+    TIFFSetField(tif, TIFFTAG_SAMPLESPERPIXEL, uint16_t(channels));
+    TIFFSetField(tif, TIFFTAG_BITSPERSAMPLE, uint16_t(8 * bytesPerSample(type)));
+    TIFFSetField(tif, TIFFTAG_SAMPLEFORMAT, type == SampleType::kF32 ? SAMPLEFORMAT_IEEEFP : SAMPLEFORMAT_UINT);
+    TIFFSetField(tif, TIFFTAG_PLANARCONFIG, PLANARCONFIG_CONTIG);
+    TIFFSetField(tif, TIFFTAG_PHOTOMETRIC, channels == 3 && type == SampleType::kU8 ? PHOTOMETRIC_RGB
+                                                                                   : PHOTOMETRIC_MINISBLACK);
+    if (channels > 1 && !(channels == 3 && type == SampleType::kU8)) {
+      std::vector<uint16_t> extra(size_t(channels - 1), EXTRASAMPLE_UNSPECIFIED);
+      TIFFSetField(tif, TIFFTAG_EXTRASAMPLES, uint16_t(extra.size()), extra.data());
+    }
+    TIFFSetField(tif, TIFFTAG_TILEWIDTH, uint32_t(options_.tile));
+    TIFFSetField(tif, TIFFTAG_TILELENGTH, uint32_t(options_.tile));
+    uint16_t comp = COMPRESSION_ADOBE_DEFLATE;
+    if (options_.compression == Compression::kZstd) comp = COMPRESSION_ZSTD;
+    if (options_.compression == Compression::kLzw) comp = COMPRESSION_LZW;
+    if (options_.compression == Compression::kNone) comp = COMPRESSION_NONE;
+    TILER_CHECK(TIFFIsCODECConfigured(comp), ConfigError, "this libtiff cannot write the requested compression");
+    TIFFSetField(tif, TIFFTAG_COMPRESSION, comp);
+    if (comp != COMPRESSION_NONE) {
+      TIFFSetField(tif, TIFFTAG_PREDICTOR, type == SampleType::kF32 ? PREDICTOR_FLOATINGPOINT : PREDICTOR_HORIZONTAL);
+    }
+    writeMetadata(tif, readMetadata(options_.metadata_from), options_.metadata_scale);
+    buffer_ = cv::Mat(options_.tile, int(width), cv_type, cv::Scalar::all(0));
+  } else if (options_.format == "png" || options_.format == "jpg" || options_.format == "jpeg") {
+    TILER_CHECK(width * height <= kMaxInMemoryPixels && width < 65536 && height < 65536, IoError,
+                "'" << path << "': " << width << "x" << height << " is too large for " << options_.format
+                    << " output (at most " << kMaxInMemoryPixels << " pixels, 65535 a side); use --format tif");
+    TILER_CHECK(type != SampleType::kF32 || options_.format != "png", IoError,
+                "'" << path << "': PNG cannot hold float samples; use --format tif");
+    buffer_ = cv::Mat(int(height), int(width), cv_type);
+    // Claim the name early so that an unwritable directory fails before any work.
+    std::ofstream touch(partialPath(), std::ios::binary);
+    TILER_CHECK(touch.good(), IoError, "'" << partialPath() << "': cannot create: " << std::strerror(errno));
+  } else {
+    TILER_THROW(ConfigError, "unknown output format '" << options_.format << "' (tif or png)");
+  }
+}
+
+ImageWriter::~ImageWriter() {
+  if (!done_) abandon();
+}
+
+void ImageWriter::abandon() noexcept {
+  if (tiff_) {
+    TIFFClose(static_cast<TIFF*>(tiff_));
+    tiff_ = nullptr;
+    t_tiff_error.clear();
+  }
+  std::remove(partialPath().c_str());
+  done_ = true;
+}
+
+size_t ImageWriter::bufferedBytes() const { return buffer_.total() * buffer_.elemSize(); }
+
+void ImageWriter::writeRows(const cv::Mat& band) {
+  TILER_CHECK(!done_, IoError, "'" << path_ << "': write after close");
+  TILER_CHECK(band.cols == width_ && band.type() == buffer_.type(), IoError,
+              "'" << path_ << "': band of " << band.cols << " columns / type " << band.type() << ", expected "
+                  << width_ << " / " << buffer_.type());
+  TILER_CHECK(rows_written_ + buffered_rows_ + band.rows <= height_, IoError,
+              "'" << path_ << "': more rows than the image's " << height_);
+  if (tiff_ == nullptr) {
+    band.copyTo(buffer_.rowRange(int(rows_written_), int(rows_written_ + band.rows)));
+    rows_written_ += band.rows;
+    return;
+  }
+  int consumed = 0;
+  while (consumed < band.rows) {
+    int take = std::min(band.rows - consumed, int(options_.tile - buffered_rows_));
+    band.rowRange(consumed, consumed + take)
+        .copyTo(buffer_.rowRange(int(buffered_rows_), int(buffered_rows_ + take)));
+    buffered_rows_ += take;
+    consumed += take;
+    if (buffered_rows_ == options_.tile) flushTileRow(buffered_rows_);
+  }
+}
+
+void ImageWriter::flushTileRow(int64_t rows) {
+  TIFF* tif = static_cast<TIFF*>(tiff_);
+  const int tile = options_.tile;
+  const size_t px = buffer_.elemSize();
+  if (rows < tile) buffer_.rowRange(int(rows), tile).setTo(cv::Scalar::all(0));
+  std::vector<uint8_t> tile_buf(size_t(tile) * size_t(tile) * px);
+  for (int64_t x0 = 0; x0 < width_; x0 += tile) {
+    std::fill(tile_buf.begin(), tile_buf.end(), 0);
+    const int64_t w = std::min<int64_t>(tile, width_ - x0);
+    for (int y = 0; y < tile; ++y) {
+      std::memcpy(tile_buf.data() + size_t(y) * size_t(tile) * px, buffer_.ptr<uint8_t>(y) + size_t(x0) * px,
+                  size_t(w) * px);
+    }
+    uint32_t index = TIFFComputeTile(tif, uint32_t(x0), uint32_t(rows_written_), 0, 0);
+    t_tiff_error.clear();
+    if (TIFFWriteEncodedTile(tif, index, tile_buf.data(), tmsize_t(tile_buf.size())) < 0) {
+      std::string err = takeTiffError();
+      abandon();
+      TILER_THROW(IoError, "'" << path_ << "': writing tile at row " << rows_written_ << " failed: " << err);
+    }
+  }
+  rows_written_ += rows;
+  buffered_rows_ = 0;
+}
+
+void ImageWriter::close() {
+  TILER_CHECK(!done_, IoError, "'" << path_ << "': closed twice");
+  if (tiff_ != nullptr) {
+    if (buffered_rows_ > 0) flushTileRow(buffered_rows_);
+    TILER_CHECK(rows_written_ == height_, IoError,
+                "'" << path_ << "': closed after " << rows_written_ << " of " << height_ << " rows");
+    TIFF* tif = static_cast<TIFF*>(tiff_);
+    t_tiff_error.clear();
+    bool ok = TIFFWriteDirectory(tif) && TIFFFlush(tif);
+    std::string err = ok ? "" : takeTiffError();
+    TIFFClose(tif);
+    tiff_ = nullptr;
+    if (!ok) {
+      abandon();
+      TILER_THROW(IoError, "'" << path_ << "': finishing the TIFF failed: " << err);
+    }
+  } else {
+    TILER_CHECK(rows_written_ == height_, IoError,
+                "'" << path_ << "': closed after " << rows_written_ << " of " << height_ << " rows");
+    cv::Mat out = buffer_;
+    if (channels_ == 3) cv::cvtColor(buffer_, out, cv::COLOR_RGB2BGR);
+    if (channels_ == 4) cv::cvtColor(buffer_, out, cv::COLOR_RGBA2BGRA);
+    std::vector<uchar> bytes;
+    bool ok = cv::imencode("." + options_.format, out, bytes);
+    if (ok) {
+      std::ofstream f(partialPath(), std::ios::binary | std::ios::trunc);
+      f.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+      f.flush();
+      ok = f.good();
+    }
+    if (!ok) {
+      int err = errno;
+      abandon();
+      TILER_THROW(IoError, "'" << path_ << "': writing " << options_.format << " failed: " << std::strerror(err));
+    }
+  }
+  if (std::rename(partialPath().c_str(), path_.c_str()) != 0) {
+    int err = errno;
+    abandon();
+    TILER_THROW(IoError, "'" << path_ << "': rename from .partial failed: " << std::strerror(err));
+  }
+  done_ = true;
+}
+
+}  // namespace tiler

@@ -1,0 +1,244 @@
+#include "tiler/model.hpp"
+
+#include <spdlog/spdlog.h>
+#include <ATen/Parallel.h>
+#include <torch/cuda.h>
+
+#include <filesystem>
+
+#include "tiler/error.hpp"
+#include "tiler/torch_compat.hpp"
+
+namespace fs = std::filesystem;
+
+namespace tiler {
+namespace {
+
+std::string firstLine(const std::string& s) {
+  auto nl = s.find('\n');
+  return nl == std::string::npos ? s : s.substr(0, nl);
+}
+
+}  // namespace
+
+Activation parseActivation(const std::string& name) {
+  if (name == "none") return Activation::kNone;
+  if (name == "softmax") return Activation::kSoftmax;
+  if (name == "sigmoid") return Activation::kSigmoid;
+  TILER_THROW(ConfigError, "--activation must be none, softmax or sigmoid; got '" << name << "'");
+}
+
+const char* precisionName(Precision p) {
+  switch (p) {
+    case Precision::kFp32: return "fp32";
+    case Precision::kFp16: return "fp16";
+    case Precision::kBf16: return "bf16";
+  }
+  return "?";
+}
+
+ChannelAdapt channelAdaptation(int image_channels, int model_channels, const std::string& image_path) {
+  if (image_channels == model_channels) return ChannelAdapt::kNone;
+  if (image_channels == 1 && model_channels == 3) return ChannelAdapt::kRepeatGray;
+  if (image_channels == 4 && model_channels == 3) return ChannelAdapt::kDropAlpha;
+  TILER_THROW(ModelError, "'" << image_path << "': image has " << image_channels << " channel(s) but the model takes "
+                              << model_channels);
+}
+
+torch::Device resolveDevice(const std::string& spec, int local_rank) {
+  const bool cuda = torch::cuda::is_available();
+  if (spec == "cpu" || (spec == "auto" && !cuda)) return torch::Device(torch::kCPU);
+  TILER_CHECK(cuda, ConfigError, "--device " << spec << ": CUDA is not usable here (LibTorch "
+                                             << (TILER_WITH_CUDA ? "has CUDA but no GPU is visible" : "was built without CUDA")
+                                             << ")");
+  const int count = int(torch::cuda::device_count());
+  if (spec == "auto" || spec == "cuda") return torch::Device(torch::kCUDA, int8_t(local_rank % count));
+  if (spec.rfind("cuda:", 0) == 0) {
+    int k = -1;
+    try {
+      k = std::stoi(spec.substr(5));
+    } catch (const std::exception&) {
+    }
+    TILER_CHECK(k >= 0 && k < count, ConfigError, "--device " << spec << ": have " << count << " CUDA device(s)");
+    return torch::Device(torch::kCUDA, int8_t(k));
+  }
+  TILER_THROW(ConfigError, "--device must be auto, cpu, cuda or cuda:K; got '" << spec << "'");
+}
+
+Precision resolvePrecision(const std::string& spec, const torch::Device& device) {
+  if (spec == "auto") return device.is_cuda() ? Precision::kFp16 : Precision::kFp32;
+  if (spec == "fp32") return Precision::kFp32;
+  if (spec == "bf16") return Precision::kBf16;
+  if (spec == "fp16") {
+    TILER_CHECK(device.is_cuda(), ConfigError, "--precision fp16 needs CUDA; on the CPU use bf16 or fp32");
+    return Precision::kFp16;
+  }
+  TILER_THROW(ConfigError, "--precision must be fp32, fp16 or bf16; got '" << spec << "'");
+}
+
+torch::jit::Module loadTorchScript(const std::string& path, const torch::Device& device) {
+  std::error_code ec;
+  TILER_CHECK(fs::is_regular_file(path, ec), ModelError, "'" << path << "': model file not found");
+  try {
+    return torch::jit::load(path, device);
+  } catch (const c10::Error& e) {
+    std::string what = e.what_without_backtrace();
+    if (what.find("constants.pkl") != std::string::npos || what.find("code/") != std::string::npos) {
+      TILER_THROW(ModelError, "'" << path << "' is not a TorchScript file (it looks like a torch.save() of a "
+                                  << "state_dict or a whole model); export it with torch.jit.script(model).save() "
+                                  << "or torch.jit.trace(model, example).save()");
+    }
+    TILER_THROW(ModelError, "'" << path << "' is not a TorchScript file or is corrupt: " << firstLine(what));
+  } catch (const std::exception& e) {
+    TILER_THROW(ModelError, "'" << path << "' cannot be loaded: " << firstLine(e.what()));
+  }
+}
+
+ModelRunner::ModelRunner(const ModelOptions& options)
+    : options_(options),
+      device_(resolveDevice(options.device, options.local_rank)),
+      precision_(resolvePrecision(options.precision, device_)) {
+  if (options.threads > 0) at::set_num_threads(options.threads);
+  module_ = loadTorchScript(options.path, device_);
+  module_.eval();
+  auto forward = module_.find_method("forward");
+  TILER_CHECK(forward.has_value(), ModelError, "'" << options.path << "': the module has no forward()");
+  const auto& args = forward->function().getSchema().arguments();
+  // args[0] is self.
+  TILER_CHECK(args.size() == 2, ModelError,
+              "'" << options.path << "': forward() takes " << args.size() - 1
+                  << " inputs; tiler passes exactly one tensor (NCHW)");
+  TILER_CHECK(args[1].type()->kind() == c10::TypeKind::TensorType, ModelError,
+              "'" << options.path << "': forward() takes a " << args[1].type()->str() << ", not a Tensor");
+  if (options.jit_optimize) {
+    module_ = torch::jit::optimize_for_inference(module_);
+  }
+}
+
+torch::Tensor ModelRunner::extractTensor(const c10::IValue& out) const {
+  const std::string& path = options_.path;
+  if (out.isTensor()) return out.toTensor();
+  if (out.isTuple() || out.isList()) {
+    std::vector<c10::IValue> items;
+    if (out.isTuple()) {
+      for (const auto& e : out.toTuple()->elements()) items.push_back(e);
+    } else {
+      for (const auto& e : out.toList()) items.push_back(e);
+    }
+    if (!options_.output_key.empty()) {
+      size_t k = 0;
+      try {
+        k = std::stoul(options_.output_key);
+      } catch (const std::exception&) {
+        TILER_THROW(ModelError, "'" << path << "': output is a tuple; --output_key must be an index, got '"
+                                    << options_.output_key << "'");
+      }
+      TILER_CHECK(k < items.size() && items[k].isTensor(), ModelError,
+                  "'" << path << "': output element " << k << " is not a tensor");
+      return items[k].toTensor();
+    }
+    for (const auto& e : items) {
+      if (e.isTensor()) return e.toTensor();
+    }
+    TILER_THROW(ModelError, "'" << path << "': the model's output tuple holds no tensor");
+  }
+  if (out.isGenericDict()) {
+    auto dict = out.toGenericDict();
+    if (!options_.output_key.empty()) {
+      for (const auto& entry : dict) {
+        if (entry.key().isString() && entry.key().toStringRef() == options_.output_key) {
+          TILER_CHECK(entry.value().isTensor(), ModelError,
+                      "'" << path << "': output '" << options_.output_key << "' is not a tensor");
+          return entry.value().toTensor();
+        }
+      }
+      TILER_THROW(ModelError, "'" << path << "': output dict has no key '" << options_.output_key << "'");
+    }
+    for (const auto& entry : dict) {
+      if (entry.value().isTensor()) return entry.value().toTensor();
+    }
+    TILER_THROW(ModelError, "'" << path << "': the model's output dict holds no tensor");
+  }
+  TILER_THROW(ModelError, "'" << path << "': the model returns " << out.tagKind() << ", not a tensor");
+}
+
+torch::Tensor ModelRunner::runModule(const torch::Tensor& nchw) {
+  const bool autocast = precision_ != Precision::kFp32;
+  const auto dtype = precision_ == Precision::kBf16 ? at::kBFloat16 : at::kHalf;
+  compat::AutocastScope scope(device_.type(), autocast, dtype);
+  c10::IValue out = module_.forward({nchw});
+  return extractTensor(out).to(torch::kFloat32);
+}
+
+const ModelProbe& ModelRunner::probe(int64_t window_w, int64_t window_h) {
+  if (probe_.output_channels > 0) return probe_;
+  c10::InferenceMode guard;
+  const std::string& path = options_.path;
+  // The model's input channel count is not in a TorchScript file: try the likely ones, then a few more.
+  std::string first_error;
+  for (int c : {3, 1, 4, 2, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}) {
+    torch::Tensor out;
+    try {
+      out = runModule(torch::zeros({1, c, window_h, window_w}, torch::TensorOptions().device(device_)));
+    } catch (const ModelError&) {
+      throw;
+    } catch (const std::exception& e) {
+      if (first_error.empty()) first_error = firstLine(e.what());
+      continue;
+    }
+    TILER_CHECK(out.dim() == 4, ModelError,
+                "'" << path << "': output has " << out.dim() << " dimensions " << out.sizes()
+                    << "; tiler needs NCHW (batch, channels, height, width)");
+    TILER_CHECK(out.size(0) == 1, ModelError, "'" << path << "': output batch " << out.size(0) << " for input batch 1");
+    const int64_t oh = out.size(2), ow = out.size(3);
+    Scale s;
+    if (oh >= window_h) {
+      s = Scale{oh / window_h, 1};
+    } else {
+      s = Scale{1, oh > 0 ? window_h / oh : 0};
+    }
+    TILER_CHECK(s.den > 0 && s.apply(window_h) == oh && s.apply(window_w) == ow, ModelError,
+                "'" << path << "': output " << ow << "x" << oh << " for a " << window_w << "x" << window_h
+                    << " window is not an exact integer multiple or fraction of it");
+    probe_.input_channels = c;
+    probe_.output_channels = int(out.size(1));
+    probe_.scale = s;
+    break;
+  }
+  TILER_CHECK(probe_.output_channels > 0, ModelError,
+              "'" << path << "': forward of a " << window_w << "x" << window_h << " zero window failed for 1 to 16 "
+                  << "input channels: " << first_error);
+  const int c = probe_.input_channels;
+  auto per_channel = [&](const std::vector<double>& v, const char* name) {
+    TILER_CHECK(v.size() == 1 || int(v.size()) == c, ConfigError,
+                "--" << name << " has " << v.size() << " values; the model takes " << c << " channels");
+    auto t = torch::tensor(v, torch::kFloat32);
+    if (v.size() == 1) t = t.expand({c}).clone();
+    return t.view({1, c, 1, 1}).to(device_);
+  };
+  if (!options_.mean.empty()) mean_ = per_channel(options_.mean, "mean");
+  if (!options_.std.empty()) {
+    for (double s : options_.std) TILER_CHECK(s != 0, ConfigError, "--std values must be non-zero");
+    inv_std_ = 1.0 / per_channel(options_.std, "std");
+  }
+  spdlog::debug("model '{}': {} -> {} channels, scale {}/{}", path, c, probe_.output_channels, probe_.scale.num,
+                probe_.scale.den);
+  return probe_;
+}
+
+torch::Tensor ModelRunner::forward(const torch::Tensor& batch_nhwc, const torch::Tensor& scales) {
+  c10::InferenceMode guard;
+  const bool cuda = device_.is_cuda();
+  auto x = batch_nhwc.to(device_, /*non_blocking=*/cuda).permute({0, 3, 1, 2});
+  auto s = scales.to(device_, cuda).view({-1, 1, 1, 1});
+  x = x * s;
+  if (mean_.defined()) x = x - mean_;
+  if (inv_std_.defined()) x = x * inv_std_;
+  x = x.contiguous();
+  torch::Tensor out = runModule(x);
+  if (options_.activation == Activation::kSoftmax) out = torch::softmax(out, 1);
+  if (options_.activation == Activation::kSigmoid) out = torch::sigmoid(out);
+  return out.contiguous();
+}
+
+}  // namespace tiler

@@ -1,0 +1,49 @@
+#include "tiler/sampler.hpp"
+
+#include <numeric>
+#include <random>
+
+#include "tiler/error.hpp"
+
+namespace tiler {
+
+DistributedSampler::DistributedSampler(int64_t total, SamplerOptions options)
+    : total_(total), options_(options) {
+  TILER_CHECK(options.world_size >= 1 && options.rank >= 0 && options.rank < options.world_size, ConfigError,
+              "sampler: rank " << options.rank << " outside world of " << options.world_size);
+  TILER_CHECK(total >= 0, ConfigError, "sampler: negative item count");
+  const int64_t n = options.world_size;
+  per_rank_ = options.drop_last ? total / n : (total + n - 1) / n;
+}
+
+std::vector<int64_t> DistributedSampler::order(int64_t epoch) const {
+  std::vector<int64_t> order(static_cast<size_t>(total_));
+  std::iota(order.begin(), order.end(), 0);
+  if (options_.shuffle) {
+    // Our own Fisher-Yates over mt19937_64: std::shuffle's algorithm is not specified by the standard,
+    // and every rank (and every build) must agree on the permutation.
+    std::mt19937_64 rng(options_.seed + uint64_t(epoch));
+    for (int64_t i = total_ - 1; i > 0; --i) {
+      auto j = int64_t(rng() % uint64_t(i + 1));
+      std::swap(order[size_t(i)], order[size_t(j)]);
+    }
+  }
+  return order;
+}
+
+std::vector<SampleSlot> DistributedSampler::slots(int64_t epoch) const {
+  std::vector<int64_t> base = order(epoch);
+  std::vector<SampleSlot> out;
+  out.reserve(size_t(per_rank_));
+  const int64_t padded_total = per_rank_ * options_.world_size;
+  for (int64_t pos = options_.rank; pos < padded_total; pos += options_.world_size) {
+    if (pos < total_) {
+      out.push_back({base[size_t(pos)], false});
+    } else {
+      out.push_back({base[size_t((pos - total_) % std::max<int64_t>(total_, 1))], true});
+    }
+  }
+  return out;
+}
+
+}  // namespace tiler

@@ -1,0 +1,137 @@
+// tiler: infer (default), finetune, info. Parses flags into the flat params structs and calls the library.
+#include <malloc.h>
+
+#include <CLI/CLI.hpp>
+#include <cstring>
+#include <iostream>
+#include <spdlog/spdlog.h>
+
+#include "tiler/cli.hpp"
+#include "tiler/error.hpp"
+#include "tiler/finetune.hpp"
+#include "tiler/pipeline.hpp"
+#include "tiler/version.hpp"
+
+namespace {
+
+using tiler::flagNames;
+
+// Large activations (33 MB at batch 8) sit above glibc's mmap threshold: every forward would map and unmap
+// them. Keeping them in the heap halves the forward time of a small UNet (see DESIGN.md).
+void keepLargeBlocksInHeap() {
+  if (std::getenv("GLIBC_TUNABLES") != nullptr) return;  // the user chose
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+}
+
+void addCommonModelFlags(CLI::App& app, std::string& model, std::string& device, std::string& backend,
+                         std::string& precision) {
+  app.add_option(flagNames("-m,--model"), model, "TorchScript model file (default: the bundled sample model)");
+  app.add_option(flagNames("--device"), device, "auto | cpu | cuda | cuda:K")->capture_default_str();
+  app.add_option(flagNames("--backend"), backend, "auto | gloo | nccl")->capture_default_str();
+  app.add_option(flagNames("--precision"), precision, "fp32 | fp16 | bf16 (default: fp16 on CUDA, fp32 on CPU)")
+      ->capture_default_str();
+}
+
+int runInferCli(int argc, char** argv) {
+  tiler::InferOptions o;
+  CLI::App app{"tiler: run a TorchScript model over large images in overlapping windows and stitch the result"};
+  app.set_config(flagNames("--config"), "", "TOML/INI file with any of these flags");
+  app.add_option(flagNames("-i,--input"), o.inputs, "files or directories (default: the bundled samples)");
+  app.add_option(flagNames("-o,--output"), o.output_dir, "output directory")->capture_default_str();
+  addCommonModelFlags(app, o.model, o.device, o.backend, o.precision);
+  app.add_option(flagNames("--window"), o.window, "window size N or W,H")->capture_default_str();
+  app.add_option(flagNames("--overlap"), o.overlap, "overlap F or FX,FY in [0,1)")->capture_default_str();
+  app.add_option(flagNames("--blend"), o.blend, "constant | gaussian | crop")->capture_default_str();
+  app.add_option(flagNames("--sigma_scale"), o.sigma_scale, "gaussian sigma per window size")->capture_default_str();
+  app.add_option(flagNames("--pad"), o.pad, "constant | reflect | replicate")->capture_default_str();
+  app.add_option(flagNames("--cval"), o.cval, "value for constant padding")->capture_default_str();
+  app.add_option(flagNames("--batch_size"), o.batch_size, "windows per forward")->capture_default_str();
+  app.add_option(flagNames("--scale"), o.scale, "input scale (default: 1/255 u8, 1/65535 u16, 1 f32)");
+  app.add_option(flagNames("--mean"), o.mean, "per-channel mean A,B,C")->delimiter(',');
+  app.add_option(flagNames("--std"), o.std, "per-channel std A,B,C")->delimiter(',');
+  app.add_option(flagNames("--activation"), o.activation, "none | softmax | sigmoid")->capture_default_str();
+  app.add_option(flagNames("--save"), o.save, "labels | probs | labels,probs")->capture_default_str();
+  app.add_option(flagNames("--format"), o.format, "tif | png (labels)")->capture_default_str();
+  app.add_option(flagNames("--compression"), o.compression, "deflate | zstd | lzw | none")->capture_default_str();
+  app.add_flag(flagNames("--resume"), o.resume, "skip images whose outputs exist");
+  app.add_flag(flagNames("--overwrite"), o.overwrite, "redo images whose outputs exist");
+  app.add_option(flagNames("--on_error"), o.on_error, "skip | abort")->capture_default_str();
+  app.add_option(flagNames("--report"), o.report, "report JSON (default: <output>/report.json)");
+  app.add_option(flagNames("--threads"), o.threads, "LibTorch intra-op threads for this rank");
+  app.add_option(flagNames("--timeout"), o.timeout, "seconds any rendezvous or collective may take")
+      ->capture_default_str();
+  app.add_flag(flagNames("--no_progress"), o.no_progress, "no progress output");
+  app.add_flag(flagNames("--recursive"), o.recursive, "walk input directories recursively");
+  app.add_option(flagNames("--output_key"), o.output_key, "dict key or tuple index of the model's output");
+  app.add_flag(flagNames("--jit_optimize"), o.jit_optimize, "freeze + optimize_for_inference");
+  app.add_option(flagNames("--prefetch"), o.prefetch, "batches read ahead")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  return tiler::runInfer(o);
+}
+
+int runInfoCli(int argc, char** argv) {
+  std::vector<std::string> paths;
+  std::string window, overlap = "0.25";
+  CLI::App app{"tiler info: what tiler sees in each image, and the window grid"};
+  app.add_option("images", paths, "image files or directories")->required();
+  app.add_option(flagNames("--window"), window, "show the grid for this window (N or W,H)");
+  app.add_option(flagNames("--overlap"), overlap, "overlap for the grid")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  return tiler::runInfo(paths, window, overlap);
+}
+
+int runFinetuneCli(int argc, char** argv) {
+  tiler::FinetuneOptions o;
+  CLI::App app{"tiler finetune: data-parallel training on tiles"};
+  app.set_config(flagNames("--config"), "", "TOML/INI file with any of these flags");
+  app.add_option(flagNames("--images"), o.images_dir, "directory of training images")->required();
+  app.add_option(flagNames("--labels"), o.labels_dir, "directory of labels, paired by file stem")->required();
+  addCommonModelFlags(app, o.model, o.device, o.backend, o.precision);
+  app.add_option(flagNames("-o,--output"), o.output, "trained TorchScript file")->capture_default_str();
+  app.add_option(flagNames("--epochs"), o.epochs, "epochs")->capture_default_str();
+  app.add_option(flagNames("--lr"), o.lr, "learning rate")->capture_default_str();
+  app.add_option(flagNames("--optimizer"), o.optimizer, "adam | sgd")->capture_default_str();
+  app.add_option(flagNames("--momentum"), o.momentum, "SGD momentum")->capture_default_str();
+  app.add_option(flagNames("--weight_decay"), o.weight_decay, "weight decay")->capture_default_str();
+  app.add_option(flagNames("--schedule"), o.schedule, "constant | cosine")->capture_default_str();
+  app.add_option(flagNames("--warmup_epochs"), o.warmup_epochs, "linear warm-up epochs")->capture_default_str();
+  app.add_option(flagNames("--loss"), o.loss, "ce | bce | mse | dice")->capture_default_str();
+  app.add_option(flagNames("--window"), o.window, "window size N or W,H")->capture_default_str();
+  app.add_option(flagNames("--overlap"), o.overlap, "overlap F or FX,FY")->capture_default_str();
+  app.add_option(flagNames("--batch_size"), o.batch_size, "windows per rank and step")->capture_default_str();
+  app.add_option(flagNames("--pad"), o.pad, "constant | reflect | replicate")->capture_default_str();
+  app.add_option(flagNames("--seed"), o.seed, "shuffle and augmentation seed")->capture_default_str();
+  app.add_option(flagNames("--val_fraction"), o.val_fraction, "held-out share")->capture_default_str();
+  app.add_flag(flagNames("--augment"), o.augment, "random flips and 90-degree rotations");
+  app.add_flag(flagNames("--drop_last"), o.drop_last, "drop the uneven tail of each epoch");
+  app.add_option(flagNames("--checkpoint_dir"), o.checkpoint_dir, "checkpoint every epoch here");
+  app.add_flag(flagNames("--resume"), o.resume, "continue from the last checkpoint");
+  app.add_option(flagNames("--report"), o.report, "report JSON");
+  app.add_option(flagNames("--threads"), o.threads, "LibTorch intra-op threads for this rank");
+  app.add_option(flagNames("--timeout"), o.timeout, "seconds any collective may take")->capture_default_str();
+  app.add_flag(flagNames("--no_progress"), o.no_progress, "no progress output");
+  CLI11_PARSE(app, argc, argv);
+  return tiler::runFinetune(o);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  keepLargeBlocksInHeap();
+  spdlog::set_pattern("tiler: %v");
+  if (const char* level = std::getenv("TILER_LOG")) spdlog::set_level(spdlog::level::from_str(level));
+  std::string sub = argc > 1 ? argv[1] : "";
+  try {
+    if (sub == "--version" || sub == "version") {
+      std::cout << tiler::runtimeInfo("tiler");
+      return 0;
+    }
+    if (sub == "info") return runInfoCli(argc - 1, argv + 1);
+    if (sub == "finetune") return runFinetuneCli(argc - 1, argv + 1);
+    if (sub == "infer") return runInferCli(argc - 1, argv + 1);
+    return runInferCli(argc, argv);
+  } catch (const std::exception& e) {
+    return tiler::reportFatal("tiler", e);
+  }
+}

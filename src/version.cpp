@@ -1,0 +1,22 @@
+#include "tiler/version.hpp"
+
+#include <torch/cuda.h>
+
+#include <sstream>
+
+#include "tiler/torch_compat.hpp"
+
+namespace tiler {
+
+std::string runtimeInfo(const std::string& tool) {
+  std::ostringstream os;
+  os << buildInfo(tool);
+  const bool cuda = torch::cuda::is_available();
+  os << "CUDA usable: " << (cuda ? "yes (" + std::to_string(torch::cuda::device_count()) + " device(s))" : "no")
+     << "\n";
+  os << "NCCL usable: " << (compat::kNcclCompiled && cuda ? "yes" : "no") << "\n";
+  os << "c10d backends: gloo" << (compat::kNcclCompiled ? ", nccl" : "") << "\n";
+  return os.str();
+}
+
+}  // namespace tiler
