@@ -7,6 +7,7 @@ Images show bright round blobs ("cells") on a smooth textured background; labels
   samples/images/small.png        200 x 150 RGB u8                          (smaller than a window)
   samples/train/{images,labels}/train_NN.png  8 pairs of 384 x 384 RGB / u8 class maps {0: background, 1: blob}
   samples/models/init.pt          the untrained fixed-seed UNet (3 -> 2 channels, 16 base channels)
+  samples/models/state_dict.pt    a torch.save()'d state_dict: the wrong kind of file, for error tests
 samples/models/sample.pt is init.pt fine-tuned on samples/train by `tiler finetune` (scripts/make_sample_model.sh).
 
 Needs Debian's python3-torch, python3-numpy, python3-pil and libtiff-tools (tiffcp). Run from the repo root:
@@ -106,6 +107,8 @@ def main():
     torch.manual_seed(0)
     model = torch.jit.script(UNet().eval())
     model.save(os.path.join(ROOT, "models/init.pt"))
+    # What users often hand over by mistake: a pickled state_dict, not TorchScript (tests check the message).
+    torch.save(torch.nn.Conv2d(3, 2, 1).state_dict(), os.path.join(ROOT, "models/state_dict.pt"))
 
 
 if __name__ == "__main__":

@@ -64,8 +64,10 @@ cv::Mat labelsFromProbabilities(const cv::Mat& band, float threshold) {
       } else {
         for (int k = 1; k < c; ++k) best = p[k] > p[best] ? k : best;
       }
-      if (c > 255) labels.ptr<uint16_t>(y)[x] = uint16_t(best);
-      else labels.ptr<uint8_t>(y)[x] = uint8_t(best);
+      if (c > 255)
+        labels.ptr<uint16_t>(y)[x] = uint16_t(best);
+      else
+        labels.ptr<uint8_t>(y)[x] = uint8_t(best);
     }
   }
   return labels;
@@ -107,8 +109,9 @@ size_t Stitcher::bytesHeld() const {
 }
 
 void Stitcher::add(int64_t index, const float* chw) {
-  TILER_CHECK(index >= next_ && index < grid_.count() && !pending_.count(index), ConfigError,
-              "stitcher: window " << index << " added twice or out of range (0.." << grid_.count() - 1 << ")");
+  TILER_CHECK(
+      index >= next_ && index < grid_.count() && !pending_.count(index), ConfigError,
+      "stitcher: window " << index << " added twice or out of range (0.." << grid_.count() - 1 << ")");
   if (index != next_) {
     const size_t n = size_t(channels_ * win_w_ * win_h_);
     pending_.emplace(index, std::vector<float>(chw, chw + n));

@@ -51,15 +51,17 @@ WorldInfo discoverWorld(const EnvLookup& lookup) {
   }
   if (const char* addr = env("MASTER_ADDR")) w.master_addr = addr;
   w.master_port = envInt(env, "MASTER_PORT", 29500);
-  TILER_CHECK(w.world_size >= 1 && w.rank >= 0 && w.rank < w.world_size, ConfigError,
-              "rank " << w.rank << " is outside the world of " << w.world_size << " (from " << w.source << ")");
-  TILER_CHECK(w.world_size == 1 || (env("MASTER_ADDR") && env("MASTER_PORT")) || w.source == "torchrun", ConfigError,
+  TILER_CHECK(
+      w.world_size >= 1 && w.rank >= 0 && w.rank < w.world_size, ConfigError,
+      "rank " << w.rank << " is outside the world of " << w.world_size << " (from " << w.source << ")");
+  TILER_CHECK(w.world_size == 1 || (env("MASTER_ADDR") && env("MASTER_PORT")) || w.source == "torchrun",
+              ConfigError,
               "a world of " << w.world_size << " from " << w.source << " needs MASTER_ADDR and MASTER_PORT");
   return w;
 }
 
 struct DistContext::Impl {
-  c10::intrusive_ptr<c10d::Store> store;         // owned (shared with the process group)
+  c10::intrusive_ptr<c10d::Store> store;          // owned (shared with the process group)
   c10::intrusive_ptr<compat::Collectives> group;  // null in a world of one
 };
 
@@ -115,12 +117,14 @@ void DistContext::init(c10::intrusive_ptr<c10d::Store> store, const torch::Devic
       } else {
         opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
       }
-      impl_->group = c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, world_.rank, world_.world_size, opts);
+      impl_->group =
+          c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, world_.rank, world_.world_size, opts);
     } else {
 #if TILER_WITH_CUDA
       auto opts = c10d::ProcessGroupNCCL::Options::create();
       opts->timeout = options_.timeout;
-      impl_->group = c10::make_intrusive<c10d::ProcessGroupNCCL>(impl_->store, world_.rank, world_.world_size, opts);
+      impl_->group =
+          c10::make_intrusive<c10d::ProcessGroupNCCL>(impl_->store, world_.rank, world_.world_size, opts);
 #endif
     }
   } catch (const Error&) {
@@ -133,8 +137,8 @@ void DistContext::init(c10::intrusive_ptr<c10d::Store> store, const torch::Devic
 
 void DistContext::fail(const std::string& what, const std::exception& e) const {
   std::ostringstream os;
-  os << "rank " << world_.rank << " of " << world_.world_size << ": " << what << " via " << world_.master_addr << ":"
-     << world_.master_port << " failed after waiting up to " << options_.timeout.count() / 1000.0
+  os << "rank " << world_.rank << " of " << world_.world_size << ": " << what << " via " << world_.master_addr
+     << ":" << world_.master_port << " failed after waiting up to " << options_.timeout.count() / 1000.0
      << " s (--timeout): " << e.what();
   if (isTimeout(e)) throw TimeoutError(os.str(), __FILE__, __LINE__);
   throw DistError(os.str(), __FILE__, __LINE__);

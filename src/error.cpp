@@ -26,8 +26,12 @@ std::string withLocation(const std::string& what, const char* file, int line) {
 Error::Error(const std::string& what, const char* file, int line)
     : std::runtime_error(withLocation(what, file, line)), message_(what) {}
 
-void setErrorRankPrefix(const std::string& prefix) { rankPrefixStorage() = prefix; }
-const std::string& errorRankPrefix() { return rankPrefixStorage(); }
+void setErrorRankPrefix(const std::string& prefix) {
+  rankPrefixStorage() = prefix;
+}
+const std::string& errorRankPrefix() {
+  return rankPrefixStorage();
+}
 
 void writeElasticErrorFile(const std::string& message) {
   const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");

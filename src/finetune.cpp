@@ -3,5 +3,7 @@
 #include "tiler/error.hpp"
 
 namespace tiler {
-int runFinetune(const FinetuneOptions&) { TILER_THROW(ConfigError, "finetune: not built yet"); }
+int runFinetune(const FinetuneOptions&) {
+  TILER_THROW(ConfigError, "finetune: not built yet");
+}
 }  // namespace tiler

@@ -59,7 +59,8 @@ WindowGrid::WindowGrid(int64_t image_w, int64_t image_h, const GridSpec& spec, S
     // then reach up to den-1 input pixels past the border, which padding fills.
     const int64_t k = scale.den;
     TILER_CHECK(spec.window_w % k == 0 && spec.window_h % k == 0, ConfigError,
-                "grid: window " << spec.window_w << "x" << spec.window_h << " is not divisible by the model's "
+                "grid: window " << spec.window_w << "x" << spec.window_h
+                                << " is not divisible by the model's "
                                 << "downscale factor " << k);
     auto scaled = [k](int64_t size, int64_t window, double overlap) {
       auto out = axisStarts((size + k - 1) / k, window / k, overlap);

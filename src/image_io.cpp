@@ -49,7 +49,8 @@ constexpr ttag_t kModelPixelScale = 33550, kModelTiepoint = 33922, kModelTransfo
 const TIFFFieldInfo kGeoFields[] = {
     {kModelPixelScale, -1, -1, TIFF_DOUBLE, FIELD_CUSTOM, 1, 1, const_cast<char*>("ModelPixelScaleTag")},
     {kModelTiepoint, -1, -1, TIFF_DOUBLE, FIELD_CUSTOM, 1, 1, const_cast<char*>("ModelTiepointTag")},
-    {kModelTransformation, -1, -1, TIFF_DOUBLE, FIELD_CUSTOM, 1, 1, const_cast<char*>("ModelTransformationTag")},
+    {kModelTransformation, -1, -1, TIFF_DOUBLE, FIELD_CUSTOM, 1, 1,
+     const_cast<char*>("ModelTransformationTag")},
     {kGeoKeyDirectory, -1, -1, TIFF_SHORT, FIELD_CUSTOM, 1, 1, const_cast<char*>("GeoKeyDirectoryTag")},
     {kGeoDoubleParams, -1, -1, TIFF_DOUBLE, FIELD_CUSTOM, 1, 1, const_cast<char*>("GeoDoubleParamsTag")},
     {kGeoAsciiParams, -1, -1, TIFF_ASCII, FIELD_CUSTOM, 1, 0, const_cast<char*>("GeoASCIIParamsTag")},
@@ -79,19 +80,31 @@ std::string takeTiffError() {
 
 std::string compressionName(uint16_t c) {
   switch (c) {
-    case COMPRESSION_NONE: return "none";
-    case COMPRESSION_LZW: return "lzw";
+    case COMPRESSION_NONE:
+      return "none";
+    case COMPRESSION_LZW:
+      return "lzw";
     case COMPRESSION_ADOBE_DEFLATE:
-    case COMPRESSION_DEFLATE: return "deflate";
-    case COMPRESSION_JPEG: return "jpeg";
-    case COMPRESSION_OJPEG: return "ojpeg";
-    case COMPRESSION_PACKBITS: return "packbits";
-    case COMPRESSION_ZSTD: return "zstd";
-    case COMPRESSION_LZMA: return "lzma";
-    case COMPRESSION_WEBP: return "webp";
-    case COMPRESSION_CCITTFAX3: return "ccitt-g3";
-    case COMPRESSION_CCITTFAX4: return "ccitt-g4";
-    default: return "code " + std::to_string(c);
+    case COMPRESSION_DEFLATE:
+      return "deflate";
+    case COMPRESSION_JPEG:
+      return "jpeg";
+    case COMPRESSION_OJPEG:
+      return "ojpeg";
+    case COMPRESSION_PACKBITS:
+      return "packbits";
+    case COMPRESSION_ZSTD:
+      return "zstd";
+    case COMPRESSION_LZMA:
+      return "lzma";
+    case COMPRESSION_WEBP:
+      return "webp";
+    case COMPRESSION_CCITTFAX3:
+      return "ccitt-g3";
+    case COMPRESSION_CCITTFAX4:
+      return "ccitt-g4";
+    default:
+      return "code " + std::to_string(c);
   }
 }
 
@@ -126,11 +139,11 @@ class TiffReader final : public ImageReader {
   }
 
   cv::Mat readRegion(const Rect& r) override {
-    TILER_CHECK(r.x >= 0 && r.y >= 0 && r.w > 0 && r.h > 0 && r.right() <= info_.width &&
-                    r.bottom() <= info_.height,
-                IoError,
-                "'" << info_.path << "': region " << r.x << "," << r.y << " " << r.w << "x" << r.h
-                    << " outside the image " << info_.width << "x" << info_.height);
+    TILER_CHECK(
+        r.x >= 0 && r.y >= 0 && r.w > 0 && r.h > 0 && r.right() <= info_.width && r.bottom() <= info_.height,
+        IoError,
+        "'" << info_.path << "': region " << r.x << "," << r.y << " " << r.w << "x" << r.h
+            << " outside the image " << info_.width << "x" << info_.height);
     cv::Mat out(int(r.h), int(r.w), CV_MAKETYPE(cvDepthOf(info_.type), info_.channels));
     const size_t px = bytesPerSample(info_.type) * size_t(info_.channels);
     const size_t sample = bytesPerSample(info_.type);
@@ -149,7 +162,8 @@ class TiffReader final : public ImageReader {
           const std::vector<uint8_t>& chunk = decodedChunk(cx, cy, plane);
           const size_t chunk_px = info_.planar_separate ? sample : px;
           for (int64_t y = y0; y < y1; ++y) {
-            const uint8_t* src = chunk.data() + (size_t(y - cy * ch) * size_t(cw) + size_t(x0 - cx * cw)) * chunk_px;
+            const uint8_t* src =
+                chunk.data() + (size_t(y - cy * ch) * size_t(cw) + size_t(x0 - cx * cw)) * chunk_px;
             uint8_t* dst = out.ptr<uint8_t>(int(y - r.y)) + size_t(x0 - r.x) * px;
             if (!info_.planar_separate) {
               std::memcpy(dst, src, size_t(x1 - x0) * px);
@@ -189,16 +203,24 @@ class TiffReader final : public ImageReader {
     info_.pages = int(TIFFNumberOfDirectories(tif_));
     TILER_CHECK(TIFFIsCODECConfigured(comp), IoError,
                 "'" << p << "': compression " << info_.compression << " is not supported by this libtiff");
-    if (fmt == SAMPLEFORMAT_UINT && bps == 8) info_.type = SampleType::kU8;
-    else if (fmt == SAMPLEFORMAT_UINT && bps == 16) info_.type = SampleType::kU16;
-    else if (fmt == SAMPLEFORMAT_INT && bps == 16) info_.type = SampleType::kI16;
-    else if (fmt == SAMPLEFORMAT_UINT && bps == 32) info_.type = SampleType::kU32;
-    else if (fmt == SAMPLEFORMAT_IEEEFP && bps == 32) info_.type = SampleType::kF32;
+    if (fmt == SAMPLEFORMAT_UINT && bps == 8)
+      info_.type = SampleType::kU8;
+    else if (fmt == SAMPLEFORMAT_UINT && bps == 16)
+      info_.type = SampleType::kU16;
+    else if (fmt == SAMPLEFORMAT_INT && bps == 16)
+      info_.type = SampleType::kI16;
+    else if (fmt == SAMPLEFORMAT_UINT && bps == 32)
+      info_.type = SampleType::kU32;
+    else if (fmt == SAMPLEFORMAT_IEEEFP && bps == 32)
+      info_.type = SampleType::kF32;
     else
       TILER_THROW(IoError, "'" << p << "': unsupported sample format (" << bps << " bits, "
-                               << (fmt == SAMPLEFORMAT_IEEEFP ? "float" : fmt == SAMPLEFORMAT_INT ? "signed" : "unsigned")
+                               << (fmt == SAMPLEFORMAT_IEEEFP ? "float"
+                                   : fmt == SAMPLEFORMAT_INT  ? "signed"
+                                                              : "unsigned")
                                << "); tiler reads 8/16/32-bit unsigned, 16-bit signed and 32-bit float");
-    TILER_CHECK(photometric != PHOTOMETRIC_PALETTE, IoError, "'" << p << "': palette TIFFs are not supported");
+    TILER_CHECK(photometric != PHOTOMETRIC_PALETTE, IoError,
+                "'" << p << "': palette TIFFs are not supported");
     if (photometric == PHOTOMETRIC_YCBCR) {
       TILER_CHECK(comp == COMPRESSION_JPEG, IoError,
                   "'" << p << "': YCbCr TIFF without JPEG compression is not supported");
@@ -227,7 +249,8 @@ class TiffReader final : public ImageReader {
       // One strip holding a huge image: uncompressed, rows can be read one at a time; compressed cannot.
       TILER_CHECK(!info_.tiled && comp == COMPRESSION_NONE && !info_.planar_separate, IoError,
                   "'" << p << "': a " << (info_.tiled ? "tile" : "strip") << " of " << chunk_bytes
-                      << " bytes (" << chunk_w_ << "x" << chunk_h_ << ") is too large to decode; re-save the image"
+                      << " bytes (" << chunk_w_ << "x" << chunk_h_
+                      << ") is too large to decode; re-save the image"
                       << " as a tiled TIFF (e.g. tiffcp -t -w 256 -l 256)");
       huge_uncompressed_strips_ = true;
     }
@@ -240,8 +263,8 @@ class TiffReader final : public ImageReader {
       uint64_t off = TIFFGetStrileOffset(tif_, uint32_t(last));
       uint64_t cnt = TIFFGetStrileByteCount(tif_, uint32_t(last));
       TILER_CHECK(off + cnt <= uint64_t(st.st_size) && (comp != COMPRESSION_NONE || cnt > 0), IoError,
-                  "'" << p << "': truncated: the image data ends at byte " << off + cnt << " but the file has "
-                      << st.st_size << " bytes");
+                  "'" << p << "': truncated: the image data ends at byte " << off + cnt
+                      << " but the file has " << st.st_size << " bytes");
     }
     const uint64_t tiles_across = (uint64_t(w) + chunk_w_ - 1) / uint64_t(chunk_w_);
     const uint64_t row_bytes = tiles_across * chunk_bytes * (info_.planar_separate ? spp : 1);
@@ -253,7 +276,8 @@ class TiffReader final : public ImageReader {
     std::vector<uint8_t> line(size_t(TIFFScanlineSize64(tif_)));
     for (int64_t y = r.y; y < r.bottom(); ++y) {
       if (TIFFReadScanline(tif_, line.data(), uint32_t(y), 0) < 0)
-        TILER_THROW(IoError, "'" << info_.path << "': TIFFReadScanline failed at row " << y << ": " << takeTiffError());
+        TILER_THROW(IoError, "'" << info_.path << "': TIFFReadScanline failed at row " << y << ": "
+                                 << takeTiffError());
       std::memcpy(out.ptr<uint8_t>(int(y - r.y)), line.data() + size_t(r.x) * px, size_t(r.w) * px);
     }
   }
@@ -301,14 +325,14 @@ class TiffReader final : public ImageReader {
   };
 
   ImageInfo info_;
-  TIFF* tif_ = nullptr;          // owned; guarded by mutex_
+  TIFF* tif_ = nullptr;  // owned; guarded by mutex_
   mutable std::mutex mutex_;
   int64_t chunk_w_ = 0, chunk_h_ = 0;
   bool huge_uncompressed_strips_ = false;
   size_t cache_budget_ = 64 << 20;
   size_t cache_bytes_ = 0;
   std::unordered_map<uint32_t, CacheEntry> cache_;
-  std::list<uint32_t> lru_;      // most recent first
+  std::list<uint32_t> lru_;  // most recent first
 };
 
 class OpenCvReader final : public ImageReader {
@@ -320,7 +344,8 @@ class OpenCvReader final : public ImageReader {
     std::transform(info_.format.begin(), info_.format.end(), info_.format.begin(), ::tolower);
     errno = 0;
     std::ifstream probe(path, std::ios::binary);
-    TILER_CHECK(probe.good(), IoError, "'" << path << "': cannot open: " << std::strerror(errno ? errno : ENOENT));
+    TILER_CHECK(probe.good(), IoError,
+                "'" << path << "': cannot open: " << std::strerror(errno ? errno : ENOENT));
     probe.seekg(0, std::ios::end);
     TILER_CHECK(probe.tellg() > 0, IoError, "'" << path << "': empty file (0 bytes)");
     try {
@@ -329,7 +354,8 @@ class OpenCvReader final : public ImageReader {
       TILER_THROW(IoError, "'" << path << "': OpenCV cannot decode it: " << e.what());
     }
     TILER_CHECK(!image_.empty(), IoError,
-                "'" << path << "': OpenCV cannot decode it (not an image, corrupt, or larger than OpenCV's limit of "
+                "'" << path
+                    << "': OpenCV cannot decode it (not an image, corrupt, or larger than OpenCV's limit of "
                     << "2^30 pixels; convert large images to tiled TIFF)");
     if (image_.channels() == 3) cv::cvtColor(image_, image_, cv::COLOR_BGR2RGB);
     if (image_.channels() == 4) cv::cvtColor(image_, image_, cv::COLOR_BGRA2RGBA);
@@ -337,20 +363,29 @@ class OpenCvReader final : public ImageReader {
     info_.height = image_.rows;
     info_.channels = image_.channels();
     switch (image_.depth()) {
-      case CV_8U: info_.type = SampleType::kU8; break;
-      case CV_16U: info_.type = SampleType::kU16; break;
-      case CV_16S: info_.type = SampleType::kI16; break;
-      case CV_32F: info_.type = SampleType::kF32; break;
-      default: TILER_THROW(IoError, "'" << path << "': unsupported pixel depth " << image_.depth());
+      case CV_8U:
+        info_.type = SampleType::kU8;
+        break;
+      case CV_16U:
+        info_.type = SampleType::kU16;
+        break;
+      case CV_16S:
+        info_.type = SampleType::kI16;
+        break;
+      case CV_32F:
+        info_.type = SampleType::kF32;
+        break;
+      default:
+        TILER_THROW(IoError, "'" << path << "': unsupported pixel depth " << image_.depth());
     }
     info_.compression = info_.format;
   }
   const ImageInfo& info() const override { return info_; }
   size_t cachedBytes() const override { return image_.total() * image_.elemSize(); }
   cv::Mat readRegion(const Rect& r) override {
-    TILER_CHECK(r.x >= 0 && r.y >= 0 && r.w > 0 && r.h > 0 && r.right() <= info_.width &&
-                    r.bottom() <= info_.height,
-                IoError, "'" << info_.path << "': region outside the image");
+    TILER_CHECK(
+        r.x >= 0 && r.y >= 0 && r.w > 0 && r.h > 0 && r.right() <= info_.width && r.bottom() <= info_.height,
+        IoError, "'" << info_.path << "': region outside the image");
     return image_(cv::Rect(int(r.x), int(r.y), int(r.w), int(r.h))).clone();
   }
 
@@ -402,7 +437,8 @@ TiffMetadata readMetadata(const std::string& path) {
     takeTiffError();
     return m;
   }
-  m.has_resolution = TIFFGetField(tif, TIFFTAG_XRESOLUTION, &m.xres) && TIFFGetField(tif, TIFFTAG_YRESOLUTION, &m.yres);
+  m.has_resolution =
+      TIFFGetField(tif, TIFFTAG_XRESOLUTION, &m.xres) && TIFFGetField(tif, TIFFTAG_YRESOLUTION, &m.yres);
   TIFFGetFieldDefaulted(tif, TIFFTAG_RESOLUTIONUNIT, &m.res_unit);
   m.pixel_scale = getArray<double>(tif, kModelPixelScale);
   m.tiepoint = getArray<double>(tif, kModelTiepoint);
@@ -451,40 +487,53 @@ void writeMetadata(TIFF* tif, TiffMetadata m, double s) {
 
 const char* sampleTypeName(SampleType type) {
   switch (type) {
-    case SampleType::kU8: return "u8";
-    case SampleType::kU16: return "u16";
-    case SampleType::kI16: return "i16";
-    case SampleType::kU32: return "u32";
-    case SampleType::kF32: return "f32";
+    case SampleType::kU8:
+      return "u8";
+    case SampleType::kU16:
+      return "u16";
+    case SampleType::kI16:
+      return "i16";
+    case SampleType::kU32:
+      return "u32";
+    case SampleType::kF32:
+      return "f32";
   }
   return "?";
 }
 
 int cvDepthOf(SampleType type) {
   switch (type) {
-    case SampleType::kU8: return CV_8U;
-    case SampleType::kU16: return CV_16U;
-    case SampleType::kI16: return CV_16S;
-    case SampleType::kU32: return CV_32S;  // same bytes; tiler converts to float before use
-    case SampleType::kF32: return CV_32F;
+    case SampleType::kU8:
+      return CV_8U;
+    case SampleType::kU16:
+      return CV_16U;
+    case SampleType::kI16:
+      return CV_16S;
+    case SampleType::kU32:
+      return CV_32S;  // same bytes; tiler converts to float before use
+    case SampleType::kF32:
+      return CV_32F;
   }
   return CV_8U;
 }
 
 size_t bytesPerSample(SampleType type) {
   switch (type) {
-    case SampleType::kU8: return 1;
+    case SampleType::kU8:
+      return 1;
     case SampleType::kU16:
-    case SampleType::kI16: return 2;
+    case SampleType::kI16:
+      return 2;
     case SampleType::kU32:
-    case SampleType::kF32: return 4;
+    case SampleType::kF32:
+      return 4;
   }
   return 1;
 }
 
 bool hasImageExtension(const std::string& path) {
   static const char* kExts[] = {".tif", ".tiff", ".png", ".jpg", ".jpeg", ".bmp", ".webp", ".jp2", ".pbm",
-                                ".pgm", ".ppm", ".pnm", ".exr", ".hdr", ".pic", ".sr", ".ras", ".pxm"};
+                                ".pgm", ".ppm",  ".pnm", ".exr", ".hdr",  ".pic", ".sr",   ".ras", ".pxm"};
   std::string ext = lowerExtension(path);
   return std::any_of(std::begin(kExts), std::end(kExts), [&](const char* e) { return ext == e; });
 }
@@ -493,7 +542,8 @@ std::unique_ptr<ImageReader> ImageReader::open(const std::string& path) {
   std::error_code ec;
   TILER_CHECK(fs::exists(path, ec), IoError, "'" << path << "': no such file");
   TILER_CHECK(!fs::is_directory(path, ec), IoError, "'" << path << "': is a directory");
-  TILER_CHECK(access(path.c_str(), R_OK) == 0, IoError, "'" << path << "': cannot read: " << std::strerror(errno));
+  TILER_CHECK(access(path.c_str(), R_OK) == 0, IoError,
+              "'" << path << "': cannot read: " << std::strerror(errno));
   std::string ext = lowerExtension(path);
   if (looksLikeTiff(path)) return std::make_unique<TiffReader>(path);
   TILER_CHECK(ext != ".tif" && ext != ".tiff", IoError,
@@ -511,16 +561,22 @@ Compression parseCompression(const std::string& name) {
 
 // ---- writer ---------------------------------------------------------------------------------------------
 
-ImageWriter::ImageWriter(const std::string& path, int64_t width, int64_t height, int channels, SampleType type,
-                         WriterOptions options)
-    : path_(path), width_(width), height_(height), channels_(channels), type_(type), options_(std::move(options)) {
+ImageWriter::ImageWriter(const std::string& path, int64_t width, int64_t height, int channels,
+                         SampleType type, WriterOptions options)
+    : path_(path),
+      width_(width),
+      height_(height),
+      channels_(channels),
+      type_(type),
+      options_(std::move(options)) {
   TILER_CHECK(width > 0 && height > 0 && channels >= 1, IoError,
               "'" << path << "': cannot write an image of " << width << "x" << height << "x" << channels);
   const int cv_type = CV_MAKETYPE(cvDepthOf(type), channels);
   if (options_.format == "tif" || options_.format == "tiff") {
     TILER_CHECK(type != SampleType::kI16 && type != SampleType::kU32, IoError,
                 "'" << path << "': writer takes u8, u16 or f32 samples");
-    TILER_CHECK(options_.tile % 16 == 0 && options_.tile > 0, ConfigError, "TIFF tile must be a multiple of 16");
+    TILER_CHECK(options_.tile % 16 == 0 && options_.tile > 0, ConfigError,
+                "TIFF tile must be a multiple of 16");
     installTiffHandlers();
     const uint64_t raw = uint64_t(width) * uint64_t(height) * uint64_t(channels) * bytesPerSample(type);
     const bool big = raw > (uint64_t(1) << 31);
@@ -532,10 +588,11 @@ ImageWriter::ImageWriter(const std::string& path, int64_t width, int64_t height,
     TIFFSetField(tif, TIFFTAG_IMAGELENGTH, uint32_t(height));
     TIFFSetField(tif, TIFFTAG_SAMPLESPERPIXEL, uint16_t(channels));
     TIFFSetField(tif, TIFFTAG_BITSPERSAMPLE, uint16_t(8 * bytesPerSample(type)));
-    TIFFSetField(tif, TIFFTAG_SAMPLEFORMAT, type == SampleType::kF32 ? SAMPLEFORMAT_IEEEFP : SAMPLEFORMAT_UINT);
+    TIFFSetField(tif, TIFFTAG_SAMPLEFORMAT,
+                 type == SampleType::kF32 ? SAMPLEFORMAT_IEEEFP : SAMPLEFORMAT_UINT);
     TIFFSetField(tif, TIFFTAG_PLANARCONFIG, PLANARCONFIG_CONTIG);
-    TIFFSetField(tif, TIFFTAG_PHOTOMETRIC, channels == 3 && type == SampleType::kU8 ? PHOTOMETRIC_RGB
-                                                                                   : PHOTOMETRIC_MINISBLACK);
+    TIFFSetField(tif, TIFFTAG_PHOTOMETRIC,
+                 channels == 3 && type == SampleType::kU8 ? PHOTOMETRIC_RGB : PHOTOMETRIC_MINISBLACK);
     if (channels > 1 && !(channels == 3 && type == SampleType::kU8)) {
       std::vector<uint16_t> extra(size_t(channels - 1), EXTRASAMPLE_UNSPECIFIED);
       TIFFSetField(tif, TIFFTAG_EXTRASAMPLES, uint16_t(extra.size()), extra.data());
@@ -546,17 +603,20 @@ ImageWriter::ImageWriter(const std::string& path, int64_t width, int64_t height,
     if (options_.compression == Compression::kZstd) comp = COMPRESSION_ZSTD;
     if (options_.compression == Compression::kLzw) comp = COMPRESSION_LZW;
     if (options_.compression == Compression::kNone) comp = COMPRESSION_NONE;
-    TILER_CHECK(TIFFIsCODECConfigured(comp), ConfigError, "this libtiff cannot write the requested compression");
+    TILER_CHECK(TIFFIsCODECConfigured(comp), ConfigError,
+                "this libtiff cannot write the requested compression");
     TIFFSetField(tif, TIFFTAG_COMPRESSION, comp);
     if (comp != COMPRESSION_NONE) {
-      TIFFSetField(tif, TIFFTAG_PREDICTOR, type == SampleType::kF32 ? PREDICTOR_FLOATINGPOINT : PREDICTOR_HORIZONTAL);
+      TIFFSetField(tif, TIFFTAG_PREDICTOR,
+                   type == SampleType::kF32 ? PREDICTOR_FLOATINGPOINT : PREDICTOR_HORIZONTAL);
     }
     writeMetadata(tif, readMetadata(options_.metadata_from), options_.metadata_scale);
-    buffer_ = cv::Mat(options_.tile, int(width), cv_type, cv::Scalar::all(0));
+    buffer_ = cv::Mat::zeros(options_.tile, int(width), cv_type);
   } else if (options_.format == "png" || options_.format == "jpg" || options_.format == "jpeg") {
     TILER_CHECK(width * height <= kMaxInMemoryPixels && width < 65536 && height < 65536, IoError,
                 "'" << path << "': " << width << "x" << height << " is too large for " << options_.format
-                    << " output (at most " << kMaxInMemoryPixels << " pixels, 65535 a side); use --format tif");
+                    << " output (at most " << kMaxInMemoryPixels
+                    << " pixels, 65535 a side); use --format tif");
     TILER_CHECK(type != SampleType::kF32 || options_.format != "png", IoError,
                 "'" << path << "': PNG cannot hold float samples; use --format tif");
     buffer_ = cv::Mat(int(height), int(width), cv_type);
@@ -582,7 +642,9 @@ void ImageWriter::abandon() noexcept {
   done_ = true;
 }
 
-size_t ImageWriter::bufferedBytes() const { return buffer_.total() * buffer_.elemSize(); }
+size_t ImageWriter::bufferedBytes() const {
+  return buffer_.total() * buffer_.elemSize();
+}
 
 void ImageWriter::writeRows(const cv::Mat& band) {
   TILER_CHECK(!done_, IoError, "'" << path_ << "': write after close");
@@ -611,7 +673,7 @@ void ImageWriter::flushTileRow(int64_t rows) {
   TIFF* tif = static_cast<TIFF*>(tiff_);
   const int tile = options_.tile;
   const size_t px = buffer_.elemSize();
-  if (rows < tile) buffer_.rowRange(int(rows), tile).setTo(cv::Scalar::all(0));
+  for (int y = int(rows); y < tile; ++y) std::memset(buffer_.ptr(y), 0, size_t(width_) * px);
   std::vector<uint8_t> tile_buf(size_t(tile) * size_t(tile) * px);
   for (int64_t x0 = 0; x0 < width_; x0 += tile) {
     std::fill(tile_buf.begin(), tile_buf.end(), 0);
@@ -665,7 +727,8 @@ void ImageWriter::close() {
     if (!ok) {
       int err = errno;
       abandon();
-      TILER_THROW(IoError, "'" << path_ << "': writing " << options_.format << " failed: " << std::strerror(err));
+      TILER_THROW(IoError,
+                  "'" << path_ << "': writing " << options_.format << " failed: " << std::strerror(err));
     }
   }
   if (std::rename(partialPath().c_str(), path_.c_str()) != 0) {

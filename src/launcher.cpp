@@ -77,11 +77,11 @@ void writeAll(int fd, const std::string& s) {
 
 // One output stream of one worker: a pipe, a line buffer and where its lines go.
 struct Stream {
-  int fd = -1;            // read end; -1 when closed
-  int console_fd = -1;    // 1 or 2; -1 when redirected only to the log
-  int log_fd = -1;        // log file; -1 when none
-  std::string prefix;     // "[rank N]: " or empty
-  std::string pending;    // partial line
+  int fd = -1;          // read end; -1 when closed
+  int console_fd = -1;  // 1 or 2; -1 when redirected only to the log
+  int log_fd = -1;      // log file; -1 when none
+  std::string prefix;   // "[rank N]: " or empty
+  std::string pending;  // partial line
 
   void emit(const std::string& line) {
     if (console_fd >= 0) writeAll(console_fd, prefix + line);
@@ -150,7 +150,10 @@ std::string errorMessageFromFile(const std::string& path) {
 class WorkerGroup {
  public:
   WorkerGroup(const LaunchOptions& options, int nproc, std::string attempt_dir, int restart_count)
-      : options_(options), nproc_(nproc), attempt_dir_(std::move(attempt_dir)), restart_count_(restart_count) {}
+      : options_(options),
+        nproc_(nproc),
+        attempt_dir_(std::move(attempt_dir)),
+        restart_count_(restart_count) {}
 
   void start() {
     for (int lr = 0; lr < nproc_; ++lr) startWorker(lr);
@@ -219,8 +222,8 @@ class WorkerGroup {
   void stop(int first_signal) {
     state_ = GroupState::kStopping;
     signalAll(first_signal);
-    auto deadline = std::chrono::steady_clock::now() +
-                    std::chrono::milliseconds(int64_t(options_.grace_period * 1000));
+    auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(options_.grace_period * 1000));
     while (runningCount() > 0 && std::chrono::steady_clock::now() < deadline) {
       int extra = monitor(50);
       if (extra != 0) break;  // a second signal to ctrun: no more patience
@@ -271,7 +274,8 @@ class WorkerGroup {
 
   int openLog(const std::string& dir, const char* name) {
     int fd = ::open((dir + "/" + name).c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    TILER_CHECK(fd >= 0, ConfigError, "ctrun: cannot write " << dir << "/" << name << ": " << std::strerror(errno));
+    TILER_CHECK(fd >= 0, ConfigError,
+                "ctrun: cannot write " << dir << "/" << name << ": " << std::strerror(errno));
     return fd;
   }
 
@@ -352,8 +356,8 @@ class WorkerGroup {
 void printSummary(const std::vector<WorkerFailure>& failures, const LaunchOptions& options, int attempts) {
   std::ostringstream os;
   const std::string host = hostName();
-  os << "ctrun: worker group FAILED (" << failures.size() << " worker(s) failed, attempt " << attempts << " of "
-     << options.max_restarts + 1 << ", run_id " << options.run_id << ")\n";
+  os << "ctrun: worker group FAILED (" << failures.size() << " worker(s) failed, attempt " << attempts
+     << " of " << options.max_restarts + 1 << ", run_id " << options.run_id << ")\n";
   for (size_t i = 0; i < failures.size(); ++i) {
     const auto& f = failures[i];
     os << (i == 0 ? "Root cause (first failure):\n" : i == 1 ? "Other failures:\n" : "");
@@ -362,7 +366,8 @@ void printSummary(const std::vector<WorkerFailure>& failures, const LaunchOption
        << "  pid:         " << f.pid << "\n"
        << "  time:        " << formatTime(f.time) << "\n";
     if (f.signal != 0) {
-      os << "  exitcode:    " << -f.signal << " (signal " << f.signal << ": " << signalName(f.signal) << ")\n";
+      os << "  exitcode:    " << -f.signal << " (signal " << f.signal << ": " << signalName(f.signal)
+         << ")\n";
     } else {
       os << "  exitcode:    " << f.exit_code << "\n";
     }
@@ -383,12 +388,18 @@ std::string randomRunId() {
 
 const char* groupStateName(GroupState state) {
   switch (state) {
-    case GroupState::kInit: return "INIT";
-    case GroupState::kHealthy: return "HEALTHY";
-    case GroupState::kSucceeded: return "SUCCEEDED";
-    case GroupState::kFailed: return "FAILED";
-    case GroupState::kStopping: return "STOPPING";
-    case GroupState::kDone: return "DONE";
+    case GroupState::kInit:
+      return "INIT";
+    case GroupState::kHealthy:
+      return "HEALTHY";
+    case GroupState::kSucceeded:
+      return "SUCCEEDED";
+    case GroupState::kFailed:
+      return "FAILED";
+    case GroupState::kStopping:
+      return "STOPPING";
+    case GroupState::kDone:
+      return "DONE";
   }
   return "?";
 }
@@ -429,8 +440,8 @@ int resolveNprocPerNode(const std::string& spec) {
     if (used == spec.size() && n >= 1) return n;
   } catch (const std::exception&) {
   }
-  TILER_THROW(ConfigError, "ctrun: --nproc_per_node must be a positive integer, auto, gpu or cpu; got '" << spec
-                                                                                                        << "'");
+  TILER_THROW(ConfigError,
+              "ctrun: --nproc_per_node must be a positive integer, auto, gpu or cpu; got '" << spec << "'");
 }
 
 int findFreePort() {
@@ -513,7 +524,8 @@ int Launcher::run() {
               "ctrun: --master_port must be in 0..65535, got " << o.master_port);
   if (o.node_rank == 0) {
     TILER_CHECK(portIsFree(o.master_port), ConfigError,
-                "ctrun: --master_port " << o.master_port << " is already in use on this host (rank 0 hosts the "
+                "ctrun: --master_port " << o.master_port
+                                        << " is already in use on this host (rank 0 hosts the "
                                         << "store there); pick another or use --master_port 0");
   }
 
@@ -574,7 +586,8 @@ int Launcher::run() {
       const auto& f = last_failures.front();
       std::cerr << "ctrun: rank " << f.rank << " failed ("
                 << (f.signal ? signalName(f.signal) : "exit code " + std::to_string(f.exit_code))
-                << "); restarting worker group (" << attempt + 1 << " of " << o.max_restarts << ")" << std::endl;
+                << "); restarting worker group (" << attempt + 1 << " of " << o.max_restarts << ")"
+                << std::endl;
       continue;
     }
     break;

@@ -1,7 +1,7 @@
 #include "tiler/model.hpp"
 
-#include <spdlog/spdlog.h>
 #include <ATen/Parallel.h>
+#include <spdlog/spdlog.h>
 #include <torch/cuda.h>
 
 #include <filesystem>
@@ -30,9 +30,12 @@ Activation parseActivation(const std::string& name) {
 
 const char* precisionName(Precision p) {
   switch (p) {
-    case Precision::kFp32: return "fp32";
-    case Precision::kFp16: return "fp16";
-    case Precision::kBf16: return "bf16";
+    case Precision::kFp32:
+      return "fp32";
+    case Precision::kFp16:
+      return "fp16";
+    case Precision::kBf16:
+      return "bf16";
   }
   return "?";
 }
@@ -41,16 +44,17 @@ ChannelAdapt channelAdaptation(int image_channels, int model_channels, const std
   if (image_channels == model_channels) return ChannelAdapt::kNone;
   if (image_channels == 1 && model_channels == 3) return ChannelAdapt::kRepeatGray;
   if (image_channels == 4 && model_channels == 3) return ChannelAdapt::kDropAlpha;
-  TILER_THROW(ModelError, "'" << image_path << "': image has " << image_channels << " channel(s) but the model takes "
-                              << model_channels);
+  TILER_THROW(ModelError, "'" << image_path << "': image has " << image_channels
+                              << " channel(s) but the model takes " << model_channels);
 }
 
 torch::Device resolveDevice(const std::string& spec, int local_rank) {
   const bool cuda = torch::cuda::is_available();
   if (spec == "cpu" || (spec == "auto" && !cuda)) return torch::Device(torch::kCPU);
-  TILER_CHECK(cuda, ConfigError, "--device " << spec << ": CUDA is not usable here (LibTorch "
-                                             << (TILER_WITH_CUDA ? "has CUDA but no GPU is visible" : "was built without CUDA")
-                                             << ")");
+  TILER_CHECK(cuda, ConfigError,
+              "--device " << spec << ": CUDA is not usable here (LibTorch "
+                          << (TILER_WITH_CUDA ? "has CUDA but no GPU is visible" : "was built without CUDA")
+                          << ")");
   const int count = int(torch::cuda::device_count());
   if (spec == "auto" || spec == "cuda") return torch::Device(torch::kCUDA, int8_t(local_rank % count));
   if (spec.rfind("cuda:", 0) == 0) {
@@ -59,7 +63,8 @@ torch::Device resolveDevice(const std::string& spec, int local_rank) {
       k = std::stoi(spec.substr(5));
     } catch (const std::exception&) {
     }
-    TILER_CHECK(k >= 0 && k < count, ConfigError, "--device " << spec << ": have " << count << " CUDA device(s)");
+    TILER_CHECK(k >= 0 && k < count, ConfigError,
+                "--device " << spec << ": have " << count << " CUDA device(s)");
     return torch::Device(torch::kCUDA, int8_t(k));
   }
   TILER_THROW(ConfigError, "--device must be auto, cpu, cuda or cuda:K; got '" << spec << "'");
@@ -84,9 +89,10 @@ torch::jit::Module loadTorchScript(const std::string& path, const torch::Device&
   } catch (const c10::Error& e) {
     std::string what = e.what_without_backtrace();
     if (what.find("constants.pkl") != std::string::npos || what.find("code/") != std::string::npos) {
-      TILER_THROW(ModelError, "'" << path << "' is not a TorchScript file (it looks like a torch.save() of a "
-                                  << "state_dict or a whole model); export it with torch.jit.script(model).save() "
-                                  << "or torch.jit.trace(model, example).save()");
+      TILER_THROW(ModelError,
+                  "'" << path << "' is not a TorchScript file (it looks like a torch.save() of a "
+                      << "state_dict or a whole model); export it with torch.jit.script(model).save() "
+                      << "or torch.jit.trace(model, example).save()");
     }
     TILER_THROW(ModelError, "'" << path << "' is not a TorchScript file or is corrupt: " << firstLine(what));
   } catch (const std::exception& e) {
@@ -102,7 +108,9 @@ ModelRunner::ModelRunner(const ModelOptions& options)
   module_ = loadTorchScript(options.path, device_);
   module_.eval();
   auto forward = module_.find_method("forward");
-  TILER_CHECK(forward.has_value(), ModelError, "'" << options.path << "': the module has no forward()");
+  TILER_CHECK(forward.has_value(), ModelError,
+              "'" << options.path << "' is not a TorchScript model: it has no forward() (saved tensors or a "
+                  << "state_dict?); export the model with torch.jit.script(model).save()");
   const auto& args = forward->function().getSchema().arguments();
   // args[0] is self.
   TILER_CHECK(args.size() == 2, ModelError,
@@ -189,13 +197,16 @@ const ModelProbe& ModelRunner::probe(int64_t window_w, int64_t window_h) {
     TILER_CHECK(out.dim() == 4, ModelError,
                 "'" << path << "': output has " << out.dim() << " dimensions " << out.sizes()
                     << "; tiler needs NCHW (batch, channels, height, width)");
-    TILER_CHECK(out.size(0) == 1, ModelError, "'" << path << "': output batch " << out.size(0) << " for input batch 1");
+    TILER_CHECK(out.size(0) == 1, ModelError,
+                "'" << path << "': output batch " << out.size(0) << " for input batch 1");
     const int64_t oh = out.size(2), ow = out.size(3);
     Scale s;
-    if (oh >= window_h) {
+    if (oh >= window_h && oh % window_h == 0) {
       s = Scale{oh / window_h, 1};
+    } else if (oh > 0 && oh < window_h && window_h % oh == 0) {
+      s = Scale{1, window_h / oh};
     } else {
-      s = Scale{1, oh > 0 ? window_h / oh : 0};
+      s = Scale{1, 0};
     }
     TILER_CHECK(s.den > 0 && s.apply(window_h) == oh && s.apply(window_w) == ow, ModelError,
                 "'" << path << "': output " << ow << "x" << oh << " for a " << window_w << "x" << window_h
@@ -206,7 +217,8 @@ const ModelProbe& ModelRunner::probe(int64_t window_w, int64_t window_h) {
     break;
   }
   TILER_CHECK(probe_.output_channels > 0, ModelError,
-              "'" << path << "': forward of a " << window_w << "x" << window_h << " zero window failed for 1 to 16 "
+              "'" << path << "': forward of a " << window_w << "x" << window_h
+                  << " zero window failed for 1 to 16 "
                   << "input channels: " << first_error);
   const int c = probe_.input_channels;
   auto per_channel = [&](const std::vector<double>& v, const char* name) {
@@ -221,8 +233,8 @@ const ModelProbe& ModelRunner::probe(int64_t window_w, int64_t window_h) {
     for (double s : options_.std) TILER_CHECK(s != 0, ConfigError, "--std values must be non-zero");
     inv_std_ = 1.0 / per_channel(options_.std, "std");
   }
-  spdlog::debug("model '{}': {} -> {} channels, scale {}/{}", path, c, probe_.output_channels, probe_.scale.num,
-                probe_.scale.den);
+  spdlog::debug("model '{}': {} -> {} channels, scale {}/{}", path, c, probe_.output_channels,
+                probe_.scale.num, probe_.scale.den);
   return probe_;
 }
 

@@ -33,7 +33,9 @@ namespace tiler {
 
 // ---- shared pieces -------------------------------------------------------------------------------------
 
-std::string bundledSamplesDir() { return TILER_SOURCE_DIR "/samples"; }
+std::string bundledSamplesDir() {
+  return TILER_SOURCE_DIR "/samples";
+}
 
 std::vector<std::string> listImages(const std::vector<std::string>& inputs, bool recursive) {
   std::vector<std::string> files;
@@ -88,7 +90,8 @@ PadMode parsePadMode(const std::string& name) {
   TILER_THROW(ConfigError, "--pad must be constant, reflect or replicate; got '" << name << "'");
 }
 
-cv::Mat readWindow(ImageReader& reader, const WindowGrid& grid, int64_t local_index, PadMode pad, double cval) {
+cv::Mat readWindow(ImageReader& reader, const WindowGrid& grid, int64_t local_index, PadMode pad,
+                   double cval) {
   const Rect r = grid.imageWindow(local_index);
   const ImageInfo& info = reader.info();
   const int64_t x0 = std::max<int64_t>(r.x, 0), y0 = std::max<int64_t>(r.y, 0);
@@ -99,18 +102,23 @@ cv::Mat readWindow(ImageReader& reader, const WindowGrid& grid, int64_t local_in
                    : pad == PadMode::kReflect ? cv::BORDER_REFLECT_101
                                               : cv::BORDER_REPLICATE;
   cv::Mat out;
-  cv::copyMakeBorder(inside, out, int(y0 - r.y), int(r.bottom() - y1), int(x0 - r.x), int(r.right() - x1), mode,
-                     cv::Scalar::all(cval));
+  cv::copyMakeBorder(inside, out, int(y0 - r.y), int(r.bottom() - y1), int(x0 - r.x), int(r.right() - x1),
+                     mode, cv::Scalar::all(cval));
   return out;
 }
 
 double defaultScale(SampleType type) {
   switch (type) {
-    case SampleType::kU8: return 1.0 / 255.0;
-    case SampleType::kU16: return 1.0 / 65535.0;
-    case SampleType::kI16: return 1.0 / 32767.0;
-    case SampleType::kU32: return 1.0 / 4294967295.0;
-    case SampleType::kF32: return 1.0;
+    case SampleType::kU8:
+      return 1.0 / 255.0;
+    case SampleType::kU16:
+      return 1.0 / 65535.0;
+    case SampleType::kI16:
+      return 1.0 / 32767.0;
+    case SampleType::kU32:
+      return 1.0 / 4294967295.0;
+    case SampleType::kF32:
+      return 1.0;
   }
   return 1.0;
 }
@@ -124,8 +132,9 @@ int runInfo(const std::vector<std::string>& paths, const std::string& window, co
       std::cout << path << ": " << i.width << "x" << i.height << ", " << i.channels << " channel(s), "
                 << sampleTypeName(i.type) << ", " << i.format;
       if (i.format == "tiff") {
-        std::cout << (i.tiled ? ", tiled " + std::to_string(i.tile_width) + "x" + std::to_string(i.tile_height)
-                              : ", striped (" + std::to_string(i.rows_per_strip) + " rows/strip)")
+        std::cout << (i.tiled
+                          ? ", tiled " + std::to_string(i.tile_width) + "x" + std::to_string(i.tile_height)
+                          : ", striped (" + std::to_string(i.rows_per_strip) + " rows/strip)")
                   << ", " << i.compression << (i.planar_separate ? ", planar separate" : "")
                   << (i.bigtiff ? ", BigTIFF" : "") << ", " << i.pages << " page(s)";
       }
@@ -202,7 +211,7 @@ struct PlannedImage {
   WindowGrid grid;
   ChannelAdapt adapt = ChannelAdapt::kNone;
   double scale = 1.0;
-  int64_t first_window = 0;  // global index of its window 0 (planned images only)
+  int64_t first_window = 0;   // global index of its window 0 (planned images only)
   std::string status = "ok";  // ok | skipped | error
   std::string error;
   std::map<std::string, std::string> outputs;  // kind -> final path
@@ -210,7 +219,7 @@ struct PlannedImage {
 
 struct Plan {
   std::vector<PlannedImage> images;
-  std::vector<int> planned;           // ids of images with windows, in order
+  std::vector<int> planned;            // ids of images with windows, in order
   std::vector<int64_t> planned_first;  // their first global window
   int64_t total_windows = 0;
 
@@ -224,9 +233,9 @@ struct Plan {
 
 // A step's batch as this rank built it. pixels/scales/meta are owned CPU tensors.
 struct Batch {
-  torch::Tensor pixels;  // float32 [B,H,W,C] raw sample values
-  torch::Tensor scales;  // float32 [B]
-  torch::Tensor meta;    // int64 [B,2]: global index, SlotStatus
+  torch::Tensor pixels;                                 // float32 [B,H,W,C] raw sample values
+  torch::Tensor scales;                                 // float32 [B]
+  torch::Tensor meta;                                   // int64 [B,2]: global index, SlotStatus
   std::vector<std::pair<int, std::string>> new_errors;  // (image id, message) found while reading
   double read_seconds = 0;
   int64_t valid = 0;
@@ -234,8 +243,8 @@ struct Batch {
 
 // What rank 0's stitcher thread gets per step: every rank's slots.
 struct StepResult {
-  torch::Tensor preds;  // float32 [world*B, C, h, w] CPU
-  torch::Tensor meta;   // int64 [world*B, 2]
+  torch::Tensor preds;                  // float32 [world*B, C, h, w] CPU
+  torch::Tensor meta;                   // int64 [world*B, 2]
   std::map<int, std::string> failures;  // image id -> message (first report wins)
 };
 
@@ -256,10 +265,14 @@ std::optional<Fault> faultFromEnvironment() {
     auto colon = part.find(':');
     TILER_CHECK(colon != std::string::npos, ConfigError, "TILER_FAULT: bad item '" << part << "'");
     std::string key = part.substr(0, colon), value = part.substr(colon + 1);
-    if (key == "rank") f.rank = std::stoi(value);
-    else if (key == "after_windows") f.after_windows = std::stoll(value);
-    else if (key == "kind") f.kind = value;
-    else TILER_THROW(ConfigError, "TILER_FAULT: unknown key '" << key << "'");
+    if (key == "rank")
+      f.rank = std::stoi(value);
+    else if (key == "after_windows")
+      f.after_windows = std::stoll(value);
+    else if (key == "kind")
+      f.kind = value;
+    else
+      TILER_THROW(ConfigError, "TILER_FAULT: unknown key '" << key << "'");
   }
   TILER_CHECK(f.kind == "crash" || f.kind == "hang" || f.kind == "exit", ConfigError,
               "TILER_FAULT: kind must be crash, hang or exit");
@@ -345,7 +358,8 @@ void InferJob::validateOptions() {
   activation_ = parseActivation(o_.activation);
   TILER_CHECK(o_.batch_size >= 1, ConfigError, "--batch_size must be >= 1");
   TILER_CHECK(o_.timeout > 0, ConfigError, "--timeout must be > 0");
-  TILER_CHECK(o_.on_error == "skip" || o_.on_error == "abort", ConfigError, "--on_error must be skip or abort");
+  TILER_CHECK(o_.on_error == "skip" || o_.on_error == "abort", ConfigError,
+              "--on_error must be skip or abort");
   TILER_CHECK(o_.format == "tif" || o_.format == "png", ConfigError, "--format must be tif or png");
   TILER_CHECK(!(o_.resume && o_.overwrite), ConfigError, "--resume and --overwrite exclude each other");
   parseCompression(o_.compression);
@@ -353,9 +367,12 @@ void InferJob::validateOptions() {
   std::stringstream ss(o_.save);
   std::string part;
   while (std::getline(ss, part, ',')) {
-    if (part == "labels") save_labels_ = true;
-    else if (part == "probs") save_probs_ = true;
-    else TILER_THROW(ConfigError, "--save takes labels, probs or labels,probs; got '" << o_.save << "'");
+    if (part == "labels")
+      save_labels_ = true;
+    else if (part == "probs")
+      save_probs_ = true;
+    else
+      TILER_THROW(ConfigError, "--save takes labels, probs or labels,probs; got '" << o_.save << "'");
   }
   if (o_.inputs.empty()) o_.inputs = {bundledSamplesDir() + "/images"};
   if (o_.model.empty()) o_.model = bundledSamplesDir() + "/models/sample.pt";
@@ -371,12 +388,14 @@ void InferJob::buildPlan() {
     PlannedImage img;
     img.input = path;
     const std::string stem = fs::path(path).stem().string();
-    if (save_labels_) img.outputs["labels"] = (fs::path(o_.output_dir) / (stem + "_labels." + o_.format)).string();
+    if (save_labels_)
+      img.outputs["labels"] = (fs::path(o_.output_dir) / (stem + "_labels." + o_.format)).string();
     if (save_probs_) img.outputs["probs"] = (fs::path(o_.output_dir) / (stem + "_probs.tif")).string();
     try {
       auto [it, fresh] = stems.emplace(stem, path);
-      TILER_CHECK(fresh, ConfigError, "'" << path << "': its outputs would overwrite those of '" << it->second
-                                          << "' (same file stem)");
+      TILER_CHECK(
+          fresh, ConfigError,
+          "'" << path << "': its outputs would overwrite those of '" << it->second << "' (same file stem)");
       auto reader = ImageReader::open(path);
       img.info = reader->info();
       img.adapt = channelAdaptation(img.info.channels, probe_.input_channels, path);
@@ -384,11 +403,13 @@ void InferJob::buildPlan() {
       img.grid = WindowGrid(img.info.width, img.info.height, spec_, probe_.scale);
       const int64_t out_w = probe_.scale.apply(img.info.width), out_h = probe_.scale.apply(img.info.height);
       TILER_CHECK(out_w >= 1 && out_h >= 1, IoError,
-                  "'" << path << "': " << img.info.width << "x" << img.info.height << " is smaller than one output "
+                  "'" << path << "': " << img.info.width << "x" << img.info.height
+                      << " is smaller than one output "
                       << "pixel at the model's scale 1/" << probe_.scale.den);
       if (o_.format == "png" && save_labels_) {
         TILER_CHECK(out_w * out_h <= ImageWriter::kMaxInMemoryPixels, IoError,
-                    "'" << path << "': output " << out_w << "x" << out_h << " is too large for PNG; use --format tif");
+                    "'" << path << "': output " << out_w << "x" << out_h
+                        << " is too large for PNG; use --format tif");
       }
       if (img.adapt == ChannelAdapt::kRepeatGray && world_.rank == 0)
         spdlog::info("'{}': grayscale repeated to 3 channels for the model", path);
@@ -420,7 +441,8 @@ void InferJob::buildPlan() {
     std::string list;
     for (size_t i = 0; i < existing.size() && i < 5; ++i) list += (i ? ", " : "") + existing[i];
     if (existing.size() > 5) list += ", ... (" + std::to_string(existing.size()) + " in all)";
-    TILER_THROW(ConfigError, "outputs exist already: " << list << "; pass --resume to skip finished images or "
+    TILER_THROW(ConfigError, "outputs exist already: " << list
+                                                       << "; pass --resume to skip finished images or "
                                                        << "--overwrite to redo them");
   }
 }
@@ -464,7 +486,8 @@ void InferJob::prefetchLoop(const std::vector<SampleSlot>& slots, int64_t steps)
           auto& reader = readers[image_id];
           if (!reader) {
             // Ranks walk the global order, so images before this one are finished for this rank.
-            for (auto it = readers.begin(); it != readers.end();) it = it->first < image_id ? readers.erase(it) : ++it;
+            for (auto it = readers.begin(); it != readers.end();)
+              it = it->first < image_id ? readers.erase(it) : ++it;
             reader = ImageReader::open(img.input);
           }
           cv::Mat window = readWindow(*reader, img.grid, local, pad_, o_.cval);
@@ -518,7 +541,8 @@ ImageJob& InferJob::jobFor(int image_id) {
                                                label_classes > 256 ? SampleType::kU16 : SampleType::kU8, lo);
   }
   if (save_probs_) {
-    job.probs = std::make_unique<ImageWriter>(img.outputs["probs"], out_w, out_h, classes, SampleType::kF32, wo);
+    job.probs =
+        std::make_unique<ImageWriter>(img.outputs["probs"], out_w, out_h, classes, SampleType::kF32, wo);
   }
   const float threshold = activation_ == Activation::kSigmoid ? 0.5f : 0.0f;
   ImageWriter* labels = job.labels.get();
@@ -526,7 +550,8 @@ ImageJob& InferJob::jobFor(int image_id) {
   job.stitcher = std::make_unique<Stitcher>(img.grid, classes, stitch_,
                                             [labels, probs, threshold](const cv::Mat& band, int64_t) {
                                               if (probs) probs->writeRows(band);
-                                              if (labels) labels->writeRows(labelsFromProbabilities(band, threshold));
+                                              if (labels)
+                                                labels->writeRows(labelsFromProbabilities(band, threshold));
                                             });
   return jobs_.emplace(image_id, std::move(job)).first->second;
 }
@@ -603,7 +628,8 @@ void InferJob::progress(int64_t step, int64_t steps, bool last) {
   if (o_.no_progress || world_.rank != 0) return;
   const auto now = Clock::now();
   const bool tty = isatty(STDOUT_FILENO);
-  if (!last && now - last_progress_ < (tty ? std::chrono::milliseconds(200) : std::chrono::seconds(5))) return;
+  if (!last && now - last_progress_ < (tty ? std::chrono::milliseconds(200) : std::chrono::seconds(5)))
+    return;
   last_progress_ = now;
   const int64_t done = std::min(plan_.total_windows, (step + 1) * o_.batch_size * world_.world_size);
   const double secs = std::chrono::duration<double>(now - start_).count();
@@ -751,7 +777,8 @@ int InferJob::run() {
       my_windows_ += batch->valid;
 
       const std::string what = "step " + std::to_string(step) + " of " + std::to_string(steps);
-      auto metas = dist_->allgather(on_device ? batch->meta.to(device) : batch->meta, "the window list of " + what);
+      auto metas =
+          dist_->allgather(on_device ? batch->meta.to(device) : batch->meta, "the window list of " + what);
       StepResult result;
       for (auto& m : metas) {
         m = m.cpu();
@@ -770,8 +797,9 @@ int InferJob::run() {
       gather_seconds_ += std::chrono::duration<double>(Clock::now() - t1).count();
       if (world_.rank == 0) {
         for (auto& [image_id, message] : result.failures)
-          message = dist_->getString("tiler/error/" + std::to_string(image_id),
-                                     "'" + plan_.images[size_t(image_id)].input + "': failed on another rank");
+          message =
+              dist_->getString("tiler/error/" + std::to_string(image_id),
+                               "'" + plan_.images[size_t(image_id)].input + "': failed on another rank");
         result.preds = torch::cat(gathered).to(torch::kCPU).contiguous();
         result.meta = torch::cat(metas).contiguous();
         steps_.push(std::move(result));
@@ -779,8 +807,9 @@ int InferJob::run() {
       }
       if (o_.on_error == "abort") {
         std::lock_guard<std::mutex> lock(failed_mutex_);
-        TILER_CHECK(failed_.empty(), IoError,
-                    "'" << plan_.images[size_t(*failed_.begin())].input << "' failed and --on_error abort is set");
+        TILER_CHECK(
+            failed_.empty(), IoError,
+            "'" << plan_.images[size_t(*failed_.begin())].input << "' failed and --on_error abort is set");
       }
       progress(step, steps, step + 1 == steps);
       maybeFault(my_windows_);
@@ -793,7 +822,8 @@ int InferJob::run() {
   stop_threads();
   if (stitch_error_) std::rethrow_exception(stitch_error_);
 
-  auto stats = torch::tensor({double(my_windows_), read_seconds_, forward_seconds_, gather_seconds_}, torch::kDouble);
+  auto stats =
+      torch::tensor({double(my_windows_), read_seconds_, forward_seconds_, gather_seconds_}, torch::kDouble);
   auto per_rank = dist_->allgather(on_device ? stats.to(device) : stats, "the final statistics");
   for (auto& t : per_rank) t = t.cpu();
   int exit_code = kExitOk;
@@ -808,8 +838,8 @@ int InferJob::run() {
       skipped += e["status"] == "skipped";
     }
     if (failed > 0) exit_code = kExitSomeFailed;
-    spdlog::info("{} image(s) done, {} skipped, {} failed in {:.1f} s ({:.1f} windows/s); report: {}", ok, skipped,
-                 failed, seconds, j["windows_per_second"].get<double>(), o_.report);
+    spdlog::info("{} image(s) done, {} skipped, {} failed in {:.1f} s ({:.1f} windows/s); report: {}", ok,
+                 skipped, failed, seconds, j["windows_per_second"].get<double>(), o_.report);
     if (failed > 0) {
       for (const auto& e : j["images"])
         if (e["status"] == "error") spdlog::error("{}", e["error"].get<std::string>());
@@ -824,6 +854,8 @@ int InferJob::run() {
 
 }  // namespace
 
-int runInfer(InferOptions options) { return InferJob(std::move(options)).run(); }
+int runInfer(InferOptions options) {
+  return InferJob(std::move(options)).run();
+}
 
 }  // namespace tiler

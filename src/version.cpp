@@ -12,8 +12,8 @@ std::string runtimeInfo(const std::string& tool) {
   std::ostringstream os;
   os << buildInfo(tool);
   const bool cuda = torch::cuda::is_available();
-  os << "CUDA usable: " << (cuda ? "yes (" + std::to_string(torch::cuda::device_count()) + " device(s))" : "no")
-     << "\n";
+  os << "CUDA usable: "
+     << (cuda ? "yes (" + std::to_string(torch::cuda::device_count()) + " device(s))" : "no") << "\n";
   os << "NCCL usable: " << (compat::kNcclCompiled && cuda ? "yes" : "no") << "\n";
   os << "c10d backends: gloo" << (compat::kNcclCompiled ? ", nccl" : "") << "\n";
   return os.str();

@@ -64,16 +64,16 @@ class Stitcher {
   StitchOptions options_;
   BandSink sink_;
   Scale scale_;
-  int64_t win_w_, win_h_;            // output-space window
-  int64_t padded_w_, padded_h_;      // output-space padded image
-  int64_t crop_x_, crop_y_;          // output-space offset of the image inside the padding
-  int64_t out_w_, out_h_;            // output image size
-  std::vector<float> importance_;    // win_w_ x win_h_ (gaussian/constant)
-  std::vector<int64_t> cores_x_, cores_y_;  // crop mode
-  std::vector<float> acc_;           // ring of win_h_ rows: padded_w_ x channels_ (w*pred)
-  std::vector<float> weight_;        // ring of win_h_ rows: padded_w_ (w)
-  int64_t flushed_ = 0;              // first padded row not yet handed out
-  int64_t next_ = 0;                 // next window index to accumulate
+  int64_t win_w_, win_h_;                          // output-space window
+  int64_t padded_w_, padded_h_;                    // output-space padded image
+  int64_t crop_x_, crop_y_;                        // output-space offset of the image inside the padding
+  int64_t out_w_, out_h_;                          // output image size
+  std::vector<float> importance_;                  // win_w_ x win_h_ (gaussian/constant)
+  std::vector<int64_t> cores_x_, cores_y_;         // crop mode
+  std::vector<float> acc_;                         // ring of win_h_ rows: padded_w_ x channels_ (w*pred)
+  std::vector<float> weight_;                      // ring of win_h_ rows: padded_w_ (w)
+  int64_t flushed_ = 0;                            // first padded row not yet handed out
+  int64_t next_ = 0;                               // next window index to accumulate
   std::map<int64_t, std::vector<float>> pending_;  // early arrivals, owned copies
 };
 

@@ -26,11 +26,11 @@ class Error : public std::runtime_error {
   std::string message_;
 };
 
-#define TILER_DEFINE_ERROR(Name, Base, kind_name)                                          \
-  class Name : public Base {                                                               \
-   public:                                                                                 \
-    using Base::Base;                                                                      \
-    const char* kind() const override { return kind_name; }                                \
+#define TILER_DEFINE_ERROR(Name, Base, kind_name)           \
+  class Name : public Base {                                \
+   public:                                                  \
+    using Base::Base;                                       \
+    const char* kind() const override { return kind_name; } \
   }
 
 TILER_DEFINE_ERROR(IoError, Error, "io");
@@ -50,8 +50,8 @@ TILER_DEFINE_ERROR(TimeoutError, DistError, "timeout");
     throw ErrorType(tiler_throw_os_.str(), __FILE__, __LINE__); \
   } while (0)
 
-#define TILER_CHECK(cond, ErrorType, stream_expr) \
-  do {                                            \
+#define TILER_CHECK(cond, ErrorType, stream_expr)     \
+  do {                                                \
     if (!(cond)) TILER_THROW(ErrorType, stream_expr); \
   } while (0)
 

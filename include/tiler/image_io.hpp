@@ -65,9 +65,9 @@ Compression parseCompression(const std::string& name);
 struct WriterOptions {
   std::string format = "tif";  // tif | png | jpg
   Compression compression = Compression::kDeflate;
-  int tile = 256;                // TIFF tile edge (multiple of 16)
-  std::string metadata_from;     // input TIFF whose resolution and GeoTIFF tags are copied
-  double metadata_scale = 1.0;   // output pixels per input pixel, to adjust those tags
+  int tile = 256;               // TIFF tile edge (multiple of 16)
+  std::string metadata_from;    // input TIFF whose resolution and GeoTIFF tags are copied
+  double metadata_scale = 1.0;  // output pixels per input pixel, to adjust those tags
 };
 
 class ImageWriter {

@@ -1,8 +1,8 @@
 // model: a TorchScript model on one device, probed once, fed normalised batches.
 // Promise: load() and probe() throw ModelError naming the file and what does not fit (missing, corrupt, not
 // TorchScript, wrong forward signature, non-tensor or non-NCHW output, output size not an exact integer
-// multiple or fraction of the window). forward() takes raw sample values (float32 NHWC on the CPU, the model's
-// input channel count) and per-sample scale factors, normalises on the model's device, runs under
+// multiple or fraction of the window). forward() takes raw sample values (float32 NHWC on the CPU, the
+// model's input channel count) and per-sample scale factors, normalises on the model's device, runs under
 // InferenceMode and autocast (bf16 CPU/CUDA, fp16 CUDA), and returns float32 NCHW predictions on the device
 // with the activation applied. Not thread safe: one thread calls forward().
 #pragma once
@@ -30,14 +30,14 @@ struct ModelOptions {
   std::string output_key;          // dict output key or tuple index; empty: the first tensor
   std::vector<double> mean, std;   // per channel (1 or C values), applied after scaling
   Activation activation = Activation::kNone;
-  bool jit_optimize = false;       // freeze + optimize_for_inference
-  int local_rank = 0;              // for device auto/cuda
+  bool jit_optimize = false;  // freeze + optimize_for_inference
+  int local_rank = 0;         // for device auto/cuda
 };
 
 struct ModelProbe {
-  int input_channels = 0;   // what the model takes
+  int input_channels = 0;  // what the model takes
   int output_channels = 0;
-  Scale scale;              // output size / window size
+  Scale scale;  // output size / window size
 };
 
 // How an image's channels become the model's: as is, gray repeated to 3, RGBA without alpha.

@@ -1,10 +1,10 @@
 // pipeline: the inference job. plan -> prefetch -> forward -> gather -> stitch -> write -> report.
 // Promise: every rank builds the same plan (sorted inputs, windows of all images pooled in one global list),
-// takes its DistributedSampler shard, and makes the same sequence of collectives whatever happens to an image.
-// Rank 0 stitches in global window order on its own thread, so outputs are byte-identical for any world size
-// (for the same --threads); an image that fails on any rank is failed everywhere, reported, and leaves no
-// file under a final name. Memory per rank: the prefetch queue, the open readers' tile caches, and on rank 0
-// the stitcher rows and one row of output tiles per open image.
+// takes its DistributedSampler shard, and makes the same sequence of collectives whatever happens to an
+// image. Rank 0 stitches in global window order on its own thread, so outputs are byte-identical for any
+// world size (for the same --threads); an image that fails on any rank is failed everywhere, reported, and
+// leaves no file under a final name. Memory per rank: the prefetch queue, the open readers' tile caches, and
+// on rank 0 the stitcher rows and one row of output tiles per open image.
 #pragma once
 
 #include <opencv2/core.hpp>
@@ -67,7 +67,8 @@ void parseOverlap(const std::string& text, GridSpec& spec);
 enum class PadMode { kConstant, kReflect, kReplicate };
 PadMode parsePadMode(const std::string& name);
 // The pixels of image window `local_index`, padded where the window reaches outside the image.
-cv::Mat readWindow(ImageReader& reader, const WindowGrid& grid, int64_t local_index, PadMode pad, double cval);
+cv::Mat readWindow(ImageReader& reader, const WindowGrid& grid, int64_t local_index, PadMode pad,
+                   double cval);
 // Default input scale for a sample type: 1/max for integers, 1 for float.
 double defaultScale(SampleType type);
 

@@ -54,7 +54,8 @@ inline void setAutocast(c10::DeviceType device, bool enabled, at::ScalarType dty
 // RAII: autocast on for a scope (forward passes), restored and its cast cache cleared on exit.
 class AutocastScope {
  public:
-  AutocastScope(c10::DeviceType device, bool enabled, at::ScalarType dtype) : device_(device), enabled_(enabled) {
+  AutocastScope(c10::DeviceType device, bool enabled, at::ScalarType dtype)
+      : device_(device), enabled_(enabled) {
     if (enabled_) {
       setAutocast(device_, true, dtype);
       at::autocast::increment_nesting();

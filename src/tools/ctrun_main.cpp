@@ -21,8 +21,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option(flagNames("--nnodes"), o.nnodes, "number of nodes (static)")->capture_default_str();
   app.add_option(flagNames("--node_rank"), o.node_rank, "rank of this node")->capture_default_str();
-  app.add_option(flagNames("--master_addr"), o.master_addr, "address of rank 0's node")->capture_default_str();
-  app.add_option(flagNames("--master_port"), o.master_port, "port of the c10d store on rank 0 (0: a free one)")
+  app.add_option(flagNames("--master_addr"), o.master_addr, "address of rank 0's node")
+      ->capture_default_str();
+  app.add_option(flagNames("--master_port"), o.master_port,
+                 "port of the c10d store on rank 0 (0: a free one)")
       ->capture_default_str();
   app.add_flag("--standalone", o.standalone, "one node, a free port on 127.0.0.1 and a random run id");
   app.add_option(flagNames("--max_restarts"), o.max_restarts, "restarts of a failed worker group")
@@ -32,9 +34,11 @@ int main(int argc, char** argv) {
   app.add_option(flagNames("--grace_period"), o.grace_period, "seconds between SIGTERM and SIGKILL")
       ->capture_default_str();
   app.add_option(flagNames("--log_dir"), o.log_dir, "write <dir>/<run_id>/attempt_<k>/<local_rank>/*.log");
-  app.add_option(flagNames("-r,--redirects"), o.redirects, "with --log_dir: 1 stdout, 2 stderr, 3 both only to logs")
+  app.add_option(flagNames("-r,--redirects"), o.redirects,
+                 "with --log_dir: 1 stdout, 2 stderr, 3 both only to logs")
       ->check(CLI::Range(0, 3));
-  app.add_option(flagNames("-t,--tee"), o.tee, "with --log_dir: 1 stdout, 2 stderr, 3 both to logs and console")
+  app.add_option(flagNames("-t,--tee"), o.tee,
+                 "with --log_dir: 1 stdout, 2 stderr, 3 both to logs and console")
       ->check(CLI::Range(0, 3));
   app.add_option(flagNames("--run_id"), o.run_id, "run id shown to workers")->capture_default_str();
   try {
@@ -45,7 +49,8 @@ int main(int argc, char** argv) {
   o.command = app.remaining();
   if (!o.command.empty() && o.command.front() == "--") o.command.erase(o.command.begin());
   try {
-    if (o.command.empty()) throw tiler::ConfigError("ctrun: no program given (usage: ctrun [OPTIONS] PROGRAM [ARGS...])");
+    if (o.command.empty())
+      throw tiler::ConfigError("ctrun: no program given (usage: ctrun [OPTIONS] PROGRAM [ARGS...])");
     return tiler::Launcher(o).run();
   } catch (const std::exception& e) {
     std::cerr << "ctrun: error: " << e.what() << std::endl;

@@ -1,10 +1,10 @@
 // tiler: infer (default), finetune, info. Parses flags into the flat params structs and calls the library.
 #include <malloc.h>
 
+#include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 #include <cstring>
 #include <iostream>
-#include <spdlog/spdlog.h>
 
 #include "tiler/cli.hpp"
 #include "tiler/error.hpp"
@@ -26,16 +26,19 @@ void keepLargeBlocksInHeap() {
 
 void addCommonModelFlags(CLI::App& app, std::string& model, std::string& device, std::string& backend,
                          std::string& precision) {
-  app.add_option(flagNames("-m,--model"), model, "TorchScript model file (default: the bundled sample model)");
+  app.add_option(flagNames("-m,--model"), model,
+                 "TorchScript model file (default: the bundled sample model)");
   app.add_option(flagNames("--device"), device, "auto | cpu | cuda | cuda:K")->capture_default_str();
   app.add_option(flagNames("--backend"), backend, "auto | gloo | nccl")->capture_default_str();
-  app.add_option(flagNames("--precision"), precision, "fp32 | fp16 | bf16 (default: fp16 on CUDA, fp32 on CPU)")
+  app.add_option(flagNames("--precision"), precision,
+                 "fp32 | fp16 | bf16 (default: fp16 on CUDA, fp32 on CPU)")
       ->capture_default_str();
 }
 
 int runInferCli(int argc, char** argv) {
   tiler::InferOptions o;
-  CLI::App app{"tiler: run a TorchScript model over large images in overlapping windows and stitch the result"};
+  CLI::App app{
+      "tiler: run a TorchScript model over large images in overlapping windows and stitch the result"};
   app.set_config(flagNames("--config"), "", "TOML/INI file with any of these flags");
   app.add_option(flagNames("-i,--input"), o.inputs, "files or directories (default: the bundled samples)");
   app.add_option(flagNames("-o,--output"), o.output_dir, "output directory")->capture_default_str();
@@ -43,7 +46,8 @@ int runInferCli(int argc, char** argv) {
   app.add_option(flagNames("--window"), o.window, "window size N or W,H")->capture_default_str();
   app.add_option(flagNames("--overlap"), o.overlap, "overlap F or FX,FY in [0,1)")->capture_default_str();
   app.add_option(flagNames("--blend"), o.blend, "constant | gaussian | crop")->capture_default_str();
-  app.add_option(flagNames("--sigma_scale"), o.sigma_scale, "gaussian sigma per window size")->capture_default_str();
+  app.add_option(flagNames("--sigma_scale"), o.sigma_scale, "gaussian sigma per window size")
+      ->capture_default_str();
   app.add_option(flagNames("--pad"), o.pad, "constant | reflect | replicate")->capture_default_str();
   app.add_option(flagNames("--cval"), o.cval, "value for constant padding")->capture_default_str();
   app.add_option(flagNames("--batch_size"), o.batch_size, "windows per forward")->capture_default_str();
@@ -53,7 +57,8 @@ int runInferCli(int argc, char** argv) {
   app.add_option(flagNames("--activation"), o.activation, "none | softmax | sigmoid")->capture_default_str();
   app.add_option(flagNames("--save"), o.save, "labels | probs | labels,probs")->capture_default_str();
   app.add_option(flagNames("--format"), o.format, "tif | png (labels)")->capture_default_str();
-  app.add_option(flagNames("--compression"), o.compression, "deflate | zstd | lzw | none")->capture_default_str();
+  app.add_option(flagNames("--compression"), o.compression, "deflate | zstd | lzw | none")
+      ->capture_default_str();
   app.add_flag(flagNames("--resume"), o.resume, "skip images whose outputs exist");
   app.add_flag(flagNames("--overwrite"), o.overwrite, "redo images whose outputs exist");
   app.add_option(flagNames("--on_error"), o.on_error, "skip | abort")->capture_default_str();
@@ -95,7 +100,8 @@ int runFinetuneCli(int argc, char** argv) {
   app.add_option(flagNames("--momentum"), o.momentum, "SGD momentum")->capture_default_str();
   app.add_option(flagNames("--weight_decay"), o.weight_decay, "weight decay")->capture_default_str();
   app.add_option(flagNames("--schedule"), o.schedule, "constant | cosine")->capture_default_str();
-  app.add_option(flagNames("--warmup_epochs"), o.warmup_epochs, "linear warm-up epochs")->capture_default_str();
+  app.add_option(flagNames("--warmup_epochs"), o.warmup_epochs, "linear warm-up epochs")
+      ->capture_default_str();
   app.add_option(flagNames("--loss"), o.loss, "ce | bce | mse | dice")->capture_default_str();
   app.add_option(flagNames("--window"), o.window, "window size N or W,H")->capture_default_str();
   app.add_option(flagNames("--overlap"), o.overlap, "overlap F or FX,FY")->capture_default_str();

@@ -1,0 +1,249 @@
+#include "tiler/blend.hpp"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "tiler/error.hpp"
+
+namespace tiler {
+namespace {
+
+// The image as CHW float, and each window's prediction cut from it (an identity "model").
+struct Synthetic {
+  int64_t w, h;
+  int c;
+  std::vector<float> chw;
+  float at(int ch, int64_t y, int64_t x) const { return chw[size_t((ch * h + y) * w + x)]; }
+};
+
+Synthetic makeImage(int64_t w, int64_t h, int c, uint64_t seed) {
+  Synthetic s{w, h, c, std::vector<float>(size_t(w * h * c))};
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(0.5f, 2.0f);
+  for (auto& v : s.chw) v = u(rng);
+  return s;
+}
+
+// Prediction of window i: the image's pixels (padding 0), upsampled by `up` or subsampled by `down`.
+std::vector<float> identityPrediction(const Synthetic& img, const WindowGrid& g, int64_t i) {
+  const Scale s = g.scale();
+  const Rect r = g.imageWindow(i);
+  const int64_t ow = s.apply(r.w), oh = s.apply(r.h);
+  std::vector<float> p(size_t(img.c * ow * oh), 0.0f);
+  for (int c = 0; c < img.c; ++c)
+    for (int64_t y = 0; y < oh; ++y)
+      for (int64_t x = 0; x < ow; ++x) {
+        const int64_t iy = r.y + y * s.den / s.num, ix = r.x + x * s.den / s.num;
+        if (iy >= 0 && ix >= 0 && iy < img.h && ix < img.w)
+          p[size_t((c * oh + y) * ow + x)] = img.at(c, iy, ix);
+      }
+  return p;
+}
+
+// Stitches in the given order; returns the output as HWC rows.
+cv::Mat stitch(const WindowGrid& g, int c, StitchOptions o, const std::vector<std::vector<float>>& preds,
+               const std::vector<int64_t>& order) {
+  cv::Mat out(int(std::max<int64_t>(1, g.scale().apply(g.imageHeight()))),
+              int(std::max<int64_t>(1, g.scale().apply(g.imageWidth()))), CV_MAKETYPE(CV_32F, c));
+  int64_t next_row = 0;
+  Stitcher st(g, c, o, [&](const cv::Mat& band, int64_t first) {
+    EXPECT_EQ(first, next_row) << "bands arrive top to bottom, without gaps";
+    band.copyTo(out.rowRange(int(first), int(first + band.rows)));
+    next_row = first + band.rows;
+  });
+  for (int64_t i : order) st.add(i, preds[size_t(i)].data());
+  EXPECT_TRUE(st.done());
+  EXPECT_EQ(next_row, out.rows);
+  return out;
+}
+
+std::vector<int64_t> inOrder(int64_t n) {
+  std::vector<int64_t> v(static_cast<size_t>(n));
+  std::iota(v.begin(), v.end(), 0);
+  return v;
+}
+
+TEST(Importance, GaussianEqualsTheFormula) {
+  const int64_t w = 7, h = 4;
+  const double ss = 0.125;
+  auto map = gaussianImportance(w, h, ss);
+  std::vector<double> raw;
+  for (int64_t y = 0; y < h; ++y)
+    for (int64_t x = 0; x < w; ++x) {
+      auto g = [&](int64_t i, int64_t n) {
+        double t = double(i) - double(n - 1) / 2.0, sigma = ss * double(n);
+        return std::exp(-t * t / (2 * sigma * sigma));
+      };
+      raw.push_back(g(y, h) * g(x, w));
+    }
+  const float lowest = float(*std::min_element(raw.begin(), raw.end()));
+  for (size_t i = 0; i < raw.size(); ++i)
+    EXPECT_EQ(map[i], std::max(float(raw[i]), std::max(lowest, 1e-3f))) << i;
+  EXPECT_FLOAT_EQ(*std::max_element(map.begin(), map.end()), float(raw[size_t(1 * w + 3)]));
+  auto big = gaussianImportance(256, 256, 0.125);
+  EXPECT_FLOAT_EQ(*std::min_element(big.begin(), big.end()), 1e-3f) << "corners clamp at 1e-3";
+  EXPECT_THROW(gaussianImportance(4, 4, 0.0), ConfigError);
+}
+
+TEST(Importance, CropCoresSplitOverlapsAtTheMiddle) {
+  EXPECT_EQ(cropCores({0, 32, 46}, 64, 110), (std::vector<int64_t>{0, 48, 71, 110}));
+  EXPECT_EQ(cropCores({0}, 64, 64), (std::vector<int64_t>{0, 64}));
+}
+
+class IdentityBlend : public ::testing::TestWithParam<BlendMode> {};
+
+TEST_P(IdentityBlend, IdentityPredictionsReproduceTheInput) {
+  const BlendMode mode = GetParam();
+  for (auto [w, h, win, ov] : std::vector<std::tuple<int, int, int, double>>{
+           {300, 200, 64, 0.25}, {110, 110, 64, 0.5}, {50, 40, 64, 0.25}, {257, 129, 128, 0.0}}) {
+    const Synthetic img = makeImage(w, h, 2, 1);
+    WindowGrid g(w, h, GridSpec{win, win, ov, ov});
+    std::vector<std::vector<float>> preds;
+    for (int64_t i = 0; i < g.count(); ++i) preds.push_back(identityPrediction(img, g, i));
+    cv::Mat out = stitch(g, 2, StitchOptions{mode, 0.125}, preds, inOrder(g.count()));
+    for (int64_t y = 0; y < h; ++y)
+      for (int64_t x = 0; x < w; ++x)
+        for (int c = 0; c < 2; ++c) {
+          float got = out.ptr<float>(int(y))[x * 2 + c], want = img.at(c, y, x);
+          if (mode == BlendMode::kCrop)
+            ASSERT_EQ(got, want) << x << "," << y;
+          else
+            ASSERT_NEAR(got, want, 1e-6 * std::abs(want)) << x << "," << y;
+        }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, IdentityBlend,
+                         ::testing::Values(BlendMode::kConstant, BlendMode::kGaussian, BlendMode::kCrop));
+
+TEST(Stitcher, ArrivalOrderDoesNotChangeAByte) {
+  const Synthetic img = makeImage(333, 277, 3, 7);
+  WindowGrid g(333, 277, GridSpec{64, 64, 0.4, 0.4});
+  std::vector<std::vector<float>> preds;
+  std::mt19937 rng(3);
+  for (int64_t i = 0; i < g.count(); ++i) {
+    auto p = identityPrediction(img, g, i);
+    for (auto& v : p) v += float(rng() % 1000) * 1e-4f;  // windows disagree, as real predictions do
+    preds.push_back(p);
+  }
+  StitchOptions o{BlendMode::kGaussian, 0.125};
+  cv::Mat ref = stitch(g, 3, o, preds, inOrder(g.count()));
+  for (int trial = 0; trial < 5; ++trial) {
+    // Shuffle within "steps" of 8 windows, as gathered batches arrive.
+    auto order = inOrder(g.count());
+    for (size_t s = 0; s < order.size(); s += 8)
+      std::shuffle(order.begin() + long(s), order.begin() + long(std::min(order.size(), s + 8)), rng);
+    if (trial == 4) std::reverse(order.begin(), order.end());
+    cv::Mat got = stitch(g, 3, o, preds, order);
+    ASSERT_EQ(std::memcmp(got.data, ref.data, ref.total() * ref.elemSize()), 0) << "trial " << trial;
+  }
+}
+
+TEST(Stitcher, CropModeEqualsAWholeImageForwardOfAConvNet) {
+  torch::manual_seed(0);
+  // Three 3x3 convolutions: each output pixel sees 3 px around it; cores stay >= 8 px from window edges.
+  torch::nn::Sequential net(
+      torch::nn::Conv2d(torch::nn::Conv2dOptions(2, 4, 3).padding(1)), torch::nn::Tanh(),
+      torch::nn::Conv2d(torch::nn::Conv2dOptions(4, 4, 3).padding(1)), torch::nn::Tanh(),
+      torch::nn::Conv2d(torch::nn::Conv2dOptions(4, 3, 3).padding(1)));
+  torch::NoGradGuard ng;
+  const int64_t w = 200, h = 150;
+  auto image = torch::rand({1, 2, h, w});
+  auto whole = net->forward(image)[0].contiguous();
+  WindowGrid g(w, h, GridSpec{64, 64, 0.25, 0.25});
+  std::vector<std::vector<float>> preds;
+  for (int64_t i = 0; i < g.count(); ++i) {
+    Rect r = g.window(i);
+    auto win = image.index({torch::indexing::Slice(), torch::indexing::Slice(),
+                            torch::indexing::Slice(r.y, r.bottom()), torch::indexing::Slice(r.x, r.right())});
+    auto p = net->forward(win.contiguous())[0].contiguous();
+    preds.emplace_back(p.data_ptr<float>(), p.data_ptr<float>() + p.numel());
+  }
+  cv::Mat out = stitch(g, 3, StitchOptions{BlendMode::kCrop, 0.125}, preds, inOrder(g.count()));
+  auto acc = whole.accessor<float, 3>();
+  float worst = 0;
+  for (int64_t y = 0; y < h; ++y)
+    for (int64_t x = 0; x < w; ++x)
+      for (int c = 0; c < 3; ++c)
+        worst = std::max(worst, std::abs(out.ptr<float>(int(y))[x * 3 + c] - acc[c][y][x]));
+  EXPECT_LT(worst, 1e-5);
+}
+
+TEST(Stitcher, OutputAtTheModelsScale) {
+  for (Scale s : {Scale{2, 1}, Scale{1, 2}, Scale{1, 4}}) {
+    const Synthetic img = makeImage(160, 96, 1, 5);
+    WindowGrid g(160, 96, GridSpec{64, 64, 0.25, 0.25}, s);
+    std::vector<std::vector<float>> preds;
+    for (int64_t i = 0; i < g.count(); ++i) preds.push_back(identityPrediction(img, g, i));
+    cv::Mat out = stitch(g, 1, StitchOptions{BlendMode::kCrop, 0.125}, preds, inOrder(g.count()));
+    ASSERT_EQ(out.cols, s.apply(160));
+    ASSERT_EQ(out.rows, s.apply(96));
+    for (int y = 0; y < out.rows; ++y)
+      for (int x = 0; x < out.cols; ++x)
+        ASSERT_EQ(out.ptr<float>(y)[x], img.at(0, y * s.den / s.num, x * s.den / s.num))
+            << s.num << "/" << s.den;
+  }
+}
+
+TEST(Stitcher, MemoryStaysABandOfRowsFor60000Squared) {
+  const int64_t n = 60000, win = 256;
+  WindowGrid g(n, n, GridSpec{win, win, 0.0, 0.0});
+  // Bound: a ring of one window height across the width with value + weight, plus the importance map.
+  const size_t bound = size_t(win * n * (1 + 1) * 4 + win * win * 4);
+  std::vector<float> pred(size_t(win * win), 1.0f);
+  int64_t rows = 0;
+  size_t peak = 0;
+  Stitcher st(g, 1, StitchOptions{BlendMode::kConstant, 0.125}, [&](const cv::Mat& band, int64_t first) {
+    ASSERT_EQ(first, rows);
+    ASSERT_EQ(band.ptr<float>(0)[n - 1], 1.0f);
+    rows += band.rows;
+  });
+  for (int64_t i = 0; i < g.count(); ++i) {
+    st.add(i, pred.data());
+    peak = std::max(peak, st.bytesHeld());
+  }
+  EXPECT_EQ(rows, n);
+  EXPECT_LE(peak, bound) << "under " << bound / (1 << 20) << " MiB, vs " << n * n * 4 / (1 << 20)
+                         << " MiB for the image";
+}
+
+TEST(Stitcher, EarlyArrivalsAreHeldAndDuplicatesRejected) {
+  WindowGrid g(100, 64, GridSpec{64, 64, 0.5, 0.5});
+  std::vector<float> pred(64 * 64, 1.0f);
+  Stitcher st(g, 1, StitchOptions{}, [](const cv::Mat&, int64_t) {});
+  st.add(2, pred.data());
+  EXPECT_GT(st.bytesHeld(), size_t(64 * 64 * 4));
+  EXPECT_THROW(st.add(2, pred.data()), ConfigError);
+  st.add(0, pred.data());
+  EXPECT_THROW(st.add(0, pred.data()), ConfigError);
+  st.add(1, pred.data());
+  EXPECT_TRUE(st.done());
+}
+
+TEST(Labels, ArgmaxThresholdAndWideClassCounts) {
+  cv::Mat band(1, 2, CV_32FC3);
+  band.ptr<float>(0)[0] = 0.1f, band.ptr<float>(0)[1] = 0.7f, band.ptr<float>(0)[2] = 0.2f;
+  band.ptr<float>(0)[3] = 0.5f, band.ptr<float>(0)[4] = 0.1f, band.ptr<float>(0)[5] = 0.9f;
+  cv::Mat l = labelsFromProbabilities(band, 0.f);
+  EXPECT_EQ(l.type(), CV_8UC1);
+  EXPECT_EQ(l.at<uint8_t>(0, 0), 1);
+  EXPECT_EQ(l.at<uint8_t>(0, 1), 2);
+  cv::Mat one(1, 2, CV_32FC1);
+  one.at<float>(0, 0) = 0.4f;
+  one.at<float>(0, 1) = 0.6f;
+  cv::Mat t = labelsFromProbabilities(one, 0.5f);
+  EXPECT_EQ(t.at<uint8_t>(0, 0), 0);
+  EXPECT_EQ(t.at<uint8_t>(0, 1), 1);
+  cv::Mat wide = cv::Mat::zeros(1, 1, CV_32FC(300));
+  wide.ptr<float>(0)[299] = 1.0f;
+  cv::Mat wl = labelsFromProbabilities(wide, 0.f);
+  EXPECT_EQ(wl.type(), CV_16UC1);
+  EXPECT_EQ(wl.at<uint16_t>(0, 0), 299);
+}
+
+}  // namespace
+}  // namespace tiler

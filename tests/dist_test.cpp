@@ -1,0 +1,190 @@
+#include "tiler/dist.hpp"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <map>
+#include <thread>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "tiler/error.hpp"
+
+namespace tiler {
+namespace {
+
+WorldInfo worldOf(int rank, int size) {
+  WorldInfo w;
+  w.rank = rank;
+  w.world_size = size;
+  w.local_rank = rank;
+  w.local_world_size = size;
+  return w;
+}
+
+// Runs fn(rank) on `size` threads sharing one in-process store; rethrows the first failure.
+void runRanks(int size, const std::function<void(DistContext&)>& fn,
+              std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        DistOptions o;
+        o.timeout = timeout;
+        DistContext ctx(worldOf(r, size), o, torch::Device(torch::kCPU), store);
+        fn(ctx);
+      } catch (...) {
+        errors[size_t(r)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+class DistWorlds : public ::testing::TestWithParam<int> {};
+
+TEST_P(DistWorlds, GatherAllgatherAllreduceBroadcast) {
+  const int size = GetParam();
+  runRanks(size, [size](DistContext& ctx) {
+    const int r = ctx.rank();
+    auto mine = torch::full({2, 3}, float(r));
+    auto gathered = ctx.gather(mine, "test gather");
+    if (r == 0) {
+      ASSERT_EQ(int(gathered.size()), size);
+      for (int k = 0; k < size; ++k)
+        EXPECT_TRUE(torch::equal(gathered[size_t(k)], torch::full({2, 3}, float(k))));
+    } else {
+      EXPECT_TRUE(gathered.empty());
+    }
+    auto all = ctx.allgather(torch::tensor({int64_t(r) * 10}), "test allgather");
+    ASSERT_EQ(int(all.size()), size);
+    for (int k = 0; k < size; ++k) EXPECT_EQ(all[size_t(k)].item<int64_t>(), k * 10);
+    auto sum = torch::tensor({double(r + 1)});
+    ctx.allreduceSum(sum, "test allreduce");
+    EXPECT_EQ(sum.item<double>(), size * (size + 1) / 2.0);
+    auto b = torch::tensor({r == 0 ? 42 : -1});
+    ctx.broadcast(b, 0, "test broadcast");
+    EXPECT_EQ(b.item<int>(), 42);
+    ctx.barrier("test barrier");
+    if (r == size - 1) ctx.setString("k", "from the last rank");
+    ctx.barrier("after set");
+    if (size > 1) EXPECT_EQ(ctx.getString("k", "missing"), "from the last rank");
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, DistWorlds, ::testing::Values(1, 2, 3, 4));
+
+TEST(Dist, CollectiveTimeoutNamesTheRankAndWhat) {
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    runRanks(
+        2,
+        [](DistContext& ctx) {
+          if (ctx.rank() == 0) ctx.allgather(torch::zeros({1}), "the window list of step 7");
+          // rank 1 never joins, but stays alive (a hung rank, not a dead one)
+          if (ctx.rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(4));
+        },
+        std::chrono::milliseconds(1500));
+    FAIL() << "no timeout";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(e.message().find("rank 0 of 2"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("the window list of step 7"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("127.0.0.1:29500"), std::string::npos) << e.message();
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+}
+
+TEST(Dist, DiscoverWorldFromEachLauncher) {
+  auto from = [](std::map<std::string, std::string> env) {
+    return discoverWorld([env](const char* n) -> const char* {
+      auto it = env.find(n);
+      return it == env.end() ? nullptr : it->second.c_str();
+    });
+  };
+  auto single = from({});
+  EXPECT_EQ(single.world_size, 1);
+  EXPECT_EQ(single.source, "single");
+  auto tr = from({{"RANK", "3"},
+                  {"WORLD_SIZE", "4"},
+                  {"LOCAL_RANK", "1"},
+                  {"LOCAL_WORLD_SIZE", "2"},
+                  {"MASTER_ADDR", "10.1.2.3"},
+                  {"MASTER_PORT", "1234"}});
+  EXPECT_EQ(tr.source, "torchrun");
+  EXPECT_EQ(tr.rank, 3);
+  EXPECT_EQ(tr.local_rank, 1);
+  EXPECT_EQ(tr.master_addr, "10.1.2.3");
+  EXPECT_EQ(tr.master_port, 1234);
+  auto slurm = from({{"SLURM_PROCID", "5"},
+                     {"SLURM_NTASKS", "8"},
+                     {"SLURM_LOCALID", "1"},
+                     {"MASTER_ADDR", "n1"},
+                     {"MASTER_PORT", "29400"}});
+  EXPECT_EQ(slurm.source, "slurm");
+  EXPECT_EQ(slurm.rank, 5);
+  EXPECT_EQ(slurm.world_size, 8);
+  EXPECT_EQ(slurm.local_rank, 1);
+  auto mpi = from({{"OMPI_COMM_WORLD_RANK", "2"},
+                   {"OMPI_COMM_WORLD_SIZE", "3"},
+                   {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                   {"MASTER_ADDR", "h"},
+                   {"MASTER_PORT", "1"}});
+  EXPECT_EQ(mpi.source, "mpi");
+  EXPECT_EQ(mpi.rank, 2);
+  EXPECT_THROW(from({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}}), ConfigError) << "needs MASTER_ADDR/PORT";
+  EXPECT_THROW(from({{"RANK", "4"}, {"WORLD_SIZE", "4"}}), ConfigError);
+  EXPECT_THROW(from({{"RANK", "x"}, {"WORLD_SIZE", "4"}}), ConfigError);
+}
+
+int freePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+TEST(Dist, GarbageOnTheStorePortDoesNotCrashRankZero) {
+  const int port = freePort();
+  c10d::TCPStoreOptions so;
+  so.port = uint16_t(port);
+  so.isServer = true;
+  so.waitWorkers = false;
+  so.timeout = std::chrono::seconds(5);
+  c10d::TCPStore server("127.0.0.1", so);
+  server.set("before", std::vector<uint8_t>{1, 2, 3});
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(uint16_t(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    std::string junk(size_t(1 + attempt * 37), char(0xF0 + attempt % 16));
+    if (attempt % 3 == 0) junk = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+    (void)!write(fd, junk.data(), junk.size());
+    close(fd);
+  }
+  c10d::TCPStoreOptions co;
+  co.port = uint16_t(port);
+  co.isServer = false;
+  co.timeout = std::chrono::seconds(5);
+  c10d::TCPStore client("127.0.0.1", co);
+  EXPECT_EQ(client.get("before"), (std::vector<uint8_t>{1, 2, 3}));
+  client.set("after", std::vector<uint8_t>{9});
+  EXPECT_EQ(server.get("after"), (std::vector<uint8_t>{9}));
+}
+
+}  // namespace
+}  // namespace tiler

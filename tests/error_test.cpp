@@ -1,0 +1,72 @@
+#include "tiler/error.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace tiler {
+namespace {
+
+TEST(Error, ThrowAddsFileAndLineButMessageStaysClean) {
+  try {
+    TILER_THROW(IoError, "'a.tif': bad tile " << 3);
+    FAIL() << "no throw";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.message(), "'a.tif': bad tile 3");
+    EXPECT_NE(std::string(e.what()).find("'a.tif': bad tile 3 [error_test.cpp:"), std::string::npos)
+        << e.what();
+    EXPECT_STREQ(e.kind(), "io");
+  }
+}
+
+TEST(Error, HierarchyLetsCallersCatchByFamily) {
+  EXPECT_THROW(TILER_THROW(TimeoutError, "x"), DistError);
+  EXPECT_THROW(TILER_THROW(ModelError, "x"), Error);
+  EXPECT_THROW(TILER_THROW(ConfigError, "x"), std::runtime_error);
+  try {
+    TILER_THROW(TimeoutError, "late");
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.kind(), "timeout");
+  }
+}
+
+TEST(Error, CheckThrowsOnlyWhenFalse) {
+  int evaluated = 0;
+  EXPECT_NO_THROW(TILER_CHECK(1 + 1 == 2, ConfigError, "never " << ++evaluated));
+  EXPECT_EQ(evaluated, 0) << "the message must not be built on success";
+  EXPECT_THROW(TILER_CHECK(false, ConfigError, "boom"), ConfigError);
+}
+
+TEST(Error, ReportFatalPrintsOneLineAndWritesTheElasticErrorFile) {
+  const std::string path = ::testing::TempDir() + "/error_file.json";
+  std::remove(path.c_str());
+  setenv("TORCHELASTIC_ERROR_FILE", path.c_str(), 1);
+  setenv("RANK", "3", 1);
+  setErrorRankPrefix("[rank 3] ");
+  ::testing::internal::CaptureStderr();
+  int code = reportFatal("tiler", ModelError("'m.pt': not TorchScript", "x.cpp", 7));
+  std::string err = ::testing::internal::GetCapturedStderr();
+  setErrorRankPrefix("");
+  unsetenv("TORCHELASTIC_ERROR_FILE");
+  unsetenv("RANK");
+  EXPECT_EQ(code, kExitFatal);
+  EXPECT_EQ(err, "tiler: error: [rank 3] 'm.pt': not TorchScript [x.cpp:7]\n");
+  std::ifstream in(path);
+  ASSERT_TRUE(in.good());
+  auto j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["rank"], 3);
+  EXPECT_EQ(j["message"], "[rank 3] 'm.pt': not TorchScript [x.cpp:7]");
+  EXPECT_GT(j["time"].get<double>(), 1.6e9);
+}
+
+TEST(Error, ExitCodesAreTheContract) {
+  EXPECT_EQ(kExitOk, 0);
+  EXPECT_EQ(kExitFatal, 1);
+  EXPECT_EQ(kExitSomeFailed, 2);
+}
+
+}  // namespace
+}  // namespace tiler

@@ -1,0 +1,89 @@
+#include "tiler/grid.hpp"
+
+#include <gtest/gtest.h>
+
+#include "tiler/error.hpp"
+
+namespace tiler {
+namespace {
+
+using V = std::vector<int64_t>;
+
+TEST(Grid, MonaiExample110Window64Overlap05) {
+  EXPECT_EQ(axisStarts(110, 64, 0.5), (V{0, 32, 46}));
+}
+
+TEST(Grid, NoOverlapPullsTheLastWindowBack) {
+  EXPECT_EQ(axisStarts(100, 30, 0.0), (V{0, 30, 60, 70}));
+  EXPECT_EQ(axisStarts(90, 30, 0.0), (V{0, 30, 60}));
+}
+
+TEST(Grid, WindowEqualToImageIsOneWindow) {
+  EXPECT_EQ(axisInterval(64, 64, 0.5), 64);
+  EXPECT_EQ(axisStarts(64, 64, 0.5), (V{0}));
+}
+
+TEST(Grid, IntervalTruncatesInDoubleLikeMonai) {
+  // 20 * (1 - 0.9) = 1.9999999999999996 in double: int() gives 1, not 2.
+  EXPECT_EQ(axisInterval(100, 20, 0.9), 1);
+  EXPECT_EQ(axisStarts(100, 20, 0.9).size(), 81u);
+  EXPECT_EQ(axisInterval(1000, 256, 0.25), 192);
+  EXPECT_EQ(axisInterval(1000, 3, 0.99), 1) << "at least 1";
+}
+
+TEST(Grid, SampleImageGrid) {
+  WindowGrid g(4096, 4096, GridSpec{256, 256, 0.25, 0.25});
+  EXPECT_EQ(g.count(), 21 * 21);
+  EXPECT_EQ(g.startsX().back(), 4096 - 256);
+  EXPECT_EQ(g.window(22), (Rect{192, 192, 256, 256}));
+}
+
+TEST(Grid, PerAxisWindowAndOverlap) {
+  WindowGrid g(300, 200, GridSpec{100, 50, 0.5, 0.0});
+  EXPECT_EQ(g.startsX(), (V{0, 50, 100, 150, 200}));
+  EXPECT_EQ(g.startsY(), (V{0, 50, 100, 150}));
+  EXPECT_EQ(g.count(), 20);
+  EXPECT_EQ(g.window(6), (Rect{50, 50, 100, 50})) << "row-major";
+}
+
+TEST(Grid, SmallImageIsPaddedSymmetrically) {
+  WindowGrid g(200, 151, GridSpec{256, 256, 0.25, 0.25});
+  EXPECT_EQ(g.paddedWidth(), 256);
+  EXPECT_EQ(g.paddedHeight(), 256);
+  EXPECT_EQ(g.padLeft(), 28);
+  EXPECT_EQ(g.padTop(), 52);  // (256 - 151) / 2
+  EXPECT_EQ(g.count(), 1);
+  EXPECT_EQ(g.imageWindow(0), (Rect{-28, -52, 256, 256}));
+}
+
+TEST(Grid, OneAxisPaddedOnly) {
+  WindowGrid g(1000, 100, GridSpec{256, 256, 0.25, 0.25});
+  EXPECT_EQ(g.paddedWidth(), 1000);
+  EXPECT_EQ(g.padLeft(), 0);
+  EXPECT_EQ(g.paddedHeight(), 256);
+  EXPECT_EQ(g.startsY(), (V{0}));
+}
+
+TEST(Grid, DownscalingModelGetsWindowsOnWholeOutputPixels) {
+  WindowGrid g(110, 110, GridSpec{64, 64, 0.5, 0.5}, Scale{1, 2});
+  for (auto s : g.startsX()) EXPECT_EQ(s % 2, 0) << s;
+  EXPECT_GE(g.startsX().back() + 64, 110);
+  EXPECT_THROW(WindowGrid(100, 100, GridSpec{63, 63, 0.5, 0.5}, Scale{1, 2}), ConfigError);
+}
+
+TEST(Grid, ParseWindowSize) {
+  EXPECT_EQ(parseWindowSize("256"), (std::pair<int64_t, int64_t>{256, 256}));
+  EXPECT_EQ(parseWindowSize("512,128"), (std::pair<int64_t, int64_t>{512, 128}));
+  EXPECT_EQ(parseWindowSize("64x32"), (std::pair<int64_t, int64_t>{64, 32}));
+  for (const char* bad : {"", "0", "-3", "12,", "a", "3,4,5", "256px"})
+    EXPECT_THROW(parseWindowSize(bad), ConfigError) << bad;
+}
+
+TEST(Grid, RejectsBadOverlapAndEmptyImages) {
+  EXPECT_THROW(axisStarts(100, 10, 1.0), ConfigError);
+  EXPECT_THROW(axisStarts(100, 10, -0.1), ConfigError);
+  EXPECT_THROW(WindowGrid(0, 10, GridSpec{}), ConfigError);
+}
+
+}  // namespace
+}  // namespace tiler

@@ -1,0 +1,441 @@
+#include "tiler/image_io.hpp"
+
+#include <gtest/gtest.h>
+#include <tiffio.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+#include <random>
+#include <thread>
+
+#include "tiler/error.hpp"
+
+namespace fs = std::filesystem;
+
+namespace tiler {
+namespace {
+
+std::string tempPath(const std::string& name) {
+  fs::path d = fs::path(::testing::TempDir()) / ("image_io_" + std::to_string(getpid()));
+  fs::create_directories(d);
+  return (d / name).string();
+}
+
+cv::Mat randomImage(int h, int w, int type, uint64_t seed) {
+  cv::Mat m(h, w, type);
+  cv::RNG rng(seed);
+  if (CV_MAT_DEPTH(type) == CV_32F)
+    rng.fill(m, cv::RNG::UNIFORM, -1000.0, 1000.0);
+  else
+    rng.fill(m, cv::RNG::UNIFORM, 0, CV_MAT_DEPTH(type) == CV_8U ? 256 : 65536);
+  return m;
+}
+
+bool equalMats(const cv::Mat& a, const cv::Mat& b) {
+  if (a.size() != b.size() || a.type() != b.type()) return false;
+  for (int y = 0; y < a.rows; ++y)
+    if (std::memcmp(a.ptr(y), b.ptr(y), a.cols * a.elemSize()) != 0) return false;
+  return true;
+}
+
+void writeWithWriter(const std::string& path, const cv::Mat& img, SampleType type, WriterOptions o,
+                     int band = 37) {
+  ImageWriter w(path, img.cols, img.rows, img.channels(), type, o);
+  for (int y = 0; y < img.rows; y += band) w.writeRows(img.rowRange(y, std::min(img.rows, y + band)));
+  w.close();
+}
+
+// A TIFF written directly with libtiff, for layouts our writer does not produce.
+void writeTiff(const std::string& path, const cv::Mat& img, bool tiled, uint16_t compression,
+               bool planar_separate, bool bigtiff = false, int chunk = 32) {
+  TIFF* t = TIFFOpen(path.c_str(), bigtiff ? "w8" : "w");
+  ASSERT_NE(t, nullptr);
+  const int c = img.channels();
+  const int bytes = int(img.elemSize1());
+  TIFFSetField(t, TIFFTAG_IMAGEWIDTH, img.cols);
+  TIFFSetField(t, TIFFTAG_IMAGELENGTH, img.rows);
+  TIFFSetField(t, TIFFTAG_SAMPLESPERPIXEL, c);
+  TIFFSetField(t, TIFFTAG_BITSPERSAMPLE, bytes * 8);
+  TIFFSetField(t, TIFFTAG_SAMPLEFORMAT, img.depth() == CV_32F ? SAMPLEFORMAT_IEEEFP : SAMPLEFORMAT_UINT);
+  TIFFSetField(t, TIFFTAG_PHOTOMETRIC, c == 3 ? PHOTOMETRIC_RGB : PHOTOMETRIC_MINISBLACK);
+  TIFFSetField(t, TIFFTAG_PLANARCONFIG, planar_separate ? PLANARCONFIG_SEPARATE : PLANARCONFIG_CONTIG);
+  TIFFSetField(t, TIFFTAG_COMPRESSION, compression);
+  if (compression == COMPRESSION_JPEG) TIFFSetField(t, TIFFTAG_JPEGQUALITY, 100);
+  const int planes = planar_separate ? c : 1;
+  const int pc = planar_separate ? 1 : c;
+  std::vector<cv::Mat> split;
+  cv::split(img, split);
+  auto plane = [&](int p) {
+    if (!planar_separate) return img;
+    return split[size_t(p)];
+  };
+  if (tiled) {
+    TIFFSetField(t, TIFFTAG_TILEWIDTH, chunk);
+    TIFFSetField(t, TIFFTAG_TILELENGTH, chunk);
+    std::vector<uint8_t> buf(size_t(chunk * chunk * pc * bytes));
+    for (int p = 0; p < planes; ++p) {
+      cv::Mat src = plane(p);
+      for (int y = 0; y < img.rows; y += chunk)
+        for (int x = 0; x < img.cols; x += chunk) {
+          std::fill(buf.begin(), buf.end(), 0);
+          for (int r = 0; r < chunk && y + r < img.rows; ++r)
+            std::memcpy(buf.data() + size_t(r * chunk * pc * bytes), src.ptr(y + r) + size_t(x * pc * bytes),
+                        size_t(std::min(chunk, img.cols - x) * pc * bytes));
+          ASSERT_GE(TIFFWriteTile(t, buf.data(), uint32_t(x), uint32_t(y), 0, uint16_t(p)), 0);
+        }
+    }
+  } else {
+    TIFFSetField(t, TIFFTAG_ROWSPERSTRIP, chunk);
+    for (int p = 0; p < planes; ++p) {
+      cv::Mat src = plane(p).clone();
+      for (int y = 0; y < img.rows; ++y)
+        ASSERT_GE(TIFFWriteScanline(t, src.ptr(y), uint32_t(y), uint16_t(p)), 0);
+    }
+  }
+  TIFFClose(t);
+}
+
+void expectRegionsMatch(ImageReader& reader, const cv::Mat& full, uint64_t seed, int tries = 40) {
+  std::mt19937_64 rng(seed);
+  const int w = full.cols, h = full.rows;
+  std::vector<Rect> rects = {
+      {0, 0, w, h}, {0, 0, 1, 1}, {w - 1, h - 1, 1, 1}, {w - 17, 0, 17, h}, {0, h - 5, w, 5}};
+  for (int i = 0; i < tries; ++i) {
+    int64_t x = int64_t(rng() % uint64_t(w)), y = int64_t(rng() % uint64_t(h));
+    rects.push_back({x, y, 1 + int64_t(rng() % uint64_t(w - x)), 1 + int64_t(rng() % uint64_t(h - y))});
+  }
+  for (const Rect& r : rects) {
+    cv::Mat got = reader.readRegion(r);
+    cv::Mat want = full(cv::Rect(int(r.x), int(r.y), int(r.w), int(r.h)));
+    ASSERT_TRUE(equalMats(got, want))
+        << reader.info().path << " region " << r.x << "," << r.y << " " << r.w << "x" << r.h;
+  }
+}
+
+struct RoundTrip {
+  int cv_type;
+  SampleType type;
+  Compression compression;
+};
+
+class WriterRoundTrip : public ::testing::TestWithParam<RoundTrip> {};
+
+TEST_P(WriterRoundTrip, TiledTiffReadsBackExactly) {
+  const auto p = GetParam();
+  cv::Mat img = randomImage(301, 517, p.cv_type, 11);
+  auto path = tempPath("rt_" + std::to_string(p.cv_type) + "_" + std::to_string(int(p.compression)) + ".tif");
+  WriterOptions o;
+  o.compression = p.compression;
+  writeWithWriter(path, img, p.type, o);
+  auto reader = ImageReader::open(path);
+  EXPECT_EQ(reader->info().width, 517);
+  EXPECT_EQ(reader->info().height, 301);
+  EXPECT_EQ(reader->info().channels, img.channels());
+  EXPECT_EQ(reader->info().type, p.type);
+  EXPECT_TRUE(reader->info().tiled);
+  expectRegionsMatch(*reader, img, 5, 10);
+}
+
+INSTANTIATE_TEST_SUITE_P(TypesChannelsCompressions, WriterRoundTrip,
+                         ::testing::Values(RoundTrip{CV_8UC1, SampleType::kU8, Compression::kDeflate},
+                                           RoundTrip{CV_8UC3, SampleType::kU8, Compression::kZstd},
+                                           RoundTrip{CV_8UC(5), SampleType::kU8, Compression::kNone},
+                                           RoundTrip{CV_16UC1, SampleType::kU16, Compression::kDeflate},
+                                           RoundTrip{CV_16UC3, SampleType::kU16, Compression::kLzw},
+                                           RoundTrip{CV_32FC1, SampleType::kF32, Compression::kDeflate},
+                                           RoundTrip{CV_32FC(4), SampleType::kF32, Compression::kZstd},
+                                           RoundTrip{CV_32FC2, SampleType::kF32, Compression::kNone}));
+
+struct Layout {
+  bool tiled;
+  uint16_t compression;
+  bool planar_separate;
+  bool bigtiff;
+  int cv_type;
+};
+
+class ReaderLayouts : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(ReaderLayouts, RandomRegionsEqualTheSameCropOfTheImage) {
+  const auto p = GetParam();
+  cv::Mat img = randomImage(211, 333, p.cv_type, 3);
+  auto path = tempPath("layout_" + std::to_string(p.tiled) + std::to_string(p.compression) +
+                       std::to_string(p.planar_separate) + std::to_string(p.bigtiff) +
+                       std::to_string(p.cv_type) + ".tif");
+  writeTiff(path, img, p.tiled, p.compression, p.planar_separate, p.bigtiff);
+  auto reader = ImageReader::open(path);
+  EXPECT_EQ(reader->info().tiled, p.tiled);
+  EXPECT_EQ(reader->info().bigtiff, p.bigtiff);
+  EXPECT_EQ(reader->info().planar_separate, p.planar_separate);
+  expectRegionsMatch(*reader, img, 9);
+}
+
+INSTANTIATE_TEST_SUITE_P(TiledStripedPlanarBigtiff, ReaderLayouts,
+                         ::testing::Values(Layout{true, COMPRESSION_ADOBE_DEFLATE, false, false, CV_8UC3},
+                                           Layout{false, COMPRESSION_LZW, false, false, CV_8UC3},
+                                           Layout{false, COMPRESSION_PACKBITS, false, false, CV_8UC1},
+                                           Layout{true, COMPRESSION_ZSTD, true, false, CV_16UC3},
+                                           Layout{false, COMPRESSION_NONE, true, false, CV_8UC(4)},
+                                           Layout{true, COMPRESSION_NONE, false, true, CV_32FC1},
+                                           Layout{false, COMPRESSION_ADOBE_DEFLATE, false, true, CV_16UC1}));
+
+TEST(ImageReader, JpegTiledTiffDecodesCloseToTheSource) {
+  cv::Mat img(128, 160, CV_8UC3);
+  for (int y = 0; y < img.rows; ++y)
+    for (int x = 0; x < img.cols; ++x) img.at<cv::Vec3b>(y, x) = cv::Vec3b(uchar(x), uchar(y), uchar(x + y));
+  auto path = tempPath("jpeg.tif");
+  writeTiff(path, img, true, COMPRESSION_JPEG, false, false, 64);
+  auto reader = ImageReader::open(path);
+  EXPECT_EQ(reader->info().compression, "jpeg");
+  cv::Mat full = reader->readRegion({0, 0, 160, 128});
+  EXPECT_LT(cv::norm(full, img, cv::NORM_INF), 12.0);
+  expectRegionsMatch(*reader, full, 1, 10);
+}
+
+TEST(ImageReader, PngAndJpegRegionsAndRgbOrder) {
+  cv::Mat rgb = randomImage(97, 131, CV_8UC3, 21);
+  cv::Mat bgr;
+  cv::cvtColor(rgb, bgr, cv::COLOR_RGB2BGR);
+  auto png = tempPath("a.png");
+  cv::imwrite(png, bgr);
+  auto reader = ImageReader::open(png);
+  EXPECT_EQ(reader->info().format, "png");
+  expectRegionsMatch(*reader, rgb, 2);
+  auto jpg = tempPath("a.jpg");
+  cv::imwrite(jpg, bgr);
+  auto jr = ImageReader::open(jpg);
+  cv::Mat decoded = jr->readRegion({0, 0, 131, 97});
+  expectRegionsMatch(*jr, decoded, 4);
+  cv::Mat png16 = randomImage(40, 50, CV_16UC1, 8);
+  auto p16 = tempPath("b16.png");
+  cv::imwrite(p16, png16);
+  auto r16 = ImageReader::open(p16);
+  EXPECT_EQ(r16->info().type, SampleType::kU16);
+  expectRegionsMatch(*r16, png16, 3);
+}
+
+TEST(ImageReader, ConcurrentReadsFromSeveralThreads) {
+  cv::Mat img = randomImage(512, 512, CV_8UC3, 99);
+  auto path = tempPath("concurrent.tif");
+  writeTiff(path, img, true, COMPRESSION_ADOBE_DEFLATE, false, false, 64);
+  auto reader = ImageReader::open(path);
+  std::vector<std::thread> threads;
+  std::atomic<int> bad{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(t);
+      for (int i = 0; i < 200; ++i) {
+        Rect r{int64_t(rng() % 400), int64_t(rng() % 400), 100, 100};
+        if (!equalMats(reader->readRegion(r), img(cv::Rect(int(r.x), int(r.y), 100, 100)))) ++bad;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(bad.load(), 0);
+}
+
+TEST(ImageReader, TileCacheIsBoundedAndReused) {
+  cv::Mat img = randomImage(1024, 1024, CV_8UC1, 5);
+  auto path = tempPath("cache.tif");
+  writeTiff(path, img, true, COMPRESSION_ADOBE_DEFLATE, false, false, 64);
+  auto reader = ImageReader::open(path);
+  reader->readRegion({0, 0, 1024, 1024});
+  EXPECT_EQ(reader->cachedBytes(), size_t(1024 * 1024)) << "every tile decoded once and kept (under 64 MiB)";
+  EXPECT_LE(reader->cachedBytes(), size_t(64) << 20);
+}
+
+void expectIoError(const std::string& path, const std::string& needle) {
+  try {
+    auto r = ImageReader::open(path);
+    r->readRegion({0, 0, r->info().width, std::min<int64_t>(r->info().height, 64)});
+    r->readRegion({0, r->info().height - 1, r->info().width, 1});
+    FAIL() << path << ": no error";
+  } catch (const IoError& e) {
+    EXPECT_NE(e.message().find(path), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find(needle), std::string::npos) << e.message();
+  }
+}
+
+TEST(ImageReader, ErrorsNameTheFileAndTheReason) {
+  expectIoError(tempPath("missing.tif"), "no such file");
+  auto text = tempPath("text.tif");
+  std::ofstream(text) << "this is not an image\n";
+  expectIoError(text, "not a TIFF");
+  auto empty = tempPath("empty.png");
+  std::ofstream(empty).close();
+  expectIoError(empty, "empty file");
+  auto garbage = tempPath("garbage.png");
+  std::ofstream(garbage) << "\x89PNG garbage garbage";
+  expectIoError(garbage, "OpenCV cannot decode");
+  expectIoError(fs::path(text).parent_path().string(), "is a directory");
+}
+
+TEST(ImageReader, TruncatedTiffFailsClearly) {
+  cv::Mat img = randomImage(256, 256, CV_8UC3, 1);
+  auto path = tempPath("full.tif");
+  writeTiff(path, img, true, COMPRESSION_ADOBE_DEFLATE, false, false, 64);
+  auto cut = tempPath("truncated.tif");
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  // libtiff writes the directory at the end: keep it, cut the pixel data in the middle.
+  std::ofstream(cut, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size() / 2));
+  expectIoError(cut, "");
+}
+
+TEST(ImageReader, CorruptTileIsAnIoErrorNotACrash) {
+  cv::Mat img = randomImage(128, 128, CV_8UC1, 2);
+  auto path = tempPath("corrupt.tif");
+  writeTiff(path, img, true, COMPRESSION_ADOBE_DEFLATE, false, false, 64);
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(16);
+  std::string junk(200, '\xAB');
+  f.write(junk.data(), std::streamsize(junk.size()));
+  f.close();
+  expectIoError(path, "failed at tile (0,0)");
+}
+
+TEST(ImageReader, AbsurdHeaderFailsFastWithoutAllocating) {
+  // 10^6 x 10^6 with a single uncompressed strip that the file does not hold.
+  auto path = tempPath("absurd.tif");
+  TIFF* t = TIFFOpen(path.c_str(), "w");
+  TIFFSetField(t, TIFFTAG_IMAGEWIDTH, 1000000);
+  TIFFSetField(t, TIFFTAG_IMAGELENGTH, 1000000);
+  TIFFSetField(t, TIFFTAG_SAMPLESPERPIXEL, 1);
+  TIFFSetField(t, TIFFTAG_BITSPERSAMPLE, 8);
+  TIFFSetField(t, TIFFTAG_PHOTOMETRIC, PHOTOMETRIC_MINISBLACK);
+  TIFFSetField(t, TIFFTAG_ROWSPERSTRIP, 1000000);
+  TIFFSetField(t, TIFFTAG_COMPRESSION, COMPRESSION_ADOBE_DEFLATE);
+  uint8_t row[16] = {0};
+  TIFFWriteRawStrip(t, 0, row, sizeof row);
+  TIFFClose(t);
+  auto t0 = std::chrono::steady_clock::now();
+  expectIoError(path, "too large to decode");
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
+}
+
+TEST(ImageReader, UnsupportedSampleFormatIsNamed) {
+  auto path = tempPath("f64.tif");
+  TIFF* t = TIFFOpen(path.c_str(), "w");
+  TIFFSetField(t, TIFFTAG_IMAGEWIDTH, 4);
+  TIFFSetField(t, TIFFTAG_IMAGELENGTH, 4);
+  TIFFSetField(t, TIFFTAG_SAMPLESPERPIXEL, 1);
+  TIFFSetField(t, TIFFTAG_BITSPERSAMPLE, 64);
+  TIFFSetField(t, TIFFTAG_SAMPLEFORMAT, SAMPLEFORMAT_IEEEFP);
+  TIFFSetField(t, TIFFTAG_PHOTOMETRIC, PHOTOMETRIC_MINISBLACK);
+  double row[4] = {0};
+  for (int y = 0; y < 4; ++y) TIFFWriteScanline(t, row, uint32_t(y), 0);
+  TIFFClose(t);
+  expectIoError(path, "unsupported sample format (64 bits, float)");
+}
+
+TEST(ImageWriter, PartialFileIsNeverVisibleUnderTheFinalName) {
+  auto path = tempPath("atomic.tif");
+  fs::remove(path);
+  {
+    ImageWriter w(path, 100, 100, 1, SampleType::kU8);
+    w.writeRows(cv::Mat(50, 100, CV_8UC1, cv::Scalar(7)));
+    EXPECT_FALSE(fs::exists(path));
+    EXPECT_TRUE(fs::exists(path + ".partial"));
+  }
+  EXPECT_FALSE(fs::exists(path)) << "destroyed without close()";
+  EXPECT_FALSE(fs::exists(path + ".partial"));
+  ImageWriter w(path, 100, 100, 1, SampleType::kU8);
+  w.writeRows(cv::Mat(100, 100, CV_8UC1, cv::Scalar(7)));
+  w.close();
+  EXPECT_TRUE(fs::exists(path));
+  EXPECT_FALSE(fs::exists(path + ".partial"));
+}
+
+TEST(ImageWriter, RefusesBadUseClearly) {
+  auto path = tempPath("short.tif");
+  ImageWriter w(path, 10, 10, 1, SampleType::kU8);
+  w.writeRows(cv::Mat(5, 10, CV_8UC1));
+  EXPECT_THROW(w.writeRows(cv::Mat(6, 10, CV_8UC1)), IoError);
+  EXPECT_THROW(w.close(), IoError);
+  EXPECT_FALSE(fs::exists(path));
+  EXPECT_THROW(ImageWriter(tempPath("big.png"), 70000, 70000, 1, SampleType::kU8, WriterOptions{"png"}),
+               IoError);
+  EXPECT_THROW(ImageWriter("/nonexistent-dir/x.tif", 10, 10, 1, SampleType::kU8), IoError);
+}
+
+TEST(ImageWriter, OutputsAreReadableByTiffinfoAndOpenCv) {
+  cv::Mat img = randomImage(300, 700, CV_8UC3, 4);
+  auto path = tempPath("tools.tif");
+  writeWithWriter(path, img, SampleType::kU8, {});
+  EXPECT_EQ(std::system(("tiffinfo " + path + " >/dev/null 2>&1").c_str()), 0);
+  EXPECT_EQ(std::system(("tiffdump " + path + " >/dev/null 2>&1").c_str()), 0);
+  cv::Mat cv_read = cv::imread(path, cv::IMREAD_UNCHANGED);
+  cv::cvtColor(cv_read, cv_read, cv::COLOR_BGR2RGB);
+  EXPECT_TRUE(equalMats(cv_read, img));
+  auto png = tempPath("tools.png");
+  WriterOptions po;
+  po.format = "png";
+  writeWithWriter(png, img, SampleType::kU8, po);
+  cv::Mat back = cv::imread(png, cv::IMREAD_UNCHANGED);
+  cv::cvtColor(back, back, cv::COLOR_BGR2RGB);
+  EXPECT_TRUE(equalMats(back, img));
+}
+
+TEST(ImageWriter, CopiesGeoTiffAndResolutionTagsAdjustedForScale) {
+  auto src = tempPath("geo.tif");
+  cv::Mat img = randomImage(64, 64, CV_8UC1, 1);
+  writeTiff(src, img, true, COMPRESSION_NONE, false);
+  {
+    // Add georeferencing with a plain libtiff append (the reader registers the GeoTIFF tags).
+    ImageReader::open(src);
+    TIFF* t = TIFFOpen(src.c_str(), "r+");
+    double scale[3] = {0.5, 0.5, 0};
+    double tie[6] = {0, 0, 0, 1000, 2000, 0};
+    uint16_t keys[4] = {1, 1, 0, 0};
+    TIFFSetField(t, 33550, 3, scale);
+    TIFFSetField(t, 33922, 6, tie);
+    TIFFSetField(t, 34735, 4, keys);
+    TIFFSetField(t, 34737, "WGS 84|");
+    TIFFSetField(t, TIFFTAG_XRESOLUTION, 300.0f);
+    TIFFSetField(t, TIFFTAG_YRESOLUTION, 300.0f);
+    TIFFSetField(t, TIFFTAG_RESOLUTIONUNIT, RESUNIT_INCH);
+    TIFFRewriteDirectory(t);
+    TIFFClose(t);
+  }
+  auto out = tempPath("geo_out.tif");
+  WriterOptions o;
+  o.metadata_from = src;
+  o.metadata_scale = 0.5;  // a model that halves the resolution
+  writeWithWriter(out, cv::Mat(32, 32, CV_8UC1, cv::Scalar(1)), SampleType::kU8, o);
+  TIFF* t = TIFFOpen(out.c_str(), "r");
+  ASSERT_NE(t, nullptr);
+  uint16_t n = 0;
+  double* scale = nullptr;
+  ASSERT_TRUE(TIFFGetField(t, 33550, &n, &scale));
+  EXPECT_DOUBLE_EQ(scale[0], 1.0);
+  double* tie = nullptr;
+  ASSERT_TRUE(TIFFGetField(t, 33922, &n, &tie));
+  EXPECT_DOUBLE_EQ(tie[3], 1000);
+  uint16_t* keys = nullptr;
+  ASSERT_TRUE(TIFFGetField(t, 34735, &n, &keys));
+  EXPECT_EQ(n, 4);
+  char* ascii = nullptr;
+  ASSERT_TRUE(TIFFGetField(t, 34737, &ascii));
+  EXPECT_STREQ(ascii, "WGS 84|");
+  float xres = 0;
+  ASSERT_TRUE(TIFFGetField(t, TIFFTAG_XRESOLUTION, &xres));
+  EXPECT_FLOAT_EQ(xres, 150.0f);
+  TIFFClose(t);
+}
+
+TEST(ImageIo, ExtensionsAndCompressionNames) {
+  EXPECT_TRUE(hasImageExtension("a/b.TIF"));
+  EXPECT_TRUE(hasImageExtension("x.webp"));
+  EXPECT_FALSE(hasImageExtension("notes.txt"));
+  EXPECT_EQ(parseCompression("zstd"), Compression::kZstd);
+  EXPECT_THROW(parseCompression("rar"), ConfigError);
+}
+
+}  // namespace
+}  // namespace tiler

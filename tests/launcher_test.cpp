@@ -1,0 +1,275 @@
+#include "tiler/launcher.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace tiler {
+namespace {
+
+const std::string kCtrun = std::string(TILER_BIN_DIR) + "/ctrun";
+const std::string kHelper = CTRUN_HELPER;
+
+struct Result {
+  int code = -1;
+  std::string output;
+  double seconds = 0;
+};
+
+Result run(const std::string& args) {
+  Result r;
+  auto t0 = Clock::now();
+  FILE* p = popen((args + " 2>&1").c_str(), "r");
+  std::array<char, 8192> buf;
+  while (p && fgets(buf.data(), buf.size(), p)) r.output += buf.data();
+  int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return r;
+}
+
+std::string tempDir(const std::string& name) {
+  fs::path d = fs::path(::testing::TempDir()) / ("launcher_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d.string();
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+bool alive(pid_t pid) {
+  if (kill(pid, 0) != 0) return false;
+  std::string stat = slurp("/proc/" + std::to_string(pid) + "/stat");
+  auto close_paren = stat.rfind(')');
+  return close_paren != std::string::npos && stat[close_paren + 2] != 'Z';
+}
+
+TEST(Launcher, EveryRankGetsTorchrunsEnvironment) {
+  auto dir = tempDir("env");
+  auto r = run("env -u OMP_NUM_THREADS " + kCtrun + " --nproc-per-node=3 --master_port 0 --run_id myrun " +
+               kHelper + " env " + dir);
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::string port;
+  for (int rank = 0; rank < 3; ++rank) {
+    std::string env = slurp(dir + "/env_" + std::to_string(rank));
+    EXPECT_NE(env.find("RANK=" + std::to_string(rank) + "\n"), std::string::npos) << env;
+    EXPECT_NE(env.find("LOCAL_RANK=" + std::to_string(rank) + "\n"), std::string::npos);
+    EXPECT_NE(env.find("WORLD_SIZE=3\n"), std::string::npos);
+    EXPECT_NE(env.find("LOCAL_WORLD_SIZE=3\n"), std::string::npos);
+    EXPECT_NE(env.find("GROUP_RANK=0\n"), std::string::npos);
+    EXPECT_NE(env.find("GROUP_WORLD_SIZE=1\n"), std::string::npos);
+    EXPECT_NE(env.find("MASTER_ADDR=127.0.0.1\n"), std::string::npos);
+    EXPECT_NE(env.find("TORCHELASTIC_RESTART_COUNT=0\n"), std::string::npos);
+    EXPECT_NE(env.find("TORCHELASTIC_MAX_RESTARTS=0\n"), std::string::npos);
+    EXPECT_NE(env.find("TORCHELASTIC_RUN_ID=myrun\n"), std::string::npos);
+    EXPECT_NE(env.find("/" + std::to_string(rank) + "/error.json\n"), std::string::npos)
+        << "per-worker error file";
+    int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+    EXPECT_NE(env.find("OMP_NUM_THREADS=" + std::to_string(std::max(1, cores / 3)) + "\n"),
+              std::string::npos);
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(env, m, std::regex("MASTER_PORT=(\\d+)\n")));
+    if (rank == 0) port = m[1];
+    EXPECT_EQ(m[1], port) << "one port for the world";
+    EXPECT_NE(port, "0");
+  }
+}
+
+TEST(Launcher, UserOmpNumThreadsIsKept) {
+  auto dir = tempDir("omp");
+  auto r =
+      run("OMP_NUM_THREADS=7 " + kCtrun + " --nproc_per_node 2 --master_port 0 " + kHelper + " env " + dir);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(slurp(dir + "/env_1").find("OMP_NUM_THREADS=7\n"), std::string::npos);
+}
+
+TEST(Launcher, FailedRankTearsDownTheGroupAndIsNamedWithItsCode) {
+  auto r = run(kCtrun + " --nproc_per_node 3 --master_port 0 --grace_period 2 " + kHelper + " exit-rank 1 3");
+  EXPECT_EQ(r.code, 3) << r.output;
+  EXPECT_LT(r.seconds, 0.3 + 2 + 1 + 1) << "grace + 1 s";
+  EXPECT_NE(r.output.find("Root cause (first failure):\n  rank:        1 (local_rank 1)"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("exitcode:    3\n"), std::string::npos) << r.output;
+}
+
+TEST(Launcher, SignalDeathIsNamedBySignal) {
+  auto r = run(kCtrun + " --nproc_per_node 2 --master_port 0 --grace_period 1 " + kHelper + " segv-rank 0");
+  EXPECT_EQ(r.code, 128 + SIGSEGV) << r.output;
+  EXPECT_NE(r.output.find("rank:        0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("SIGSEGV"), std::string::npos) << r.output;
+}
+
+TEST(Launcher, ErrorFileContentIsInTheSummary) {
+  auto r = run(kCtrun + " --nproc_per_node 1 --master_port 0 " + kHelper + " error-file");
+  EXPECT_EQ(r.code, 7);
+  EXPECT_NE(r.output.find("error:       disk on fire"), std::string::npos) << r.output;
+}
+
+TEST(Launcher, RestartSucceedsOnTheSecondAttempt) {
+  auto r = run(kCtrun + " --nproc_per_node 2 --master_port 0 --max_restarts 2 --grace_period 1 " + kHelper +
+               " fail-first-attempt");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("restarting worker group (1 of 2)"), std::string::npos) << r.output;
+  auto bad =
+      run(kCtrun + " --nproc_per_node 2 --master_port 0 --max_restarts 0 " + kHelper + " fail-first-attempt");
+  EXPECT_EQ(bad.code, 5) << bad.output;
+}
+
+void killCtrunAndCheckNoWorkerSurvives(int sig, bool workers_ignore_term) {
+  auto dir = tempDir("kill" + std::to_string(sig));
+  pid_t ctrun = fork();
+  if (ctrun == 0) {
+    std::vector<std::string> args = {
+        kCtrun, "--nproc_per_node", "2", "--master_port", "0", "--grace_period", "1", kHelper, "sleep", dir,
+        "60"};
+    if (workers_ignore_term) args.push_back("ignore-term");
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    int devnull = open("/dev/null", O_WRONLY);
+    dup2(devnull, 1);
+    dup2(devnull, 2);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  std::vector<pid_t> workers;
+  for (int i = 0; i < 100 && workers.size() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    workers.clear();
+    for (int rank = 0; rank < 2; ++rank) {
+      std::string pid = slurp(dir + "/pid_" + std::to_string(rank));
+      if (!pid.empty()) workers.push_back(std::stoi(pid));
+    }
+  }
+  ASSERT_EQ(workers.size(), 2u);
+  kill(ctrun, sig);
+  int status = 0;
+  waitpid(ctrun, &status, 0);
+  if (sig == SIGTERM) {
+    EXPECT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM);
+  }
+  auto deadline = Clock::now() + std::chrono::seconds(3);
+  for (pid_t w : workers) {
+    while (alive(w) && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_FALSE(alive(w)) << "worker " << w << " outlived ctrun (signal " << sig << ")";
+  }
+}
+
+TEST(Launcher, SigtermToCtrunStopsEveryWorker) {
+  killCtrunAndCheckNoWorkerSurvives(SIGTERM, false);
+}
+TEST(Launcher, SigtermEscalatesToSigkillAfterGrace) {
+  killCtrunAndCheckNoWorkerSurvives(SIGTERM, true);
+}
+TEST(Launcher, SigkillToCtrunStillKillsWorkers) {
+  killCtrunAndCheckNoWorkerSurvives(SIGKILL, true);
+}
+
+TEST(Launcher, BusyMasterPortIsReportedBeforeAnyWorkerStarts) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  socklen_t len = sizeof addr;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const int port = ntohs(addr.sin_port);
+  auto dir = tempDir("busy");
+  auto r = run(kCtrun + " --nproc_per_node 2 --master_port " + std::to_string(port) + " " + kHelper +
+               " env " + dir);
+  close(fd);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("--master_port " + std::to_string(port) + " is already in use"), std::string::npos)
+      << r.output;
+  EXPECT_TRUE(fs::is_empty(dir)) << "no worker may start";
+}
+
+TEST(Launcher, OutputLinesArePrefixedAndNeverBroken) {
+  auto r = run(kCtrun + " --nproc_per_node 2 --master_port 0 " + kHelper + " lines 3000");
+  ASSERT_EQ(r.code, 0);
+  std::istringstream in(r.output);
+  std::string line;
+  int count[2] = {0, 0};
+  const std::regex pattern("\\[rank ([01])\\]: rank ([01]) line \\d+ x{200}");
+  while (std::getline(in, line)) {
+    std::smatch m;
+    if (line.find("no newline at the end") != std::string::npos) continue;
+    ASSERT_TRUE(std::regex_match(line, m, pattern)) << "broken line: " << line.substr(0, 120);
+    EXPECT_EQ(m[1], m[2]);
+    ++count[std::stoi(m[1])];
+  }
+  EXPECT_EQ(count[0], 3000);
+  EXPECT_EQ(count[1], 3000);
+  EXPECT_NE(r.output.find("[rank 1]: no newline at the end\n"), std::string::npos)
+      << "last partial line flushed";
+}
+
+TEST(Launcher, LogDirRedirectsAndTees) {
+  auto dir = tempDir("logs");
+  auto r = run(kCtrun + " --nproc_per_node 2 --master_port 0 --run_id r1 --log_dir " + dir +
+               " --redirects 3 " + kHelper + " lines 5");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.find("line 0"), std::string::npos) << "redirected output stays off the console";
+  std::string log = slurp(dir + "/r1/attempt_0/1/stdout.log");
+  EXPECT_NE(log.find("rank 1 line 4 "), std::string::npos) << log;
+  EXPECT_TRUE(fs::exists(dir + "/r1/attempt_0/0/stderr.log"));
+  auto tee = run(kCtrun + " --nproc_per_node 2 --master_port 0 --run_id r2 --log_dir " + dir + " --tee 3 " +
+                 kHelper + " lines 5");
+  EXPECT_NE(tee.output.find("[rank 0]: rank 0 line 4"), std::string::npos);
+  EXPECT_NE(slurp(dir + "/r2/attempt_0/0/stdout.log").find("rank 0 line 4"), std::string::npos);
+}
+
+TEST(Launcher, ResolvesNprocAndRejectsNonsense) {
+  EXPECT_GE(resolveNprocPerNode("cpu"), 1);
+  EXPECT_EQ(resolveNprocPerNode("4"), 4);
+  EXPECT_EQ(resolveNprocPerNode("auto"),
+            countNvidiaGpus() > 0 ? countNvidiaGpus() : resolveNprocPerNode("cpu"));
+  EXPECT_ANY_THROW(resolveNprocPerNode("0"));
+  EXPECT_ANY_THROW(resolveNprocPerNode("two"));
+  auto r = run(kCtrun + " --nproc_per_node banana " + kHelper + " env /tmp");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("--nproc_per_node must be"), std::string::npos);
+  auto missing = run(kCtrun + " --master_port 0 /no/such/program");
+  EXPECT_EQ(missing.code, 127) << missing.output;
+  EXPECT_NE(missing.output.find("cannot run '/no/such/program'"), std::string::npos);
+}
+
+TEST(Launcher, WorkerEnvironmentForMultiNode) {
+  LaunchOptions o;
+  o.nnodes = 2;
+  o.node_rank = 1;
+  o.master_addr = "10.0.0.1";
+  o.master_port = 1234;
+  auto env = workerEnvironment(o, 4, 2, 1, "/tmp/e.json");
+  EXPECT_EQ(env["RANK"], "6");
+  EXPECT_EQ(env["WORLD_SIZE"], "8");
+  EXPECT_EQ(env["GROUP_RANK"], "1");
+  EXPECT_EQ(env["TORCHELASTIC_RESTART_COUNT"], "1");
+  EXPECT_EQ(env["MASTER_ADDR"], "10.0.0.1");
+}
+
+}  // namespace
+}  // namespace tiler

@@ -1,0 +1,255 @@
+#include "tiler/model.hpp"
+
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+#include <torch/serialize.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "tiler/error.hpp"
+
+namespace fs = std::filesystem;
+
+namespace tiler {
+namespace {
+
+std::string tempPath(const std::string& name) {
+  fs::path d = fs::path(::testing::TempDir()) / ("model_" + std::to_string(getpid()));
+  fs::create_directories(d);
+  return (d / name).string();
+}
+
+// A TorchScript module with a 1x1 convolution weight `w` (out x in) and the given forward body.
+std::string saveModule(const std::string& name, int in, int out, const std::string& forward) {
+  torch::jit::Module m("M");
+  torch::manual_seed(1);
+  m.register_parameter("w", torch::randn({out, in, 1, 1}) * 0.5, false);
+  m.register_parameter("b", torch::randn({out}) * 0.1, false);
+  m.define(forward);
+  auto path = tempPath(name + ".pt");
+  m.save(path);
+  return path;
+}
+
+const char* kConv = R"JIT(
+def forward(self, x):
+    return torch.conv2d(x, self.w, self.b)
+)JIT";
+
+ModelOptions cpuOptions(const std::string& path) {
+  ModelOptions o;
+  o.path = path;
+  o.device = "cpu";
+  return o;
+}
+
+void expectModelError(const std::string& path, const std::string& needle, int64_t window = 32) {
+  try {
+    ModelRunner r(cpuOptions(path));
+    r.probe(window, window);
+    FAIL() << "no error for " << path;
+  } catch (const ModelError& e) {
+    EXPECT_NE(e.message().find(needle), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find(path), std::string::npos) << e.message();
+  }
+}
+
+TEST(Model, ProbeFindsChannelsAndScale) {
+  ModelRunner r(cpuOptions(saveModule("conv", 3, 2, kConv)));
+  auto p = r.probe(64, 48);
+  EXPECT_EQ(p.input_channels, 3);
+  EXPECT_EQ(p.output_channels, 2);
+  EXPECT_EQ(p.scale, (Scale{1, 1}));
+  ModelRunner gray(cpuOptions(saveModule("gray", 1, 4, kConv)));
+  EXPECT_EQ(gray.probe(32, 32).input_channels, 1);
+}
+
+TEST(Model, OutputScaleTwoAndHalfDetected) {
+  auto up = saveModule("up", 3, 1, R"JIT(
+def forward(self, x):
+    y = torch.conv2d(x, self.w, self.b)
+    return y.repeat_interleave(2, 2).repeat_interleave(2, 3)
+)JIT");
+  EXPECT_EQ(ModelRunner(cpuOptions(up)).probe(32, 32).scale, (Scale{2, 1}));
+  auto down = saveModule("down", 3, 1, R"JIT(
+def forward(self, x):
+    return torch.conv2d(x, self.w, self.b)[:, :, ::2, ::2]
+)JIT");
+  EXPECT_EQ(ModelRunner(cpuOptions(down)).probe(32, 32).scale, (Scale{1, 2}));
+}
+
+TEST(Model, TupleAndDictOutputs) {
+  auto tuple = saveModule("tuple", 3, 2, R"JIT(
+def forward(self, x):
+    return (torch.conv2d(x, self.w, self.b), x)
+)JIT");
+  EXPECT_EQ(ModelRunner(cpuOptions(tuple)).probe(16, 16).output_channels, 2);
+  auto dict = saveModule("dict", 3, 2, R"JIT(
+def forward(self, x):
+    return {"aux": x, "seg": torch.conv2d(x, self.w, self.b)}
+)JIT");
+  auto o = cpuOptions(dict);
+  o.output_key = "seg";
+  EXPECT_EQ(ModelRunner(o).probe(16, 16).output_channels, 2);
+  o.output_key = "nope";
+  try {
+    ModelRunner(o).probe(16, 16);
+    FAIL();
+  } catch (const ModelError& e) {
+    EXPECT_NE(e.message().find("no key 'nope'"), std::string::npos) << e.message();
+  }
+}
+
+TEST(Model, EachMisfitIsAClearModelError) {
+  expectModelError(tempPath("missing.pt"), "model file not found");
+  auto corrupt = tempPath("corrupt.pt");
+  std::ofstream(corrupt) << "definitely not a zip archive";
+  expectModelError(corrupt, "is not a TorchScript file");
+  auto state = tempPath("state_dict.pt");
+  torch::save(std::vector<torch::Tensor>{torch::ones({2, 2})}, state);
+  expectModelError(state, "is not a TorchScript model");
+  // What Python's torch.save(model.state_dict()) writes (made by samples/make_samples.py).
+  expectModelError(std::string(TILER_TEST_SOURCE_DIR) + "/samples/models/state_dict.pt",
+                   "is not a TorchScript file");
+  expectModelError(saveModule("two_inputs", 3, 2, R"JIT(
+def forward(self, x, y):
+    return x + y
+)JIT"),
+                   "forward() takes 2 inputs");
+  expectModelError(saveModule("list_input", 3, 2, R"JIT(
+def forward(self, x: List[Tensor]):
+    return x[0]
+)JIT"),
+                   "not a Tensor");
+  expectModelError(saveModule("not_nchw", 3, 2, R"JIT(
+def forward(self, x):
+    return torch.conv2d(x, self.w, self.b).sum(1)
+)JIT"),
+                   "needs NCHW");
+  expectModelError(saveModule("odd_size", 3, 2, R"JIT(
+def forward(self, x):
+    return torch.conv2d(x, self.w, self.b)[:, :, :10, :10]
+)JIT"),
+                   "not an exact integer multiple or fraction", 32);
+  expectModelError(saveModule("number", 3, 2, R"JIT(
+def forward(self, x):
+    return 3
+)JIT"),
+                   "not a tensor");
+}
+
+TEST(Model, NormalisationOnTheDevicePerBatch) {
+  // 1x1 identity convolution 3 -> 3: the output is the normalised input.
+  torch::jit::Module m("Id");
+  m.register_parameter("w", torch::eye(3).view({3, 3, 1, 1}), false);
+  m.define("def forward(self, x):\n    return torch.conv2d(x, self.w)\n");
+  auto path = tempPath("identity.pt");
+  m.save(path);
+  auto o = cpuOptions(path);
+  o.mean = {0.5, 0.25, 0.0};
+  o.std = {0.5};
+  ModelRunner r(o);
+  r.probe(4, 4);
+  auto batch = torch::full({2, 4, 4, 3}, 255.0f);
+  batch[1] = 0.0f;
+  auto scales = torch::tensor({1.0f / 255.0f, 1.0f});
+  auto out = r.forward(batch, scales);
+  ASSERT_EQ(out.sizes(), (std::vector<int64_t>{2, 3, 4, 4}));
+  EXPECT_NEAR(out[0][0][0][0].item<float>(), (1.0 - 0.5) / 0.5, 1e-6);
+  EXPECT_NEAR(out[0][1][0][0].item<float>(), (1.0 - 0.25) / 0.5, 1e-6);
+  EXPECT_NEAR(out[1][2][3][3].item<float>(), 0.0, 1e-6);
+  o.mean = {1, 2};
+  ModelRunner bad(o);
+  EXPECT_THROW(bad.probe(4, 4), ConfigError);
+}
+
+TEST(Model, ActivationsAreAppliedPerWindow) {
+  auto o = cpuOptions(saveModule("act", 3, 4, kConv));
+  o.activation = Activation::kSoftmax;
+  ModelRunner r(o);
+  r.probe(8, 8);
+  auto out = r.forward(torch::rand({2, 8, 8, 3}), torch::ones({2}));
+  EXPECT_TRUE(torch::allclose(out.sum(1), torch::ones({2, 8, 8}), 1e-5, 1e-5));
+  o.activation = Activation::kSigmoid;
+  ModelRunner s(o);
+  s.probe(8, 8);
+  auto sig = s.forward(torch::rand({1, 8, 8, 3}), torch::ones({1}));
+  EXPECT_TRUE((sig > 0).all().item<bool>() && (sig < 1).all().item<bool>());
+}
+
+TEST(Model, Bf16StaysWithinToleranceOfFp32) {
+  // A deeper random conv net, so autocast changes real matmuls.
+  torch::jit::Module m("Deep");
+  torch::manual_seed(3);
+  m.register_parameter("w1", torch::randn({16, 3, 3, 3}) * 0.3, false);
+  m.register_parameter("w2", torch::randn({2, 16, 3, 3}) * 0.3, false);
+  m.define(R"JIT(
+def forward(self, x):
+    return torch.conv2d(torch.relu(torch.conv2d(x, self.w1, padding=1)), self.w2, padding=1)
+)JIT");
+  auto path = tempPath("deep.pt");
+  m.save(path);
+  auto input = torch::rand({2, 32, 32, 3});
+  auto fp32 = cpuOptions(path);
+  ModelRunner a(fp32);
+  a.probe(32, 32);
+  auto ref = a.forward(input, torch::ones({2}));
+  auto bf = cpuOptions(path);
+  bf.precision = "bf16";
+  ModelRunner b(bf);
+  EXPECT_EQ(b.precision(), Precision::kBf16);
+  b.probe(32, 32);
+  auto got = b.forward(input, torch::ones({2}));
+  EXPECT_EQ(got.scalar_type(), torch::kFloat32) << "the pipeline always gets float32";
+  const double rel = ((got - ref).abs().max() / ref.abs().max()).item<double>();
+  EXPECT_LT(rel, 2e-2) << "bf16 keeps 8 bits of mantissa: stated tolerance 2% of the output range";
+  EXPECT_GT(rel, 0.0) << "autocast really ran in bf16";
+}
+
+TEST(Model, Fp16OnCpuIsRefusedClearly) {
+  auto o = cpuOptions(saveModule("fp16", 3, 2, kConv));
+  o.precision = "fp16";
+  try {
+    ModelRunner r(o);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(e.message().find("fp16 needs CUDA"), std::string::npos);
+  }
+  EXPECT_EQ(resolvePrecision("auto", torch::Device(torch::kCPU)), Precision::kFp32);
+  EXPECT_EQ(resolveDevice("cpu", 3).type(), torch::kCPU);
+  EXPECT_THROW(resolveDevice("tpu", 0), Error);
+}
+
+TEST(Model, ChannelAdaptation) {
+  EXPECT_EQ(channelAdaptation(3, 3, "a"), ChannelAdapt::kNone);
+  EXPECT_EQ(channelAdaptation(1, 3, "a"), ChannelAdapt::kRepeatGray);
+  EXPECT_EQ(channelAdaptation(4, 3, "a"), ChannelAdapt::kDropAlpha);
+  try {
+    channelAdaptation(5, 3, "x.tif");
+    FAIL();
+  } catch (const ModelError& e) {
+    EXPECT_EQ(e.message(), "'x.tif': image has 5 channel(s) but the model takes 3");
+  }
+}
+
+TEST(ModelGpu, Fp16OnCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  auto o = cpuOptions(saveModule("cuda", 3, 2, kConv));
+  o.device = "cuda";
+  o.precision = "fp16";
+  ModelRunner r(o);
+  EXPECT_TRUE(r.device().is_cuda());
+  r.probe(64, 64);
+  auto input = torch::rand({4, 64, 64, 3});
+  auto out = r.forward(input, torch::ones({4}));
+  EXPECT_EQ(out.scalar_type(), torch::kFloat32);
+  ModelRunner cpu(cpuOptions(o.path));
+  cpu.probe(64, 64);
+  auto ref = cpu.forward(input, torch::ones({4}));
+  EXPECT_LT((out.cpu() - ref).abs().max().item<double>(), 1e-2);
+}
+
+}  // namespace
+}  // namespace tiler

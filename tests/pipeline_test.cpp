@@ -1,0 +1,336 @@
+// End-to-end tests of `tiler infer`: real processes, launched through ctrun or with launcher variables.
+#include "tiler/pipeline.hpp"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <torch/script.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <opencv2/imgcodecs.hpp>
+#include <sstream>
+
+#include "tiler/image_io.hpp"
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace tiler {
+namespace {
+
+const std::string kCtrun = std::string(TILER_BIN_DIR) + "/ctrun";
+const std::string kTiler = std::string(TILER_BIN_DIR) + "/tiler";
+
+struct Result {
+  int code = -1;
+  std::string output;
+  double seconds = 0;
+};
+
+Result run(const std::string& cmd) {
+  Result r;
+  auto t0 = Clock::now();
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  std::array<char, 8192> buf;
+  while (p && fgets(buf.data(), buf.size(), p)) r.output += buf.data();
+  int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return r;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+int freePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+void writeImage(const std::string& path, const cv::Mat& img, SampleType type) {
+  WriterOptions o;
+  o.format = fs::path(path).extension() == ".png" ? "png" : "tif";
+  ImageWriter w(path, img.cols, img.rows, img.channels(), type, o);
+  w.writeRows(img);
+  w.close();
+}
+
+cv::Mat pattern(int h, int w, int type, double scale) {
+  cv::Mat f(h, w, CV_MAKETYPE(CV_32F, CV_MAT_CN(type)));
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x)
+      for (int c = 0; c < f.channels(); ++c)
+        f.ptr<float>(y)[x * f.channels() + c] =
+            float(0.5 + 0.5 * std::sin(x * 0.05 + c) * std::cos(y * 0.07));
+  cv::Mat out;
+  f.convertTo(out, type, scale);
+  return out;
+}
+
+class Pipeline : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = (fs::path(::testing::TempDir()) / ("pipeline_" + std::to_string(getpid()))).string();
+    fs::remove_all(root_);
+    fs::create_directories(root_ + "/images");
+    // A small fully convolutional model: 3x3 conv (3 -> 4), relu, 1x1 conv (4 -> 2).
+    torch::jit::Module m("Tiny");
+    torch::manual_seed(0);
+    m.register_parameter("w1", torch::randn({4, 3, 3, 3}) * 0.5, false);
+    m.register_parameter("w2", torch::randn({2, 4, 1, 1}), false);
+    m.define(R"JIT(
+def forward(self, x):
+    return torch.conv2d(torch.relu(torch.conv2d(x, self.w1, padding=1)), self.w2)
+)JIT");
+    model_ = root_ + "/tiny.pt";
+    m.save(model_);
+    writeImage(root_ + "/images/a_large.tif", pattern(500, 700, CV_8UC3, 255), SampleType::kU8);
+    writeImage(root_ + "/images/b_mixed.png", pattern(200, 300, CV_8UC3, 255), SampleType::kU8);
+    writeImage(root_ + "/images/c_small.png", pattern(40, 50, CV_8UC3, 255), SampleType::kU8);
+    writeImage(root_ + "/images/d_gray16.tif", pattern(190, 260, CV_16UC1, 65535), SampleType::kU16);
+    writeImage(root_ + "/images/e_float.tif", pattern(150, 150, CV_32FC3, 1.0), SampleType::kF32);
+  }
+
+  static std::string tilerArgs(const std::string& out, const std::string& extra = "") {
+    return kTiler + " -i " + root_ + "/images -m " + model_ + " -o " + out +
+           " --window 128 --batch_size 4 --threads 1 --save labels,probs --no_progress " + extra;
+  }
+
+  static std::string runCtrun(int n, const std::string& out, const std::string& extra = "") {
+    auto r =
+        run(kCtrun + " --nproc_per_node " + std::to_string(n) + " --master_port 0 " + tilerArgs(out, extra));
+    EXPECT_EQ(r.code, 0) << r.output;
+    return r.output;
+  }
+
+  static std::string reference() {
+    static std::string ref;
+    if (ref.empty()) {
+      ref = root_ + "/out_ref";
+      auto r = run(tilerArgs(ref));
+      EXPECT_EQ(r.code, 0) << r.output;
+    }
+    return ref;
+  }
+
+  static void expectSameOutputs(const std::string& a, const std::string& b) {
+    int files = 0;
+    for (const auto& e : fs::directory_iterator(a)) {
+      if (e.path().extension() != ".tif") continue;
+      ++files;
+      EXPECT_EQ(slurp(e.path().string()), slurp(b + "/" + e.path().filename().string()))
+          << e.path().filename();
+    }
+    EXPECT_EQ(files, 10);
+  }
+
+  static nlohmann::json report(const std::string& out) {
+    return nlohmann::json::parse(slurp(out + "/report.json"));
+  }
+
+  static std::string root_, model_;
+};
+
+std::string Pipeline::root_;
+std::string Pipeline::model_;
+
+TEST_F(Pipeline, WorldSizesOneToFourAreByteIdentical) {
+  const std::string ref = reference();
+  for (int n = 1; n <= 4; ++n) {
+    const std::string out = root_ + "/out_w" + std::to_string(n);
+    runCtrun(n, out);
+    expectSameOutputs(ref, out);
+    EXPECT_EQ(report(out)["world_size"], n);
+  }
+}
+
+TEST_F(Pipeline, ReportHasEveryField) {
+  auto j = report(reference());
+  for (const char* key : {"world_size", "backend", "device", "precision", "seconds", "windows_total",
+                          "windows_per_second", "per_rank", "images"})
+    EXPECT_TRUE(j.contains(key)) << key;
+  EXPECT_EQ(j["backend"], "gloo");
+  EXPECT_EQ(j["device"], "cpu");
+  EXPECT_EQ(j["precision"], "fp32");
+  for (const char* key : {"rank", "windows", "read_seconds", "forward_seconds", "gather_seconds"})
+    EXPECT_TRUE(j["per_rank"][0].contains(key)) << key;
+  ASSERT_EQ(j["images"].size(), 5u);
+  int64_t windows = 0;
+  for (const auto& img : j["images"]) {
+    EXPECT_EQ(img["status"], "ok") << img.dump();
+    windows += img["windows"].get<int64_t>();
+    for (const char* kind : {"labels", "probs"})
+      EXPECT_TRUE(fs::exists(img["outputs"][kind].get<std::string>()));
+  }
+  EXPECT_EQ(j["windows_total"], windows);
+  EXPECT_EQ(j["per_rank"][0]["windows"], windows);
+  auto small = j["images"][2];
+  EXPECT_EQ(small["width"], 50);
+  EXPECT_EQ(small["windows"], 1) << "an image smaller than the window is padded to one window";
+}
+
+TEST_F(Pipeline, OutputsHaveTheInputsSizeAndTypes) {
+  const std::string ref = reference();
+  auto labels = ImageReader::open(ref + "/a_large_labels.tif");
+  EXPECT_EQ(labels->info().width, 700);
+  EXPECT_EQ(labels->info().height, 500);
+  EXPECT_EQ(labels->info().type, SampleType::kU8);
+  auto probs = ImageReader::open(ref + "/c_small_probs.tif");
+  EXPECT_EQ(probs->info().width, 50);
+  EXPECT_EQ(probs->info().channels, 2);
+  EXPECT_EQ(probs->info().type, SampleType::kF32);
+  // Labels are the argmax of the stored probabilities.
+  auto p = ImageReader::open(ref + "/a_large_probs.tif")->readRegion({0, 0, 700, 500});
+  auto l = labels->readRegion({0, 0, 700, 500});
+  int mismatches = 0;
+  for (int y = 0; y < 500; ++y)
+    for (int x = 0; x < 700; ++x) {
+      const float* v = p.ptr<float>(y) + x * 2;
+      mismatches += (v[1] > v[0] ? 1 : 0) != l.ptr<uint8_t>(y)[x];
+    }
+  EXPECT_EQ(mismatches, 0);
+}
+
+TEST_F(Pipeline, ResumeSkipsFinishedImagesAndOverwriteRedoesThem) {
+  const std::string out = root_ + "/out_resume";
+  auto first = run(tilerArgs(out));
+  ASSERT_EQ(first.code, 0) << first.output;
+  auto again = run(tilerArgs(out));
+  EXPECT_EQ(again.code, 1);
+  EXPECT_NE(again.output.find("outputs exist already"), std::string::npos) << again.output;
+  const auto stamp = fs::last_write_time(out + "/a_large_labels.tif");
+  fs::remove(out + "/b_mixed_probs.tif");
+  auto resumed = run(tilerArgs(out, "--resume"));
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  auto j = report(out);
+  EXPECT_EQ(j["images"][0]["status"], "skipped");
+  EXPECT_EQ(j["images"][1]["status"], "ok") << "one output missing: redone";
+  EXPECT_EQ(fs::last_write_time(out + "/a_large_labels.tif"), stamp);
+  expectSameOutputs(reference(), out);
+  auto over = run(tilerArgs(out, "--overwrite"));
+  ASSERT_EQ(over.code, 0) << over.output;
+  EXPECT_NE(fs::last_write_time(out + "/a_large_labels.tif"), stamp);
+  expectSameOutputs(reference(), out);
+}
+
+TEST_F(Pipeline, RendezvousTimeoutIsAClearDistError) {
+  const int port = freePort();
+  auto r = run("RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) +
+               " " + tilerArgs(root_ + "/out_timeout", "--timeout 2"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_LT(r.seconds, 15);
+  EXPECT_NE(r.output.find("127.0.0.1:" + std::to_string(port)), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank 1"), std::string::npos) << r.output;
+}
+
+void runTwoWithEnv(const std::string& rank_var, const std::string& size_var, const std::string& cmd) {
+  const std::string port = std::to_string(freePort());
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 2; ++r) {
+    std::string full = rank_var + "=" + std::to_string(r) + " " + size_var +
+                       "=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " " + cmd + " >/dev/null 2>&1";
+    pid_t pid = fork();
+    if (pid == 0) {
+      execl("/bin/sh", "sh", "-c", full.c_str(), nullptr);
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << rank_var << " run failed";
+  }
+}
+
+TEST_F(Pipeline, RunsUnderSlurmAndOpenMpiVariables) {
+  const std::string slurm = root_ + "/out_slurm";
+  runTwoWithEnv("SLURM_PROCID", "SLURM_NTASKS", tilerArgs(slurm));
+  expectSameOutputs(reference(), slurm);
+  EXPECT_EQ(report(slurm)["world_size"], 2);
+  const std::string mpi = root_ + "/out_mpi";
+  runTwoWithEnv("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", tilerArgs(mpi));
+  expectSameOutputs(reference(), mpi);
+}
+
+TEST_F(Pipeline, TwoCtrunNodesOnLoopbackFormOneWorld) {
+  const std::string out = root_ + "/out_nodes";
+  const std::string port = std::to_string(freePort());
+  std::vector<pid_t> pids;
+  for (int node = 0; node < 2; ++node) {
+    std::string cmd = kCtrun + " --nnodes 2 --node_rank " + std::to_string(node) +
+                      " --nproc_per_node 2 --master_port " + port + " " + tilerArgs(out) + " >/dev/null 2>&1";
+    pid_t pid = fork();
+    if (pid == 0) {
+      execl("/bin/sh", "sh", "-c", cmd.c_str(), nullptr);
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  EXPECT_EQ(report(out)["world_size"], 4);
+  expectSameOutputs(reference(), out);
+}
+
+TEST_F(Pipeline, ConfigFileTakesAnyFlag) {
+  const std::string out = root_ + "/out_config";
+  const std::string cfg = root_ + "/run.toml";
+  std::ofstream(cfg)
+      << "window = \"128\"\nbatch_size = 4\nthreads = 1\nsave = \"labels,probs\"\nno_progress = true\n"
+      << "output = \"" << out << "\"\nmodel = \"" << model_ << "\"\ninput = [\"" << root_ << "/images\"]\n";
+  auto r = run(kTiler + " --config " + cfg);
+  ASSERT_EQ(r.code, 0) << r.output;
+  expectSameOutputs(reference(), out);
+}
+
+TEST(PipelinePieces, ListImagesSortsAndFilters) {
+  auto dir = (fs::path(::testing::TempDir()) / ("list_" + std::to_string(getpid()))).string();
+  fs::create_directories(dir + "/sub");
+  for (const char* f : {"b.tif", "a.PNG", "notes.txt", "sub/c.jpg"}) std::ofstream(dir + "/" + f) << "x";
+  auto flat = listImages({dir}, false);
+  ASSERT_EQ(flat.size(), 2u);
+  EXPECT_EQ(fs::path(flat[0]).filename(), "a.PNG");
+  EXPECT_EQ(listImages({dir}, true).size(), 3u);
+}
+
+TEST(PipelinePieces, ReadWindowPadsOutsideTheImage) {
+  auto dir = (fs::path(::testing::TempDir()) / ("pad_" + std::to_string(getpid()))).string();
+  fs::create_directories(dir);
+  cv::Mat img(2, 3, CV_8UC1);
+  for (int i = 0; i < 6; ++i) img.data[i] = uchar(10 * (i + 1));
+  writeImage(dir + "/p.tif", img, SampleType::kU8);
+  auto reader = ImageReader::open(dir + "/p.tif");
+  WindowGrid g(3, 2, GridSpec{5, 4, 0.25, 0.25});
+  cv::Mat c = readWindow(*reader, g, 0, PadMode::kConstant, 7);
+  EXPECT_EQ(c.at<uint8_t>(0, 0), 7);
+  EXPECT_EQ(c.at<uint8_t>(1, 1), 10);
+  cv::Mat rep = readWindow(*reader, g, 0, PadMode::kReplicate, 0);
+  EXPECT_EQ(rep.at<uint8_t>(0, 0), 10);
+  cv::Mat ref = readWindow(*reader, g, 0, PadMode::kReflect, 0);
+  EXPECT_EQ(ref.at<uint8_t>(0, 1), 40) << "reflect without repeating the edge, like torch";
+}
+
+}  // namespace
+}  // namespace tiler

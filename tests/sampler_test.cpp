@@ -1,0 +1,85 @@
+#include "tiler/sampler.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+
+#include "tiler/error.hpp"
+
+namespace tiler {
+namespace {
+
+std::vector<int64_t> indices(const std::vector<SampleSlot>& slots) {
+  std::vector<int64_t> out;
+  for (auto& s : slots) out.push_back(s.index);
+  return out;
+}
+
+TEST(Sampler, StridedShardsPaddedWithTheHead) {
+  // torch DistributedSampler(10 items, 3 replicas, shuffle=False)
+  SamplerOptions o;
+  o.world_size = 3;
+  o.rank = 0;
+  EXPECT_EQ(indices(DistributedSampler(10, o).slots()), (std::vector<int64_t>{0, 3, 6, 9}));
+  o.rank = 1;
+  auto r1 = DistributedSampler(10, o).slots();
+  EXPECT_EQ(indices(r1), (std::vector<int64_t>{1, 4, 7, 0}));
+  EXPECT_TRUE(r1[3].padded);
+  EXPECT_FALSE(r1[2].padded);
+  o.rank = 2;
+  EXPECT_EQ(indices(DistributedSampler(10, o).slots()), (std::vector<int64_t>{2, 5, 8, 1}));
+}
+
+TEST(Sampler, DropLastTruncates) {
+  SamplerOptions o;
+  o.world_size = 3;
+  o.drop_last = true;
+  o.rank = 2;
+  DistributedSampler s(10, o);
+  EXPECT_EQ(s.perRank(), 3);
+  EXPECT_EQ(indices(s.slots()), (std::vector<int64_t>{2, 5, 8}));
+}
+
+class SamplerWorlds : public ::testing::TestWithParam<int> {};
+
+TEST_P(SamplerWorlds, EveryItemExactlyOnceAmongUnpaddedSlots) {
+  const int world = GetParam();
+  for (int64_t total : {0, 1, 7, 64, 101}) {
+    for (bool shuffle : {false, true}) {
+      std::multiset<int64_t> seen;
+      size_t per_rank = 0;
+      for (int r = 0; r < world; ++r) {
+        SamplerOptions o{world, r, shuffle, 42, false};
+        auto slots = DistributedSampler(total, o).slots(3);
+        if (r == 0) per_rank = slots.size();
+        EXPECT_EQ(slots.size(), per_rank) << "same step count on every rank";
+        for (auto& s : slots)
+          if (!s.padded) seen.insert(s.index);
+      }
+      EXPECT_EQ(seen.size(), size_t(total));
+      for (int64_t i = 0; i < total; ++i) EXPECT_EQ(seen.count(i), 1u);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, SamplerWorlds, ::testing::Values(1, 2, 3, 4, 8));
+
+TEST(Sampler, ShuffleIsSeededBySeedPlusEpoch) {
+  SamplerOptions o{1, 0, true, 7, false};
+  DistributedSampler s(50, o);
+  EXPECT_EQ(s.order(0), s.order(0));
+  EXPECT_NE(s.order(0), s.order(1));
+  SamplerOptions o2{1, 0, true, 8, false};
+  EXPECT_EQ(DistributedSampler(50, o2).order(0), s.order(1)) << "seed 8 epoch 0 == seed 7 epoch 1";
+  auto sorted = s.order(2);
+  std::sort(sorted.begin(), sorted.end());
+  for (int64_t i = 0; i < 50; ++i) EXPECT_EQ(sorted[size_t(i)], i);
+}
+
+TEST(Sampler, RejectsRankOutsideWorld) {
+  EXPECT_THROW(DistributedSampler(10, SamplerOptions{2, 2, false, 0, false}), ConfigError);
+}
+
+}  // namespace
+}  // namespace tiler
