@@ -5,6 +5,7 @@
 #include <torch/cuda.h>
 
 #include <filesystem>
+#include <opencv2/imgproc.hpp>
 
 #include "tiler/error.hpp"
 #include "tiler/torch_compat.hpp"
@@ -46,6 +47,18 @@ ChannelAdapt channelAdaptation(int image_channels, int model_channels, const std
   if (image_channels == 4 && model_channels == 3) return ChannelAdapt::kDropAlpha;
   TILER_THROW(ModelError, "'" << image_path << "': image has " << image_channels
                               << " channel(s) but the model takes " << model_channels);
+}
+
+void windowToModelInput(const cv::Mat& window, ChannelAdapt adapt, float* dst) {
+  cv::Mat adapted = window;
+  if (adapt == ChannelAdapt::kRepeatGray) {
+    cv::Mat planes[] = {window, window, window};
+    cv::merge(planes, 3, adapted);
+  } else if (adapt == ChannelAdapt::kDropAlpha) {
+    cv::cvtColor(window, adapted, cv::COLOR_RGBA2RGB);
+  }
+  cv::Mat out(window.rows, window.cols, CV_MAKETYPE(CV_32F, adapted.channels()), dst);
+  adapted.convertTo(out, CV_32F);
 }
 
 torch::Device resolveDevice(const std::string& spec, int local_rank) {
@@ -170,7 +183,7 @@ torch::Tensor ModelRunner::extractTensor(const c10::IValue& out) const {
   TILER_THROW(ModelError, "'" << path << "': the model returns " << out.tagKind() << ", not a tensor");
 }
 
-torch::Tensor ModelRunner::runModule(const torch::Tensor& nchw) {
+torch::Tensor ModelRunner::apply(const torch::Tensor& nchw) {
   const bool autocast = precision_ != Precision::kFp32;
   const auto dtype = precision_ == Precision::kBf16 ? at::kBFloat16 : at::kHalf;
   compat::AutocastScope scope(device_.type(), autocast, dtype);
@@ -187,7 +200,7 @@ const ModelProbe& ModelRunner::probe(int64_t window_w, int64_t window_h) {
   for (int c : {3, 1, 4, 2, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}) {
     torch::Tensor out;
     try {
-      out = runModule(torch::zeros({1, c, window_h, window_w}, torch::TensorOptions().device(device_)));
+      out = apply(torch::zeros({1, c, window_h, window_w}, torch::TensorOptions().device(device_)));
     } catch (const ModelError&) {
       throw;
     } catch (const std::exception& e) {
@@ -238,16 +251,19 @@ const ModelProbe& ModelRunner::probe(int64_t window_w, int64_t window_h) {
   return probe_;
 }
 
-torch::Tensor ModelRunner::forward(const torch::Tensor& batch_nhwc, const torch::Tensor& scales) {
-  c10::InferenceMode guard;
+torch::Tensor ModelRunner::normalize(const torch::Tensor& batch_nhwc, const torch::Tensor& scales) const {
   const bool cuda = device_.is_cuda();
   auto x = batch_nhwc.to(device_, /*non_blocking=*/cuda).permute({0, 3, 1, 2});
   auto s = scales.to(device_, cuda).view({-1, 1, 1, 1});
   x = x * s;
   if (mean_.defined()) x = x - mean_;
   if (inv_std_.defined()) x = x * inv_std_;
-  x = x.contiguous();
-  torch::Tensor out = runModule(x);
+  return x.contiguous();
+}
+
+torch::Tensor ModelRunner::forward(const torch::Tensor& batch_nhwc, const torch::Tensor& scales) {
+  c10::InferenceMode guard;
+  torch::Tensor out = apply(normalize(batch_nhwc, scales));
   if (options_.activation == Activation::kSoftmax) out = torch::softmax(out, 1);
   if (options_.activation == Activation::kSigmoid) out = torch::sigmoid(out);
   return out.contiguous();

@@ -163,6 +163,65 @@ int runInfo(const std::vector<std::string>& paths, const std::string& window, co
   return status;
 }
 
+namespace {
+
+// The image read band by band and shrunk by `factor` as it goes, so no full-size copy is ever held.
+cv::Mat shrunk(ImageReader& reader, double factor, int interpolation) {
+  const ImageInfo& info = reader.info();
+  const int out_w = std::max(1, int(std::lround(double(info.width) * factor)));
+  std::vector<cv::Mat> bands;
+  const int64_t band = 512;
+  for (int64_t y = 0; y < info.height; y += band) {
+    const int64_t h = std::min(band, info.height - y);
+    cv::Mat part = reader.readRegion({0, y, info.width, h}), small;
+    cv::resize(part, small, cv::Size(out_w, std::max(1, int(std::lround(double(h) * factor)))), 0, 0,
+               interpolation);
+    bands.push_back(small);
+  }
+  cv::Mat out;
+  cv::vconcat(bands, out);
+  return out;
+}
+
+}  // namespace
+
+void writeOverlay(const std::string& image_path, const std::string& labels_path, const std::string& out_path,
+                  int max_side) {
+  auto image = ImageReader::open(image_path);
+  auto labels = ImageReader::open(labels_path);
+  const ImageInfo& info = image->info();
+  const double factor = std::min(1.0, double(max_side) / double(std::max(info.width, info.height)));
+  cv::Mat rgb = shrunk(*image, factor, cv::INTER_AREA);
+  if (rgb.depth() != CV_8U) cv::normalize(rgb, rgb, 0, 255, cv::NORM_MINMAX, CV_8U);
+  if (rgb.channels() == 1) cv::cvtColor(rgb, rgb, cv::COLOR_GRAY2RGB);
+  if (rgb.channels() == 4) cv::cvtColor(rgb, rgb, cv::COLOR_RGBA2RGB);
+  cv::Mat lab =
+      shrunk(*labels, factor * double(info.width) / double(labels->info().width), cv::INTER_NEAREST);
+  cv::resize(lab, lab, rgb.size(), 0, 0, cv::INTER_NEAREST);
+  // Class k > 0 gets a colour from a fixed palette, blended at 50%; class boundaries are drawn solid.
+  static const cv::Vec3b kPalette[] = {
+      {255, 40, 40}, {40, 220, 40}, {60, 120, 255}, {255, 200, 0}, {220, 0, 220}};
+  cv::Mat out = rgb.clone();
+  auto label = [&lab](int y, int x) {
+    return lab.depth() == CV_16U ? lab.at<uint16_t>(y, x) : lab.at<uint8_t>(y, x);
+  };
+  for (int y = 0; y < out.rows; ++y) {
+    for (int x = 0; x < out.cols; ++x) {
+      const int k = label(y, x);
+      if (k == 0) continue;
+      const cv::Vec3b c = kPalette[(k - 1) % 5];
+      const bool edge = (x > 0 && label(y, x - 1) != k) || (y > 0 && label(y - 1, x) != k);
+      cv::Vec3b& p = out.at<cv::Vec3b>(y, x);
+      for (int i = 0; i < 3; ++i) p[i] = edge ? c[i] : uchar((p[i] + c[i]) / 2);
+    }
+  }
+  WriterOptions o;
+  o.format = "png";
+  ImageWriter writer(out_path, out.cols, out.rows, 3, SampleType::kU8, o);
+  writer.writeRows(out);
+  writer.close();
+}
+
 // ---- the job -------------------------------------------------------------------------------------------
 
 namespace {
@@ -279,6 +338,8 @@ std::optional<Fault> faultFromEnvironment() {
   return f;
 }
 
+}  // namespace
+
 void writeJsonAtomically(const std::string& path, const nlohmann::json& j) {
   if (fs::path(path).has_parent_path()) fs::create_directories(fs::path(path).parent_path());
   const std::string tmp = path + ".partial";
@@ -291,6 +352,8 @@ void writeJsonAtomically(const std::string& path, const nlohmann::json& j) {
   TILER_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, IoError,
               "'" << path << "': cannot rename the report into place: " << std::strerror(errno));
 }
+
+namespace {
 
 // One image being stitched on rank 0: its stitcher and writers. Destroying it unfinished removes partials.
 struct ImageJob {
@@ -490,17 +553,8 @@ void InferJob::prefetchLoop(const std::vector<SampleSlot>& slots, int64_t steps)
               it = it->first < image_id ? readers.erase(it) : ++it;
             reader = ImageReader::open(img.input);
           }
-          cv::Mat window = readWindow(*reader, img.grid, local, pad_, o_.cval);
-          if (img.adapt == ChannelAdapt::kRepeatGray) {
-            cv::Mat planes[] = {window, window, window};
-            cv::merge(planes, 3, window);
-          } else if (img.adapt == ChannelAdapt::kDropAlpha) {
-            cv::Mat rgb;
-            cv::cvtColor(window, rgb, cv::COLOR_RGBA2RGB);
-            window = rgb;
-          }
-          cv::Mat dst(int(H), int(W), CV_MAKETYPE(CV_32F, int(C)), batch.pixels[j].data_ptr<float>());
-          window.convertTo(dst, CV_32F);
+          windowToModelInput(readWindow(*reader, img.grid, local, pad_, o_.cval), img.adapt,
+                             batch.pixels[j].data_ptr<float>());
           batch.scales[j] = float(img.scale);
           meta[j][1] = kSlotOk;
           ++batch.valid;

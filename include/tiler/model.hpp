@@ -9,6 +9,8 @@
 
 #include <torch/script.h>
 
+#include <opencv2/core.hpp>
+
 #include <optional>
 #include <string>
 #include <vector>
@@ -44,6 +46,9 @@ struct ModelProbe {
 enum class ChannelAdapt { kNone, kRepeatGray, kDropAlpha };
 // Throws ModelError naming both numbers when no adaptation exists.
 ChannelAdapt channelAdaptation(int image_channels, int model_channels, const std::string& image_path);
+// Writes `window` (HWC, any sample type) adapted to the model's channels as raw float32 values into `dst`
+// (window.rows x window.cols x model channels).
+void windowToModelInput(const cv::Mat& window, ChannelAdapt adapt, float* dst);
 
 // Resolves --device (auto: cuda:(local_rank mod count) when CUDA is usable, else cpu).
 torch::Device resolveDevice(const std::string& spec, int local_rank);
@@ -56,14 +61,18 @@ class ModelRunner {
   // One forward of a zero batch of the window size; cached.
   const ModelProbe& probe(int64_t window_w, int64_t window_h);
   const ModelProbe& probed() const { return probe_; }
-  // batch_nhwc: float32 [B,H,W,C] raw values on the CPU; scales: float32 [B]. Returns float32 [B,C',H',W'].
+  // batch_nhwc: float32 [B,H,W,C] raw values on the CPU; scales: float32 [B]. Returns float32 [B,C',H',W'],
+  // activation applied, computed under InferenceMode.
   torch::Tensor forward(const torch::Tensor& batch_nhwc, const torch::Tensor& scales);
+  // The pieces of forward() that training reuses with autograd on: normalisation onto the device (NCHW), and
+  // the module under autocast with its output tensor picked and cast to float32.
+  torch::Tensor normalize(const torch::Tensor& batch_nhwc, const torch::Tensor& scales) const;
+  torch::Tensor apply(const torch::Tensor& nchw);
   const torch::Device& device() const { return device_; }
   Precision precision() const { return precision_; }
   torch::jit::Module& module() { return module_; }
 
  private:
-  torch::Tensor runModule(const torch::Tensor& nchw);
   torch::Tensor extractTensor(const c10::IValue& out) const;
 
   ModelOptions options_;

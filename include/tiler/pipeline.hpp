@@ -7,6 +7,7 @@
 // on rank 0 the stitcher rows and one row of output tiles per open image.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
 #include <opencv2/core.hpp>
 #include <string>
 #include <vector>
@@ -56,6 +57,10 @@ int runInfer(InferOptions options);
 // `tiler info`: what the reader sees, and the grid when window is given. Returns an exit code.
 int runInfo(const std::vector<std::string>& paths, const std::string& window, const std::string& overlap);
 
+// A colour overlay PNG of `labels` on `image`, at most max_side pixels a side (for looking at results).
+void writeOverlay(const std::string& image_path, const std::string& labels_path, const std::string& out_path,
+                  int max_side = 2048);
+
 // ---- pieces shared with finetune ----
 
 std::string bundledSamplesDir();
@@ -71,5 +76,7 @@ cv::Mat readWindow(ImageReader& reader, const WindowGrid& grid, int64_t local_in
                    double cval);
 // Default input scale for a sample type: 1/max for integers, 1 for float.
 double defaultScale(SampleType type);
+// Writes `j` to "<path>.partial" and renames it into place; throws IoError.
+void writeJsonAtomically(const std::string& path, const nlohmann::json& j);
 
 }  // namespace tiler

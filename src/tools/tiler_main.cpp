@@ -86,6 +86,19 @@ int runInfoCli(int argc, char** argv) {
   return tiler::runInfo(paths, window, overlap);
 }
 
+int runOverlayCli(int argc, char** argv) {
+  std::string image, labels, out;
+  int max_side = 2048;
+  CLI::App app{"tiler overlay: a colour overlay PNG of a labels output on its input"};
+  app.add_option("image", image, "input image")->required();
+  app.add_option("labels", labels, "labels output of tiler")->required();
+  app.add_option("output", out, "PNG to write")->required();
+  app.add_option(flagNames("--max_side"), max_side, "longest side of the overlay")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  tiler::writeOverlay(image, labels, out, max_side);
+  return 0;
+}
+
 int runFinetuneCli(int argc, char** argv) {
   tiler::FinetuneOptions o;
   CLI::App app{"tiler finetune: data-parallel training on tiles"};
@@ -134,6 +147,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (sub == "info") return runInfoCli(argc - 1, argv + 1);
+    if (sub == "overlay") return runOverlayCli(argc - 1, argv + 1);
     if (sub == "finetune") return runFinetuneCli(argc - 1, argv + 1);
     if (sub == "infer") return runInferCli(argc - 1, argv + 1);
     return runInferCli(argc, argv);
