@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -107,6 +108,12 @@ cv::Mat readWindow(ImageReader& reader, const WindowGrid& grid, int64_t local_in
   return out;
 }
 
+double peakRssMegabytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return double(usage.ru_maxrss) / 1024.0;  // Linux reports kilobytes
+}
+
 double defaultScale(SampleType type) {
   switch (type) {
     case SampleType::kU8:
@@ -186,7 +193,7 @@ cv::Mat shrunk(ImageReader& reader, double factor, int interpolation) {
 }  // namespace
 
 void writeOverlay(const std::string& image_path, const std::string& labels_path, const std::string& out_path,
-                  int max_side) {
+                  int max_side, const GridSpec* grid) {
   auto image = ImageReader::open(image_path);
   auto labels = ImageReader::open(labels_path);
   const ImageInfo& info = image->info();
@@ -213,6 +220,16 @@ void writeOverlay(const std::string& image_path, const std::string& labels_path,
       const bool edge = (x > 0 && label(y, x - 1) != k) || (y > 0 && label(y - 1, x) != k);
       cv::Vec3b& p = out.at<cv::Vec3b>(y, x);
       for (int i = 0; i < 3; ++i) p[i] = edge ? c[i] : uchar((p[i] + c[i]) / 2);
+    }
+  }
+  if (grid != nullptr) {
+    // The window outlines, to show how the image was cut.
+    WindowGrid g(info.width, info.height, *grid);
+    for (int64_t i = 0; i < g.count(); ++i) {
+      Rect r = g.imageWindow(i);
+      cv::rectangle(out, cv::Point(int(double(r.x) * factor), int(double(r.y) * factor)),
+                    cv::Point(int(double(r.right()) * factor) - 1, int(double(r.bottom()) * factor) - 1),
+                    cv::Scalar(255, 230, 0), 1);
     }
   }
   WriterOptions o;
@@ -725,7 +742,8 @@ nlohmann::json InferJob::report(double seconds, const std::vector<torch::Tensor>
                              {"windows", int64_t(v[0])},
                              {"read_seconds", v[1]},
                              {"forward_seconds", v[2]},
-                             {"gather_seconds", v[3]}});
+                             {"gather_seconds", v[3]},
+                             {"peak_rss_mb", v[4]}});
   }
   j["images"] = nlohmann::json::array();
   std::lock_guard<std::mutex> lock(results_mutex_);
@@ -876,8 +894,9 @@ int InferJob::run() {
   stop_threads();
   if (stitch_error_) std::rethrow_exception(stitch_error_);
 
-  auto stats =
-      torch::tensor({double(my_windows_), read_seconds_, forward_seconds_, gather_seconds_}, torch::kDouble);
+  auto stats = torch::tensor(
+      {double(my_windows_), read_seconds_, forward_seconds_, gather_seconds_, peakRssMegabytes()},
+      torch::kDouble);
   auto per_rank = dist_->allgather(on_device ? stats.to(device) : stats, "the final statistics");
   for (auto& t : per_rank) t = t.cpu();
   int exit_code = kExitOk;

@@ -57,9 +57,10 @@ int runInfer(InferOptions options);
 // `tiler info`: what the reader sees, and the grid when window is given. Returns an exit code.
 int runInfo(const std::vector<std::string>& paths, const std::string& window, const std::string& overlap);
 
-// A colour overlay PNG of `labels` on `image`, at most max_side pixels a side (for looking at results).
+// A colour overlay PNG of `labels` on `image`, at most max_side pixels a side (for looking at results);
+// with a grid, the outlines of its windows too.
 void writeOverlay(const std::string& image_path, const std::string& labels_path, const std::string& out_path,
-                  int max_side = 2048);
+                  int max_side = 2048, const GridSpec* grid = nullptr);
 
 // ---- pieces shared with finetune ----
 
@@ -76,6 +77,8 @@ cv::Mat readWindow(ImageReader& reader, const WindowGrid& grid, int64_t local_in
                    double cval);
 // Default input scale for a sample type: 1/max for integers, 1 for float.
 double defaultScale(SampleType type);
+// Peak resident memory of this process so far, in MiB.
+double peakRssMegabytes();
 // Writes `j` to "<path>.partial" and renames it into place; throws IoError.
 void writeJsonAtomically(const std::string& path, const nlohmann::json& j);
 

@@ -1,6 +1,4 @@
 // tiler: infer (default), finetune, info. Parses flags into the flat params structs and calls the library.
-#include <malloc.h>
-
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 #include <cstring>
@@ -15,14 +13,6 @@
 namespace {
 
 using tiler::flagNames;
-
-// Large activations (33 MB at batch 8) sit above glibc's mmap threshold: every forward would map and unmap
-// them. Keeping them in the heap halves the forward time of a small UNet (see DESIGN.md).
-void keepLargeBlocksInHeap() {
-  if (std::getenv("GLIBC_TUNABLES") != nullptr) return;  // the user chose
-  mallopt(M_MMAP_THRESHOLD, 256 << 20);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
-}
 
 void addCommonModelFlags(CLI::App& app, std::string& model, std::string& device, std::string& backend,
                          std::string& precision) {
@@ -94,8 +84,16 @@ int runOverlayCli(int argc, char** argv) {
   app.add_option("labels", labels, "labels output of tiler")->required();
   app.add_option("output", out, "PNG to write")->required();
   app.add_option(flagNames("--max_side"), max_side, "longest side of the overlay")->capture_default_str();
+  std::string window, overlap = "0.25";
+  app.add_option(flagNames("--window"), window, "also draw the window grid (N or W,H)");
+  app.add_option(flagNames("--overlap"), overlap, "overlap of that grid")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  tiler::writeOverlay(image, labels, out, max_side);
+  tiler::GridSpec spec;
+  if (!window.empty()) {
+    std::tie(spec.window_w, spec.window_h) = tiler::parseWindowSize(window);
+    tiler::parseOverlap(overlap, spec);
+  }
+  tiler::writeOverlay(image, labels, out, max_side, window.empty() ? nullptr : &spec);
   return 0;
 }
 
@@ -137,7 +135,6 @@ int runFinetuneCli(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  keepLargeBlocksInHeap();
   spdlog::set_pattern("tiler: %v");
   if (const char* level = std::getenv("TILER_LOG")) spdlog::set_level(spdlog::level::from_str(level));
   std::string sub = argc > 1 ? argv[1] : "";

@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# Benchmarks: scripts/bench.sh [--quick] [io|model|pipeline|memory|scaling|ctrun|finetune|naive|all]
+# Generates its own deterministic inputs (cached in $TILER_BENCH_CACHE, default ~/.cache/tiler-bench), runs each
+# scenario $RUNS times (3; --quick: 1 run on small inputs), writes bench-results/bench.json and a table of
+# medians (min-max). fp32 on the CPU. Never part of CI's test run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+quick=0
+if [ "${1:-}" = "--quick" ]; then quick=1; shift; fi
+what="${1:-all}"
+runs=${RUNS:-3}
+[ $quick = 1 ] && runs=1
+cache="${TILER_BENCH_CACHE:-$HOME/.cache/tiler-bench}"
+results="${BENCH_RESULTS:-bench-results}"
+mkdir -p "$cache" "$results"
+bash scripts/setup-deps.sh
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >/dev/null
+cmake --build build --target tiler ctrun tiler_bench >/dev/null
+bin="$PWD/build"
+model="$PWD/samples/models/sample.pt"
+lines="$results/lines.jsonl"
+: >"$lines"
+
+emit() { printf '{"scenario": "%s", "metric": "%s", "value": %s}\n' "$1" "$2" "$3" >>"$lines"; }
+json() { sed -n "s/.*\"$2\": *\([-0-9.e+]*\).*/\1/p" <<<"$1" | head -1; }  # field of a one-line JSON
+report_field() { tr -d ' \n' <"$1" | grep -o "\"$2\":[-0-9.e+]*" | head -"${3:-1}" | tail -1 | cut -d: -f2; }
+now() { date +%s.%N; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.4f", a / b }'; }
+image() {  # image SIZE -> path of a cached square RGB tiled deflate TIFF
+  local f="$cache/rgb_$1.tif"
+  [ -f "$f" ] || "$bin/tiler_bench" make "$f" --size "$1"
+  echo "$f"
+}
+tiny="$cache/tiny.pt"
+[ -f "$tiny" ] || "$bin/tiler_bench" tiny-model "$tiny"
+printf '{"machine": {"cores": %s, "memory_gb": %s, "cpu": "%s", "libtorch": "%s"}}\n' "$(nproc)" \
+  "$(awk '/MemTotal/ {printf "%.0f", $2/1048576}' /proc/meminfo)" \
+  "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')" \
+  "$("$bin/tiler" --version | sed -n 's/LibTorch: //p')" >>"$lines"
+
+want() { [ "$what" = all ] || [ "$what" = "$1" ]; }
+sample="$PWD/samples/images/blobs_4096.tif"
+pipeline_windows=441  # 4096 x 4096, 256 px windows, 25% overlap
+if [ $quick = 1 ]; then sample="$(image 1024)"; pipeline_windows=25; fi
+
+if want model; then
+  for b in 1 4 8 16; do
+    for p in fp32 bf16; do
+      for _ in $(seq "$runs"); do
+        out=$("$bin/tiler_bench" forward -m "$model" --batch_size $b --precision $p --windows 64 --threads 2)
+        emit "model: forward batch $b $p" windows_per_second "$(json "$out" windows_per_second)"
+      done
+    done
+  done
+fi
+
+if want pipeline; then
+  for _ in $(seq "$runs"); do
+    out=$("$bin/tiler_bench" forward -m "$model" --windows $pipeline_windows --threads 2)
+    pure=$(json "$out" seconds)
+    rm -rf "$cache/out_pipeline"
+    t0=$(now)
+    "$bin/tiler" -i "$sample" -m "$model" -o "$cache/out_pipeline" --threads 2 --no_progress >/dev/null 2>&1
+    t1=$(now)
+    e2e=$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')
+    emit "pipeline: pure forward ($pipeline_windows windows)" seconds "$pure"
+    emit "pipeline: tiler 1 rank x 2 threads" seconds "$e2e"
+    emit "pipeline: tiler / pure forward" overhead_ratio "$(ratio "$e2e" "$pure")"
+  done
+fi
+
+if want scaling; then
+  for _ in $(seq "$runs"); do
+    declare -A wps=()
+    for cfg in 1:2 2:1 3:1 4:1; do
+      n=${cfg%:*} t=${cfg#*:}
+      rm -rf "$cache/out_scaling"
+      "$bin/ctrun" --nproc_per_node "$n" --master_port 0 "$bin/tiler" -i "$sample" -m "$model" \
+        -o "$cache/out_scaling" --threads "$t" --no_progress >/dev/null 2>&1
+      wps[$cfg]=$(report_field "$cache/out_scaling/report.json" windows_per_second)
+      emit "scaling: $n rank(s) x $t thread(s)" windows_per_second "${wps[$cfg]}"
+    done
+    emit "scaling: (2 x 1) / (1 x 2)" throughput_ratio "$(ratio "${wps[2:1]}" "${wps[1:2]}")"
+  done
+fi
+
+sizes="4096 8192 16384 32768"
+[ $quick = 1 ] && sizes="2048"
+if want memory; then
+  for n in $sizes; do
+    img=$(image "$n")
+    for _ in $(seq "$runs"); do
+      rm -rf "$cache/out_memory"
+      "$bin/ctrun" --nproc_per_node 2 --master_port 0 "$bin/tiler" -i "$img" -m "$tiny" -o "$cache/out_memory" \
+        --threads 1 --batch_size 16 --no_progress >/dev/null 2>&1
+      emit "memory: ${n}px RGB, 2 ranks" rank0_peak_rss_mb "$(report_field "$cache/out_memory/report.json" peak_rss_mb 1)"
+      emit "memory: ${n}px RGB, 2 ranks" rank1_peak_rss_mb "$(report_field "$cache/out_memory/report.json" peak_rss_mb 2)"
+      emit "memory: ${n}px RGB, 2 ranks" seconds "$(report_field "$cache/out_memory/report.json" seconds)"
+    done
+  done
+fi
+
+if want naive; then
+  naive_sizes="4096 8192"
+  [ $quick = 1 ] && naive_sizes="2048"
+  for n in $naive_sizes; do
+    img=$(image "$n")
+    for _ in $(seq "$runs"); do
+      out=$("$bin/tiler_bench" naive "$img" -m "$tiny" --threads 2 --batch_size 16)
+      emit "naive (whole image, full accumulators): ${n}px" peak_rss_mb "$(json "$out" peak_rss_mb)"
+      emit "naive (whole image, full accumulators): ${n}px" seconds "$(json "$out" seconds)"
+      rm -rf "$cache/out_naive"
+      "$bin/tiler" -i "$img" -m "$tiny" -o "$cache/out_naive" --threads 2 --batch_size 16 --no_progress >/dev/null 2>&1
+      emit "tiler (same job, 1 rank): ${n}px" peak_rss_mb "$(report_field "$cache/out_naive/report.json" peak_rss_mb)"
+      emit "tiler (same job, 1 rank): ${n}px" seconds "$(report_field "$cache/out_naive/report.json" seconds)"
+    done
+  done
+fi
+
+if want io; then
+  n=16384
+  [ $quick = 1 ] && n=2048
+  img=$(image $n)
+  for _ in $(seq "$runs"); do
+    out=$("$bin/tiler_bench" io "$img" --window 256 --overlap 0.25)
+    emit "io: ${n}px RGB tiled deflate, 256 px windows" mb_per_second "$(json "$out" mb_per_second)"
+    emit "io: ${n}px RGB tiled deflate, 256 px windows" peak_rss_mb "$(json "$out" peak_rss_mb)"
+    emit "io: ${n}px RGB tiled deflate, 256 px windows" rss_share_of_image "$(json "$out" rss_share_of_image)"
+  done
+fi
+
+if want ctrun; then
+  for _ in $(seq $((runs * 5))); do
+    t0=$(now)
+    "$bin/ctrun" --nproc_per_node 4 --master_port 0 true
+    t1=$(now)
+    emit "ctrun: --nproc_per_node 4 true" seconds "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')"
+  done
+fi
+
+if want finetune; then
+  for _ in $(seq "$runs"); do
+    for n in 1 2; do
+      rm -rf "$cache/ft"
+      "$bin/ctrun" --nproc_per_node $n --master_port 0 "$bin/tiler" finetune --images samples/train/images \
+        --labels samples/train/labels -m samples/models/init.pt -o "$cache/ft/out.pt" --epochs 2 --window 128 \
+        --batch_size 4 --threads $((2 / n)) --no_progress >/dev/null 2>&1
+      r="$cache/ft/out.pt.report.json"
+      steps=$(report_field "$r" steps)
+      step=$(report_field "$r" step_seconds)
+      sync=$(report_field "$r" sync_seconds)
+      emit "finetune: $n rank(s), batch 4/rank" step_seconds "$(ratio "$step" "$steps")"
+      emit "finetune: $n rank(s), batch 4/rank" sync_share "$(ratio "$sync" "$step")"
+    done
+  done
+fi
+
+"$bin/tiler_bench" summarize -o "$results/bench.json" <"$lines"
+echo "wrote $results/bench.json"

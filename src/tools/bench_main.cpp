@@ -1,0 +1,247 @@
+// tiler_bench: the measurements scripts/bench.sh composes. Each mode prints one JSON object on stdout.
+//   forward   pure batched forward of N windows (the yardstick the pipeline is measured against)
+//   io        every window of an image read through ImageReader: MB/s of decoded pixels, peak RSS
+//   naive     what a user writes without tiler: whole image in memory, full-size float accumulators
+//   make      a deterministic square RGB tiled TIFF of any size, written in bands
+//   summarize JSON lines on stdin -> medians, min, max per scenario (JSON file + table)
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <opencv2/imgproc.hpp>
+
+#include "tiler/blend.hpp"
+#include "tiler/cli.hpp"
+#include "tiler/error.hpp"
+#include "tiler/image_io.hpp"
+#include "tiler/model.hpp"
+#include "tiler/pipeline.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using tiler::flagNames;
+
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+int forward(const std::string& model, int64_t window, int batch, int64_t windows, int threads,
+            const std::string& precision) {
+  tiler::ModelOptions o;
+  o.path = model;
+  o.device = "cpu";
+  o.threads = threads;
+  o.precision = precision;
+  tiler::ModelRunner runner(o);
+  auto probe = runner.probe(window, window);
+  torch::manual_seed(0);
+  auto input = torch::rand({batch, window, window, probe.input_channels}) * 255;
+  auto scales = torch::full({batch}, 1.0f / 255);
+  runner.forward(input, scales);  // warm-up: allocator and one-time initialisation
+  auto t0 = Clock::now();
+  for (int64_t done = 0; done < windows; done += batch) {
+    const int64_t b = std::min<int64_t>(batch, windows - done);
+    runner.forward(input.narrow(0, 0, b), scales.narrow(0, 0, b));
+  }
+  const double s = since(t0);
+  std::cout << nlohmann::json{{"windows", windows},
+                              {"seconds", s},
+                              {"windows_per_second", double(windows) / s},
+                              {"batch_size", batch},
+                              {"precision", precision},
+                              {"threads", threads}}
+                   .dump()
+            << std::endl;
+  return 0;
+}
+
+int io(const std::string& path, int64_t window, const std::string& overlap) {
+  auto reader = tiler::ImageReader::open(path);
+  const auto& info = reader->info();
+  tiler::GridSpec spec{window, window, 0.25, 0.25};
+  tiler::parseOverlap(overlap, spec);
+  tiler::WindowGrid grid(info.width, info.height, spec);
+  auto t0 = Clock::now();
+  double bytes = 0;
+  for (int64_t i = 0; i < grid.count(); ++i) {
+    cv::Mat m = tiler::readWindow(*reader, grid, i, tiler::PadMode::kConstant, 0);
+    bytes += double(m.total() * m.elemSize());
+  }
+  const double s = since(t0);
+  const double image_mb =
+      double(info.width * info.height * info.channels * tiler::bytesPerSample(info.type)) / 1048576.0;
+  std::cout << nlohmann::json{{"windows", grid.count()},
+                              {"seconds", s},
+                              {"mb_per_second", bytes / 1048576.0 / s},
+                              {"peak_rss_mb", tiler::peakRssMegabytes()},
+                              {"image_mb", image_mb},
+                              {"rss_share_of_image", tiler::peakRssMegabytes() / image_mb}}
+                   .dump()
+            << std::endl;
+  return 0;
+}
+
+int naive(const std::string& path, const std::string& model, int64_t window, int batch, int threads) {
+  auto t0 = Clock::now();
+  auto reader = tiler::ImageReader::open(path);
+  const auto& info = reader->info();
+  cv::Mat image = reader->readRegion({0, 0, info.width, info.height});  // the whole image, decoded
+  tiler::ModelOptions o;
+  o.path = model;
+  o.device = "cpu";
+  o.threads = threads;
+  tiler::ModelRunner runner(o);
+  auto probe = runner.probe(window, window);
+  tiler::WindowGrid grid(info.width, info.height, tiler::GridSpec{window, window, 0.25, 0.25});
+  const int C = probe.output_channels;
+  std::vector<float> acc(size_t(info.width * info.height * C), 0.f),
+      wsum(size_t(info.width * info.height), 0.f);
+  auto imp = tiler::gaussianImportance(window, window, 0.125);
+  for (int64_t i = 0; i < grid.count(); i += batch) {
+    const int64_t b = std::min<int64_t>(batch, grid.count() - i);
+    auto pixels = torch::zeros({b, window, window, probe.input_channels});
+    for (int64_t j = 0; j < b; ++j) {
+      tiler::Rect r = grid.window(i + j);
+      cv::Mat dst(static_cast<int>(window), static_cast<int>(window),
+                  CV_MAKETYPE(CV_32F, probe.input_channels), pixels[j].data_ptr<float>());
+      image(cv::Rect(int(r.x), int(r.y), int(window), int(window))).convertTo(dst, CV_32F);
+    }
+    auto out = runner.forward(pixels, torch::full({b}, 1.0f / 255)).contiguous();
+    for (int64_t j = 0; j < b; ++j) {
+      tiler::Rect r = grid.window(i + j);
+      const float* p = out[j].data_ptr<float>();
+      for (int64_t y = 0; y < window; ++y)
+        for (int64_t x = 0; x < window; ++x) {
+          const float w = imp[size_t(y * window + x)];
+          const size_t px = size_t((r.y + y) * info.width + r.x + x);
+          wsum[px] += w;
+          for (int c = 0; c < C; ++c) acc[px * size_t(C) + size_t(c)] += w * p[(c * window + y) * window + x];
+        }
+    }
+  }
+  for (size_t px = 0; px < wsum.size(); ++px)
+    for (int c = 0; c < C; ++c) acc[px * size_t(C) + size_t(c)] /= wsum[px];
+  std::cout << nlohmann::json{{"seconds", since(t0)},
+                              {"peak_rss_mb", tiler::peakRssMegabytes()},
+                              {"windows", grid.count()}}
+                   .dump()
+            << std::endl;
+  return 0;
+}
+
+int make(const std::string& path, int64_t size) {
+  tiler::WriterOptions o;
+  tiler::ImageWriter writer(path, size, size, 3, tiler::SampleType::kU8, o);
+  const int band = 256;
+  for (int64_t y0 = 0; y0 < size; y0 += band) {
+    const int rows = int(std::min<int64_t>(band, size - y0));
+    cv::Mat m(rows, int(size), CV_8UC3);
+    for (int y = 0; y < rows; ++y) {
+      auto* p = m.ptr<uint8_t>(y);
+      for (int64_t x = 0; x < size; ++x) {
+        const int64_t yy = y0 + y;
+        const bool blob = ((x / 97) + (yy / 89)) % 7 == 0 &&
+                          (x % 97 - 48) * (x % 97 - 48) + (yy % 89 - 44) * (yy % 89 - 44) < 900;
+        p[x * 3] = uint8_t(blob ? 220 : 60 + (x * 13 + yy * 7) % 40);
+        p[x * 3 + 1] = uint8_t(blob ? 200 : 55 + (x * 5 + yy * 11) % 30);
+        p[x * 3 + 2] = uint8_t(blob ? 180 : 50 + (x + yy) % 20);
+      }
+    }
+    writer.writeRows(m);
+  }
+  writer.close();
+  return 0;
+}
+
+// A tiny fully convolutional model (1x1 convolution 3 -> 2) for memory runs, where the model must not matter.
+int tinyModel(const std::string& path) {
+  torch::jit::Module m("Tiny");
+  torch::manual_seed(0);
+  m.register_parameter("w", torch::randn({2, 3, 1, 1}), false);
+  m.define("def forward(self, x):\n    return torch.conv2d(x, self.w)\n");
+  m.save(path);
+  return 0;
+}
+
+// Reads {"scenario": ..., "metric": ..., "value": ...} lines; writes medians, min and max.
+int summarize(const std::string& out_path) {
+  std::map<std::pair<std::string, std::string>, std::vector<double>> values;
+  std::vector<std::pair<std::string, std::string>> order;
+  nlohmann::json machine;
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    if (line.empty()) continue;
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("machine")) {
+      machine = j["machine"];
+      continue;
+    }
+    auto key = std::make_pair(j["scenario"].get<std::string>(), j["metric"].get<std::string>());
+    if (!values.count(key)) order.push_back(key);
+    values[key].push_back(j["value"].get<double>());
+  }
+  nlohmann::json result = {{"machine", machine}, {"results", nlohmann::json::array()}};
+  std::printf("%-44s %-26s %12s %12s %12s %4s\n", "scenario", "metric", "median", "min", "max", "n");
+  for (const auto& key : order) {
+    auto v = values[key];
+    std::sort(v.begin(), v.end());
+    const double median = v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+    result["results"].push_back({{"scenario", key.first},
+                                 {"metric", key.second},
+                                 {"median", median},
+                                 {"min", v.front()},
+                                 {"max", v.back()},
+                                 {"runs", v.size()}});
+    std::printf("%-44s %-26s %12.4g %12.4g %12.4g %4zu\n", key.first.c_str(), key.second.c_str(), median,
+                v.front(), v.back(), v.size());
+  }
+  tiler::writeJsonAtomically(out_path, result);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"tiler_bench: measurements for scripts/bench.sh"};
+  app.require_subcommand(1);
+  std::string model, path, precision = "fp32", overlap = "0.25", out = "bench.json";
+  int64_t window = 256, windows = 121, size = 4096;
+  int batch = 8, threads = 2;
+  auto* f = app.add_subcommand("forward", "pure batched forward");
+  f->add_option(flagNames("-m,--model"), model)->required();
+  f->add_option(flagNames("--window"), window);
+  f->add_option(flagNames("--batch_size"), batch);
+  f->add_option(flagNames("--windows"), windows);
+  f->add_option(flagNames("--threads"), threads);
+  f->add_option(flagNames("--precision"), precision);
+  auto* i = app.add_subcommand("io", "window reads");
+  i->add_option("image", path)->required();
+  i->add_option(flagNames("--window"), window);
+  i->add_option(flagNames("--overlap"), overlap);
+  auto* n = app.add_subcommand("naive", "whole-image baseline");
+  n->add_option("image", path)->required();
+  n->add_option(flagNames("-m,--model"), model)->required();
+  n->add_option(flagNames("--window"), window);
+  n->add_option(flagNames("--batch_size"), batch);
+  n->add_option(flagNames("--threads"), threads);
+  auto* mk = app.add_subcommand("make", "deterministic RGB tiled TIFF");
+  mk->add_option("output", path)->required();
+  mk->add_option(flagNames("--size"), size);
+  auto* t = app.add_subcommand("tiny-model", "a 1x1 convolution TorchScript model");
+  t->add_option("output", path)->required();
+  auto* s = app.add_subcommand("summarize", "medians of JSON lines on stdin");
+  s->add_option(flagNames("-o,--output"), out);
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (*f) return forward(model, window, batch, windows, threads, precision);
+    if (*i) return io(path, window, overlap);
+    if (*n) return naive(path, model, window, batch, threads);
+    if (*mk) return make(path, size);
+    if (*t) return tinyModel(path);
+    return summarize(out);
+  } catch (const std::exception& e) {
+    return tiler::reportFatal("tiler_bench", e);
+  }
+}
