@@ -125,7 +125,8 @@ if want io; then
     out=$("$bin/tiler_bench" io "$img" --window 256 --overlap 0.25)
     emit "io: ${n}px RGB tiled deflate, 256 px windows" mb_per_second "$(json "$out" mb_per_second)"
     emit "io: ${n}px RGB tiled deflate, 256 px windows" peak_rss_mb "$(json "$out" peak_rss_mb)"
-    emit "io: ${n}px RGB tiled deflate, 256 px windows" rss_share_of_image "$(json "$out" rss_share_of_image)"
+    emit "io: ${n}px RGB tiled deflate, 256 px windows" reader_rss_mb "$(json "$out" reader_rss_mb)"
+    emit "io: ${n}px RGB tiled deflate, 256 px windows" reader_rss_share_of_image "$(json "$out" reader_rss_share_of_image)"
   done
 fi
 

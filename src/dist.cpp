@@ -60,6 +60,13 @@ WorldInfo discoverWorld(const EnvLookup& lookup) {
   return w;
 }
 
+WorldInfo joinWorld() {
+  WorldInfo w = discoverWorld();
+  if (w.world_size > 1) setErrorRankPrefix("[rank " + std::to_string(w.rank) + "] ");
+  if (w.rank != 0) spdlog::set_level(spdlog::level::warn);
+  return w;
+}
+
 struct DistContext::Impl {
   c10::intrusive_ptr<c10d::Store> store;          // owned (shared with the process group)
   c10::intrusive_ptr<compat::Collectives> group;  // null in a world of one

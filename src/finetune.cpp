@@ -479,9 +479,7 @@ int Trainer::loadCheckpoint(nlohmann::json& history) {
 
 int Trainer::run() {
   const auto start = Clock::now();
-  world_ = discoverWorld();
-  if (world_.world_size > 1) setErrorRankPrefix("[rank " + std::to_string(world_.rank) + "] ");
-  if (world_.rank != 0) spdlog::set_level(spdlog::level::warn);
+  world_ = joinWorld();
   std::tie(spec_.window_w, spec_.window_h) = parseWindowSize(o_.window);
   parseOverlap(o_.overlap, spec_);
   pad_ = parsePadMode(o_.pad);
@@ -540,6 +538,7 @@ int Trainer::run() {
         o_.loss, o_.optimizer, precisionName(runner_->precision()));
 
   double sync_seconds = 0, step_seconds = 0;
+  Progress progress(total_steps_, "steps", !o_.no_progress && world_.rank == 0);
   for (int epoch = first_epoch + 1; epoch <= o_.epochs; ++epoch) {
     const auto t0 = Clock::now();
     auto mine = epochWindows(train_, epoch, true, nullptr);
@@ -576,6 +575,7 @@ int Trainer::run() {
       loss_sum += loss.item<double>();
       ++counted;
       ++step_;
+      progress.update(step_);
       step_seconds += std::chrono::duration<double>(Clock::now() - ts).count();
     }
     auto train_loss = onComm(torch::tensor({loss_sum, double(counted)}, torch::kDouble));

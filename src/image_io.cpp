@@ -268,7 +268,7 @@ class TiffReader final : public ImageReader {
     }
     const uint64_t tiles_across = (uint64_t(w) + chunk_w_ - 1) / uint64_t(chunk_w_);
     const uint64_t row_bytes = tiles_across * chunk_bytes * (info_.planar_separate ? spp : 1);
-    cache_budget_ = size_t(std::clamp<uint64_t>(row_bytes * 5 / 2, uint64_t(64) << 20, uint64_t(512) << 20));
+    cache_budget_ = size_t(std::clamp<uint64_t>(row_bytes * 5 / 2, uint64_t(16) << 20, uint64_t(512) << 20));
   }
 
   void readScanlines(const Rect& r, cv::Mat& out) {
@@ -329,7 +329,7 @@ class TiffReader final : public ImageReader {
   mutable std::mutex mutex_;
   int64_t chunk_w_ = 0, chunk_h_ = 0;
   bool huge_uncompressed_strips_ = false;
-  size_t cache_budget_ = 64 << 20;
+  size_t cache_budget_ = 16 << 20;
   size_t cache_bytes_ = 0;
   std::unordered_map<uint32_t, CacheEntry> cache_;
   std::list<uint32_t> lru_;  // most recent first
@@ -684,10 +684,13 @@ void ImageWriter::flushTileRow(int64_t rows) {
     }
     uint32_t index = TIFFComputeTile(tif, uint32_t(x0), uint32_t(rows_written_), 0, 0);
     t_tiff_error.clear();
+    errno = 0;
     if (TIFFWriteEncodedTile(tif, index, tile_buf.data(), tmsize_t(tile_buf.size())) < 0) {
+      const int write_errno = errno;
       std::string err = takeTiffError();
       abandon();
-      TILER_THROW(IoError, "'" << path_ << "': writing tile at row " << rows_written_ << " failed: " << err);
+      TILER_THROW(IoError, "'" << path_ << "': writing tile at row " << rows_written_ << " failed: "
+                               << (write_errno ? std::strerror(write_errno) : err) << " (" << err << ")");
     }
   }
   rows_written_ += rows;
@@ -702,8 +705,9 @@ void ImageWriter::close() {
                 "'" << path_ << "': closed after " << rows_written_ << " of " << height_ << " rows");
     TIFF* tif = static_cast<TIFF*>(tiff_);
     t_tiff_error.clear();
+    errno = 0;
     bool ok = TIFFWriteDirectory(tif) && TIFFFlush(tif);
-    std::string err = ok ? "" : takeTiffError();
+    std::string err = ok ? "" : (errno ? std::string(std::strerror(errno)) + ": " : "") + takeTiffError();
     TIFFClose(tif);
     tiff_ = nullptr;
     if (!ok) {

@@ -239,6 +239,40 @@ void writeOverlay(const std::string& image_path, const std::string& labels_path,
   writer.close();
 }
 
+Progress::Progress(int64_t total, std::string unit, bool enabled)
+    : total_(total),
+      unit_(std::move(unit)),
+      enabled_(enabled),
+      tty_(isatty(STDOUT_FILENO) != 0),
+      start_(std::chrono::steady_clock::now()),
+      last_(start_) {}
+
+void Progress::update(int64_t done) {
+  if (!enabled_) return;
+  const auto now = std::chrono::steady_clock::now();
+  const bool last = done >= total_;
+  // A bar redrawn 5 times a second on a terminal; a plain line every 5 seconds in a log.
+  if (!last && now - last_ < (tty_ ? std::chrono::milliseconds(200) : std::chrono::seconds(5))) return;
+  last_ = now;
+  const double secs = std::chrono::duration<double>(now - start_).count();
+  const double rate = secs > 0 ? double(done) / secs : 0.0;
+  const double eta = rate > 0 ? double(total_ - done) / rate : 0.0;
+  char line[256];
+  if (tty_) {
+    const int width = 30;
+    const int filled = total_ > 0 ? int(width * std::min(done, total_) / total_) : width;
+    std::string bar(size_t(filled), '#');
+    bar.resize(size_t(width), '.');
+    std::snprintf(line, sizeof line, "\r[%s] %lld/%lld %s  %.1f/s  ETA %.0fs ", bar.c_str(), (long long)done,
+                  (long long)total_, unit_.c_str(), rate, eta);
+    std::cout << line << (last ? "\n" : "") << std::flush;
+  } else {
+    std::snprintf(line, sizeof line, "progress: %lld/%lld %s, %.1f/s, ETA %.0fs", (long long)done,
+                  (long long)total_, unit_.c_str(), rate, eta);
+    std::cout << line << std::endl;
+  }
+}
+
 // ---- the job -------------------------------------------------------------------------------------------
 
 namespace {
@@ -392,7 +426,6 @@ class InferJob {
   void stitchStep(StepResult& step);
   ImageJob& jobFor(int image_id);
   void finishImage(int image_id, const std::string& error);
-  void progress(int64_t step, int64_t steps, bool last);
   nlohmann::json report(double seconds, const std::vector<torch::Tensor>& per_rank);
   void maybeFault(int64_t windows_done);
 
@@ -423,7 +456,6 @@ class InferJob {
   std::mutex results_mutex_;  // guards plan_.images[*].status/error after the plan is built
 
   Clock::time_point start_;
-  Clock::time_point last_progress_;
   double read_seconds_ = 0, forward_seconds_ = 0, gather_seconds_ = 0;
   int64_t my_windows_ = 0;
 };
@@ -457,6 +489,18 @@ void InferJob::validateOptions() {
   if (o_.inputs.empty()) o_.inputs = {bundledSamplesDir() + "/images"};
   if (o_.model.empty()) o_.model = bundledSamplesDir() + "/models/sample.pt";
   if (o_.report.empty()) o_.report = (fs::path(o_.output_dir) / "report.json").string();
+  if (world_.rank == 0) {
+    // An unwritable output directory is a setup error: say so before any work, not once per image.
+    std::error_code ec;
+    fs::create_directories(o_.output_dir, ec);
+    const std::string probe = (fs::path(o_.output_dir) / ".tiler-write-test").string();
+    std::ofstream test(probe);
+    TILER_CHECK(!ec && test.good(), ConfigError,
+                "cannot write to the output directory '"
+                    << o_.output_dir << "': " << (ec ? ec.message() : std::strerror(errno)));
+    test.close();
+    fs::remove(probe, ec);
+  }
 }
 
 void InferJob::buildPlan() {
@@ -499,6 +543,11 @@ void InferJob::buildPlan() {
       img.status = "error";
       img.error = e.message();
     }
+    if (img.status == "ok" && world_.rank == 0) {
+      // A .partial left by a killed run is garbage: this run writes the image again or skips it.
+      std::error_code ec;
+      for (auto& [kind, out] : img.outputs) fs::remove(out + ".partial", ec);
+    }
     if (img.status == "ok") {
       size_t present = 0;
       for (auto& [kind, out] : img.outputs) present += fs::exists(out) ? 1 : 0;
@@ -529,6 +578,9 @@ void InferJob::buildPlan() {
 
 void InferJob::maybeFault(int64_t windows_done) {
   if (!fault_ || fault_->rank != world_.rank || windows_done < fault_->after_windows) return;
+  // Only the first attempt faults, so that a restarted group (ctrun --max_restarts) can finish.
+  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  if (restart != nullptr && std::string(restart) != "0") return;
   spdlog::warn("TILER_FAULT: injecting '{}' after {} windows", fault_->kind, windows_done);
   if (fault_->kind == "crash") raise(SIGSEGV);
   if (fault_->kind == "exit") std::_Exit(3);
@@ -538,12 +590,14 @@ void InferJob::maybeFault(int64_t windows_done) {
 void InferJob::prefetchLoop(const std::vector<SampleSlot>& slots, int64_t steps) {
   const int64_t B = o_.batch_size;
   const int64_t H = spec_.window_h, W = spec_.window_w, C = probe_.input_channels;
+  const bool pinned = model_->device().is_cuda();
   std::map<int, std::unique_ptr<ImageReader>> readers;  // the few images this rank is inside
   try {
     for (int64_t step = 0; step < steps; ++step) {
       Batch batch;
       auto t0 = Clock::now();
-      batch.pixels = torch::zeros({B, H, W, C}, torch::kFloat32);
+      // Pinned host memory lets the copy to a GPU run asynchronously (forward() copies non_blocking).
+      batch.pixels = torch::zeros({B, H, W, C}, torch::TensorOptions(torch::kFloat32).pinned_memory(pinned));
       batch.scales = torch::ones({B}, torch::kFloat32);
       batch.meta = torch::full({B, 2}, int64_t(-1), torch::kInt64);
       auto meta = batch.meta.accessor<int64_t, 2>();
@@ -695,34 +749,6 @@ void InferJob::stitchLoop() {
   jobs_.clear();
 }
 
-void InferJob::progress(int64_t step, int64_t steps, bool last) {
-  if (o_.no_progress || world_.rank != 0) return;
-  const auto now = Clock::now();
-  const bool tty = isatty(STDOUT_FILENO);
-  if (!last && now - last_progress_ < (tty ? std::chrono::milliseconds(200) : std::chrono::seconds(5)))
-    return;
-  last_progress_ = now;
-  const int64_t done = std::min(plan_.total_windows, (step + 1) * o_.batch_size * world_.world_size);
-  const double secs = std::chrono::duration<double>(now - start_).count();
-  const double rate = secs > 0 ? double(done) / secs : 0.0;
-  const double eta = rate > 0 ? double(plan_.total_windows - done) / rate : 0.0;
-  char line[256];
-  if (tty) {
-    const int width = 30;
-    const int filled = plan_.total_windows ? int(width * done / plan_.total_windows) : width;
-    std::string bar(size_t(filled), '#');
-    bar.resize(size_t(width), '.');
-    std::snprintf(line, sizeof line, "\r[%s] %lld/%lld windows  %.1f win/s  ETA %.0fs ", bar.c_str(),
-                  (long long)done, (long long)plan_.total_windows, rate, eta);
-    std::cout << line << (last ? "\n" : "") << std::flush;
-  } else {
-    std::snprintf(line, sizeof line, "progress: %lld/%lld windows, %.1f win/s, ETA %.0fs", (long long)done,
-                  (long long)plan_.total_windows, rate, eta);
-    std::cout << line << std::endl;
-  }
-  (void)steps;
-}
-
 nlohmann::json InferJob::report(double seconds, const std::vector<torch::Tensor>& per_rank) {
   nlohmann::json j;
   j["world_size"] = world_.world_size;
@@ -765,10 +791,8 @@ nlohmann::json InferJob::report(double seconds, const std::vector<torch::Tensor>
 }
 
 int InferJob::run() {
-  start_ = last_progress_ = Clock::now();
-  world_ = discoverWorld();
-  if (world_.world_size > 1) setErrorRankPrefix("[rank " + std::to_string(world_.rank) + "] ");
-  if (world_.rank != 0) spdlog::set_level(spdlog::level::warn);
+  start_ = Clock::now();
+  world_ = joinWorld();
   validateOptions();
   fault_ = faultFromEnvironment();
 
@@ -817,6 +841,7 @@ int InferJob::run() {
                  steps, B, dist_->backendName(), precisionName(model_->precision()), device.str());
   }
 
+  Progress progress(plan_.total_windows, "windows", !o_.no_progress && world_.rank == 0);
   std::thread prefetch([&] { prefetchLoop(slots, steps); });
   std::thread stitcher;
   if (world_.rank == 0) stitcher = std::thread([&] { stitchLoop(); });
@@ -827,8 +852,21 @@ int InferJob::run() {
     if (stitcher.joinable()) stitcher.join();
   };
 
+  // Which rank held the world up: every rank notes its step in the store, read back on a timeout.
+  auto laggards = [&](int64_t step) {
+    std::string behind;
+    for (int r = 0; r < world_.world_size; ++r) {
+      const std::string at = dist_->getString("tiler/step/" + std::to_string(r), "-1");
+      if (std::stoll(at) < step) behind += " rank " + std::to_string(r) + " (last seen at step " + at + ")";
+    }
+    return behind.empty() ? std::string() : "; behind:" + behind + ": hung or dead";
+  };
+  int64_t current_step = 0;
   try {
     for (int64_t step = 0; step < steps; ++step) {
+      current_step = step;
+      if (world_.world_size > 1)
+        dist_->setString("tiler/step/" + std::to_string(world_.rank), std::to_string(step));
       auto batch = batches_.pop();
       if (!batch) std::rethrow_exception(prefetch_error_);
       read_seconds_ += batch->read_seconds;
@@ -883,9 +921,12 @@ int InferJob::run() {
             failed_.empty(), IoError,
             "'" << plan_.images[size_t(*failed_.begin())].input << "' failed and --on_error abort is set");
       }
-      progress(step, steps, step + 1 == steps);
+      progress.update(std::min(plan_.total_windows, (step + 1) * B * world_.world_size));
       maybeFault(my_windows_);
     }
+  } catch (const TimeoutError& e) {
+    stop_threads();
+    throw TimeoutError(e.message() + laggards(current_step), __FILE__, __LINE__);
   } catch (...) {
     stop_threads();
     throw;

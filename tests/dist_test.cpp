@@ -11,6 +11,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "test_util.hpp"
 #include "tiler/error.hpp"
 
 namespace tiler {
@@ -143,20 +144,8 @@ TEST(Dist, DiscoverWorldFromEachLauncher) {
   EXPECT_THROW(from({{"RANK", "x"}, {"WORLD_SIZE", "4"}}), ConfigError);
 }
 
-int freePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 TEST(Dist, GarbageOnTheStorePortDoesNotCrashRankZero) {
-  const int port = freePort();
+  const int port = test::freePort();
   c10d::TCPStoreOptions so;
   so.port = uint16_t(port);
   so.isServer = true;

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "test_util.hpp"
 #include "tiler/image_io.hpp"
 
 namespace fs = std::filesystem;
@@ -23,20 +24,7 @@ const std::string kCtrun = std::string(TILER_BIN_DIR) + "/ctrun";
 const std::string kTiler = std::string(TILER_BIN_DIR) + "/tiler";
 const std::string kSamples = std::string(TILER_TEST_SOURCE_DIR) + "/samples";
 
-struct Result {
-  int code = -1;
-  std::string output;
-};
-
-Result run(const std::string& cmd) {
-  Result r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  std::array<char, 8192> buf;
-  while (p && fgets(buf.data(), buf.size(), p)) r.output += buf.data();
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
+auto run = test::runCommand;
 
 nlohmann::json readJson(const std::string& path) {
   std::ifstream in(path);

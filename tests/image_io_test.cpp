@@ -11,6 +11,7 @@
 #include <random>
 #include <thread>
 
+#include "test_util.hpp"
 #include "tiler/error.hpp"
 
 namespace fs = std::filesystem;
@@ -243,8 +244,15 @@ TEST(ImageReader, TileCacheIsBoundedAndReused) {
   writeTiff(path, img, true, COMPRESSION_ADOBE_DEFLATE, false, false, 64);
   auto reader = ImageReader::open(path);
   reader->readRegion({0, 0, 1024, 1024});
-  EXPECT_EQ(reader->cachedBytes(), size_t(1024 * 1024)) << "every tile decoded once and kept (under 64 MiB)";
-  EXPECT_LE(reader->cachedBytes(), size_t(64) << 20);
+  EXPECT_EQ(reader->cachedBytes(), size_t(1024 * 1024)) << "every tile decoded once and kept (under 16 MiB)";
+  // A wide image: the cache keeps 2.5 rows of tiles, so it evicts rather than grow with the image.
+  cv::Mat wide = randomImage(64 * 40, 4096, CV_8UC3, 6);
+  auto wide_path = tempPath("cache_wide.tif");
+  writeTiff(wide_path, wide, true, COMPRESSION_NONE, false, false, 64);
+  auto wr = ImageReader::open(wide_path);
+  for (int64_t y = 0; y < wide.rows; y += 64) wr->readRegion({0, y, 4096, 64});
+  EXPECT_LE(wr->cachedBytes(), size_t(16) << 20);
+  EXPECT_GE(wr->cachedBytes(), size_t(2 * 64 * 4096 * 3)) << "at least two rows of tiles stay";
 }
 
 void expectIoError(const std::string& path, const std::string& needle) {
@@ -301,19 +309,8 @@ TEST(ImageReader, CorruptTileIsAnIoErrorNotACrash) {
 }
 
 TEST(ImageReader, AbsurdHeaderFailsFastWithoutAllocating) {
-  // 10^6 x 10^6 with a single uncompressed strip that the file does not hold.
   auto path = tempPath("absurd.tif");
-  TIFF* t = TIFFOpen(path.c_str(), "w");
-  TIFFSetField(t, TIFFTAG_IMAGEWIDTH, 1000000);
-  TIFFSetField(t, TIFFTAG_IMAGELENGTH, 1000000);
-  TIFFSetField(t, TIFFTAG_SAMPLESPERPIXEL, 1);
-  TIFFSetField(t, TIFFTAG_BITSPERSAMPLE, 8);
-  TIFFSetField(t, TIFFTAG_PHOTOMETRIC, PHOTOMETRIC_MINISBLACK);
-  TIFFSetField(t, TIFFTAG_ROWSPERSTRIP, 1000000);
-  TIFFSetField(t, TIFFTAG_COMPRESSION, COMPRESSION_ADOBE_DEFLATE);
-  uint8_t row[16] = {0};
-  TIFFWriteRawStrip(t, 0, row, sizeof row);
-  TIFFClose(t);
+  test::writeAbsurdTiff(path);
   auto t0 = std::chrono::steady_clock::now();
   expectIoError(path, "too large to decode");
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
@@ -435,6 +432,28 @@ TEST(ImageIo, ExtensionsAndCompressionNames) {
   EXPECT_FALSE(hasImageExtension("notes.txt"));
   EXPECT_EQ(parseCompression("zstd"), Compression::kZstd);
   EXPECT_THROW(parseCompression("rar"), ConfigError);
+}
+
+}  // namespace
+}  // namespace tiler
+
+#include "fuzz/read_everything.hpp"
+
+namespace tiler {
+namespace {
+
+// Every seed and every input the fuzzer ever crashed on (scripts/fuzz.sh) must now be read safely.
+TEST(ImageReaderFuzz, CorpusAndRegressionsReadWithoutCrashing) {
+  int files = 0;
+  for (const char* dir : {"/tests/fuzz/corpus", "/tests/fuzz/regressions"}) {
+    const fs::path path = std::string(TILER_TEST_SOURCE_DIR) + dir;
+    if (!fs::exists(path)) continue;
+    for (const auto& e : fs::directory_iterator(path)) {
+      fuzz::readEverything(e.path().string());
+      ++files;
+    }
+  }
+  EXPECT_GE(files, 4);
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "tiler/launcher.hpp"
 
+#include "test_util.hpp"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -26,36 +28,10 @@ namespace {
 const std::string kCtrun = std::string(TILER_BIN_DIR) + "/ctrun";
 const std::string kHelper = CTRUN_HELPER;
 
-struct Result {
-  int code = -1;
-  std::string output;
-  double seconds = 0;
-};
-
-Result run(const std::string& args) {
-  Result r;
-  auto t0 = Clock::now();
-  FILE* p = popen((args + " 2>&1").c_str(), "r");
-  std::array<char, 8192> buf;
-  while (p && fgets(buf.data(), buf.size(), p)) r.output += buf.data();
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  return r;
-}
-
+auto run = test::runCommand;
+using test::slurp;
 std::string tempDir(const std::string& name) {
-  fs::path d = fs::path(::testing::TempDir()) / ("launcher_" + name + "_" + std::to_string(getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d.string();
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return test::scratchDir("launcher_" + name);
 }
 
 bool alive(pid_t pid) {

@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <tiffio.h>
 #include <torch/script.h>
 #include <unistd.h>
 
@@ -17,6 +18,8 @@
 #include <opencv2/imgcodecs.hpp>
 #include <sstream>
 
+#include "test_util.hpp"
+#include "tiler/error.hpp"
 #include "tiler/image_io.hpp"
 
 namespace fs = std::filesystem;
@@ -28,42 +31,9 @@ namespace {
 const std::string kCtrun = std::string(TILER_BIN_DIR) + "/ctrun";
 const std::string kTiler = std::string(TILER_BIN_DIR) + "/tiler";
 
-struct Result {
-  int code = -1;
-  std::string output;
-  double seconds = 0;
-};
-
-Result run(const std::string& cmd) {
-  Result r;
-  auto t0 = Clock::now();
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  std::array<char, 8192> buf;
-  while (p && fgets(buf.data(), buf.size(), p)) r.output += buf.data();
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  return r;
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-int freePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
+using test::freePort;
+using test::slurp;
+auto run = test::runCommand;
 
 void writeImage(const std::string& path, const cv::Mat& img, SampleType type) {
   WriterOptions o;
@@ -136,7 +106,7 @@ def forward(self, x):
     for (const auto& e : fs::directory_iterator(a)) {
       if (e.path().extension() != ".tif") continue;
       ++files;
-      EXPECT_EQ(slurp(e.path().string()), slurp(b + "/" + e.path().filename().string()))
+      EXPECT_TRUE(slurp(e.path().string()) == slurp(b + "/" + e.path().filename().string()))
           << e.path().filename();
     }
     EXPECT_EQ(files, 10);
@@ -330,6 +300,149 @@ TEST(PipelinePieces, ReadWindowPadsOutsideTheImage) {
   EXPECT_EQ(rep.at<uint8_t>(0, 0), 10);
   cv::Mat ref = readWindow(*reader, g, 0, PadMode::kReflect, 0);
   EXPECT_EQ(ref.at<uint8_t>(0, 1), 40) << "reflect without repeating the edge, like torch";
+}
+
+}  // namespace
+}  // namespace tiler
+
+namespace tiler {
+namespace {
+
+std::vector<std::string> partialFiles(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.path().extension() == ".partial") out.push_back(e.path().string());
+  return out;
+}
+
+const nlohmann::json* imageEntry(const nlohmann::json& report, const std::string& name) {
+  for (const auto& e : report["images"])
+    if (fs::path(e["input"].get<std::string>()).filename() == name) return &e;
+  return nullptr;
+}
+
+TEST_F(Pipeline, BadInputsAreReportedAndTheRestGoesOn) {
+  const std::string in = root_ + "/bad_in", out = root_ + "/bad_out";
+  fs::create_directories(in);
+  for (const char* good : {"a_large.tif", "d_gray16.tif", "e_float.tif"})
+    fs::copy_file(root_ + "/images/" + good, in + "/" + good, fs::copy_options::overwrite_existing);
+  std::string bytes = slurp(root_ + "/images/a_large.tif");
+  std::ofstream(in + "/truncated.tif", std::ios::binary)
+      .write(bytes.data(), std::streamsize(bytes.size() / 3));
+  std::ofstream(in + "/text.tif") << "this is a text file named .tif\n";
+  std::ofstream(in + "/empty.png").close();
+  writeImage(in + "/one_pixel.png", cv::Mat(1, 1, CV_8UC3, cv::Scalar(9, 99, 199)), SampleType::kU8);
+  writeImage(in + "/five_channels.tif", pattern(40, 40, CV_8UC(5), 255), SampleType::kU8);
+  test::writeAbsurdTiff(in + "/absurd.tif", 3);
+  const bool root = geteuid() == 0;
+  writeImage(in + "/unreadable.png", pattern(20, 20, CV_8UC3, 255), SampleType::kU8);
+  fs::permissions(in + "/unreadable.png", fs::perms::none);
+
+  auto r =
+      run(kCtrun + " --nproc_per_node 2 --master_port 0 " + kTiler + " -i " + in + " -m " + model_ + " -o " +
+          out + " --window 128 --batch_size 4 --threads 1 --save labels,probs --no_progress --timeout 60");
+  fs::permissions(in + "/unreadable.png", fs::perms::owner_all);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_LT(r.seconds, 60) << "no hang";
+  auto j = report(out);
+  auto expectError = [&](const std::string& name, const std::string& reason) {
+    const nlohmann::json* e = imageEntry(j, name);
+    ASSERT_NE(e, nullptr) << name;
+    EXPECT_EQ((*e)["status"], "error") << name;
+    const std::string msg = (*e)["error"].get<std::string>();
+    EXPECT_NE(msg.find(name), std::string::npos) << msg;
+    EXPECT_NE(msg.find(reason), std::string::npos) << name << ": " << msg;
+  };
+  expectError("truncated.tif", "");
+  expectError("text.tif", "not a TIFF");
+  expectError("empty.png", "empty file");
+  expectError("absurd.tif", "too large to decode");
+  expectError("five_channels.tif", "image has 5 channel(s) but the model takes 3");
+  if (!root) expectError("unreadable.png", "cannot read");
+  for (const char* good : {"a_large.tif", "d_gray16.tif", "e_float.tif", "one_pixel.png"})
+    EXPECT_EQ((*imageEntry(j, good))["status"], "ok") << good;
+  for (const char* stem : {"a_large", "d_gray16", "e_float"})
+    for (const char* kind : {"_labels.tif", "_probs.tif"})
+      EXPECT_TRUE(slurp(out + "/" + stem + kind) == slurp(reference() + "/" + stem + kind)) << stem << kind;
+  EXPECT_TRUE(partialFiles(out).empty());
+  EXPECT_FALSE(fs::exists(out + "/truncated_labels.tif"));
+}
+
+TEST_F(Pipeline, SetupErrorsAreFatalWithAOneLineCause) {
+  auto dir =
+      run(kTiler + " -i " + root_ + "/images -m " + model_ + " -o /proc/tiler-cannot-write --no_progress");
+  EXPECT_EQ(dir.code, 1);
+  EXPECT_NE(dir.output.find("cannot write to the output directory '/proc/tiler-cannot-write'"),
+            std::string::npos)
+      << dir.output;
+  const std::string corrupt = root_ + "/corrupt.pt";
+  std::ofstream(corrupt) << "PK\x03\x04 not really a zip";
+  auto model = run(kCtrun + " --nproc_per_node 2 --master_port 0 " + kTiler + " -i " + root_ + "/images -m " +
+                   corrupt + " -o " + root_ + "/out_corrupt --no_progress");
+  EXPECT_EQ(model.code, 1) << model.output;
+  EXPECT_NE(model.output.find("is not a TorchScript file or is corrupt"), std::string::npos) << model.output;
+  EXPECT_EQ(model.output.find("Segmentation"), std::string::npos);
+}
+
+TEST_F(Pipeline, CrashedRankRestartsAndResumesToTheSameBytes) {
+  const std::string out = root_ + "/out_crash";
+  auto r = run("TILER_FAULT=rank:1,after_windows:20,kind:crash " + kCtrun +
+               " --nproc_per_node 2 --master_port 0 --max_restarts 1 --grace_period 2 " +
+               tilerArgs(out, "--resume"));
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("SIGSEGV"), std::string::npos) << "the first attempt crashed: " << r.output;
+  EXPECT_NE(r.output.find("restarting worker group"), std::string::npos);
+  expectSameOutputs(reference(), out);
+  auto j = report(out);
+  int ok = 0, skipped = 0;
+  for (const auto& e : j["images"]) {
+    ok += e["status"] == "ok";
+    skipped += e["status"] == "skipped";
+  }
+  EXPECT_EQ(ok + skipped, 5) << "no image lost";
+  EXPECT_TRUE(partialFiles(out).empty());
+}
+
+TEST_F(Pipeline, HungRankTimesOutAndTheSummaryNamesIt) {
+  const std::string out = root_ + "/out_hang";
+  auto r = run("TILER_FAULT=rank:1,after_windows:4,kind:hang " + kCtrun +
+               " --nproc_per_node 2 --master_port 0 --grace_period 2 " + tilerArgs(out, "--timeout 3"));
+  EXPECT_NE(r.code, 0);
+  EXPECT_LT(r.seconds, 3 + 2 + 10) << "timeout + grace + start-up";
+  EXPECT_NE(r.output.find("behind: rank 1 (last seen at step"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Root cause"), std::string::npos) << r.output;
+}
+
+TEST_F(Pipeline, DiskFullIsAClearErrorAndEarlierOutputsSurvive) {
+  if (geteuid() != 0) GTEST_SKIP() << "mounting a tmpfs needs root";
+  const std::string mnt = root_ + "/tiny_disk", in = root_ + "/disk_in";
+  fs::create_directories(mnt);
+  fs::create_directories(in);
+  if (std::system(("mount -t tmpfs -o size=2m tmpfs " + mnt + " 2>/dev/null").c_str()) != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs here";
+  fs::copy_file(root_ + "/images/c_small.png", in + "/a_small.png");
+  cv::Mat noise(1200, 1200, CV_8UC3);
+  cv::randu(noise, 0, 255);
+  writeImage(in + "/b_noise.tif", noise, SampleType::kU8);
+  auto r = run(kTiler + " -i " + in + " -m " + model_ + " -o " + mnt + "/out --window 128 --threads 1 " +
+               "--save labels,probs --compression none --no_progress");
+  // Compare decoded pixels: this run writes uncompressed TIFFs, the reference deflate ones.
+  bool small_intact = false;
+  try {
+    cv::Mat got = ImageReader::open(mnt + "/out/a_small_labels.tif")->readRegion({0, 0, 50, 40});
+    cv::Mat want = ImageReader::open(reference() + "/c_small_labels.tif")->readRegion({0, 0, 50, 40});
+    small_intact = cv::countNonZero(got != want) == 0;
+  } catch (const Error&) {
+  }
+  const bool partial_left = !partialFiles(mnt).empty();
+  const bool noise_out = fs::exists(mnt + "/out/b_noise_probs.tif");
+  std::system(("umount " + mnt).c_str());
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("b_noise_probs.tif"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("No space left on device"), std::string::npos) << r.output;
+  EXPECT_TRUE(small_intact) << "the earlier output is intact";
+  EXPECT_FALSE(partial_left);
+  EXPECT_FALSE(noise_out);
 }
 
 }  // namespace

@@ -33,6 +33,9 @@ struct WorldInfo {
 
 using EnvLookup = std::function<const char*(const char*)>;
 WorldInfo discoverWorld(const EnvLookup& env = nullptr);
+// discoverWorld() for a tool's process: errors get a "[rank N] " prefix in a world of several, and ranks
+// other than 0 log only warnings and errors.
+WorldInfo joinWorld();
 
 struct DistOptions {
   std::string backend = "auto";  // auto | gloo | nccl

@@ -1,11 +1,12 @@
 // image_io: region reads of huge images and streaming, atomic writes. No LibTorch.
 //
 // ImageReader: TIFF through libtiff decodes only the tiles or strips a region touches; a bounded LRU cache of
-// decoded tiles/strips (max(64 MiB, 2.5 rows of tiles), at most 512 MiB) keeps neighbouring windows from
-// decoding the same tile twice. Other formats go through OpenCV, decoded once at open and shared by all
-// regions. Thread safety: readRegion() may be called from several threads at once; each reader serialises its
-// libtiff handle behind one internal mutex (the copy out of cached tiles happens under it too).
-// Pixels are HWC in the file's native type (u8, u16, i16, u32, f32); colour is RGB(A), never BGR.
+// decoded tiles/strips (2.5 rows of tiles across the image, at least 16 MiB, at most 512 MiB) keeps
+// neighbouring windows from decoding the same tile twice. Other formats go through OpenCV, decoded once at
+// open and shared by all regions. Thread safety: readRegion() may be called from several threads at once;
+// each reader serialises its libtiff handle behind one internal mutex (the copy out of cached tiles happens
+// under it too). Pixels are HWC in the file's native type (u8, u16, i16, u32, f32); colour is RGB(A), never
+// BGR.
 //
 // ImageWriter: takes row bands top to bottom. TIFF output is tiled (256 px), deflate by default, horizontal
 // predictor for integers and floating-point predictor for f32, BigTIFF when the raw data exceeds 2 GiB;

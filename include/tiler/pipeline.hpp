@@ -7,6 +7,7 @@
 // on rank 0 the stitcher rows and one row of output tiles per open image.
 #pragma once
 
+#include <chrono>
 #include <nlohmann/json_fwd.hpp>
 #include <opencv2/core.hpp>
 #include <string>
@@ -77,6 +78,19 @@ cv::Mat readWindow(ImageReader& reader, const WindowGrid& grid, int64_t local_in
                    double cval);
 // Default input scale for a sample type: 1/max for integers, 1 for float.
 double defaultScale(SampleType type);
+// Rank 0's progress display: a bar with rate and ETA on a terminal, a plain line every 5 s otherwise.
+class Progress {
+ public:
+  Progress(int64_t total, std::string unit, bool enabled);
+  void update(int64_t done);
+
+ private:
+  int64_t total_;
+  std::string unit_;
+  bool enabled_, tty_;
+  std::chrono::steady_clock::time_point start_, last_;
+};
+
 // Peak resident memory of this process so far, in MiB.
 double peakRssMegabytes();
 // Writes `j` to "<path>.partial" and renames it into place; throws IoError.

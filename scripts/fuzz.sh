@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Fuzzes ImageReader with libFuzzer for SECONDS (default 60): scripts/fuzz.sh [SECONDS]
+# Builds the reader (no LibTorch) with clang, ASan and UBSan into build-fuzz/, starts from tests/fuzz/corpus/
+# and writes any crashing input to tests/fuzz/regressions/, which image_io_test replays in CI.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds="${1:-60}"
+bash scripts/setup-deps.sh
+need=()
+for p in clang libclang-rt-14-dev; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need+=("$p"); done
+if [ ${#need[@]} -gt 0 ]; then
+  sudo=""; [ "$(id -u)" -ne 0 ] && sudo=sudo
+  $sudo apt-get install -y -qq --no-install-recommends "${need[@]}"
+fi
+mkdir -p build-fuzz tests/fuzz/regressions
+clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-omit-frame-pointer \
+  -Iinclude -Itests/fuzz -I/usr/include/opencv4 \
+  tests/fuzz/image_reader_fuzzer.cpp src/image_io.cpp src/error.cpp src/grid.cpp \
+  -o build-fuzz/image_reader_fuzzer \
+  -ltiff -lopencv_imgcodecs -lopencv_imgproc -lopencv_core -lspdlog -lfmt
+work=build-fuzz/corpus
+mkdir -p "$work"
+./build-fuzz/image_reader_fuzzer -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 \
+  -artifact_prefix=tests/fuzz/regressions/ "$work" tests/fuzz/corpus
+echo "fuzzed for ${seconds}s; crashes (if any) are in tests/fuzz/regressions/ and replayed by image_io_test"

@@ -1,0 +1,85 @@
+// Helpers the test files share: running a command, reading a file, a free port, a scratch directory,
+// and the TIFF that claims 10^6 x 10^6 pixels.
+#pragma once
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <tiffio.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace tiler::test {
+
+struct CommandResult {
+  int code = -1;       // exit code, or 128 + signal
+  std::string output;  // stdout and stderr together
+  double seconds = 0;
+};
+
+inline CommandResult runCommand(const std::string& cmd) {
+  CommandResult r;
+  const auto t0 = std::chrono::steady_clock::now();
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  std::array<char, 8192> buf;
+  while (p && fgets(buf.data(), buf.size(), p)) r.output += buf.data();
+  const int status = p ? pclose(p) : -1;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+inline std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A fresh directory under the test temp dir, unique per process.
+inline std::string scratchDir(const std::string& name) {
+  namespace fs = std::filesystem;
+  fs::path d = fs::path(::testing::TempDir()) / (name + "_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d.string();
+}
+
+inline int freePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// A TIFF whose header claims 10^6 x 10^6 pixels in one deflate strip, holding 16 bytes of data.
+inline void writeAbsurdTiff(const std::string& path, int channels = 1) {
+  TIFF* t = TIFFOpen(path.c_str(), "w");
+  ASSERT_NE(t, nullptr);
+  TIFFSetField(t, TIFFTAG_IMAGEWIDTH, 1000000);
+  TIFFSetField(t, TIFFTAG_IMAGELENGTH, 1000000);
+  TIFFSetField(t, TIFFTAG_SAMPLESPERPIXEL, channels);
+  TIFFSetField(t, TIFFTAG_BITSPERSAMPLE, 8);
+  TIFFSetField(t, TIFFTAG_PHOTOMETRIC, channels == 3 ? PHOTOMETRIC_RGB : PHOTOMETRIC_MINISBLACK);
+  TIFFSetField(t, TIFFTAG_ROWSPERSTRIP, 1000000);
+  TIFFSetField(t, TIFFTAG_COMPRESSION, COMPRESSION_ADOBE_DEFLATE);
+  uint8_t data[16] = {0};
+  TIFFWriteRawStrip(t, 0, data, sizeof data);
+  TIFFClose(t);
+}
+
+}  // namespace tiler::test
