@@ -31,9 +31,10 @@ double since(Clock::time_point t0) {
 }
 
 int forward(const std::string& model, int64_t window, int batch, int64_t windows, int threads,
-            const std::string& precision) {
+            const std::string& precision, bool jit_optimize) {
   tiler::ModelOptions o;
   o.path = model;
+  o.jit_optimize = jit_optimize;
   o.device = "cpu";
   o.threads = threads;
   o.precision = precision;
@@ -232,6 +233,8 @@ int main(int argc, char** argv) {
   f->add_option(flagNames("--windows"), windows);
   f->add_option(flagNames("--threads"), threads);
   f->add_option(flagNames("--precision"), precision);
+  bool jit_optimize = false;
+  f->add_flag(flagNames("--jit_optimize"), jit_optimize);
   auto* i = app.add_subcommand("io", "window reads");
   i->add_option("image", path)->required();
   i->add_option(flagNames("--window"), window);
@@ -251,7 +254,7 @@ int main(int argc, char** argv) {
   s->add_option(flagNames("-o,--output"), out);
   CLI11_PARSE(app, argc, argv);
   try {
-    if (*f) return forward(model, window, batch, windows, threads, precision);
+    if (*f) return forward(model, window, batch, windows, threads, precision, jit_optimize);
     if (*i) return io(path, window, overlap);
     if (*n) return naive(path, model, window, batch, threads);
     if (*mk) return make(path, size);
