@@ -447,3 +447,21 @@ TEST_F(Pipeline, DiskFullIsAClearErrorAndEarlierOutputsSurvive) {
 
 }  // namespace
 }  // namespace tiler
+
+namespace tiler {
+namespace {
+
+TEST_F(Pipeline, InfoShowsWhatTheReaderSeesAndTheGrid) {
+  auto r = run(kTiler + " info " + root_ + "/images/a_large.tif " + root_ + "/images/b_mixed.png --window 128");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("a_large.tif: 700x500, 3 channel(s), u8, tiff, tiled 256x256, deflate"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("grid: 35 windows (7 x 5) of 128x128"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("b_mixed.png: 300x200, 3 channel(s), u8, png"), std::string::npos) << r.output;
+  auto bad = run(kTiler + " info " + root_ + "/no_such.tif");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.output.find("no_such.tif': no such file"), std::string::npos) << bad.output;
+}
+
+}  // namespace
+}  // namespace tiler
