@@ -140,6 +140,12 @@ TEST_P(WriterRoundTrip, TiledTiffReadsBackExactly) {
   expectRegionsMatch(*reader, img, 5, 10);
 }
 
+std::string roundTripName(const ::testing::TestParamInfo<RoundTrip>& info) {
+  static const char* kCompressions[] = {"deflate", "zstd", "lzw", "none"};
+  return std::string(sampleTypeName(info.param.type)) + "x" + std::to_string(CV_MAT_CN(info.param.cv_type)) +
+         "_" + kCompressions[int(info.param.compression)];
+}
+
 INSTANTIATE_TEST_SUITE_P(TypesChannelsCompressions, WriterRoundTrip,
                          ::testing::Values(RoundTrip{CV_8UC1, SampleType::kU8, Compression::kDeflate},
                                            RoundTrip{CV_8UC3, SampleType::kU8, Compression::kZstd},
@@ -148,7 +154,8 @@ INSTANTIATE_TEST_SUITE_P(TypesChannelsCompressions, WriterRoundTrip,
                                            RoundTrip{CV_16UC3, SampleType::kU16, Compression::kLzw},
                                            RoundTrip{CV_32FC1, SampleType::kF32, Compression::kDeflate},
                                            RoundTrip{CV_32FC(4), SampleType::kF32, Compression::kZstd},
-                                           RoundTrip{CV_32FC2, SampleType::kF32, Compression::kNone}));
+                                           RoundTrip{CV_32FC2, SampleType::kF32, Compression::kNone}),
+                         roundTripName);
 
 struct Layout {
   bool tiled;
@@ -174,6 +181,13 @@ TEST_P(ReaderLayouts, RandomRegionsEqualTheSameCropOfTheImage) {
   expectRegionsMatch(*reader, img, 9);
 }
 
+std::string layoutName(const ::testing::TestParamInfo<Layout>& info) {
+  const Layout& l = info.param;
+  return std::string(l.tiled ? "tiled" : "striped") + "_codec" + std::to_string(l.compression) +
+         (l.planar_separate ? "_planar" : "") + (l.bigtiff ? "_bigtiff" : "") + "_" +
+         std::to_string(info.index);
+}
+
 INSTANTIATE_TEST_SUITE_P(TiledStripedPlanarBigtiff, ReaderLayouts,
                          ::testing::Values(Layout{true, COMPRESSION_ADOBE_DEFLATE, false, false, CV_8UC3},
                                            Layout{false, COMPRESSION_LZW, false, false, CV_8UC3},
@@ -181,7 +195,8 @@ INSTANTIATE_TEST_SUITE_P(TiledStripedPlanarBigtiff, ReaderLayouts,
                                            Layout{true, COMPRESSION_ZSTD, true, false, CV_16UC3},
                                            Layout{false, COMPRESSION_NONE, true, false, CV_8UC(4)},
                                            Layout{true, COMPRESSION_NONE, false, true, CV_32FC1},
-                                           Layout{false, COMPRESSION_ADOBE_DEFLATE, false, true, CV_16UC1}));
+                                           Layout{false, COMPRESSION_ADOBE_DEFLATE, false, true, CV_16UC1}),
+                         layoutName);
 
 TEST(ImageReader, JpegTiledTiffDecodesCloseToTheSource) {
   cv::Mat img(128, 160, CV_8UC3);

@@ -213,22 +213,11 @@ TEST_F(Pipeline, RendezvousTimeoutIsAClearDistError) {
 
 void runTwoWithEnv(const std::string& rank_var, const std::string& size_var, const std::string& cmd) {
   const std::string port = std::to_string(freePort());
-  std::vector<pid_t> pids;
-  for (int r = 0; r < 2; ++r) {
-    std::string full = rank_var + "=" + std::to_string(r) + " " + size_var +
-                       "=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " " + cmd + " >/dev/null 2>&1";
-    pid_t pid = fork();
-    if (pid == 0) {
-      execl("/bin/sh", "sh", "-c", full.c_str(), nullptr);
-      _exit(127);
-    }
-    pids.push_back(pid);
-  }
-  for (pid_t pid : pids) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << rank_var << " run failed";
-  }
+  std::vector<std::string> commands;
+  for (int r = 0; r < 2; ++r)
+    commands.push_back(rank_var + "=" + std::to_string(r) + " " + size_var +
+                       "=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " " + cmd);
+  for (int code : test::runConcurrently(commands)) EXPECT_EQ(code, 0) << rank_var << " run failed";
 }
 
 TEST_F(Pipeline, RunsUnderSlurmAndOpenMpiVariables) {
@@ -244,22 +233,11 @@ TEST_F(Pipeline, RunsUnderSlurmAndOpenMpiVariables) {
 TEST_F(Pipeline, TwoCtrunNodesOnLoopbackFormOneWorld) {
   const std::string out = root_ + "/out_nodes";
   const std::string port = std::to_string(freePort());
-  std::vector<pid_t> pids;
-  for (int node = 0; node < 2; ++node) {
-    std::string cmd = kCtrun + " --nnodes 2 --node_rank " + std::to_string(node) +
-                      " --nproc_per_node 2 --master_port " + port + " " + tilerArgs(out) + " >/dev/null 2>&1";
-    pid_t pid = fork();
-    if (pid == 0) {
-      execl("/bin/sh", "sh", "-c", cmd.c_str(), nullptr);
-      _exit(127);
-    }
-    pids.push_back(pid);
-  }
-  for (pid_t pid : pids) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  }
+  std::vector<std::string> commands;
+  for (int node = 0; node < 2; ++node)
+    commands.push_back(kCtrun + " --nnodes 2 --node_rank " + std::to_string(node) +
+                       " --nproc_per_node 2 --master_port " + port + " " + tilerArgs(out));
+  for (int code : test::runConcurrently(commands)) EXPECT_EQ(code, 0);
   EXPECT_EQ(report(out)["world_size"], 4);
   expectSameOutputs(reference(), out);
 }
@@ -452,9 +430,11 @@ namespace tiler {
 namespace {
 
 TEST_F(Pipeline, InfoShowsWhatTheReaderSeesAndTheGrid) {
-  auto r = run(kTiler + " info " + root_ + "/images/a_large.tif " + root_ + "/images/b_mixed.png --window 128");
+  auto r =
+      run(kTiler + " info " + root_ + "/images/a_large.tif " + root_ + "/images/b_mixed.png --window 128");
   ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_NE(r.output.find("a_large.tif: 700x500, 3 channel(s), u8, tiff, tiled 256x256, deflate"), std::string::npos)
+  EXPECT_NE(r.output.find("a_large.tif: 700x500, 3 channel(s), u8, tiff, tiled 256x256, deflate"),
+            std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("grid: 35 windows (7 x 5) of 128x128"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("b_mixed.png: 300x200, 3 channel(s), u8, png"), std::string::npos) << r.output;

@@ -17,6 +17,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace tiler::test {
 
@@ -36,6 +37,26 @@ inline CommandResult runCommand(const std::string& cmd) {
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
+}
+
+// Runs shell commands at the same time (ranks of one world); returns their exit codes, in order.
+inline std::vector<int> runConcurrently(const std::vector<std::string>& commands) {
+  std::vector<pid_t> pids;
+  for (const auto& cmd : commands) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      execl("/bin/sh", "sh", "-c", (cmd + " >/dev/null 2>&1").c_str(), nullptr);
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<int> codes;
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+  }
+  return codes;
 }
 
 inline std::string slurp(const std::string& path) {
