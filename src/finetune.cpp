@@ -92,6 +92,10 @@ class Trainer {
   ModelProbe probe_;
   std::vector<TrainImage> images_;
   std::vector<WindowRef> train_, val_;
+  // Open readers of training images and labels, kept across steps: a PNG is decoded once, not per batch.
+  // Bounded: cleared when it reaches kMaxOpenReaders.
+  std::map<std::string, std::unique_ptr<ImageReader>> readers_;
+  static constexpr size_t kMaxOpenReaders = 64;
   bool nccl_ = false;
   double loss_scale_ = 65536.0;  // fp16 dynamic loss scaling
   int64_t good_steps_ = 0;
@@ -194,15 +198,15 @@ void Trainer::splitValidation() {
 void Trainer::makeBatch(const std::vector<WindowRef>& refs, int64_t epoch, torch::Tensor& x,
                         torch::Tensor& target, torch::Tensor& mask) {
   const int64_t B = int64_t(refs.size()), H = spec_.window_h, W = spec_.window_w, C = probe_.input_channels;
+  if (readers_.size() >= kMaxOpenReaders) readers_.clear();
   const int64_t oh = probe_.scale.apply(H), ow = probe_.scale.apply(W);
   const int64_t tc = loss_ == Loss::kMse ? probe_.output_channels : 1;
   auto pixels = torch::zeros({B, H, W, C}, torch::kFloat32);
   auto scales = torch::ones({B}, torch::kFloat32);
   auto tgt = torch::zeros({B, oh, ow, tc}, torch::kFloat32);
   auto valid = torch::zeros({B, oh, ow}, torch::kFloat32);
-  std::map<std::string, std::unique_ptr<ImageReader>> readers;
-  auto reader = [&](const std::string& path) -> ImageReader& {
-    auto& r = readers[path];
+  auto reader = [this](const std::string& path) -> ImageReader& {
+    auto& r = readers_[path];
     if (!r) r = ImageReader::open(path);
     return *r;
   };

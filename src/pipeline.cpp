@@ -428,6 +428,10 @@ class InferJob {
   void finishImage(int image_id, const std::string& error);
   nlohmann::json report(double seconds, const std::vector<torch::Tensor>& per_rank);
   void maybeFault(int64_t windows_done);
+  void rethrowStitchError() {
+    std::lock_guard<std::mutex> lock(results_mutex_);
+    if (stitch_error_) std::rethrow_exception(stitch_error_);
+  }
 
   InferOptions o_;
   WorldInfo world_;
@@ -449,7 +453,8 @@ class InferJob {
 
   BoundedQueue<Batch> batches_{2};
   BoundedQueue<StepResult> steps_{2};
-  std::exception_ptr prefetch_error_, stitch_error_;
+  std::exception_ptr prefetch_error_;  // set before batches_ closes; read after pop() ends the stream
+  std::exception_ptr stitch_error_;   // guarded by results_mutex_ (the stitcher thread sets it)
 
   // Rank 0's stitcher thread state.
   std::map<int, ImageJob> jobs_;
@@ -743,6 +748,7 @@ void InferJob::stitchLoop() {
   try {
     while (auto step = steps_.pop()) stitchStep(*step);
   } catch (...) {
+    std::lock_guard<std::mutex> lock(results_mutex_);
     stitch_error_ = std::current_exception();
   }
   // Anything still open never got all its windows (a failure elsewhere): its partial files go.
@@ -913,7 +919,7 @@ int InferJob::run() {
         result.preds = torch::cat(gathered).to(torch::kCPU).contiguous();
         result.meta = torch::cat(metas).contiguous();
         steps_.push(std::move(result));
-        if (stitch_error_) std::rethrow_exception(stitch_error_);
+        rethrowStitchError();
       }
       if (o_.on_error == "abort") {
         std::lock_guard<std::mutex> lock(failed_mutex_);
@@ -933,7 +939,7 @@ int InferJob::run() {
   }
   steps_.close();
   stop_threads();
-  if (stitch_error_) std::rethrow_exception(stitch_error_);
+  rethrowStitchError();
 
   auto stats = torch::tensor(
       {double(my_windows_), read_seconds_, forward_seconds_, gather_seconds_, peakRssMegabytes()},
