@@ -454,7 +454,7 @@ class InferJob {
   BoundedQueue<Batch> batches_{2};
   BoundedQueue<StepResult> steps_{2};
   std::exception_ptr prefetch_error_;  // set before batches_ closes; read after pop() ends the stream
-  std::exception_ptr stitch_error_;   // guarded by results_mutex_ (the stitcher thread sets it)
+  std::exception_ptr stitch_error_;    // guarded by results_mutex_ (the stitcher thread sets it)
 
   // Rank 0's stitcher thread state.
   std::map<int, ImageJob> jobs_;
@@ -570,6 +570,10 @@ void InferJob::buildPlan() {
       plan_.total_windows += img.grid.count();
     }
     plan_.images.push_back(std::move(img));
+  }
+  if (o_.on_error == "abort") {
+    for (const auto& img : plan_.images)
+      TILER_CHECK(img.status != "error", IoError, img.error << " (--on_error abort)");
   }
   if (!existing.empty()) {
     std::string list;
@@ -746,7 +750,15 @@ void InferJob::stitchStep(StepResult& step) {
 
 void InferJob::stitchLoop() {
   try {
-    while (auto step = steps_.pop()) stitchStep(*step);
+    while (auto step = steps_.pop()) {
+      stitchStep(*step);
+      if (o_.on_error == "abort") {
+        // The stitcher thread throws; the main thread rethrows it at its next step.
+        std::lock_guard<std::mutex> lock(results_mutex_);
+        for (const auto& img : plan_.images)
+          TILER_CHECK(img.status != "error", IoError, img.error << " (--on_error abort)");
+      }
+    }
   } catch (...) {
     std::lock_guard<std::mutex> lock(results_mutex_);
     stitch_error_ = std::current_exception();
@@ -923,9 +935,8 @@ int InferJob::run() {
       }
       if (o_.on_error == "abort") {
         std::lock_guard<std::mutex> lock(failed_mutex_);
-        TILER_CHECK(
-            failed_.empty(), IoError,
-            "'" << plan_.images[size_t(*failed_.begin())].input << "' failed and --on_error abort is set");
+        TILER_CHECK(failed_.empty(), IoError,
+                    "'" << plan_.images[size_t(*failed_.begin())].input << "' failed (--on_error abort)");
       }
       progress.update(std::min(plan_.total_windows, (step + 1) * B * world_.world_size));
       maybeFault(my_windows_);

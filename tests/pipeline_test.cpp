@@ -429,6 +429,19 @@ TEST_F(Pipeline, DiskFullIsAClearErrorAndEarlierOutputsSurvive) {
 namespace tiler {
 namespace {
 
+TEST_F(Pipeline, OnErrorAbortStopsAtTheFirstBadImage) {
+  const std::string in = root_ + "/abort_in";
+  fs::create_directories(in);
+  fs::copy_file(root_ + "/images/b_mixed.png", in + "/b_mixed.png", fs::copy_options::overwrite_existing);
+  std::ofstream(in + "/a_text.tif") << "not a tiff";
+  auto r = run(kCtrun + " --nproc_per_node 2 --master_port 0 " + kTiler + " -i " + in + " -m " + model_ +
+               " -o " + root_ + "/out_abort --window 128 --threads 1 --no_progress --on_error abort");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("a_text.tif': not a TIFF"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(--on_error abort)"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(root_ + "/out_abort/b_mixed_labels.tif"));
+}
+
 TEST_F(Pipeline, InfoShowsWhatTheReaderSeesAndTheGrid) {
   auto r =
       run(kTiler + " info " + root_ + "/images/a_large.tif " + root_ + "/images/b_mixed.png --window 128");
