@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -451,7 +450,7 @@ class InferJob {
   std::set<int> failed_;
   std::set<int> announced_failures_;  // main thread: failures already passed to the stitcher
 
-  BoundedQueue<Batch> batches_{2};
+  BoundedQueue<Batch> batches_{size_t(o_.prefetch)};  // --prefetch batches read ahead (o_ is set first)
   BoundedQueue<StepResult> steps_{2};
   std::exception_ptr prefetch_error_;  // set before batches_ closes; read after pop() ends the stream
   std::exception_ptr stitch_error_;    // guarded by results_mutex_ (the stitcher thread sets it)
@@ -474,6 +473,7 @@ void InferJob::validateOptions() {
   if (stitch_.mode == BlendMode::kGaussian) gaussianImportance(4, 4, o_.sigma_scale);  // validates sigma
   activation_ = parseActivation(o_.activation);
   TILER_CHECK(o_.batch_size >= 1, ConfigError, "--batch_size must be >= 1");
+  TILER_CHECK(o_.prefetch >= 1, ConfigError, "--prefetch must be >= 1");
   TILER_CHECK(o_.timeout > 0, ConfigError, "--timeout must be > 0");
   TILER_CHECK(o_.on_error == "skip" || o_.on_error == "abort", ConfigError,
               "--on_error must be skip or abort");
