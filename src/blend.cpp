@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "tiler/error.hpp"
+#include "tiler/image_io.hpp"
 
 namespace tiler {
 
@@ -54,7 +55,8 @@ std::vector<int64_t> cropCores(const std::vector<int64_t>& starts, int64_t windo
 
 cv::Mat labelsFromProbabilities(const cv::Mat& band, float threshold) {
   const int c = band.channels();
-  cv::Mat labels(band.rows, band.cols, c > 255 ? CV_16U : CV_8U);
+  const bool wide = labelSampleType(c) == SampleType::kU16;
+  cv::Mat labels(band.rows, band.cols, wide ? CV_16U : CV_8U);
   for (int y = 0; y < band.rows; ++y) {
     const float* p = band.ptr<float>(y);
     for (int x = 0; x < band.cols; ++x, p += c) {
@@ -64,7 +66,7 @@ cv::Mat labelsFromProbabilities(const cv::Mat& band, float threshold) {
       } else {
         for (int k = 1; k < c; ++k) best = p[k] > p[best] ? k : best;
       }
-      if (c > 255)
+      if (wide)
         labels.ptr<uint16_t>(y)[x] = uint16_t(best);
       else
         labels.ptr<uint8_t>(y)[x] = uint8_t(best);

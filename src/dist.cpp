@@ -112,6 +112,7 @@ void DistContext::init(c10::intrusive_ptr<c10d::Store> store, const torch::Devic
   TILER_CHECK(backend != "nccl" || (compat::kNcclCompiled && device.is_cuda()), ConfigError,
               "--backend nccl needs a CUDA device and a LibTorch built with NCCL");
   backend_ = backend;
+  if (backend == "nccl") comm_device_ = device;
   if (world_.world_size == 1) return;
   impl_->store->setTimeout(options_.timeout);
   try {
@@ -128,6 +129,7 @@ void DistContext::init(c10::intrusive_ptr<c10d::Store> store, const torch::Devic
           c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, world_.rank, world_.world_size, opts);
     } else {
 #if TILER_WITH_CUDA
+      compat::enableNcclTimeouts();
       auto opts = c10d::ProcessGroupNCCL::Options::create();
       opts->timeout = options_.timeout;
       impl_->group =

@@ -16,10 +16,13 @@
 #include <opencv2/imgproc.hpp>
 #include <random>
 
+#include "tiler/catalog.hpp"
 #include "tiler/dist.hpp"
 #include "tiler/error.hpp"
+#include "tiler/exchange.hpp"
+#include "tiler/loader.hpp"
 #include "tiler/model.hpp"
-#include "tiler/pipeline.hpp"
+#include "tiler/report.hpp"
 #include "tiler/sampler.hpp"
 #include "tiler/torch_compat.hpp"
 
@@ -41,13 +44,12 @@ Loss parseLoss(const std::string& name) {
   TILER_THROW(ConfigError, "--loss must be ce, bce, mse or dice; got '" << name << "'");
 }
 
-struct TrainImage {
-  std::string image, label;
-  ImageInfo info, label_info;
-  WindowGrid grid;
-  ChannelAdapt adapt = ChannelAdapt::kNone;
-  double scale = 1.0;
-  int64_t first = 0;  // first window in the pooled list
+// One batch as the read-ahead thread reads it: CPU tensors, not yet normalised.
+struct TrainBatch {
+  torch::Tensor pixels;  // float32 [B,H,W,C] raw values
+  torch::Tensor scales;  // float32 [B]
+  torch::Tensor target;  // float32 [B,h,w,tc]
+  torch::Tensor valid;   // float32 [B,h,w]: 1 where the label covers the output
 };
 
 // A window of the pooled list: image and local window index.
@@ -63,11 +65,13 @@ class Trainer {
 
  private:
   void loadData();
-  void checkLabels(TrainImage& t);
+  void checkLabels(const CatalogImage& t);
   void splitValidation();
-  // Reads windows into (normalised input, target, valid mask) on the device.
-  void makeBatch(const std::vector<WindowRef>& refs, int64_t epoch, torch::Tensor& x, torch::Tensor& target,
-                 torch::Tensor& mask);
+  // Reads windows and their labels (any thread, with that thread's readers).
+  TrainBatch readBatch(const std::vector<WindowRef>& refs, ReaderCache& readers);
+  // The batch on the device: normalised input, target, valid mask; augmented when epoch >= 0.
+  void toDevice(const TrainBatch& batch, const std::vector<WindowRef>& refs, int64_t epoch, torch::Tensor& x,
+                torch::Tensor& target, torch::Tensor& mask);
   torch::Tensor lossOf(const torch::Tensor& out, const torch::Tensor& target, const torch::Tensor& mask);
   void broadcastState();
   bool syncGradients();  // returns false when a gradient is inf/nan (fp16 overflow) on any rank
@@ -76,37 +80,40 @@ class Trainer {
   nlohmann::json validate();
   double lrAt(double progress) const;
   void saveCheckpoint(int epoch, const nlohmann::json& history);
-  int loadCheckpoint(nlohmann::json& history);
-  void saveModule(const std::string& path);
-  torch::Tensor onComm(const torch::Tensor& t) const { return nccl_ ? t.to(runner_->device()) : t; }
+  // The last complete checkpoint's epoch in checkpoint_dir (0: none), as this rank sees it.
+  int latestCheckpoint() const;
+  void loadCheckpoint(int epoch, nlohmann::json& history);
+  void saveModule(torch::jit::Module& module, const std::string& path);
+  std::string epochDir(int epoch) const;
 
   FinetuneOptions o_;
   WorldInfo world_;
   GridSpec spec_;
   PadMode pad_ = PadMode::kReflect;
   Loss loss_ = Loss::kCe;
+  std::optional<Fault> fault_;
+  std::atomic<int64_t> windows_read_{0};  // this rank's training windows read (read-ahead thread)
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<DistContext> dist_;
+  std::unique_ptr<StepExchange> exchange_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::vector<torch::Tensor> params_;
   ModelProbe probe_;
-  std::vector<TrainImage> images_;
+  WindowCatalog catalog_;
   std::vector<WindowRef> train_, val_;
-  // Open readers of training images and labels, kept across steps: a PNG is decoded once, not per batch.
-  // Bounded: cleared when it reaches kMaxOpenReaders.
-  std::map<std::string, std::unique_ptr<ImageReader>> readers_;
-  static constexpr size_t kMaxOpenReaders = 64;
-  bool nccl_ = false;
+  // Open readers of images and labels, kept across steps (a PNG is decoded once, not per batch): one cache
+  // for the read-ahead thread, one for validation on the main thread.
+  ReaderCache train_readers_, val_readers_;
   double loss_scale_ = 65536.0;  // fp16 dynamic loss scaling
   int64_t good_steps_ = 0;
   int64_t total_steps_ = 0, step_ = 0;
 };
 
-void Trainer::checkLabels(TrainImage& t) {
+void Trainer::checkLabels(const CatalogImage& t) {
   const int64_t want_w = probe_.scale.apply(t.info.width), want_h = probe_.scale.apply(t.info.height);
   TILER_CHECK(t.label_info.width == want_w && t.label_info.height == want_h, IoError,
               "'" << t.label << "': label is " << t.label_info.width << "x" << t.label_info.height
-                  << " but image '" << t.image << "' needs " << want_w << "x" << want_h
+                  << " but image '" << t.input << "' needs " << want_w << "x" << want_h
                   << " (model output scale " << probe_.scale.value() << ")");
   if (loss_ == Loss::kMse) {
     TILER_CHECK(t.label_info.channels == probe_.output_channels, IoError,
@@ -142,35 +149,30 @@ void Trainer::loadData() {
   for (const auto& l : listImages({o_.labels_dir}, false)) labels[fs::path(l).stem().string()] = l;
   auto files = listImages({o_.images_dir}, false);
   TILER_CHECK(!files.empty(), ConfigError, "no images in '" << o_.images_dir << "'");
-  int64_t total = 0;
+  const CatalogSpec spec{spec_, probe_.input_channels, probe_.scale, o_.scale};
   for (const auto& f : files) {
-    TrainImage t;
-    t.image = f;
     auto it = labels.find(fs::path(f).stem().string());
     TILER_CHECK(it != labels.end(), IoError,
                 "'" << f << "': no label with the same stem in '" << o_.labels_dir << "'");
+    CatalogImage t = WindowCatalog::describe(f, spec);
+    // Training needs every pair: a bad one stops the run (on every rank) rather than train on less.
+    TILER_CHECK(t.status == "ok", IoError, t.error);
     t.label = it->second;
-    t.info = ImageReader::open(f)->info();
     t.label_info = ImageReader::open(t.label)->info();
-    t.adapt = channelAdaptation(t.info.channels, probe_.input_channels, f);
-    t.scale = defaultScale(t.info.type);
-    t.grid = WindowGrid(t.info.width, t.info.height, spec_, probe_.scale);
     checkLabels(t);
-    t.first = total;
-    total += t.grid.count();
-    images_.push_back(std::move(t));
+    catalog_.add(std::move(t), true);
   }
   splitValidation();
 }
 
 void Trainer::splitValidation() {
-  const int n = int(images_.size());
+  const int n = int(catalog_.images().size());
   std::vector<int> order(static_cast<size_t>(n));
   std::iota(order.begin(), order.end(), 0);
   std::mt19937_64 rng(o_.seed);
   for (int i = n - 1; i > 0; --i) std::swap(order[size_t(i)], order[size_t(rng() % uint64_t(i + 1))]);
   auto windowsOf = [&](int img, std::vector<WindowRef>& into) {
-    for (int64_t k = 0; k < images_[size_t(img)].grid.count(); ++k) into.push_back({img, k});
+    for (int64_t k = 0; k < catalog_.image(img).grid.count(); ++k) into.push_back({img, k});
   };
   if (o_.val_fraction <= 0) {
     for (int i = 0; i < n; ++i) windowsOf(i, train_);
@@ -195,50 +197,53 @@ void Trainer::splitValidation() {
   TILER_CHECK(!train_.empty(), ConfigError, "no training windows left after the validation split");
 }
 
-void Trainer::makeBatch(const std::vector<WindowRef>& refs, int64_t epoch, torch::Tensor& x,
-                        torch::Tensor& target, torch::Tensor& mask) {
+TrainBatch Trainer::readBatch(const std::vector<WindowRef>& refs, ReaderCache& readers) {
   const int64_t B = int64_t(refs.size()), H = spec_.window_h, W = spec_.window_w, C = probe_.input_channels;
-  if (readers_.size() >= kMaxOpenReaders) readers_.clear();
   const int64_t oh = probe_.scale.apply(H), ow = probe_.scale.apply(W);
   const int64_t tc = loss_ == Loss::kMse ? probe_.output_channels : 1;
-  auto pixels = torch::zeros({B, H, W, C}, torch::kFloat32);
-  auto scales = torch::ones({B}, torch::kFloat32);
-  auto tgt = torch::zeros({B, oh, ow, tc}, torch::kFloat32);
-  auto valid = torch::zeros({B, oh, ow}, torch::kFloat32);
-  auto reader = [this](const std::string& path) -> ImageReader& {
-    auto& r = readers_[path];
-    if (!r) r = ImageReader::open(path);
-    return *r;
-  };
+  TrainBatch b;
+  b.pixels = torch::zeros({B, H, W, C}, torch::kFloat32);
+  b.scales = torch::ones({B}, torch::kFloat32);
+  b.target = torch::zeros({B, oh, ow, tc}, torch::kFloat32);
+  b.valid = torch::zeros({B, oh, ow}, torch::kFloat32);
   for (int64_t j = 0; j < B; ++j) {
-    const TrainImage& img = images_[size_t(refs[size_t(j)].image)];
+    const CatalogImage& img = catalog_.image(refs[size_t(j)].image);
     const int64_t local = refs[size_t(j)].local;
-    windowToModelInput(readWindow(reader(img.image), img.grid, local, pad_, 0.0), img.adapt,
-                       pixels[j].data_ptr<float>());
-    scales[j] = float(img.scale);
+    if (&readers == &train_readers_ && fault_ && fault_->kind == "throw" &&
+        fault_->hits(world_.rank, "read", ++windows_read_) && windows_read_ == fault_->after_windows)
+      fault_->trigger("while reading '" + img.label + "'");
+    windowToModelInput(readWindow(readers.get(img.input), img.grid, local, pad_, 0.0), img.adapt,
+                       b.pixels[j].data_ptr<float>());
+    b.scales[j] = float(img.scale);
     // The label window at the output's scale, clipped to the label; outside it the mask is 0.
     Rect r = img.grid.imageWindow(local);
     Rect o{probe_.scale.apply(r.x), probe_.scale.apply(r.y), ow, oh};
     const int64_t x0 = std::max<int64_t>(o.x, 0), y0 = std::max<int64_t>(o.y, 0);
     const int64_t x1 = std::min(o.right(), img.label_info.width),
                   y1 = std::min(o.bottom(), img.label_info.height);
-    cv::Mat lab = reader(img.label).readRegion({x0, y0, x1 - x0, y1 - y0});
+    cv::Mat lab = readers.get(img.label).readRegion({x0, y0, x1 - x0, y1 - y0});
     cv::Mat labf;
     lab.convertTo(labf, CV_32F);
     if (loss_ == Loss::kBce) cv::threshold(labf, labf, 0.0, 1.0, cv::THRESH_BINARY);
-    cv::Mat dst(int(oh), int(ow), CV_MAKETYPE(CV_32F, int(tc)), tgt[j].data_ptr<float>());
+    cv::Mat dst(int(oh), int(ow), CV_MAKETYPE(CV_32F, int(tc)), b.target[j].data_ptr<float>());
     labf.copyTo(dst(cv::Rect(int(x0 - o.x), int(y0 - o.y), labf.cols, labf.rows)));
-    valid[j].narrow(0, y0 - o.y, y1 - y0).narrow(1, x0 - o.x, x1 - x0).fill_(1.0f);
+    b.valid[j].narrow(0, y0 - o.y, y1 - y0).narrow(1, x0 - o.x, x1 - x0).fill_(1.0f);
   }
-  x = runner_->normalize(pixels, scales);
-  target = tgt.permute({0, 3, 1, 2}).to(runner_->device());
-  mask = valid.to(runner_->device());
+  return b;
+}
+
+void Trainer::toDevice(const TrainBatch& b, const std::vector<WindowRef>& refs, int64_t epoch,
+                       torch::Tensor& x, torch::Tensor& target, torch::Tensor& mask) {
+  const int64_t B = int64_t(refs.size()), H = spec_.window_h, W = spec_.window_w;
+  x = runner_->normalize(b.pixels, b.scales);
+  target = b.target.permute({0, 3, 1, 2}).to(runner_->device());
+  mask = b.valid.to(runner_->device());
   if (o_.augment && epoch >= 0) {
     // Flips and 90-degree turns, the same for image, target and mask; seeded by (seed, epoch, window).
     for (int64_t j = 0; j < B; ++j) {
       const auto& ref = refs[size_t(j)];
       std::mt19937_64 rng(o_.seed * 1000003u + uint64_t(epoch) * 7919u +
-                          uint64_t(images_[size_t(ref.image)].first + ref.local));
+                          uint64_t(catalog_.image(ref.image).first_window + ref.local));
       const int flip = int(rng() % 4), turns = H == W ? int(rng() % 4) : 0;
       auto apply = [&](torch::Tensor t, int64_t hdim) {
         if (flip & 1) t = t.flip({hdim + 1});
@@ -289,14 +294,14 @@ torch::Tensor Trainer::lossOf(const torch::Tensor& out, const torch::Tensor& tar
 void Trainer::broadcastState() {
   torch::NoGradGuard ng;
   for (auto& t : params_) {
-    auto c = onComm(t.detach().clone());
-    dist_->broadcast(c, 0, "the initial parameters");
+    auto c = t.detach().clone();
+    exchange_->broadcast(c, 0, "the initial parameters");
     t.detach().copy_(c);
   }
   for (const auto& b : runner_->module().buffers(true)) {
     if (!b.is_floating_point() && b.scalar_type() != torch::kLong) continue;
-    auto c = onComm(b.detach().clone());
-    dist_->broadcast(c, 0, "the initial buffers");
+    auto c = b.detach().clone();
+    exchange_->broadcast(c, 0, "the initial buffers");
     b.detach().copy_(c);
   }
 }
@@ -317,9 +322,9 @@ bool Trainer::syncGradients() {
       bytes += size_t(p.numel()) * 4;
       ++end;
     }
-    auto bucket = onComm(torch::cat(flat));
-    dist_->allreduceSum(bucket, "the gradient all-reduce");
-    bucket = bucket.to(params_[start].device()) / world;
+    auto bucket = torch::cat(flat);
+    exchange_->allreduceSum(bucket, "the gradient all-reduce");
+    bucket = bucket / world;
     finite = finite && bucket.isfinite().all().item<bool>();
     int64_t offset = 0;
     for (size_t i = start; i < end; ++i) {
@@ -365,40 +370,41 @@ nlohmann::json Trainer::validate() {
   // Sums over all ranks: loss*pixels, pixels, squared error, per-class intersection / prediction / target.
   auto stats = torch::zeros({3 + 3 * classes}, torch::kDouble);
   const int64_t B = o_.batch_size;
-  for (size_t s = 0; s < mine.size(); s += size_t(B)) {
-    std::vector<WindowRef> refs(mine.begin() + long(s),
-                                mine.begin() + long(std::min(mine.size(), s + size_t(B))));
-    torch::Tensor x, target, mask;
-    makeBatch(refs, -1, x, target, mask);
-    for (size_t k = 0; k < refs.size(); ++k)
-      if (padded[s + k]) mask[int64_t(k)].zero_();  // a duplicate counts once
-    auto out = runner_->apply(x);
-    const double pixels = mask.sum().item<double>();
-    stats[0] += lossOf(out, target, mask).item<double>() * pixels;
-    stats[1] += pixels;
-    if (loss_ == Loss::kMse) {
-      stats[2] += ((out - target).pow(2).mean(1) * mask).sum().item<double>();
-      continue;
+  auto failure = captureFailure([&] {
+    for (size_t s = 0; s < mine.size(); s += size_t(B)) {
+      std::vector<WindowRef> refs(mine.begin() + long(s),
+                                  mine.begin() + long(std::min(mine.size(), s + size_t(B))));
+      torch::Tensor x, target, mask;
+      toDevice(readBatch(refs, val_readers_), refs, -1, x, target, mask);
+      for (size_t k = 0; k < refs.size(); ++k)
+        if (padded[s + k]) mask[int64_t(k)].zero_();  // a duplicate counts once
+      auto out = runner_->apply(x);
+      const double pixels = mask.sum().item<double>();
+      stats[0] += lossOf(out, target, mask).item<double>() * pixels;
+      stats[1] += pixels;
+      if (loss_ == Loss::kMse) {
+        stats[2] += ((out - target).pow(2).mean(1) * mask).sum().item<double>();
+        continue;
+      }
+      torch::Tensor pred;
+      if (loss_ == Loss::kBce) {
+        auto logits = out.size(1) == 1 ? out.squeeze(1) : out.select(1, 1) - out.select(1, 0);
+        pred = (logits > 0).to(torch::kLong);
+      } else {
+        pred = out.argmax(1);
+      }
+      auto truth = target.squeeze(1).to(torch::kLong);
+      auto m = mask > 0;
+      for (int64_t c = 0; c < classes; ++c) {
+        auto p = (pred == c) & m, t = (truth == c) & m;
+        stats[3 + 3 * c] += (p & t).sum().item<double>();
+        stats[4 + 3 * c] += p.sum().item<double>();
+        stats[5 + 3 * c] += t.sum().item<double>();
+      }
     }
-    torch::Tensor pred;
-    if (loss_ == Loss::kBce) {
-      auto logits = out.size(1) == 1 ? out.squeeze(1) : out.select(1, 1) - out.select(1, 0);
-      pred = (logits > 0).to(torch::kLong);
-    } else {
-      pred = out.argmax(1);
-    }
-    auto truth = target.squeeze(1).to(torch::kLong);
-    auto m = mask > 0;
-    for (int64_t c = 0; c < classes; ++c) {
-      auto p = (pred == c) & m, t = (truth == c) & m;
-      stats[3 + 3 * c] += (p & t).sum().item<double>();
-      stats[4 + 3 * c] += p.sum().item<double>();
-      stats[5 + 3 * c] += t.sum().item<double>();
-    }
-  }
-  auto comm = onComm(stats);
-  dist_->allreduceSum(comm, "the validation metrics");
-  stats = comm.cpu();
+  });
+  exchange_->check(failure, "the validation status");
+  exchange_->allreduceSum(stats, "the validation metrics");
   auto a = stats.accessor<double, 1>();
   const double pixels = std::max(a[1], 1.0);
   j["val_loss"] = a[0] / pixels;
@@ -421,88 +427,122 @@ nlohmann::json Trainer::validate() {
   return j;
 }
 
-void Trainer::saveModule(const std::string& path) {
+void Trainer::saveModule(torch::jit::Module& module, const std::string& path) {
   if (fs::path(path).has_parent_path()) fs::create_directories(fs::path(path).parent_path());
-  runner_->module().eval();
+  module.eval();
   const std::string tmp = path + ".partial";
   try {
-    runner_->module().save(tmp);
-  } catch (const std::exception& e) {
-    TILER_THROW(IoError, "'" << path << "': cannot save the model: " << e.what());
+    module.save(tmp);
+  } catch (...) {
+    TILER_THROW(IoError,
+                "'" << path << "': cannot save the model: " << describeException(std::current_exception()));
   }
-  runner_->module().train();
+  module.train();
   TILER_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, IoError,
               "'" << path << "': rename failed: " << std::strerror(errno));
 }
 
-void Trainer::saveCheckpoint(int epoch, const nlohmann::json& history) {
-  if (o_.checkpoint_dir.empty() || world_.rank != 0) return;
-  const fs::path dir(o_.checkpoint_dir);
-  fs::create_directories(dir);
-  // Model and optimizer first, the state file last: a checkpoint counts only once state.json names its epoch.
-  saveModule((dir / "model.pt").string());
-  const std::string opt = (dir / "optimizer.pt").string();
-  torch::save(*optimizer_, opt + ".partial");
-  TILER_CHECK(std::rename((opt + ".partial").c_str(), opt.c_str()) == 0, IoError,
-              "'" << opt << "': rename failed");
-  nlohmann::json state = {{"epoch", epoch}, {"loss_scale", loss_scale_}, {"good_steps", good_steps_},
-                          {"step", step_},  {"seed", o_.seed},           {"history", history}};
-  writeJsonAtomically((dir / "state.json").string(), state);
+std::string Trainer::epochDir(int epoch) const {
+  char name[32];
+  std::snprintf(name, sizeof name, "epoch-%06d", epoch);
+  return (fs::path(o_.checkpoint_dir) / name).string();
 }
 
-int Trainer::loadCheckpoint(nlohmann::json& history) {
-  const fs::path dir(o_.checkpoint_dir);
-  if (!o_.resume || o_.checkpoint_dir.empty() || !fs::exists(dir / "state.json")) {
-    TILER_CHECK(!o_.resume || !o_.checkpoint_dir.empty(), ConfigError, "--resume needs --checkpoint_dir");
-    if (o_.resume && world_.rank == 0)
-      spdlog::info("no checkpoint in '{}': starting fresh", o_.checkpoint_dir);
-    return 0;
+void Trainer::saveCheckpoint(int epoch, const nlohmann::json& history) {
+  if (o_.checkpoint_dir.empty() || world_.rank != 0) return;
+  // Everything goes into a fresh directory that one rename makes current: a crash at any point leaves the
+  // previous checkpoint whole, never new weights beside old state.
+  const std::string final_dir = epochDir(epoch), dir = final_dir + ".partial";
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  fs::create_directories(dir);
+  saveModule(runner_->module(), dir + "/model.pt");
+  if (fault_ && fault_->stage == "checkpoint" && fault_->hits(world_.rank, "checkpoint", windows_read_))
+    fault_->trigger("while writing checkpoint '" + dir + "'");
+  torch::save(*optimizer_, dir + "/optimizer.pt");
+  nlohmann::json state = {{"epoch", epoch}, {"loss_scale", loss_scale_}, {"good_steps", good_steps_},
+                          {"step", step_},  {"seed", o_.seed},           {"history", history}};
+  writeJsonAtomically(dir + "/state.json", state);
+  fs::remove_all(final_dir, ec);
+  TILER_CHECK(std::rename(dir.c_str(), final_dir.c_str()) == 0, IoError,
+              "'" << final_dir << "': cannot make the checkpoint current: " << std::strerror(errno));
+  // Older checkpoints and leftovers of killed writes go once the new one is current.
+  for (const auto& e : fs::directory_iterator(o_.checkpoint_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("epoch-", 0) == 0 && e.path().string() != final_dir) fs::remove_all(e.path(), ec);
   }
+}
+
+int Trainer::latestCheckpoint() const {
+  int latest = 0;
+  std::error_code ec;
+  if (o_.checkpoint_dir.empty() || !fs::is_directory(o_.checkpoint_dir, ec)) return 0;
+  for (const auto& e : fs::directory_iterator(o_.checkpoint_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    int epoch = 0;
+    char tail = 0;
+    if (std::sscanf(name.c_str(), "epoch-%d%c", &epoch, &tail) == 1 && fs::exists(e.path() / "state.json"))
+      latest = std::max(latest, epoch);
+  }
+  return latest;
+}
+
+void Trainer::loadCheckpoint(int epoch, nlohmann::json& history) {
+  const fs::path dir(epochDir(epoch));
+  TILER_CHECK(fs::exists(dir / "state.json"), IoError,
+              "'" << dir.string() << "': rank 0 resumes from this checkpoint, but this rank cannot see it");
   std::ifstream in(dir / "state.json");
   auto state = nlohmann::json::parse(in);
+  TILER_CHECK(state.value("epoch", -1) == epoch, IoError,
+              "'" << (dir / "state.json").string() << "': names epoch " << state.value("epoch", -1));
   auto saved = loadTorchScript((dir / "model.pt").string(), runner_->device());
+  std::vector<torch::Tensor> from;
+  for (const auto& p : saved.parameters()) from.push_back(p);
+  TILER_CHECK(from.size() == params_.size(), ModelError,
+              "'" << (dir / "model.pt").string() << "': " << from.size()
+                  << " parameter tensors, the model has " << params_.size());
+  for (size_t i = 0; i < from.size(); ++i)
+    TILER_CHECK(from[i].sizes() == params_[i].sizes(), ModelError,
+                "'" << (dir / "model.pt").string() << "': parameter " << i << " has shape " << from[i].sizes()
+                    << ", the model's is " << params_[i].sizes());
   {
     torch::NoGradGuard ng;
-    auto src = saved.parameters();
-    auto it = src.begin();
-    for (auto& p : params_) p.detach().copy_((*it++).detach());
+    for (size_t i = 0; i < from.size(); ++i) params_[i].detach().copy_(from[i].detach());
     auto dst_buffers = runner_->module().buffers(true);
     auto src_buffers = saved.buffers(true);
     auto sb = src_buffers.begin();
-    for (const auto& b : dst_buffers) b.detach().copy_((*sb++).detach());
+    for (const auto& b : dst_buffers) {
+      TILER_CHECK(sb != src_buffers.end() && (*sb).sizes() == b.sizes(), ModelError,
+                  "'" << (dir / "model.pt").string() << "': buffers do not match the model's");
+      b.detach().copy_((*sb++).detach());
+    }
   }
   torch::load(*optimizer_, (dir / "optimizer.pt").string());
   loss_scale_ = state["loss_scale"].get<double>();
   good_steps_ = state["good_steps"].get<int64_t>();
   step_ = state["step"].get<int64_t>();
   history = state["history"];
-  const int epoch = state["epoch"].get<int>();
-  if (world_.rank == 0) spdlog::info("resuming after epoch {} from '{}'", epoch, o_.checkpoint_dir);
-  return epoch;
+  if (world_.rank == 0) spdlog::info("resuming after epoch {} from '{}'", epoch, dir.string());
 }
 
 int Trainer::run() {
   const auto start = Clock::now();
   world_ = joinWorld();
-  std::tie(spec_.window_w, spec_.window_h) = parseWindowSize(o_.window);
-  parseOverlap(o_.overlap, spec_);
+  spec_ = parseGridSpec(o_.window, o_.overlap);
   pad_ = parsePadMode(o_.pad);
   loss_ = parseLoss(o_.loss);
+  fault_ = Fault::fromEnvironment();
   TILER_CHECK(o_.epochs >= 1 && o_.batch_size >= 1 && o_.lr > 0, ConfigError,
               "--epochs, --batch_size and --lr must be positive");
+  TILER_CHECK(o_.grad_accum_steps >= 1, ConfigError, "--grad_accum_steps must be >= 1");
+  TILER_CHECK(o_.prefetch >= 1, ConfigError, "--prefetch must be >= 1");
   TILER_CHECK(o_.val_fraction >= 0 && o_.val_fraction < 1, ConfigError, "--val_fraction must be in [0,1)");
   TILER_CHECK(o_.schedule == "constant" || o_.schedule == "cosine", ConfigError,
               "--schedule: constant or cosine");
-  if (o_.model.empty()) o_.model = bundledSamplesDir() + "/models/sample.pt";
+  TILER_CHECK(!o_.resume || !o_.checkpoint_dir.empty(), ConfigError, "--resume needs --checkpoint_dir");
   if (o_.report.empty()) o_.report = o_.output + ".report.json";
 
-  ModelOptions mo;
-  mo.path = o_.model;
-  mo.device = o_.device;
-  mo.precision = o_.precision;
-  mo.threads = o_.threads;
-  mo.local_rank = world_.local_rank;
-  runner_ = std::make_unique<ModelRunner>(mo);
+  runner_ = std::make_unique<ModelRunner>(modelOptionsFor(o_, world_.local_rank));
   probe_ = runner_->probe(spec_.window_w, spec_.window_h);
   runner_->module().train();
   for (const auto& p : runner_->module().parameters(true)) {
@@ -524,43 +564,72 @@ int Trainer::run() {
   dopts.backend = o_.backend;
   dopts.timeout = std::chrono::milliseconds(int64_t(o_.timeout * 1000));
   dist_ = std::make_unique<DistContext>(world_, dopts, runner_->device());
-  nccl_ = dist_->backendName() == "nccl";
-  loadData();
+  exchange_ = std::make_unique<StepExchange>(*dist_);
+  exchange_->check(captureFailure([&] { loadData(); }), "the data check");
+
+  // Rank 0 decides where training resumes; every rank loads that checkpoint (or fails, on every rank).
   nlohmann::json history = nlohmann::json::array();
-  const int first_epoch = loadCheckpoint(history);
+  auto resume =
+      torch::tensor({int64_t(o_.resume && world_.rank == 0 ? latestCheckpoint() : 0)}, torch::kInt64);
+  exchange_->broadcast(resume, 0, "the resume epoch");
+  const int first_epoch = int(resume.item<int64_t>());
+  if (o_.resume && first_epoch == 0 && world_.rank == 0)
+    spdlog::info("no checkpoint in '{}': starting fresh", o_.checkpoint_dir);
+  if (first_epoch > 0)
+    exchange_->check(captureFailure([&] { loadCheckpoint(first_epoch, history); }), "the checkpoint load");
   broadcastState();
 
   const bool fp16 = runner_->precision() == Precision::kFp16;
-  const int64_t B = o_.batch_size;
+  const int64_t B = o_.batch_size, K = o_.grad_accum_steps;
   const int64_t per_rank = int64_t(epochWindows(train_, 0, true, nullptr).size());
-  const int64_t steps_per_epoch = o_.drop_last ? std::max<int64_t>(1, per_rank / B) : (per_rank + B - 1) / B;
+  const int64_t micro_per_epoch = o_.drop_last ? std::max<int64_t>(1, per_rank / B) : (per_rank + B - 1) / B;
+  const int64_t steps_per_epoch = (micro_per_epoch + K - 1) / K;
   total_steps_ = steps_per_epoch * o_.epochs;
   if (world_.rank == 0)
     spdlog::info(
-        "finetune: {} train / {} val windows of {}x{}, {} rank(s), {} step(s) per epoch, loss {}, {} {}",
-        train_.size(), val_.size(), spec_.window_w, spec_.window_h, world_.world_size, steps_per_epoch,
+        "finetune: {} train / {} val windows of {}x{}, {} rank(s), {} step(s) of {} micro-batch(es) per "
+        "epoch, "
+        "loss {}, {} {}",
+        train_.size(), val_.size(), spec_.window_w, spec_.window_h, world_.world_size, steps_per_epoch, K,
         o_.loss, o_.optimizer, precisionName(runner_->precision()));
 
   double sync_seconds = 0, step_seconds = 0;
   Progress progress(total_steps_, "steps", !o_.no_progress && world_.rank == 0);
   for (int epoch = first_epoch + 1; epoch <= o_.epochs; ++epoch) {
     const auto t0 = Clock::now();
-    auto mine = epochWindows(train_, epoch, true, nullptr);
+    const auto mine = epochWindows(train_, epoch, true, nullptr);
+    auto refsOf = [&](int64_t micro) {
+      const size_t lo = size_t(micro * B), hi = std::min(mine.size(), size_t((micro + 1) * B));
+      return std::vector<WindowRef>(mine.begin() + long(lo), mine.begin() + long(hi));
+    };
+    ReadAhead<TrainBatch> ahead(micro_per_epoch, size_t(o_.prefetch),
+                                [&](int64_t micro) { return readBatch(refsOf(micro), train_readers_); });
     double loss_sum = 0;
     int64_t counted = 0;
     for (int64_t s = 0; s < steps_per_epoch; ++s) {
       const auto ts = Clock::now();
-      const size_t lo = size_t(s * B), hi = std::min(mine.size(), size_t((s + 1) * B));
-      std::vector<WindowRef> refs(mine.begin() + long(lo), mine.begin() + long(hi));
+      const int64_t first = s * K, micros = std::min(K, micro_per_epoch - first);
       for (auto& g : optimizer_->param_groups())
         static_cast<torch::optim::OptimizerOptions&>(g.options())
             .set_lr(lrAt(double(step_) / double(total_steps_)));
-      torch::Tensor x, target, mask;
-      makeBatch(refs, epoch, x, target, mask);
       optimizer_->zero_grad();
-      torch::Tensor loss = lossOf(runner_->apply(x), target, mask);
-      (fp16 ? loss * loss_scale_ : loss).backward();
+      // Gradients of `micros` micro-batches summed, each loss weighted 1/micros: the same step as one batch
+      // of them all (and as `micros` ranks each taking one).
+      auto failure = captureFailure([&] {
+        for (int64_t m = 0; m < micros; ++m) {
+          auto batch = ahead.next();
+          TILER_CHECK(batch.has_value(), DistError, "the read-ahead stopped early");
+          const auto refs = refsOf(first + m);
+          torch::Tensor x, target, mask;
+          toDevice(*batch, refs, epoch, x, target, mask);
+          torch::Tensor loss = lossOf(runner_->apply(x), target, mask);
+          ((fp16 ? loss * loss_scale_ : loss) / double(micros)).backward();
+          loss_sum += loss.item<double>();
+          ++counted;
+        }
+      });
       const auto tsync = Clock::now();
+      exchange_->check(failure, "step " + std::to_string(s + 1) + " of epoch " + std::to_string(epoch));
       const bool finite = syncGradients();
       sync_seconds += std::chrono::duration<double>(Clock::now() - tsync).count();
       if (fp16) {
@@ -576,15 +645,12 @@ int Trainer::run() {
         if (++good_steps_ % 2000 == 0) loss_scale_ *= 2;
       }
       optimizer_->step();
-      loss_sum += loss.item<double>();
-      ++counted;
       ++step_;
       progress.update(step_);
       step_seconds += std::chrono::duration<double>(Clock::now() - ts).count();
     }
-    auto train_loss = onComm(torch::tensor({loss_sum, double(counted)}, torch::kDouble));
-    dist_->allreduceSum(train_loss, "the training loss");
-    train_loss = train_loss.cpu();
+    auto train_loss = torch::tensor({loss_sum, double(counted)}, torch::kDouble);
+    exchange_->allreduceSum(train_loss, "the training loss");
     nlohmann::json e = {
         {"epoch", epoch},
         {"train_loss", train_loss[0].item<double>() / std::max(1.0, train_loss[1].item<double>())}};
@@ -600,18 +666,20 @@ int Trainer::run() {
                                  e["train_loss"].get<double>(), metrics, e["seconds"].get<double>())
                   << std::endl;
     }
-    saveCheckpoint(epoch, history);
+    exchange_->check(captureFailure([&] { saveCheckpoint(epoch, history); }),
+                     "the checkpoint of epoch " + std::to_string(epoch));
   }
   // Data parallelism promises identical parameters on every rank: check it rather than trust it.
   double checksum = 0;
   for (const auto& p : params_) checksum += p.detach().to(torch::kDouble).abs().sum().item<double>();
-  auto sums = dist_->allgather(onComm(torch::tensor({checksum}, torch::kDouble)), "the parameter checksum");
+  auto sums = exchange_->allgather(torch::tensor({checksum}, torch::kDouble), "the parameter checksum");
   for (size_t r = 0; r < sums.size(); ++r)
-    TILER_CHECK(sums[r].cpu().item<double>() == checksum, DistError,
+    TILER_CHECK(sums[r].item<double>() == checksum, DistError,
                 "rank " << r << " holds different parameters after training (checksum "
-                        << sums[r].cpu().item<double>() << " vs " << checksum << ")");
-  if (world_.rank == 0) {
-    saveModule(o_.output);
+                        << sums[r].item<double>() << " vs " << checksum << ")");
+  auto written = captureFailure([&] {
+    if (world_.rank != 0) return;
+    saveModule(runner_->module(), o_.output);
     nlohmann::json report = {{"world_size", world_.world_size},
                              {"epochs", history},
                              {"output", o_.output},
@@ -619,12 +687,12 @@ int Trainer::run() {
                              {"step_seconds", step_seconds},
                              {"sync_seconds", sync_seconds},
                              {"steps", step_},
+                             {"grad_accum_steps", K},
                              {"parameter_checksum", checksum}};
     writeJsonAtomically(o_.report, report);
     spdlog::info("finetune: wrote '{}' and '{}'", o_.output, o_.report);
-  }
-  dist_->barrier("the end of training");
-  return kExitOk;
+  });
+  return exchange_->agreeOnExitCode(kExitOk, written);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "tiler/grid.hpp"
 
 #include <algorithm>
+#include <tuple>
 
 #include "tiler/error.hpp"
 
@@ -23,6 +24,35 @@ std::pair<int64_t, int64_t> parseWindowSize(const std::string& text) {
   } catch (const std::exception&) {
   }
   TILER_THROW(ConfigError, "--window: expected N or W,H with positive integers, got '" << text << "'");
+}
+
+void parseOverlap(const std::string& text, GridSpec& spec) {
+  auto parse = [&](const std::string& s) {
+    size_t used = 0;
+    double v = -1;
+    try {
+      v = std::stod(s, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    TILER_CHECK(used == s.size() && v >= 0.0 && v < 1.0, ConfigError,
+                "--overlap must be F or FX,FY with values in [0,1); got '" << text << "'");
+    return v;
+  };
+  auto comma = text.find(',');
+  if (comma == std::string::npos) {
+    spec.overlap_x = spec.overlap_y = parse(text);
+  } else {
+    spec.overlap_x = parse(text.substr(0, comma));
+    spec.overlap_y = parse(text.substr(comma + 1));
+  }
+}
+
+GridSpec parseGridSpec(const std::string& window, const std::string& overlap) {
+  GridSpec spec;
+  std::tie(spec.window_w, spec.window_h) = parseWindowSize(window);
+  parseOverlap(overlap, spec);
+  return spec;
 }
 
 int64_t axisInterval(int64_t size, int64_t window, double overlap) {

@@ -647,7 +647,7 @@ size_t ImageWriter::bufferedBytes() const {
 }
 
 void ImageWriter::writeRows(const cv::Mat& band) {
-  TILER_CHECK(!done_, IoError, "'" << path_ << "': write after close");
+  TILER_CHECK(!done_ && !finished_, IoError, "'" << path_ << "': write after close");
   TILER_CHECK(band.cols == width_ && band.type() == buffer_.type(), IoError,
               "'" << path_ << "': band of " << band.cols << " columns / type " << band.type() << ", expected "
                   << width_ << " / " << buffer_.type());
@@ -697,8 +697,17 @@ void ImageWriter::flushTileRow(int64_t rows) {
   buffered_rows_ = 0;
 }
 
+SampleType labelSampleType(int classes) {
+  return classes > 256 ? SampleType::kU16 : SampleType::kU8;
+}
+
 void ImageWriter::close() {
-  TILER_CHECK(!done_, IoError, "'" << path_ << "': closed twice");
+  finish();
+  commit();
+}
+
+void ImageWriter::finish() {
+  TILER_CHECK(!done_ && !finished_, IoError, "'" << path_ << "': closed twice");
   if (tiff_ != nullptr) {
     if (buffered_rows_ > 0) flushTileRow(buffered_rows_);
     TILER_CHECK(rows_written_ == height_, IoError,
@@ -735,6 +744,11 @@ void ImageWriter::close() {
                   "'" << path_ << "': writing " << options_.format << " failed: " << std::strerror(err));
     }
   }
+  finished_ = true;
+}
+
+void ImageWriter::commit() {
+  TILER_CHECK(finished_ && !done_, IoError, "'" << path_ << "': commit before finish, or twice");
   if (std::rename(partialPath().c_str(), path_.c_str()) != 0) {
     int err = errno;
     abandon();

@@ -8,8 +8,8 @@
 
 #include <filesystem>
 #include <mutex>
-#include <opencv2/imgproc.hpp>
 
+#include "tiler/catalog.hpp"
 #include "tiler/error.hpp"
 #include "tiler/torch_compat.hpp"
 
@@ -56,24 +56,17 @@ const char* precisionName(Precision p) {
   return "?";
 }
 
-ChannelAdapt channelAdaptation(int image_channels, int model_channels, const std::string& image_path) {
-  if (image_channels == model_channels) return ChannelAdapt::kNone;
-  if (image_channels == 1 && model_channels == 3) return ChannelAdapt::kRepeatGray;
-  if (image_channels == 4 && model_channels == 3) return ChannelAdapt::kDropAlpha;
-  TILER_THROW(ModelError, "'" << image_path << "': image has " << image_channels
-                              << " channel(s) but the model takes " << model_channels);
-}
-
-void windowToModelInput(const cv::Mat& window, ChannelAdapt adapt, float* dst) {
-  cv::Mat adapted = window;
-  if (adapt == ChannelAdapt::kRepeatGray) {
-    cv::Mat planes[] = {window, window, window};
-    cv::merge(planes, 3, adapted);
-  } else if (adapt == ChannelAdapt::kDropAlpha) {
-    cv::cvtColor(window, adapted, cv::COLOR_RGBA2RGB);
-  }
-  cv::Mat out(window.rows, window.cols, CV_MAKETYPE(CV_32F, adapted.channels()), dst);
-  adapted.convertTo(out, CV_32F);
+ModelOptions modelOptionsFor(const JobOptions& job, int local_rank) {
+  ModelOptions mo;
+  mo.path = job.model.empty() ? bundledSamplesDir() + "/models/sample.pt" : job.model;
+  mo.device = job.device;
+  mo.precision = job.precision;
+  mo.threads = job.threads;
+  mo.output_key = job.output_key;
+  mo.mean = job.mean;
+  mo.std = job.std;
+  mo.local_rank = local_rank;
+  return mo;
 }
 
 torch::Device resolveDevice(const std::string& spec, int local_rank) {

@@ -11,43 +11,15 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "ranks_util.hpp"
 #include "test_util.hpp"
 #include "tiler/error.hpp"
 
 namespace tiler {
 namespace {
 
-WorldInfo worldOf(int rank, int size) {
-  WorldInfo w;
-  w.rank = rank;
-  w.world_size = size;
-  w.local_rank = rank;
-  w.local_world_size = size;
-  return w;
-}
-
-// Runs fn(rank) on `size` threads sharing one in-process store; rethrows the first failure.
-void runRanks(int size, const std::function<void(DistContext&)>& fn,
-              std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<std::thread> threads;
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(size));
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        DistOptions o;
-        o.timeout = timeout;
-        DistContext ctx(worldOf(r, size), o, torch::Device(torch::kCPU), store);
-        fn(ctx);
-      } catch (...) {
-        errors[size_t(r)] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-}
+using test::runRanks;
+using test::worldOf;
 
 class DistWorlds : public ::testing::TestWithParam<int> {};
 

@@ -112,7 +112,7 @@ TEST_F(Finetune, ResumeEndsWhereAnUninterruptedRunEnds) {
       run(kTiler + common("resumed.pt",
                           data() + " --epochs 1 --batch_size 4 --augment --checkpoint_dir " + dir_ + "/ck2"));
   ASSERT_EQ(first.code, 0) << first.output;
-  EXPECT_TRUE(fs::exists(dir_ + "/ck2/state.json"));
+  EXPECT_TRUE(fs::exists(dir_ + "/ck2/epoch-000001/state.json"));
   auto second = run(kTiler + common("resumed.pt", args + " --resume --checkpoint_dir " + dir_ + "/ck2"));
   ASSERT_EQ(second.code, 0) << second.output;
   EXPECT_EQ(maxDifference(parametersOf(dir_ + "/straight.pt"), parametersOf(dir_ + "/resumed.pt")), 0.0);

@@ -222,18 +222,6 @@ TEST(Model, Fp16OnCpuIsRefusedClearly) {
   EXPECT_THROW(resolveDevice("tpu", 0), Error);
 }
 
-TEST(Model, ChannelAdaptation) {
-  EXPECT_EQ(channelAdaptation(3, 3, "a"), ChannelAdapt::kNone);
-  EXPECT_EQ(channelAdaptation(1, 3, "a"), ChannelAdapt::kRepeatGray);
-  EXPECT_EQ(channelAdaptation(4, 3, "a"), ChannelAdapt::kDropAlpha);
-  try {
-    channelAdaptation(5, 3, "x.tif");
-    FAIL();
-  } catch (const ModelError& e) {
-    EXPECT_EQ(e.message(), "'x.tif': image has 5 channel(s) but the model takes 3");
-  }
-}
-
 TEST(ModelGpu, Fp16OnCuda) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   auto o = cpuOptions(saveModule("cuda", 3, 2, kConv));

@@ -253,33 +253,6 @@ TEST_F(Pipeline, ConfigFileTakesAnyFlag) {
   expectSameOutputs(reference(), out);
 }
 
-TEST(PipelinePieces, ListImagesSortsAndFilters) {
-  auto dir = (fs::path(::testing::TempDir()) / ("list_" + std::to_string(getpid()))).string();
-  fs::create_directories(dir + "/sub");
-  for (const char* f : {"b.tif", "a.PNG", "notes.txt", "sub/c.jpg"}) std::ofstream(dir + "/" + f) << "x";
-  auto flat = listImages({dir}, false);
-  ASSERT_EQ(flat.size(), 2u);
-  EXPECT_EQ(fs::path(flat[0]).filename(), "a.PNG");
-  EXPECT_EQ(listImages({dir}, true).size(), 3u);
-}
-
-TEST(PipelinePieces, ReadWindowPadsOutsideTheImage) {
-  auto dir = (fs::path(::testing::TempDir()) / ("pad_" + std::to_string(getpid()))).string();
-  fs::create_directories(dir);
-  cv::Mat img(2, 3, CV_8UC1);
-  for (int i = 0; i < 6; ++i) img.data[i] = uchar(10 * (i + 1));
-  writeImage(dir + "/p.tif", img, SampleType::kU8);
-  auto reader = ImageReader::open(dir + "/p.tif");
-  WindowGrid g(3, 2, GridSpec{5, 4, 0.25, 0.25});
-  cv::Mat c = readWindow(*reader, g, 0, PadMode::kConstant, 7);
-  EXPECT_EQ(c.at<uint8_t>(0, 0), 7);
-  EXPECT_EQ(c.at<uint8_t>(1, 1), 10);
-  cv::Mat rep = readWindow(*reader, g, 0, PadMode::kReplicate, 0);
-  EXPECT_EQ(rep.at<uint8_t>(0, 0), 10);
-  cv::Mat ref = readWindow(*reader, g, 0, PadMode::kReflect, 0);
-  EXPECT_EQ(ref.at<uint8_t>(0, 1), 40) << "reflect without repeating the edge, like torch";
-}
-
 }  // namespace
 }  // namespace tiler
 

@@ -30,8 +30,8 @@ std::vector<float> gaussianImportance(int64_t w, int64_t h, double sigma_scale);
 // [cores[i], cores[i+1]); overlaps are split at their middle and border windows reach the edges.
 std::vector<int64_t> cropCores(const std::vector<int64_t>& starts, int64_t window, int64_t size);
 
-// Labels of a blended HWC float band: argmax over channels (u8, or u16 above 255 classes); a single channel
-// is thresholded at `threshold` (0 for logits, 0.5 for sigmoid probabilities).
+// Labels of a blended HWC float band: argmax over channels (labelSampleType: u8 up to 256 classes); a single
+// channel is thresholded at `threshold` (0 for logits, 0.5 for sigmoid probabilities).
 cv::Mat labelsFromProbabilities(const cv::Mat& band, float threshold);
 
 struct StitchOptions {

@@ -54,6 +54,8 @@ class DistContext {
   int rank() const { return world_.rank; }
   int worldSize() const { return world_.world_size; }
   const std::string& backendName() const { return backend_; }
+  // Where collective tensors live: the model's CUDA device for NCCL, the CPU for gloo.
+  const torch::Device& commDevice() const { return comm_device_; }
 
   // Every rank's `t` (same shape everywhere); on rank 0 the world's tensors in rank order, elsewhere empty.
   std::vector<torch::Tensor> gather(const torch::Tensor& t, const std::string& what);
@@ -77,6 +79,7 @@ class DistContext {
   WorldInfo world_;
   DistOptions options_;
   std::string backend_;
+  torch::Device comm_device_{torch::kCPU};
   std::unique_ptr<Impl> impl_;
 };
 

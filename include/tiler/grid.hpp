@@ -26,6 +26,10 @@ struct GridSpec {
 
 // Parses "N" or "W,H" (also "WxH"); throws ConfigError.
 std::pair<int64_t, int64_t> parseWindowSize(const std::string& text);
+// Parses "F" or "FX,FY" into spec's overlaps (each in [0,1)); throws ConfigError.
+void parseOverlap(const std::string& text, GridSpec& spec);
+// parseWindowSize and parseOverlap together.
+GridSpec parseGridSpec(const std::string& window, const std::string& overlap);
 
 // MONAI's interval: int(window * (1 - overlap)) truncated in double, at least 1, and = window when the
 // window covers the whole axis.

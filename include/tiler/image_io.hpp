@@ -11,8 +11,9 @@
 // ImageWriter: takes row bands top to bottom. TIFF output is tiled (256 px), deflate by default, horizontal
 // predictor for integers and floating-point predictor for f32, BigTIFF when the raw data exceeds 2 GiB;
 // memory is one row of tiles. PNG/JPEG are assembled in memory and refused above kMaxInMemoryPixels.
-// Files are written as "<name>.partial" and renamed by close(); a writer destroyed without close() removes
-// its partial file. Every failure is an IoError naming the file.
+// Files are written as "<name>.partial" and renamed by close() (or finish() then commit(), so that several
+// outputs of one image appear together); a writer destroyed before commit removes its partial file. Every
+// failure is an IoError naming the file.
 #pragma once
 
 #include <cstdint>
@@ -60,6 +61,10 @@ class ImageReader {
 // True for extensions tiler treats as images (tif, tiff, png, jpg, jpeg, bmp, webp, and OpenCV's others).
 bool hasImageExtension(const std::string& path);
 
+// The sample type of a labels image for `classes` classes (a one-channel model has 2): u8 up to 256
+// classes (ids 0..255), u16 above. The one place that decides it.
+SampleType labelSampleType(int classes);
+
 enum class Compression { kDeflate, kZstd, kLzw, kNone };
 Compression parseCompression(const std::string& name);
 
@@ -84,9 +89,13 @@ class ImageWriter {
   // Appends band.rows rows (HWC, width columns, the writer's type and channels).
   void writeRows(const cv::Mat& band);
   int64_t rowsWritten() const { return rows_written_; }
-  // Flushes everything, closes the file and renames it to its final name. Throws IoError on failure
-  // (then the partial file is removed).
+  // finish() then commit().
   void close();
+  // Flushes everything and closes the file, still under its partial name. Throws IoError on failure (then
+  // the partial file is removed).
+  void finish();
+  // Renames the finished partial file to its final name. Throws IoError on failure.
+  void commit();
   const std::string& path() const { return path_; }
   std::string partialPath() const { return path_ + ".partial"; }
   // Bytes this writer holds in memory (one row of tiles for TIFF; the image for PNG/JPEG).
@@ -105,7 +114,8 @@ class ImageWriter {
   cv::Mat buffer_;        // TIFF: tile_h rows; PNG/JPEG: the whole image
   int64_t buffered_rows_ = 0;
   int64_t rows_written_ = 0;
-  bool done_ = false;
+  bool finished_ = false;  // file closed under its partial name
+  bool done_ = false;      // committed, or abandoned
 };
 
 }  // namespace tiler

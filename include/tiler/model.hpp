@@ -9,13 +9,12 @@
 
 #include <torch/script.h>
 
-#include <opencv2/core.hpp>
-
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "tiler/grid.hpp"
+#include "tiler/job_options.hpp"
 
 namespace tiler {
 
@@ -36,19 +35,15 @@ struct ModelOptions {
   int local_rank = 0;         // for device auto/cuda
 };
 
+// The model flags of a job (path, default: the bundled sample model; device, precision, threads, output
+// key, mean, std) for the rank with `local_rank`.
+ModelOptions modelOptionsFor(const JobOptions& job, int local_rank);
+
 struct ModelProbe {
   int input_channels = 0;  // what the model takes
   int output_channels = 0;
   Scale scale;  // output size / window size
 };
-
-// How an image's channels become the model's: as is, gray repeated to 3, RGBA without alpha.
-enum class ChannelAdapt { kNone, kRepeatGray, kDropAlpha };
-// Throws ModelError naming both numbers when no adaptation exists.
-ChannelAdapt channelAdaptation(int image_channels, int model_channels, const std::string& image_path);
-// Writes `window` (HWC, any sample type) adapted to the model's channels as raw float32 values into `dst`
-// (window.rows x window.cols x model channels).
-void windowToModelInput(const cv::Mat& window, ChannelAdapt adapt, float* dst);
 
 // Resolves --device (auto: cuda:(local_rank mod count) when CUDA is usable, else cpu).
 torch::Device resolveDevice(const std::string& spec, int local_rank);

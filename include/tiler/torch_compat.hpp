@@ -2,12 +2,15 @@
 // Covers: (1) autocast enable/dtype calls (per-device functions in 1.13..2.3, set_autocast_*(DeviceType)
 // from 2.4); (2) the c10d collective type (ProcessGroupGloo/NCCL derive from ProcessGroup in 1.13 and from
 // Backend in 2.x) and the USE_C10D_* macros the c10d headers need; (3) whether NCCL is compiled in
-// (TILER_WITH_CUDA from CMake: CUDA builds of LibTorch ship NCCL on Linux).
+// (TILER_WITH_CUDA from CMake: CUDA builds of LibTorch ship NCCL on Linux); (4) the environment variables
+// that make NCCL's wait(timeout) throw (renamed with a TORCH_ prefix in 2.2).
 // Include only from .cpp files that need c10d or autocast: it pulls in heavy headers.
 #pragma once
 
 #include <ATen/autocast_mode.h>
 #include <torch/version.h>
+
+#include <cstdlib>
 
 #ifndef USE_C10D_GLOO
 #define USE_C10D_GLOO
@@ -74,5 +77,17 @@ class AutocastScope {
   c10::DeviceType device_;
   bool enabled_;
 };
+
+// NCCL work only honours wait(timeout) with blocking wait on, and only tears down a hung communicator with
+// async error handling on. Sets both (unless the user set them) before a ProcessGroupNCCL is made.
+inline void enableNcclTimeouts() {
+#if TILER_TORCH_AT_LEAST(2, 2)
+  setenv("TORCH_NCCL_BLOCKING_WAIT", "1", 0);
+  setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1", 0);
+#else
+  setenv("NCCL_BLOCKING_WAIT", "1", 0);
+  setenv("NCCL_ASYNC_ERROR_HANDLING", "1", 0);
+#endif
+}
 
 }  // namespace tiler::compat

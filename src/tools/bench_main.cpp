@@ -18,8 +18,10 @@
 #include "tiler/cli.hpp"
 #include "tiler/error.hpp"
 #include "tiler/image_io.hpp"
+#include "tiler/loader.hpp"
 #include "tiler/model.hpp"
 #include "tiler/pipeline.hpp"
+#include "tiler/report.hpp"
 
 namespace {
 

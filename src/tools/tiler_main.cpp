@@ -4,6 +4,7 @@
 #include <cstring>
 #include <iostream>
 
+#include "commands.hpp"
 #include "tiler/cli.hpp"
 #include "tiler/error.hpp"
 #include "tiler/finetune.hpp"
@@ -14,15 +15,27 @@ namespace {
 
 using tiler::flagNames;
 
-void addCommonModelFlags(CLI::App& app, std::string& model, std::string& device, std::string& backend,
-                         std::string& precision) {
-  app.add_option(flagNames("-m,--model"), model,
+// The flags infer and finetune share (JobOptions), so that a model is fed alike when trained and when run.
+void addJobFlags(CLI::App& app, tiler::JobOptions& o) {
+  app.add_option(flagNames("-m,--model"), o.model,
                  "TorchScript model file (default: the bundled sample model)");
-  app.add_option(flagNames("--device"), device, "auto | cpu | cuda | cuda:K")->capture_default_str();
-  app.add_option(flagNames("--backend"), backend, "auto | gloo | nccl")->capture_default_str();
-  app.add_option(flagNames("--precision"), precision,
+  app.add_option(flagNames("--device"), o.device, "auto | cpu | cuda | cuda:K")->capture_default_str();
+  app.add_option(flagNames("--backend"), o.backend, "auto | gloo | nccl")->capture_default_str();
+  app.add_option(flagNames("--precision"), o.precision,
                  "fp32 | fp16 | bf16 (default: fp16 on CUDA, fp32 on CPU)")
       ->capture_default_str();
+  app.add_option(flagNames("--threads"), o.threads, "LibTorch intra-op threads for this rank");
+  app.add_option(flagNames("--timeout"), o.timeout, "seconds any rendezvous or collective may take")
+      ->capture_default_str();
+  app.add_option(flagNames("--window"), o.window, "window size N or W,H")->capture_default_str();
+  app.add_option(flagNames("--overlap"), o.overlap, "overlap F or FX,FY in [0,1)")->capture_default_str();
+  app.add_option(flagNames("--batch_size"), o.batch_size, "windows per forward and rank")
+      ->capture_default_str();
+  app.add_option(flagNames("--pad"), o.pad, "constant | reflect | replicate")->capture_default_str();
+  app.add_option(flagNames("--scale"), o.scale, "input scale (default: 1/255 u8, 1/65535 u16, 1 f32)");
+  app.add_option(flagNames("--mean"), o.mean, "per-channel mean A,B,C")->delimiter(',');
+  app.add_option(flagNames("--std"), o.std, "per-channel std A,B,C")->delimiter(',');
+  app.add_flag(flagNames("--no_progress"), o.no_progress, "no progress output");
 }
 
 int runInferCli(int argc, char** argv) {
@@ -32,18 +45,11 @@ int runInferCli(int argc, char** argv) {
   app.set_config(flagNames("--config"), "", "TOML/INI file with any of these flags");
   app.add_option(flagNames("-i,--input"), o.inputs, "files or directories (default: the bundled samples)");
   app.add_option(flagNames("-o,--output"), o.output_dir, "output directory")->capture_default_str();
-  addCommonModelFlags(app, o.model, o.device, o.backend, o.precision);
-  app.add_option(flagNames("--window"), o.window, "window size N or W,H")->capture_default_str();
-  app.add_option(flagNames("--overlap"), o.overlap, "overlap F or FX,FY in [0,1)")->capture_default_str();
+  addJobFlags(app, o);
+  app.add_option(flagNames("--cval"), o.cval, "value for constant padding")->capture_default_str();
   app.add_option(flagNames("--blend"), o.blend, "constant | gaussian | crop")->capture_default_str();
   app.add_option(flagNames("--sigma_scale"), o.sigma_scale, "gaussian sigma per window size")
       ->capture_default_str();
-  app.add_option(flagNames("--pad"), o.pad, "constant | reflect | replicate")->capture_default_str();
-  app.add_option(flagNames("--cval"), o.cval, "value for constant padding")->capture_default_str();
-  app.add_option(flagNames("--batch_size"), o.batch_size, "windows per forward")->capture_default_str();
-  app.add_option(flagNames("--scale"), o.scale, "input scale (default: 1/255 u8, 1/65535 u16, 1 f32)");
-  app.add_option(flagNames("--mean"), o.mean, "per-channel mean A,B,C")->delimiter(',');
-  app.add_option(flagNames("--std"), o.std, "per-channel std A,B,C")->delimiter(',');
   app.add_option(flagNames("--activation"), o.activation, "none | softmax | sigmoid")->capture_default_str();
   app.add_option(flagNames("--save"), o.save, "labels | probs | labels,probs")->capture_default_str();
   app.add_option(flagNames("--format"), o.format, "tif | png (labels)")->capture_default_str();
@@ -53,10 +59,6 @@ int runInferCli(int argc, char** argv) {
   app.add_flag(flagNames("--overwrite"), o.overwrite, "redo images whose outputs exist");
   app.add_option(flagNames("--on_error"), o.on_error, "skip | abort")->capture_default_str();
   app.add_option(flagNames("--report"), o.report, "report JSON (default: <output>/report.json)");
-  app.add_option(flagNames("--threads"), o.threads, "LibTorch intra-op threads for this rank");
-  app.add_option(flagNames("--timeout"), o.timeout, "seconds any rendezvous or collective may take")
-      ->capture_default_str();
-  app.add_flag(flagNames("--no_progress"), o.no_progress, "no progress output");
   app.add_flag(flagNames("--recursive"), o.recursive, "walk input directories recursively");
   app.add_option(flagNames("--output_key"), o.output_key, "dict key or tuple index of the model's output");
   app.add_flag(flagNames("--jit_optimize"), o.jit_optimize, "freeze + optimize_for_inference");
@@ -73,7 +75,7 @@ int runInfoCli(int argc, char** argv) {
   app.add_option(flagNames("--window"), window, "show the grid for this window (N or W,H)");
   app.add_option(flagNames("--overlap"), overlap, "overlap for the grid")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  return tiler::runInfo(paths, window, overlap);
+  return tiler::tools::runInfo(paths, window, overlap);
 }
 
 int runOverlayCli(int argc, char** argv) {
@@ -89,11 +91,8 @@ int runOverlayCli(int argc, char** argv) {
   app.add_option(flagNames("--overlap"), overlap, "overlap of that grid")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   tiler::GridSpec spec;
-  if (!window.empty()) {
-    std::tie(spec.window_w, spec.window_h) = tiler::parseWindowSize(window);
-    tiler::parseOverlap(overlap, spec);
-  }
-  tiler::writeOverlay(image, labels, out, max_side, window.empty() ? nullptr : &spec);
+  if (!window.empty()) spec = tiler::parseGridSpec(window, overlap);
+  tiler::tools::writeOverlay(image, labels, out, max_side, window.empty() ? nullptr : &spec);
   return 0;
 }
 
@@ -103,7 +102,9 @@ int runFinetuneCli(int argc, char** argv) {
   app.set_config(flagNames("--config"), "", "TOML/INI file with any of these flags");
   app.add_option(flagNames("--images"), o.images_dir, "directory of training images")->required();
   app.add_option(flagNames("--labels"), o.labels_dir, "directory of labels, paired by file stem")->required();
-  addCommonModelFlags(app, o.model, o.device, o.backend, o.precision);
+  addJobFlags(app, o);
+  app.add_option(flagNames("--grad_accum_steps"), o.grad_accum_steps, "micro-batches per optimizer step")
+      ->capture_default_str();
   app.add_option(flagNames("-o,--output"), o.output, "trained TorchScript file")->capture_default_str();
   app.add_option(flagNames("--epochs"), o.epochs, "epochs")->capture_default_str();
   app.add_option(flagNames("--lr"), o.lr, "learning rate")->capture_default_str();
@@ -114,10 +115,6 @@ int runFinetuneCli(int argc, char** argv) {
   app.add_option(flagNames("--warmup_epochs"), o.warmup_epochs, "linear warm-up epochs")
       ->capture_default_str();
   app.add_option(flagNames("--loss"), o.loss, "ce | bce | mse | dice")->capture_default_str();
-  app.add_option(flagNames("--window"), o.window, "window size N or W,H")->capture_default_str();
-  app.add_option(flagNames("--overlap"), o.overlap, "overlap F or FX,FY")->capture_default_str();
-  app.add_option(flagNames("--batch_size"), o.batch_size, "windows per rank and step")->capture_default_str();
-  app.add_option(flagNames("--pad"), o.pad, "constant | reflect | replicate")->capture_default_str();
   app.add_option(flagNames("--seed"), o.seed, "shuffle and augmentation seed")->capture_default_str();
   app.add_option(flagNames("--val_fraction"), o.val_fraction, "held-out share")->capture_default_str();
   app.add_flag(flagNames("--augment"), o.augment, "random flips and 90-degree rotations");
@@ -125,9 +122,6 @@ int runFinetuneCli(int argc, char** argv) {
   app.add_option(flagNames("--checkpoint_dir"), o.checkpoint_dir, "checkpoint every epoch here");
   app.add_flag(flagNames("--resume"), o.resume, "continue from the last checkpoint");
   app.add_option(flagNames("--report"), o.report, "report JSON");
-  app.add_option(flagNames("--threads"), o.threads, "LibTorch intra-op threads for this rank");
-  app.add_option(flagNames("--timeout"), o.timeout, "seconds any collective may take")->capture_default_str();
-  app.add_flag(flagNames("--no_progress"), o.no_progress, "no progress output");
   CLI11_PARSE(app, argc, argv);
   return tiler::runFinetune(o);
 }

@@ -1,0 +1,91 @@
+// catalog: the window catalog. Inputs become images (header read, channel adaptation, input scale, grid) and
+// the windows of all images that will be processed are pooled into one global list, numbered in input
+// order then row-major; locate() maps a global index back to (image, local window).
+// Promise: every rank that sees the same files builds the same catalog (inputs sorted, the same checks); an
+// input that cannot be opened or does not fit the model is kept with status "error" and its message, never
+// thrown. No LibTorch; the catalog is plain data, read by every stage and changed only by the thread that
+// owns a status (see pipeline).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tiler/grid.hpp"
+#include "tiler/image_io.hpp"
+
+namespace tiler {
+
+// The bundled samples (images, models, training pairs).
+std::string bundledSamplesDir();
+// Files under `inputs` (directories walked, recursive when asked) with image extensions, sorted; a named
+// file is taken as it is (if it is missing, its error is the image's).
+std::vector<std::string> listImages(const std::vector<std::string>& inputs, bool recursive);
+// Default input scale for a sample type: 1/max for integers, 1 for float.
+double defaultScale(SampleType type);
+
+// How an image's channels become the model's: as is, gray repeated to 3, RGBA without alpha.
+enum class ChannelAdapt { kNone, kRepeatGray, kDropAlpha };
+// Throws ModelError naming both numbers when no adaptation exists.
+ChannelAdapt channelAdaptation(int image_channels, int model_channels, const std::string& image_path);
+
+struct CatalogImage {
+  std::string input;
+  std::string label;  // finetune: the paired label file
+  ImageInfo info, label_info;
+  WindowGrid grid;
+  ChannelAdapt adapt = ChannelAdapt::kNone;
+  double scale = 1.0;         // raw sample value -> model input, before mean/std
+  int64_t first_window = -1;  // global index of its window 0; -1: not planned
+  std::string status = "ok";  // ok | skipped | error (infer: done once its outputs are committed)
+  std::string error;
+  std::map<std::string, std::string> outputs;  // kind (labels, probs) -> final path
+};
+
+// What the images are cut for: the model's input channels and output scale, the grid, the input scale.
+struct CatalogSpec {
+  GridSpec grid;
+  int input_channels = 3;
+  Scale output_scale;
+  double scale = 0.0;  // 0: defaultScale of each image's sample type
+};
+
+class WindowCatalog {
+ public:
+  // Opens `path`'s header and fills an image for `spec`; a failure becomes status "error", never a throw.
+  static CatalogImage describe(const std::string& path, const CatalogSpec& spec);
+  // Appends an image; when `planned` its windows join the global list after those already there.
+  int add(CatalogImage image, bool planned);
+
+  const std::vector<CatalogImage>& images() const { return images_; }
+  CatalogImage& image(int id) { return images_[size_t(id)]; }
+  const CatalogImage& image(int id) const { return images_[size_t(id)]; }
+  int64_t totalWindows() const { return total_windows_; }
+  int plannedImages() const { return int(planned_.size()); }
+  // (image id, local window index) of global window `global` (0 <= global < totalWindows()).
+  std::pair<int, int64_t> locate(int64_t global) const;
+
+ private:
+  std::vector<CatalogImage> images_;
+  std::vector<int> planned_;            // ids of images with windows, in global order
+  std::vector<int64_t> planned_first_;  // their first global window
+  int64_t total_windows_ = 0;
+};
+
+// `tiler infer`'s catalog: outputs named <output_dir>/<stem>_labels.<format> and <stem>_probs.tif; images
+// whose outputs all exist are skipped with `resume`; existing outputs without resume/overwrite are a
+// ConfigError listing them; two inputs with one stem are an error for the second.
+struct InferCatalogOptions {
+  std::vector<std::string> inputs;
+  bool recursive = false;
+  std::string output_dir;
+  std::string format = "tif";
+  bool save_labels = true, save_probs = false;
+  bool resume = false, overwrite = false;
+  bool remove_stale_partials = false;  // one rank (0) removes the .partial files a killed run left
+};
+WindowCatalog buildInferCatalog(const InferCatalogOptions& options, const CatalogSpec& spec);
+
+}  // namespace tiler

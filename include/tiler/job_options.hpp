@@ -1,0 +1,29 @@
+// job_options: the flags `tiler infer` and `tiler finetune` share, in one struct both parameter structs
+// extend, so that a model is fed the same way when it is trained and when it is run (same scale, mean, std,
+// output key). Plain data, no LibTorch.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace tiler {
+
+struct JobOptions {
+  std::string model;  // empty: the bundled sample model
+  std::string device = "auto";
+  std::string backend = "auto";
+  std::string precision = "auto";
+  int threads = 0;         // LibTorch intra-op threads per rank; 0: LibTorch's default
+  double timeout = 300.0;  // seconds any rendezvous or collective may take
+  std::string window = "256";
+  std::string overlap = "0.25";  // F or FX,FY
+  int batch_size = 8;
+  std::string pad = "constant";
+  double scale = 0.0;  // input scale; 0: by sample type (u8 1/255, u16 1/65535, f32 1)
+  std::vector<double> mean, std;
+  std::string output_key;  // dict key or tuple index of the model's output; empty: the first tensor
+  int prefetch = 2;        // batches read ahead
+  bool no_progress = false;
+};
+
+}  // namespace tiler

@@ -1,0 +1,57 @@
+// report: what a run tells its user. The report JSON of `tiler infer` (fields in DESIGN.md), written
+// atomically by rank 0 also when images failed; the exit code it implies; the progress line; peak memory.
+// No LibTorch.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <vector>
+
+#include "tiler/catalog.hpp"
+
+namespace tiler {
+
+// One rank's share of the work, as the final exchange collects it.
+struct RankStats {
+  int64_t windows = 0;
+  double read_seconds = 0, forward_seconds = 0, gather_seconds = 0, peak_rss_mb = 0;
+  std::vector<double> pack() const;
+  static RankStats unpack(const std::vector<double>& values);
+};
+
+struct RunSummary {
+  int world_size = 1;
+  std::string backend, device, precision, model;
+  double seconds = 0;
+  GridSpec window;
+  double output_scale = 1.0;
+};
+
+// The report of an infer run: statuses as the catalog holds them after the output stage finished ("done"
+// is reported as ok; a planned image never finished is an error).
+nlohmann::json inferReport(const RunSummary& run, const WindowCatalog& catalog,
+                           const std::vector<RankStats>& per_rank);
+// kExitOk, or kExitSomeFailed when any image of the report failed.
+int exitCodeOf(const nlohmann::json& report);
+// Writes `j` to "<path>.partial" and renames it into place; throws IoError.
+void writeJsonAtomically(const std::string& path, const nlohmann::json& j);
+
+// Peak resident memory of this process so far, in MiB.
+double peakRssMegabytes();
+
+// Rank 0's progress display: a bar with rate and ETA on a terminal, a plain line every 5 s otherwise.
+class Progress {
+ public:
+  Progress(int64_t total, std::string unit, bool enabled);
+  void update(int64_t done);
+
+ private:
+  int64_t total_;
+  std::string unit_;
+  bool enabled_, tty_;
+  std::chrono::steady_clock::time_point start_, last_;
+};
+
+}  // namespace tiler

@@ -1,0 +1,161 @@
+#include "tiler/catalog.hpp"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "tiler/error.hpp"
+
+namespace fs = std::filesystem;
+
+namespace tiler {
+
+std::string bundledSamplesDir() {
+  return TILER_SOURCE_DIR "/samples";
+}
+
+std::vector<std::string> listImages(const std::vector<std::string>& inputs, bool recursive) {
+  std::vector<std::string> files;
+  for (const auto& in : inputs) {
+    std::error_code ec;
+    if (fs::is_directory(in, ec)) {
+      auto add = [&](const fs::directory_entry& e) {
+        if (e.is_regular_file(ec) && hasImageExtension(e.path().string())) files.push_back(e.path().string());
+      };
+      if (recursive) {
+        for (const auto& e : fs::recursive_directory_iterator(in, ec)) add(e);
+      } else {
+        for (const auto& e : fs::directory_iterator(in, ec)) add(e);
+      }
+      TILER_CHECK(!ec, IoError, "'" << in << "': cannot list directory: " << ec.message());
+    } else {
+      files.push_back(in);
+    }
+  }
+  std::sort(files.begin(), files.end());
+  files.erase(std::unique(files.begin(), files.end()), files.end());
+  return files;
+}
+
+double defaultScale(SampleType type) {
+  switch (type) {
+    case SampleType::kU8:
+      return 1.0 / 255.0;
+    case SampleType::kU16:
+      return 1.0 / 65535.0;
+    case SampleType::kI16:
+      return 1.0 / 32767.0;
+    case SampleType::kU32:
+      return 1.0 / 4294967295.0;
+    case SampleType::kF32:
+      return 1.0;
+  }
+  return 1.0;
+}
+
+ChannelAdapt channelAdaptation(int image_channels, int model_channels, const std::string& image_path) {
+  if (image_channels == model_channels) return ChannelAdapt::kNone;
+  if (image_channels == 1 && model_channels == 3) return ChannelAdapt::kRepeatGray;
+  if (image_channels == 4 && model_channels == 3) return ChannelAdapt::kDropAlpha;
+  TILER_THROW(ModelError, "'" << image_path << "': image has " << image_channels
+                              << " channel(s) but the model takes " << model_channels);
+}
+
+CatalogImage WindowCatalog::describe(const std::string& path, const CatalogSpec& spec) {
+  CatalogImage img;
+  img.input = path;
+  try {
+    img.info = ImageReader::open(path)->info();
+    img.adapt = channelAdaptation(img.info.channels, spec.input_channels, path);
+    img.scale = spec.scale > 0 ? spec.scale : defaultScale(img.info.type);
+    img.grid = WindowGrid(img.info.width, img.info.height, spec.grid, spec.output_scale);
+    const int64_t out_w = spec.output_scale.apply(img.info.width);
+    const int64_t out_h = spec.output_scale.apply(img.info.height);
+    TILER_CHECK(out_w >= 1 && out_h >= 1, IoError,
+                "'" << path << "': " << img.info.width << "x" << img.info.height
+                    << " is smaller than one output pixel at the model's scale 1/" << spec.output_scale.den);
+  } catch (...) {
+    img.status = "error";
+    img.error = describeImageException(std::current_exception(), path);
+  }
+  return img;
+}
+
+int WindowCatalog::add(CatalogImage image, bool planned) {
+  const int id = int(images_.size());
+  if (planned) {
+    image.first_window = total_windows_;
+    planned_.push_back(id);
+    planned_first_.push_back(total_windows_);
+    total_windows_ += image.grid.count();
+  }
+  images_.push_back(std::move(image));
+  return id;
+}
+
+std::pair<int, int64_t> WindowCatalog::locate(int64_t global) const {
+  TILER_CHECK(global >= 0 && global < total_windows_, ConfigError,
+              "window " << global << " is outside the catalog's " << total_windows_);
+  auto it = std::upper_bound(planned_first_.begin(), planned_first_.end(), global);
+  const size_t k = size_t(it - planned_first_.begin()) - 1;
+  return {planned_[k], global - planned_first_[k]};
+}
+
+WindowCatalog buildInferCatalog(const InferCatalogOptions& o, const CatalogSpec& spec) {
+  std::vector<std::string> files = listImages(o.inputs, o.recursive);
+  TILER_CHECK(!files.empty(), ConfigError, "no input images found in the given --input paths");
+  WindowCatalog catalog;
+  std::map<std::string, std::string> stems;  // output stem -> input, to catch collisions
+  std::vector<std::string> existing;
+  for (const auto& path : files) {
+    const std::string stem = fs::path(path).stem().string();
+    auto [first, fresh] = stems.emplace(stem, path);
+    CatalogImage img;
+    if (fresh) {
+      img = WindowCatalog::describe(path, spec);
+    } else {
+      img.input = path;
+      img.status = "error";
+      img.error =
+          "'" + path + "': its outputs would overwrite those of '" + first->second + "' (same file stem)";
+    }
+    if (o.save_labels)
+      img.outputs["labels"] = (fs::path(o.output_dir) / (stem + "_labels." + o.format)).string();
+    if (o.save_probs) img.outputs["probs"] = (fs::path(o.output_dir) / (stem + "_probs.tif")).string();
+    if (img.status == "ok" && o.format == "png" && o.save_labels) {
+      const int64_t pixels =
+          spec.output_scale.apply(img.info.width) * spec.output_scale.apply(img.info.height);
+      if (pixels > ImageWriter::kMaxInMemoryPixels) {
+        img.status = "error";
+        img.error = "'" + path + "': output of " + std::to_string(pixels) +
+                    " pixels is too large for PNG; use --format tif";
+      }
+    }
+    if (img.status == "ok") {
+      std::error_code ec;
+      size_t present = 0;
+      for (auto& [kind, out] : img.outputs) {
+        if (o.remove_stale_partials) fs::remove(out + ".partial", ec);
+        present += fs::exists(out) ? 1 : 0;
+      }
+      if (present == img.outputs.size() && o.resume) {
+        img.status = "skipped";
+      } else if (present > 0 && !o.resume && !o.overwrite) {
+        for (auto& [kind, out] : img.outputs)
+          if (fs::exists(out)) existing.push_back(out);
+      }
+    }
+    const bool planned = img.status == "ok";
+    catalog.add(std::move(img), planned);
+  }
+  if (!existing.empty()) {
+    std::string list;
+    for (size_t i = 0; i < existing.size() && i < 5; ++i) list += (i ? ", " : "") + existing[i];
+    if (existing.size() > 5) list += ", ... (" + std::to_string(existing.size()) + " in all)";
+    TILER_THROW(ConfigError, "outputs exist already: " << list
+                                                       << "; pass --resume to skip finished images or "
+                                                       << "--overwrite to redo them");
+  }
+  return catalog;
+}
+
+}  // namespace tiler

@@ -1,0 +1,99 @@
+#include "tiler/exchange.hpp"
+
+namespace tiler {
+
+StepExchange::StepExchange(DistContext& dist) : dist_(dist), on_device_(dist.backendName() == "nccl") {}
+
+torch::Tensor StepExchange::onComm(const torch::Tensor& t) const {
+  return on_device_ ? t.to(dist_.commDevice()) : t.cpu();
+}
+
+void StepExchange::throwFailure(int rank, const std::optional<std::string>& own) {
+  if (own) throw RankFailure(this->rank(), *own, __FILE__, __LINE__);
+  const std::string message =
+      dist_.getString("tiler/fatal/" + std::to_string(rank), "(its message did not reach the store)");
+  throw RankFailure(rank, "rank " + std::to_string(rank) + " failed: " + message, __FILE__, __LINE__);
+}
+
+std::vector<torch::Tensor> StepExchange::share(const torch::Tensor& rows,
+                                               const std::optional<std::string>& fatal,
+                                               const std::string& what) {
+  TILER_CHECK(rows.dim() == 2 && rows.scalar_type() == torch::kInt64, ConfigError,
+              "step exchange: rows must be int64 [n,k]");
+  if (dist_.worldSize() == 1) {
+    if (fatal) throwFailure(0, fatal);
+    return {rows.cpu()};
+  }
+  // The message goes to the store before the collective that tells everyone to read it.
+  if (fatal) dist_.setString("tiler/fatal/" + std::to_string(rank()), *fatal);
+  auto header = torch::zeros({1, std::max<int64_t>(rows.size(1), 1)}, torch::kInt64);
+  header[0][0] = fatal ? 1 : 0;
+  auto body = rows.size(1) == 0 ? torch::zeros({rows.size(0), 1}, torch::kInt64) : rows.cpu();
+  auto all = dist_.allgather(onComm(torch::cat({header, body})), what);
+  int failed = -1;
+  std::vector<torch::Tensor> out;
+  for (size_t r = 0; r < all.size(); ++r) {
+    auto t = all[r].cpu();
+    if (failed < 0 && t[0][0].item<int64_t>() != 0) failed = int(r);
+    out.push_back(t.narrow(0, 1, rows.size(0)).narrow(1, 0, rows.size(1)));
+  }
+  if (failed >= 0) throwFailure(failed, fatal);
+  return out;
+}
+
+void StepExchange::check(const std::optional<std::string>& fatal, const std::string& what) {
+  share(torch::zeros({0, 0}, torch::kInt64), fatal, what);
+}
+
+std::vector<torch::Tensor> StepExchange::gather(const torch::Tensor& t, const std::string& what) {
+  auto parts = dist_.gather(onComm(t), what);
+  for (auto& p : parts) p = p.cpu();
+  return parts;
+}
+
+std::vector<torch::Tensor> StepExchange::allgather(const torch::Tensor& t, const std::string& what) {
+  auto parts = dist_.allgather(onComm(t), what);
+  for (auto& p : parts) p = p.cpu();
+  return parts;
+}
+
+void StepExchange::allreduceSum(torch::Tensor& t, const std::string& what) {
+  auto comm = onComm(t);
+  dist_.allreduceSum(comm, what);
+  if (!comm.is_same(t)) t.copy_(comm);
+}
+
+void StepExchange::broadcast(torch::Tensor& t, int root, const std::string& what) {
+  auto comm = onComm(t);
+  dist_.broadcast(comm, root, what);
+  if (!comm.is_same(t)) t.copy_(comm);
+}
+
+void StepExchange::reportImageFailure(int image_id, const std::string& message) {
+  if (dist_.worldSize() > 1) dist_.setString("tiler/error/" + std::to_string(image_id), message);
+}
+
+std::string StepExchange::imageFailure(int image_id, const std::string& fallback) {
+  if (dist_.worldSize() == 1) return fallback;
+  return dist_.getString("tiler/error/" + std::to_string(image_id), fallback);
+}
+
+int StepExchange::agreeOnExitCode(int code, const std::optional<std::string>& fatal) {
+  auto codes = share(torch::tensor({{int64_t(code)}}, torch::kInt64), fatal, "the exit code");
+  return int(codes[0][0][0].item<int64_t>());
+}
+
+void StepExchange::markStep(int64_t step) {
+  if (dist_.worldSize() > 1) dist_.setString("tiler/step/" + std::to_string(rank()), std::to_string(step));
+}
+
+std::string StepExchange::laggards(int64_t step) {
+  std::string behind;
+  for (int r = 0; r < worldSize(); ++r) {
+    const std::string at = dist_.getString("tiler/step/" + std::to_string(r), "-1");
+    if (std::stoll(at) < step) behind += " rank " + std::to_string(r) + " (last seen at step " + at + ")";
+  }
+  return behind.empty() ? std::string() : "; behind:" + behind + ": hung or dead";
+}
+
+}  // namespace tiler

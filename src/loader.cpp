@@ -1,0 +1,120 @@
+#include "tiler/loader.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <opencv2/core.hpp>
+
+namespace tiler {
+
+PadMode parsePadMode(const std::string& name) {
+  if (name == "constant") return PadMode::kConstant;
+  if (name == "reflect") return PadMode::kReflect;
+  if (name == "replicate") return PadMode::kReplicate;
+  TILER_THROW(ConfigError, "--pad must be constant, reflect or replicate; got '" << name << "'");
+}
+
+cv::Mat readWindow(ImageReader& reader, const WindowGrid& grid, int64_t local_index, PadMode pad,
+                   double cval) {
+  const Rect r = grid.imageWindow(local_index);
+  const ImageInfo& info = reader.info();
+  const int64_t x0 = std::max<int64_t>(r.x, 0), y0 = std::max<int64_t>(r.y, 0);
+  const int64_t x1 = std::min(r.right(), info.width), y1 = std::min(r.bottom(), info.height);
+  cv::Mat inside = reader.readRegion(Rect{x0, y0, x1 - x0, y1 - y0});
+  if (x0 == r.x && y0 == r.y && x1 == r.right() && y1 == r.bottom()) return inside;
+  const int mode = pad == PadMode::kConstant  ? cv::BORDER_CONSTANT
+                   : pad == PadMode::kReflect ? cv::BORDER_REFLECT_101
+                                              : cv::BORDER_REPLICATE;
+  cv::Mat out;
+  cv::copyMakeBorder(inside, out, int(y0 - r.y), int(r.bottom() - y1), int(x0 - r.x), int(r.right() - x1),
+                     mode, cv::Scalar::all(cval));
+  return out;
+}
+
+void windowToModelInput(const cv::Mat& window, ChannelAdapt adapt, float* dst) {
+  const int channels = adapt == ChannelAdapt::kNone ? window.channels() : 3;
+  cv::Mat out(window.rows, window.cols, CV_MAKETYPE(CV_32F, channels), dst);
+  cv::Mat values;
+  window.convertTo(values, CV_32F);
+  if (adapt == ChannelAdapt::kNone) {
+    values.copyTo(out);
+    return;
+  }
+  // mixChannels works for every depth (cvtColor refuses i16 and u32).
+  const int gray[] = {0, 0, 0, 1, 0, 2}, rgb[] = {0, 0, 1, 1, 2, 2};
+  cv::mixChannels(&values, 1, &out, 1, adapt == ChannelAdapt::kRepeatGray ? gray : rgb, 3);
+}
+
+ImageReader& ReaderCache::get(const std::string& path) {
+  auto it = readers_.find(path);
+  if (it != readers_.end()) return *it->second;
+  if (readers_.size() >= capacity_) readers_.clear();
+  auto reader = ImageReader::open(path);
+  return *readers_.emplace(path, std::move(reader)).first->second;
+}
+
+WindowLoader::WindowLoader(const WindowCatalog& catalog, GridSpec spec, LoaderOptions options,
+                           std::vector<SampleSlot> slots, int64_t steps)
+    : catalog_(catalog), spec_(spec), options_(std::move(options)), slots_(std::move(slots)) {
+  ahead_ = std::make_unique<ReadAhead<WindowBatch>>(steps, options_.depth,
+                                                    [this](int64_t step) { return assemble(step); });
+}
+
+void WindowLoader::skipImage(int image_id) {
+  std::lock_guard<std::mutex> lock(skip_mutex_);
+  skip_.insert(image_id);
+}
+
+bool WindowLoader::skipped(int image_id) {
+  std::lock_guard<std::mutex> lock(skip_mutex_);
+  return skip_.count(image_id) > 0;
+}
+
+WindowBatch WindowLoader::assemble(int64_t step) {
+  const int64_t B = options_.batch_size, H = spec_.window_h, W = spec_.window_w, C = options_.input_channels;
+  const auto t0 = std::chrono::steady_clock::now();
+  WindowBatch batch;
+  batch.pixels =
+      torch::zeros({B, H, W, C}, torch::TensorOptions(torch::kFloat32).pinned_memory(options_.pinned));
+  batch.scales = torch::ones({B}, torch::kFloat32);
+  batch.meta = torch::full({B, 2}, int64_t(-1), torch::kInt64);
+  auto meta = batch.meta.accessor<int64_t, 2>();
+  for (int64_t j = 0; j < B; ++j) {
+    const int64_t pos = step * B + j;
+    meta[j][1] = kSlotPadded;
+    if (pos >= int64_t(slots_.size()) || slots_[size_t(pos)].padded) continue;
+    if (stopping_) break;  // the consumer is gone: stop within the batch
+    const int64_t global = slots_[size_t(pos)].index;
+    meta[j][0] = global;
+    const auto [image_id, local] = catalog_.locate(global);
+    if (skipped(image_id)) {
+      meta[j][1] = kSlotSkipped;
+      continue;
+    }
+    const CatalogImage& img = catalog_.image(image_id);
+    try {
+      ++windows_read_;
+      if (options_.fault && !fault_fired_ && options_.fault->kind == "throw" &&
+          options_.fault->hits(options_.rank, "read", windows_read_)) {
+        fault_fired_ = true;
+        options_.fault->trigger("while reading '" + img.input + "'");
+      }
+      readers_.dropBefore(img.input);  // the shard walks the global order: earlier images are done
+      ImageReader& reader = readers_.get(img.input);
+      windowToModelInput(readWindow(reader, img.grid, local, options_.pad, options_.cval), img.adapt,
+                         batch.pixels[j].data_ptr<float>());
+      batch.scales[j] = float(img.scale);
+      meta[j][1] = kSlotOk;
+      ++batch.valid;
+    } catch (...) {
+      meta[j][1] = kSlotFailed;
+      batch.failures.emplace_back(
+          image_id, errorRankPrefix() + describeImageException(std::current_exception(), img.input));
+      skipImage(image_id);
+      readers_.drop(img.input);
+    }
+  }
+  batch.read_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return batch;
+}
+
+}  // namespace tiler

@@ -1,0 +1,166 @@
+#include "tiler/outputs.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "tiler/error.hpp"
+
+namespace fs = std::filesystem;
+
+namespace tiler {
+
+OutputStage::OutputStage(WindowCatalog& catalog, OutputOptions options)
+    : catalog_(catalog), options_(std::move(options)), steps_(options_.depth) {
+  thread_ = std::thread([this] { loop(); });
+}
+
+OutputStage::~OutputStage() {
+  steps_.close();
+  if (thread_.joinable()) thread_.join();
+}
+
+bool OutputStage::submit(StepResult step) {
+  return steps_.push(std::move(step));
+}
+
+std::optional<std::string> OutputStage::error() {
+  std::lock_guard<std::mutex> lock(error_mutex_);
+  return error_;
+}
+
+void OutputStage::finish() {
+  steps_.close();
+  if (thread_.joinable()) thread_.join();
+}
+
+void OutputStage::loop() {
+  try {
+    while (auto step = steps_.pop()) {
+      stitchStep(*step);
+      if (!options_.abort_on_error) continue;
+      for (const auto& img : catalog_.images()) {
+        if (img.status != "error") continue;
+        std::lock_guard<std::mutex> lock(error_mutex_);
+        error_ = img.error + " (--on_error abort)";
+        break;
+      }
+      if (error()) break;
+    }
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(error_mutex_);
+    error_ = "the output stage failed: " + describeException(std::current_exception());
+  }
+  // Whoever pushes next learns at once that nobody is listening.
+  steps_.close();
+  // Anything still open never got all its windows: its partial files go.
+  for (auto& [image_id, out] : open_) {
+    CatalogImage& img = catalog_.image(image_id);
+    if (img.status == "ok") {
+      img.status = "error";
+      img.error = "'" + img.input + "': not all windows were stitched (the run stopped)";
+    }
+  }
+  open_.clear();
+}
+
+OutputStage::ImageOutputs& OutputStage::outputsFor(int image_id) {
+  auto it = open_.find(image_id);
+  if (it != open_.end()) return it->second;
+  CatalogImage& img = catalog_.image(image_id);
+  ImageOutputs out;
+  fs::create_directories(fs::path(img.outputs.begin()->second).parent_path());
+  const int64_t out_w = options_.scale.apply(img.info.width), out_h = options_.scale.apply(img.info.height);
+  WriterOptions wo;
+  wo.compression = options_.compression;
+  wo.metadata_from = img.info.format == "tiff" ? img.input : "";
+  wo.metadata_scale = options_.scale.value();
+  if (options_.save_labels) {
+    WriterOptions lo = wo;
+    lo.format = options_.format;
+    const int label_classes = options_.classes == 1 ? 2 : options_.classes;
+    out.labels = std::make_unique<ImageWriter>(img.outputs.at("labels"), out_w, out_h, 1,
+                                               labelSampleType(label_classes), lo);
+  }
+  if (options_.save_probs) {
+    out.probs = std::make_unique<ImageWriter>(img.outputs.at("probs"), out_w, out_h, options_.classes,
+                                              SampleType::kF32, wo);
+  }
+  ImageWriter* labels = out.labels.get();
+  ImageWriter* probs = out.probs.get();
+  const float threshold = options_.label_threshold;
+  out.stitcher = std::make_unique<Stitcher>(
+      img.grid, options_.classes, options_.stitch,
+      [this, image_id, labels, probs, threshold](const cv::Mat& band, int64_t) {
+        if (write_faults_.count(image_id))
+          throw std::runtime_error("TILER_FAULT: injected failure while writing '" +
+                                   catalog_.image(image_id).input + "'");
+        if (probs) probs->writeRows(band);
+        if (labels) labels->writeRows(labelsFromProbabilities(band, threshold));
+      });
+  return open_.emplace(image_id, std::move(out)).first->second;
+}
+
+void OutputStage::commit(ImageOutputs& out) {
+  // Phase one: every file closed under its partial name. Phase two: all renamed.
+  if (out.labels) out.labels->finish();
+  if (out.probs) out.probs->finish();
+  if (out.labels) out.labels->commit();
+  try {
+    if (out.probs) out.probs->commit();
+  } catch (...) {
+    std::error_code ec;
+    if (out.labels) fs::remove(out.labels->path(), ec);
+    throw;
+  }
+}
+
+void OutputStage::finishImage(int image_id, const std::string& error) {
+  CatalogImage& img = catalog_.image(image_id);
+  std::string err = error;
+  auto it = open_.find(image_id);
+  if (it != open_.end() && err.empty()) {
+    try {
+      commit(it->second);
+    } catch (...) {
+      err = describeImageException(std::current_exception(), img.input);
+    }
+  }
+  if (it != open_.end()) open_.erase(it);  // unfinished writers remove their partial files
+  if (!err.empty()) {
+    if (img.status != "error") {
+      img.status = "error";
+      img.error = err;
+      spdlog::error("{}", err);
+    }
+  } else if (img.status == "ok") {
+    img.status = "done";
+  }
+}
+
+void OutputStage::stitchStep(StepResult& step) {
+  if (step.write_fault_image >= 0) write_faults_.insert(step.write_fault_image);
+  for (auto& [image_id, message] : step.failures) finishImage(image_id, message);
+  auto meta = step.meta.accessor<int64_t, 2>();
+  std::vector<int64_t> order;
+  for (int64_t k = 0; k < step.meta.size(0); ++k)
+    if (meta[k][1] == kSlotOk) order.push_back(k);
+  // Accumulate in global window order whatever rank produced each slot.
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return meta[a][0] < meta[b][0]; });
+  const int64_t per_window = step.preds.numel() / std::max<int64_t>(step.preds.size(0), 1);
+  const float* base = step.preds.data_ptr<float>();
+  for (int64_t k : order) {
+    const auto [image_id, local] = catalog_.locate(meta[k][0]);
+    if (catalog_.image(image_id).status != "ok") continue;
+    try {
+      ImageOutputs& out = outputsFor(image_id);
+      out.stitcher->add(local, base + k * per_window);
+      if (out.stitcher->done()) finishImage(image_id, "");
+    } catch (...) {
+      finishImage(image_id, describeImageException(std::current_exception(), catalog_.image(image_id).input));
+    }
+  }
+}
+
+}  // namespace tiler

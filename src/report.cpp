@@ -1,0 +1,130 @@
+#include "tiler/report.hpp"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "tiler/error.hpp"
+
+namespace fs = std::filesystem;
+
+namespace tiler {
+
+std::vector<double> RankStats::pack() const {
+  return {double(windows), read_seconds, forward_seconds, gather_seconds, peak_rss_mb};
+}
+
+RankStats RankStats::unpack(const std::vector<double>& v) {
+  TILER_CHECK(v.size() == 5, ConfigError, "rank statistics: expected 5 values, got " << v.size());
+  return RankStats{int64_t(v[0]), v[1], v[2], v[3], v[4]};
+}
+
+nlohmann::json inferReport(const RunSummary& run, const WindowCatalog& catalog,
+                           const std::vector<RankStats>& per_rank) {
+  nlohmann::json j;
+  j["world_size"] = run.world_size;
+  j["backend"] = run.backend;
+  j["device"] = run.device;
+  j["precision"] = run.precision;
+  j["seconds"] = run.seconds;
+  j["windows_total"] = catalog.totalWindows();
+  j["windows_per_second"] = run.seconds > 0 ? double(catalog.totalWindows()) / run.seconds : 0.0;
+  j["model"] = run.model;
+  j["window"] = {run.window.window_w, run.window.window_h};
+  j["output_scale"] = run.output_scale;
+  j["per_rank"] = nlohmann::json::array();
+  for (size_t r = 0; r < per_rank.size(); ++r) {
+    const RankStats& s = per_rank[r];
+    j["per_rank"].push_back({{"rank", int(r)},
+                             {"windows", s.windows},
+                             {"read_seconds", s.read_seconds},
+                             {"forward_seconds", s.forward_seconds},
+                             {"gather_seconds", s.gather_seconds},
+                             {"peak_rss_mb", s.peak_rss_mb}});
+  }
+  j["images"] = nlohmann::json::array();
+  for (const auto& img : catalog.images()) {
+    nlohmann::json e;
+    e["input"] = img.input;
+    const std::string status = img.status == "done" ? "ok" : img.status == "ok" ? "error" : img.status;
+    e["status"] = status;
+    if (status == "error")
+      e["error"] = img.error.empty() ? "'" + img.input + "': not all windows were stitched" : img.error;
+    if (img.info.width > 0) {
+      e["width"] = img.info.width;
+      e["height"] = img.info.height;
+      e["windows"] = img.grid.count();
+    }
+    if (status == "ok" || status == "skipped") e["outputs"] = img.outputs;
+    j["images"].push_back(e);
+  }
+  return j;
+}
+
+int exitCodeOf(const nlohmann::json& report) {
+  for (const auto& e : report["images"])
+    if (e["status"] == "error") return kExitSomeFailed;
+  return kExitOk;
+}
+
+void writeJsonAtomically(const std::string& path, const nlohmann::json& j) {
+  if (fs::path(path).has_parent_path()) fs::create_directories(fs::path(path).parent_path());
+  const std::string tmp = path + ".partial";
+  {
+    std::ofstream out(tmp);
+    out << j.dump(2) << "\n";
+    out.flush();
+    TILER_CHECK(out.good(), IoError, "'" << tmp << "': cannot write: " << std::strerror(errno));
+  }
+  TILER_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, IoError,
+              "'" << path << "': cannot rename into place: " << std::strerror(errno));
+}
+
+double peakRssMegabytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return double(usage.ru_maxrss) / 1024.0;  // Linux reports kilobytes
+}
+
+Progress::Progress(int64_t total, std::string unit, bool enabled)
+    : total_(total),
+      unit_(std::move(unit)),
+      enabled_(enabled),
+      tty_(isatty(STDOUT_FILENO) != 0),
+      start_(std::chrono::steady_clock::now()),
+      last_(start_) {}
+
+void Progress::update(int64_t done) {
+  if (!enabled_) return;
+  const auto now = std::chrono::steady_clock::now();
+  const bool last = done >= total_;
+  // A bar redrawn 5 times a second on a terminal; a plain line every 5 seconds in a log.
+  if (!last && now - last_ < (tty_ ? std::chrono::milliseconds(200) : std::chrono::seconds(5))) return;
+  last_ = now;
+  const double secs = std::chrono::duration<double>(now - start_).count();
+  const double rate = secs > 0 ? double(done) / secs : 0.0;
+  const double eta = rate > 0 ? double(total_ - done) / rate : 0.0;
+  char line[256];
+  if (tty_) {
+    const int width = 30;
+    const int filled = total_ > 0 ? int(width * std::min(done, total_) / total_) : width;
+    std::string bar(size_t(filled), '#');
+    bar.resize(size_t(width), '.');
+    std::snprintf(line, sizeof line, "\r[%s] %lld/%lld %s  %.1f/s  ETA %.0fs ", bar.c_str(), (long long)done,
+                  (long long)total_, unit_.c_str(), rate, eta);
+    std::cout << line << (last ? "\n" : "") << std::flush;
+  } else {
+    std::snprintf(line, sizeof line, "progress: %lld/%lld %s, %.1f/s, ETA %.0fs", (long long)done,
+                  (long long)total_, unit_.c_str(), rate, eta);
+    std::cout << line << std::endl;
+  }
+}
+
+}  // namespace tiler

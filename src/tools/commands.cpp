@@ -1,0 +1,118 @@
+#include <iostream>
+#include <opencv2/imgproc.hpp>
+
+#include "commands.hpp"
+#include "tiler/catalog.hpp"
+#include "tiler/error.hpp"
+#include "tiler/image_io.hpp"
+
+namespace tiler::tools {
+
+int runInfo(const std::vector<std::string>& paths, const std::string& window, const std::string& overlap) {
+  int status = kExitOk;
+  for (const auto& path : listImages(paths, false)) {
+    try {
+      auto reader = ImageReader::open(path);
+      const ImageInfo& i = reader->info();
+      std::cout << path << ": " << i.width << "x" << i.height << ", " << i.channels << " channel(s), "
+                << sampleTypeName(i.type) << ", " << i.format;
+      if (i.format == "tiff") {
+        std::cout << (i.tiled
+                          ? ", tiled " + std::to_string(i.tile_width) + "x" + std::to_string(i.tile_height)
+                          : ", striped (" + std::to_string(i.rows_per_strip) + " rows/strip)")
+                  << ", " << i.compression << (i.planar_separate ? ", planar separate" : "")
+                  << (i.bigtiff ? ", BigTIFF" : "") << ", " << i.pages << " page(s)";
+      }
+      std::cout << "\n";
+      if (!window.empty()) {
+        const GridSpec spec = parseGridSpec(window, overlap);
+        WindowGrid grid(i.width, i.height, spec);
+        std::cout << "  grid: " << grid.count() << " windows (" << grid.startsX().size() << " x "
+                  << grid.startsY().size() << ") of " << spec.window_w << "x" << spec.window_h << ", overlap "
+                  << spec.overlap_x << "," << spec.overlap_y;
+        if (grid.paddedWidth() != i.width || grid.paddedHeight() != i.height)
+          std::cout << ", padded to " << grid.paddedWidth() << "x" << grid.paddedHeight();
+        std::cout << "\n  x starts:";
+        for (auto s : grid.startsX()) std::cout << " " << s;
+        std::cout << "\n  y starts:";
+        for (auto s : grid.startsY()) std::cout << " " << s;
+        std::cout << "\n";
+      }
+    } catch (...) {
+      std::cerr << "tiler info: " << describeImageException(std::current_exception(), path) << "\n";
+      status = kExitSomeFailed;
+    }
+  }
+  return status;
+}
+
+namespace {
+
+// The image read band by band and shrunk by `factor` as it goes, so no full-size copy is ever held.
+cv::Mat shrunk(ImageReader& reader, double factor, int interpolation) {
+  const ImageInfo& info = reader.info();
+  const int out_w = std::max(1, int(std::lround(double(info.width) * factor)));
+  std::vector<cv::Mat> bands;
+  const int64_t band = 512;
+  for (int64_t y = 0; y < info.height; y += band) {
+    const int64_t h = std::min(band, info.height - y);
+    cv::Mat part = reader.readRegion({0, y, info.width, h}), small;
+    cv::resize(part, small, cv::Size(out_w, std::max(1, int(std::lround(double(h) * factor)))), 0, 0,
+               interpolation);
+    bands.push_back(small);
+  }
+  cv::Mat out;
+  cv::vconcat(bands, out);
+  return out;
+}
+
+}  // namespace
+
+void writeOverlay(const std::string& image_path, const std::string& labels_path, const std::string& out_path,
+                  int max_side, const GridSpec* grid) {
+  auto image = ImageReader::open(image_path);
+  auto labels = ImageReader::open(labels_path);
+  const ImageInfo& info = image->info();
+  const double factor = std::min(1.0, double(max_side) / double(std::max(info.width, info.height)));
+  cv::Mat rgb = shrunk(*image, factor, cv::INTER_AREA);
+  if (rgb.depth() != CV_8U) cv::normalize(rgb, rgb, 0, 255, cv::NORM_MINMAX, CV_8U);
+  if (rgb.channels() == 1) cv::cvtColor(rgb, rgb, cv::COLOR_GRAY2RGB);
+  if (rgb.channels() == 4) cv::cvtColor(rgb, rgb, cv::COLOR_RGBA2RGB);
+  cv::Mat lab =
+      shrunk(*labels, factor * double(info.width) / double(labels->info().width), cv::INTER_NEAREST);
+  cv::resize(lab, lab, rgb.size(), 0, 0, cv::INTER_NEAREST);
+  // Class k > 0 gets a colour from a fixed palette, blended at 50%; class boundaries are drawn solid.
+  static const cv::Vec3b kPalette[] = {
+      {255, 40, 40}, {40, 220, 40}, {60, 120, 255}, {255, 200, 0}, {220, 0, 220}};
+  cv::Mat out = rgb.clone();
+  auto label = [&lab](int y, int x) {
+    return lab.depth() == CV_16U ? lab.at<uint16_t>(y, x) : lab.at<uint8_t>(y, x);
+  };
+  for (int y = 0; y < out.rows; ++y) {
+    for (int x = 0; x < out.cols; ++x) {
+      const int k = label(y, x);
+      if (k == 0) continue;
+      const cv::Vec3b c = kPalette[(k - 1) % 5];
+      const bool edge = (x > 0 && label(y, x - 1) != k) || (y > 0 && label(y - 1, x) != k);
+      cv::Vec3b& p = out.at<cv::Vec3b>(y, x);
+      for (int i = 0; i < 3; ++i) p[i] = edge ? c[i] : uchar((p[i] + c[i]) / 2);
+    }
+  }
+  if (grid != nullptr) {
+    // The window outlines, to show how the image was cut.
+    WindowGrid g(info.width, info.height, *grid);
+    for (int64_t i = 0; i < g.count(); ++i) {
+      Rect r = g.imageWindow(i);
+      cv::rectangle(out, cv::Point(int(double(r.x) * factor), int(double(r.y) * factor)),
+                    cv::Point(int(double(r.right()) * factor) - 1, int(double(r.bottom()) * factor) - 1),
+                    cv::Scalar(255, 230, 0), 1);
+    }
+  }
+  WriterOptions o;
+  o.format = "png";
+  ImageWriter writer(out_path, out.cols, out.rows, 3, SampleType::kU8, o);
+  writer.writeRows(out);
+  writer.close();
+}
+
+}  // namespace tiler::tools

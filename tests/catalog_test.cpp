@@ -1,0 +1,114 @@
+// The window catalog: inputs, per-image checks that never throw, the global window index.
+#include "tiler/catalog.hpp"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "test_util.hpp"
+#include "tiler/error.hpp"
+
+namespace fs = std::filesystem;
+
+namespace tiler {
+namespace {
+
+void writeRgb(const std::string& path, int w, int h) {
+  WriterOptions o;
+  o.format = fs::path(path).extension() == ".png" ? "png" : "tif";
+  ImageWriter writer(path, w, h, 3, SampleType::kU8, o);
+  writer.writeRows(cv::Mat(h, w, CV_8UC3, cv::Scalar(1, 2, 3)));
+  writer.close();
+}
+
+TEST(Catalog, ListImagesSortsAndFilters) {
+  const std::string dir = test::scratchDir("list");
+  fs::create_directories(dir + "/sub");
+  for (const char* f : {"b.tif", "a.PNG", "notes.txt", "sub/c.jpg"}) std::ofstream(dir + "/" + f) << "x";
+  auto flat = listImages({dir}, false);
+  ASSERT_EQ(flat.size(), 2u);
+  EXPECT_EQ(fs::path(flat[0]).filename(), "a.PNG");
+  EXPECT_EQ(listImages({dir}, true).size(), 3u);
+  fs::remove_all(dir);
+}
+
+TEST(Catalog, ChannelAdaptation) {
+  EXPECT_EQ(channelAdaptation(3, 3, "a"), ChannelAdapt::kNone);
+  EXPECT_EQ(channelAdaptation(1, 3, "a"), ChannelAdapt::kRepeatGray);
+  EXPECT_EQ(channelAdaptation(4, 3, "a"), ChannelAdapt::kDropAlpha);
+  try {
+    channelAdaptation(5, 3, "x.tif");
+    FAIL();
+  } catch (const ModelError& e) {
+    EXPECT_EQ(e.message(), "'x.tif': image has 5 channel(s) but the model takes 3");
+  }
+}
+
+TEST(Catalog, GlobalIndexSpansPlannedImagesOnly) {
+  const std::string dir = test::scratchDir("catalog");
+  writeRgb(dir + "/a.tif", 300, 200);  // 128-px windows, overlap 0.25: 3 x 2
+  writeRgb(dir + "/c.tif", 100, 100);  // 1
+  std::ofstream(dir + "/b.tif") << "not a tiff";
+  InferCatalogOptions o;
+  o.inputs = {dir};
+  o.output_dir = dir + "/out";
+  CatalogSpec spec{GridSpec{128, 128, 0.25, 0.25}, 3, Scale{}, 0.0};
+  WindowCatalog c = buildInferCatalog(o, spec);
+  ASSERT_EQ(c.images().size(), 3u);
+  EXPECT_EQ(c.image(1).status, "error");
+  EXPECT_NE(c.image(1).error.find("b.tif"), std::string::npos) << c.image(1).error;
+  EXPECT_EQ(c.totalWindows(), 6 + 1);
+  EXPECT_EQ(c.plannedImages(), 2);
+  EXPECT_EQ(c.locate(0), std::make_pair(0, int64_t(0)));
+  EXPECT_EQ(c.locate(5), std::make_pair(0, int64_t(5)));
+  EXPECT_EQ(c.locate(6), std::make_pair(2, int64_t(0))) << "the failed image has no windows";
+  EXPECT_THROW(c.locate(7), Error);
+  EXPECT_EQ(c.image(2).first_window, 6);
+  EXPECT_EQ(c.image(0).outputs.at("labels"), dir + "/out/a_labels.tif");
+  fs::remove_all(dir);
+}
+
+TEST(Catalog, ExistingOutputsNeedResumeOrOverwrite) {
+  const std::string dir = test::scratchDir("catalog_resume");
+  writeRgb(dir + "/a.tif", 64, 64);
+  writeRgb(dir + "/b.tif", 64, 64);
+  fs::create_directories(dir + "/out");
+  writeRgb(dir + "/out/a_labels.tif", 8, 8);
+  std::ofstream(dir + "/out/b_labels.tif.partial") << "left by a killed run";
+  InferCatalogOptions o;
+  o.inputs = {dir + "/a.tif", dir + "/b.tif"};
+  o.output_dir = dir + "/out";
+  CatalogSpec spec{GridSpec{64, 64, 0.25, 0.25}, 3, Scale{}, 0.0};
+  try {
+    buildInferCatalog(o, spec);
+    FAIL() << "existing outputs were accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(e.message().find("a_labels.tif"), std::string::npos) << e.message();
+  }
+  o.resume = true;
+  o.remove_stale_partials = true;
+  WindowCatalog c = buildInferCatalog(o, spec);
+  EXPECT_EQ(c.image(0).status, "skipped");
+  EXPECT_EQ(c.image(1).status, "ok");
+  EXPECT_EQ(c.totalWindows(), 1);
+  EXPECT_FALSE(fs::exists(dir + "/out/b_labels.tif.partial"));
+  fs::remove_all(dir);
+}
+
+TEST(Catalog, SameStemTwiceFailsTheSecond) {
+  const std::string dir = test::scratchDir("catalog_stem");
+  writeRgb(dir + "/a.tif", 64, 64);
+  writeRgb(dir + "/a.png", 64, 64);
+  InferCatalogOptions o;
+  o.inputs = {dir};
+  o.output_dir = dir + "/out";
+  WindowCatalog c = buildInferCatalog(o, CatalogSpec{GridSpec{64, 64, 0.25, 0.25}, 3, Scale{}, 0.0});
+  EXPECT_EQ(c.image(0).status, "ok");
+  EXPECT_EQ(c.image(1).status, "error");
+  EXPECT_NE(c.image(1).error.find("same file stem"), std::string::npos);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tiler

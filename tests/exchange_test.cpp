@@ -1,0 +1,118 @@
+// The step exchange with ranks as threads over an in-process store: statuses travel with the step's first
+// collective, and a rank that fails makes every rank throw at the same step, none left waiting.
+#include "tiler/exchange.hpp"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <stdexcept>
+
+#include "ranks_util.hpp"
+
+namespace tiler {
+namespace {
+
+class ExchangeWorlds : public ::testing::TestWithParam<int> {};
+
+TEST_P(ExchangeWorlds, ShareReturnsEveryRanksRowsInRankOrder) {
+  const int size = GetParam();
+  test::runRanks(size, [size](DistContext& ctx) {
+    StepExchange ex(ctx);
+    for (int step = 0; step < 3; ++step) {
+      auto mine = torch::full({2, 2}, int64_t(10 * ctx.rank() + step), torch::kInt64);
+      auto all = ex.share(mine, std::nullopt, "step " + std::to_string(step));
+      ASSERT_EQ(int(all.size()), size);
+      for (int r = 0; r < size; ++r) {
+        ASSERT_EQ(all[size_t(r)].sizes(), mine.sizes());
+        EXPECT_EQ(all[size_t(r)][1][1].item<int64_t>(), 10 * r + step);
+      }
+    }
+    EXPECT_EQ(ex.agreeOnExitCode(ctx.rank() == 0 ? 2 : 0, std::nullopt), 2) << "rank 0's verdict";
+  });
+}
+
+// Rank `bad` fails at step 2 of 5: every rank must leave at step 2 with the failing rank's message, the
+// failing rank with its own, the others naming it.
+TEST_P(ExchangeWorlds, AFailingRankEndsEveryRankAtTheSameStep) {
+  const int size = GetParam();
+  for (int bad = 0; bad < size; ++bad) {
+    std::mutex m;
+    std::vector<int> left_at(size_t(size), -1);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto errors = test::runRanksCollect(
+        size,
+        [&](DistContext& ctx) {
+          StepExchange ex(ctx);
+          for (int step = 0; step < 5; ++step) {
+            {
+              std::lock_guard<std::mutex> lock(m);
+              left_at[size_t(ctx.rank())] = step;
+            }
+            auto status = captureFailure([&] {
+              if (ctx.rank() == bad && step == 2) throw std::runtime_error("label 'x.png' is truncated");
+            });
+            ex.share(torch::zeros({1, 2}, torch::kInt64), status, "step");
+            auto preds = torch::ones({2});
+            ex.gather(preds, "predictions");
+          }
+        },
+        std::chrono::seconds(20));
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10))
+        << "nobody waited for a timeout";
+    for (int r = 0; r < size; ++r) {
+      EXPECT_EQ(left_at[size_t(r)], 2) << "rank " << r;
+      ASSERT_TRUE(errors[size_t(r)]) << "rank " << r << " did not throw";
+      try {
+        std::rethrow_exception(errors[size_t(r)]);
+      } catch (const RankFailure& e) {
+        EXPECT_EQ(e.failedRank(), r == bad ? r : bad);
+        EXPECT_NE(e.message().find("label 'x.png' is truncated"), std::string::npos) << e.message();
+        if (r != bad)
+          EXPECT_NE(e.message().find("rank " + std::to_string(bad) + " failed"), std::string::npos);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "rank " << r << ": not a RankFailure: " << e.what();
+      }
+    }
+  }
+}
+
+TEST_P(ExchangeWorlds, ImageFailuresTravelThroughTheStore) {
+  const int size = GetParam();
+  test::runRanks(size, [size](DistContext& ctx) {
+    StepExchange ex(ctx);
+    if (ctx.rank() == size - 1) ex.reportImageFailure(7, "'a.tif': bad tile");
+    ex.check(std::nullopt, "after the report");
+    const std::string fallback = "no message";
+    EXPECT_EQ(ex.imageFailure(7, fallback), size > 1 ? "'a.tif': bad tile" : fallback);
+    EXPECT_EQ(ex.imageFailure(8, fallback), fallback);
+  });
+}
+
+TEST_P(ExchangeWorlds, AFatalExitCodeIsAFailureEverywhere) {
+  const int size = GetParam();
+  auto errors = test::runRanksCollect(size, [](DistContext& ctx) {
+    StepExchange ex(ctx);
+    ex.agreeOnExitCode(
+        0, ctx.rank() == 0 ? std::optional<std::string>("cannot write the report") : std::nullopt);
+  });
+  for (auto& e : errors) EXPECT_TRUE(e);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, ExchangeWorlds, ::testing::Values(1, 2, 3, 4));
+
+TEST(Exchange, CaptureFailureDescribesAnyException) {
+  EXPECT_EQ(captureFailure([] {}), std::nullopt);
+  EXPECT_EQ(*captureFailure([] { throw std::bad_alloc(); }), "out of memory (std::bad_alloc)");
+  EXPECT_EQ(*captureFailure([] { throw 42; }), "unknown exception");
+  EXPECT_EQ(*captureFailure([] { TILER_THROW(IoError, "'a.tif': broken"); }), "'a.tif': broken");
+  auto oom = captureFailure([] {
+    throw c10::OutOfMemoryError({__func__, __FILE__, uint32_t(__LINE__)}, "CUDA out of memory. Tried 2 GiB");
+  });
+  EXPECT_EQ(oom->find("Exception raised from"), std::string::npos) << *oom;
+  EXPECT_NE(oom->find("CUDA out of memory"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tiler

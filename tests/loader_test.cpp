@@ -1,0 +1,135 @@
+// The window loader: padding, channel adaptation of every sample type, read-ahead that stops promptly and
+// carries errors, and per-image failures that never stop the batch.
+#include "tiler/loader.hpp"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "test_util.hpp"
+
+namespace fs = std::filesystem;
+
+namespace tiler {
+namespace {
+
+void writeImage(const std::string& path, const cv::Mat& img, SampleType type) {
+  ImageWriter w(path, img.cols, img.rows, img.channels(), type);
+  w.writeRows(img);
+  w.close();
+}
+
+TEST(Loader, ReadWindowPadsOutsideTheImage) {
+  const std::string dir = test::scratchDir("pad");
+  cv::Mat img(2, 3, CV_8UC1);
+  for (int i = 0; i < 6; ++i) img.data[i] = uchar(10 * (i + 1));
+  writeImage(dir + "/p.tif", img, SampleType::kU8);
+  auto reader = ImageReader::open(dir + "/p.tif");
+  WindowGrid g(3, 2, GridSpec{5, 4, 0.25, 0.25});
+  cv::Mat c = readWindow(*reader, g, 0, PadMode::kConstant, 7);
+  EXPECT_EQ(c.at<uint8_t>(0, 0), 7);
+  EXPECT_EQ(c.at<uint8_t>(1, 1), 10);
+  cv::Mat rep = readWindow(*reader, g, 0, PadMode::kReplicate, 0);
+  EXPECT_EQ(rep.at<uint8_t>(0, 0), 10);
+  cv::Mat ref = readWindow(*reader, g, 0, PadMode::kReflect, 0);
+  EXPECT_EQ(ref.at<uint8_t>(0, 1), 40) << "reflect without repeating the edge, like torch";
+  fs::remove_all(dir);
+}
+
+// OpenCV's cvtColor refuses i16 and u32: alpha must still be dropped (the RGBA int16 TIFF users hit).
+TEST(Loader, ChannelAdaptationWorksForEverySampleType) {
+  for (int depth : {CV_8U, CV_16U, CV_16S, CV_32S, CV_32F}) {
+    cv::Mat rgba(2, 2, CV_MAKETYPE(depth, 4), cv::Scalar(1, 2, 3, 4));
+    std::vector<float> out(2 * 2 * 3);
+    windowToModelInput(rgba, ChannelAdapt::kDropAlpha, out.data());
+    EXPECT_EQ(out[0], 1.f) << depth;
+    EXPECT_EQ(out[2], 3.f) << depth;
+    EXPECT_EQ(out[3], 1.f) << "next pixel, depth " << depth;
+    cv::Mat gray(2, 2, CV_MAKETYPE(depth, 1), cv::Scalar(5));
+    windowToModelInput(gray, ChannelAdapt::kRepeatGray, out.data());
+    EXPECT_EQ(out[0], 5.f);
+    EXPECT_EQ(out[2], 5.f);
+  }
+}
+
+TEST(Loader, ClosedQueueReleasesABlockedProducer) {
+  BoundedQueue<int> q(1);
+  ASSERT_TRUE(q.push(1));
+  std::atomic<bool> returned{false};
+  bool accepted = true;
+  std::thread producer([&] {
+    accepted = q.push(2);  // blocks: the queue is full
+    returned = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(returned);
+  q.close();
+  producer.join();
+  EXPECT_FALSE(accepted);
+  EXPECT_EQ(q.pop(), 1) << "what was queued is still delivered";
+  EXPECT_EQ(q.pop(), std::nullopt);
+}
+
+TEST(Loader, ReadAheadDeliversInOrderAndRethrows) {
+  ReadAhead<int> ahead(5, 2, [](int64_t i) {
+    if (i == 3) throw std::runtime_error("tile 3 is corrupt");
+    return int(i * 10);
+  });
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(ahead.next(), i * 10);
+  try {
+    ahead.next();
+    FAIL() << "the producer's error was lost";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "tile 3 is corrupt");
+  }
+}
+
+TEST(Loader, ReadAheadStopsWithoutProducingTheRest) {
+  std::atomic<int> produced{0};
+  {
+    ReadAhead<int> ahead(1000000, 2, [&](int64_t i) {
+      ++produced;
+      return int(i);
+    });
+    EXPECT_EQ(ahead.next(), 0);
+    ahead.stop();
+  }
+  EXPECT_LT(produced.load(), 10) << "stop() left the producer running";
+}
+
+TEST(Loader, AFailingImageFailsItsSlotsOnly) {
+  const std::string dir = test::scratchDir("loader");
+  writeImage(dir + "/a.tif", cv::Mat(64, 64, CV_8UC3, cv::Scalar(10, 20, 30)), SampleType::kU8);
+  writeImage(dir + "/b.tif", cv::Mat(64, 64, CV_8UC3, cv::Scalar(1, 2, 3)), SampleType::kU8);
+  InferCatalogOptions co;
+  co.inputs = {dir};
+  co.output_dir = dir + "/out";
+  const GridSpec spec{32, 32, 0.0, 0.0};
+  WindowCatalog catalog = buildInferCatalog(co, CatalogSpec{spec, 3, Scale{}, 0.0});
+  ASSERT_EQ(catalog.totalWindows(), 8);
+  // a.tif disappears after planning: reading its windows fails; b.tif's still load.
+  fs::remove(dir + "/a.tif");
+  std::vector<SampleSlot> slots;
+  for (int64_t i = 0; i < 8; ++i) slots.push_back({i, false});
+  LoaderOptions lo;
+  lo.batch_size = 8;
+  WindowLoader loader(catalog, spec, lo, slots, 1);
+  auto batch = loader.next();
+  ASSERT_TRUE(batch);
+  auto meta = batch->meta.accessor<int64_t, 2>();
+  EXPECT_EQ(meta[0][1], kSlotFailed);
+  for (int j = 1; j < 4; ++j) EXPECT_EQ(meta[j][1], kSlotSkipped) << "one failure per image, then skipped";
+  for (int j = 4; j < 8; ++j) EXPECT_EQ(meta[j][1], kSlotOk);
+  EXPECT_EQ(batch->valid, 4);
+  ASSERT_EQ(batch->failures.size(), 1u);
+  EXPECT_EQ(batch->failures[0].first, 0);
+  EXPECT_NE(batch->failures[0].second.find("a.tif"), std::string::npos) << batch->failures[0].second;
+  EXPECT_FLOAT_EQ(batch->pixels[4][0][0][2].item<float>(), 3.f);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tiler

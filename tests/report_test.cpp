@@ -1,0 +1,68 @@
+// The report: statuses as users read them, the exit code they imply, atomic writes.
+#include "tiler/report.hpp"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "test_util.hpp"
+#include "tiler/error.hpp"
+
+namespace fs = std::filesystem;
+
+namespace tiler {
+namespace {
+
+WindowCatalog catalogWith(const std::vector<std::string>& statuses) {
+  WindowCatalog c;
+  for (size_t i = 0; i < statuses.size(); ++i) {
+    CatalogImage img;
+    img.input = "in" + std::to_string(i) + ".tif";
+    img.status = statuses[i];
+    img.info.width = img.info.height = 10;
+    img.grid = WindowGrid(10, 10, GridSpec{8, 8, 0.25, 0.25});
+    img.outputs["labels"] = "out/" + std::to_string(i) + "_labels.tif";
+    if (statuses[i] == "error") img.error = "'" + img.input + "': broken";
+    c.add(img, statuses[i] == "done" || statuses[i] == "ok");
+  }
+  return c;
+}
+
+TEST(Report, StatusesAndExitCode) {
+  RunSummary run;
+  run.world_size = 2;
+  auto j = inferReport(run, catalogWith({"done", "skipped", "error", "ok"}), {RankStats{4, 1, 2, 3, 5}});
+  ASSERT_EQ(j["images"].size(), 4u);
+  EXPECT_EQ(j["images"][0]["status"], "ok");
+  EXPECT_EQ(j["images"][1]["status"], "skipped");
+  EXPECT_EQ(j["images"][2]["status"], "error");
+  EXPECT_EQ(j["images"][2]["error"], "'in2.tif': broken");
+  EXPECT_FALSE(j["images"][2].contains("outputs")) << "a failed image names no outputs";
+  EXPECT_EQ(j["images"][3]["status"], "error") << "planned but never committed";
+  EXPECT_NE(j["images"][3]["error"].get<std::string>().find("in3.tif"), std::string::npos);
+  EXPECT_EQ(j["windows_total"], 8);
+  EXPECT_EQ(j["per_rank"][0]["forward_seconds"], 2.0);
+  EXPECT_EQ(exitCodeOf(j), kExitSomeFailed);
+  EXPECT_EQ(exitCodeOf(inferReport(run, catalogWith({"done", "skipped"}), {})), kExitOk);
+}
+
+TEST(Report, RankStatsRoundTrip) {
+  RankStats s{7, 0.5, 1.5, 2.5, 100};
+  RankStats back = RankStats::unpack(s.pack());
+  EXPECT_EQ(back.windows, 7);
+  EXPECT_EQ(back.gather_seconds, 2.5);
+  EXPECT_THROW(RankStats::unpack({1, 2}), Error);
+}
+
+TEST(Report, JsonIsWrittenAtomically) {
+  const std::string dir = test::scratchDir("report");
+  writeJsonAtomically(dir + "/r.json", nlohmann::json{{"a", 1}});
+  EXPECT_EQ(nlohmann::json::parse(test::slurp(dir + "/r.json"))["a"], 1);
+  EXPECT_FALSE(fs::exists(dir + "/r.json.partial"));
+  EXPECT_THROW(writeJsonAtomically("/proc/no/such/dir/r.json", nlohmann::json{}), std::exception);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tiler
