@@ -211,7 +211,8 @@ TrainBatch Trainer::readBatch(const std::vector<WindowRef>& refs, ReaderCache& r
     const int64_t local = refs[size_t(j)].local;
     if (&readers == &train_readers_) {
       const int64_t n = ++windows_read_;
-      if (fault_ && fault_->kind == "throw" && fault_->hits(world_.rank, "read", n) && n == fault_->after_windows)
+      if (fault_ && fault_->kind == "throw" && fault_->hits(world_.rank, "read", n) &&
+          n == fault_->after_windows)
         fault_->trigger("while reading '" + img.label + "'");
     }
     windowToModelInput(readWindow(readers.get(img.input), img.grid, local, pad_, 0.0), img.adapt,

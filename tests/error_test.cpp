@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "test_util.hpp"
+
 namespace tiler {
 namespace {
 
@@ -41,7 +43,7 @@ TEST(Error, CheckThrowsOnlyWhenFalse) {
 }
 
 TEST(Error, ReportFatalPrintsOneLineAndWritesTheElasticErrorFile) {
-  const std::string path = ::testing::TempDir() + "/error_file.json";
+  const std::string path = ::testing::TempDir() + "/error_file_" + std::to_string(getpid()) + ".json";
   std::remove(path.c_str());
   setenv("TORCHELASTIC_ERROR_FILE", path.c_str(), 1);
   setenv("RANK", "3", 1);

@@ -116,7 +116,8 @@ TEST_F(Finetune, AccumulatedMicroBatchesEqualRanks) {
   EXPECT_LT(maxDifference(parametersOf(dir_ + "/two.pt"), parametersOf(dir_ + "/accum.pt")), 1e-5);
   EXPECT_GT(maxDifference(parametersOf(dir_ + "/plain.pt"), parametersOf(dir_ + "/accum.pt")), 1e-4)
       << "without accumulation the steps differ";
-  EXPECT_EQ(readJson(dir_ + "/accum.pt.report.json")["steps"], readJson(dir_ + "/two.pt.report.json")["steps"]);
+  EXPECT_EQ(readJson(dir_ + "/accum.pt.report.json")["steps"],
+            readJson(dir_ + "/two.pt.report.json")["steps"]);
 }
 
 // A label that fails on one rank mid-epoch: every rank stops at that step, naming the file.
@@ -126,8 +127,9 @@ TEST_F(Finetune, ALabelFailingOnOneRankStopsEveryRank) {
                common("x.pt", data() + " --epochs 2 --batch_size 2 --timeout 300"));
   EXPECT_EQ(r.code, 1) << r.output;
   EXPECT_LT(r.seconds, 60) << "nobody waited for --timeout";
-  EXPECT_NE(r.output.find("rank 1 failed: TILER_FAULT: injected failure while reading '" + dir_ + "/data/labels/"),
-            std::string::npos)
+  EXPECT_NE(
+      r.output.find("rank 1 failed: TILER_FAULT: injected failure while reading '" + dir_ + "/data/labels/"),
+      std::string::npos)
       << r.output;
   EXPECT_FALSE(fs::exists(dir_ + "/x.pt"));
 }
@@ -160,8 +162,8 @@ TEST_F(Finetune, ACheckpointOfAnotherModelIsRefused) {
   other.register_parameter("w", torch::zeros({5, 3, 1, 1}), false);
   other.define("def forward(self, x):\n    return torch.conv2d(x, self.w)\n");
   other.save(dir_ + "/ck/epoch-000001/model.pt");
-  auto r = run(kTiler + common("a.pt", data() + " --epochs 2 --batch_size 4 --resume --checkpoint_dir " + dir_ +
-                                           "/ck"));
+  auto r = run(kTiler + common("a.pt", data() + " --epochs 2 --batch_size 4 --resume --checkpoint_dir " +
+                                           dir_ + "/ck"));
   EXPECT_EQ(r.code, 1) << r.output;
   EXPECT_NE(r.output.find("epoch-000001/model.pt': 1 parameter tensors, the model has"), std::string::npos)
       << r.output;

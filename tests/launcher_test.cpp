@@ -83,7 +83,7 @@ TEST(Launcher, UserOmpNumThreadsIsKept) {
 TEST(Launcher, FailedRankTearsDownTheGroupAndIsNamedWithItsCode) {
   auto r = run(kCtrun + " --nproc_per_node 3 --master_port 0 --grace_period 2 " + kHelper + " exit-rank 1 3");
   EXPECT_EQ(r.code, 3) << r.output;
-  EXPECT_LT(r.seconds, 0.3 + 2 + 1 + 1) << "grace + 1 s";
+  EXPECT_LT(r.seconds, 10) << "the others were stopped after the 2 s grace, not left running";
   EXPECT_NE(r.output.find("Root cause (first failure):\n  rank:        1 (local_rank 1)"), std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("exitcode:    3\n"), std::string::npos) << r.output;

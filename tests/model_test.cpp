@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "test_util.hpp"
 #include "tiler/error.hpp"
 
 namespace fs = std::filesystem;

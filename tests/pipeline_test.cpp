@@ -206,7 +206,7 @@ TEST_F(Pipeline, RendezvousTimeoutIsAClearDistError) {
   auto r = run("RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) +
                " " + tilerArgs(root_ + "/out_timeout", "--timeout 2"));
   EXPECT_EQ(r.code, 1);
-  EXPECT_LT(r.seconds, 15);
+  EXPECT_LT(r.seconds, 60) << "the 2 s --timeout, not the default 300 s, ended the wait";
   EXPECT_NE(r.output.find("127.0.0.1:" + std::to_string(port)), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("rank 1"), std::string::npos) << r.output;
 }
@@ -304,7 +304,7 @@ TEST_F(Pipeline, BadInputsAreReportedAndTheRestGoesOn) {
     EXPECT_NE(msg.find(name), std::string::npos) << msg;
     EXPECT_NE(msg.find(reason), std::string::npos) << name << ": " << msg;
   };
-  expectError("truncated.tif", "");
+  expectError("truncated.tif", "not a readable TIFF");
   expectError("text.tif", "not a TIFF");
   expectError("empty.png", "empty file");
   expectError("absurd.tif", "too large to decode");
@@ -359,7 +359,7 @@ TEST_F(Pipeline, HungRankTimesOutAndTheSummaryNamesIt) {
   auto r = run("TILER_FAULT=rank:1,after_windows:4,kind:hang " + kCtrun +
                " --nproc_per_node 2 --master_port 0 --grace_period 2 " + tilerArgs(out, "--timeout 3"));
   EXPECT_NE(r.code, 0);
-  EXPECT_LT(r.seconds, 3 + 2 + 10) << "timeout + grace + start-up";
+  EXPECT_LT(r.seconds, 60) << "the 3 s --timeout ended the hang";
   EXPECT_NE(r.output.find("behind: rank 1 (last seen at step"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("Root cause"), std::string::npos) << r.output;
 }
@@ -459,9 +459,10 @@ class PipelineFaults : public Pipeline, public ::testing::WithParamInterface<Fau
 TEST_P(PipelineFaults, EveryRankLeavesTogetherAndNothingFailedIsFinal) {
   const FaultCase& c = GetParam();
   const std::string out = root_ + "/out_fault_" + faultCaseName({c, 0});
-  const std::string fault = "TILER_FAULT=rank:" + std::to_string(c.rank) + ",after_windows:6,kind:throw,stage:" +
-                            c.stage + " ";
-  const std::string args = tilerArgs(out, std::string("--timeout 300") + (c.abort ? " --on_error abort" : ""));
+  const std::string fault =
+      "TILER_FAULT=rank:" + std::to_string(c.rank) + ",after_windows:6,kind:throw,stage:" + c.stage + " ";
+  const std::string args =
+      tilerArgs(out, std::string("--timeout 300") + (c.abort ? " --on_error abort" : ""));
   int code = -1;
   std::string output;
   const auto t0 = Clock::now();
@@ -516,8 +517,8 @@ INSTANTIATE_TEST_SUITE_P(Matrix, PipelineFaults, ::testing::ValuesIn(faultCases(
 
 TEST_F(Pipeline, OutOfMemoryInOneRanksForwardFailsThatBatchsImage) {
   const std::string out = root_ + "/out_oom";
-  auto r = run("TILER_FAULT=rank:1,after_windows:3,kind:oom " + kCtrun + " --nproc_per_node 2 --master_port 0 " +
-               tilerArgs(out));
+  auto r = run("TILER_FAULT=rank:1,after_windows:3,kind:oom " + kCtrun +
+               " --nproc_per_node 2 --master_port 0 " + tilerArgs(out));
   EXPECT_EQ(r.code, 2) << r.output;
   auto j = report(out);
   const std::string message = (*imageEntry(j, "a_large.tif"))["error"].get<std::string>();
@@ -540,8 +541,8 @@ std::string classesModel(const std::string& dir, int classes) {
 TEST_F(Pipeline, ClassCountsAtTheLabelTypeEdges) {
   for (int classes : {255, 256, 257}) {
     const std::string out = root_ + "/out_classes" + std::to_string(classes);
-    auto r = run(kTiler + " -i " + root_ + "/images/b_mixed.png -m " + classesModel(root_, classes) + " -o " + out +
-                 " --window 128 --threads 1 --save labels,probs --no_progress");
+    auto r = run(kTiler + " -i " + root_ + "/images/b_mixed.png -m " + classesModel(root_, classes) + " -o " +
+                 out + " --window 128 --threads 1 --save labels,probs --no_progress");
     ASSERT_EQ(r.code, 0) << classes << ": " << r.output;
     auto labels = ImageReader::open(out + "/b_mixed_labels.tif");
     EXPECT_EQ(labels->info().type, classes <= 256 ? SampleType::kU8 : SampleType::kU16) << classes;
@@ -582,8 +583,8 @@ TEST_F(Pipeline, RgbaInt16TiffIsReadWithItsAlphaDropped) {
     TIFFClose(t);
   }
   fs::copy_file(root_ + "/images/c_small.png", in + "/c_small.png", fs::copy_options::overwrite_existing);
-  auto r = run(kCtrun + " --nproc_per_node 2 --master_port 0 " + kTiler + " -i " + in + " -m " + model_ + " -o " +
-               out + " --window 64 --threads 1 --no_progress");
+  auto r = run(kCtrun + " --nproc_per_node 2 --master_port 0 " + kTiler + " -i " + in + " -m " + model_ +
+               " -o " + out + " --window 64 --threads 1 --no_progress");
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_EQ((*imageEntry(report(out), "rgba.tif"))["status"], "ok");
   EXPECT_TRUE(fs::exists(out + "/rgba_labels.tif"));

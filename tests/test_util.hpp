@@ -66,6 +66,26 @@ inline std::string slurp(const std::string& path) {
   return ss.str();
 }
 
+// Every test executable removes its process's scratch directories (names holding "_<pid>") when its
+// tests end, so that runs leave nothing behind in the temp dir.
+class ScratchCleanup : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    namespace fs = std::filesystem;
+    const std::string tag = "_" + std::to_string(getpid());
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(::testing::TempDir(), ec)) {
+      const std::string name = e.path().filename().string();
+      const auto at = name.find(tag);
+      if (at == std::string::npos) continue;
+      const size_t end = at + tag.size();
+      if (end == name.size() || name[end] == '_' || name[end] == '.') fs::remove_all(e.path(), ec);
+    }
+  }
+};
+inline ::testing::Environment* const kScratchCleanup =
+    ::testing::AddGlobalTestEnvironment(new ScratchCleanup);
+
 // A fresh directory under the test temp dir, unique per process.
 inline std::string scratchDir(const std::string& name) {
   namespace fs = std::filesystem;
