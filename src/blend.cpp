@@ -75,8 +75,19 @@ cv::Mat labelsFromProbabilities(const cv::Mat& band, float threshold) {
   return labels;
 }
 
-Stitcher::Stitcher(const WindowGrid& grid, int channels, StitchOptions options, BandSink sink)
-    : grid_(grid), channels_(channels), options_(options), sink_(std::move(sink)), scale_(grid.scale()) {
+Stitcher::Stitcher(const WindowGrid& grid, int channels, StitchOptions options, BandSink sink,
+                   std::optional<std::vector<int64_t>> windows)
+    : grid_(grid),
+      channels_(channels),
+      options_(options),
+      sink_(std::move(sink)),
+      scale_(grid.scale()),
+      all_windows_(!windows.has_value()),
+      windows_(windows ? std::move(*windows) : std::vector<int64_t>{}) {
+  count_ = all_windows_ ? grid.count() : int64_t(windows_.size());
+  TILER_CHECK(std::is_sorted(windows_.begin(), windows_.end()) &&
+                  (windows_.empty() || (windows_.front() >= 0 && windows_.back() < grid.count())),
+              ConfigError, "stitcher: the windows to expect must be ascending grid indices");
   TILER_CHECK(channels >= 1, ConfigError, "stitcher: need at least one channel");
   win_w_ = scale_.apply(grid.windowWidth());
   win_h_ = scale_.apply(grid.windowHeight());
@@ -111,21 +122,31 @@ size_t Stitcher::bytesHeld() const {
 }
 
 void Stitcher::add(int64_t index, const float* chw) {
-  TILER_CHECK(
-      index >= next_ && index < grid_.count() && !pending_.count(index), ConfigError,
-      "stitcher: window " << index << " added twice or out of range (0.." << grid_.count() - 1 << ")");
-  if (index != next_) {
+  int64_t position = index;
+  if (!all_windows_) {
+    auto it = std::lower_bound(windows_.begin(), windows_.end(), index);
+    position = it != windows_.end() && *it == index ? int64_t(it - windows_.begin()) : -1;
+  }
+  TILER_CHECK(position >= next_ && position < count_ && !pending_.count(position), ConfigError,
+              "stitcher: window " << index << " added twice, out of range (0.." << grid_.count() - 1
+                                  << ") or not among the windows to expect");
+  if (position != next_) {
     const size_t n = size_t(channels_ * win_w_ * win_h_);
-    pending_.emplace(index, std::vector<float>(chw, chw + n));
+    pending_.emplace(position, std::vector<float>(chw, chw + n));
     return;
   }
   accumulate(index, chw);
   ++next_;
   for (auto it = pending_.begin(); it != pending_.end() && it->first == next_; it = pending_.erase(it)) {
-    accumulate(it->first, it->second.data());
+    accumulate(windowAt(it->first), it->second.data());
     ++next_;
   }
-  if (done()) flushUpTo(padded_h_);
+  if (next_ == count_) flushUpTo(padded_h_);
+}
+
+void Stitcher::finishEmpty() {
+  TILER_CHECK(count_ == 0, ConfigError, "stitcher: finishEmpty() with windows to expect");
+  flushUpTo(padded_h_);
 }
 
 void Stitcher::accumulate(int64_t index, const float* chw) {
@@ -160,29 +181,33 @@ void Stitcher::accumulate(int64_t index, const float* chw) {
 
 void Stitcher::flushUpTo(int64_t padded_row) {
   padded_row = std::min(padded_row, padded_h_);
-  if (padded_row <= flushed_) return;
-  // Only rows inside the image (not its padding) go out.
-  const int64_t first = std::max(flushed_, crop_y_), last = std::min(padded_row, crop_y_ + out_h_);
-  if (last > first) {
-    cv::Mat band(int(last - first), int(out_w_), CV_MAKETYPE(CV_32F, channels_));
-    for (int64_t row = first; row < last; ++row) {
-      const int64_t ring_row = row % win_h_;
-      const float* acc = acc_.data() + size_t((ring_row * padded_w_ + crop_x_) * channels_);
-      const float* wsum = weight_.data() + size_t(ring_row * padded_w_ + crop_x_);
-      float* out = band.ptr<float>(int(row - first));
-      for (int64_t x = 0; x < out_w_; ++x) {
-        const float w = wsum[x];
-        for (int c = 0; c < channels_; ++c) out[x * channels_ + c] = acc[x * channels_ + c] / w;
+  // At most one ring of rows at a time: rows past the ring (a gap a mask left) were never written, so are 0.
+  while (flushed_ < padded_row) {
+    const int64_t end = std::min(padded_row, flushed_ + win_h_);
+    // Only rows inside the image (not its padding) go out.
+    const int64_t first = std::max(flushed_, crop_y_), last = std::min(end, crop_y_ + out_h_);
+    if (last > first) {
+      cv::Mat band(int(last - first), int(out_w_), CV_MAKETYPE(CV_32F, channels_));
+      for (int64_t row = first; row < last; ++row) {
+        const int64_t ring_row = row % win_h_;
+        const float* acc = acc_.data() + size_t((ring_row * padded_w_ + crop_x_) * channels_);
+        const float* wsum = weight_.data() + size_t(ring_row * padded_w_ + crop_x_);
+        float* out = band.ptr<float>(int(row - first));
+        for (int64_t x = 0; x < out_w_; ++x) {
+          const float w = wsum[x];
+          for (int c = 0; c < channels_; ++c)
+            out[x * channels_ + c] = w > 0 ? acc[x * channels_ + c] / w : 0.0f;
+        }
       }
+      sink_(band, first - crop_y_);
     }
-    sink_(band, first - crop_y_);
+    for (int64_t row = flushed_; row < end; ++row) {
+      const int64_t ring_row = row % win_h_;
+      std::fill_n(acc_.begin() + ring_row * padded_w_ * channels_, padded_w_ * channels_, 0.0f);
+      std::fill_n(weight_.begin() + ring_row * padded_w_, padded_w_, 0.0f);
+    }
+    flushed_ = end;
   }
-  for (int64_t row = flushed_; row < padded_row; ++row) {
-    const int64_t ring_row = row % win_h_;
-    std::fill_n(acc_.begin() + ring_row * padded_w_ * channels_, padded_w_ * channels_, 0.0f);
-    std::fill_n(weight_.begin() + ring_row * padded_w_, padded_w_, 0.0f);
-  }
-  flushed_ = padded_row;
 }
 
 }  // namespace tiler

@@ -86,7 +86,7 @@ int WindowCatalog::add(CatalogImage image, bool planned) {
     image.first_window = total_windows_;
     planned_.push_back(id);
     planned_first_.push_back(total_windows_);
-    total_windows_ += image.grid.count();
+    total_windows_ += image.plannedWindows();
   }
   images_.push_back(std::move(image));
   return id;
@@ -97,7 +97,25 @@ std::pair<int, int64_t> WindowCatalog::locate(int64_t global) const {
               "window " << global << " is outside the catalog's " << total_windows_);
   auto it = std::upper_bound(planned_first_.begin(), planned_first_.end(), global);
   const size_t k = size_t(it - planned_first_.begin()) - 1;
-  return {planned_[k], global - planned_first_[k]};
+  const CatalogImage& image = images_[size_t(planned_[k])];
+  return {planned_[k], image.gridWindow(global - planned_first_[k])};
+}
+
+void applyMask(CatalogImage& image, const MaskSpec& spec) {
+  if (spec.mode == MaskMode::kNone || image.status != "ok") return;
+  try {
+    auto reader = ImageReader::open(image.input);
+    const CoverageMask mask = CoverageMask::make(*reader, spec);
+    image.masked = true;
+    image.mask_coverage = mask.coverage();
+    image.mask_method = mask.method();
+    image.kept.clear();
+    for (int64_t i = 0; i < image.grid.count(); ++i)
+      if (mask.fractionInside(image.grid.imageWindow(i)) >= spec.fraction) image.kept.push_back(i);
+  } catch (...) {
+    image.status = "error";
+    image.error = describeImageException(std::current_exception(), image.input);
+  }
 }
 
 WindowCatalog buildInferCatalog(const InferCatalogOptions& o, const CatalogSpec& spec) {
@@ -130,6 +148,7 @@ WindowCatalog buildInferCatalog(const InferCatalogOptions& o, const CatalogSpec&
                     " pixels is too large for PNG; use --format tif";
       }
     }
+    applyMask(img, spec.mask);
     if (img.status == "ok") {
       std::error_code ec;
       size_t present = 0;

@@ -44,7 +44,8 @@ void tiffWarningHandler(const char* module, const char* fmt, va_list ap) {
 
 // GeoTIFF tags are unknown to libtiff; registering them lets us read and write them as ordinary fields.
 constexpr ttag_t kModelPixelScale = 33550, kModelTiepoint = 33922, kModelTransformation = 34264,
-                 kGeoKeyDirectory = 34735, kGeoDoubleParams = 34736, kGeoAsciiParams = 34737;
+                 kGeoKeyDirectory = 34735, kGeoDoubleParams = 34736, kGeoAsciiParams = 34737,
+                 kGdalNodata = 42113;
 
 const TIFFFieldInfo kGeoFields[] = {
     {kModelPixelScale, -1, -1, TIFF_DOUBLE, FIELD_CUSTOM, 1, 1, const_cast<char*>("ModelPixelScaleTag")},
@@ -54,6 +55,7 @@ const TIFFFieldInfo kGeoFields[] = {
     {kGeoKeyDirectory, -1, -1, TIFF_SHORT, FIELD_CUSTOM, 1, 1, const_cast<char*>("GeoKeyDirectoryTag")},
     {kGeoDoubleParams, -1, -1, TIFF_DOUBLE, FIELD_CUSTOM, 1, 1, const_cast<char*>("GeoDoubleParamsTag")},
     {kGeoAsciiParams, -1, -1, TIFF_ASCII, FIELD_CUSTOM, 1, 0, const_cast<char*>("GeoASCIIParamsTag")},
+    {kGdalNodata, -1, -1, TIFF_ASCII, FIELD_CUSTOM, 1, 0, const_cast<char*>("GDALNoDataTag")},
 };
 
 TIFFExtendProc g_parent_extender = nullptr;
@@ -201,6 +203,14 @@ class TiffReader final : public ImageReader {
     info_.compression = compressionName(comp);
     info_.bigtiff = (TIFFIsBigTIFF(tif_) != 0);
     info_.pages = int(TIFFNumberOfDirectories(tif_));
+    char* nodata = nullptr;
+    if (TIFFGetField(tif_, kGdalNodata, &nodata) && nodata != nullptr) {
+      try {
+        info_.nodata = std::stod(nodata);
+      } catch (const std::exception&) {
+        spdlog::warn("'{}': GDAL_NODATA '{}' is not a number; ignored", info_.path, nodata);
+      }
+    }
     TILER_CHECK(TIFFIsCODECConfigured(comp), IoError,
                 "'" << p << "': compression " << info_.compression << " is not supported by this libtiff");
     if (fmt == SAMPLEFORMAT_UINT && bps == 8)

@@ -36,6 +36,17 @@ void OutputStage::finish() {
 }
 
 void OutputStage::loop() {
+  // Images a mask left without a window: all zeros, written now (band by band) since no step brings them.
+  for (int id = 0; id < int(catalog_.images().size()); ++id) {
+    const CatalogImage& img = catalog_.image(id);
+    if (img.status != "ok" || img.first_window < 0 || img.plannedWindows() > 0) continue;
+    try {
+      outputsFor(id).stitcher->finishEmpty();
+      finishImage(id, "");
+    } catch (...) {
+      finishImage(id, describeImageException(std::current_exception(), img.input));
+    }
+  }
   try {
     while (auto step = steps_.pop()) {
       stitchStep(*step);
@@ -98,7 +109,8 @@ OutputStage::ImageOutputs& OutputStage::outputsFor(int image_id) {
                                    catalog_.image(image_id).input + "'");
         if (probs) probs->writeRows(band);
         if (labels) labels->writeRows(labelsFromProbabilities(band, threshold));
-      });
+      },
+      img.masked ? std::optional<std::vector<int64_t>>(img.kept) : std::nullopt);
   return open_.emplace(image_id, std::move(out)).first->second;
 }
 

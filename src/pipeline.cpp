@@ -49,6 +49,7 @@ class InferJob {
   GridSpec spec_;
   PadMode pad_ = PadMode::kConstant;
   StitchOptions stitch_;
+  MaskSpec mask_;
   Activation activation_ = Activation::kNone;
   bool save_labels_ = true, save_probs_ = false;
   std::optional<Fault> fault_;
@@ -89,6 +90,7 @@ void InferJob::validateOptions() {
     else
       TILER_THROW(ConfigError, "--save takes labels, probs or labels,probs; got '" << o_.save << "'");
   }
+  mask_ = parseMaskSpec(o_.mask, o_.mask_fraction);
   if (o_.inputs.empty()) o_.inputs = {bundledSamplesDir() + "/images"};
   if (o_.report.empty()) o_.report = (fs::path(o_.output_dir) / "report.json").string();
 }
@@ -293,7 +295,8 @@ int InferJob::run() {
     co.resume = o_.resume;
     co.overwrite = o_.overwrite;
     co.remove_stale_partials = world_.rank == 0;
-    catalog_ = buildInferCatalog(co, CatalogSpec{spec_, probe_.input_channels, probe_.scale, o_.scale});
+    catalog_ =
+        buildInferCatalog(co, CatalogSpec{spec_, probe_.input_channels, probe_.scale, o_.scale, mask_});
     if (o_.on_error == "abort") {
       for (const auto& img : catalog_.images())
         TILER_CHECK(img.status != "error", IoError, img.error << " (--on_error abort)");

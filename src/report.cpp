@@ -61,6 +61,9 @@ nlohmann::json inferReport(const RunSummary& run, const WindowCatalog& catalog,
       e["width"] = img.info.width;
       e["height"] = img.info.height;
       e["windows"] = img.grid.count();
+      e["windows_processed"] = img.first_window >= 0 ? img.plannedWindows() : 0;
+      e["windows_skipped"] = img.grid.count() - img.plannedWindows();
+      if (img.masked) e["mask"] = {{"method", img.mask_method}, {"coverage", img.mask_coverage}};
     }
     if (status == "ok" || status == "skipped") e["outputs"] = img.outputs;
     j["images"].push_back(e);

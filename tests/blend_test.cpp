@@ -44,17 +44,22 @@ std::vector<float> identityPrediction(const Synthetic& img, const WindowGrid& g,
   return p;
 }
 
-// Stitches in the given order; returns the output as HWC rows.
+// Stitches in the given order (only `order`'s windows, when `expect` lists them); returns the output as HWC
+// rows.
 cv::Mat stitch(const WindowGrid& g, int c, StitchOptions o, const std::vector<std::vector<float>>& preds,
-               const std::vector<int64_t>& order) {
+               const std::vector<int64_t>& order, const std::vector<int64_t>& expect = {}) {
   cv::Mat out(int(std::max<int64_t>(1, g.scale().apply(g.imageHeight()))),
               int(std::max<int64_t>(1, g.scale().apply(g.imageWidth()))), CV_MAKETYPE(CV_32F, c));
   int64_t next_row = 0;
-  Stitcher st(g, c, o, [&](const cv::Mat& band, int64_t first) {
-    EXPECT_EQ(first, next_row) << "bands arrive top to bottom, without gaps";
-    band.copyTo(out.rowRange(int(first), int(first + band.rows)));
-    next_row = first + band.rows;
-  });
+  Stitcher st(
+      g, c, o,
+      [&](const cv::Mat& band, int64_t first) {
+        EXPECT_EQ(first, next_row) << "bands arrive top to bottom, without gaps";
+        EXPECT_LE(band.rows, g.scale().apply(g.windowHeight())) << "bands of at most a window's height";
+        band.copyTo(out.rowRange(int(first), int(first + band.rows)));
+        next_row = first + band.rows;
+      },
+      expect.empty() ? std::nullopt : std::optional<std::vector<int64_t>>(expect));
   for (int64_t i : order) st.add(i, preds[size_t(i)].data());
   EXPECT_TRUE(st.done());
   EXPECT_EQ(next_row, out.rows);
@@ -222,6 +227,62 @@ TEST(Stitcher, EarlyArrivalsAreHeldAndDuplicatesRejected) {
   EXPECT_THROW(st.add(0, pred.data()), ConfigError);
   st.add(1, pred.data());
   EXPECT_TRUE(st.done());
+}
+
+// A mask kept some windows: rows and columns no kept window reaches are 0; where every covering window was
+// kept the values are exactly the full run's; gaps taller than a window come out as zero bands.
+TEST(Stitcher, MaskedWindowsLeaveZerosAndKeepTheRestExact) {
+  const GridSpec spec{32, 32, 0.25, 0.25};
+  const WindowGrid g(300, 260, spec);
+  auto img = makeImage(300, 260, 2, 7);
+  std::vector<std::vector<float>> preds;
+  for (int64_t i = 0; i < g.count(); ++i) preds.push_back(identityPrediction(img, g, i));
+  const StitchOptions o{BlendMode::kGaussian, 0.125};
+  const cv::Mat full = stitch(g, 2, o, preds, inOrder(g.count()));
+  // Keep the windows of the first two grid rows and of the last row: a gap of several window heights.
+  std::vector<int64_t> kept;
+  const int64_t cols = g.columns(), rows = g.count() / cols;
+  for (int64_t i = 0; i < g.count(); ++i)
+    if (i / cols < 2 || i / cols == rows - 1) kept.push_back(i);
+  std::vector<int64_t> shuffled(kept.rbegin(), kept.rend());
+  const cv::Mat masked = stitch(g, 2, o, preds, shuffled, kept);
+  const Rect last_row = g.imageWindow((rows - 1) * cols);
+  const int64_t top_end = g.imageWindow(cols).bottom();  // below this, rows of grid row 2 would also reach
+  for (int y = 0; y < 260; ++y) {
+    const float* a = full.ptr<float>(y);
+    const float* b = masked.ptr<float>(y);
+    for (int x = 0; x < 300 * 2; ++x) {
+      if (y < g.imageWindow(2 * cols).y) {
+        ASSERT_EQ(a[x], b[x]) << "row " << y << ": every covering window was kept";
+      } else if (y >= top_end && y < last_row.y) {
+        ASSERT_EQ(b[x], 0.f) << "row " << y << ": no kept window reaches it";
+      }
+    }
+  }
+}
+
+TEST(Stitcher, NoWindowAtAllGivesAZeroImageInBands) {
+  const WindowGrid g(100, 700, GridSpec{64, 64, 0.25, 0.25});
+  int64_t rows = 0;
+  Stitcher st(
+      g, 3, StitchOptions{},
+      [&](const cv::Mat& band, int64_t first) {
+        EXPECT_EQ(first, rows);
+        EXPECT_LE(band.rows, 64);
+        EXPECT_EQ(cv::countNonZero(band.reshape(1)), 0);
+        rows += band.rows;
+      },
+      std::vector<int64_t>{});
+  EXPECT_FALSE(st.done());
+  st.finishEmpty();
+  EXPECT_TRUE(st.done());
+  EXPECT_EQ(rows, 700);
+  Stitcher all(g, 3, StitchOptions{}, [](const cv::Mat&, int64_t) {});
+  EXPECT_THROW(all.finishEmpty(), Error) << "a stitcher expecting every window is not empty";
+  const std::vector<float> pred(size_t(3 * 64 * 64), 1.f);
+  Stitcher some(
+      g, 3, StitchOptions{}, [](const cv::Mat&, int64_t) {}, std::vector<int64_t>{2, 5});
+  EXPECT_THROW(some.add(3, pred.data()), Error) << "window 3 was not among those to expect";
 }
 
 TEST(Labels, ArgmaxThresholdAndWideClassCounts) {

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
 #include <sstream>
 
 #include "test_util.hpp"
@@ -588,6 +589,93 @@ TEST_F(Pipeline, RgbaInt16TiffIsReadWithItsAlphaDropped) {
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_EQ((*imageEntry(report(out), "rgba.tif"))["status"], "ok");
   EXPECT_TRUE(fs::exists(out + "/rgba_labels.tif"));
+}
+
+}  // namespace
+}  // namespace tiler
+
+namespace tiler {
+namespace {
+
+// A 2400x1800 slide: light glass with one stained disc (radius 300 at 1600,1200), ~9% tissue.
+void writeTissueSlide(const std::string& path) {
+  cv::Mat img(1800, 2400, CV_8UC3);
+  cv::randu(img, cv::Scalar(228, 228, 232), cv::Scalar(240, 240, 245));
+  cv::Mat disc = cv::Mat::zeros(1800, 2400, CV_8U);
+  cv::circle(disc, {1600, 1200}, 300, 255, cv::FILLED);
+  cv::Mat stain(1800, 2400, CV_8UC3);
+  cv::randu(stain, cv::Scalar(150, 60, 140), cv::Scalar(200, 110, 190));
+  stain.copyTo(img, disc);
+  writeImage(path, img, SampleType::kU8);
+}
+
+TEST_F(Pipeline, TissueMaskSkipsGlassAndKeepsTissueExact) {
+  const std::string in = root_ + "/slide_in";
+  fs::create_directories(in);
+  writeTissueSlide(in + "/slide.tif");
+  auto args = [&](const std::string& out, const std::string& extra) {
+    return kTiler + " -i " + in + " -m " + model_ + " -o " + out +
+           " --window 128 --batch_size 4 --threads 1 --save labels,probs --no_progress " + extra;
+  };
+  const std::string full = root_ + "/slide_full", one = root_ + "/slide_masked1",
+                    two = root_ + "/slide_masked2";
+  ASSERT_EQ(run(args(full, "")).code, 0);
+  auto r1 = run(args(one, "--mask auto"));
+  ASSERT_EQ(r1.code, 0) << r1.output;
+  auto r2 = run(kCtrun + " --nproc_per_node 2 --master_port 0 " + args(two, "--mask auto"));
+  ASSERT_EQ(r2.code, 0) << r2.output;
+  for (const char* f : {"/slide_labels.tif", "/slide_probs.tif"})
+    EXPECT_TRUE(slurp(one + f) == slurp(two + f)) << f << ": 2 ranks = 1 rank";
+  auto j = report(one)["images"][0];
+  EXPECT_EQ(j["windows"], 475) << "25 x 19";
+  EXPECT_EQ(j["windows"].get<int64_t>(),
+            j["windows_processed"].get<int64_t>() + j["windows_skipped"].get<int64_t>());
+  // The disc's windows: about (600+128)^2 / 96^2 of them, against 475 in the grid.
+  EXPECT_GT(j["windows_processed"].get<int64_t>(), 30);
+  EXPECT_LT(j["windows_processed"].get<int64_t>(), 90);
+  EXPECT_EQ(j["mask"]["method"], "tissue");
+  EXPECT_NEAR(j["mask"]["coverage"].get<double>(), M_PI * 300 * 300 / (2400.0 * 1800.0), 0.01);
+  EXPECT_EQ(report(one)["windows_total"], j["windows_processed"]);
+  cv::Mat masked = ImageReader::open(one + "/slide_probs.tif")->readRegion({0, 0, 2400, 1800});
+  cv::Mat unmasked = ImageReader::open(full + "/slide_probs.tif")->readRegion({0, 0, 2400, 1800});
+  // Glass far from the disc: no window, zeros. The disc's centre: every covering window kept, exact.
+  EXPECT_EQ(cv::countNonZero(masked(cv::Rect(0, 0, 1000, 700)).reshape(1)), 0);
+  cv::Mat centre = masked(cv::Rect(1520, 1120, 160, 160)) != unmasked(cv::Rect(1520, 1120, 160, 160));
+  EXPECT_EQ(cv::countNonZero(centre.reshape(1)), 0);
+  cv::Mat labels = ImageReader::open(one + "/slide_labels.tif")->readRegion({0, 0, 2400, 1800});
+  EXPECT_EQ(cv::countNonZero(labels(cv::Rect(0, 0, 1000, 700))), 0);
+}
+
+TEST_F(Pipeline, MaskFilesAtLowResolutionAndAnEmptyMask) {
+  const std::string in = root_ + "/maskfile_in";
+  fs::create_directories(in);
+  fs::copy_file(root_ + "/images/a_large.tif", in + "/a_large.tif", fs::copy_options::overwrite_existing);
+  // 1/16 of 700x500 (44x32): the left quarter of the image.
+  cv::Mat mask = cv::Mat::zeros(32, 44, CV_8U);
+  mask.colRange(0, 11).setTo(255);
+  writeImage(root_ + "/quarter.png", mask, SampleType::kU8);
+  const std::string out = root_ + "/maskfile_out";
+  auto r =
+      run(kTiler + " -i " + in + " -m " + model_ + " -o " + out + " --window 128 --threads 1 --no_progress " +
+          "--mask " + root_ + "/quarter.png --mask_fraction 0.5");
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto j = report(out)["images"][0];
+  EXPECT_EQ(j["windows"], 35);
+  EXPECT_EQ(j["windows_processed"], 10) << "the first two of 7 columns, 5 rows";
+  // A mask with nothing inside: the outputs are written, all zero.
+  writeImage(root_ + "/empty_mask.png", cv::Mat::zeros(10, 10, CV_8U), SampleType::kU8);
+  const std::string empty = root_ + "/maskfile_empty";
+  auto e = run(kTiler + " -i " + in + " -m " + model_ + " -o " + empty +
+               " --window 128 --threads 1 --no_progress " + "--mask " + root_ + "/empty_mask.png");
+  ASSERT_EQ(e.code, 0) << e.output;
+  EXPECT_EQ(report(empty)["images"][0]["windows_processed"], 0);
+  cv::Mat labels = ImageReader::open(empty + "/a_large_labels.tif")->readRegion({0, 0, 700, 500});
+  EXPECT_EQ(cv::countNonZero(labels), 0);
+  // A missing mask fails that image, not the run.
+  auto m = run(kTiler + " -i " + in + " -m " + model_ + " -o " + root_ + "/maskfile_missing --window 128 " +
+               "--no_progress --mask " + root_ + "/no_such_mask.png");
+  EXPECT_EQ(m.code, 2) << m.output;
+  EXPECT_NE(m.output.find("no_such_mask.png"), std::string::npos) << m.output;
 }
 
 }  // namespace

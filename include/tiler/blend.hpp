@@ -4,14 +4,16 @@
 // accumulated (w*pred and w, float32) strictly in window-index order, buffering early arrivals. Memory is a
 // ring of one output window's height of rows across the padded output width, (C+1) floats per pixel, plus
 // the importance map and early arrivals: bytesHeld() <= wh*PW*(C+1)*4 + ww*wh*4 + pending. Rows are
-// divided by the summed weights and handed to the sink, top to bottom, as soon as no later window can touch
-// them. Not thread safe: one thread feeds a Stitcher.
+// divided by the summed weights (0 where no window reached) and handed to the sink, top to bottom, in bands
+// of at most one window's height, as soon as no later window can touch them. Not thread safe: one thread
+// feeds a Stitcher.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <opencv2/core.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,19 +46,27 @@ class Stitcher {
   // band: rows of the output image (HWC float32, image width * scale), with the index of its first row.
   using BandSink = std::function<void(const cv::Mat& band, int64_t first_row)>;
 
-  // `grid` is the input-space grid; predictions are channels x (window*scale) arrays.
-  Stitcher(const WindowGrid& grid, int channels, StitchOptions options, BandSink sink);
+  // `grid` is the input-space grid; predictions are channels x (window*scale) arrays. `windows`: the grid
+  // windows that will be added, ascending (a mask skipped the others; possibly none); nullopt: all of them.
+  // Output pixels no added window covers are 0.
+  Stitcher(const WindowGrid& grid, int channels, StitchOptions options, BandSink sink,
+           std::optional<std::vector<int64_t>> windows = std::nullopt);
 
-  // Adds window `index` (0 .. grid.count()-1) as CHW float32. Any order; each index once.
+  // Adds grid window `index` (one of `windows`) as CHW float32. Any order; each index once.
   void add(int64_t index, const float* chw);
   // True once every window was added and every row handed to the sink.
-  bool done() const { return next_ == grid_.count(); }
+  bool done() const { return next_ == count_ && flushed_ == padded_h_; }
+  // With no window to add at all, hands every (zero) row to the sink.
+  void finishEmpty();
   int64_t outputWidth() const { return out_w_; }
   int64_t outputHeight() const { return out_h_; }
   size_t bytesHeld() const;
 
  private:
   void accumulate(int64_t index, const float* chw);
+  int64_t windowAt(int64_t position) const {
+    return windows_.empty() ? position : windows_[size_t(position)];
+  }
   void flushUpTo(int64_t padded_row);
 
   WindowGrid grid_;
@@ -73,8 +83,11 @@ class Stitcher {
   std::vector<float> acc_;                         // ring of win_h_ rows: padded_w_ x channels_ (w*pred)
   std::vector<float> weight_;                      // ring of win_h_ rows: padded_w_ (w)
   int64_t flushed_ = 0;                            // first padded row not yet handed out
-  int64_t next_ = 0;                               // next window index to accumulate
-  std::map<int64_t, std::vector<float>> pending_;  // early arrivals, owned copies
+  bool all_windows_ = true;                        // expect every grid window, else those in windows_
+  std::vector<int64_t> windows_;                   // the grid windows to expect (ascending)
+  int64_t count_ = 0;                              // how many
+  int64_t next_ = 0;                               // position (in windows_) of the next to accumulate
+  std::map<int64_t, std::vector<float>> pending_;  // early arrivals by position, owned copies
 };
 
 }  // namespace tiler

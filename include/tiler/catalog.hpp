@@ -15,6 +15,7 @@
 
 #include "tiler/grid.hpp"
 #include "tiler/image_io.hpp"
+#include "tiler/mask.hpp"
 
 namespace tiler {
 
@@ -42,6 +43,15 @@ struct CatalogImage {
   std::string status = "ok";  // ok | skipped | error (infer: done once its outputs are committed)
   std::string error;
   std::map<std::string, std::string> outputs;  // kind (labels, probs) -> final path
+  // Masking: the grid windows kept (ascending), the mask's share of the image and how it was made.
+  bool masked = false;
+  std::vector<int64_t> kept;
+  double mask_coverage = 1.0;
+  std::string mask_method;
+
+  // Windows this image contributes to the global list, and the grid window of its k-th.
+  int64_t plannedWindows() const { return masked ? int64_t(kept.size()) : grid.count(); }
+  int64_t gridWindow(int64_t k) const { return masked ? kept[size_t(k)] : k; }
 };
 
 // What the images are cut for: the model's input channels and output scale, the grid, the input scale.
@@ -50,6 +60,7 @@ struct CatalogSpec {
   int input_channels = 3;
   Scale output_scale;
   double scale = 0.0;  // 0: defaultScale of each image's sample type
+  MaskSpec mask;       // which windows to keep (infer)
 };
 
 class WindowCatalog {
@@ -64,7 +75,7 @@ class WindowCatalog {
   const CatalogImage& image(int id) const { return images_[size_t(id)]; }
   int64_t totalWindows() const { return total_windows_; }
   int plannedImages() const { return int(planned_.size()); }
-  // (image id, local window index) of global window `global` (0 <= global < totalWindows()).
+  // (image id, grid window index) of global window `global` (0 <= global < totalWindows()).
   std::pair<int, int64_t> locate(int64_t global) const;
 
  private:
@@ -73,6 +84,10 @@ class WindowCatalog {
   std::vector<int64_t> planned_first_;  // their first global window
   int64_t total_windows_ = 0;
 };
+
+// Keeps the windows of `image` with at least spec.fraction of their pixels inside its mask; a mask that
+// cannot be made fails the image (status "error"), never throws.
+void applyMask(CatalogImage& image, const MaskSpec& spec);
 
 // `tiler infer`'s catalog: outputs named <output_dir>/<stem>_labels.<format> and <stem>_probs.tif; images
 // whose outputs all exist are skipped with `resume`; existing outputs without resume/overwrite are a

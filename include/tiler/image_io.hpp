@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <opencv2/core.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,7 @@ struct ImageInfo {
   std::string compression;                  // "none", "lzw", "deflate", "jpeg", "zstd", "packbits", ...
   bool planar_separate = false;
   bool bigtiff = false;
+  std::optional<double> nodata;  // TIFF GDAL_NODATA: a pixel whose every band equals it holds no data
 };
 
 class ImageReader {

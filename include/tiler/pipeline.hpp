@@ -33,6 +33,8 @@ struct InferOptions : JobOptions {
   std::string report;  // empty: <output>/report.json
   bool recursive = false;
   bool jit_optimize = false;
+  std::string mask = "none";    // none | auto | PATH
+  double mask_fraction = 0.05;  // share of a window inside the mask for it to be processed
 };
 
 // Runs the job; returns kExitOk, or kExitSomeFailed when images failed. Throws on fatal errors (on every

@@ -1,3 +1,4 @@
+#include <iomanip>
 #include <iostream>
 #include <opencv2/imgproc.hpp>
 
@@ -5,12 +6,15 @@
 #include "tiler/catalog.hpp"
 #include "tiler/error.hpp"
 #include "tiler/image_io.hpp"
+#include "tiler/mask.hpp"
 
 namespace tiler::tools {
 
-int runInfo(const std::vector<std::string>& paths, const std::string& window, const std::string& overlap) {
+int runInfo(const InfoOptions& o) {
+  const std::string& window = o.window;
+  const MaskSpec mask = parseMaskSpec(o.mask, o.mask_fraction);
   int status = kExitOk;
-  for (const auto& path : listImages(paths, false)) {
+  for (const auto& path : listImages(o.paths, false)) {
     try {
       auto reader = ImageReader::open(path);
       const ImageInfo& i = reader->info();
@@ -25,7 +29,7 @@ int runInfo(const std::vector<std::string>& paths, const std::string& window, co
       }
       std::cout << "\n";
       if (!window.empty()) {
-        const GridSpec spec = parseGridSpec(window, overlap);
+        const GridSpec spec = parseGridSpec(window, o.overlap);
         WindowGrid grid(i.width, i.height, spec);
         std::cout << "  grid: " << grid.count() << " windows (" << grid.startsX().size() << " x "
                   << grid.startsY().size() << ") of " << spec.window_w << "x" << spec.window_h << ", overlap "
@@ -37,6 +41,31 @@ int runInfo(const std::vector<std::string>& paths, const std::string& window, co
         std::cout << "\n  y starts:";
         for (auto s : grid.startsY()) std::cout << " " << s;
         std::cout << "\n";
+      }
+      if (mask.mode != MaskMode::kNone) {
+        const CoverageMask m = CoverageMask::make(*reader, mask);
+        std::cout << "  mask: " << m.method() << ", coverage " << std::fixed << std::setprecision(1)
+                  << 100.0 * m.coverage() << "%" << std::defaultfloat;
+        if (!window.empty()) {
+          const WindowGrid grid(i.width, i.height, parseGridSpec(window, o.overlap));
+          int64_t kept = 0;
+          for (int64_t w = 0; w < grid.count(); ++w)
+            kept += m.fractionInside(grid.imageWindow(w)) >= mask.fraction;
+          std::cout << ", " << kept << " of " << grid.count() << " windows kept at --mask_fraction "
+                    << mask.fraction;
+        }
+        std::cout << "\n";
+        if (!o.mask_preview.empty()) {
+          cv::Mat preview;
+          m.map().convertTo(preview, CV_8U, 255.0);
+          WriterOptions png;
+          png.format = "png";
+          ImageWriter writer(o.mask_preview, preview.cols, preview.rows, 1, SampleType::kU8, png);
+          writer.writeRows(preview);
+          writer.close();
+          std::cout << "  mask preview: " << o.mask_preview << " (" << preview.cols << "x" << preview.rows
+                    << ")\n";
+        }
       }
     } catch (...) {
       std::cerr << "tiler info: " << describeImageException(std::current_exception(), path) << "\n";

@@ -9,8 +9,15 @@
 
 namespace tiler::tools {
 
-// `tiler info`: what the reader sees, and the grid when window is given. Returns an exit code.
-int runInfo(const std::vector<std::string>& paths, const std::string& window, const std::string& overlap);
+struct InfoOptions {
+  std::vector<std::string> paths;
+  std::string window, overlap = "0.25";  // window given: the grid too
+  std::string mask = "none";             // auto | PATH: the mask's coverage (and kept windows with a grid)
+  double mask_fraction = 0.05;
+  std::string mask_preview;  // PNG of the coverage map (one input)
+};
+// `tiler info`: what the reader sees, and the grid and mask when asked. Returns an exit code.
+int runInfo(const InfoOptions& options);
 
 // A colour overlay PNG of `labels` on `image`, at most max_side pixels a side (for looking at results);
 // with a grid, the outlines of its windows too.

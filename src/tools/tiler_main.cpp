@@ -59,6 +59,12 @@ int runInferCli(int argc, char** argv) {
   app.add_flag(flagNames("--overwrite"), o.overwrite, "redo images whose outputs exist");
   app.add_option(flagNames("--on_error"), o.on_error, "skip | abort")->capture_default_str();
   app.add_option(flagNames("--report"), o.report, "report JSON (default: <output>/report.json)");
+  app.add_option(flagNames("--mask"), o.mask,
+                 "none | auto (tissue, nodata or alpha) | PATH (non-zero: process)")
+      ->capture_default_str();
+  app.add_option(flagNames("--mask_fraction"), o.mask_fraction,
+                 "share of a window inside the mask to process it")
+      ->capture_default_str();
   app.add_flag(flagNames("--recursive"), o.recursive, "walk input directories recursively");
   app.add_option(flagNames("--output_key"), o.output_key, "dict key or tuple index of the model's output");
   app.add_flag(flagNames("--jit_optimize"), o.jit_optimize, "freeze + optimize_for_inference");
@@ -68,14 +74,19 @@ int runInferCli(int argc, char** argv) {
 }
 
 int runInfoCli(int argc, char** argv) {
-  std::vector<std::string> paths;
-  std::string window, overlap = "0.25";
-  CLI::App app{"tiler info: what tiler sees in each image, and the window grid"};
-  app.add_option("images", paths, "image files or directories")->required();
-  app.add_option(flagNames("--window"), window, "show the grid for this window (N or W,H)");
-  app.add_option(flagNames("--overlap"), overlap, "overlap for the grid")->capture_default_str();
+  tiler::tools::InfoOptions o;
+  CLI::App app{"tiler info: what tiler sees in each image, the window grid and the mask"};
+  app.add_option("images", o.paths, "image files or directories")->required();
+  app.add_option(flagNames("--window"), o.window, "show the grid for this window (N or W,H)");
+  app.add_option(flagNames("--overlap"), o.overlap, "overlap for the grid")->capture_default_str();
+  app.add_option(flagNames("--mask"), o.mask, "none | auto | PATH: show the mask's coverage")
+      ->capture_default_str();
+  app.add_option(flagNames("--mask_fraction"), o.mask_fraction,
+                 "share of a window inside the mask to keep it")
+      ->capture_default_str();
+  app.add_option(flagNames("--mask_preview"), o.mask_preview, "write the coverage map as a PNG");
   CLI11_PARSE(app, argc, argv);
-  return tiler::tools::runInfo(paths, window, overlap);
+  return tiler::tools::runInfo(o);
 }
 
 int runOverlayCli(int argc, char** argv) {
