@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmarks: scripts/bench.sh [--quick] [io|model|pipeline|memory|scaling|ctrun|finetune|naive|all]
+# Benchmarks: scripts/bench.sh [--quick] [io|model|pipeline|memory|scaling|ctrun|finetune|naive|mask|all]
 # Generates its own deterministic inputs (cached in $TILER_BENCH_CACHE, default ~/.cache/tiler-bench), runs each
 # scenario $RUNS times (3; --quick: 1 run on small inputs), writes bench-results/bench.json and a table of
 # medians (min-max). fp32 on the CPU. Never part of CI's test run.
@@ -153,6 +153,30 @@ if want finetune; then
       emit "finetune: $n rank(s), batch 4/rank" step_seconds "$(ratio "$step" "$steps")"
       emit "finetune: $n rank(s), batch 4/rank" sync_share "$(ratio "$sync" "$step")"
     done
+  done
+fi
+
+if want mask; then
+  # A slide with about 20% tissue, the UNet-like sample model (the forward dominates): masked vs unmasked wall
+  # time, the mask's own cost included; and the cost of making the mask alone (tiler info --mask auto).
+  n=4096
+  [ $quick = 1 ] && n=2048
+  slide="$cache/slide_${n}_20.tif"
+  [ -f "$slide" ] || "$bin/tiler_bench" make "$slide" --size "$n" --tissue 0.2
+  for _ in $(seq "$runs"); do
+    declare -A wall=()
+    for m in none auto; do
+      rm -rf "$cache/out_mask"
+      t0=$(now)
+      "$bin/tiler" -i "$slide" -m "$model" -o "$cache/out_mask" --threads 2 --mask "$m" --no_progress >/dev/null 2>&1
+      wall[$m]=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { print b - a }')
+      emit "mask: ${n}px slide, 20% tissue, --mask $m" seconds "${wall[$m]}"
+    done
+    emit "mask: ${n}px slide, 20% tissue" windows_processed "$(report_field "$cache/out_mask/report.json" windows_processed)"
+    emit "mask: ${n}px slide, masked / unmasked" time_ratio "$(ratio "${wall[auto]}" "${wall[none]}")"
+    t0=$(now)
+    "$bin/tiler" info "$slide" --mask auto >/dev/null
+    emit "mask: making the auto mask of a ${n}px slide (tiler info)" seconds "$(awk -v a="$t0" -v b="$(now)" 'BEGIN { print b - a }')"
   done
 fi
 

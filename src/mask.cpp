@@ -23,8 +23,8 @@ MaskSpec parseMaskSpec(const std::string& mask, double fraction) {
   return spec;
 }
 
-cv::Mat shrinkImage(ImageReader& reader, int max_side,
-                    const std::function<cv::Mat(const cv::Mat&)>& per_band) {
+cv::Mat shrinkImage(ImageReader& reader, int max_side, const std::function<cv::Mat(const cv::Mat&)>& per_band,
+                    int interpolation) {
   const ImageInfo& info = reader.info();
   const double factor = std::min(1.0, double(max_side) / double(std::max(info.width, info.height)));
   const int out_w = std::max(1, int(std::lround(double(info.width) * factor)));
@@ -39,7 +39,7 @@ cv::Mat shrinkImage(ImageReader& reader, int max_side,
     cv::Mat band = reader.readRegion({0, y0, info.width, std::max<int64_t>(1, y1 - y0)});
     if (per_band) band = per_band(band);
     cv::Mat small;
-    cv::resize(band, small, cv::Size(out_w, oh), 0, 0, cv::INTER_AREA);
+    cv::resize(band, small, cv::Size(out_w, oh), 0, 0, interpolation);
     if (out.empty()) out.create(out_h, out_w, small.type());
     small.copyTo(out.rowRange(oy, oy + oh));
   }

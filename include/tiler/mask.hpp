@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <opencv2/core.hpp>
+#include <opencv2/imgproc.hpp>
 #include <string>
 
 #include "tiler/grid.hpp"
@@ -52,9 +53,10 @@ class CoverageMask {
   std::string method_;
 };
 
-// The image shrunk band by band to at most max_side pixels a side (INTER_AREA), in its own sample type;
-// `per_band` (optional) turns each full-resolution band into the values to shrink instead.
+// The image shrunk band by band to at most max_side pixels a side (INTER_AREA, or `interpolation`), in its
+// own sample type; `per_band` (optional) turns each full-resolution band into the values to shrink instead.
 cv::Mat shrinkImage(ImageReader& reader, int max_side,
-                    const std::function<cv::Mat(const cv::Mat&)>& per_band = nullptr);
+                    const std::function<cv::Mat(const cv::Mat&)>& per_band = nullptr,
+                    int interpolation = cv::INTER_AREA);
 
 }  // namespace tiler

@@ -150,7 +150,40 @@ int naive(const std::string& path, const std::string& model, int64_t window, int
   return 0;
 }
 
-int make(const std::string& path, int64_t size) {
+// tissue > 0: a slide instead, light glass with stained discs on a grid covering about that share of it.
+int makeSlide(const std::string& path, int64_t size, double tissue) {
+  tiler::ImageWriter writer(path, size, size, 3, tiler::SampleType::kU8);
+  // Tissue lies in one clump, as on a real slide: discs of radius r packed at pitch 2.2r (covering pi/4.84 of
+  // their cells) in a centred block of the grid sized for the share asked; the rest is glass.
+  const int64_t r = std::max<int64_t>(8, size / 40), pitch = r * 22 / 10;
+  const int64_t cells = size / pitch;
+  const int64_t keep =
+      std::min(cells, int64_t(std::lround(double(cells) * std::sqrt(tissue / (M_PI / 4.84)))));
+  const int64_t first = (cells - keep) / 2;
+  const int band = 256;
+  for (int64_t y0 = 0; y0 < size; y0 += band) {
+    const int rows = int(std::min<int64_t>(band, size - y0));
+    cv::Mat m(rows, int(size), CV_8UC3);
+    for (int y = 0; y < rows; ++y) {
+      auto* p = m.ptr<uint8_t>(y);
+      const int64_t yy = y0 + y, cy = yy / pitch;
+      for (int64_t x = 0; x < size; ++x) {
+        const int64_t cx = x / pitch, dx = x % pitch - pitch / 2, dy = yy % pitch - pitch / 2;
+        const bool disc =
+            cx >= first && cx < first + keep && cy >= first && cy < first + keep && dx * dx + dy * dy < r * r;
+        p[x * 3] = uint8_t(disc ? 170 + (x * 7 + yy * 3) % 30 : 232 + (x + yy) % 8);
+        p[x * 3 + 1] = uint8_t(disc ? 80 + (x * 5 + yy * 11) % 30 : 232 + (x * 3 + yy) % 8);
+        p[x * 3 + 2] = uint8_t(disc ? 160 + (x + yy * 5) % 30 : 236 + (x + yy * 3) % 8);
+      }
+    }
+    writer.writeRows(m);
+  }
+  writer.close();
+  return 0;
+}
+
+int make(const std::string& path, int64_t size, double tissue) {
+  if (tissue > 0) return makeSlide(path, size, tissue);
   tiler::WriterOptions o;
   tiler::ImageWriter writer(path, size, size, 3, tiler::SampleType::kU8, o);
   const int band = 256;
@@ -250,6 +283,8 @@ int main(int argc, char** argv) {
   auto* mk = app.add_subcommand("make", "deterministic RGB tiled TIFF");
   mk->add_option("output", path)->required();
   mk->add_option(flagNames("--size"), size);
+  double tissue = 0;
+  mk->add_option(flagNames("--tissue"), tissue, "a slide with this share of stained discs on glass");
   auto* t = app.add_subcommand("tiny-model", "a 1x1 convolution TorchScript model");
   t->add_option("output", path)->required();
   auto* s = app.add_subcommand("summarize", "medians of JSON lines on stdin");
@@ -259,7 +294,7 @@ int main(int argc, char** argv) {
     if (*f) return forward(model, window, batch, windows, threads, precision, jit_optimize);
     if (*i) return io(path, window, overlap);
     if (*n) return naive(path, model, window, batch, threads);
-    if (*mk) return make(path, size);
+    if (*mk) return make(path, size, tissue);
     if (*t) return tinyModel(path);
     return summarize(out);
   } catch (const std::exception& e) {

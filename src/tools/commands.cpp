@@ -75,40 +75,19 @@ int runInfo(const InfoOptions& o) {
   return status;
 }
 
-namespace {
-
-// The image read band by band and shrunk by `factor` as it goes, so no full-size copy is ever held.
-cv::Mat shrunk(ImageReader& reader, double factor, int interpolation) {
-  const ImageInfo& info = reader.info();
-  const int out_w = std::max(1, int(std::lround(double(info.width) * factor)));
-  std::vector<cv::Mat> bands;
-  const int64_t band = 512;
-  for (int64_t y = 0; y < info.height; y += band) {
-    const int64_t h = std::min(band, info.height - y);
-    cv::Mat part = reader.readRegion({0, y, info.width, h}), small;
-    cv::resize(part, small, cv::Size(out_w, std::max(1, int(std::lround(double(h) * factor)))), 0, 0,
-               interpolation);
-    bands.push_back(small);
-  }
-  cv::Mat out;
-  cv::vconcat(bands, out);
-  return out;
-}
-
-}  // namespace
-
 void writeOverlay(const std::string& image_path, const std::string& labels_path, const std::string& out_path,
-                  int max_side, const GridSpec* grid) {
+                  int max_side, const GridSpec* grid, const MaskSpec* mask) {
   auto image = ImageReader::open(image_path);
   auto labels = ImageReader::open(labels_path);
   const ImageInfo& info = image->info();
   const double factor = std::min(1.0, double(max_side) / double(std::max(info.width, info.height)));
-  cv::Mat rgb = shrunk(*image, factor, cv::INTER_AREA);
+  cv::Mat rgb = shrinkImage(*image, max_side);
   if (rgb.depth() != CV_8U) cv::normalize(rgb, rgb, 0, 255, cv::NORM_MINMAX, CV_8U);
   if (rgb.channels() == 1) cv::cvtColor(rgb, rgb, cv::COLOR_GRAY2RGB);
   if (rgb.channels() == 4) cv::cvtColor(rgb, rgb, cv::COLOR_RGBA2RGB);
-  cv::Mat lab =
-      shrunk(*labels, factor * double(info.width) / double(labels->info().width), cv::INTER_NEAREST);
+  const double label_scale = double(labels->info().width) / double(info.width);
+  cv::Mat lab = shrinkImage(*labels, std::max(1, int(std::lround(double(max_side) * label_scale))), nullptr,
+                            cv::INTER_NEAREST);
   cv::resize(lab, lab, rgb.size(), 0, 0, cv::INTER_NEAREST);
   // Class k > 0 gets a colour from a fixed palette, blended at 50%; class boundaries are drawn solid.
   static const cv::Vec3b kPalette[] = {
@@ -126,6 +105,15 @@ void writeOverlay(const std::string& image_path, const std::string& labels_path,
       cv::Vec3b& p = out.at<cv::Vec3b>(y, x);
       for (int i = 0; i < 3; ++i) p[i] = edge ? c[i] : uchar((p[i] + c[i]) / 2);
     }
+  }
+  if (mask != nullptr && mask->mode != MaskMode::kNone) {
+    // The mask's outline (where at least half of a map pixel is inside), in cyan.
+    cv::Mat map, inside;
+    cv::resize(CoverageMask::make(*image, *mask).map(), map, out.size(), 0, 0, cv::INTER_LINEAR);
+    cv::Mat(map >= 0.5).copyTo(inside);
+    std::vector<std::vector<cv::Point>> contours;
+    cv::findContours(inside, contours, cv::RETR_LIST, cv::CHAIN_APPROX_SIMPLE);
+    cv::drawContours(out, contours, -1, cv::Scalar(0, 230, 230), 2);
   }
   if (grid != nullptr) {
     // The window outlines, to show how the image was cut.

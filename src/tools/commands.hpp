@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "tiler/grid.hpp"
+#include "tiler/mask.hpp"
 
 namespace tiler::tools {
 
@@ -20,8 +21,8 @@ struct InfoOptions {
 int runInfo(const InfoOptions& options);
 
 // A colour overlay PNG of `labels` on `image`, at most max_side pixels a side (for looking at results);
-// with a grid, the outlines of its windows too.
+// with a grid, the outlines of its windows; with a mask, its outline.
 void writeOverlay(const std::string& image_path, const std::string& labels_path, const std::string& out_path,
-                  int max_side = 2048, const GridSpec* grid = nullptr);
+                  int max_side = 2048, const GridSpec* grid = nullptr, const MaskSpec* mask = nullptr);
 
 }  // namespace tiler::tools

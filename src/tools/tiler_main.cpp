@@ -100,10 +100,14 @@ int runOverlayCli(int argc, char** argv) {
   std::string window, overlap = "0.25";
   app.add_option(flagNames("--window"), window, "also draw the window grid (N or W,H)");
   app.add_option(flagNames("--overlap"), overlap, "overlap of that grid")->capture_default_str();
+  std::string mask = "none";
+  app.add_option(flagNames("--mask"), mask, "also draw this mask's outline: auto | PATH")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  const tiler::MaskSpec mask_spec = tiler::parseMaskSpec(mask, 0.05);
   tiler::GridSpec spec;
   if (!window.empty()) spec = tiler::parseGridSpec(window, overlap);
-  tiler::tools::writeOverlay(image, labels, out, max_side, window.empty() ? nullptr : &spec);
+  tiler::tools::writeOverlay(image, labels, out, max_side, window.empty() ? nullptr : &spec, &mask_spec);
   return 0;
 }
 
