@@ -1,6 +1,10 @@
 #include "tiler/cli.hpp"
 
+#include <CLI/CLI.hpp>
+#include <iostream>
 #include <sstream>
+
+#include "tiler/error.hpp"
 
 namespace tiler {
 
@@ -15,6 +19,19 @@ std::string flagNames(const std::string& names) {
     out += "," + kebab;
   }
   return out;
+}
+
+int parseCommandLine(CLI::App& app, int argc, char** argv, const std::string& tool) {
+  try {
+    app.parse(argc, argv);
+    return -1;
+  } catch (const CLI::Success& e) {
+    return app.exit(e);  // --help, --version: printed, exit 0
+  } catch (const CLI::ParseError& e) {
+    std::cerr << tool << ": error: " << e.what() << "\nRun '" << tool << " --help' for the flags."
+              << std::endl;
+    return kExitFatal;
+  }
 }
 
 }  // namespace tiler

@@ -4,6 +4,7 @@
 
 #include <sstream>
 
+#include "tiler/catalog.hpp"
 #include "tiler/torch_compat.hpp"
 
 namespace tiler {
@@ -16,6 +17,7 @@ std::string runtimeInfo(const std::string& tool) {
      << (cuda ? "yes (" + std::to_string(torch::cuda::device_count()) + " device(s))" : "no") << "\n";
   os << "NCCL usable: " << (compat::kNcclCompiled && cuda ? "yes" : "no") << "\n";
   os << "c10d backends: gloo" << (compat::kNcclCompiled ? ", nccl" : "") << "\n";
+  os << "Bundled samples: " << bundledSamplesDir() << "\n";
   return os.str();
 }
 

@@ -41,12 +41,15 @@ int main(int argc, char** argv) {
                  "with --log_dir: 1 stdout, 2 stderr, 3 both to logs and console")
       ->check(CLI::Range(0, 3));
   app.add_option(flagNames("--run_id"), o.run_id, "run id shown to workers")->capture_default_str();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (const int code = tiler::parseCommandLine(app, argc, argv, "ctrun"); code >= 0) return code;
   o.command = app.remaining();
+  // The program starts at the first word CLI11 does not know; one that looks like a flag is a typo, as
+  // torchrun's argparse says (a program really named so can follow "--").
+  if (!o.command.empty() && o.command.front() != "--" && o.command.front().rfind('-', 0) == 0) {
+    std::cerr << "ctrun: error: unknown option '" << o.command.front()
+              << "'\nRun 'ctrun --help' for the flags." << std::endl;
+    return tiler::kExitFatal;
+  }
   if (!o.command.empty() && o.command.front() == "--") o.command.erase(o.command.begin());
   try {
     if (o.command.empty())

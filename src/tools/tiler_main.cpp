@@ -42,6 +42,14 @@ int runInferCli(int argc, char** argv) {
   tiler::InferOptions o;
   CLI::App app{
       "tiler: run a TorchScript model over large images in overlapping windows and stitch the result"};
+  app.footer(
+      "Commands:\n"
+      "  tiler [infer] [FLAGS]               run a model over images (the default; the flags above)\n"
+      "  tiler finetune --images I --labels L  train a model on tiles of image/label pairs\n"
+      "  tiler info IMAGE...                 what tiler sees: size, type, tiling, grid, mask\n"
+      "  tiler overlay IMAGE LABELS OUT.png  a colour overlay of a result, with grid and mask\n"
+      "  tiler version                       versions, CUDA/NCCL, where the bundled samples are\n"
+      "Run 'tiler COMMAND --help' for a command's flags.");
   app.set_config(flagNames("--config"), "", "TOML/INI file with any of these flags");
   app.add_option(flagNames("-i,--input"), o.inputs, "files or directories (default: the bundled samples)");
   app.add_option(flagNames("-o,--output"), o.output_dir, "output directory")->capture_default_str();
@@ -69,7 +77,7 @@ int runInferCli(int argc, char** argv) {
   app.add_option(flagNames("--output_key"), o.output_key, "dict key or tuple index of the model's output");
   app.add_flag(flagNames("--jit_optimize"), o.jit_optimize, "freeze + optimize_for_inference");
   app.add_option(flagNames("--prefetch"), o.prefetch, "batches read ahead")->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  if (const int code = tiler::parseCommandLine(app, argc, argv, "tiler"); code >= 0) return code;
   return tiler::runInfer(o);
 }
 
@@ -85,7 +93,7 @@ int runInfoCli(int argc, char** argv) {
                  "share of a window inside the mask to keep it")
       ->capture_default_str();
   app.add_option(flagNames("--mask_preview"), o.mask_preview, "write the coverage map as a PNG");
-  CLI11_PARSE(app, argc, argv);
+  if (const int code = tiler::parseCommandLine(app, argc, argv, "tiler info"); code >= 0) return code;
   return tiler::tools::runInfo(o);
 }
 
@@ -103,7 +111,7 @@ int runOverlayCli(int argc, char** argv) {
   std::string mask = "none";
   app.add_option(flagNames("--mask"), mask, "also draw this mask's outline: auto | PATH")
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  if (const int code = tiler::parseCommandLine(app, argc, argv, "tiler overlay"); code >= 0) return code;
   const tiler::MaskSpec mask_spec = tiler::parseMaskSpec(mask, 0.05);
   tiler::GridSpec spec;
   if (!window.empty()) spec = tiler::parseGridSpec(window, overlap);
@@ -137,7 +145,7 @@ int runFinetuneCli(int argc, char** argv) {
   app.add_option(flagNames("--checkpoint_dir"), o.checkpoint_dir, "checkpoint every epoch here");
   app.add_flag(flagNames("--resume"), o.resume, "continue from the last checkpoint");
   app.add_option(flagNames("--report"), o.report, "report JSON");
-  CLI11_PARSE(app, argc, argv);
+  if (const int code = tiler::parseCommandLine(app, argc, argv, "tiler finetune"); code >= 0) return code;
   return tiler::runFinetune(o);
 }
 

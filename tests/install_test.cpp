@@ -1,0 +1,87 @@
+// Installing tiler: `cmake --install` to a prefix and the Debian package from `cpack -G DEB` both give a
+// tiler that finds its bundled samples next to itself and runs the bundled job; every command refuses a bad
+// flag with exit 1 and says where the help is.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "test_util.hpp"
+
+namespace fs = std::filesystem;
+
+namespace tiler {
+namespace {
+
+const std::string kBin = TILER_BIN_DIR;
+auto run = test::runCommand;
+
+// Runs the bundled job with an installed tiler (2 ranks through the installed ctrun) and checks its report.
+void expectBundledJobRuns(const std::string& bin_dir, const std::string& share, const std::string& out) {
+  auto version = run(bin_dir + "/tiler --version");
+  ASSERT_EQ(version.code, 0) << version.output;
+  EXPECT_NE(version.output.find("Bundled samples: " + share + "/tiler/samples\n"), std::string::npos)
+      << version.output;
+  auto r = run(bin_dir + "/ctrun --nproc_per_node 2 --master_port 0 " + bin_dir + "/tiler -o " + out +
+               " -i " + share + "/tiler/samples/images/small.png --threads 1 --no_progress");
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto report = nlohmann::json::parse(test::slurp(out + "/report.json"));
+  EXPECT_EQ(report["model"], share + "/tiler/samples/models/sample.pt")
+      << "the installed model, not the source tree's";
+  EXPECT_EQ(report["images"][0]["status"], "ok");
+}
+
+TEST(Install, PrefixHoldsABinaryThatFindsItsSamples) {
+  const std::string dir = test::scratchDir("install");
+  auto r = run("cmake --install " + kBin + " --prefix " + dir + "/prefix");
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* f : {"/bin/tiler", "/bin/ctrun", "/share/tiler/samples/models/sample.pt",
+                        "/share/tiler/samples/images/blobs_4096.tif"})
+    EXPECT_TRUE(fs::exists(dir + "/prefix" + f)) << f;
+  expectBundledJobRuns(dir + "/prefix/bin", dir + "/prefix/share", dir + "/out");
+}
+
+TEST(Install, DebianPackageDependsOnWhatItLinksAndRuns) {
+  if (run("command -v dpkg-deb && command -v dpkg-shlibdeps").code != 0) GTEST_SKIP() << "no dpkg tools";
+  const std::string dir = test::scratchDir("package");
+  auto r = run("cpack -G DEB --config " + kBin + "/CPackConfig.cmake -B " + dir);
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::string deb;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".deb") deb = e.path().string();
+  ASSERT_FALSE(deb.empty()) << r.output;
+  auto depends = run("dpkg-deb -f " + deb + " Depends");
+  for (const char* lib : {"libtorch", "libopencv-core", "libopencv-imgcodecs", "libtiff", "libspdlog"})
+    EXPECT_NE(depends.output.find(lib), std::string::npos) << lib << " in " << depends.output;
+  auto contents = run("dpkg-deb -c " + deb);
+  for (const char* f : {"./usr/bin/tiler", "./usr/bin/ctrun", "./usr/share/tiler/samples/models/sample.pt"})
+    EXPECT_NE(contents.output.find(f), std::string::npos) << f;
+  // apt resolves its dependencies (a simulation: nothing is installed).
+  auto apt = run("apt-get install -s " + deb);
+  EXPECT_EQ(apt.code, 0) << apt.output;
+  // Unpacked into a root of its own, the packaged tiler runs the bundled job.
+  ASSERT_EQ(run("dpkg-deb -x " + deb + " " + dir + "/root").code, 0);
+  expectBundledJobRuns(dir + "/root/usr/bin", dir + "/root/usr/share", dir + "/out");
+}
+
+TEST(Install, BadFlagsExitOneAndHelpListsTheCommands) {
+  const std::string tiler = kBin + "/tiler";
+  for (const std::string& cmd :
+       {tiler + " --no_such_flag", tiler + " infer --window", tiler + " info --bogus x",
+        tiler + " finetune --bogus", tiler + " overlay", kBin + "/ctrun --bogus true"}) {
+    auto r = run(cmd);
+    EXPECT_EQ(r.code, 1) << cmd << ": " << r.output;
+    EXPECT_NE(r.output.find("--help' for the flags"), std::string::npos) << cmd << ": " << r.output;
+  }
+  auto help = run(tiler + " --help");
+  EXPECT_EQ(help.code, 0);
+  for (const char* command : {"tiler finetune", "tiler info", "tiler overlay", "tiler version"})
+    EXPECT_NE(help.output.find(command), std::string::npos) << command;
+  for (const char* command : {"finetune", "info", "overlay", "infer"}) {
+    auto r = run(tiler + " " + command + " --help");
+    EXPECT_EQ(r.code, 0) << command << ": " << r.output;
+  }
+}
+
+}  // namespace
+}  // namespace tiler
