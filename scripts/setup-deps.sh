@@ -5,6 +5,7 @@ packages=(
   build-essential cmake ninja-build ccache clang-format libtiff-tools
   libtorch-dev libopencv-dev
   libtiff-dev libgloo-dev libcli11-dev libgtest-dev libspdlog-dev nlohmann-json3-dev
+  gdal-bin libvips-tools openslide-tools
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -2,17 +2,29 @@
 # Installs what is missing, builds (RelWithDebInfo, ccache, all cores), checks formatting, runs every test.
 #   scripts/test.sh              unit + e2e tests (gpu tests skip without a GPU)
 #   scripts/test.sh --sanitize   the same, built with TILER_SANITIZE=address,undefined in build-asan/
+#   scripts/test.sh --tsan       ThreadSanitizer (build-tsan/) over the suites of tiler's own threads: the
+#                                loader's read-ahead and the output stage (LibTorch and gloo are not built
+#                                with TSan, so dist and exchange tests drown in their false reports)
 #   scripts/test.sh -L unit      extra arguments go to ctest
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sanitize=""
+targets=()
+tsan_filter=()
 if [ "${1:-}" = "--sanitize" ]; then sanitize="address,undefined"; shift; fi
+if [ "${1:-}" = "--tsan" ]; then
+  sanitize="thread"
+  targets=(--target loader_test outputs_test)
+  tsan_filter=(-R "^(Loader|Outputs)\\.")
+  shift
+fi
 bash scripts/setup-deps.sh
 build=build
-[ -n "$sanitize" ] && build=build-asan
+[ "$sanitize" = "address,undefined" ] && build=build-asan
+[ "$sanitize" = "thread" ] && build=build-tsan
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
   -DTILER_SANITIZE="$sanitize" >/dev/null
-cmake --build "$build" -j "$(nproc)"
+cmake --build "$build" -j "$(nproc)" "${targets[@]}"
 
 echo "== clang-format check"
 files=$(git ls-files '*.cpp' '*.hpp' 2>/dev/null || find include src tests -name '*.[ch]pp')
@@ -25,4 +37,5 @@ echo "== tests"
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0:handle_segv=0}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 cd "$build"
-ctest --output-on-failure -j "$(nproc)" "$@"
+export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1}"
+ctest --output-on-failure -j "$(nproc)" "${tsan_filter[@]}" "$@"

@@ -160,7 +160,11 @@ WindowCatalog buildInferCatalog(const InferCatalogOptions& o, const CatalogSpec&
       std::error_code ec;
       size_t present = 0;
       for (auto& [kind, out] : img.outputs) {
-        if (o.remove_stale_partials) fs::remove(out + ".partial", ec);
+        if (o.remove_stale_partials) {
+          fs::remove(out + ".partial", ec);
+          for (int level = 1; level <= 32; ++level)
+            fs::remove(out + ".level" + std::to_string(level) + ".partial", ec);
+        }
         present += fs::exists(out) ? 1 : 0;
       }
       if (present == img.outputs.size() && o.resume) {

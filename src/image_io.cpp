@@ -110,6 +110,50 @@ std::string compressionName(uint16_t c) {
   }
 }
 
+// The fields of one image directory (full or reduced resolution): size, samples, tiling, compression,
+// palette.
+void setTiffFields(TIFF* tif, int64_t width, int64_t height, int channels, SampleType type,
+                   const WriterOptions& o, bool reduced) {
+  if (reduced) TIFFSetField(tif, TIFFTAG_SUBFILETYPE, FILETYPE_REDUCEDIMAGE);
+  TIFFSetField(tif, TIFFTAG_IMAGEWIDTH, uint32_t(width));
+  TIFFSetField(tif, TIFFTAG_IMAGELENGTH, uint32_t(height));
+  TIFFSetField(tif, TIFFTAG_SAMPLESPERPIXEL, uint16_t(channels));
+  const uint16_t bits = uint16_t(8 * bytesPerSample(type));
+  TIFFSetField(tif, TIFFTAG_BITSPERSAMPLE, bits);
+  TIFFSetField(tif, TIFFTAG_SAMPLEFORMAT, type == SampleType::kF32 ? SAMPLEFORMAT_IEEEFP : SAMPLEFORMAT_UINT);
+  TIFFSetField(tif, TIFFTAG_PLANARCONFIG, PLANARCONFIG_CONTIG);
+  if (!o.colormap.empty()) {
+    TIFFSetField(tif, TIFFTAG_PHOTOMETRIC, PHOTOMETRIC_PALETTE);
+    const size_t n = size_t(1) << bits;
+    std::vector<uint16_t> r(n, 0), g(n, 0), b(n, 0);
+    for (size_t k = 0; k < o.colormap.size() && k < n; ++k) {
+      r[k] = uint16_t(o.colormap[k][0] * 257);
+      g[k] = uint16_t(o.colormap[k][1] * 257);
+      b[k] = uint16_t(o.colormap[k][2] * 257);
+    }
+    TIFFSetField(tif, TIFFTAG_COLORMAP, r.data(), g.data(), b.data());
+  } else {
+    TIFFSetField(tif, TIFFTAG_PHOTOMETRIC,
+                 channels == 3 && type == SampleType::kU8 ? PHOTOMETRIC_RGB : PHOTOMETRIC_MINISBLACK);
+  }
+  if (channels > 1 && !(channels == 3 && type == SampleType::kU8)) {
+    std::vector<uint16_t> extra(size_t(channels - 1), EXTRASAMPLE_UNSPECIFIED);
+    TIFFSetField(tif, TIFFTAG_EXTRASAMPLES, uint16_t(extra.size()), extra.data());
+  }
+  TIFFSetField(tif, TIFFTAG_TILEWIDTH, uint32_t(o.tile));
+  TIFFSetField(tif, TIFFTAG_TILELENGTH, uint32_t(o.tile));
+  uint16_t comp = COMPRESSION_ADOBE_DEFLATE;
+  if (o.compression == Compression::kZstd) comp = COMPRESSION_ZSTD;
+  if (o.compression == Compression::kLzw) comp = COMPRESSION_LZW;
+  if (o.compression == Compression::kNone) comp = COMPRESSION_NONE;
+  TILER_CHECK(TIFFIsCODECConfigured(comp), ConfigError,
+              "this libtiff cannot write the requested compression");
+  TIFFSetField(tif, TIFFTAG_COMPRESSION, comp);
+  if (comp != COMPRESSION_NONE)
+    TIFFSetField(tif, TIFFTAG_PREDICTOR,
+                 type == SampleType::kF32 ? PREDICTOR_FLOATINGPOINT : PREDICTOR_HORIZONTAL);
+}
+
 // Largest decoded tile or strip we agree to hold; a header claiming more is absurd or needs re-saving.
 constexpr uint64_t kMaxChunkBytes = uint64_t(1) << 30;
 
@@ -229,8 +273,9 @@ class TiffReader final : public ImageReader {
                                    : fmt == SAMPLEFORMAT_INT  ? "signed"
                                                               : "unsigned")
                                << "); tiler reads 8/16/32-bit unsigned, 16-bit signed and 32-bit float");
-    TILER_CHECK(photometric != PHOTOMETRIC_PALETTE, IoError,
-                "'" << p << "': palette TIFFs are not supported");
+    // A palette image is read as its indices (a labels output of tiler is one).
+    TILER_CHECK(photometric != PHOTOMETRIC_PALETTE || (spp == 1 && (bps == 8 || bps == 16)), IoError,
+                "'" << p << "': palette TIFFs other than 8- or 16-bit indices are not supported");
     if (photometric == PHOTOMETRIC_YCBCR) {
       TILER_CHECK(comp == COMPRESSION_JPEG, IoError,
                   "'" << p << "': YCbCr TIFF without JPEG compression is not supported");
@@ -588,40 +633,32 @@ ImageWriter::ImageWriter(const std::string& path, int64_t width, int64_t height,
     TILER_CHECK(options_.tile % 16 == 0 && options_.tile > 0, ConfigError,
                 "TIFF tile must be a multiple of 16");
     installTiffHandlers();
+    TILER_CHECK(options_.colormap.empty() || (channels == 1 && type != SampleType::kF32), ConfigError,
+                "'" << path << "': a colour map needs one integer channel");
     const uint64_t raw = uint64_t(width) * uint64_t(height) * uint64_t(channels) * bytesPerSample(type);
-    const bool big = raw > (uint64_t(1) << 31);
+    // Reduced levels add at most a third.
+    const bool big = (options_.pyramid ? raw + raw / 3 : raw) > (uint64_t(1) << 31);
     t_tiff_error.clear();
     TIFF* tif = TIFFOpen(partialPath().c_str(), big ? "w8" : "w");
     TILER_CHECK(tif != nullptr, IoError, "'" << partialPath() << "': cannot create: " << takeTiffError());
     tiff_ = tif;
-    TIFFSetField(tif, TIFFTAG_IMAGEWIDTH, uint32_t(width));
-    TIFFSetField(tif, TIFFTAG_IMAGELENGTH, uint32_t(height));
-    TIFFSetField(tif, TIFFTAG_SAMPLESPERPIXEL, uint16_t(channels));
-    TIFFSetField(tif, TIFFTAG_BITSPERSAMPLE, uint16_t(8 * bytesPerSample(type)));
-    TIFFSetField(tif, TIFFTAG_SAMPLEFORMAT,
-                 type == SampleType::kF32 ? SAMPLEFORMAT_IEEEFP : SAMPLEFORMAT_UINT);
-    TIFFSetField(tif, TIFFTAG_PLANARCONFIG, PLANARCONFIG_CONTIG);
-    TIFFSetField(tif, TIFFTAG_PHOTOMETRIC,
-                 channels == 3 && type == SampleType::kU8 ? PHOTOMETRIC_RGB : PHOTOMETRIC_MINISBLACK);
-    if (channels > 1 && !(channels == 3 && type == SampleType::kU8)) {
-      std::vector<uint16_t> extra(size_t(channels - 1), EXTRASAMPLE_UNSPECIFIED);
-      TIFFSetField(tif, TIFFTAG_EXTRASAMPLES, uint16_t(extra.size()), extra.data());
-    }
-    TIFFSetField(tif, TIFFTAG_TILEWIDTH, uint32_t(options_.tile));
-    TIFFSetField(tif, TIFFTAG_TILELENGTH, uint32_t(options_.tile));
-    uint16_t comp = COMPRESSION_ADOBE_DEFLATE;
-    if (options_.compression == Compression::kZstd) comp = COMPRESSION_ZSTD;
-    if (options_.compression == Compression::kLzw) comp = COMPRESSION_LZW;
-    if (options_.compression == Compression::kNone) comp = COMPRESSION_NONE;
-    TILER_CHECK(TIFFIsCODECConfigured(comp), ConfigError,
-                "this libtiff cannot write the requested compression");
-    TIFFSetField(tif, TIFFTAG_COMPRESSION, comp);
-    if (comp != COMPRESSION_NONE) {
-      TIFFSetField(tif, TIFFTAG_PREDICTOR,
-                   type == SampleType::kF32 ? PREDICTOR_FLOATINGPOINT : PREDICTOR_HORIZONTAL);
-    }
+    setTiffFields(tif, width, height, channels, type, options_, false);
+    if (!options_.description.empty())
+      TIFFSetField(tif, TIFFTAG_IMAGEDESCRIPTION, options_.description.c_str());
     writeMetadata(tif, readMetadata(options_.metadata_from), options_.metadata_scale);
     buffer_ = cv::Mat::zeros(options_.tile, int(width), cv_type);
+    if (options_.pyramid) {
+      WriterOptions lo = options_;
+      lo.pyramid = false;
+      lo.metadata_from.clear();
+      lo.description.clear();
+      for (int64_t w = width, h = height; std::max(w, h) > options_.tile;) {
+        w = (w + 1) / 2;
+        h = (h + 1) / 2;
+        const std::string level_path = path + ".level" + std::to_string(levels_.size() + 1);
+        levels_.push_back(Level{std::make_unique<ImageWriter>(level_path, w, h, channels, type, lo), {}});
+      }
+    }
   } else if (options_.format == "png" || options_.format == "jpg" || options_.format == "jpeg") {
     TILER_CHECK(width * height <= kMaxInMemoryPixels && width < 65536 && height < 65536, IoError,
                 "'" << path << "': " << width << "x" << height << " is too large for " << options_.format
@@ -668,6 +705,7 @@ void ImageWriter::writeRows(const cv::Mat& band) {
     rows_written_ += band.rows;
     return;
   }
+  if (!levels_.empty()) feedLevel(0, band);
   int consumed = 0;
   while (consumed < band.rows) {
     int take = std::min(band.rows - consumed, int(options_.tile - buffered_rows_));
@@ -716,6 +754,70 @@ void ImageWriter::close() {
   commit();
 }
 
+void ImageWriter::feedLevel(size_t li, const cv::Mat& rows) {
+  Level& level = levels_[li];
+  const int half = (rows.cols + 1) / 2;
+  const int interpolation = options_.nearest ? cv::INTER_NEAREST : cv::INTER_AREA;
+  std::vector<cv::Mat> made;
+  for (int y = 0; y < rows.rows; ++y) {
+    if (level.pending.empty()) {
+      level.pending = rows.row(y).clone();
+      continue;
+    }
+    cv::Mat pair, reduced;
+    cv::vconcat(level.pending, rows.row(y), pair);
+    cv::resize(pair, reduced, cv::Size(half, 1), 0, 0, interpolation);
+    made.push_back(reduced);
+    level.pending.release();
+  }
+  if (made.empty()) return;
+  cv::Mat out;
+  cv::vconcat(made, out);
+  level.writer->writeRows(out);
+  if (li + 1 < levels_.size()) feedLevel(li + 1, out);
+}
+
+void ImageWriter::finishLevels() {
+  // An odd last row of a level halves alone; then every level's file is closed (still temporary).
+  for (size_t li = 0; li < levels_.size(); ++li) {
+    Level& level = levels_[li];
+    if (!level.pending.empty()) {
+      cv::Mat reduced;
+      cv::resize(level.pending, reduced, cv::Size((level.pending.cols + 1) / 2, 1), 0, 0,
+                 options_.nearest ? cv::INTER_NEAREST : cv::INTER_AREA);
+      level.pending.release();
+      level.writer->writeRows(reduced);
+      if (li + 1 < levels_.size()) feedLevel(li + 1, reduced);
+    }
+    level.writer->finish();
+  }
+}
+
+bool ImageWriter::appendLevels(void* handle) {
+  TIFF* tif = static_cast<TIFF*>(handle);
+  for (auto& level : levels_) {
+    TIFF* src = TIFFOpen(level.writer->partialPath().c_str(), "r");
+    if (src == nullptr) return false;
+    uint32_t w = 0, h = 0;
+    TIFFGetField(src, TIFFTAG_IMAGEWIDTH, &w);
+    TIFFGetField(src, TIFFTAG_IMAGELENGTH, &h);
+    setTiffFields(tif, w, h, channels_, type_, options_, true);
+    // The level's tiles are already compressed with the same settings: copied as they are.
+    std::vector<uint8_t> raw;
+    uint64_t* counts = nullptr;
+    bool ok = TIFFGetField(src, TIFFTAG_TILEBYTECOUNTS, &counts) && counts != nullptr;
+    for (ttile_t t = 0; ok && t < TIFFNumberOfTiles(src); ++t) {
+      raw.resize(size_t(counts[t]));
+      const tmsize_t n = TIFFReadRawTile(src, t, raw.data(), tmsize_t(raw.size()));
+      ok = n >= 0 && TIFFWriteRawTile(tif, t, raw.data(), n) == n;
+    }
+    TIFFClose(src);
+    if (!ok || !TIFFWriteDirectory(tif)) return false;
+  }
+  levels_.clear();  // their writers remove the temporary files
+  return true;
+}
+
 void ImageWriter::finish() {
   TILER_CHECK(!done_ && !finished_, IoError, "'" << path_ << "': closed twice");
   if (tiff_ != nullptr) {
@@ -725,7 +827,8 @@ void ImageWriter::finish() {
     TIFF* tif = static_cast<TIFF*>(tiff_);
     t_tiff_error.clear();
     errno = 0;
-    bool ok = TIFFWriteDirectory(tif) && TIFFFlush(tif);
+    finishLevels();
+    bool ok = TIFFWriteDirectory(tif) && appendLevels(tif) && TIFFFlush(tif);
     std::string err = ok ? "" : (errno ? std::string(std::strerror(errno)) + ": " : "") + takeTiffError();
     TIFFClose(tif);
     tiff_ = nullptr;

@@ -4,12 +4,65 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "tiler/error.hpp"
 
 namespace fs = std::filesystem;
 
 namespace tiler {
+
+namespace {
+
+// 20 colours far apart (Tableau-like), for classes 1..; class 0 stays black.
+constexpr std::array<std::array<uint8_t, 3>, 20> kPalette{
+    {{31, 119, 180},  {255, 127, 14},  {44, 160, 44},   {214, 39, 40},   {148, 103, 189},
+     {140, 86, 75},   {227, 119, 194}, {127, 127, 127}, {188, 189, 34},  {23, 190, 207},
+     {174, 199, 232}, {255, 187, 120}, {152, 223, 138}, {255, 152, 150}, {197, 176, 213},
+     {196, 156, 148}, {247, 182, 210}, {199, 199, 199}, {219, 219, 141}, {158, 218, 229}}};
+
+std::array<uint8_t, 3> defaultColor(int k) {
+  return k == 0 ? std::array<uint8_t, 3>{0, 0, 0} : kPalette[size_t(k - 1) % kPalette.size()];
+}
+
+}  // namespace
+
+std::vector<ClassInfo> parseClasses(const std::string& text) {
+  std::vector<ClassInfo> out;
+  if (text.empty()) return out;
+  std::stringstream ss(text);
+  std::string part;
+  while (std::getline(ss, part, ',')) {
+    ClassInfo c;
+    const auto colon = part.find(":#");
+    c.name = part.substr(0, colon);
+    c.color = defaultColor(int(out.size()));
+    if (colon != std::string::npos) {
+      const std::string hex = part.substr(colon + 2);
+      unsigned v = 0;
+      size_t used = 0;
+      try {
+        v = unsigned(std::stoul(hex, &used, 16));
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      TILER_CHECK(hex.size() == 6 && used == 6, ConfigError,
+                  "--classes: '" << part << "': a colour is #rrggbb (six hex digits)");
+      c.color = {uint8_t(v >> 16), uint8_t(v >> 8), uint8_t(v)};
+    }
+    TILER_CHECK(!c.name.empty(), ConfigError, "--classes: empty class name in '" << text << "'");
+    out.push_back(c);
+  }
+  return out;
+}
+
+std::vector<std::array<uint8_t, 3>> labelPalette(int classes, const std::vector<ClassInfo>& named) {
+  std::vector<std::array<uint8_t, 3>> palette;
+  for (int k = 0; k < classes; ++k)
+    palette.push_back(k < int(named.size()) ? named[size_t(k)].color : defaultColor(k));
+  return palette;
+}
 
 OutputStage::OutputStage(WindowCatalog& catalog, OutputOptions options)
     : catalog_(catalog), options_(std::move(options)), steps_(options_.depth) {
@@ -87,10 +140,18 @@ OutputStage::ImageOutputs& OutputStage::outputsFor(int image_id) {
   wo.compression = options_.compression;
   wo.metadata_from = img.info.format == "tiff" ? img.input : "";
   wo.metadata_scale = options_.scale.value();
+  wo.pyramid = options_.pyramid;
   if (options_.save_labels) {
     WriterOptions lo = wo;
     lo.format = options_.format;
+    lo.nearest = true;
     const int label_classes = options_.classes == 1 ? 2 : options_.classes;
+    if (lo.format == "tif") lo.colormap = labelPalette(label_classes, options_.classes_named);
+    if (!options_.classes_named.empty()) {
+      nlohmann::json names = nlohmann::json::array();
+      for (const auto& c : options_.classes_named) names.push_back(c.name);
+      lo.description = nlohmann::json{{"classes", names}}.dump();
+    }
     out.labels = std::make_unique<ImageWriter>(img.outputs.at("labels"), out_w, out_h, 1,
                                                labelSampleType(label_classes), lo);
   }

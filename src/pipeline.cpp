@@ -91,6 +91,7 @@ void InferJob::validateOptions() {
       TILER_THROW(ConfigError, "--save takes labels, probs or labels,probs; got '" << o_.save << "'");
   }
   mask_ = parseMaskSpec(o_.mask, o_.mask_fraction);
+  parseClasses(o_.classes);  // validates
   if (o_.inputs.empty()) o_.inputs = {bundledSamplesDir() + "/images"};
   if (o_.report.empty()) o_.report = (fs::path(o_.output_dir) / "report.json").string();
 }
@@ -119,6 +120,8 @@ OutputOptions InferJob::outputOptions() const {
   oo.stitch = stitch_;
   oo.label_threshold = activation_ == Activation::kSigmoid ? 0.5f : 0.0f;
   oo.abort_on_error = o_.on_error == "abort";
+  oo.pyramid = o_.pyramid;
+  oo.classes_named = parseClasses(o_.classes);
   return oo;
 }
 
@@ -275,6 +278,10 @@ int InferJob::run() {
   mo.jit_optimize = o_.jit_optimize;
   model_ = std::make_unique<ModelRunner>(mo);
   probe_ = model_->probe(spec_.window_w, spec_.window_h);
+  const size_t named = parseClasses(o_.classes).size();
+  const int label_classes = probe_.output_channels == 1 ? 2 : probe_.output_channels;
+  TILER_CHECK(named == 0 || int(named) == label_classes, ConfigError,
+              "--classes names " << named << " class(es), the model's labels have " << label_classes);
 
   DistOptions dopts;
   dopts.backend = o_.backend;

@@ -16,6 +16,7 @@
 // failure is an IoError naming the file.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <opencv2/core.hpp>
@@ -76,6 +77,13 @@ struct WriterOptions {
   int tile = 256;               // TIFF tile edge (multiple of 16)
   std::string metadata_from;    // input TIFF whose resolution and GeoTIFF tags are copied
   double metadata_scale = 1.0;  // output pixels per input pixel, to adjust those tags
+  // TIFF: reduced-resolution pages (each half the previous, down to one tile) in the main IFD chain
+  // (NewSubfileType 1), made from the streamed rows: 2x2 means, or the top-left pixel with `nearest`.
+  bool pyramid = false;
+  bool nearest = false;
+  // TIFF, one u8/u16 channel: a palette (Photometric 3); entry k is class k's RGB. Padded with black.
+  std::vector<std::array<uint8_t, 3>> colormap;
+  std::string description;  // TIFF ImageDescription (e.g. class names as JSON)
 };
 
 class ImageWriter {
@@ -106,6 +114,15 @@ class ImageWriter {
  private:
   void flushTileRow(int64_t rows);
   void abandon() noexcept;
+  // Pyramid: rows of level `li`'s parent, halved into level li (and on down).
+  void feedLevel(size_t li, const cv::Mat& rows);
+  void finishLevels();
+  bool appendLevels(void* tif);
+
+  struct Level {
+    std::unique_ptr<ImageWriter> writer;  // a temporary TIFF of this level, copied in raw at finish()
+    cv::Mat pending;                      // a parent row waiting for its pair
+  };
 
   std::string path_;
   int64_t width_, height_;
@@ -116,8 +133,9 @@ class ImageWriter {
   cv::Mat buffer_;        // TIFF: tile_h rows; PNG/JPEG: the whole image
   int64_t buffered_rows_ = 0;
   int64_t rows_written_ = 0;
-  bool finished_ = false;  // file closed under its partial name
-  bool done_ = false;      // committed, or abandoned
+  std::vector<Level> levels_;  // pyramid levels 1..L (owned)
+  bool finished_ = false;      // file closed under its partial name
+  bool done_ = false;          // committed, or abandoned
 };
 
 }  // namespace tiler

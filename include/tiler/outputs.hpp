@@ -10,6 +10,7 @@
 
 #include <torch/types.h>
 
+#include <array>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -17,6 +18,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "tiler/blend.hpp"
 #include "tiler/catalog.hpp"
@@ -24,6 +26,17 @@
 #include "tiler/loader.hpp"
 
 namespace tiler {
+
+// A class as --classes names it: "name" or "name:#rrggbb".
+struct ClassInfo {
+  std::string name;
+  std::array<uint8_t, 3> color{0, 0, 0};
+};
+// Parses --classes; classes without a colour get the default palette's (class 0: black).
+std::vector<ClassInfo> parseClasses(const std::string& text);
+// The labels palette for `classes` classes: class 0 black, then a fixed palette of distinct colours, with
+// --classes' colours where given.
+std::vector<std::array<uint8_t, 3>> labelPalette(int classes, const std::vector<ClassInfo>& named);
 
 struct OutputOptions {
   std::string format = "tif";  // labels: tif | png; probs are always tif
@@ -34,7 +47,9 @@ struct OutputOptions {
   StitchOptions stitch;
   float label_threshold = 0.f;  // one-channel models: 0 for logits, 0.5 for sigmoid probabilities
   bool abort_on_error = false;
-  size_t depth = 2;  // steps queued ahead of the stitcher
+  size_t depth = 2;                      // steps queued ahead of the stitcher
+  bool pyramid = false;                  // reduced-resolution pages in the TIFF outputs
+  std::vector<ClassInfo> classes_named;  // --classes: names and colours of classes 0..K-1
 };
 
 // One step of every rank's slots, as rank 0 gathered them.

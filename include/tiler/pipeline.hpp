@@ -35,6 +35,8 @@ struct InferOptions : JobOptions {
   bool jit_optimize = false;
   std::string mask = "none";    // none | auto | PATH
   double mask_fraction = 0.05;  // share of a window inside the mask for it to be processed
+  bool pyramid = false;         // reduced-resolution pages in the TIFF outputs
+  std::string classes;          // NAME[:#rrggbb],... for classes 0..K-1
 };
 
 // Runs the job; returns kExitOk, or kExitSomeFailed when images failed. Throws on fatal errors (on every

@@ -73,6 +73,9 @@ int runInferCli(int argc, char** argv) {
   app.add_option(flagNames("--mask_fraction"), o.mask_fraction,
                  "share of a window inside the mask to process it")
       ->capture_default_str();
+  app.add_flag(flagNames("--pyramid"), o.pyramid, "reduced-resolution levels in the TIFF outputs");
+  app.add_option(flagNames("--classes"), o.classes,
+                 "class names NAME[:#rrggbb],... (labels palette, metadata)");
   app.add_flag(flagNames("--recursive"), o.recursive, "walk input directories recursively");
   app.add_option(flagNames("--output_key"), o.output_key, "dict key or tuple index of the model's output");
   app.add_flag(flagNames("--jit_optimize"), o.jit_optimize, "freeze + optimize_for_inference");
