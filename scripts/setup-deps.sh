@@ -4,7 +4,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache clang-format libtiff-tools
   libtorch-dev libopencv-dev
-  libtiff-dev libgloo-dev libcli11-dev libgtest-dev libspdlog-dev nlohmann-json3-dev
+  libtiff-dev libgloo-dev libcli11-dev libgtest-dev libspdlog-dev nlohmann-json3-dev libgdal-dev
   gdal-bin libvips-tools openslide-tools
 )
 missing=()

@@ -146,6 +146,8 @@ WindowCatalog buildInferCatalog(const InferCatalogOptions& o, const CatalogSpec&
     if (o.save_labels)
       img.outputs["labels"] = (fs::path(o.output_dir) / (stem + "_labels." + o.format)).string();
     if (o.save_probs) img.outputs["probs"] = (fs::path(o.output_dir) / (stem + "_probs.tif")).string();
+    if (o.save_polygons)
+      img.outputs["polygons"] = (fs::path(o.output_dir) / (stem + "_polygons.geojson")).string();
     if (img.status == "ok" && o.format == "png" && o.save_labels) {
       const int64_t pixels =
           spec.output_scale.apply(img.info.width) * spec.output_scale.apply(img.info.height);
@@ -162,6 +164,7 @@ WindowCatalog buildInferCatalog(const InferCatalogOptions& o, const CatalogSpec&
       for (auto& [kind, out] : img.outputs) {
         if (o.remove_stale_partials) {
           fs::remove(out + ".partial", ec);
+          fs::remove(out + ".labels.tif.partial", ec);
           for (int level = 1; level <= 32; ++level)
             fs::remove(out + ".level" + std::to_string(level) + ".partial", ec);
         }

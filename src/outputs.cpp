@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -12,57 +13,6 @@
 namespace fs = std::filesystem;
 
 namespace tiler {
-
-namespace {
-
-// 20 colours far apart (Tableau-like), for classes 1..; class 0 stays black.
-constexpr std::array<std::array<uint8_t, 3>, 20> kPalette{
-    {{31, 119, 180},  {255, 127, 14},  {44, 160, 44},   {214, 39, 40},   {148, 103, 189},
-     {140, 86, 75},   {227, 119, 194}, {127, 127, 127}, {188, 189, 34},  {23, 190, 207},
-     {174, 199, 232}, {255, 187, 120}, {152, 223, 138}, {255, 152, 150}, {197, 176, 213},
-     {196, 156, 148}, {247, 182, 210}, {199, 199, 199}, {219, 219, 141}, {158, 218, 229}}};
-
-std::array<uint8_t, 3> defaultColor(int k) {
-  return k == 0 ? std::array<uint8_t, 3>{0, 0, 0} : kPalette[size_t(k - 1) % kPalette.size()];
-}
-
-}  // namespace
-
-std::vector<ClassInfo> parseClasses(const std::string& text) {
-  std::vector<ClassInfo> out;
-  if (text.empty()) return out;
-  std::stringstream ss(text);
-  std::string part;
-  while (std::getline(ss, part, ',')) {
-    ClassInfo c;
-    const auto colon = part.find(":#");
-    c.name = part.substr(0, colon);
-    c.color = defaultColor(int(out.size()));
-    if (colon != std::string::npos) {
-      const std::string hex = part.substr(colon + 2);
-      unsigned v = 0;
-      size_t used = 0;
-      try {
-        v = unsigned(std::stoul(hex, &used, 16));
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      TILER_CHECK(hex.size() == 6 && used == 6, ConfigError,
-                  "--classes: '" << part << "': a colour is #rrggbb (six hex digits)");
-      c.color = {uint8_t(v >> 16), uint8_t(v >> 8), uint8_t(v)};
-    }
-    TILER_CHECK(!c.name.empty(), ConfigError, "--classes: empty class name in '" << text << "'");
-    out.push_back(c);
-  }
-  return out;
-}
-
-std::vector<std::array<uint8_t, 3>> labelPalette(int classes, const std::vector<ClassInfo>& named) {
-  std::vector<std::array<uint8_t, 3>> palette;
-  for (int k = 0; k < classes; ++k)
-    palette.push_back(k < int(named.size()) ? named[size_t(k)].color : defaultColor(k));
-  return palette;
-}
 
 OutputStage::OutputStage(WindowCatalog& catalog, OutputOptions options)
     : catalog_(catalog), options_(std::move(options)), steps_(options_.depth) {
@@ -141,7 +91,9 @@ OutputStage::ImageOutputs& OutputStage::outputsFor(int image_id) {
   wo.metadata_from = img.info.format == "tiff" ? img.input : "";
   wo.metadata_scale = options_.scale.value();
   wo.pyramid = options_.pyramid;
-  if (options_.save_labels) {
+  out.keep_labels = options_.save_labels;
+  if (options_.save_polygons) out.polygons = img.outputs.at("polygons");
+  if (options_.save_labels || options_.save_polygons) {
     WriterOptions lo = wo;
     lo.format = options_.format;
     lo.nearest = true;
@@ -152,8 +104,10 @@ OutputStage::ImageOutputs& OutputStage::outputsFor(int image_id) {
       for (const auto& c : options_.classes_named) names.push_back(c.name);
       lo.description = nlohmann::json{{"classes", names}}.dump();
     }
-    out.labels = std::make_unique<ImageWriter>(img.outputs.at("labels"), out_w, out_h, 1,
-                                               labelSampleType(label_classes), lo);
+    // Polygons without labels: the labels go to a file of their own that only feeds the polygonizer.
+    const std::string path = options_.save_labels ? img.outputs.at("labels") : out.polygons + ".labels.tif";
+    if (!options_.save_labels) lo.format = "tif";
+    out.labels = std::make_unique<ImageWriter>(path, out_w, out_h, 1, labelSampleType(label_classes), lo);
   }
   if (options_.save_probs) {
     out.probs = std::make_unique<ImageWriter>(img.outputs.at("probs"), out_w, out_h, options_.classes,
@@ -179,12 +133,40 @@ void OutputStage::commit(ImageOutputs& out) {
   // Phase one: every file closed under its partial name. Phase two: all renamed.
   if (out.labels) out.labels->finish();
   if (out.probs) out.probs->finish();
-  if (out.labels) out.labels->commit();
+  const std::string polygons_partial = out.polygons + ".partial";
+  std::error_code ec;
+  if (!out.polygons.empty()) {
+    PolygonOptions po;
+    const int label_classes = options_.classes == 1 ? 2 : options_.classes;
+    po.palette = labelPalette(label_classes, options_.classes_named);
+    po.named = options_.classes_named;
+    po.input_pixels_per_label_pixel = 1.0 / options_.scale.value();
+    po.simplify = options_.simplify;
+    try {
+      writePolygons(out.labels->partialPath(), polygons_partial, po);
+    } catch (...) {
+      fs::remove(polygons_partial, ec);
+      throw;
+    }
+  }
+  std::vector<std::string> committed;
   try {
-    if (out.probs) out.probs->commit();
+    if (out.labels && out.keep_labels) {
+      out.labels->commit();
+      committed.push_back(out.labels->path());
+    }
+    if (out.probs) {
+      out.probs->commit();
+      committed.push_back(out.probs->path());
+    }
+    if (!out.polygons.empty()) {
+      TILER_CHECK(std::rename(polygons_partial.c_str(), out.polygons.c_str()) == 0, IoError,
+                  "'" << out.polygons << "': rename from .partial failed: " << std::strerror(errno));
+    }
   } catch (...) {
-    std::error_code ec;
-    if (out.labels) fs::remove(out.labels->path(), ec);
+    // All or nothing: what was renamed already goes too.
+    for (const auto& path : committed) fs::remove(path, ec);
+    fs::remove(polygons_partial, ec);
     throw;
   }
 }

@@ -51,7 +51,7 @@ class InferJob {
   StitchOptions stitch_;
   MaskSpec mask_;
   Activation activation_ = Activation::kNone;
-  bool save_labels_ = true, save_probs_ = false;
+  bool save_labels_ = true, save_probs_ = false, save_polygons_ = false;
   std::optional<Fault> fault_;
   std::unique_ptr<ModelRunner> model_;
   std::unique_ptr<DistContext> dist_;
@@ -79,7 +79,7 @@ void InferJob::validateOptions() {
   TILER_CHECK(o_.format == "tif" || o_.format == "png", ConfigError, "--format must be tif or png");
   TILER_CHECK(!(o_.resume && o_.overwrite), ConfigError, "--resume and --overwrite exclude each other");
   parseCompression(o_.compression);
-  save_labels_ = save_probs_ = false;
+  save_labels_ = save_probs_ = save_polygons_ = false;
   std::stringstream ss(o_.save);
   std::string part;
   while (std::getline(ss, part, ',')) {
@@ -87,11 +87,15 @@ void InferJob::validateOptions() {
       save_labels_ = true;
     else if (part == "probs")
       save_probs_ = true;
+    else if (part == "polygons")
+      save_polygons_ = true;
     else
-      TILER_THROW(ConfigError, "--save takes labels, probs or labels,probs; got '" << o_.save << "'");
+      TILER_THROW(ConfigError,
+                  "--save takes labels, probs and polygons, comma-separated; got '" << o_.save << "'");
   }
   mask_ = parseMaskSpec(o_.mask, o_.mask_fraction);
   parseClasses(o_.classes);  // validates
+  TILER_CHECK(o_.simplify >= 0, ConfigError, "--simplify must be >= 0");
   if (o_.inputs.empty()) o_.inputs = {bundledSamplesDir() + "/images"};
   if (o_.report.empty()) o_.report = (fs::path(o_.output_dir) / "report.json").string();
 }
@@ -121,6 +125,8 @@ OutputOptions InferJob::outputOptions() const {
   oo.label_threshold = activation_ == Activation::kSigmoid ? 0.5f : 0.0f;
   oo.abort_on_error = o_.on_error == "abort";
   oo.pyramid = o_.pyramid;
+  oo.save_polygons = save_polygons_;
+  oo.simplify = o_.simplify;
   oo.classes_named = parseClasses(o_.classes);
   return oo;
 }
@@ -299,6 +305,7 @@ int InferJob::run() {
     co.format = o_.format;
     co.save_labels = save_labels_;
     co.save_probs = save_probs_;
+    co.save_polygons = save_polygons_;
     co.resume = o_.resume;
     co.overwrite = o_.overwrite;
     co.remove_stale_partials = world_.rank == 0;

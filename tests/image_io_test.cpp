@@ -394,6 +394,82 @@ TEST(ImageWriter, OutputsAreReadableByTiffinfoAndOpenCv) {
   EXPECT_TRUE(equalMats(back, img));
 }
 
+// --pyramid: reduced pages in the main IFD chain (NewSubfileType 1), halved down to one tile, 2x2 means for
+// probabilities and the top-left pixel for labels, streamed (no temporary file left behind).
+TEST(ImageWriter, PyramidPagesAreHalvedLevelsOfTheImage) {
+  const int w = 1000, h = 700;
+  cv::Mat probs(h, w, CV_32FC2), labels(h, w, CV_8UC1);
+  cv::RNG rng(3);
+  rng.fill(probs, cv::RNG::UNIFORM, 0.0, 1.0);
+  rng.fill(labels, cv::RNG::UNIFORM, 0, 5);
+  auto write = [&](const std::string& path, const cv::Mat& img, SampleType type, bool nearest) {
+    WriterOptions o;
+    o.pyramid = true;
+    o.nearest = nearest;
+    ImageWriter writer(path, w, h, img.channels(), type, o);
+    for (int y = 0; y < h; y += 97) writer.writeRows(img.rowRange(y, std::min(h, y + 97)));  // odd bands
+    writer.close();
+  };
+  const std::string p = tempPath("pyramid_probs.tif"), l = tempPath("pyramid_labels.tif");
+  write(p, probs, SampleType::kF32, false);
+  write(l, labels, SampleType::kU8, true);
+  for (const auto& e : fs::directory_iterator(fs::path(p).parent_path()))
+    EXPECT_EQ(e.path().string().find(".level"), std::string::npos) << e.path();
+  TIFF* t = TIFFOpen(p.c_str(), "r");
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(TIFFNumberOfDirectories(t), 3) << "1000x700 -> 500x350 -> 250x175 (fits one 256 px tile)";
+  ASSERT_TRUE(TIFFSetDirectory(t, 1));
+  uint32_t lw = 0, lh = 0, subfile = 0;
+  TIFFGetField(t, TIFFTAG_IMAGEWIDTH, &lw);
+  TIFFGetField(t, TIFFTAG_IMAGELENGTH, &lh);
+  TIFFGetField(t, TIFFTAG_SUBFILETYPE, &subfile);
+  EXPECT_EQ(lw, 500u);
+  EXPECT_EQ(lh, 350u);
+  EXPECT_EQ(subfile, uint32_t(FILETYPE_REDUCEDIMAGE));
+  std::vector<float> tile(size_t(TIFFTileSize(t) / 4));
+  ASSERT_GT(TIFFReadTile(t, tile.data(), 256, 0, 0, 0),
+            0);  // level-1 pixel (256, 0): level 0's 512..513, 0..1
+  const float mean = (probs.at<cv::Vec2f>(0, 512)[1] + probs.at<cv::Vec2f>(0, 513)[1] +
+                      probs.at<cv::Vec2f>(1, 512)[1] + probs.at<cv::Vec2f>(1, 513)[1]) /
+                     4;
+  EXPECT_NEAR(tile[1], mean, 1e-6);
+  TIFFClose(t);
+  t = TIFFOpen(l.c_str(), "r");
+  ASSERT_TRUE(TIFFSetDirectory(t, 2));
+  std::vector<uint8_t> lt(size_t(TIFFTileSize(t)));
+  ASSERT_GT(TIFFReadTile(t, lt.data(), 0, 0, 0, 0), 0);
+  EXPECT_EQ(lt[size_t(3 * 256 + 5)], labels.at<uint8_t>(12, 20)) << "level 2 (3, 5) is level 0 (12, 20)";
+  TIFFClose(t);
+  // tiler's reader sees level 0.
+  EXPECT_EQ(ImageReader::open(p)->info().width, 1000);
+}
+
+TEST(ImageWriter, LabelsCarryAPaletteAndReadBackAsIndices) {
+  const std::string path = tempPath("palette.tif");
+  cv::Mat labels(40, 50, CV_8UC1, cv::Scalar(0));
+  labels(cv::Rect(10, 10, 20, 20)).setTo(2);
+  WriterOptions o;
+  o.colormap = {{0, 0, 0}, {255, 0, 0}, {10, 200, 30}};
+  o.description = "{\"classes\": [\"a\", \"b\", \"c\"]}";
+  ImageWriter writer(path, 50, 40, 1, SampleType::kU8, o);
+  writer.writeRows(labels);
+  writer.close();
+  TIFF* t = TIFFOpen(path.c_str(), "r");
+  uint16_t photometric = 0;
+  uint16_t *r = nullptr, *g = nullptr, *b = nullptr;
+  TIFFGetField(t, TIFFTAG_PHOTOMETRIC, &photometric);
+  ASSERT_TRUE(TIFFGetField(t, TIFFTAG_COLORMAP, &r, &g, &b));
+  EXPECT_EQ(photometric, PHOTOMETRIC_PALETTE);
+  EXPECT_EQ(g[2], 200 * 257);
+  EXPECT_EQ(r[0], 0);
+  TIFFClose(t);
+  cv::Mat back = ImageReader::open(path)->readRegion({0, 0, 50, 40});
+  EXPECT_EQ(cv::countNonZero(back != labels), 0) << "the indices, not the colours";
+  WriterOptions bad;
+  bad.colormap = {{0, 0, 0}};
+  EXPECT_THROW(ImageWriter(tempPath("bad_palette.tif"), 4, 4, 3, SampleType::kU8, bad), Error);
+}
+
 TEST(ImageWriter, CopiesGeoTiffAndResolutionTagsAdjustedForScale) {
   auto src = tempPath("geo.tif");
   cv::Mat img = randomImage(64, 64, CV_8UC1, 1);

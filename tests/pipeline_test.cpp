@@ -680,3 +680,149 @@ TEST_F(Pipeline, MaskFilesAtLowResolutionAndAnEmptyMask) {
 
 }  // namespace
 }  // namespace tiler
+
+namespace tiler {
+namespace {
+
+bool have(const std::string& tool) {
+  return run("command -v " + tool + " >/dev/null").code == 0;
+}
+
+// A pointwise model: class 1 where the red channel is above half, else class 0; windows blend exactly.
+std::string thresholdModel(const std::string& dir) {
+  torch::jit::Module m("Threshold");
+  m.define(
+      "def forward(self, x):\n    r = x[:, 0:1]\n    return torch.cat([torch.zeros_like(r), r - 0.5], 1)\n");
+  const std::string path = dir + "/threshold.pt";
+  m.save(path);
+  return path;
+}
+
+// Shoelace areas of a GeoJSON Polygon: the outer ring minus its holes.
+double polygonArea(const nlohmann::json& rings) {
+  double total = 0;
+  for (size_t i = 0; i < rings.size(); ++i) {
+    double a = 0;
+    const auto& ring = rings[i];
+    for (size_t k = 0; k + 1 < ring.size(); ++k)
+      a += ring[k][0].get<double>() * ring[k + 1][1].get<double>() -
+           ring[k + 1][0].get<double>() * ring[k][1].get<double>();
+    total += (i == 0 ? 1 : -1) * std::abs(a) / 2;
+  }
+  return total;
+}
+
+// Known shapes: a 60x60 square ring with a 20x20 hole, and two separate squares: 3 regions of class 1.
+cv::Mat knownShapes() {
+  cv::Mat img = cv::Mat::zeros(300, 400, CV_8UC3);
+  img(cv::Rect(30, 40, 60, 60)).setTo(cv::Scalar(255, 0, 0));
+  img(cv::Rect(50, 60, 20, 20)).setTo(cv::Scalar(0, 0, 0));
+  img(cv::Rect(200, 100, 30, 50)).setTo(cv::Scalar(255, 0, 0));
+  img(cv::Rect(300, 250, 70, 40)).setTo(cv::Scalar(255, 0, 0));
+  return img;
+}
+
+TEST_F(Pipeline, PolygonsOutlineEachRegionExactlyWithItsHoles) {
+  const std::string in = root_ + "/shapes_in", out = root_ + "/shapes_out";
+  fs::create_directories(in);
+  writeImage(in + "/shapes.png", knownShapes(), SampleType::kU8);
+  auto r = run(kTiler + " -i " + in + " -m " + thresholdModel(root_) + " -o " + out +
+               " --window 64 --threads 1 --no_progress --save polygons --classes background,tumour:#ff0000");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_FALSE(fs::exists(out + "/shapes_labels.tif")) << "labels were not asked for";
+  EXPECT_EQ(report(out)["images"][0]["outputs"]["polygons"], out + "/shapes_polygons.geojson");
+  auto j = nlohmann::json::parse(slurp(out + "/shapes_polygons.geojson"));
+  EXPECT_EQ(j["type"], "FeatureCollection");
+  EXPECT_FALSE(j.contains("crs")) << "pixel coordinates";
+  ASSERT_EQ(j["features"].size(), 3u);
+  std::vector<double> areas;
+  int holes = 0;
+  for (const auto& f : j["features"]) {
+    EXPECT_EQ(f["properties"]["class"], 1);
+    EXPECT_EQ(f["properties"]["name"], "tumour");
+    EXPECT_EQ(f["properties"]["classification"]["name"], "tumour");
+    EXPECT_EQ(f["properties"]["classification"]["color"], nlohmann::json({255, 0, 0}));
+    areas.push_back(polygonArea(f["geometry"]["coordinates"]));
+    holes += int(f["geometry"]["coordinates"].size()) - 1;
+  }
+  std::sort(areas.begin(), areas.end());
+  EXPECT_EQ(areas, (std::vector<double>{1500, 2800, 3200}))
+      << "areas are pixel counts (the ring: 3600 - 400)";
+  EXPECT_EQ(holes, 1);
+  if (have("ogrinfo")) {
+    auto info = run("ogrinfo -so -al " + out + "/shapes_polygons.geojson");
+    EXPECT_NE(info.output.find("Feature Count: 3"), std::string::npos) << info.output;
+  }
+}
+
+TEST_F(Pipeline, GeoreferencedPolygonsAreInTheInputsCrs) {
+  if (!have("gdal_translate")) GTEST_SKIP() << "gdal-bin is not installed";
+  const std::string in = root_ + "/geo_in", out = root_ + "/geo_out";
+  fs::create_directories(in);
+  writeImage(root_ + "/shapes_plain.tif", knownShapes(), SampleType::kU8);
+  // UTM 33N, 10 m pixels, upper-left corner at (500000, 6000000).
+  auto t = run("gdal_translate -q -a_srs EPSG:32633 -a_ullr 500000 6000000 504000 5997000 " + root_ +
+               "/shapes_plain.tif " + in + "/scene.tif");
+  ASSERT_EQ(t.code, 0) << t.output;
+  auto r = run(kTiler + " -i " + in + " -m " + thresholdModel(root_) + " -o " + out +
+               " --window 64 --threads 1 --no_progress --save labels,polygons");
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto j = nlohmann::json::parse(slurp(out + "/scene_polygons.geojson"));
+  EXPECT_EQ(j["crs"]["properties"]["name"], "urn:ogc:def:crs:EPSG::32633");
+  ASSERT_EQ(j["features"].size(), 3u);
+  for (const auto& f : j["features"])
+    for (const auto& p : f["geometry"]["coordinates"][0]) {
+      EXPECT_GE(p[0].get<double>(), 500000);
+      EXPECT_LE(p[0].get<double>(), 504000);
+      EXPECT_GE(p[1].get<double>(), 5997000);
+      EXPECT_LE(p[1].get<double>(), 6000000);
+    }
+  std::vector<double> areas;
+  for (const auto& f : j["features"]) areas.push_back(polygonArea(f["geometry"]["coordinates"]));
+  std::sort(areas.begin(), areas.end());
+  EXPECT_EQ(areas.front(), 1500 * 100.0) << "m^2: 1500 pixels of 10 x 10 m";
+  auto info = run("gdalinfo " + out + "/scene_labels.tif");
+  EXPECT_NE(info.output.find("32633"), std::string::npos) << "the labels keep the CRS";
+}
+
+TEST_F(Pipeline, PyramidsAndPalettesOpenInGdalVipsAndOpenSlide) {
+  const std::string out = root_ + "/pyramid_out";
+  auto r = run(kTiler + " -i " + root_ + "/images/a_large.tif -m " + model_ + " -o " + out +
+               " --window 128 --threads 1 --no_progress --save labels,probs --pyramid --classes glass,blob");
+  ASSERT_EQ(r.code, 0) << r.output;
+  // 700x500 with 256 px tiles: 350x250, then 175x125 fits one tile: 3 pages.
+  for (const char* f : {"/a_large_labels.tif", "/a_large_probs.tif"}) {
+    TIFF* t = TIFFOpen((out + f).c_str(), "r");
+    ASSERT_NE(t, nullptr);
+    EXPECT_EQ(TIFFNumberOfDirectories(t), 3) << f;
+    TIFFClose(t);
+  }
+  // Level 0 is unchanged by the pyramid.
+  cv::Mat with = ImageReader::open(out + "/a_large_probs.tif")->readRegion({0, 0, 700, 500});
+  cv::Mat without = ImageReader::open(reference() + "/a_large_probs.tif")->readRegion({0, 0, 700, 500});
+  EXPECT_EQ(cv::countNonZero(cv::Mat(with.reshape(1) != without.reshape(1))), 0);
+  if (have("gdalinfo")) {
+    auto info = run("gdalinfo " + out + "/a_large_labels.tif");
+    EXPECT_NE(info.output.find("Overviews: 350x250, 175x125"), std::string::npos) << info.output;
+    EXPECT_NE(info.output.find("Color Table"), std::string::npos) << info.output;
+    EXPECT_NE(info.output.find("\"classes\":[\"glass\",\"blob\"]"), std::string::npos) << info.output;
+  } else {
+    std::cout << "gdal-bin missing: gdalinfo check skipped\n";
+  }
+  if (have("vipsheader")) {
+    auto v = run("vipsheader -f n-pages " + out + "/a_large_probs.tif");
+    EXPECT_EQ(v.output, "3\n") << v.output;
+  } else {
+    std::cout << "libvips-tools missing: vipsheader check skipped\n";
+  }
+  if (have("openslide-show-properties")) {
+    auto o = run("openslide-show-properties " + out + "/a_large_labels.tif");
+    EXPECT_NE(o.output.find("openslide.level-count: '3'"), std::string::npos) << o.output;
+    EXPECT_NE(o.output.find("openslide.level[1].width: '350'"), std::string::npos) << o.output;
+  } else {
+    std::cout << "openslide-tools missing: openslide check skipped\n";
+  }
+}
+
+}  // namespace
+}  // namespace tiler

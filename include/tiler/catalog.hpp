@@ -97,7 +97,7 @@ struct InferCatalogOptions {
   bool recursive = false;
   std::string output_dir;
   std::string format = "tif";
-  bool save_labels = true, save_probs = false;
+  bool save_labels = true, save_probs = false, save_polygons = false;
   bool resume = false, overwrite = false;
   bool remove_stale_partials = false;  // one rank (0) removes the .partial files a killed run left
 };

@@ -1,7 +1,7 @@
 // outputs: image outputs on rank 0. A thread of its own takes each step's gathered predictions, stitches
 // them per image (blend) in global window order and streams finished bands to the image's writers.
-// Promise: an image's outputs (labels, probs) are written as .partial files and renamed together, only
-// once every one of them is closed (two-phase commit): a failed image never leaves a file under a final
+// Promise: an image's outputs (labels, probs, polygons) are written as .partial files and renamed together,
+// only once every one of them is closed (two-phase commit): a failed image never leaves a file under a final
 // name. Any exception while stitching or writing one image fails that image (catalog status "error" with a
 // message naming the file) and the stage goes on; with abort_on_error the first failed image stops the
 // stage. A stopped stage refuses submit() at once, so its producer never blocks on it. The stage alone
@@ -24,19 +24,9 @@
 #include "tiler/catalog.hpp"
 #include "tiler/image_io.hpp"
 #include "tiler/loader.hpp"
+#include "tiler/polygons.hpp"
 
 namespace tiler {
-
-// A class as --classes names it: "name" or "name:#rrggbb".
-struct ClassInfo {
-  std::string name;
-  std::array<uint8_t, 3> color{0, 0, 0};
-};
-// Parses --classes; classes without a colour get the default palette's (class 0: black).
-std::vector<ClassInfo> parseClasses(const std::string& text);
-// The labels palette for `classes` classes: class 0 black, then a fixed palette of distinct colours, with
-// --classes' colours where given.
-std::vector<std::array<uint8_t, 3>> labelPalette(int classes, const std::vector<ClassInfo>& named);
 
 struct OutputOptions {
   std::string format = "tif";  // labels: tif | png; probs are always tif
@@ -49,6 +39,8 @@ struct OutputOptions {
   bool abort_on_error = false;
   size_t depth = 2;                      // steps queued ahead of the stitcher
   bool pyramid = false;                  // reduced-resolution pages in the TIFF outputs
+  bool save_polygons = false;            // <stem>_polygons.geojson from the labels
+  double simplify = 0.0;                 // polygon simplification tolerance, input pixels
   std::vector<ClassInfo> classes_named;  // --classes: names and colours of classes 0..K-1
 };
 
@@ -79,6 +71,8 @@ class OutputStage {
   struct ImageOutputs {
     std::unique_ptr<ImageWriter> labels, probs;
     std::unique_ptr<Stitcher> stitcher;
+    std::string polygons;     // final path of the GeoJSON, when asked
+    bool keep_labels = true;  // false: the labels only feed the polygons
   };
   void loop();
   void stitchStep(StepResult& step);

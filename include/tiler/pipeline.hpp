@@ -37,6 +37,7 @@ struct InferOptions : JobOptions {
   double mask_fraction = 0.05;  // share of a window inside the mask for it to be processed
   bool pyramid = false;         // reduced-resolution pages in the TIFF outputs
   std::string classes;          // NAME[:#rrggbb],... for classes 0..K-1
+  double simplify = 0.0;        // polygon simplification tolerance in input pixels; 0: exact outlines
 };
 
 // Runs the job; returns kExitOk, or kExitSomeFailed when images failed. Throws on fatal errors (on every

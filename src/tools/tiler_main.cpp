@@ -59,7 +59,8 @@ int runInferCli(int argc, char** argv) {
   app.add_option(flagNames("--sigma_scale"), o.sigma_scale, "gaussian sigma per window size")
       ->capture_default_str();
   app.add_option(flagNames("--activation"), o.activation, "none | softmax | sigmoid")->capture_default_str();
-  app.add_option(flagNames("--save"), o.save, "labels | probs | labels,probs")->capture_default_str();
+  app.add_option(flagNames("--save"), o.save, "labels, probs, polygons, comma-separated")
+      ->capture_default_str();
   app.add_option(flagNames("--format"), o.format, "tif | png (labels)")->capture_default_str();
   app.add_option(flagNames("--compression"), o.compression, "deflate | zstd | lzw | none")
       ->capture_default_str();
@@ -74,6 +75,7 @@ int runInferCli(int argc, char** argv) {
                  "share of a window inside the mask to process it")
       ->capture_default_str();
   app.add_flag(flagNames("--pyramid"), o.pyramid, "reduced-resolution levels in the TIFF outputs");
+  app.add_option(flagNames("--simplify"), o.simplify, "polygon simplification tolerance, pixels (0: exact)");
   app.add_option(flagNames("--classes"), o.classes,
                  "class names NAME[:#rrggbb],... (labels palette, metadata)");
   app.add_flag(flagNames("--recursive"), o.recursive, "walk input directories recursively");

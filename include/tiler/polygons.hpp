@@ -1,0 +1,39 @@
+// polygons: class names and colours, and GeoJSON outlines of the classes of a labels raster.
+// Promise: writePolygons() reads a labels raster line by line through GDAL's polygonizer (memory: a few rows
+// plus the polygons found) and writes one GeoJSON Feature per 4-connected region of each class other than 0,
+// holes kept, exact pixel-edge outlines (areas equal pixel counts) unless simplified, with the properties
+// QuPath imports (`class`, `name`, `classification {name, color}`). Coordinates: the raster's CRS when it is
+// georeferenced (its EPSG code in the file's `crs`), else level-0 pixels of the input (x right, y down).
+// Throws IoError naming the file. No LibTorch.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tiler {
+
+// A class as --classes names it: "name" or "name:#rrggbb".
+struct ClassInfo {
+  std::string name;
+  std::array<uint8_t, 3> color{0, 0, 0};
+};
+// Parses --classes; classes without a colour get the default palette's (class 0: black).
+std::vector<ClassInfo> parseClasses(const std::string& text);
+// The labels palette for `classes` classes: class 0 black, then 20 distinct colours in turn, with --classes'
+// colours where given.
+std::vector<std::array<uint8_t, 3>> labelPalette(int classes, const std::vector<ClassInfo>& named);
+
+struct PolygonOptions {
+  std::vector<std::array<uint8_t, 3>> palette;  // colour of class k (labelPalette)
+  std::vector<ClassInfo> named;                 // names (else "class k")
+  double input_pixels_per_label_pixel = 1.0;    // model output scale 1/s: s (plain images only)
+  double simplify = 0.0;                        // tolerance in input pixels; 0: exact outlines
+};
+
+// Returns the number of features written.
+int64_t writePolygons(const std::string& labels_path, const std::string& geojson_path,
+                      const PolygonOptions& o);
+
+}  // namespace tiler

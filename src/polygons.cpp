@@ -1,0 +1,159 @@
+#include "tiler/polygons.hpp"
+
+#include <cpl_conv.h>
+#include <gdal.h>
+#include <gdal_alg.h>
+#include <ogr_api.h>
+#include <ogr_srs_api.h>
+
+#include <cmath>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "tiler/error.hpp"
+
+namespace tiler {
+
+namespace {
+
+// 20 colours far apart (Tableau-like), for classes 1..; class 0 stays black.
+constexpr std::array<std::array<uint8_t, 3>, 20> kPalette{
+    {{31, 119, 180},  {255, 127, 14},  {44, 160, 44},   {214, 39, 40},   {148, 103, 189},
+     {140, 86, 75},   {227, 119, 194}, {127, 127, 127}, {188, 189, 34},  {23, 190, 207},
+     {174, 199, 232}, {255, 187, 120}, {152, 223, 138}, {255, 152, 150}, {197, 176, 213},
+     {196, 156, 148}, {247, 182, 210}, {199, 199, 199}, {219, 219, 141}, {158, 218, 229}}};
+
+std::array<uint8_t, 3> defaultColor(int k) {
+  return k == 0 ? std::array<uint8_t, 3>{0, 0, 0} : kPalette[size_t(k - 1) % kPalette.size()];
+}
+
+}  // namespace
+
+std::vector<ClassInfo> parseClasses(const std::string& text) {
+  std::vector<ClassInfo> out;
+  if (text.empty()) return out;
+  std::stringstream ss(text);
+  std::string part;
+  while (std::getline(ss, part, ',')) {
+    ClassInfo c;
+    const auto colon = part.find(":#");
+    c.name = part.substr(0, colon);
+    c.color = defaultColor(int(out.size()));
+    if (colon != std::string::npos) {
+      const std::string hex = part.substr(colon + 2);
+      unsigned v = 0;
+      size_t used = 0;
+      try {
+        v = unsigned(std::stoul(hex, &used, 16));
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      TILER_CHECK(hex.size() == 6 && used == 6, ConfigError,
+                  "--classes: '" << part << "': a colour is #rrggbb (six hex digits)");
+      c.color = {uint8_t(v >> 16), uint8_t(v >> 8), uint8_t(v)};
+    }
+    TILER_CHECK(!c.name.empty(), ConfigError, "--classes: empty class name in '" << text << "'");
+    out.push_back(c);
+  }
+  return out;
+}
+
+std::vector<std::array<uint8_t, 3>> labelPalette(int classes, const std::vector<ClassInfo>& named) {
+  std::vector<std::array<uint8_t, 3>> palette;
+  for (int k = 0; k < classes; ++k)
+    palette.push_back(k < int(named.size()) ? named[size_t(k)].color : defaultColor(k));
+  return palette;
+}
+
+namespace {
+
+// Multiplies every coordinate of a GeoJSON geometry's "coordinates" (nested arrays of [x, y]) by `factor`.
+void scaleCoordinates(nlohmann::json& coords, double factor) {
+  if (coords.is_number()) {
+    coords = coords.get<double>() * factor;
+    return;
+  }
+  for (auto& c : coords) scaleCoordinates(c, factor);
+}
+
+struct DatasetCloser {
+  void operator()(void* ds) const { GDALClose(ds); }
+};
+struct OgrSourceCloser {
+  void operator()(void* ds) const { OGR_DS_Destroy(ds); }
+};
+
+}  // namespace
+
+int64_t writePolygons(const std::string& labels_path, const std::string& geojson_path,
+                      const PolygonOptions& o) {
+  GDALAllRegister();
+  CPLErrorReset();
+  std::unique_ptr<void, DatasetCloser> raster(GDALOpen(labels_path.c_str(), GA_ReadOnly));
+  TILER_CHECK(raster, IoError,
+              "'" << labels_path << "': GDAL cannot open the labels: " << CPLGetLastErrorMsg());
+  GDALRasterBandH band = GDALGetRasterBand(raster.get(), 1);
+  double gt[6] = {0, 1, 0, 0, 0, 1};
+  const bool georeferenced =
+      GDALGetGeoTransform(raster.get(), gt) == CE_None && GDALGetSpatialRef(raster.get());
+  // The polygons gather in an in-memory layer: one feature per region, nothing per pixel.
+  OGRSFDriverH memory = OGRGetDriverByName("Memory");
+  TILER_CHECK(memory, IoError, "GDAL has no Memory driver");
+  std::unique_ptr<void, OgrSourceCloser> source(OGR_Dr_CreateDataSource(memory, "polygons", nullptr));
+  OGRLayerH layer = OGR_DS_CreateLayer(source.get(), "polygons", nullptr, wkbPolygon, nullptr);
+  OGRFieldDefnH field = OGR_Fld_Create("class", OFTInteger);
+  OGR_L_CreateField(layer, field, TRUE);
+  OGR_Fld_Destroy(field);
+  // The band is its own mask: class 0 makes no polygon.
+  if (GDALPolygonize(band, band, layer, 0, nullptr, nullptr, nullptr) != CE_None)
+    TILER_THROW(IoError, "'" << labels_path << "': polygonizing failed: " << CPLGetLastErrorMsg());
+
+  std::ofstream out(geojson_path, std::ios::trunc);
+  TILER_CHECK(out, IoError, "'" << geojson_path << "': cannot create");
+  out << "{\"type\": \"FeatureCollection\",\n";
+  if (georeferenced) {
+    OGRSpatialReferenceH srs = const_cast<OGRSpatialReferenceH>(GDALGetSpatialRef(raster.get()));
+    OSRAutoIdentifyEPSG(srs);
+    const char* authority = OSRGetAuthorityName(srs, nullptr);
+    const char* code = OSRGetAuthorityCode(srs, nullptr);
+    if (authority && code)
+      out << "\"crs\": {\"type\": \"name\", \"properties\": {\"name\": \"urn:ogc:def:crs:" << authority
+          << "::" << code << "\"}},\n";
+  }
+  out << "\"features\": [";
+  // Plain images: polygonize's coordinates are label pixels; users want the input's level-0 pixels.
+  const double factor = georeferenced ? 1.0 : o.input_pixels_per_label_pixel;
+  const double tolerance =
+      o.simplify * (georeferenced ? std::abs(gt[1]) : 1.0 / o.input_pixels_per_label_pixel);
+  int64_t written = 0;
+  OGR_L_ResetReading(layer);
+  for (OGRFeatureH f; (f = OGR_L_GetNextFeature(layer)) != nullptr; OGR_F_Destroy(f)) {
+    const int k = OGR_F_GetFieldAsInteger(f, 0);
+    OGRGeometryH geometry = OGR_F_GetGeometryRef(f);
+    OGRGeometryH simplified = tolerance > 0 ? OGR_G_SimplifyPreserveTopology(geometry, tolerance) : nullptr;
+    char* text = OGR_G_ExportToJson(simplified ? simplified : geometry);
+    nlohmann::json g = nlohmann::json::parse(text);
+    VSIFree(text);
+    if (simplified) OGR_G_DestroyGeometry(simplified);
+    if (factor != 1.0) scaleCoordinates(g["coordinates"], factor);
+    const std::string name = k < int(o.named.size()) ? o.named[size_t(k)].name : "class " + std::to_string(k);
+    const auto color =
+        k < int(o.palette.size()) ? o.palette[size_t(k)] : std::array<uint8_t, 3>{255, 255, 255};
+    nlohmann::json feature = {
+        {"type", "Feature"},
+        {"geometry", g},
+        {"properties",
+         {{"class", k},
+          {"name", name},
+          {"classification", {{"name", name}, {"color", {color[0], color[1], color[2]}}}}}}};
+    out << (written++ ? ",\n" : "\n") << feature.dump();
+  }
+  out << "\n]}\n";
+  out.flush();
+  TILER_CHECK(out.good(), IoError, "'" << geojson_path << "': writing failed: " << std::strerror(errno));
+  return written;
+}
+
+}  // namespace tiler
