@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmarks: scripts/bench.sh [--quick] [io|model|pipeline|memory|scaling|ctrun|finetune|naive|mask|all]
+# Benchmarks: scripts/bench.sh [--quick] [io|model|pipeline|memory|scaling|ctrun|finetune|naive|mask|outputs|all]
 # Generates its own deterministic inputs (cached in $TILER_BENCH_CACHE, default ~/.cache/tiler-bench), runs each
 # scenario $RUNS times (3; --quick: 1 run on small inputs), writes bench-results/bench.json and a table of
 # medians (min-max). fp32 on the CPU. Never part of CI's test run.
@@ -177,6 +177,35 @@ if want mask; then
     t0=$(now)
     "$bin/tiler" info "$slide" --mask auto >/dev/null
     emit "mask: making the auto mask of a ${n}px slide (tiler info)" seconds "$(awk -v a="$t0" -v b="$(now)" 'BEGIN { print b - a }')"
+  done
+fi
+
+if want outputs; then
+  # What --pyramid and polygons cost on an 8192 px job (1 rank, 2 threads, a pointwise threshold model so that
+  # writing shows and the labels have ~1000 blob regions): wall time and peak RSS against labels+probs alone.
+  n=8192
+  [ $quick = 1 ] && n=2048
+  img=$(image "$n")
+  threshold="$cache/threshold.pt"
+  [ -f "$threshold" ] || "$bin/tiler_bench" tiny-model "$threshold" --threshold
+  for _ in $(seq "$runs"); do
+    declare -A secs=() rss=()
+    for cfg in plain pyramid polygons; do
+      extra="--save labels,probs"
+      [ $cfg = pyramid ] && extra="--save labels,probs --pyramid"
+      [ $cfg = polygons ] && extra="--save labels,probs,polygons"
+      rm -rf "$cache/out_outputs"
+      "$bin/tiler" -i "$img" -m "$threshold" -o "$cache/out_outputs" --threads 2 --batch_size 16 $extra --no_progress \
+        >/dev/null 2>&1
+      secs[$cfg]=$(report_field "$cache/out_outputs/report.json" seconds)
+      rss[$cfg]=$(report_field "$cache/out_outputs/report.json" peak_rss_mb)
+      emit "outputs: ${n}px, labels+probs, $cfg" seconds "${secs[$cfg]}"
+      emit "outputs: ${n}px, labels+probs, $cfg" peak_rss_mb "${rss[$cfg]}"
+    done
+    for cfg in pyramid polygons; do
+      emit "outputs: ${n}px, $cfg / plain" time_ratio "$(ratio "${secs[$cfg]}" "${secs[plain]}")"
+      emit "outputs: ${n}px, $cfg / plain" rss_ratio "$(ratio "${rss[$cfg]}" "${rss[plain]}")"
+    done
   done
 fi
 

@@ -759,17 +759,24 @@ void ImageWriter::feedLevel(size_t li, const cv::Mat& rows) {
   const int half = (rows.cols + 1) / 2;
   const int interpolation = options_.nearest ? cv::INTER_NEAREST : cv::INTER_AREA;
   std::vector<cv::Mat> made;
-  for (int y = 0; y < rows.rows; ++y) {
-    if (level.pending.empty()) {
-      level.pending = rows.row(y).clone();
-      continue;
-    }
+  int y = 0;
+  if (!level.pending.empty() && rows.rows > 0) {
     cv::Mat pair, reduced;
-    cv::vconcat(level.pending, rows.row(y), pair);
+    cv::vconcat(level.pending, rows.row(0), pair);
     cv::resize(pair, reduced, cv::Size(half, 1), 0, 0, interpolation);
     made.push_back(reduced);
     level.pending.release();
+    y = 1;
   }
+  // Whole pairs in one call (halving 2k rows to k is the same pair by pair); an odd row waits for its pair.
+  const int pairs = (rows.rows - y) / 2;
+  if (pairs > 0) {
+    cv::Mat reduced;
+    cv::resize(rows.rowRange(y, y + 2 * pairs), reduced, cv::Size(half, pairs), 0, 0, interpolation);
+    made.push_back(reduced);
+    y += 2 * pairs;
+  }
+  if (y < rows.rows) level.pending = rows.row(y).clone();
   if (made.empty()) return;
   cv::Mat out;
   cv::vconcat(made, out);

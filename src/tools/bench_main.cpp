@@ -208,11 +208,18 @@ int make(const std::string& path, int64_t size, double tissue) {
 }
 
 // A tiny fully convolutional model (1x1 convolution 3 -> 2) for memory runs, where the model must not matter.
-int tinyModel(const std::string& path) {
+// threshold: class 1 where red is above half (the blobs of `make`'s image), so that outputs have regions.
+int tinyModel(const std::string& path, bool threshold) {
   torch::jit::Module m("Tiny");
   torch::manual_seed(0);
-  m.register_parameter("w", torch::randn({2, 3, 1, 1}), false);
-  m.define("def forward(self, x):\n    return torch.conv2d(x, self.w)\n");
+  if (threshold) {
+    m.define(
+        "def forward(self, x):\n    r = x[:, 0:1]\n    return torch.cat([torch.zeros_like(r), r - 0.5], "
+        "1)\n");
+  } else {
+    m.register_parameter("w", torch::randn({2, 3, 1, 1}), false);
+    m.define("def forward(self, x):\n    return torch.conv2d(x, self.w)\n");
+  }
   m.save(path);
   return 0;
 }
@@ -287,6 +294,8 @@ int main(int argc, char** argv) {
   mk->add_option(flagNames("--tissue"), tissue, "a slide with this share of stained discs on glass");
   auto* t = app.add_subcommand("tiny-model", "a 1x1 convolution TorchScript model");
   t->add_option("output", path)->required();
+  bool threshold = false;
+  t->add_flag("--threshold", threshold, "class 1 where red > 0.5 instead (regions for polygon runs)");
   auto* s = app.add_subcommand("summarize", "medians of JSON lines on stdin");
   s->add_option(flagNames("-o,--output"), out);
   CLI11_PARSE(app, argc, argv);
@@ -295,7 +304,7 @@ int main(int argc, char** argv) {
     if (*i) return io(path, window, overlap);
     if (*n) return naive(path, model, window, batch, threads);
     if (*mk) return make(path, size, tissue);
-    if (*t) return tinyModel(path);
+    if (*t) return tinyModel(path, threshold);
     return summarize(out);
   } catch (const std::exception& e) {
     return tiler::reportFatal("tiler_bench", e);
