@@ -3,8 +3,9 @@
 #   scripts/test.sh              unit + e2e tests (gpu tests skip without a GPU)
 #   scripts/test.sh --sanitize   the same, built with TILER_SANITIZE=address,undefined in build-asan/
 #   scripts/test.sh --tsan       ThreadSanitizer (build-tsan/) over the suites of tiler's own threads: the
-#                                loader's read-ahead and the output stage (LibTorch and gloo are not built
-#                                with TSan, so dist and exchange tests drown in their false reports)
+#                                loader's read-ahead, the output stage and the pyramid's level thread
+#                                (LibTorch and gloo are not built with TSan, so the dist and exchange
+#                                tests drown in their false reports)
 #   scripts/test.sh -L unit      extra arguments go to ctest
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,8 +15,8 @@ tsan_filter=()
 if [ "${1:-}" = "--sanitize" ]; then sanitize="address,undefined"; shift; fi
 if [ "${1:-}" = "--tsan" ]; then
   sanitize="thread"
-  targets=(--target loader_test outputs_test)
-  tsan_filter=(-R "^(Loader|Outputs)\\.")
+  targets=(--target loader_test outputs_test image_io_test)
+  tsan_filter=(-R "^(Loader|Outputs)\\.|Pyramid")
   shift
 fi
 bash scripts/setup-deps.sh

@@ -659,6 +659,19 @@ ImageWriter::ImageWriter(const std::string& path, int64_t width, int64_t height,
         levels_.push_back(Level{std::make_unique<ImageWriter>(level_path, w, h, channels, type, lo), {}});
       }
     }
+    if (!levels_.empty()) {
+      level_queue_ = std::make_unique<BoundedQueue<cv::Mat>>(2);
+      level_thread_ = std::thread([this] {
+        while (auto band = level_queue_->pop()) {
+          if (level_error_) continue;  // keep draining: the writer must never block on a dead thread
+          try {
+            feedLevel(0, *band);
+          } catch (...) {
+            level_error_ = std::current_exception();
+          }
+        }
+      });
+    }
   } else if (options_.format == "png" || options_.format == "jpg" || options_.format == "jpeg") {
     TILER_CHECK(width * height <= kMaxInMemoryPixels && width < 65536 && height < 65536, IoError,
                 "'" << path << "': " << width << "x" << height << " is too large for " << options_.format
@@ -676,7 +689,13 @@ ImageWriter::ImageWriter(const std::string& path, int64_t width, int64_t height,
 }
 
 ImageWriter::~ImageWriter() {
+  stopLevelThread();
   if (!done_) abandon();
+}
+
+void ImageWriter::stopLevelThread() noexcept {
+  if (level_queue_) level_queue_->close();
+  if (level_thread_.joinable()) level_thread_.join();
 }
 
 void ImageWriter::abandon() noexcept {
@@ -705,7 +724,7 @@ void ImageWriter::writeRows(const cv::Mat& band) {
     rows_written_ += band.rows;
     return;
   }
-  if (!levels_.empty()) feedLevel(0, band);
+  if (level_queue_) level_queue_->push(band.clone());
   int consumed = 0;
   while (consumed < band.rows) {
     int take = std::min(band.rows - consumed, int(options_.tile - buffered_rows_));
@@ -785,6 +804,8 @@ void ImageWriter::feedLevel(size_t li, const cv::Mat& rows) {
 }
 
 void ImageWriter::finishLevels() {
+  stopLevelThread();
+  if (level_error_) std::rethrow_exception(level_error_);
   // An odd last row of a level halves alone; then every level's file is closed (still temporary).
   for (size_t li = 0; li < levels_.size(); ++li) {
     Level& level = levels_[li];

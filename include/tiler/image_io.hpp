@@ -22,9 +22,11 @@
 #include <opencv2/core.hpp>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tiler/grid.hpp"
+#include "tiler/queue.hpp"
 
 namespace tiler {
 
@@ -133,9 +135,14 @@ class ImageWriter {
   cv::Mat buffer_;        // TIFF: tile_h rows; PNG/JPEG: the whole image
   int64_t buffered_rows_ = 0;
   int64_t rows_written_ = 0;
-  std::vector<Level> levels_;  // pyramid levels 1..L (owned)
-  bool finished_ = false;      // file closed under its partial name
-  bool done_ = false;          // committed, or abandoned
+  std::vector<Level> levels_;  // pyramid levels 1..L (owned; the level thread's while it runs)
+  // The levels are made on a thread of their own, so their halving and compression overlap level 0's.
+  std::unique_ptr<BoundedQueue<cv::Mat>> level_queue_;  // level-0 bands (owned copies)
+  std::thread level_thread_;
+  std::exception_ptr level_error_;  // set by the level thread, read after it joined
+  void stopLevelThread() noexcept;
+  bool finished_ = false;  // file closed under its partial name
+  bool done_ = false;      // committed, or abandoned
 };
 
 }  // namespace tiler
