@@ -97,8 +97,7 @@ OutputStage::ImageOutputs& OutputStage::outputsFor(int image_id) {
     WriterOptions lo = wo;
     lo.format = options_.format;
     lo.nearest = true;
-    const int label_classes = options_.classes == 1 ? 2 : options_.classes;
-    if (lo.format == "tif") lo.colormap = labelPalette(label_classes, options_.classes_named);
+    if (lo.format == "tif") lo.colormap = labelPalette(labelClasses(), options_.classes_named);
     if (!options_.classes_named.empty()) {
       nlohmann::json names = nlohmann::json::array();
       for (const auto& c : options_.classes_named) names.push_back(c.name);
@@ -107,7 +106,7 @@ OutputStage::ImageOutputs& OutputStage::outputsFor(int image_id) {
     // Polygons without labels: the labels go to a file of their own that only feeds the polygonizer.
     const std::string path = options_.save_labels ? img.outputs.at("labels") : out.polygons + ".labels.tif";
     if (!options_.save_labels) lo.format = "tif";
-    out.labels = std::make_unique<ImageWriter>(path, out_w, out_h, 1, labelSampleType(label_classes), lo);
+    out.labels = std::make_unique<ImageWriter>(path, out_w, out_h, 1, labelSampleType(labelClasses()), lo);
   }
   if (options_.save_probs) {
     out.probs = std::make_unique<ImageWriter>(img.outputs.at("probs"), out_w, out_h, options_.classes,
@@ -137,8 +136,7 @@ void OutputStage::commit(ImageOutputs& out) {
   std::error_code ec;
   if (!out.polygons.empty()) {
     PolygonOptions po;
-    const int label_classes = options_.classes == 1 ? 2 : options_.classes;
-    po.palette = labelPalette(label_classes, options_.classes_named);
+    po.palette = labelPalette(labelClasses(), options_.classes_named);
     po.named = options_.classes_named;
     po.input_pixels_per_label_pixel = 1.0 / options_.scale.value();
     po.simplify = options_.simplify;

@@ -278,8 +278,8 @@ int InferJob::run() {
   world_ = joinWorld();
   validateOptions();
   fault_ = Fault::fromEnvironment();
-  o_.model = modelOptionsFor(o_, world_.local_rank).path;
   ModelOptions mo = modelOptionsFor(o_, world_.local_rank);
+  o_.model = mo.path;  // the report names the model that ran
   mo.activation = activation_;
   mo.jit_optimize = o_.jit_optimize;
   model_ = std::make_unique<ModelRunner>(mo);
