@@ -329,6 +329,7 @@ int InferJob::run() {
   SamplerOptions so;
   so.world_size = world_.world_size;
   so.rank = world_.rank;
+  so.block = o_.batch_size;  // each step hands every rank a contiguous run: neighbours share input tiles
   DistributedSampler sampler(catalog_.totalWindows(), so);
   const int64_t B = o_.batch_size;
   const int64_t steps = (sampler.perRank() + B - 1) / B;

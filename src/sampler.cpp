@@ -12,8 +12,9 @@ DistributedSampler::DistributedSampler(int64_t total, SamplerOptions options)
   TILER_CHECK(options.world_size >= 1 && options.rank >= 0 && options.rank < options.world_size, ConfigError,
               "sampler: rank " << options.rank << " outside world of " << options.world_size);
   TILER_CHECK(total >= 0, ConfigError, "sampler: negative item count");
-  const int64_t n = options.world_size;
-  per_rank_ = options.drop_last ? total / n : (total + n - 1) / n;
+  TILER_CHECK(options.block >= 1, ConfigError, "sampler: block must be >= 1");
+  const int64_t run = options.block * options.world_size;  // items per step across the world
+  per_rank_ = (options.drop_last ? total / run : (total + run - 1) / run) * options.block;
 }
 
 std::vector<int64_t> DistributedSampler::order(int64_t epoch) const {
@@ -35,8 +36,10 @@ std::vector<SampleSlot> DistributedSampler::slots(int64_t epoch) const {
   std::vector<int64_t> base = order(epoch);
   std::vector<SampleSlot> out;
   out.reserve(size_t(per_rank_));
-  const int64_t padded_total = per_rank_ * options_.world_size;
-  for (int64_t pos = options_.rank; pos < padded_total; pos += options_.world_size) {
+  const int64_t B = options_.block, N = options_.world_size;
+  for (int64_t k = 0; k < per_rank_; ++k) {
+    // The k-th item of this rank: step k / B, offset k % B in its run (B = 1: positions r, r+N, ...).
+    const int64_t pos = (k / B) * B * N + options_.rank * B + k % B;
     if (pos < total_) {
       out.push_back({base[size_t(pos)], false});
     } else {

@@ -45,22 +45,38 @@ class SamplerWorlds : public ::testing::TestWithParam<int> {};
 
 TEST_P(SamplerWorlds, EveryItemExactlyOnceAmongUnpaddedSlots) {
   const int world = GetParam();
-  for (int64_t total : {0, 1, 7, 64, 101}) {
-    for (bool shuffle : {false, true}) {
-      std::multiset<int64_t> seen;
-      size_t per_rank = 0;
-      for (int r = 0; r < world; ++r) {
-        SamplerOptions o{world, r, shuffle, 42, false};
-        auto slots = DistributedSampler(total, o).slots(3);
-        if (r == 0) per_rank = slots.size();
-        EXPECT_EQ(slots.size(), per_rank) << "same step count on every rank";
-        for (auto& s : slots)
-          if (!s.padded) seen.insert(s.index);
+  for (int64_t total : {0, 1, 7, 64, 101})
+    for (bool shuffle : {false, true})
+      for (int64_t block : {1, 3, 8}) {
+        std::multiset<int64_t> seen;
+        size_t per_rank = 0;
+        for (int r = 0; r < world; ++r) {
+          SamplerOptions o{world, r, shuffle, 42, false, block};
+          auto slots = DistributedSampler(total, o).slots(3);
+          if (r == 0) per_rank = slots.size();
+          EXPECT_EQ(slots.size(), per_rank) << "same step count on every rank";
+          for (auto& s : slots)
+            if (!s.padded) seen.insert(s.index);
+        }
+        EXPECT_EQ(seen.size(), size_t(total)) << "block " << block;
+        for (int64_t i = 0; i < total; ++i) EXPECT_EQ(seen.count(i), 1u);
+        EXPECT_EQ(per_rank % size_t(block), 0u) << "whole steps of `block` on every rank";
       }
-      EXPECT_EQ(seen.size(), size_t(total));
-      for (int64_t i = 0; i < total; ++i) EXPECT_EQ(seen.count(i), 1u);
-    }
-  }
+}
+
+// Inference's steps: step s hands rank r the run [sBN + rB, sBN + (r+1)B) of the global window list.
+TEST(Sampler, BlocksAreContiguousRunsPerStep) {
+  SamplerOptions o;
+  o.world_size = 2;
+  o.block = 3;
+  o.rank = 0;
+  EXPECT_EQ(indices(DistributedSampler(10, o).slots()), (std::vector<int64_t>{0, 1, 2, 6, 7, 8}));
+  o.rank = 1;
+  auto r1 = DistributedSampler(10, o).slots();
+  EXPECT_EQ(indices(r1), (std::vector<int64_t>{3, 4, 5, 9, 0, 1}));
+  EXPECT_FALSE(r1[3].padded);
+  EXPECT_TRUE(r1[4].padded);
+  EXPECT_TRUE(r1[5].padded);
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, SamplerWorlds, ::testing::Values(1, 2, 3, 4, 8));

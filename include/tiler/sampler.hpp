@@ -1,7 +1,9 @@
 // sampler: torch.utils.data.DistributedSampler semantics over a global list of `total` items.
-// Promise: rank r of N takes positions r, r+N, r+2N, ... of the (optionally shuffled) order; the order is
-// padded by repeating its head so every rank gets the same count (or truncated with drop_last). Padded
-// slots are flagged so that nothing downstream uses a duplicate twice. Identical on every rank; no LibTorch.
+// Promise: rank r of N takes positions r, r+N, r+2N, ... of the (optionally shuffled) order; with block B > 1
+// it takes contiguous runs instead: step s (B items) is positions [sBN + rB, sBN + (r+1)B), so neighbouring
+// items stay on one rank (inference: windows that share input tiles). The order is padded by repeating its
+// head so every rank gets the same count (or truncated with drop_last). Padded slots are flagged so that
+// nothing downstream uses a duplicate twice. Identical on every rank; no LibTorch.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +17,7 @@ struct SamplerOptions {
   bool shuffle = false;
   uint64_t seed = 0;
   bool drop_last = false;
+  int64_t block = 1;  // items a rank takes in a row (inference: the batch size)
 };
 
 struct SampleSlot {
