@@ -42,6 +42,9 @@ class InferJob {
   // One step: forward this rank's batch, share its status and window list, gather predictions to rank 0.
   void runStep(int64_t step, int64_t steps, WindowLoader& loader, OutputStage* outputs);
   torch::Tensor forward(const WindowBatch& batch, std::vector<std::pair<int, std::string>>& failures);
+  // Slots [first, first + count) of `batch` into `out`: out of memory splits them in halves down to one.
+  void forwardSlots(const WindowBatch& batch, int64_t first, int64_t count, int64_t fault_slot,
+                    torch::Tensor& out, std::vector<std::pair<int, std::string>>& failures);
   int finishRun(std::optional<std::string> fatal, OutputStage* outputs);
 
   InferOptions o_;
@@ -60,6 +63,7 @@ class InferJob {
   WindowCatalog catalog_;
   std::set<int> failed_;  // images this rank knows to have failed (main thread)
   int write_fault_image_ = -1;
+  bool oom_logged_ = false;
   Clock::time_point start_;
   RankStats stats_;
 };
@@ -135,35 +139,63 @@ torch::Tensor InferJob::forward(const WindowBatch& batch,
                                 std::vector<std::pair<int, std::string>>& failures) {
   const int64_t B = o_.batch_size;
   const int64_t oh = probe_.scale.apply(spec_.window_h), ow = probe_.scale.apply(spec_.window_w);
-  auto zeros = [&] {
-    return torch::zeros({B, probe_.output_channels, oh, ow}, torch::TensorOptions(dist_->commDevice()));
-  };
-  if (batch.valid == 0) return zeros();
+  auto out = torch::zeros({B, probe_.output_channels, oh, ow}, torch::TensorOptions(dist_->commDevice()));
+  if (batch.valid == 0) return out;
+  // TILER_FAULT in the forward: the slot holding this rank's K-th window.
+  int64_t fault_slot = -1;
+  if (fault_ && fault_->rank == world_.rank && fault_->stage == "forward" &&
+      (fault_->kind == "throw" || fault_->kind == "oom")) {
+    auto meta = batch.meta.accessor<int64_t, 2>();
+    for (int64_t j = 0, n = stats_.windows; j < B && fault_slot < 0; ++j)
+      if (meta[j][1] == kSlotOk && ++n == fault_->after_windows) fault_slot = j;
+  }
+  forwardSlots(batch, 0, B, fault_slot, out, failures);
+  return out;
+}
+
+void InferJob::forwardSlots(const WindowBatch& batch, int64_t first, int64_t count, int64_t fault_slot,
+                            torch::Tensor& out, std::vector<std::pair<int, std::string>>& failures) {
+  auto meta = batch.meta.accessor<int64_t, 2>();
+  bool any = false;
+  for (int64_t j = first; j < first + count; ++j) any = any || meta[j][1] == kSlotOk;
+  if (!any) return;
+  std::string message;
   try {
-    if (fault_ && (fault_->kind == "throw" || fault_->kind == "oom") &&
-        fault_->hits(world_.rank, "forward", stats_.windows + batch.valid) &&
-        stats_.windows < fault_->after_windows) {
+    if (fault_slot >= first && fault_slot < first + count) {
+      // oom: every forward holding that window runs out of memory; throw: once.
       if (fault_->kind == "oom")
         throw c10::OutOfMemoryError({__func__, __FILE__, uint32_t(__LINE__)},
                                     "TILER_FAULT: injected out of memory in the forward");
       fault_->trigger("in the forward");
     }
-    auto preds = model_->forward(batch.pixels, batch.scales);
-    return preds.device() == dist_->commDevice() ? preds : preds.to(dist_->commDevice());
-  } catch (...) {
-    // The batch's images fail, wherever their other windows are; the run goes on.
-    const std::string message = describeException(std::current_exception());
-    auto meta = batch.meta.accessor<int64_t, 2>();
-    std::set<int> images;
-    for (int64_t j = 0; j < B; ++j) {
-      if (meta[j][1] != kSlotOk) continue;
-      const int image_id = catalog_.locate(meta[j][0]).first;
-      meta[j][1] = kSlotFailed;
-      if (images.insert(image_id).second)
-        failures.emplace_back(image_id, errorRankPrefix() + "'" + catalog_.image(image_id).input +
-                                            "': the model's forward failed: " + message);
+    auto preds = model_->forward(batch.pixels.narrow(0, first, count), batch.scales.narrow(0, first, count));
+    out.narrow(0, first, count).copy_(preds);
+    return;
+  } catch (const c10::OutOfMemoryError&) {
+    if (count > 1) {
+      // Out of memory: the same windows in halves, down to one at a time; the outputs do not change.
+      if (!oom_logged_)
+        spdlog::warn("[rank {}] out of memory in a forward of {} windows: retrying in halves", world_.rank,
+                     count);
+      oom_logged_ = true;
+      const int64_t half = count / 2;
+      forwardSlots(batch, first, half, fault_slot, out, failures);
+      forwardSlots(batch, first + half, count - half, fault_slot, out, failures);
+      return;
     }
-    return zeros();
+    message = describeException(std::current_exception());
+  } catch (...) {
+    message = describeException(std::current_exception());
+  }
+  // The images of these slots fail, wherever their other windows are; the run goes on.
+  std::set<int> images;
+  for (int64_t j = first; j < first + count; ++j) {
+    if (meta[j][1] != kSlotOk) continue;
+    const int image_id = catalog_.locate(meta[j][0]).first;
+    meta[j][1] = kSlotFailed;
+    if (images.insert(image_id).second)
+      failures.emplace_back(image_id, errorRankPrefix() + "'" + catalog_.image(image_id).input +
+                                          "': the model's forward failed: " + message);
   }
 }
 
