@@ -79,7 +79,7 @@ std::string describeImageException(const std::exception_ptr& e, const std::strin
 // environment and only on a first attempt (TORCHELASTIC_RESTART_COUNT unset or 0). KIND crash | hang | exit
 // acts once rank R has processed K windows; throw (a std::runtime_error, not a tiler error) acts in STAGE
 // read | forward | write | checkpoint for the image of rank R's K-th window; oom is LibTorch's
-// out-of-memory error from rank R's forward of that window.
+// out-of-memory error from every forward of rank R that holds that window.
 struct Fault {
   int rank = -1;
   int64_t after_windows = 0;
