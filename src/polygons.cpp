@@ -78,6 +78,12 @@ void scaleCoordinates(nlohmann::json& coords, double factor) {
   for (auto& c : coords) scaleCoordinates(c, factor);
 }
 
+// GDAL's messages go into tiler's errors, not to stderr.
+struct QuietGdal {
+  QuietGdal() { CPLPushErrorHandler(CPLQuietErrorHandler); }
+  ~QuietGdal() { CPLPopErrorHandler(); }
+};
+
 struct DatasetCloser {
   void operator()(void* ds) const { GDALClose(ds); }
 };
@@ -90,6 +96,7 @@ struct OgrSourceCloser {
 int64_t writePolygons(const std::string& labels_path, const std::string& geojson_path,
                       const PolygonOptions& o) {
   GDALAllRegister();
+  const QuietGdal quiet;
   CPLErrorReset();
   std::unique_ptr<void, DatasetCloser> raster(GDALOpen(labels_path.c_str(), GA_ReadOnly));
   TILER_CHECK(raster, IoError,

@@ -1,0 +1,74 @@
+// Polygons and class names: parsing --classes, the palette, and GeoJSON outlines whose areas are pixel
+// counts.
+#include "tiler/polygons.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "test_util.hpp"
+#include "tiler/error.hpp"
+#include "tiler/image_io.hpp"
+
+namespace tiler {
+namespace {
+
+TEST(Polygons, ClassesAndPalette) {
+  auto classes = parseClasses("background,tumour:#ff8000,stroma");
+  ASSERT_EQ(classes.size(), 3u);
+  EXPECT_EQ(classes[1].name, "tumour");
+  EXPECT_EQ(classes[1].color, (std::array<uint8_t, 3>{255, 128, 0}));
+  EXPECT_EQ(classes[0].color, (std::array<uint8_t, 3>{0, 0, 0})) << "class 0 black";
+  EXPECT_THROW(parseClasses("a,b:#12"), ConfigError);
+  EXPECT_THROW(parseClasses("a,,b"), ConfigError);
+  auto palette = labelPalette(300, classes);
+  ASSERT_EQ(palette.size(), 300u);
+  EXPECT_EQ(palette[1], classes[1].color);
+  EXPECT_NE(palette[3], palette[4]);
+  EXPECT_EQ(palette[3], palette[23]) << "20 colours in turn";
+}
+
+// Two classes: a 10x10 square of class 2 with a 4x4 hole, and an L of class 1 touching it diagonally only.
+TEST(Polygons, RegionsAreExactPixelOutlinesWithHoles) {
+  const std::string dir = test::scratchDir("polygons");
+  cv::Mat labels = cv::Mat::zeros(40, 50, CV_8U);
+  labels(cv::Rect(5, 5, 10, 10)).setTo(2);
+  labels(cv::Rect(8, 8, 4, 4)).setTo(0);
+  labels(cv::Rect(15, 15, 3, 8)).setTo(1);
+  labels(cv::Rect(18, 20, 6, 3)).setTo(1);
+  ImageWriter w(dir + "/l.tif", 50, 40, 1, SampleType::kU8);
+  w.writeRows(labels);
+  w.close();
+  PolygonOptions o;
+  o.palette = labelPalette(3, {});
+  o.input_pixels_per_label_pixel = 2.0;  // a model at half the input's resolution
+  EXPECT_EQ(writePolygons(dir + "/l.tif", dir + "/p.geojson", o), 2);
+  auto j = nlohmann::json::parse(test::slurp(dir + "/p.geojson"));
+  ASSERT_EQ(j["features"].size(), 2u);
+  for (const auto& f : j["features"]) {
+    const auto& rings = f["geometry"]["coordinates"];
+    double area = 0;
+    for (size_t i = 0; i < rings.size(); ++i) {
+      double a = 0;
+      for (size_t k = 0; k + 1 < rings[i].size(); ++k)
+        a += rings[i][k][0].get<double>() * rings[i][k + 1][1].get<double>() -
+             rings[i][k + 1][0].get<double>() * rings[i][k][1].get<double>();
+      area += (i == 0 ? 1 : -1) * std::abs(a) / 2;
+    }
+    const int k = f["properties"]["class"];
+    // Input pixels: label pixels x 2 a side, so areas x 4.
+    if (k == 2) {
+      EXPECT_EQ(rings.size(), 2u) << "the hole is kept";
+      EXPECT_EQ(area, (100 - 16) * 4.0);
+    } else {
+      EXPECT_EQ(k, 1);
+      EXPECT_EQ(area, (24 + 18) * 4.0);
+      EXPECT_EQ(f["properties"]["name"], "class 1");
+    }
+  }
+  EXPECT_THROW(writePolygons(dir + "/missing.tif", dir + "/x.geojson", o), IoError);
+}
+
+}  // namespace
+}  // namespace tiler
