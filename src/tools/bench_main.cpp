@@ -150,9 +150,36 @@ int naive(const std::string& path, const std::string& model, int64_t window, int
   return 0;
 }
 
-// tissue > 0: a slide instead, light glass with stained discs on a grid covering about that share of it.
-int makeSlide(const std::string& path, int64_t size, double tissue) {
+// Writes a size x size RGB tiled TIFF band by band; pixel(x, y, rgb) fills one pixel.
+template <typename PixelFn>
+void writeSyntheticRgb(const std::string& path, int64_t size, PixelFn pixel) {
   tiler::ImageWriter writer(path, size, size, 3, tiler::SampleType::kU8);
+  const int band = 256;
+  for (int64_t y0 = 0; y0 < size; y0 += band) {
+    const int rows = int(std::min<int64_t>(band, size - y0));
+    cv::Mat m(rows, int(size), CV_8UC3);
+    for (int y = 0; y < rows; ++y) {
+      auto* p = m.ptr<uint8_t>(y);
+      for (int64_t x = 0; x < size; ++x) pixel(x, y0 + y, p + x * 3);
+    }
+    writer.writeRows(m);
+  }
+  writer.close();
+}
+
+// tissue > 0: a slide, light glass with stained discs covering about that share of it; else coloured blobs on
+// a dark textured background.
+int make(const std::string& path, int64_t size, double tissue) {
+  if (tissue <= 0) {
+    writeSyntheticRgb(path, size, [](int64_t x, int64_t y, uint8_t* rgb) {
+      const bool blob = ((x / 97) + (y / 89)) % 7 == 0 &&
+                        (x % 97 - 48) * (x % 97 - 48) + (y % 89 - 44) * (y % 89 - 44) < 900;
+      rgb[0] = uint8_t(blob ? 220 : 60 + (x * 13 + y * 7) % 40);
+      rgb[1] = uint8_t(blob ? 200 : 55 + (x * 5 + y * 11) % 30);
+      rgb[2] = uint8_t(blob ? 180 : 50 + (x + y) % 20);
+    });
+    return 0;
+  }
   // Tissue lies in one clump, as on a real slide: discs of radius r packed at pitch 2.2r (covering pi/4.84 of
   // their cells) in a centred block of the grid sized for the share asked; the rest is glass.
   const int64_t r = std::max<int64_t>(8, size / 40), pitch = r * 22 / 10;
@@ -160,54 +187,17 @@ int makeSlide(const std::string& path, int64_t size, double tissue) {
   const int64_t keep =
       std::min(cells, int64_t(std::lround(double(cells) * std::sqrt(tissue / (M_PI / 4.84)))));
   const int64_t first = (cells - keep) / 2;
-  const int band = 256;
-  for (int64_t y0 = 0; y0 < size; y0 += band) {
-    const int rows = int(std::min<int64_t>(band, size - y0));
-    cv::Mat m(rows, int(size), CV_8UC3);
-    for (int y = 0; y < rows; ++y) {
-      auto* p = m.ptr<uint8_t>(y);
-      const int64_t yy = y0 + y, cy = yy / pitch;
-      for (int64_t x = 0; x < size; ++x) {
-        const int64_t cx = x / pitch, dx = x % pitch - pitch / 2, dy = yy % pitch - pitch / 2;
-        const bool disc =
-            cx >= first && cx < first + keep && cy >= first && cy < first + keep && dx * dx + dy * dy < r * r;
-        p[x * 3] = uint8_t(disc ? 170 + (x * 7 + yy * 3) % 30 : 232 + (x + yy) % 8);
-        p[x * 3 + 1] = uint8_t(disc ? 80 + (x * 5 + yy * 11) % 30 : 232 + (x * 3 + yy) % 8);
-        p[x * 3 + 2] = uint8_t(disc ? 160 + (x + yy * 5) % 30 : 236 + (x + yy * 3) % 8);
-      }
-    }
-    writer.writeRows(m);
-  }
-  writer.close();
+  writeSyntheticRgb(path, size, [=](int64_t x, int64_t y, uint8_t* rgb) {
+    const int64_t cx = x / pitch, cy = y / pitch, dx = x % pitch - pitch / 2, dy = y % pitch - pitch / 2;
+    const bool disc =
+        cx >= first && cx < first + keep && cy >= first && cy < first + keep && dx * dx + dy * dy < r * r;
+    rgb[0] = uint8_t(disc ? 170 + (x * 7 + y * 3) % 30 : 232 + (x + y) % 8);
+    rgb[1] = uint8_t(disc ? 80 + (x * 5 + y * 11) % 30 : 232 + (x * 3 + y) % 8);
+    rgb[2] = uint8_t(disc ? 160 + (x + y * 5) % 30 : 236 + (x + y * 3) % 8);
+  });
   return 0;
 }
 
-int make(const std::string& path, int64_t size, double tissue) {
-  if (tissue > 0) return makeSlide(path, size, tissue);
-  tiler::WriterOptions o;
-  tiler::ImageWriter writer(path, size, size, 3, tiler::SampleType::kU8, o);
-  const int band = 256;
-  for (int64_t y0 = 0; y0 < size; y0 += band) {
-    const int rows = int(std::min<int64_t>(band, size - y0));
-    cv::Mat m(rows, int(size), CV_8UC3);
-    for (int y = 0; y < rows; ++y) {
-      auto* p = m.ptr<uint8_t>(y);
-      for (int64_t x = 0; x < size; ++x) {
-        const int64_t yy = y0 + y;
-        const bool blob = ((x / 97) + (yy / 89)) % 7 == 0 &&
-                          (x % 97 - 48) * (x % 97 - 48) + (yy % 89 - 44) * (yy % 89 - 44) < 900;
-        p[x * 3] = uint8_t(blob ? 220 : 60 + (x * 13 + yy * 7) % 40);
-        p[x * 3 + 1] = uint8_t(blob ? 200 : 55 + (x * 5 + yy * 11) % 30);
-        p[x * 3 + 2] = uint8_t(blob ? 180 : 50 + (x + yy) % 20);
-      }
-    }
-    writer.writeRows(m);
-  }
-  writer.close();
-  return 0;
-}
-
-// A tiny fully convolutional model (1x1 convolution 3 -> 2) for memory runs, where the model must not matter.
 // threshold: class 1 where red is above half (the blobs of `make`'s image), so that outputs have regions.
 int tinyModel(const std::string& path, bool threshold) {
   torch::jit::Module m("Tiny");
