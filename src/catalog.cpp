@@ -71,7 +71,8 @@ CatalogImage WindowCatalog::describe(const std::string& path, const CatalogSpec&
   CatalogImage img;
   img.input = path;
   try {
-    img.info = ImageReader::open(path)->info();
+    auto reader = ImageReader::open(path);
+    img.info = reader->info();
     img.adapt = channelAdaptation(img.info.channels, spec.input_channels, path);
     img.scale = spec.scale > 0 ? spec.scale : defaultScale(img.info.type);
     img.grid = WindowGrid(img.info.width, img.info.height, spec.grid, spec.output_scale);
@@ -80,6 +81,15 @@ CatalogImage WindowCatalog::describe(const std::string& path, const CatalogSpec&
     TILER_CHECK(out_w >= 1 && out_h >= 1, IoError,
                 "'" << path << "': " << img.info.width << "x" << img.info.height
                     << " is smaller than one output pixel at the model's scale 1/" << spec.output_scale.den);
+    if (spec.mask.mode != MaskMode::kNone) {
+      // The mask comes from the reader already open: an image OpenCV decodes whole is decoded once.
+      const CoverageMask mask = CoverageMask::make(*reader, spec.mask);
+      img.masked = true;
+      img.mask_coverage = mask.coverage();
+      img.mask_method = mask.method();
+      for (int64_t i = 0; i < img.grid.count(); ++i)
+        if (mask.fractionInside(img.grid.imageWindow(i)) >= spec.mask.fraction) img.kept.push_back(i);
+    }
   } catch (...) {
     img.status = "error";
     img.error = describeImageException(std::current_exception(), path);
@@ -106,23 +116,6 @@ std::pair<int, int64_t> WindowCatalog::locate(int64_t global) const {
   const size_t k = size_t(it - planned_first_.begin()) - 1;
   const CatalogImage& image = images_[size_t(planned_[k])];
   return {planned_[k], image.gridWindow(global - planned_first_[k])};
-}
-
-void applyMask(CatalogImage& image, const MaskSpec& spec) {
-  if (spec.mode == MaskMode::kNone || image.status != "ok") return;
-  try {
-    auto reader = ImageReader::open(image.input);
-    const CoverageMask mask = CoverageMask::make(*reader, spec);
-    image.masked = true;
-    image.mask_coverage = mask.coverage();
-    image.mask_method = mask.method();
-    image.kept.clear();
-    for (int64_t i = 0; i < image.grid.count(); ++i)
-      if (mask.fractionInside(image.grid.imageWindow(i)) >= spec.fraction) image.kept.push_back(i);
-  } catch (...) {
-    image.status = "error";
-    image.error = describeImageException(std::current_exception(), image.input);
-  }
 }
 
 WindowCatalog buildInferCatalog(const InferCatalogOptions& o, const CatalogSpec& spec) {
@@ -157,7 +150,6 @@ WindowCatalog buildInferCatalog(const InferCatalogOptions& o, const CatalogSpec&
                     " pixels is too large for PNG; use --format tif";
       }
     }
-    applyMask(img, spec.mask);
     if (img.status == "ok") {
       std::error_code ec;
       size_t present = 0;

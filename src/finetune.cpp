@@ -67,8 +67,9 @@ class Trainer {
   void loadData();
   void checkLabels(const CatalogImage& t);
   void splitValidation();
-  // Reads windows and their labels (any thread, with that thread's readers).
-  TrainBatch readBatch(const std::vector<WindowRef>& refs, ReaderCache& readers);
+  // Reads windows and their labels (any thread, with that thread's readers); training reads count towards
+  // TILER_FAULT's window count.
+  TrainBatch readBatch(const std::vector<WindowRef>& refs, ReaderCache& readers, bool count_for_fault);
   // The batch on the device: normalised input, target, valid mask; augmented when epoch >= 0.
   void toDevice(const TrainBatch& batch, const std::vector<WindowRef>& refs, int64_t epoch, torch::Tensor& x,
                 torch::Tensor& target, torch::Tensor& mask);
@@ -197,7 +198,8 @@ void Trainer::splitValidation() {
   TILER_CHECK(!train_.empty(), ConfigError, "no training windows left after the validation split");
 }
 
-TrainBatch Trainer::readBatch(const std::vector<WindowRef>& refs, ReaderCache& readers) {
+TrainBatch Trainer::readBatch(const std::vector<WindowRef>& refs, ReaderCache& readers,
+                              bool count_for_fault) {
   const int64_t B = int64_t(refs.size()), H = spec_.window_h, W = spec_.window_w, C = probe_.input_channels;
   const int64_t oh = probe_.scale.apply(H), ow = probe_.scale.apply(W);
   const int64_t tc = loss_ == Loss::kMse ? probe_.output_channels : 1;
@@ -209,7 +211,7 @@ TrainBatch Trainer::readBatch(const std::vector<WindowRef>& refs, ReaderCache& r
   for (int64_t j = 0; j < B; ++j) {
     const CatalogImage& img = catalog_.image(refs[size_t(j)].image);
     const int64_t local = refs[size_t(j)].local;
-    if (&readers == &train_readers_) {
+    if (count_for_fault) {
       const int64_t n = ++windows_read_;
       if (fault_ && fault_->kind == "throw" && fault_->hits(world_.rank, "read", n) &&
           n == fault_->after_windows)
@@ -378,7 +380,7 @@ nlohmann::json Trainer::validate() {
       std::vector<WindowRef> refs(mine.begin() + long(s),
                                   mine.begin() + long(std::min(mine.size(), s + size_t(B))));
       torch::Tensor x, target, mask;
-      toDevice(readBatch(refs, val_readers_), refs, -1, x, target, mask);
+      toDevice(readBatch(refs, val_readers_, false), refs, -1, x, target, mask);
       for (size_t k = 0; k < refs.size(); ++k)
         if (padded[s + k]) mask[int64_t(k)].zero_();  // a duplicate counts once
       auto out = runner_->apply(x);
@@ -605,8 +607,9 @@ int Trainer::run() {
       const size_t lo = size_t(micro * B), hi = std::min(mine.size(), size_t((micro + 1) * B));
       return std::vector<WindowRef>(mine.begin() + long(lo), mine.begin() + long(hi));
     };
-    ReadAhead<TrainBatch> ahead(micro_per_epoch, size_t(o_.prefetch),
-                                [&](int64_t micro) { return readBatch(refsOf(micro), train_readers_); });
+    ReadAhead<TrainBatch> ahead(micro_per_epoch, size_t(o_.prefetch), [&](int64_t micro) {
+      return readBatch(refsOf(micro), train_readers_, true);
+    });
     double loss_sum = 0;
     int64_t counted = 0;
     for (int64_t s = 0; s < steps_per_epoch; ++s) {

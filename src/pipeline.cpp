@@ -53,6 +53,7 @@ class InferJob {
   PadMode pad_ = PadMode::kConstant;
   StitchOptions stitch_;
   MaskSpec mask_;
+  std::vector<ClassInfo> classes_;  // --classes
   Activation activation_ = Activation::kNone;
   bool save_labels_ = true, save_probs_ = false, save_polygons_ = false;
   std::optional<Fault> fault_;
@@ -98,7 +99,7 @@ void InferJob::validateOptions() {
                   "--save takes labels, probs and polygons, comma-separated; got '" << o_.save << "'");
   }
   mask_ = parseMaskSpec(o_.mask, o_.mask_fraction);
-  parseClasses(o_.classes);  // validates
+  classes_ = parseClasses(o_.classes);
   TILER_CHECK(o_.simplify >= 0, ConfigError, "--simplify must be >= 0");
   if (o_.inputs.empty()) o_.inputs = {bundledSamplesDir() + "/images"};
   if (o_.report.empty()) o_.report = (fs::path(o_.output_dir) / "report.json").string();
@@ -131,7 +132,7 @@ OutputOptions InferJob::outputOptions() const {
   oo.pyramid = o_.pyramid;
   oo.save_polygons = save_polygons_;
   oo.simplify = o_.simplify;
-  oo.classes_named = parseClasses(o_.classes);
+  oo.classes_named = classes_;
   return oo;
 }
 
@@ -265,9 +266,8 @@ void InferJob::runStep(int64_t step, int64_t steps, WindowLoader& loader, Output
 
 int InferJob::finishRun(std::optional<std::string> fatal, OutputStage* outputs) {
   int code = kExitOk;
-  std::vector<double> mine = stats_.pack();
-  mine.back() = peakRssMegabytes();
-  auto packed = exchange_->allgather(torch::tensor(mine, torch::kDouble), "the final statistics");
+  stats_.peak_rss_mb = peakRssMegabytes();
+  auto packed = exchange_->allgather(torch::tensor(stats_.pack(), torch::kDouble), "the final statistics");
   if (outputs) {
     if (!fatal) {
       fatal = captureFailure([&] {
@@ -316,8 +316,8 @@ int InferJob::run() {
   mo.jit_optimize = o_.jit_optimize;
   model_ = std::make_unique<ModelRunner>(mo);
   probe_ = model_->probe(spec_.window_w, spec_.window_h);
-  const size_t named = parseClasses(o_.classes).size();
-  const int label_classes = probe_.output_channels == 1 ? 2 : probe_.output_channels;
+  const size_t named = classes_.size();
+  const int label_classes = labelClassCount(probe_.output_channels);
   TILER_CHECK(named == 0 || int(named) == label_classes, ConfigError,
               "--classes names " << named << " class(es), the model's labels have " << label_classes);
 

@@ -65,7 +65,9 @@ struct CatalogSpec {
 
 class WindowCatalog {
  public:
-  // Opens `path`'s header and fills an image for `spec`; a failure becomes status "error", never a throw.
+  // Opens `path`'s header and fills an image for `spec`, keeping only the windows with at least
+  // spec.mask.fraction of their pixels inside its mask (if any); a failure (a mask that cannot be made too)
+  // becomes status "error", never a throw.
   static CatalogImage describe(const std::string& path, const CatalogSpec& spec);
   // Appends an image; when `planned` its windows join the global list after those already there.
   int add(CatalogImage image, bool planned);
@@ -84,10 +86,6 @@ class WindowCatalog {
   std::vector<int64_t> planned_first_;  // their first global window
   int64_t total_windows_ = 0;
 };
-
-// Keeps the windows of `image` with at least spec.fraction of their pixels inside its mask; a mask that
-// cannot be made fails the image (status "error"), never throws.
-void applyMask(CatalogImage& image, const MaskSpec& spec);
 
 // `tiler infer`'s catalog: outputs named <output_dir>/<stem>_labels.<format> and <stem>_probs.tif; images
 // whose outputs all exist are skipped with `resume`; existing outputs without resume/overwrite are a

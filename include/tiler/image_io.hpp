@@ -69,6 +69,11 @@ bool hasImageExtension(const std::string& path);
 // The sample type of a labels image for `classes` classes (a one-channel model has 2): u8 up to 256
 // classes (ids 0..255), u16 above. The one place that decides it.
 SampleType labelSampleType(int classes);
+// Classes the labels of a model with `channels` output channels hold: a one-channel (thresholded) model
+// has 2.
+inline int labelClassCount(int channels) {
+  return channels == 1 ? 2 : channels;
+}
 
 enum class Compression { kDeflate, kZstd, kLzw, kNone };
 Compression parseCompression(const std::string& name);

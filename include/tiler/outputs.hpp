@@ -79,8 +79,7 @@ class OutputStage {
   ImageOutputs& outputsFor(int image_id);
   void finishImage(int image_id, const std::string& error);
   void commit(ImageOutputs& out);
-  // Classes the labels hold: the model's channels, or 2 for a one-channel (thresholded) model.
-  int labelClasses() const { return options_.classes == 1 ? 2 : options_.classes; }
+  int labelClasses() const { return labelClassCount(options_.classes); }
 
   WindowCatalog& catalog_;
   OutputOptions options_;
