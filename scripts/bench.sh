@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmarks: scripts/bench.sh [--quick] [io|model|pipeline|memory|scaling|ctrun|finetune|naive|mask|outputs|all]
+# Benchmarks: scripts/bench.sh [--quick] [io|slide|model|pipeline|memory|scaling|ctrun|finetune|naive|mask|outputs|all]
 # Generates its own deterministic inputs (cached in $TILER_BENCH_CACHE, default ~/.cache/tiler-bench), runs each
 # scenario $RUNS times (3; --quick: 1 run on small inputs), writes bench-results/bench.json and a table of
 # medians (min-max). fp32 on the CPU. Never part of CI's test run.
@@ -127,6 +127,31 @@ if want io; then
     emit "io: ${n}px RGB tiled deflate, 256 px windows" peak_rss_mb "$(json "$out" peak_rss_mb)"
     emit "io: ${n}px RGB tiled deflate, 256 px windows" reader_rss_mb "$(json "$out" reader_rss_mb)"
     emit "io: ${n}px RGB tiled deflate, 256 px windows" reader_rss_share_of_image "$(json "$out" reader_rss_share_of_image)"
+  done
+fi
+
+if want slide; then
+  # The same JPEG tiles (quality 90, 256 px, libvips pyramid) read as an Aperio slide through OpenSlide and
+  # as a plain TIFF through tiler's libtiff reader, by 1 and 2 threads.
+  n=8192
+  [ $quick = 1 ] && n=2048
+  plain="$cache/slide_$n.tif" svs="$cache/slide_$n.svs"
+  if [ ! -f "$svs" ]; then
+    vips tiffsave "$(image $n)" "$plain" --compression jpeg --Q 90 --tile --tile-width 256 --tile-height 256 --pyramid
+    cp "$plain" "$svs"
+    tiffset -d 0 -s 270 "Aperio Image Library v12.0.5
+${n}x${n} [0,0 ${n}x${n}] (256x256) JPEG/RGB Q=90|AppMag = 40|MPP = 0.25" "$svs"
+  fi
+  for _ in $(seq "$runs"); do
+    for file in "$svs" "$plain"; do
+      for threads in 1 2; do
+        out=$("$bin/tiler_bench" io "$file" --window 256 --overlap 0.25 --threads $threads)
+        reader=$(sed -n 's/.*"reader": *"\([a-z]*\)".*/\1/p' <<<"$out")
+        name="slide: ${n}px JPEG, $reader reader, $threads thread(s)"
+        emit "$name" mb_per_second "$(json "$out" mb_per_second)"
+        emit "$name" windows_per_second "$(json "$out" windows_per_second)"
+      done
+    done
   done
 fi
 

@@ -2,11 +2,16 @@
 # Installs the Debian packages tiler needs, only those missing. Idempotent; fast when all are there.
 set -euo pipefail
 packages=(
-  build-essential cmake ninja-build ccache clang-format libtiff-tools
+  build-essential cmake ninja-build ccache pkg-config file dpkg-dev clang-format libtiff-tools
   libtorch-dev libopencv-dev
   libtiff-dev libgloo-dev libcli11-dev libgtest-dev libspdlog-dev nlohmann-json3-dev libgdal-dev
-  gdal-bin libvips-tools openslide-tools
+  libopenslide-dev gdal-bin libvips-tools openslide-tools
 )
+# --print: the list, one line, for scripts that install the same packages elsewhere (test-torch2.sh).
+if [ "${1:-}" = "--print" ]; then
+  echo "${packages[*]}"
+  exit 0
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

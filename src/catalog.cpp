@@ -71,7 +71,9 @@ CatalogImage WindowCatalog::describe(const std::string& path, const CatalogSpec&
   CatalogImage img;
   img.input = path;
   try {
-    auto reader = ImageReader::open(path);
+    auto source = ImageReader::open(path);
+    img.resolution = chooseResolution(source->info(), spec.resolution);
+    auto reader = viewAtResolution(*source, img.resolution);
     img.info = reader->info();
     img.adapt = channelAdaptation(img.info.channels, spec.input_channels, path);
     img.scale = spec.scale > 0 ? spec.scale : defaultScale(img.info.type);
@@ -83,7 +85,7 @@ CatalogImage WindowCatalog::describe(const std::string& path, const CatalogSpec&
                     << " is smaller than one output pixel at the model's scale 1/" << spec.output_scale.den);
     if (spec.mask.mode != MaskMode::kNone) {
       // The mask comes from the reader already open: an image OpenCV decodes whole is decoded once.
-      const CoverageMask mask = CoverageMask::make(*reader, spec.mask);
+      const CoverageMask mask = CoverageMask::make(*source, spec.mask, img.info.width, img.info.height);
       img.masked = true;
       img.mask_coverage = mask.coverage();
       img.mask_method = mask.method();

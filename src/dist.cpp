@@ -1,6 +1,7 @@
 #include "tiler/dist.hpp"
 
 #include <spdlog/spdlog.h>
+#include <torch/cuda.h>
 
 #include <cstdlib>
 
@@ -67,6 +68,23 @@ WorldInfo joinWorld() {
   return w;
 }
 
+std::string chooseBackend(const std::string& requested, bool cuda_device, bool nccl_compiled,
+                          int local_world_size, int gpus) {
+  TILER_CHECK(requested == "auto" || requested == "gloo" || requested == "nccl", ConfigError,
+              "--backend must be auto, gloo or nccl; got '" << requested << "'");
+  const bool gpu_each = local_world_size <= gpus;
+  if (requested == "auto") return cuda_device && nccl_compiled && gpu_each ? "nccl" : "gloo";
+  if (requested == "nccl") {
+    TILER_CHECK(cuda_device && nccl_compiled, ConfigError,
+                "--backend nccl needs a CUDA device and a LibTorch built with NCCL");
+    TILER_CHECK(gpu_each, ConfigError,
+                "--backend nccl: " << local_world_size << " ranks on this node share " << gpus
+                                   << " GPU(s), and NCCL refuses two ranks on one device; use --backend gloo "
+                                   << "or at most one rank per GPU");
+  }
+  return requested;
+}
+
 struct DistContext::Impl {
   c10::intrusive_ptr<c10d::Store> store;          // owned (shared with the process group)
   c10::intrusive_ptr<compat::Collectives> group;  // null in a world of one
@@ -78,7 +96,7 @@ DistContext::DistContext(const WorldInfo& world, const DistOptions& options, con
     init(c10::intrusive_ptr<c10d::Store>(), device);
     return;
   }
-  c10d::TCPStoreOptions so;
+  c10d::TCPStoreOptions so = compat::storeOptions();
   so.port = uint16_t(world_.master_port);
   so.isServer = world_.rank == 0;
   so.numWorkers = world_.world_size;
@@ -105,12 +123,9 @@ DistContext::~DistContext() = default;
 
 void DistContext::init(c10::intrusive_ptr<c10d::Store> store, const torch::Device& device) {
   impl_->store = std::move(store);
-  std::string backend = options_.backend;
-  if (backend == "auto") backend = device.is_cuda() && compat::kNcclCompiled ? "nccl" : "gloo";
-  TILER_CHECK(backend == "gloo" || backend == "nccl", ConfigError,
-              "--backend must be auto, gloo or nccl; got '" << backend << "'");
-  TILER_CHECK(backend != "nccl" || (compat::kNcclCompiled && device.is_cuda()), ConfigError,
-              "--backend nccl needs a CUDA device and a LibTorch built with NCCL");
+  const std::string backend =
+      chooseBackend(options_.backend, device.is_cuda(), compat::kNcclCompiled, world_.local_world_size,
+                    device.is_cuda() ? int(torch::cuda::device_count()) : 0);
   backend_ = backend;
   if (backend == "nccl") comm_device_ = device;
   if (world_.world_size == 1) return;

@@ -217,7 +217,7 @@ TrainBatch Trainer::readBatch(const std::vector<WindowRef>& refs, ReaderCache& r
           n == fault_->after_windows)
         fault_->trigger("while reading '" + img.label + "'");
     }
-    windowToModelInput(readWindow(readers.get(img.input), img.grid, local, pad_, 0.0), img.adapt,
+    windowToModelInput(readWindow(readers.get(img), img.grid, local, pad_, 0.0), img.adapt,
                        b.pixels[j].data_ptr<float>());
     b.scales[j] = float(img.scale);
     // The label window at the output's scale, clipped to the label; outside it the mask is 0.
@@ -522,7 +522,12 @@ void Trainer::loadCheckpoint(int epoch, nlohmann::json& history) {
       b.detach().copy_((*sb++).detach());
     }
   }
-  torch::load(*optimizer_, (dir / "optimizer.pt").string());
+  {
+    // Onto this rank's device: torch::load would put every rank's state where it was saved (cuda:0).
+    torch::serialize::InputArchive archive;
+    archive.load_from((dir / "optimizer.pt").string(), runner_->device());
+    optimizer_->load(archive);
+  }
   loss_scale_ = state["loss_scale"].get<double>();
   good_steps_ = state["good_steps"].get<int64_t>();
   step_ = state["step"].get<int64_t>();
@@ -608,6 +613,7 @@ int Trainer::run() {
       return std::vector<WindowRef>(mine.begin() + long(lo), mine.begin() + long(hi));
     };
     ReadAhead<TrainBatch> ahead(micro_per_epoch, size_t(o_.prefetch), [&](int64_t micro) {
+      const c10::DeviceGuard device(runner_->device());
       return readBatch(refsOf(micro), train_readers_, true);
     });
     double loss_sum = 0;

@@ -1,4 +1,5 @@
 #include "tiler/image_io.hpp"
+#include "tiler/slide.hpp"
 
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
@@ -154,20 +155,150 @@ void setTiffFields(TIFF* tif, int64_t width, int64_t height, int channels, Sampl
                  type == SampleType::kF32 ? PREDICTOR_FLOATINGPOINT : PREDICTOR_HORIZONTAL);
 }
 
+bool looksLikeTiff(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  unsigned char magic[4] = {0, 0, 0, 0};
+  in.read(reinterpret_cast<char*>(magic), 4);
+  if (in.gcount() < 4) return false;
+  return (magic[0] == 'I' && magic[1] == 'I' && (magic[2] == 42 || magic[2] == 43) && magic[3] == 0) ||
+         (magic[0] == 'M' && magic[1] == 'M' && magic[2] == 0 && (magic[3] == 42 || magic[3] == 43));
+}
+
+// ---- metadata -------------------------------------------------------------------------------------------
+
+struct TiffMetadata {
+  bool has_resolution = false;
+  float xres = 0, yres = 0;
+  uint16_t res_unit = RESUNIT_NONE;
+  std::vector<double> pixel_scale, tiepoint, transformation, double_params;
+  std::vector<uint16_t> key_directory;
+  std::string ascii_params;
+};
+
+template <typename T>
+std::vector<T> getArray(TIFF* tif, ttag_t tag) {
+  uint16_t count = 0;
+  T* data = nullptr;
+  if (TIFFGetField(tif, tag, &count, &data) && data != nullptr) return std::vector<T>(data, data + count);
+  return {};
+}
+
+TiffMetadata readMetadata(TIFF* tif) {
+  TiffMetadata m;
+  m.has_resolution =
+      TIFFGetField(tif, TIFFTAG_XRESOLUTION, &m.xres) && TIFFGetField(tif, TIFFTAG_YRESOLUTION, &m.yres);
+  TIFFGetFieldDefaulted(tif, TIFFTAG_RESOLUTIONUNIT, &m.res_unit);
+  m.pixel_scale = getArray<double>(tif, kModelPixelScale);
+  m.tiepoint = getArray<double>(tif, kModelTiepoint);
+  m.transformation = getArray<double>(tif, kModelTransformation);
+  m.double_params = getArray<double>(tif, kGeoDoubleParams);
+  m.key_directory = getArray<uint16_t>(tif, kGeoKeyDirectory);
+  char* ascii = nullptr;
+  if (TIFFGetField(tif, kGeoAsciiParams, &ascii) && ascii) m.ascii_params = ascii;
+  return m;
+}
+
+TiffMetadata readMetadata(const std::string& path) {
+  if (path.empty() || !looksLikeTiff(path)) return {};
+  installTiffHandlers();
+  TIFF* tif = TIFFOpen(path.c_str(), "r");
+  if (tif == nullptr) {
+    takeTiffError();
+    return {};
+  }
+  TiffMetadata m = readMetadata(tif);
+  TIFFClose(tif);
+  return m;
+}
+
+// GeoKeys: GTModelTypeGeoKey 1024 (1 = projected), ProjLinearUnitsGeoKey 3076 (9001 = metre).
+std::optional<uint16_t> geoKey(const std::vector<uint16_t>& directory, uint16_t key) {
+  for (size_t i = 4; i + 3 < directory.size(); i += 4)
+    if (directory[i] == key && directory[i + 1] == 0) return directory[i + 3];
+  return std::nullopt;
+}
+
+// Micrometres per pixel (x) that the tags state: a projected GeoTIFF in metres first, then X/YResolution
+// in inches or centimetres.
+std::optional<double> micrometresPerPixel(const TiffMetadata& m) {
+  if (m.pixel_scale.size() >= 2 && m.pixel_scale[0] > 0 && geoKey(m.key_directory, 1024) == uint16_t(1) &&
+      geoKey(m.key_directory, 3076).value_or(9001) == 9001)
+    return m.pixel_scale[0] * 1e6;
+  if (!m.has_resolution || m.xres <= 0) return std::nullopt;
+  if (m.res_unit == RESUNIT_INCH) return 25400.0 / double(m.xres);
+  if (m.res_unit == RESUNIT_CENTIMETER) return 10000.0 / double(m.xres);
+  return std::nullopt;
+}
+
+// Output pixels are 1/s input pixels: resolution scales up by s, ground size per pixel down by s.
+void writeMetadata(TIFF* tif, TiffMetadata m, double s, std::optional<double> mpp) {
+  const double res_scale = mpp && *mpp > 0 ? 1.0 : s;
+  if (mpp && *mpp > 0) {
+    m.has_resolution = true;
+    m.xres = m.yres = float(10000.0 / *mpp);
+    m.res_unit = RESUNIT_CENTIMETER;
+  }
+  if (m.has_resolution) {
+    TIFFSetField(tif, TIFFTAG_XRESOLUTION, float(m.xres * res_scale));
+    TIFFSetField(tif, TIFFTAG_YRESOLUTION, float(m.yres * res_scale));
+    TIFFSetField(tif, TIFFTAG_RESOLUTIONUNIT, m.res_unit);
+  }
+  if (m.pixel_scale.size() >= 2) {
+    m.pixel_scale[0] /= s;
+    m.pixel_scale[1] /= s;
+  }
+  for (size_t i = 0; i + 5 < m.tiepoint.size(); i += 6) {
+    m.tiepoint[i] *= s;
+    m.tiepoint[i + 1] *= s;
+  }
+  if (m.transformation.size() == 16) {
+    for (int row = 0; row < 4; ++row) {
+      m.transformation[size_t(row * 4)] /= s;
+      m.transformation[size_t(row * 4 + 1)] /= s;
+    }
+  }
+  auto put = [tif](ttag_t tag, const auto& v) {
+    if (!v.empty()) TIFFSetField(tif, tag, uint16_t(v.size()), v.data());
+  };
+  put(kModelPixelScale, m.pixel_scale);
+  put(kModelTiepoint, m.tiepoint);
+  put(kModelTransformation, m.transformation);
+  put(kGeoKeyDirectory, m.key_directory);
+  put(kGeoDoubleParams, m.double_params);
+  if (!m.ascii_params.empty()) TIFFSetField(tif, kGeoAsciiParams, m.ascii_params.c_str());
+}
+
 // Largest decoded tile or strip we agree to hold; a header claiming more is absurd or needs re-saving.
 constexpr uint64_t kMaxChunkBytes = uint64_t(1) << 30;
 
+// Where a TIFF level's pixels are: a page of the main IFD chain, or a SubIFD (by its offset).
+struct TiffPage {
+  tdir_t index = 0;
+  uint64_t subifd_offset = 0;  // non-zero: a SubIFD of page 0
+};
+
+bool selectPage(TIFF* tif, const TiffPage& page) {
+  return page.subifd_offset ? TIFFSetSubDirectory(tif, page.subifd_offset) != 0
+                            : TIFFSetDirectory(tif, page.index) != 0;
+}
+
 class TiffReader final : public ImageReader {
  public:
-  explicit TiffReader(const std::string& path) {
+  explicit TiffReader(const std::string& path, TiffPage page = {}) {
     installTiffHandlers();
     info_.path = path;
     info_.format = "tiff";
+    info_.reader = "tiff";
     t_tiff_error.clear();
     tif_ = TIFFOpen(path.c_str(), "r");
     if (tif_ == nullptr) TILER_THROW(IoError, "'" << path << "': not a readable TIFF: " << takeTiffError());
     try {
+      const bool level0 = page.index == 0 && page.subifd_offset == 0;
+      if (level0) findLevels();
+      TILER_CHECK(selectPage(tif_, page), IoError,
+                  "'" << path << "': cannot read page " << page.index << ": " << takeTiffError());
       readHeader();
+      if (level0) info_.levels.insert(info_.levels.begin(), ImageInfo::Level{info_.width, info_.height, 1.0});
     } catch (...) {
       TIFFClose(tif_);
       throw;
@@ -181,10 +312,14 @@ class TiffReader final : public ImageReader {
 
   size_t cachedBytes() const override {
     std::lock_guard<std::mutex> lock(mutex_);
-    return cache_bytes_;
+    size_t bytes = cache_bytes_;
+    for (const auto& level : level_readers_)
+      if (level) bytes += level->cachedBytes();
+    return bytes;
   }
 
-  cv::Mat readRegion(const Rect& r) override {
+  cv::Mat readRegion(const Rect& r, int level) override {
+    if (level != 0) return levelReader(level).readRegion(r, 0);
     TILER_CHECK(
         r.x >= 0 && r.y >= 0 && r.w > 0 && r.h > 0 && r.right() <= info_.width && r.bottom() <= info_.height,
         IoError,
@@ -247,6 +382,7 @@ class TiffReader final : public ImageReader {
     info_.compression = compressionName(comp);
     info_.bigtiff = (TIFFIsBigTIFF(tif_) != 0);
     info_.pages = int(TIFFNumberOfDirectories(tif_));
+    info_.mpp = micrometresPerPixel(readMetadata(tif_));
     char* nodata = nullptr;
     if (TIFFGetField(tif_, kGdalNodata, &nodata) && nodata != nullptr) {
       try {
@@ -326,6 +462,65 @@ class TiffReader final : public ImageReader {
     cache_budget_ = size_t(std::clamp<uint64_t>(row_bytes * 5 / 2, uint64_t(16) << 20, uint64_t(512) << 20));
   }
 
+  // Levels 1..: page 0's SubIFDs (OME-TIFF, libvips --subifd) if it has any, else the reduced-resolution
+  // pages of the main chain (NewSubfileType bit 0: GDAL COG overviews, libvips --pyramid, tiler --pyramid),
+  // each smaller than the one before and with page 0's samples. Anything else (thumbnails, masks) is not a
+  // level. Leaves no page selected.
+  void findLevels() {
+    auto describe = [this](TiffPage page) -> std::optional<std::pair<int64_t, int64_t>> {
+      if (!selectPage(tif_, page)) return std::nullopt;
+      uint32_t w = 0, h = 0;
+      uint16_t spp = 1, bps = 1;
+      TIFFGetField(tif_, TIFFTAG_IMAGEWIDTH, &w);
+      TIFFGetField(tif_, TIFFTAG_IMAGELENGTH, &h);
+      TIFFGetFieldDefaulted(tif_, TIFFTAG_SAMPLESPERPIXEL, &spp);
+      TIFFGetFieldDefaulted(tif_, TIFFTAG_BITSPERSAMPLE, &bps);
+      if (w == 0 || h == 0 || spp != level0_spp_ || bps != level0_bps_) return std::nullopt;
+      return std::make_pair(int64_t(w), int64_t(h));
+    };
+    uint32_t w0 = 0, h0 = 0;
+    TIFFGetField(tif_, TIFFTAG_IMAGEWIDTH, &w0);
+    TIFFGetField(tif_, TIFFTAG_IMAGELENGTH, &h0);
+    TIFFGetFieldDefaulted(tif_, TIFFTAG_SAMPLESPERPIXEL, &level0_spp_);
+    TIFFGetFieldDefaulted(tif_, TIFFTAG_BITSPERSAMPLE, &level0_bps_);
+    std::vector<TiffPage> candidates;
+    uint16_t subifds = 0;
+    uint64_t* offsets = nullptr;
+    if (TIFFGetField(tif_, TIFFTAG_SUBIFD, &subifds, &offsets) && subifds > 0 && offsets != nullptr) {
+      for (uint16_t i = 0; i < subifds; ++i) candidates.push_back({0, offsets[i]});
+    } else {
+      const tdir_t pages = TIFFNumberOfDirectories(tif_);
+      for (tdir_t d = 1; d < pages; ++d) {
+        if (!TIFFSetDirectory(tif_, d)) break;
+        uint32_t subfile = 0;
+        TIFFGetFieldDefaulted(tif_, TIFFTAG_SUBFILETYPE, &subfile);
+        if (subfile & FILETYPE_REDUCEDIMAGE) candidates.push_back({d, 0});
+      }
+    }
+    int64_t prev_w = w0, prev_h = h0;
+    for (const TiffPage& page : candidates) {
+      const auto size = describe(page);
+      if (!size || size->first >= prev_w || size->second > prev_h) continue;
+      prev_w = size->first;
+      prev_h = size->second;
+      const double downsample = (double(w0) / double(prev_w) + double(h0) / double(prev_h)) / 2.0;
+      info_.levels.push_back({prev_w, prev_h, downsample});
+      level_pages_.push_back(page);
+    }
+    level_readers_.resize(level_pages_.size());
+    takeTiffError();
+  }
+
+  TiffReader& levelReader(int level) {
+    TILER_CHECK(level > 0 && size_t(level) <= level_pages_.size(), IoError,
+                "'" << info_.path << "': no resolution level " << level << " (it has "
+                    << level_pages_.size() + 1 << ")");
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& reader = level_readers_[size_t(level - 1)];
+    if (!reader) reader = std::make_unique<TiffReader>(info_.path, level_pages_[size_t(level - 1)]);
+    return *reader;
+  }
+
   void readScanlines(const Rect& r, cv::Mat& out) {
     const size_t px = bytesPerSample(info_.type) * size_t(info_.channels);
     std::vector<uint8_t> line(size_t(TIFFScanlineSize64(tif_)));
@@ -388,6 +583,9 @@ class TiffReader final : public ImageReader {
   size_t cache_bytes_ = 0;
   std::unordered_map<uint32_t, CacheEntry> cache_;
   std::list<uint32_t> lru_;  // most recent first
+  uint16_t level0_spp_ = 1, level0_bps_ = 1;
+  std::vector<TiffPage> level_pages_;                       // levels 1.. (level 0 reader only)
+  std::vector<std::unique_ptr<TiffReader>> level_readers_;  // opened on first read; guarded by mutex_
 };
 
 class OpenCvReader final : public ImageReader {
@@ -434,10 +632,14 @@ class OpenCvReader final : public ImageReader {
         TILER_THROW(IoError, "'" << path << "': unsupported pixel depth " << image_.depth());
     }
     info_.compression = info_.format;
+    info_.reader = "opencv";
+    info_.levels = {{info_.width, info_.height, 1.0}};
   }
   const ImageInfo& info() const override { return info_; }
   size_t cachedBytes() const override { return image_.total() * image_.elemSize(); }
-  cv::Mat readRegion(const Rect& r) override {
+  cv::Mat readRegion(const Rect& r, int level) override {
+    TILER_CHECK(level == 0, IoError,
+                "'" << info_.path << "': no resolution level " << level << " (it has 1)");
     TILER_CHECK(
         r.x >= 0 && r.y >= 0 && r.w > 0 && r.h > 0 && r.right() <= info_.width && r.bottom() <= info_.height,
         IoError, "'" << info_.path << "': region outside the image");
@@ -448,95 +650,6 @@ class OpenCvReader final : public ImageReader {
   ImageInfo info_;
   cv::Mat image_;  // decoded once, read-only afterwards: concurrent reads need no lock
 };
-
-bool looksLikeTiff(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  unsigned char magic[4] = {0, 0, 0, 0};
-  in.read(reinterpret_cast<char*>(magic), 4);
-  if (in.gcount() < 4) return false;
-  return (magic[0] == 'I' && magic[1] == 'I' && (magic[2] == 42 || magic[2] == 43) && magic[3] == 0) ||
-         (magic[0] == 'M' && magic[1] == 'M' && magic[2] == 0 && (magic[3] == 42 || magic[3] == 43));
-}
-
-std::string lowerExtension(const std::string& path) {
-  std::string ext = fs::path(path).extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(), ::tolower);
-  return ext;
-}
-
-// ---- metadata -------------------------------------------------------------------------------------------
-
-struct TiffMetadata {
-  bool has_resolution = false;
-  float xres = 0, yres = 0;
-  uint16_t res_unit = RESUNIT_NONE;
-  std::vector<double> pixel_scale, tiepoint, transformation, double_params;
-  std::vector<uint16_t> key_directory;
-  std::string ascii_params;
-};
-
-template <typename T>
-std::vector<T> getArray(TIFF* tif, ttag_t tag) {
-  uint16_t count = 0;
-  T* data = nullptr;
-  if (TIFFGetField(tif, tag, &count, &data) && data != nullptr) return std::vector<T>(data, data + count);
-  return {};
-}
-
-TiffMetadata readMetadata(const std::string& path) {
-  TiffMetadata m;
-  if (path.empty() || !looksLikeTiff(path)) return m;
-  installTiffHandlers();
-  TIFF* tif = TIFFOpen(path.c_str(), "r");
-  if (tif == nullptr) {
-    takeTiffError();
-    return m;
-  }
-  m.has_resolution =
-      TIFFGetField(tif, TIFFTAG_XRESOLUTION, &m.xres) && TIFFGetField(tif, TIFFTAG_YRESOLUTION, &m.yres);
-  TIFFGetFieldDefaulted(tif, TIFFTAG_RESOLUTIONUNIT, &m.res_unit);
-  m.pixel_scale = getArray<double>(tif, kModelPixelScale);
-  m.tiepoint = getArray<double>(tif, kModelTiepoint);
-  m.transformation = getArray<double>(tif, kModelTransformation);
-  m.double_params = getArray<double>(tif, kGeoDoubleParams);
-  m.key_directory = getArray<uint16_t>(tif, kGeoKeyDirectory);
-  char* ascii = nullptr;
-  if (TIFFGetField(tif, kGeoAsciiParams, &ascii) && ascii) m.ascii_params = ascii;
-  TIFFClose(tif);
-  return m;
-}
-
-// Output pixels are 1/s input pixels: resolution scales up by s, ground size per pixel down by s.
-void writeMetadata(TIFF* tif, TiffMetadata m, double s) {
-  if (m.has_resolution) {
-    TIFFSetField(tif, TIFFTAG_XRESOLUTION, float(m.xres * s));
-    TIFFSetField(tif, TIFFTAG_YRESOLUTION, float(m.yres * s));
-    TIFFSetField(tif, TIFFTAG_RESOLUTIONUNIT, m.res_unit);
-  }
-  if (m.pixel_scale.size() >= 2) {
-    m.pixel_scale[0] /= s;
-    m.pixel_scale[1] /= s;
-  }
-  for (size_t i = 0; i + 5 < m.tiepoint.size(); i += 6) {
-    m.tiepoint[i] *= s;
-    m.tiepoint[i + 1] *= s;
-  }
-  if (m.transformation.size() == 16) {
-    for (int row = 0; row < 4; ++row) {
-      m.transformation[size_t(row * 4)] /= s;
-      m.transformation[size_t(row * 4 + 1)] /= s;
-    }
-  }
-  auto put = [tif](ttag_t tag, const auto& v) {
-    if (!v.empty()) TIFFSetField(tif, tag, uint16_t(v.size()), v.data());
-  };
-  put(kModelPixelScale, m.pixel_scale);
-  put(kModelTiepoint, m.tiepoint);
-  put(kModelTransformation, m.transformation);
-  put(kGeoKeyDirectory, m.key_directory);
-  put(kGeoDoubleParams, m.double_params);
-  if (!m.ascii_params.empty()) TIFFSetField(tif, kGeoAsciiParams, m.ascii_params.c_str());
-}
 
 }  // namespace
 
@@ -586,9 +699,22 @@ size_t bytesPerSample(SampleType type) {
   return 1;
 }
 
+std::string lowerExtension(const std::string& path) {
+  std::string ext = fs::path(path).extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), ::tolower);
+  return ext;
+}
+
 bool hasImageExtension(const std::string& path) {
   static const char* kExts[] = {".tif", ".tiff", ".png", ".jpg", ".jpeg", ".bmp", ".webp", ".jp2", ".pbm",
                                 ".pgm", ".ppm",  ".pnm", ".exr", ".hdr",  ".pic", ".sr",   ".ras", ".pxm"};
+  std::string ext = lowerExtension(path);
+  return isWholeSlideExtension(path) ||
+         std::any_of(std::begin(kExts), std::end(kExts), [&](const char* e) { return ext == e; });
+}
+
+bool isWholeSlideExtension(const std::string& path) {
+  static const char* kExts[] = {".svs", ".ndpi", ".mrxs", ".scn", ".vms", ".vmu", ".bif", ".svslide"};
   std::string ext = lowerExtension(path);
   return std::any_of(std::begin(kExts), std::end(kExts), [&](const char* e) { return ext == e; });
 }
@@ -600,7 +726,11 @@ std::unique_ptr<ImageReader> ImageReader::open(const std::string& path) {
   TILER_CHECK(access(path.c_str(), R_OK) == 0, IoError,
               "'" << path << "': cannot read: " << std::strerror(errno));
   std::string ext = lowerExtension(path);
-  if (looksLikeTiff(path)) return std::make_unique<TiffReader>(path);
+  // OpenSlide for vendor formats (whatever the extension); a plain TIFF, even named .svs, stays with libtiff.
+  const bool tiff = looksLikeTiff(path);
+  if ((tiff || isWholeSlideExtension(path)) && !slideVendor(path).empty()) return openWholeSlide(path);
+  if (tiff) return std::make_unique<TiffReader>(path);
+  if (isWholeSlideExtension(path)) return openWholeSlide(path);  // fails, naming the file
   TILER_CHECK(ext != ".tif" && ext != ".tiff", IoError,
               "'" << path << "': not a TIFF (the file does not start with a TIFF header)");
   return std::make_unique<OpenCvReader>(path);
@@ -645,7 +775,7 @@ ImageWriter::ImageWriter(const std::string& path, int64_t width, int64_t height,
     setTiffFields(tif, width, height, channels, type, options_, false);
     if (!options_.description.empty())
       TIFFSetField(tif, TIFFTAG_IMAGEDESCRIPTION, options_.description.c_str());
-    writeMetadata(tif, readMetadata(options_.metadata_from), options_.metadata_scale);
+    writeMetadata(tif, readMetadata(options_.metadata_from), options_.metadata_scale, options_.mpp);
     buffer_ = cv::Mat::zeros(options_.tile, int(width), cv_type);
     if (options_.pyramid) {
       WriterOptions lo = options_;

@@ -44,19 +44,21 @@ void windowToModelInput(const cv::Mat& window, ChannelAdapt adapt, float* dst) {
   cv::mixChannels(&values, 1, &out, 1, adapt == ChannelAdapt::kRepeatGray ? gray : rgb, 3);
 }
 
-ImageReader& ReaderCache::get(const std::string& path) {
+ImageReader& ReaderCache::get(const std::string& path, const ProcessingResolution& resolution) {
   auto it = readers_.find(path);
   if (it != readers_.end()) return *it->second;
   if (readers_.size() >= capacity_) readers_.clear();
-  auto reader = ImageReader::open(path);
+  auto reader = atResolution(ImageReader::open(path), resolution);
   return *readers_.emplace(path, std::move(reader)).first->second;
 }
 
 WindowLoader::WindowLoader(const WindowCatalog& catalog, GridSpec spec, LoaderOptions options,
                            std::vector<SampleSlot> slots, int64_t steps)
     : catalog_(catalog), spec_(spec), options_(std::move(options)), slots_(std::move(slots)) {
-  ahead_ = std::make_unique<ReadAhead<WindowBatch>>(steps, options_.depth,
-                                                    [this](int64_t step) { return assemble(step); });
+  ahead_ = std::make_unique<ReadAhead<WindowBatch>>(steps, options_.depth, [this](int64_t step) {
+    const c10::DeviceGuard device(options_.device);
+    return assemble(step);
+  });
 }
 
 void WindowLoader::skipImage(int image_id) {
@@ -99,7 +101,7 @@ WindowBatch WindowLoader::assemble(int64_t step) {
         options_.fault->trigger("while reading '" + img.input + "'");
       }
       readers_.dropBefore(img.input);  // the shard walks the global order: earlier images are done
-      ImageReader& reader = readers_.get(img.input);
+      ImageReader& reader = readers_.get(img);
       windowToModelInput(readWindow(reader, img.grid, local, options_.pad, options_.cval), img.adapt,
                          batch.pixels[j].data_ptr<float>());
       batch.scales[j] = float(img.scale);

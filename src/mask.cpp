@@ -5,6 +5,7 @@
 #include <opencv2/imgproc.hpp>
 
 #include "tiler/error.hpp"
+#include "tiler/slide.hpp"
 
 namespace tiler {
 
@@ -101,8 +102,15 @@ cv::Mat tissueOf(const cv::Mat& small_rgb) {
 
 }  // namespace
 
-CoverageMask CoverageMask::make(ImageReader& reader, const MaskSpec& spec) {
-  const ImageInfo& info = reader.info();
+CoverageMask CoverageMask::make(ImageReader& source, const MaskSpec& spec, int64_t width, int64_t height) {
+  auto overview = viewAtResolution(
+      source, chooseResolution(source.info(), ResolutionSpec{overviewLevel(source.info(), spec.max_side)}));
+  ImageReader& reader = *overview;
+  ImageInfo info = source.info();
+  if (width > 0 && height > 0) {
+    info.width = width;
+    info.height = height;
+  }
   const std::string& path = info.path;
   if (spec.mode == MaskMode::kPath) {
     std::unique_ptr<ImageReader> mask;

@@ -124,7 +124,8 @@ torch::jit::Module loadTorchScript(const std::string& path, const torch::Device&
 ModelRunner::ModelRunner(const ModelOptions& options)
     : options_(options),
       device_(resolveDevice(options.device, options.local_rank)),
-      precision_(resolvePrecision(options.precision, device_)) {
+      precision_(resolvePrecision(options.precision, device_)),
+      current_device_(device_) {
   keepLargeBlocksInHeap();
   if (options.threads > 0) at::set_num_threads(options.threads);
   module_ = loadTorchScript(options.path, device_);
@@ -140,6 +141,10 @@ ModelRunner::ModelRunner(const ModelOptions& options)
                   << " inputs; tiler passes exactly one tensor (NCHW)");
   TILER_CHECK(args[1].type()->kind() == c10::TypeKind::TensorType, ModelError,
               "'" << options.path << "': forward() takes a " << args[1].type()->str() << ", not a Tensor");
+  // optimize_for_inference fuses ops (conv+bn, conv+add) into ones autocast has no rule for: their inputs
+  // would stay fp32 or mix with fp16 weights.
+  TILER_CHECK(!options.jit_optimize || precision_ == Precision::kFp32, ConfigError,
+              "--jit_optimize fuses ops that mixed precision does not cover; use it with --precision fp32");
   if (options.jit_optimize) {
     module_ = torch::jit::optimize_for_inference(module_);
   }
@@ -212,6 +217,11 @@ const ModelProbe& ModelRunner::probe(int64_t window_w, int64_t window_h) {
       out = apply(torch::zeros({1, c, window_h, window_w}, torch::TensorOptions().device(device_)));
     } catch (const ModelError&) {
       throw;
+    } catch (const c10::OutOfMemoryError& e) {
+      // Another channel count would not fit either: say what ran out.
+      TILER_THROW(ModelError, "'" << path << "': out of memory running one " << window_w << "x" << window_h
+                                  << " window on " << device_.str()
+                                  << " (a smaller --window?): " << firstLine(e.what()));
     } catch (const std::exception& e) {
       if (first_error.empty()) first_error = firstLine(e.what());
       continue;

@@ -88,11 +88,15 @@ OutputStage::ImageOutputs& OutputStage::outputsFor(int image_id) {
   const int64_t out_w = options_.scale.apply(img.info.width), out_h = options_.scale.apply(img.info.height);
   WriterOptions wo;
   wo.compression = options_.compression;
+  // Output pixels per level-0 input pixel: the model's scale over the processing downsample.
+  const double output_per_input = options_.scale.value() / img.resolution.downsample;
   wo.metadata_from = img.info.format == "tiff" ? img.input : "";
-  wo.metadata_scale = options_.scale.value();
+  wo.metadata_scale = output_per_input;
+  if (img.resolution.mpp) wo.mpp = *img.resolution.mpp / options_.scale.value();
   wo.pyramid = options_.pyramid;
   out.keep_labels = options_.save_labels;
   if (options_.save_polygons) out.polygons = img.outputs.at("polygons");
+  out.input_pixels_per_label_pixel = 1.0 / output_per_input;
   if (options_.save_labels || options_.save_polygons) {
     WriterOptions lo = wo;
     lo.format = options_.format;
@@ -138,7 +142,7 @@ void OutputStage::commit(ImageOutputs& out) {
     PolygonOptions po;
     po.palette = labelPalette(labelClasses(), options_.classes_named);
     po.named = options_.classes_named;
-    po.input_pixels_per_label_pixel = 1.0 / options_.scale.value();
+    po.input_pixels_per_label_pixel = out.input_pixels_per_label_pixel;
     po.simplify = options_.simplify;
     try {
       writePolygons(out.labels->partialPath(), polygons_partial, po);

@@ -1,6 +1,7 @@
 #include "tiler/pipeline.hpp"
 
 #include <spdlog/spdlog.h>
+#include <torch/cuda.h>
 
 #include <chrono>
 #include <filesystem>
@@ -53,6 +54,7 @@ class InferJob {
   PadMode pad_ = PadMode::kConstant;
   StitchOptions stitch_;
   MaskSpec mask_;
+  ResolutionSpec resolution_;
   std::vector<ClassInfo> classes_;  // --classes
   Activation activation_ = Activation::kNone;
   bool save_labels_ = true, save_probs_ = false, save_polygons_ = false;
@@ -99,6 +101,11 @@ void InferJob::validateOptions() {
                   "--save takes labels, probs and polygons, comma-separated; got '" << o_.save << "'");
   }
   mask_ = parseMaskSpec(o_.mask, o_.mask_fraction);
+  TILER_CHECK((o_.level >= 0) + (o_.mpp > 0) + (o_.magnification > 0) <= 1, ConfigError,
+              "--level, --mpp and --magnification choose the same thing; give at most one");
+  TILER_CHECK(o_.mpp >= 0 && o_.magnification >= 0 && o_.input_mpp >= 0, ConfigError,
+              "--mpp, --magnification and --input_mpp must be positive");
+  resolution_ = ResolutionSpec{o_.level, o_.mpp, o_.magnification, o_.input_mpp};
   classes_ = parseClasses(o_.classes);
   TILER_CHECK(o_.simplify >= 0, ConfigError, "--simplify must be >= 0");
   if (o_.inputs.empty()) o_.inputs = {bundledSamplesDir() + "/images"};
@@ -216,6 +223,8 @@ void InferJob::runStep(int64_t step, int64_t steps, WindowLoader& loader, Output
     stats_.read_seconds += batch->read_seconds;
     const auto t0 = Clock::now();
     preds = forward(*batch, batch->failures);
+    // Kernels run asynchronously: without this, GPU time would be counted as the gather's.
+    if (model_->device().is_cuda()) torch::cuda::synchronize(model_->device().index());
     stats_.forward_seconds += secondsSince(t0);
     for (auto& [image_id, message] : batch->failures) exchange_->reportImageFailure(image_id, message);
     if (o_.on_error == "abort" && !batch->failures.empty())
@@ -341,8 +350,8 @@ int InferJob::run() {
     co.resume = o_.resume;
     co.overwrite = o_.overwrite;
     co.remove_stale_partials = world_.rank == 0;
-    catalog_ =
-        buildInferCatalog(co, CatalogSpec{spec_, probe_.input_channels, probe_.scale, o_.scale, mask_});
+    catalog_ = buildInferCatalog(
+        co, CatalogSpec{spec_, probe_.input_channels, probe_.scale, o_.scale, mask_, resolution_});
     if (o_.on_error == "abort") {
       for (const auto& img : catalog_.images())
         TILER_CHECK(img.status != "error", IoError, img.error << " (--on_error abort)");
@@ -379,6 +388,7 @@ int InferJob::run() {
   lo.cval = o_.cval;
   lo.depth = size_t(o_.prefetch);
   lo.pinned = model_->device().is_cuda();
+  lo.device = model_->device();
   lo.rank = world_.rank;
   lo.fault = fault_;
   std::unique_ptr<OutputStage> outputs;

@@ -87,9 +87,6 @@ struct QuietGdal {
 struct DatasetCloser {
   void operator()(void* ds) const { GDALClose(ds); }
 };
-struct OgrSourceCloser {
-  void operator()(void* ds) const { OGR_DS_Destroy(ds); }
-};
 
 }  // namespace
 
@@ -106,10 +103,14 @@ int64_t writePolygons(const std::string& labels_path, const std::string& geojson
   const bool georeferenced =
       GDALGetGeoTransform(raster.get(), gt) == CE_None && GDALGetSpatialRef(raster.get());
   // The polygons gather in an in-memory layer: one feature per region, nothing per pixel.
-  OGRSFDriverH memory = OGRGetDriverByName("Memory");
-  TILER_CHECK(memory, IoError, "GDAL has no Memory driver");
-  std::unique_ptr<void, OgrSourceCloser> source(OGR_Dr_CreateDataSource(memory, "polygons", nullptr));
-  OGRLayerH layer = OGR_DS_CreateLayer(source.get(), "polygons", nullptr, wkbPolygon, nullptr);
+  // Through the GDAL dataset API (the OGR_Dr_/OGR_DS_ calls are deprecated and crash in GDAL 3.10): the
+  // vector "Memory" driver, merged into "MEM" from GDAL 3.11.
+  GDALDriverH memory = GDALGetDriverByName("Memory");
+  if (memory == nullptr) memory = GDALGetDriverByName("MEM");
+  TILER_CHECK(memory, IoError, "GDAL has no in-memory vector driver");
+  std::unique_ptr<void, DatasetCloser> source(GDALCreate(memory, "polygons", 0, 0, 0, GDT_Unknown, nullptr));
+  TILER_CHECK(source, IoError, "GDAL cannot make an in-memory layer: " << CPLGetLastErrorMsg());
+  OGRLayerH layer = GDALDatasetCreateLayer(source.get(), "polygons", nullptr, wkbPolygon, nullptr);
   OGRFieldDefnH field = OGR_Fld_Create("class", OFTInteger);
   OGR_L_CreateField(layer, field, TRUE);
   OGR_Fld_Destroy(field);

@@ -64,6 +64,11 @@ nlohmann::json inferReport(const RunSummary& run, const WindowCatalog& catalog,
       e["windows_processed"] = img.first_window >= 0 ? img.plannedWindows() : 0;
       e["windows_skipped"] = img.grid.count() - img.plannedWindows();
       if (img.masked) e["mask"] = {{"method", img.mask_method}, {"coverage", img.mask_coverage}};
+      e["level"] = img.resolution.level;
+      e["mpp"] = img.resolution.mpp ? nlohmann::json(*img.resolution.mpp) : nlohmann::json(nullptr);
+      e["source_mpp"] =
+          img.resolution.source_mpp ? nlohmann::json(*img.resolution.source_mpp) : nlohmann::json(nullptr);
+      e["reader"] = img.info.reader;
     }
     if (status == "ok" || status == "skipped") e["outputs"] = img.outputs;
     j["images"].push_back(e);

@@ -14,6 +14,7 @@
 #include "ranks_util.hpp"
 #include "test_util.hpp"
 #include "tiler/error.hpp"
+#include "tiler/torch_compat.hpp"
 
 namespace tiler {
 namespace {
@@ -116,9 +117,25 @@ TEST(Dist, DiscoverWorldFromEachLauncher) {
   EXPECT_THROW(from({{"RANK", "x"}, {"WORLD_SIZE", "4"}}), ConfigError);
 }
 
+TEST(Dist, BackendIsNcclOnlyWhenEveryLocalRankHasAGpu) {
+  EXPECT_EQ(chooseBackend("auto", false, false, 1, 0), "gloo");
+  EXPECT_EQ(chooseBackend("auto", true, true, 2, 2), "nccl");
+  EXPECT_EQ(chooseBackend("auto", true, true, 2, 1), "gloo");   // two ranks on one GPU
+  EXPECT_EQ(chooseBackend("auto", true, false, 1, 1), "gloo");  // a CUDA build without NCCL
+  EXPECT_EQ(chooseBackend("gloo", true, true, 1, 1), "gloo");
+  EXPECT_THROW(chooseBackend("nccl", false, true, 1, 0), ConfigError);
+  try {
+    chooseBackend("nccl", true, true, 4, 2);
+    FAIL() << "nccl accepted 4 ranks on 2 GPUs";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(e.message().find("4 ranks on this node share 2 GPU(s)"), std::string::npos) << e.message();
+  }
+  EXPECT_THROW(chooseBackend("mpi", false, false, 1, 0), ConfigError);
+}
+
 TEST(Dist, GarbageOnTheStorePortDoesNotCrashRankZero) {
   const int port = test::freePort();
-  c10d::TCPStoreOptions so;
+  c10d::TCPStoreOptions so = compat::storeOptions();
   so.port = uint16_t(port);
   so.isServer = true;
   so.waitWorkers = false;
@@ -137,7 +154,7 @@ TEST(Dist, GarbageOnTheStorePortDoesNotCrashRankZero) {
     (void)!write(fd, junk.data(), junk.size());
     close(fd);
   }
-  c10d::TCPStoreOptions co;
+  c10d::TCPStoreOptions co = compat::storeOptions();
   co.port = uint16_t(port);
   co.isServer = false;
   co.timeout = std::chrono::seconds(5);

@@ -21,6 +21,9 @@ namespace fs = std::filesystem;
 namespace tiler {
 namespace {
 
+// Set before any test starts a process (see test_util.hpp).
+const bool kChildrenOnCpu = (test::pinChildProcessesToCpu(), true);
+
 const std::string kCtrun = std::string(TILER_BIN_DIR) + "/ctrun";
 const std::string kTiler = std::string(TILER_BIN_DIR) + "/tiler";
 const std::string kSamples = std::string(TILER_TEST_SOURCE_DIR) + "/samples";

@@ -223,6 +223,22 @@ TEST(Model, Fp16OnCpuIsRefusedClearly) {
   EXPECT_THROW(resolveDevice("tpu", 0), Error);
 }
 
+TEST(Model, JitOptimizeIsRefusedWithMixedPrecision) {
+  auto o = cpuOptions(saveModule("jit_bf16", 3, 2, kConv));
+  o.jit_optimize = true;
+  o.precision = "bf16";
+  try {
+    ModelRunner r(o);
+    FAIL() << "--jit_optimize ran with bf16";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(e.message().find("--jit_optimize fuses ops that mixed precision does not cover"),
+              std::string::npos);
+  }
+  o.precision = "fp32";
+  ModelRunner fp32(o);
+  EXPECT_EQ(fp32.probe(16, 16).output_channels, 2);
+}
+
 TEST(ModelGpu, Fp16OnCuda) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   auto o = cpuOptions(saveModule("cuda", 3, 2, kConv));

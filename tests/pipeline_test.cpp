@@ -19,6 +19,7 @@
 #include <opencv2/imgproc.hpp>
 #include <sstream>
 
+#include "slide_util.hpp"
 #include "test_util.hpp"
 #include "tiler/error.hpp"
 #include "tiler/image_io.hpp"
@@ -28,6 +29,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace tiler {
 namespace {
+
+// Set before any test starts a process (see test_util.hpp).
+const bool kChildrenOnCpu = (test::pinChildProcessesToCpu(), true);
 
 const std::string kCtrun = std::string(TILER_BIN_DIR) + "/ctrun";
 const std::string kTiler = std::string(TILER_BIN_DIR) + "/tiler";
@@ -422,11 +426,12 @@ TEST_F(Pipeline, InfoShowsWhatTheReaderSeesAndTheGrid) {
   auto r =
       run(kTiler + " info " + root_ + "/images/a_large.tif " + root_ + "/images/b_mixed.png --window 128");
   ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_NE(r.output.find("a_large.tif: 700x500, 3 channel(s), u8, tiff, tiled 256x256, deflate"),
+  EXPECT_NE(r.output.find("a_large.tif: 700x500, 3 channel(s), u8, reader tiff, tiled 256x256, deflate"),
             std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("grid: 35 windows (7 x 5) of 128x128"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("b_mixed.png: 300x200, 3 channel(s), u8, png"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("b_mixed.png: 300x200, 3 channel(s), u8, reader opencv, png"), std::string::npos)
+      << r.output;
   auto bad = run(kTiler + " info " + root_ + "/no_such.tif");
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.output.find("no_such.tif': no such file"), std::string::npos) << bad.output;
@@ -619,6 +624,107 @@ void writeTissueSlide(const std::string& path) {
   cv::randu(stain, cv::Scalar(150, 60, 140), cv::Scalar(200, 110, 190));
   stain.copyTo(img, disc);
   writeImage(path, img, SampleType::kU8);
+}
+
+// The pixels of an image file, whatever its tags say.
+cv::Mat pixelsOf(const std::string& path) {
+  auto reader = ImageReader::open(path);
+  return reader->readRegion({0, 0, reader->info().width, reader->info().height});
+}
+
+float xResolutionPerCentimetre(const std::string& path) {
+  TIFF* t = TIFFOpen(path.c_str(), "r");
+  float xres = 0;
+  uint16_t unit = 0;
+  TIFFGetField(t, TIFFTAG_XRESOLUTION, &xres);
+  TIFFGetField(t, TIFFTAG_RESOLUTIONUNIT, &unit);
+  TIFFClose(t);
+  return unit == RESUNIT_CENTIMETER ? xres : -1;
+}
+
+TEST_F(Pipeline, WholeSlideAtMppIsItsLevelPixelForPixel) {
+  if (!test::haveSlideTools()) GTEST_SKIP() << "vips/openslide-tools not installed (scripts/setup-deps.sh)";
+  const std::string dir = root_ + "/wsi";
+  fs::create_directories(dir + "/slides");
+  fs::create_directories(dir + "/export");
+  test::makeSlide(pattern(768, 1024, CV_8UC3, 255), dir + "/plain.tif", dir + "/slides/aperio.svs", 0.25, 40);
+  // Level 1 as OpenSlide's own tool exports it, processed as a plain PNG.
+  auto r =
+      run("openslide-write-png " + dir + "/slides/aperio.svs 0 0 1 512 384 " + dir + "/export/level1.png");
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto tiler = [&](const std::string& input, const std::string& out, const std::string& flags) {
+    auto res = run(kTiler + " -i " + input + " -m " + model_ + " -o " + dir + "/" + out +
+                   " --window 128 --batch_size 4 --threads 1 --save labels,probs --no_progress " + flags);
+    EXPECT_EQ(res.code, 0) << res.output;
+  };
+  tiler(dir + "/slides", "mpp", "--mpp 0.5");
+  tiler(dir + "/slides", "mag", "--magnification 20");
+  tiler(dir + "/slides", "level", "--level 1");
+  tiler(dir + "/export", "png", "");
+  for (const char* other : {"mag", "level"})
+    for (const char* kind : {"probs", "labels"})
+      EXPECT_TRUE(slurp(dir + "/mpp/aperio_" + kind + ".tif") ==
+                  slurp(dir + "/" + other + "/aperio_" + kind + ".tif"))
+          << other << " " << kind;
+  EXPECT_EQ(cv::norm(pixelsOf(dir + "/mpp/aperio_probs.tif"), pixelsOf(dir + "/png/level1_probs.tif"),
+                     cv::NORM_INF),
+            0);
+  const auto e = report(dir + "/mpp")["images"][0];
+  EXPECT_EQ(e["width"], 512);
+  EXPECT_EQ(e["height"], 384);
+  EXPECT_EQ(e["level"], 1);
+  EXPECT_EQ(e["mpp"], 0.5);
+  EXPECT_EQ(e["source_mpp"], 0.25);
+  EXPECT_EQ(e["reader"], "openslide");
+  EXPECT_EQ(report(dir + "/png")["images"][0]["mpp"], nullptr);
+  EXPECT_FLOAT_EQ(xResolutionPerCentimetre(dir + "/mpp/aperio_labels.tif"), 20000.f);  // 0.5 µm/px
+}
+
+TEST_F(Pipeline, ResampledSlideTilesExactlyAndIsTheSameOnOneAndTwoRanks) {
+  if (!test::haveSlideTools()) GTEST_SKIP() << "vips/openslide-tools not installed (scripts/setup-deps.sh)";
+  const std::string dir = root_ + "/wsi_resampled";
+  fs::create_directories(dir + "/slides");
+  test::makeSlide(pattern(768, 1024, CV_8UC3, 255), dir + "/plain.tif", dir + "/slides/aperio.svs", 0.25, 40);
+  const std::string args =
+      " -i " + dir + "/slides -m " + model_ +
+      " --window 96 --batch_size 3 --threads 1 --save labels,probs --no_progress --mpp 0.375";
+  auto one = run(kTiler + args + " -o " + dir + "/one");
+  ASSERT_EQ(one.code, 0) << one.output;
+  auto two = run(kCtrun + " --nproc_per_node 2 --master_port 0 " + kTiler + args + " -o " + dir + "/two");
+  ASSERT_EQ(two.code, 0) << two.output;
+  for (const char* kind : {"probs", "labels"})
+    EXPECT_TRUE(slurp(dir + "/one/aperio_" + kind + ".tif") == slurp(dir + "/two/aperio_" + kind + ".tif"));
+  const auto e = report(dir + "/one")["images"][0];
+  EXPECT_EQ(e["width"], 682);  // floor(1024 / 1.5)
+  EXPECT_EQ(e["height"], 512);
+  EXPECT_EQ(e["level"], 0);
+  EXPECT_DOUBLE_EQ(e["mpp"].get<double>(), 0.375);
+  const cv::Mat labels = pixelsOf(dir + "/one/aperio_labels.tif");
+  EXPECT_EQ(labels.cols, 682);
+  EXPECT_NEAR(xResolutionPerCentimetre(dir + "/one/aperio_labels.tif"), 1e4 / 0.375, 0.01);
+}
+
+TEST_F(Pipeline, SlidesThatCannotBeReadAtTheResolutionFailAlone) {
+  if (!test::haveSlideTools()) GTEST_SKIP() << "vips/openslide-tools not installed (scripts/setup-deps.sh)";
+  const std::string dir = root_ + "/wsi_bad";
+  fs::create_directories(dir + "/slides");
+  test::makeSlide(pattern(768, 1024, CV_8UC3, 255), dir + "/plain.tif", dir + "/slides/a_good.svs", 0.25, 40);
+  fs::copy_file(dir + "/slides/a_good.svs", dir + "/slides/b_cut.svs");
+  fs::resize_file(dir + "/slides/b_cut.svs", fs::file_size(dir + "/slides/a_good.svs") / 3);
+  std::ofstream(dir + "/slides/c_notes.svs") << "not a slide\n";
+  writeImage(dir + "/slides/d_nores.png", pattern(100, 120, CV_8UC3, 255), SampleType::kU8);
+  auto r = run(kTiler + " -i " + dir + "/slides -m " + model_ + " -o " + dir +
+               "/out --window 128 --threads 1 --no_progress --mpp 0.5");
+  EXPECT_EQ(r.code, 2) << r.output;
+  const auto images = report(dir + "/out")["images"];
+  ASSERT_EQ(images.size(), 4u);
+  EXPECT_EQ(images[0]["status"], "ok");
+  EXPECT_TRUE(fs::exists(dir + "/out/a_good_labels.tif"));
+  for (int i = 1; i < 4; ++i) EXPECT_EQ(images[i]["status"], "error") << images[i];
+  EXPECT_NE(images[1]["error"].get<std::string>().find("b_cut.svs'"), std::string::npos) << images[1];
+  EXPECT_NE(images[2]["error"].get<std::string>().find("not a whole-slide image"), std::string::npos);
+  EXPECT_NE(images[3]["error"].get<std::string>().find("states no resolution"), std::string::npos);
+  EXPECT_FALSE(fs::exists(dir + "/out/b_cut_labels.tif"));
 }
 
 TEST_F(Pipeline, TissueMaskSkipsGlassAndKeepsTissueExact) {

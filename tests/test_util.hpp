@@ -86,6 +86,12 @@ class ScratchCleanup : public ::testing::Environment {
 inline ::testing::Environment* const kScratchCleanup =
     ::testing::AddGlobalTestEnvironment(new ScratchCleanup);
 
+// The end-to-end suites' tiler processes run on the CPU whatever the machine has: on a one-GPU machine two
+// ranks would both pick cuda:0 with NCCL (refused) and fp16. GPU tests live in suites of their own.
+inline void pinChildProcessesToCpu() {
+  setenv("CUDA_VISIBLE_DEVICES", "", 1);
+}
+
 // A fresh directory under the test temp dir, unique per process.
 inline std::string scratchDir(const std::string& name) {
   namespace fs = std::filesystem;

@@ -16,6 +16,7 @@
 #include "tiler/grid.hpp"
 #include "tiler/image_io.hpp"
 #include "tiler/mask.hpp"
+#include "tiler/slide.hpp"
 
 namespace tiler {
 
@@ -35,7 +36,10 @@ ChannelAdapt channelAdaptation(int image_channels, int model_channels, const std
 struct CatalogImage {
   std::string input;
   std::string label;  // finetune: the paired label file
+  // info: the image as processed (width and height at the processing resolution; levels, mpp, reader of the
+  // source); label_info: finetune's label file.
   ImageInfo info, label_info;
+  ProcessingResolution resolution;  // the level read and how it is resampled
   WindowGrid grid;
   ChannelAdapt adapt = ChannelAdapt::kNone;
   double scale = 1.0;         // raw sample value -> model input, before mean/std
@@ -61,11 +65,13 @@ struct CatalogSpec {
   Scale output_scale;
   double scale = 0.0;  // 0: defaultScale of each image's sample type
   MaskSpec mask;       // which windows to keep (infer)
+  ResolutionSpec resolution;
 };
 
 class WindowCatalog {
  public:
-  // Opens `path`'s header and fills an image for `spec`, keeping only the windows with at least
+  // Opens `path`'s header and fills an image for `spec` at its processing resolution (spec.resolution),
+  // keeping only the windows with at least
   // spec.mask.fraction of their pixels inside its mask (if any); a failure (a mask that cannot be made too)
   // becomes status "error", never a throw.
   static CatalogImage describe(const std::string& path, const CatalogSpec& spec);

@@ -37,6 +37,12 @@ WorldInfo discoverWorld(const EnvLookup& env = nullptr);
 // other than 0 log only warnings and errors.
 WorldInfo joinWorld();
 
+// The collective backend for `requested` (auto | gloo | nccl): auto is NCCL on a CUDA device of a build
+// with NCCL when each local rank has a GPU of its own (NCCL refuses two ranks on one device), gloo
+// otherwise; an explicit nccl that cannot work is a ConfigError saying why.
+std::string chooseBackend(const std::string& requested, bool cuda_device, bool nccl_compiled,
+                          int local_world_size, int gpus);
+
 struct DistOptions {
   std::string backend = "auto";  // auto | gloo | nccl
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};

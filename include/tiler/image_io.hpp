@@ -2,8 +2,10 @@
 //
 // ImageReader: TIFF through libtiff decodes only the tiles or strips a region touches; a bounded LRU cache of
 // decoded tiles/strips (2.5 rows of tiles across the image, at least 16 MiB, at most 512 MiB) keeps
-// neighbouring windows from decoding the same tile twice. Other formats go through OpenCV, decoded once at
-// open and shared by all regions. Thread safety: readRegion() may be called from several threads at once;
+// neighbouring windows from decoding the same tile twice; reduced-resolution pages and SubIFDs are levels,
+// each opened (its own handle and cache) on first read. Whole-slide files and TIFFs that OpenSlide knows as a
+// vendor format go through OpenSlide (slide.hpp). Other formats go through OpenCV, decoded once at open and
+// shared by all regions. Thread safety: readRegion() may be called from several threads at once;
 // each reader serialises its libtiff handle behind one internal mutex (the copy out of cached tiles happens
 // under it too). Pixels are HWC in the file's native type (u8, u16, i16, u32, f32); colour is RGB(A), never
 // BGR.
@@ -49,6 +51,19 @@ struct ImageInfo {
   bool planar_separate = false;
   bool bigtiff = false;
   std::optional<double> nodata;  // TIFF GDAL_NODATA: a pixel whose every band equals it holds no data
+  // Resolution levels, level 0 (this image's width x height) first: a TIFF's reduced-resolution pages or
+  // SubIFDs of the same samples, a whole slide's levels; one level for everything else.
+  struct Level {
+    int64_t width = 0, height = 0;
+    double downsample = 1.0;  // level-0 pixels per level pixel (mean of the two axes, as OpenSlide's)
+  };
+  std::vector<Level> levels;
+  // Level 0's micrometres per pixel (x): OpenSlide's mpp-x, TIFF X/YResolution in inches or centimetres,
+  // or a projected GeoTIFF's metres per pixel x 10^6. Unset when the file does not say.
+  std::optional<double> mpp;
+  std::optional<double> objective_power;  // whole slides: the scan's magnification (e.g. 40)
+  std::string reader;                     // tiff | openslide | opencv
+  std::string vendor;                     // whole slides: OpenSlide's vendor (aperio, hamamatsu, ...)
 };
 
 class ImageReader {
@@ -57,14 +72,21 @@ class ImageReader {
   static std::unique_ptr<ImageReader> open(const std::string& path);
   virtual ~ImageReader() = default;
   virtual const ImageInfo& info() const = 0;
-  // Exactly the pixels of `region`, which must lie inside the image. Thread safe.
-  virtual cv::Mat readRegion(const Rect& region) = 0;
+  // Exactly the pixels of `region` of resolution level `level` (its own pixel coordinates), which must lie
+  // inside that level. Thread safe.
+  virtual cv::Mat readRegion(const Rect& region, int level) = 0;
+  cv::Mat readRegion(const Rect& region) { return readRegion(region, 0); }
   // Decoded bytes held by the tile/strip cache or the whole-image buffer, for memory tests.
   virtual size_t cachedBytes() const = 0;
 };
 
-// True for extensions tiler treats as images (tif, tiff, png, jpg, jpeg, bmp, webp, and OpenCV's others).
+// True for extensions tiler treats as images (tif, tiff, png, jpg, jpeg, bmp, webp, and OpenCV's others,
+// and the whole-slide formats of isWholeSlideExtension).
 bool hasImageExtension(const std::string& path);
+// .svs .ndpi .mrxs .scn .vms .vmu .bif .svslide: read through OpenSlide.
+bool isWholeSlideExtension(const std::string& path);
+// The lower-case extension with its dot ("" when none).
+std::string lowerExtension(const std::string& path);
 
 // The sample type of a labels image for `classes` classes (a one-channel model has 2): u8 up to 256
 // classes (ids 0..255), u16 above. The one place that decides it.
@@ -91,6 +113,8 @@ struct WriterOptions {
   // TIFF, one u8/u16 channel: a palette (Photometric 3); entry k is class k's RGB. Padded with black.
   std::vector<std::array<uint8_t, 3>> colormap;
   std::string description;  // TIFF ImageDescription (e.g. class names as JSON)
+  // TIFF: micrometres per output pixel, written as X/YResolution in centimetres (over those copied).
+  std::optional<double> mpp;
 };
 
 class ImageWriter {

@@ -81,7 +81,9 @@ void windowToModelInput(const cv::Mat& window, ChannelAdapt adapt, float* dst);
 class ReaderCache {
  public:
   explicit ReaderCache(size_t capacity = 64) : capacity_(capacity) {}
-  ImageReader& get(const std::string& path);
+  // The reader of `path` at level 0, or of a catalog image at its processing resolution.
+  ImageReader& get(const std::string& path, const ProcessingResolution& resolution = {});
+  ImageReader& get(const CatalogImage& image) { return get(image.input, image.resolution); }
   void drop(const std::string& path) { readers_.erase(path); }
   // Closes the readers of every path that sorts before `path` (the images a thread has walked past).
   void dropBefore(const std::string& path) { readers_.erase(readers_.begin(), readers_.lower_bound(path)); }
@@ -113,6 +115,8 @@ struct LoaderOptions {
   double cval = 0.0;
   size_t depth = 2;     // batches read ahead
   bool pinned = false;  // page-locked pixels, for asynchronous copies to a GPU
+  // The model's device, made current on the read-ahead thread (pinned buffers belong to its context).
+  torch::Device device = torch::kCPU;
   int rank = 0;
   std::optional<Fault> fault;  // TILER_FAULT (stage read)
 };

@@ -33,8 +33,10 @@ MaskSpec parseMaskSpec(const std::string& mask, double fraction);
 
 class CoverageMask {
  public:
-  // Builds the map of `reader`'s image for `spec` (mode auto or path).
-  static CoverageMask make(ImageReader& reader, const MaskSpec& spec);
+  // Builds the map of `source`'s image for `spec` (mode auto or path), covering the image seen at
+  // width x height (0: its level 0; another processing resolution of it). Auto masks are made from the
+  // coarsest level that still has spec.max_side pixels.
+  static CoverageMask make(ImageReader& source, const MaskSpec& spec, int64_t width = 0, int64_t height = 0);
   // A map given directly (tests): `map` float32 [0,1], covering an image of width x height.
   CoverageMask(cv::Mat map, int64_t width, int64_t height, std::string method);
 

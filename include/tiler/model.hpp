@@ -73,6 +73,9 @@ class ModelRunner {
   ModelOptions options_;
   torch::Device device_;
   Precision precision_;
+  // The model's device made current on the thread that made the runner (restored when it goes): CUDA calls
+  // that take the current device (events, pinned memory, cuBLAS handles) then use this rank's GPU, not GPU 0.
+  c10::DeviceGuard current_device_;
   torch::jit::Module module_;
   ModelProbe probe_;
   torch::Tensor mean_, inv_std_;  // [1,C,1,1] on device, or undefined

@@ -71,8 +71,9 @@ class OutputStage {
   struct ImageOutputs {
     std::unique_ptr<ImageWriter> labels, probs;
     std::unique_ptr<Stitcher> stitcher;
-    std::string polygons;     // final path of the GeoJSON, when asked
-    bool keep_labels = true;  // false: the labels only feed the polygons
+    std::string polygons;                       // final path of the GeoJSON, when asked
+    double input_pixels_per_label_pixel = 1.0;  // level-0 input pixels per output pixel (polygons)
+    bool keep_labels = true;                    // false: the labels only feed the polygons
   };
   void loop();
   void stitchStep(StepResult& step);

@@ -38,6 +38,11 @@ struct InferOptions : JobOptions {
   bool pyramid = false;         // reduced-resolution pages in the TIFF outputs
   std::string classes;          // NAME[:#rrggbb],... for classes 0..K-1
   double simplify = 0.0;        // polygon simplification tolerance in input pixels; 0: exact outlines
+  // Processing resolution (at most one of the first three) and the sources' µm/px.
+  int level = -1;
+  double mpp = 0.0;
+  double magnification = 0.0;
+  double input_mpp = 0.0;
 };
 
 // Runs the job; returns kExitOk, or kExitSomeFailed when images failed. Throws on fatal errors (on every

@@ -3,7 +3,8 @@
 // from 2.4); (2) the c10d collective type (ProcessGroupGloo/NCCL derive from ProcessGroup in 1.13 and from
 // Backend in 2.x) and the USE_C10D_* macros the c10d headers need; (3) whether NCCL is compiled in
 // (TILER_WITH_CUDA from CMake: CUDA builds of LibTorch ship NCCL on Linux); (4) the environment variables
-// that make NCCL's wait(timeout) throw (renamed with a TORCH_ prefix in 2.2).
+// that make NCCL's wait(timeout) throw (renamed with a TORCH_ prefix in 2.2); (5) TCPStore's libuv default
+// (2.4+).
 // Include only from .cpp files that need c10d or autocast: it pulls in heavy headers.
 #pragma once
 
@@ -52,6 +53,16 @@ inline void setAutocast(c10::DeviceType device, bool enabled, at::ScalarType dty
     if (enabled) at::autocast::set_autocast_gpu_dtype(dtype);
   }
 #endif
+}
+
+// TCPStore options on the classic socket backend: from 2.4 TCPStore asks for libuv by default and throws
+// when the build has none (Debian's 2.6); the classic backend exists in every version.
+inline c10d::TCPStoreOptions storeOptions() {
+  c10d::TCPStoreOptions options;
+#if TILER_TORCH_AT_LEAST(2, 3)
+  options.useLibUV = false;
+#endif
+  return options;
 }
 
 // RAII: autocast on for a scope (forward passes), restored and its cast cache cleared on exit.

@@ -13,6 +13,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <opencv2/imgproc.hpp>
+#include <thread>
 
 #include "tiler/blend.hpp"
 #include "tiler/cli.hpp"
@@ -71,7 +72,9 @@ double currentRssMegabytes() {
   return resident * double(sysconf(_SC_PAGESIZE)) / 1048576.0;
 }
 
-int io(const std::string& path, int64_t window, const std::string& overlap) {
+// Window reads through one reader, by `threads` threads taking every threads-th window (as a decode pool
+// would): the libtiff reader serialises them behind its lock, OpenSlide gives each thread a handle.
+int io(const std::string& path, int64_t window, const std::string& overlap, int threads) {
   // What reading costs, apart from the process itself (this binary maps LibTorch, which tiler's reader
   // does not need): resident memory before the image is opened.
   const double baseline = currentRssMegabytes();
@@ -81,16 +84,26 @@ int io(const std::string& path, int64_t window, const std::string& overlap) {
   tiler::parseOverlap(overlap, spec);
   tiler::WindowGrid grid(info.width, info.height, spec);
   auto t0 = Clock::now();
-  double bytes = 0;
-  for (int64_t i = 0; i < grid.count(); ++i) {
-    cv::Mat m = tiler::readWindow(*reader, grid, i, tiler::PadMode::kConstant, 0);
-    bytes += double(m.total() * m.elemSize());
-  }
+  std::vector<double> thread_bytes(size_t(std::max(1, threads)), 0.0);
+  std::vector<std::thread> pool;
+  for (size_t t = 0; t < thread_bytes.size(); ++t)
+    pool.emplace_back([&, t] {
+      for (int64_t i = int64_t(t); i < grid.count(); i += int64_t(thread_bytes.size())) {
+        cv::Mat m = tiler::readWindow(*reader, grid, i, tiler::PadMode::kConstant, 0);
+        thread_bytes[t] += double(m.total() * m.elemSize());
+      }
+    });
+  for (auto& th : pool) th.join();
   const double s = since(t0);
+  double bytes = 0;
+  for (double b : thread_bytes) bytes += b;
   const double image_mb =
       double(info.width * info.height * info.channels * tiler::bytesPerSample(info.type)) / 1048576.0;
   std::cout << nlohmann::json{{"windows", grid.count()},
+                              {"reader", info.reader},
+                              {"threads", thread_bytes.size()},
                               {"seconds", s},
+                              {"windows_per_second", double(grid.count()) / s},
                               {"mb_per_second", bytes / 1048576.0 / s},
                               {"peak_rss_mb", tiler::peakRssMegabytes()},
                               {"image_mb", image_mb},
@@ -271,6 +284,8 @@ int main(int argc, char** argv) {
   i->add_option("image", path)->required();
   i->add_option(flagNames("--window"), window);
   i->add_option(flagNames("--overlap"), overlap);
+  int read_threads = 1;
+  i->add_option(flagNames("--threads"), read_threads, "reading threads sharing the reader");
   auto* n = app.add_subcommand("naive", "whole-image baseline");
   n->add_option("image", path)->required();
   n->add_option(flagNames("-m,--model"), model)->required();
@@ -291,7 +306,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (*f) return forward(model, window, batch, windows, threads, precision, jit_optimize);
-    if (*i) return io(path, window, overlap);
+    if (*i) return io(path, window, overlap, read_threads);
     if (*n) return naive(path, model, window, batch, threads);
     if (*mk) return make(path, size, tissue);
     if (*t) return tinyModel(path, threshold);

@@ -16,18 +16,42 @@ int runInfo(const InfoOptions& o) {
   int status = kExitOk;
   for (const auto& path : listImages(o.paths, false)) {
     try {
-      auto reader = ImageReader::open(path);
-      const ImageInfo& i = reader->info();
-      std::cout << path << ": " << i.width << "x" << i.height << ", " << i.channels << " channel(s), "
-                << sampleTypeName(i.type) << ", " << i.format;
-      if (i.format == "tiff") {
-        std::cout << (i.tiled
-                          ? ", tiled " + std::to_string(i.tile_width) + "x" + std::to_string(i.tile_height)
-                          : ", striped (" + std::to_string(i.rows_per_strip) + " rows/strip)")
-                  << ", " << i.compression << (i.planar_separate ? ", planar separate" : "")
-                  << (i.bigtiff ? ", BigTIFF" : "") << ", " << i.pages << " page(s)";
+      auto source = ImageReader::open(path);
+      const ImageInfo& s = source->info();
+      std::cout << path << ": " << s.width << "x" << s.height << ", " << s.channels << " channel(s), "
+                << sampleTypeName(s.type) << ", reader " << s.reader;
+      if (!s.vendor.empty()) std::cout << " (" << s.vendor << ")";
+      if (s.format == "tiff") {
+        std::cout << (s.tiled
+                          ? ", tiled " + std::to_string(s.tile_width) + "x" + std::to_string(s.tile_height)
+                          : ", striped (" + std::to_string(s.rows_per_strip) + " rows/strip)")
+                  << ", " << s.compression << (s.planar_separate ? ", planar separate" : "")
+                  << (s.bigtiff ? ", BigTIFF" : "") << ", " << s.pages << " page(s)";
+      } else if (s.reader == "opencv") {
+        std::cout << ", " << s.format;
       }
       std::cout << "\n";
+      if (s.mpp || s.objective_power) {
+        std::cout << "  resolution:";
+        if (s.mpp) std::cout << " " << *s.mpp << " um/px";
+        if (s.objective_power) std::cout << " " << *s.objective_power << "x";
+        std::cout << "\n";
+      }
+      for (size_t l = 0; l < s.levels.size() && s.levels.size() > 1; ++l) {
+        std::cout << "  level " << l << ": " << s.levels[l].width << "x" << s.levels[l].height
+                  << ", downsample " << s.levels[l].downsample;
+        if (s.mpp) std::cout << ", " << *s.mpp * s.levels[l].downsample << " um/px";
+        std::cout << "\n";
+      }
+      const ProcessingResolution res = chooseResolution(s, o.resolution);
+      auto reader = viewAtResolution(*source, res);
+      const ImageInfo& i = reader->info();
+      if (o.resolution.chosen()) {
+        std::cout << "  processing: level " << res.level << (res.factor != 1.0 ? " resampled" : "") << ", "
+                  << i.width << "x" << i.height;
+        if (res.mpp) std::cout << ", " << *res.mpp << " um/px";
+        std::cout << "\n";
+      }
       if (!window.empty()) {
         const GridSpec spec = parseGridSpec(window, o.overlap);
         WindowGrid grid(i.width, i.height, spec);
@@ -43,7 +67,7 @@ int runInfo(const InfoOptions& o) {
         std::cout << "\n";
       }
       if (mask.mode != MaskMode::kNone) {
-        const CoverageMask m = CoverageMask::make(*reader, mask);
+        const CoverageMask m = CoverageMask::make(*source, mask, i.width, i.height);
         std::cout << "  mask: " << m.method() << ", coverage " << std::fixed << std::setprecision(1)
                   << 100.0 * m.coverage() << "%" << std::defaultfloat;
         if (!window.empty()) {
@@ -81,7 +105,9 @@ void writeOverlay(const std::string& image_path, const std::string& labels_path,
   auto labels = ImageReader::open(labels_path);
   const ImageInfo& info = image->info();
   const double factor = std::min(1.0, double(max_side) / double(std::max(info.width, info.height)));
-  cv::Mat rgb = shrinkImage(*image, max_side);
+  // A whole slide is shrunk from its coarsest level that is still large enough.
+  cv::Mat rgb = shrinkImage(
+      *viewAtResolution(*image, chooseResolution(info, {overviewLevel(info, max_side)})), max_side);
   if (rgb.depth() != CV_8U) cv::normalize(rgb, rgb, 0, 255, cv::NORM_MINMAX, CV_8U);
   if (rgb.channels() == 1) cv::cvtColor(rgb, rgb, cv::COLOR_GRAY2RGB);
   if (rgb.channels() == 4) cv::cvtColor(rgb, rgb, cv::COLOR_RGBA2RGB);

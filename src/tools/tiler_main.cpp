@@ -38,6 +38,23 @@ void addJobFlags(CLI::App& app, tiler::JobOptions& o) {
   app.add_flag(flagNames("--no_progress"), o.no_progress, "no progress output");
 }
 
+// --level | --mpp | --magnification (at most one) and --input_mpp, for infer and info.
+void addResolutionFlags(CLI::App& app, int& level, double& mpp, double& magnification, double& input_mpp) {
+  auto* l = app.add_option(flagNames("--level"), level, "process this resolution level as it is (0: full)")
+                ->check(CLI::NonNegativeNumber);
+  auto* m = app.add_option(flagNames("--mpp"), mpp,
+                           "process at this many micrometres per pixel (from the coarsest level at least as "
+                           "fine, resampled by area)")
+                ->check(CLI::PositiveNumber);
+  auto* x = app.add_option(flagNames("--magnification"), magnification,
+                           "process at this objective power (20 = 20x; 10/X um/px when a slide states none)")
+                ->check(CLI::PositiveNumber);
+  l->excludes(m)->excludes(x);
+  m->excludes(x);
+  app.add_option(flagNames("--input_mpp"), input_mpp, "the inputs' level-0 um/px, over their metadata")
+      ->check(CLI::PositiveNumber);
+}
+
 int runInferCli(int argc, char** argv) {
   tiler::InferOptions o;
   CLI::App app{
@@ -46,7 +63,7 @@ int runInferCli(int argc, char** argv) {
       "Commands:\n"
       "  tiler [infer] [FLAGS]               run a model over images (the default; the flags above)\n"
       "  tiler finetune --images I --labels L  train a model on tiles of image/label pairs\n"
-      "  tiler info IMAGE...                 what tiler sees: size, type, tiling, grid, mask\n"
+      "  tiler info IMAGE...                 what tiler sees: size, type, levels, grid, mask\n"
       "  tiler overlay IMAGE LABELS OUT.png  a colour overlay of a result, with grid and mask\n"
       "  tiler version                       versions, CUDA/NCCL, where the bundled samples are\n"
       "Run 'tiler COMMAND --help' for a command's flags.");
@@ -74,6 +91,7 @@ int runInferCli(int argc, char** argv) {
   app.add_option(flagNames("--mask_fraction"), o.mask_fraction,
                  "share of a window inside the mask to process it")
       ->capture_default_str();
+  addResolutionFlags(app, o.level, o.mpp, o.magnification, o.input_mpp);
   app.add_flag(flagNames("--pyramid"), o.pyramid, "reduced-resolution levels in the TIFF outputs");
   app.add_option(flagNames("--simplify"), o.simplify, "polygon simplification tolerance, pixels (0: exact)");
   app.add_option(flagNames("--classes"), o.classes,
@@ -98,6 +116,8 @@ int runInfoCli(int argc, char** argv) {
                  "share of a window inside the mask to keep it")
       ->capture_default_str();
   app.add_option(flagNames("--mask_preview"), o.mask_preview, "write the coverage map as a PNG");
+  addResolutionFlags(app, o.resolution.level, o.resolution.mpp, o.resolution.magnification,
+                     o.resolution.input_mpp);
   if (const int code = tiler::parseCommandLine(app, argc, argv, "tiler info"); code >= 0) return code;
   return tiler::tools::runInfo(o);
 }

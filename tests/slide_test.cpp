@@ -1,0 +1,287 @@
+// slide: resolution choice, resampling that tiles exactly, TIFF levels (pages and SubIFDs) and OpenSlide.
+#include "tiler/slide.hpp"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <opencv2/core.hpp>
+#include <random>
+
+#include "slide_util.hpp"
+#include "test_util.hpp"
+#include "tiler/error.hpp"
+
+namespace fs = std::filesystem;
+
+namespace tiler {
+namespace {
+
+ImageInfo slideInfo(std::optional<double> mpp, std::optional<double> power) {
+  ImageInfo info;
+  info.path = "slide.svs";
+  info.width = 4000;
+  info.height = 3000;
+  // An odd-sized scan: the "2x" level has a downsample of 2.0003, as scanners round level sizes.
+  info.levels = {{4000, 3000, 1.0}, {1999, 1500, 2.0003}, {1000, 750, 4.0}, {250, 187, 16.02}};
+  info.mpp = mpp;
+  info.objective_power = power;
+  return info;
+}
+
+std::string errorOf(const ImageInfo& info, const ResolutionSpec& spec) {
+  try {
+    chooseResolution(info, spec);
+  } catch (const IoError& e) {
+    return e.message();
+  }
+  return "";
+}
+
+TEST(Slide, ChoosesTheCoarsestLevelAtLeastAsFineAndResamplesOnlyBetweenLevels) {
+  const ImageInfo info = slideInfo(0.25, 40);
+  auto native = chooseResolution(info, {});
+  EXPECT_TRUE(native.native());
+  EXPECT_EQ(native.width, 4000);
+  EXPECT_DOUBLE_EQ(*native.mpp, 0.25);
+
+  auto level1 = chooseResolution(info, ResolutionSpec{-1, 0.5});  // within 1% of level 1: as it is
+  EXPECT_EQ(level1.level, 1);
+  EXPECT_EQ(level1.factor, 1.0);
+  EXPECT_EQ(level1.width, 1999);
+  EXPECT_EQ(level1.height, 1500);
+  EXPECT_NEAR(*level1.mpp, 0.25 * 2.0003, 1e-12);  // the level's own resolution is reported
+
+  auto between = chooseResolution(info, ResolutionSpec{-1, 0.75});  // 3x: level 1 resampled by 1.4998
+  EXPECT_EQ(between.level, 1);
+  EXPECT_NEAR(between.factor, 3.0 / 2.0003, 1e-12);
+  EXPECT_EQ(between.width, int64_t(1999 / between.factor));
+  EXPECT_NEAR(between.downsample, 3.0, 1e-12);
+  EXPECT_NEAR(*between.mpp, 0.75, 1e-12);
+
+  auto coarse = chooseResolution(info, ResolutionSpec{-1, 8.0});  // 32x: below the coarsest level
+  EXPECT_EQ(coarse.level, 3);
+  EXPECT_NEAR(coarse.factor, 32.0 / 16.02, 1e-12);
+
+  auto level2 = chooseResolution(info, ResolutionSpec{2});
+  EXPECT_EQ(level2.level, 2);
+  EXPECT_EQ(level2.factor, 1.0);
+  EXPECT_EQ(level2.width, 1000);
+  EXPECT_DOUBLE_EQ(*level2.mpp, 1.0);
+}
+
+TEST(Slide, MagnificationGoesByObjectivePowerElseTenMicrometresOverX) {
+  // 40x scan: 20x is level 1, whatever the µm/px says.
+  auto by_power = chooseResolution(slideInfo(0.3, 40), ResolutionSpec{-1, 0, 20});
+  EXPECT_EQ(by_power.level, 1);
+  EXPECT_EQ(by_power.factor, 1.0);
+  // No objective power: 20x is 0.5 µm/px, so a 0.25 µm/px scan reads level 1.
+  auto by_mpp = chooseResolution(slideInfo(0.25, std::nullopt), ResolutionSpec{-1, 0, 20});
+  EXPECT_EQ(by_mpp.level, 1);
+  // --input_mpp overrides the metadata.
+  auto overridden = chooseResolution(slideInfo(0.25, std::nullopt), ResolutionSpec{-1, 1.0, 0, 0.5});
+  EXPECT_EQ(overridden.level, 1);
+  EXPECT_DOUBLE_EQ(*overridden.source_mpp, 0.5);
+}
+
+TEST(Slide, TargetsThatCannotBeMetNameTheImageAndWhy) {
+  EXPECT_NE(
+      errorOf(slideInfo(std::nullopt, std::nullopt), ResolutionSpec{-1, 0.5}).find("states no resolution"),
+      std::string::npos);
+  EXPECT_NE(
+      errorOf(slideInfo(std::nullopt, std::nullopt), ResolutionSpec{-1, 0, 20}).find("neither an objective"),
+      std::string::npos);
+  const std::string finer = errorOf(slideInfo(0.25, 40), ResolutionSpec{-1, 0.1});
+  EXPECT_NE(finer.find("'slide.svs': --mpp 0.1 is finer than the scan itself (level 0 is 0.25 µm/px, 40x)"),
+            std::string::npos)
+      << finer;
+  EXPECT_NE(errorOf(slideInfo(0.25, 40), ResolutionSpec{-1, 0, 80}).find("finer than the scan"),
+            std::string::npos);
+  EXPECT_NE(
+      errorOf(slideInfo(0.25, 40), ResolutionSpec{4}).find("--level 4 does not exist (it has 4 level(s)"),
+      std::string::npos);
+  // Within the tolerance of level 0 is level 0, not an error.
+  EXPECT_TRUE(chooseResolution(slideInfo(0.25, 40), ResolutionSpec{-1, 0.249}).native());
+}
+
+cv::Mat randomImage(int h, int w, int type, unsigned seed) {
+  cv::Mat m(h, w, type);
+  cv::RNG rng(seed);
+  rng.fill(m, cv::RNG::UNIFORM, 0, 255);
+  return m;
+}
+
+void writeTiff(const std::string& path, const cv::Mat& img, bool pyramid = false) {
+  WriterOptions o;
+  o.pyramid = pyramid;
+  o.tile = 64;
+  ImageWriter w(path, img.cols, img.rows, img.channels(),
+                img.depth() == CV_16U ? SampleType::kU16 : SampleType::kU8, o);
+  w.writeRows(img);
+  w.close();
+}
+
+TEST(Slide, ResampledWindowsHoldTheSamePixelsWhereverTheyLie) {
+  const std::string dir = test::scratchDir("slide_resample");
+  const cv::Mat img = randomImage(257, 301, CV_8UC3, 7);
+  writeTiff(dir + "/a.tif", img);
+  ImageInfo info = ImageReader::open(dir + "/a.tif")->info();
+  const ProcessingResolution res = chooseResolution(info, ResolutionSpec{-1, 1.5, 0, 1.0});
+  ASSERT_DOUBLE_EQ(res.factor, 1.5);
+  ASSERT_EQ(res.width, 200);  // floor(301 / 1.5)
+  ASSERT_EQ(res.height, 171);
+  auto reader = atResolution(ImageReader::open(dir + "/a.tif"), res);
+  EXPECT_EQ(reader->info().width, 200);
+  const cv::Mat whole = reader->readRegion({0, 0, 200, 171});
+  std::mt19937 rng(3);
+  for (int i = 0; i < 40; ++i) {
+    const int x = int(rng() % 190), y = int(rng() % 160);
+    const int w = 1 + int(rng() % uint32_t(200 - x)), h = 1 + int(rng() % uint32_t(171 - y));
+    const cv::Mat part = reader->readRegion({x, y, w, h});
+    EXPECT_EQ(cv::norm(part, whole(cv::Rect(x, y, w, h)), cv::NORM_INF), 0)
+        << x << "," << y << " " << w << "x" << h;
+  }
+  // The weights of every output pixel add up to one: a flat image stays flat.
+  writeTiff(dir + "/flat.tif", cv::Mat(99, 131, CV_16UC1, cv::Scalar(40000)));
+  auto flat = atResolution(ImageReader::open(dir + "/flat.tif"),
+                           chooseResolution(ImageReader::open(dir + "/flat.tif")->info(), {-1, 1.7, 0, 1.0}));
+  double lo = 0, hi = 0;
+  cv::minMaxLoc(flat->readRegion({0, 0, flat->info().width, flat->info().height}), &lo, &hi);
+  EXPECT_EQ(lo, 40000);
+  EXPECT_EQ(hi, 40000);
+  // An integer factor is the mean of each 2x2 block.
+  auto half = atResolution(ImageReader::open(dir + "/a.tif"), chooseResolution(info, {-1, 2.0, 0, 1.0}));
+  const cv::Mat h2 = half->readRegion({0, 0, 150, 128});
+  for (int y = 0; y < 128; y += 17)
+    for (int x = 0; x < 150; x += 13)
+      for (int c = 0; c < 3; ++c) {
+        const double sum = img.at<cv::Vec3b>(2 * y, 2 * x)[c] + img.at<cv::Vec3b>(2 * y, 2 * x + 1)[c] +
+                           img.at<cv::Vec3b>(2 * y + 1, 2 * x)[c] +
+                           img.at<cv::Vec3b>(2 * y + 1, 2 * x + 1)[c];
+        EXPECT_EQ(h2.at<cv::Vec3b>(y, x)[c], cv::saturate_cast<uint8_t>(sum / 4.0));
+      }
+}
+
+TEST(Slide, TiffReaderReadsReducedPagesAndSubIfdsAsLevels) {
+  const std::string dir = test::scratchDir("slide_tiff_levels");
+  const cv::Mat img = randomImage(300, 520, CV_8UC3, 11);
+  writeTiff(dir + "/pyramid.tif", img, true);  // NewSubfileType 1 pages: 260x150 ... 33x19 (one tile)
+  auto reader = ImageReader::open(dir + "/pyramid.tif");
+  const auto& levels = reader->info().levels;
+  ASSERT_EQ(levels.size(), 5u);
+  EXPECT_EQ(levels[1].width, 260);
+  EXPECT_EQ(levels[1].height, 150);
+  EXPECT_DOUBLE_EQ(levels[1].downsample, 2.0);
+  EXPECT_EQ(levels[3].width, 65);
+  EXPECT_EQ(reader->info().reader, "tiff");
+  // Level 1 holds exactly the pixels of page 1 (extracted with libtiff's tiffcp).
+  auto r = test::runCommand("tiffcp " + dir + "/pyramid.tif,1 " + dir + "/page1.tif");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const cv::Mat page1 = ImageReader::open(dir + "/page1.tif")->readRegion({0, 0, 260, 150});
+  EXPECT_EQ(cv::norm(reader->readRegion({0, 0, 260, 150}, 1), page1, cv::NORM_INF), 0);
+  EXPECT_EQ(
+      cv::norm(reader->readRegion({100, 50, 64, 64}, 1), page1(cv::Rect(100, 50, 64, 64)), cv::NORM_INF), 0);
+  EXPECT_THROW(reader->readRegion({0, 0, 261, 1}, 1), IoError);
+  EXPECT_THROW(reader->readRegion({0, 0, 1, 1}, 5), IoError);
+  // A plain TIFF has one level.
+  writeTiff(dir + "/flat.tif", img);
+  EXPECT_EQ(ImageReader::open(dir + "/flat.tif")->info().levels.size(), 1u);
+
+  if (!test::haveSlideTools()) GTEST_SKIP() << "vips not installed (scripts/setup-deps.sh installs it)";
+  // libvips' SubIFD pyramid (the OME-TIFF layout): the levels hang off page 0.
+  r = test::runCommand(
+      "vips tiffsave " + dir + "/flat.tif " + dir +
+      "/subifd.tif --tile --pyramid --subifd --compression deflate --tile-width 64 --tile-height 64");
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto sub = ImageReader::open(dir + "/subifd.tif");
+  ASSERT_GE(sub->info().levels.size(), 3u);
+  EXPECT_EQ(sub->info().pages, 1);
+  EXPECT_EQ(sub->info().levels[1].width, 260);
+  const cv::Mat l1 = sub->readRegion({0, 0, 260, 150}, 1);
+  cv::Mat shrunk;
+  cv::resize(img, shrunk, cv::Size(260, 150), 0, 0, cv::INTER_AREA);
+  EXPECT_LE(cv::norm(l1, shrunk, cv::NORM_L1) / double(l1.total() * 3), 1.0);  // libvips' own 2x2 shrink
+}
+
+class SlideFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!test::haveSlideTools()) GTEST_SKIP() << "vips/openslide-tools not installed (scripts/setup-deps.sh)";
+    dir_ = test::scratchDir("slide_files");
+    image_ = randomImage(768, 1024, CV_8UC3, 5);
+    cv::GaussianBlur(image_, image_, cv::Size(9, 9), 3);
+    test::makeSlide(image_, dir_ + "/plain.tif", dir_ + "/aperio.svs", 0.25, 40);
+  }
+  std::string dir_;
+  cv::Mat image_;
+};
+
+TEST_F(SlideFiles, OpenSlideReadsAnAperioSlideWithItsLevelsAndResolution) {
+  auto slide = ImageReader::open(dir_ + "/aperio.svs");
+  const ImageInfo& info = slide->info();
+  EXPECT_EQ(info.reader, "openslide");
+  EXPECT_EQ(info.vendor, "aperio");
+  EXPECT_EQ(info.width, 1024);
+  EXPECT_EQ(info.channels, 3);
+  ASSERT_TRUE(info.mpp && info.objective_power);
+  EXPECT_DOUBLE_EQ(*info.mpp, 0.25);
+  EXPECT_DOUBLE_EQ(*info.objective_power, 40);
+  ASSERT_EQ(info.levels.size(), 3u);  // 1024x768, 512x384, 256x192 (one tile)
+  EXPECT_EQ(info.levels[1].width, 512);
+  EXPECT_DOUBLE_EQ(info.levels[2].downsample, 4.0);
+  // Level 1 as OpenSlide's own tool exports it.
+  auto r = test::runCommand("openslide-write-png " + dir_ + "/aperio.svs 0 0 1 512 384 " + dir_ + "/l1.png");
+  ASSERT_EQ(r.code, 0) << r.output;
+  cv::Mat exported = cv::imread(dir_ + "/l1.png", cv::IMREAD_COLOR);
+  cv::cvtColor(exported, exported, cv::COLOR_BGR2RGB);
+  EXPECT_EQ(cv::norm(slide->readRegion({0, 0, 512, 384}, 1), exported, cv::NORM_INF), 0);
+  EXPECT_EQ(cv::norm(slide->readRegion({300, 200, 100, 90}, 1), exported(cv::Rect(300, 200, 100, 90)),
+                     cv::NORM_INF),
+            0);
+  // The same tiles through libtiff (the plain file is generic-tiff to OpenSlide, so tiler reads it itself).
+  auto plain = ImageReader::open(dir_ + "/plain.tif");
+  EXPECT_EQ(plain->info().reader, "tiff");
+  EXPECT_EQ(plain->info().levels.size(), 3u);
+  EXPECT_LE(cv::norm(plain->readRegion({0, 0, 512, 384}, 1), exported, cv::NORM_INF), 2);
+  // Reads from several threads at once take handles of their own.
+  std::vector<std::thread> threads;
+  std::vector<double> diffs(4, -1);
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      const Rect rect{int64_t(t) * 100, 50, 100, 100};
+      diffs[size_t(t)] =
+          cv::norm(slide->readRegion(rect, 1), exported(cv::Rect(t * 100, 50, 100, 100)), cv::NORM_INF);
+    });
+  for (auto& th : threads) th.join();
+  for (double d : diffs) EXPECT_EQ(d, 0);
+}
+
+TEST_F(SlideFiles, BrokenAndMisnamedSlidesAreClearErrorsOrPlainTiffs) {
+  // A plain TIFF named .svs is listed and read by libtiff.
+  fs::copy_file(dir_ + "/plain.tif", dir_ + "/generic.svs");
+  EXPECT_TRUE(hasImageExtension(dir_ + "/generic.svs"));
+  EXPECT_EQ(ImageReader::open(dir_ + "/generic.svs")->info().reader, "tiff");
+  // Not a slide at all.
+  std::ofstream(dir_ + "/notes.svs") << "not a slide\n";
+  try {
+    ImageReader::open(dir_ + "/notes.svs");
+    FAIL() << "opened a text file";
+  } catch (const IoError& e) {
+    EXPECT_NE(e.message().find("notes.svs': not a whole-slide image OpenSlide can read"), std::string::npos)
+        << e.message();
+  }
+  // Cut in half: the levels' tiles past the end cannot be read.
+  const auto size = fs::file_size(dir_ + "/aperio.svs");
+  fs::copy_file(dir_ + "/aperio.svs", dir_ + "/cut.svs");
+  fs::resize_file(dir_ + "/cut.svs", size / 3);
+  try {
+    auto cut = ImageReader::open(dir_ + "/cut.svs");
+    cut->readRegion({0, 0, cut->info().width, cut->info().height});
+    FAIL() << "read a truncated slide";
+  } catch (const IoError& e) {
+    EXPECT_NE(e.message().find("cut.svs'"), std::string::npos) << e.message();
+  }
+}
+
+}  // namespace
+}  // namespace tiler
