@@ -16,7 +16,7 @@ struct InfoOptions {
   std::string window, overlap = "0.25";  // window given: the grid too
   std::string mask = "none";             // auto | PATH: the mask's coverage (and kept windows with a grid)
   double mask_fraction = 0.05;
-  std::string mask_preview;  // PNG of the coverage map (one input)
+  std::string mask_preview;   // PNG of the coverage map (one input)
   ResolutionSpec resolution;  // chosen: the processing resolution, and grid and mask at it
 };
 // `tiler info`: what the reader sees, and the grid and mask when asked. Returns an exit code.
