@@ -652,15 +652,26 @@ TEST_F(Pipeline, WholeSlideAtMppIsItsLevelPixelForPixel) {
   auto r =
       run("openslide-write-png " + dir + "/slides/aperio.svs 0 0 1 512 384 " + dir + "/export/level1.png");
   ASSERT_EQ(r.code, 0) << r.output;
-  auto tiler = [&](const std::string& input, const std::string& out, const std::string& flags) {
+  auto tiler = [&](const std::string& input, const std::string& out, const std::string& flags,
+                   const std::string& save = "labels,probs") {
     auto res = run(kTiler + " -i " + input + " -m " + model_ + " -o " + dir + "/" + out +
-                   " --window 128 --batch_size 4 --threads 1 --save labels,probs --no_progress " + flags);
+                   " --window 128 --batch_size 4 --threads 1 --no_progress --save " + save + " " + flags);
     EXPECT_EQ(res.code, 0) << res.output;
   };
   tiler(dir + "/slides", "mpp", "--mpp 0.5");
   tiler(dir + "/slides", "mag", "--magnification 20");
-  tiler(dir + "/slides", "level", "--level 1");
-  tiler(dir + "/export", "png", "");
+  tiler(dir + "/slides", "level", "--level 1", "labels,probs,polygons");
+  tiler(dir + "/export", "png", "", "labels,probs,polygons");
+  // Polygons are in level-0 pixels of the slide: twice the coordinates of the level-1 export's.
+  auto polygons = [&](const std::string& path) { return nlohmann::json::parse(slurp(path))["features"]; };
+  const auto slide_features = polygons(dir + "/level/aperio_polygons.geojson");
+  const auto export_features = polygons(dir + "/png/level1_polygons.geojson");
+  ASSERT_EQ(slide_features.size(), export_features.size());
+  ASSERT_GT(slide_features.size(), 0u);
+  const auto& a = slide_features[0]["geometry"]["coordinates"][0][0];
+  const auto& b = export_features[0]["geometry"]["coordinates"][0][0];
+  EXPECT_EQ(a[0].get<double>(), 2 * b[0].get<double>());
+  EXPECT_EQ(a[1].get<double>(), 2 * b[1].get<double>());
   for (const char* other : {"mag", "level"})
     for (const char* kind : {"probs", "labels"})
       EXPECT_TRUE(slurp(dir + "/mpp/aperio_" + kind + ".tif") ==
@@ -901,6 +912,19 @@ TEST_F(Pipeline, GeoreferencedPolygonsAreInTheInputsCrs) {
   EXPECT_EQ(areas.front(), 1500 * 100.0) << "m^2: 1500 pixels of 10 x 10 m";
   auto info = run("gdalinfo " + out + "/scene_labels.tif");
   EXPECT_NE(info.output.find("32633"), std::string::npos) << "the labels keep the CRS";
+  // At 20 m (µm/px is metres x 10^6): resampled 2x, the transform's pixel size doubles, the origin stays.
+  r = run(kTiler + " -i " + in + " -m " + thresholdModel(root_) + " -o " + out +
+          "_20m --window 64 --threads 1 --no_progress --save labels,polygons --mpp 2e7");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto e = report(out + "_20m")["images"][0];
+  EXPECT_EQ(e["source_mpp"].get<double>(), 1e7);
+  EXPECT_EQ(e["mpp"].get<double>(), 2e7);
+  EXPECT_EQ(e["width"], 200);
+  info = run("gdalinfo " + out + "_20m/scene_labels.tif");
+  EXPECT_NE(info.output.find("Pixel Size = (20.000000000000000,-20.000000000000000)"), std::string::npos)
+      << info.output;
+  EXPECT_NE(info.output.find("Origin = (500000.000000000000000,6000000.000000000000000)"), std::string::npos)
+      << info.output;
 }
 
 TEST_F(Pipeline, PyramidsAndPalettesOpenInGdalVipsAndOpenSlide) {
