@@ -7,9 +7,39 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/trixie-root.sh
 root=${TILER_CUDA_ROOT:-$(pwd)/build-torch2/cuda-root}
-packages="$(bash scripts/setup-deps.sh --print | sed 's/\blibtorch-dev\b/libtorch-cuda-dev/; s/\blibgloo-dev\b/libgloo-cuda-dev/') nvidia-cuda-toolkit libnccl-dev"
+# libtorch-cuda-dev comes after the root is made: it depends on nvidia-cudnn, a contrib package that downloads
+# cuDNN from NVIDIA when installed, which this machine cannot reach (Debian's archive only).
+packages="$(bash scripts/setup-deps.sh --print | sed 's/\blibtorch-dev\b//; s/\blibgloo-dev\b/libgloo-cuda-dev/') nvidia-cuda-toolkit libnccl-dev"
 trixie_root "$root" $packages || exit $?
 trixie_copy_source "$root"
+if ! chroot "$root" dpkg -s libtorch-cuda-dev >/dev/null 2>&1; then
+  cp /etc/resolv.conf "$root/etc/resolv.conf"
+  trixie_run "$root" <<'CUDNN' || exit 3
+set -euo pipefail
+# A stand-in for the downloader package, then a stub libcudnn.so.9 holding the symbols libtorch_cuda imports
+# (each returns CUDNN_STATUS_NOT_INITIALIZED): enough for the dynamic loader to start tiler. Nothing here
+# calls cuDNN, and the stub never leaves this root.
+mkdir -p /tmp/cudnn/DEBIAN
+cat >/tmp/cudnn/DEBIAN/control <<'CONTROL'
+Package: nvidia-cudnn
+Version: 9.0.0.312~cuda12+tiler.stub
+Architecture: amd64
+Maintainer: tiler <tiler@localhost>
+Provides: libcudnn-dev, libcudnn.so, libcudnn.so.9
+Description: stand-in for NVIDIA's cuDNN downloader, for tiler's CUDA link check only
+CONTROL
+dpkg-deb --build /tmp/cudnn /tmp/nvidia-cudnn-stub.deb >/dev/null
+dpkg -i /tmp/nvidia-cudnn-stub.deb >/dev/null
+apt-get update -qq
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends libtorch-cuda-dev >/dev/null
+lib=/usr/lib/x86_64-linux-gnu
+nm -D --undefined-only $lib/libtorch_cuda.so | awk '{print $2}' | sed 's/@.*//' | grep '^cudnn' | sort -u |
+  sed 's/.*/int &(void) { return 1; }/' >/tmp/cudnn_stub.c
+gcc -shared -fPIC -Wl,-soname,libcudnn.so.9 -o $lib/libcudnn.so.9 /tmp/cudnn_stub.c
+ln -sf libcudnn.so.9 $lib/libcudnn.so
+echo "== cuDNN stub: $(wc -l </tmp/cudnn_stub.c) symbols"
+CUDNN
+fi
 trixie_run "$root" <<'BUILD'
 set -euo pipefail
 cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache

@@ -15,6 +15,7 @@ trixie_root() {
   fi
   if [ -f "$stamp" ]; then
     echo "== adding packages to $root"
+    cp /etc/resolv.conf "$root/etc/resolv.conf"
     chroot "$root" bash -c "apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
       apt-get install -y -qq --no-install-recommends $packages" || return 3
   else

@@ -249,10 +249,10 @@ class WorkerGroup {
   const std::vector<WorkerFailure>& failures() const { return failures_; }
 
  private:
+  // Each worker leads a process group of its own: the group gets the signal, so what a worker started (a
+  // wrapper's child, a data loader) goes with it, even after the worker itself has exited.
   void signalAll(int sig) {
-    for (auto& w : workers_) {
-      if (w.running) kill(w.pid, sig);
-    }
+    for (auto& w : workers_) kill(-w.pid, sig);
   }
 
   WorkerFailure failureOf(const Worker& w) {
@@ -302,6 +302,7 @@ class WorkerGroup {
     pid_t pid = fork();
     TILER_CHECK(pid >= 0, ConfigError, "ctrun: fork: " << std::strerror(errno));
     if (pid == 0) {
+      setpgid(0, 0);
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != parent) _exit(137);  // ctrun died between fork and prctl
       sigset_t none;
@@ -321,6 +322,7 @@ class WorkerGroup {
       writeAll(2, msg);
       _exit(127);
     }
+    setpgid(pid, pid);  // also here: the group exists before any signal, whichever process runs first
     w.pid = pid;
     w.running = true;
     if (pipe_output) {

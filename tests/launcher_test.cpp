@@ -89,6 +89,20 @@ TEST(Launcher, FailedRankTearsDownTheGroupAndIsNamedWithItsCode) {
   EXPECT_NE(r.output.find("exitcode:    3\n"), std::string::npos) << r.output;
 }
 
+TEST(Launcher, WhatAFailedWorkerStartedDiesWithTheGroup) {
+  const std::string dir = test::scratchDir("launcher_children");
+  // Rank 0 starts a long sleep in the background and fails; rank 1 runs on until it is stopped.
+  auto r = run(kCtrun + " --nproc_per_node 2 --master_port 0 --grace_period 1 bash -c '" +
+               "if [ $LOCAL_RANK = 0 ]; then sleep 300 & echo $! > " + dir + "/child; sleep 0.3; exit 4; " +
+               "else sleep 300 & echo $! > " + dir + "/child1; wait; fi'");
+  EXPECT_EQ(r.code, 4) << r.output;
+  for (const char* f : {"/child", "/child1"}) {
+    const pid_t child = pid_t(std::stol(test::slurp(dir + f)));
+    for (int i = 0; i < 50 && alive(child); ++i) usleep(20000);
+    EXPECT_FALSE(alive(child)) << f << " " << child << " outlived ctrun";
+  }
+}
+
 TEST(Launcher, SignalDeathIsNamedBySignal) {
   auto r = run(kCtrun + " --nproc_per_node 2 --master_port 0 --grace_period 1 " + kHelper + " segv-rank 0");
   EXPECT_EQ(r.code, 128 + SIGSEGV) << r.output;
