@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -25,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tiler/error.hpp"
+#include "tiler/rendezvous.hpp"
 
 namespace fs = std::filesystem;
 
@@ -266,7 +268,13 @@ class WorkerGroup {
     } else {
       f.exit_code = WEXITSTATUS(w.status);
     }
-    f.time = w.exit_time;
+    // The error file's time when there is one: it was written at the failure, the exit came later.
+    struct stat st {};
+    f.time = stat(w.error_file.c_str(), &st) == 0
+                 ? double(st.st_mtim.tv_sec) + double(st.st_mtim.tv_nsec) * 1e-9
+                 : w.exit_time;
+    f.node = options_.node_rank;
+    f.host = hostName();
     f.error_file = w.error_file;
     f.error_message = errorMessageFromFile(w.error_file);
     return f;
@@ -363,8 +371,15 @@ void printSummary(const std::vector<WorkerFailure>& failures, const LaunchOption
   for (size_t i = 0; i < failures.size(); ++i) {
     const auto& f = failures[i];
     os << (i == 0 ? "Root cause (first failure):\n" : i == 1 ? "Other failures:\n" : "");
-    os << "  rank:        " << f.rank << " (local_rank " << f.local_rank << ")\n"
-       << "  host:        " << host << "\n"
+    if (f.lost) {
+      os << "  node:        " << f.node << " LOST (" << f.error_message << ")\n"
+         << "  host:        " << f.host << "\n"
+         << "  time:        " << formatTime(f.time) << "\n";
+      continue;
+    }
+    os << "  rank:        " << f.rank << " (local_rank " << f.local_rank
+       << (options.nnodes > 1 ? ", node " + std::to_string(f.node) : std::string()) << ")\n"
+       << "  host:        " << (f.host.empty() ? host : f.host) << "\n"
        << "  pid:         " << f.pid << "\n"
        << "  time:        " << formatTime(f.time) << "\n";
     if (f.signal != 0) {
@@ -385,6 +400,204 @@ std::string randomRunId() {
   os << std::hex << rd() << rd();
   return os.str().substr(0, 12);
 }
+
+nlohmann::json failureToJson(const WorkerFailure& f) {
+  return {{"node", f.node},
+          {"host", f.host},
+          {"lost", f.lost},
+          {"rank", f.rank},
+          {"local_rank", f.local_rank},
+          {"pid", f.pid},
+          {"exit_code", f.exit_code},
+          {"signal", f.signal},
+          {"time", f.time},
+          {"error_file", f.error_file},
+          {"error_message", f.error_message}};
+}
+
+WorkerFailure failureFromJson(const nlohmann::json& j) {
+  WorkerFailure f;
+  f.node = j.at("node");
+  f.host = j.at("host");
+  f.lost = j.at("lost");
+  f.rank = j.at("rank");
+  f.local_rank = j.at("local_rank");
+  f.pid = j.at("pid");
+  f.exit_code = j.at("exit_code");
+  f.signal = j.at("signal");
+  f.time = j.at("time");
+  f.error_file = j.at("error_file");
+  f.error_message = j.at("error_message");
+  return f;
+}
+
+// This agent's link to the others: the rendezvous store (hosted here when the endpoint is this host and
+// its port is free), one round of keys per attempt, heartbeats, and the failures every node publishes.
+class NodeLink {
+ public:
+  explicit NodeLink(const LaunchOptions& o) : o_(o) {
+    auto [host, port] = parseEndpoint(o.rdzv_endpoint, "--rdzv_endpoint");
+    endpoint_host_ = host;
+    if (isLocalHost(host)) {
+      try {
+        server_ = std::make_unique<StoreServer>(port);
+      } catch (const DistError&) {
+        // Another agent on this host holds it (several agents on one machine, as in tests).
+      }
+    }
+    const auto timeout = std::chrono::milliseconds(int64_t(o.rdzv_timeout * 1000));
+    client_ = std::make_unique<StoreClient>(host, port, timeout);
+  }
+
+  struct Round {
+    int node_rank = 0, nodes = 1;
+    std::string master_addr;
+    int master_port = 0;
+  };
+
+  Round join(int round, int min_nodes, int max_nodes) {
+    round_ = round;
+    prefix_ = o_.run_id + "/" + std::to_string(round) + "/";
+    const auto timeout = std::chrono::milliseconds(int64_t(o_.rdzv_timeout * 1000));
+    const auto start = std::chrono::steady_clock::now();
+    auto elapsed = [&] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    };
+    Round r;
+    const int64_t joined = client_->add(prefix_ + "joined", 1);
+    if (o_.rdzv_backend == "static") {
+      r.node_rank = o_.node_rank;
+      r.nodes = max_nodes;
+      TILER_CHECK(client_->add(prefix_ + "rank/" + std::to_string(r.node_rank), 1) == 1, ConfigError,
+                  "ctrun: two nodes joined with --node_rank " << r.node_rank);
+      while (client_->add(prefix_ + "joined", 0) < max_nodes) {
+        TILER_CHECK(elapsed() < o_.rdzv_timeout, TimeoutError,
+                    "ctrun: rendezvous " << round << ": " << client_->add(prefix_ + "joined", 0) << " of "
+                                         << max_nodes << " nodes joined within " << o_.rdzv_timeout
+                                         << " s (--rdzv_timeout)");
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    } else {
+      r.node_rank = int(joined - 1);
+      if (r.node_rank == 0) {
+        // The first to join closes the round: at MAX nodes, or MIN and the last call over.
+        double min_reached_at = -1;
+        for (;;) {
+          const int64_t n = client_->add(prefix_ + "joined", 0);
+          if (n >= min_nodes && min_reached_at < 0) min_reached_at = elapsed();
+          if (n >= max_nodes || (min_reached_at >= 0 && elapsed() - min_reached_at >= o_.rdzv_last_call)) {
+            r.nodes = int(std::min<int64_t>(n, max_nodes));
+            break;
+          }
+          TILER_CHECK(elapsed() < o_.rdzv_timeout, TimeoutError,
+                      "ctrun: rendezvous " << round << ": " << n << " of at least " << min_nodes
+                                           << " nodes joined within " << o_.rdzv_timeout
+                                           << " s (--rdzv_timeout)");
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+        client_->set(prefix_ + "size", std::to_string(r.nodes));
+      } else {
+        r.nodes = std::stoi(client_->wait(prefix_ + "size", timeout));
+        TILER_CHECK(r.node_rank < r.nodes, DistError,
+                    "ctrun: rendezvous " << round << " closed with " << r.nodes
+                                         << " nodes before this one joined; start it again for the next run");
+      }
+    }
+    if (r.node_rank == 0) {
+      std::string addr = o_.master_addr;
+      int port = o_.master_port;
+      if (o_.rdzv_backend == "c10d") {
+        // Where the others reach this node: the endpoint's name when the store is here, else the address
+        // this node talks to the store from.
+        addr = server_ ? endpoint_host_ : client_->localAddress();
+        port = findFreePort();
+      }
+      client_->set(prefix_ + "master", addr + ":" + std::to_string(port));
+    }
+    auto [addr, port] = parseEndpoint(client_->wait(prefix_ + "master", timeout), "master address");
+    r.master_addr = addr;
+    r.master_port = port;
+    nodes_ = r.nodes;
+    me_ = r.node_rank;
+    beats_.assign(size_t(nodes_), {std::string(), std::chrono::steady_clock::now()});
+    beat_ = 0;
+    last_beat_ = {};
+    return r;
+  }
+
+  // Sends this node's heartbeat and reads the others' (at most every heartbeat_interval). Returns the
+  // failure of a node silent for heartbeat_timeout (lost), if any.
+  std::optional<WorkerFailure> heartbeat() {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_beat_ < std::chrono::milliseconds(int64_t(o_.heartbeat_interval * 1000)))
+      return std::nullopt;
+    last_beat_ = now;
+    client_->set(prefix_ + "hb/" + std::to_string(me_), std::to_string(++beat_));
+    for (int n = 0; n < nodes_; ++n) {
+      if (n == me_ || client_->get(prefix_ + "done/" + std::to_string(n))) continue;
+      const std::string value = client_->get(prefix_ + "hb/" + std::to_string(n)).value_or("");
+      auto& [seen, since] = beats_[size_t(n)];
+      if (value != seen) {
+        seen = value;
+        since = now;
+      } else if (std::chrono::duration<double>(now - since).count() > o_.heartbeat_timeout) {
+        WorkerFailure f;
+        f.node = n;
+        f.lost = true;
+        f.host = "node " + std::to_string(n);
+        f.time = nowSeconds();
+        f.exit_code = kExitFatal;
+        f.error_message = "no heartbeat for " + std::to_string(int(o_.heartbeat_timeout)) + " s";
+        return f;
+      }
+    }
+    return std::nullopt;
+  }
+
+  void publish(const std::vector<WorkerFailure>& failures) {
+    for (const auto& f : failures) {
+      const int64_t k = client_->add(prefix_ + "failures", 1);
+      client_->set(prefix_ + "failure/" + std::to_string(k), failureToJson(f).dump());
+    }
+  }
+  int64_t failureCount() { return client_->add(prefix_ + "failures", 0); }
+  // Every published failure of this round, earliest first.
+  std::vector<WorkerFailure> failures() {
+    std::vector<WorkerFailure> all;
+    const int64_t n = failureCount();
+    for (int64_t k = 1; k <= n; ++k) {
+      if (auto text = client_->get(prefix_ + "failure/" + std::to_string(k)))
+        all.push_back(failureFromJson(nlohmann::json::parse(*text)));
+    }
+    std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.time < b.time; });
+    return all;
+  }
+  void markDone() {
+    client_->set(prefix_ + "done/" + std::to_string(me_), "1");
+    client_->add(prefix_ + "done", 1);
+  }
+  bool allDone() { return client_->add(prefix_ + "done", 0) >= nodes_; }
+  // Before leaving: the store's host waits (a little) for the others to have read the outcome.
+  void leave() {
+    try {
+      client_->add(prefix_ + "left", 1);
+      for (int i = 0; server_ && i < 100 && client_->add(prefix_ + "left", 0) < nodes_; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    } catch (const DistError&) {
+    }
+  }
+
+ private:
+  const LaunchOptions& o_;
+  std::string endpoint_host_;
+  std::unique_ptr<StoreServer> server_;  // when this agent hosts the store
+  std::unique_ptr<StoreClient> client_;
+  int round_ = 0, nodes_ = 1, me_ = 0;
+  std::string prefix_;
+  int64_t beat_ = 0;
+  std::chrono::steady_clock::time_point last_beat_{};
+  std::vector<std::pair<std::string, std::chrono::steady_clock::time_point>> beats_;  // last value, since
+};
 
 }  // namespace
 
@@ -508,23 +721,47 @@ Launcher::Launcher(LaunchOptions options) : options_(std::move(options)) {}
 int Launcher::run() {
   LaunchOptions& o = options_;
   TILER_CHECK(!o.command.empty(), ConfigError, "ctrun: no program to run");
-  TILER_CHECK(o.nnodes >= 1 && o.node_rank >= 0 && o.node_rank < o.nnodes, ConfigError,
-              "ctrun: --node_rank " << o.node_rank << " outside --nnodes " << o.nnodes);
+  const auto [min_nodes, max_nodes] =
+      parseNodeRange(o.nnodes_range.empty() ? std::to_string(o.nnodes) : o.nnodes_range);
+  TILER_CHECK(o.rdzv_backend == "static" || o.rdzv_backend == "c10d", ConfigError,
+              "ctrun: --rdzv_backend must be static or c10d; got '" << o.rdzv_backend << "'");
   TILER_CHECK(o.max_restarts >= 0, ConfigError, "ctrun: --max_restarts must be >= 0");
   TILER_CHECK(o.monitor_interval > 0, ConfigError, "ctrun: --monitor_interval must be > 0");
+  TILER_CHECK(o.heartbeat_interval > 0 && o.heartbeat_timeout > o.heartbeat_interval, ConfigError,
+              "ctrun: --heartbeat_timeout must be longer than --heartbeat_interval (> 0)");
+  const bool multi = max_nodes > 1;
+  o.nnodes = max_nodes;
+  if (!multi) {
+    if (o.node_rank < 0) o.node_rank = 0;
+    TILER_CHECK(o.node_rank == 0, ConfigError, "ctrun: --node_rank " << o.node_rank << " outside --nnodes 1");
+  } else if (o.rdzv_backend == "static") {
+    TILER_CHECK(min_nodes == max_nodes, ConfigError,
+                "ctrun: --nnodes MIN:MAX needs --rdzv_backend c10d (static worlds have a fixed size)");
+    TILER_CHECK(o.node_rank >= 0 && o.node_rank < max_nodes, ConfigError,
+                "ctrun: --node_rank " << o.node_rank << " outside --nnodes " << max_nodes
+                                      << " (static rendezvous needs each node's rank; c10d assigns them)");
+    TILER_CHECK(o.master_port > 0 && o.master_port < 65535, ConfigError,
+                "ctrun: several nodes need one --master_port (1..65534), the same on every node");
+    if (o.rdzv_endpoint.empty()) o.rdzv_endpoint = o.master_addr + ":" + std::to_string(o.master_port + 1);
+  } else {
+    TILER_CHECK(!o.rdzv_endpoint.empty(), ConfigError,
+                "ctrun: --rdzv_backend c10d needs --rdzv_endpoint HOST:PORT (the same on every node)");
+    TILER_CHECK(o.run_id != "none", ConfigError,
+                "ctrun: --rdzv_backend c10d needs --rdzv_id, the same on every node of the job");
+  }
   const int nproc = resolveNprocPerNode(o.nproc_per_node);
   if (o.standalone) {
     o.master_addr = "127.0.0.1";
     o.master_port = 0;
-    TILER_CHECK(o.nnodes == 1, ConfigError, "ctrun: --standalone runs one node; drop --nnodes");
+    TILER_CHECK(!multi, ConfigError, "ctrun: --standalone runs one node; drop --nnodes");
   }
-  if (o.master_port == 0) {
+  if (!multi && o.master_port == 0) {
     o.master_port = findFreePort();
     if (o.run_id == "none") o.run_id = randomRunId();
   }
-  TILER_CHECK(o.master_port > 0 && o.master_port < 65536, ConfigError,
+  TILER_CHECK(o.master_port >= 0 && o.master_port < 65536, ConfigError,
               "ctrun: --master_port must be in 0..65535, got " << o.master_port);
-  if (o.node_rank == 0) {
+  if (o.rdzv_backend == "static" && o.node_rank == 0) {
     TILER_CHECK(portIsFree(o.master_port), ConfigError,
                 "ctrun: --master_port " << o.master_port
                                         << " is already in use on this host (rank 0 hosts the "
@@ -552,49 +789,119 @@ int Launcher::run() {
   } else {
     base_dir = o.log_dir + "/" + o.run_id;
   }
+  // Several nodes: the agents' link (the store is hosted here when the endpoint is this host).
+  std::unique_ptr<NodeLink> link = multi ? std::make_unique<NodeLink>(o) : nullptr;
 
   int exit_code = 0;
   int interrupted_by = 0;
+  bool link_lost = false;  // the store is gone: no restart can be agreed on
   std::vector<WorkerFailure> last_failures;
   int attempt = 0;
   for (;; ++attempt) {
-    WorkerGroup group(o, nproc, base_dir + "/attempt_" + std::to_string(attempt), attempt);
+    LaunchOptions round = o;
+    if (link) {
+      const NodeLink::Round r = link->join(attempt, min_nodes, max_nodes);
+      round.node_rank = r.node_rank;
+      round.nnodes = r.nodes;
+      round.master_addr = r.master_addr;
+      round.master_port = r.master_port;
+    }
+    WorkerGroup group(round, nproc, base_dir + "/attempt_" + std::to_string(attempt), attempt);
     group.start();
     const int interval_ms = std::max(1, int(o.monitor_interval * 1000));
-    while (group.state() == GroupState::kHealthy) {
-      int sig = group.monitor(interval_ms);
+    bool marked_done = false;
+    std::vector<WorkerFailure> link_failures;  // a lost node or store, noticed here
+    for (;;) {
+      const int sig = group.monitor(interval_ms);
       if (sig != 0) {
         interrupted_by = sig;
+        break;
+      }
+      if (!link) {
+        if (group.state() != GroupState::kHealthy) break;
+        continue;
+      }
+      try {
+        if (group.state() == GroupState::kFailed) {
+          link->publish(group.failures());
+          break;
+        }
+        if (group.state() == GroupState::kSucceeded && !marked_done) {
+          link->markDone();
+          marked_done = true;
+        }
+        if (link->failureCount() > 0) break;  // a node failed: every node stops
+        if (auto lost = link->heartbeat()) {
+          link->publish({*lost});
+          break;
+        }
+        if (marked_done && link->allDone()) break;
+      } catch (const DistError& e) {
+        WorkerFailure f;
+        f.lost = true;
+        f.host = o.rdzv_endpoint;
+        f.time = nowSeconds();
+        f.exit_code = kExitFatal;
+        f.error_message = std::string("the rendezvous store is lost: ") + e.message();
+        link_failures.push_back(f);
+        link_lost = true;
         break;
       }
     }
     if (interrupted_by != 0) {
       std::cerr << "ctrun: received " << signalName(interrupted_by) << ", stopping workers" << std::endl;
+      if (link && !link_lost) {
+        WorkerFailure f;
+        f.node = round.node_rank;
+        f.host = hostName();
+        f.time = nowSeconds();
+        f.exit_code = 128 + interrupted_by;
+        f.error_message = "ctrun on this node received " + signalName(interrupted_by);
+        try {
+          link->publish({f});
+        } catch (const DistError&) {
+        }
+      }
       group.stop(interrupted_by == SIGINT ? SIGINT : SIGTERM);
       exit_code = 128 + interrupted_by;
       break;
     }
-    if (group.state() == GroupState::kSucceeded) {
+    const bool succeeded = link ? marked_done && link_failures.empty() && !link_lost && link->allDone()
+                                : group.state() == GroupState::kSucceeded;
+    if (succeeded) {
       group.closeStreams();
       exit_code = 0;
       last_failures.clear();
       break;
     }
-    // kFailed: the first failure fails the group.
+    // The first failure, on any node, fails the group.
     group.stop(SIGTERM);
-    last_failures = group.failures();
+    last_failures = link_failures;
+    if (link && !link_lost) {
+      try {
+        last_failures = link->failures();
+      } catch (const DistError&) {
+        link_lost = true;
+      }
+    }
+    if (last_failures.empty()) last_failures = group.failures();
     exit_code = last_failures.front().exit_code;
-    if (attempt < o.max_restarts) {
+    if (attempt < o.max_restarts && !link_lost) {
       const auto& f = last_failures.front();
-      std::cerr << "ctrun: rank " << f.rank << " failed ("
-                << (f.signal ? signalName(f.signal) : "exit code " + std::to_string(f.exit_code))
-                << "); restarting worker group (" << attempt + 1 << " of " << o.max_restarts << ")"
+      std::cerr << "ctrun: "
+                << (f.lost
+                        ? "node " + std::to_string(f.node) + " lost"
+                        : "rank " + std::to_string(f.rank) + " failed (" +
+                              (f.signal ? signalName(f.signal) : "exit code " + std::to_string(f.exit_code)) +
+                              ")")
+                << "; restarting worker group (" << attempt + 1 << " of " << o.max_restarts << ")"
                 << std::endl;
       continue;
     }
     break;
   }
   if (!last_failures.empty()) printSummary(last_failures, o, attempt + 1);
+  if (link && !link_lost) link->leave();
   if (temp_dir) {
     std::error_code ec;
     fs::remove_all(base_dir, ec);

@@ -16,6 +16,8 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <map>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -259,6 +261,132 @@ TEST(Launcher, WorkerEnvironmentForMultiNode) {
   EXPECT_EQ(env["GROUP_RANK"], "1");
   EXPECT_EQ(env["TORCHELASTIC_RESTART_COUNT"], "1");
   EXPECT_EQ(env["MASTER_ADDR"], "10.0.0.1");
+}
+
+}  // namespace
+}  // namespace tiler
+
+namespace tiler {
+namespace {
+
+// One ctrun agent of a multi-node job on this machine: its output goes to `log`.
+pid_t startAgent(const std::string& args, const std::string& log) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", (kCtrun + " " + args + " >" + log + " 2>&1").c_str(), nullptr);
+    _exit(127);
+  }
+  return pid;
+}
+
+int waitAgent(pid_t pid) {
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string c10d(int port, const std::string& id) {
+  return "--nnodes 2 --rdzv_backend c10d --rdzv_endpoint 127.0.0.1:" + std::to_string(port) + " --rdzv_id " +
+         id + " --rdzv_timeout 30 --heartbeat_interval 0.2 --heartbeat_timeout 2 --grace_period 1 ";
+}
+
+std::map<std::string, std::string> envFile(const std::string& path) {
+  std::map<std::string, std::string> env;
+  std::istringstream in(test::slurp(path));
+  for (std::string line; std::getline(in, line);) {
+    const auto eq = line.find('=');
+    if (eq != std::string::npos) env[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return env;
+}
+
+TEST(Rendezvous, C10dAgentsFormOneWorldWithoutNodeRanks) {
+  const std::string dir = tempDir("rdzv_world");
+  const int port = test::freePort();
+  const pid_t a =
+      startAgent(c10d(port, "world") + "--nproc_per_node 2 " + kHelper + " env " + dir, dir + "/a.log");
+  const pid_t b =
+      startAgent(c10d(port, "world") + "--nproc_per_node 2 " + kHelper + " env " + dir, dir + "/b.log");
+  EXPECT_EQ(waitAgent(a), 0) << test::slurp(dir + "/a.log");
+  EXPECT_EQ(waitAgent(b), 0) << test::slurp(dir + "/b.log");
+  std::set<std::string> masters, groups;
+  for (int rank = 0; rank < 4; ++rank) {
+    auto env = envFile(dir + "/env_" + std::to_string(rank));
+    EXPECT_EQ(env["WORLD_SIZE"], "4");
+    EXPECT_EQ(env["GROUP_WORLD_SIZE"], "2");
+    EXPECT_EQ(env["GROUP_RANK"], std::to_string(rank / 2));
+    EXPECT_EQ(env["TORCHELASTIC_RUN_ID"], "world");
+    masters.insert(env["MASTER_ADDR"] + ":" + env["MASTER_PORT"]);
+  }
+  EXPECT_EQ(masters.size(), 1u) << "one MASTER_ADDR:MASTER_PORT for the whole world";
+}
+
+TEST(Rendezvous, AFailureOnOneNodeRestartsEveryNodeTogether) {
+  // The case: static node ranks, one master port; rank 1 (node 1) fails on the first attempt.
+  const std::string dir = tempDir("rdzv_restart");
+  const int port = test::freePort();
+  const std::string common = "--nnodes 2 --nproc_per_node 1 --master_addr 127.0.0.1 --master_port " +
+                             std::to_string(port) +
+                             " --max_restarts 1 --grace_period 1 --heartbeat_interval 0.2 " +
+                             "--rdzv_endpoint 127.0.0.1:" + std::to_string(test::freePort()) + " sh -c '" +
+                             kHelper + " env " + dir + " && exec " + kHelper + " fail-first-attempt'";
+  const pid_t a = startAgent("--node_rank 0 " + common, dir + "/a.log");
+  const pid_t b = startAgent("--node_rank 1 " + common, dir + "/b.log");
+  EXPECT_EQ(waitAgent(a), 0) << test::slurp(dir + "/a.log");
+  EXPECT_EQ(waitAgent(b), 0) << test::slurp(dir + "/b.log");
+  // Node 0's worker did not fail, yet it ran again with the others: one restart count for the world.
+  EXPECT_EQ(envFile(dir + "/env_0")["TORCHELASTIC_RESTART_COUNT"], "1");
+  EXPECT_EQ(envFile(dir + "/env_1")["TORCHELASTIC_RESTART_COUNT"], "1");
+  EXPECT_NE(test::slurp(dir + "/a.log").find("rank 1 failed (exit code 5); restarting worker group"),
+            std::string::npos)
+      << test::slurp(dir + "/a.log");
+}
+
+TEST(Rendezvous, TheEarliestFailureOnAnyNodeIsTheRootCauseEverywhere) {
+  const std::string dir = tempDir("rdzv_root");
+  const int port = test::freePort();
+  const std::string args = c10d(port, "root") + "--nproc_per_node 1 " + kHelper + " exit-rank 1 3";
+  const pid_t a = startAgent(args, dir + "/a.log");
+  const pid_t b = startAgent(args, dir + "/b.log");
+  const int ca = waitAgent(a), cb = waitAgent(b);
+  for (const char* log : {"/a.log", "/b.log"}) {
+    const std::string out = test::slurp(dir + log);
+    EXPECT_NE(out.find("Root cause (first failure):\n  rank:        1 (local_rank 0, node 1)"),
+              std::string::npos)
+        << out;
+    EXPECT_NE(out.find("exitcode:    3"), std::string::npos) << out;
+  }
+  EXPECT_EQ(ca, 3);
+  EXPECT_EQ(cb, 3);
+}
+
+TEST(Rendezvous, ALostNodeIsDeclaredWithinTheHeartbeatTimeout) {
+  const std::string dir = tempDir("rdzv_lost");
+  const int port = test::freePort();
+  const std::string args = c10d(port, "lost") + "--nproc_per_node 1 " + kHelper + " sleep " + dir + " 60";
+  const pid_t a = startAgent(args, dir + "/a.log");
+  const pid_t b = startAgent(args, dir + "/b.log");
+  // Both workers running (pid files), then node 1's agent is killed outright.
+  for (int i = 0; i < 200 && !(fs::exists(dir + "/pid_0") && fs::exists(dir + "/pid_1")); ++i) usleep(50000);
+  ASSERT_TRUE(fs::exists(dir + "/pid_1"));
+  // Node 1's agent is the parent of rank 1's worker.
+  const std::string stat = test::slurp(
+      "/proc/" + test::slurp(dir + "/pid_1").substr(0, test::slurp(dir + "/pid_1").find('\n')) + "/stat");
+  const pid_t agent1 = pid_t(std::stol(stat.substr(stat.rfind(')') + 4)));
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(kill(agent1, SIGKILL), 0);
+  const int ca = waitAgent(a), cb = waitAgent(b);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string out = test::slurp(dir + "/a.log") + test::slurp(dir + "/b.log");
+  EXPECT_TRUE((ca == 1 && cb == 128 + SIGKILL) || (cb == 1 && ca == 128 + SIGKILL)) << ca << " " << cb << out;
+  EXPECT_LT(seconds, 8) << "heartbeat timeout 2 s + grace 1 s";
+  EXPECT_NE(out.find("node:        1 LOST (no heartbeat for 2 s)"), std::string::npos) << out;
+  // Rank 1's worker died with its agent (PDEATHSIG), rank 0's was stopped by the survivor.
+  for (const char* f : {"/pid_0", "/pid_1"}) {
+    const pid_t worker = pid_t(std::stol(test::slurp(dir + f)));
+    for (int i = 0; i < 50 && alive(worker); ++i) usleep(20000);
+    EXPECT_FALSE(alive(worker)) << f;
+  }
 }
 
 }  // namespace

@@ -361,6 +361,25 @@ TEST_F(Pipeline, CrashedRankRestartsAndResumesToTheSameBytes) {
   EXPECT_TRUE(partialFiles(out).empty());
 }
 
+TEST_F(Pipeline, TwoC10dAgentsRestartACrashedNodeTogetherToTheSameBytes) {
+  // Node ranks from the rendezvous; rank 1 (on node 1) crashes on the first attempt; both nodes restart.
+  const std::string out = root_ + "/out_c10d_crash";
+  const std::string agent = "TILER_FAULT=rank:1,after_windows:20,kind:crash " + kCtrun +
+                            " --nnodes 2 --nproc_per_node 1 --rdzv_backend c10d --rdzv_endpoint 127.0.0.1:" +
+                            std::to_string(freePort()) +
+                            " --rdzv_id e2e --max_restarts 1 --grace_period 2 --heartbeat_interval 0.2 " +
+                            tilerArgs(out, "--resume");
+  const std::string log = root_ + "/c10d_agent_";
+  for (int code :
+       test::runConcurrently({"(" + agent + " >" + log + "0 2>&1)", "(" + agent + " >" + log + "1 2>&1)"}))
+    EXPECT_EQ(code, 0);
+  const std::string logs = slurp(log + "0") + slurp(log + "1");
+  EXPECT_NE(logs.find("rank 1 failed (SIGSEGV); restarting worker group"), std::string::npos) << logs;
+  EXPECT_EQ(report(out)["world_size"], 2);
+  expectSameOutputs(reference(), out);
+  EXPECT_TRUE(partialFiles(out).empty());
+}
+
 TEST_F(Pipeline, HungRankTimesOutAndTheSummaryNamesIt) {
   const std::string out = root_ + "/out_hang";
   auto r = run("TILER_FAULT=rank:1,after_windows:4,kind:hang " + kCtrun +

@@ -2,7 +2,11 @@
 // Promise: starts nproc_per_node workers with torchrun's environment, supervises them as one group (an
 // explicit state machine: kInit -> kHealthy -> kSucceeded | kFailed -> kStopping -> restart or kDone),
 // forwards signals, and never leaves an orphan or a zombie: workers get PR_SET_PDEATHSIG(SIGKILL), a failed
-// group gets SIGTERM then SIGKILL after grace_period. The summary names the first failure (root cause).
+// group gets SIGTERM then SIGKILL after grace_period, sent to each worker's process group (what a worker
+// started goes with it). Across nodes (nnodes > 1) the agents meet at a rendezvous store (rendezvous.hpp):
+// node ranks, one MASTER_ADDR:MASTER_PORT, heartbeats; a failure or a lost node on any node stops every
+// node's workers, and all restart together while restarts remain (the restart count is the shared round).
+// The summary names the first failure (root cause: the earliest, whichever node it was on).
 // Not thread safe: one Launcher per process, run() from the main thread (it installs signal handlers).
 #pragma once
 
@@ -15,9 +19,16 @@
 namespace tiler {
 
 struct LaunchOptions {
-  std::string nproc_per_node = "1";  // N | auto | gpu | cpu
-  int nnodes = 1;
-  int node_rank = 0;
+  std::string nproc_per_node = "1";     // N | auto | gpu | cpu
+  int nnodes = 1;                       // nodes of the current world (set from nnodes_range at rendezvous)
+  std::string nnodes_range;             // --nnodes N | MIN:MAX; empty: 1
+  int node_rank = -1;                   // --node_rank; -1: assigned at rendezvous (0 on one node)
+  std::string rdzv_backend = "static";  // static: --node_rank given; c10d: node ranks assigned
+  std::string rdzv_endpoint;   // HOST:PORT of the agents' store; static default MASTER_ADDR:MASTER_PORT+1
+  double rdzv_timeout = 900;   // seconds to wait for the other nodes at each rendezvous
+  double rdzv_last_call = 30;  // MIN:MAX: seconds to wait for more nodes once MIN have joined
+  double heartbeat_interval = 1.0;
+  double heartbeat_timeout = 10.0;  // a node silent this long is lost
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;  // 0: pick a free port
   bool standalone = false;
@@ -45,6 +56,9 @@ std::map<std::string, std::string> workerEnvironment(const LaunchOptions& option
                                                      int restart_count, const std::string& error_file);
 
 struct WorkerFailure {
+  int node = 0;       // the node's rank
+  std::string host;   // where it ran
+  bool lost = false;  // the node's agent stopped answering (no worker exit is known)
   int rank = -1;
   int local_rank = -1;
   pid_t pid = -1;

@@ -19,8 +19,24 @@ int main(int argc, char** argv) {
   });
   app.add_option(flagNames("--nproc_per_node"), o.nproc_per_node, "workers on this node: N, auto, gpu or cpu")
       ->capture_default_str();
-  app.add_option(flagNames("--nnodes"), o.nnodes, "number of nodes (static)")->capture_default_str();
-  app.add_option(flagNames("--node_rank"), o.node_rank, "rank of this node")->capture_default_str();
+  app.add_option(flagNames("--nnodes"), o.nnodes_range, "nodes: N, or MIN:MAX (c10d rendezvous)")
+      ->default_str("1");
+  app.add_option(flagNames("--node_rank"), o.node_rank, "rank of this node (static; c10d assigns them)");
+  app.add_option(flagNames("--rdzv_backend"), o.rdzv_backend, "static | c10d")->capture_default_str();
+  app.add_option(flagNames("--rdzv_endpoint"), o.rdzv_endpoint,
+                 "HOST:PORT of the agents' rendezvous store, hosted by the agent on HOST (static default: "
+                 "MASTER_ADDR:MASTER_PORT+1)");
+  app.add_option(flagNames("--rdzv_id"), o.run_id, "the job's id, the same on every node (= --run_id)");
+  app.add_option(flagNames("--rdzv_timeout"), o.rdzv_timeout, "seconds to wait for the other nodes")
+      ->capture_default_str();
+  app.add_option(flagNames("--rdzv_last_call"), o.rdzv_last_call,
+                 "with MIN:MAX nodes, seconds to wait for more once MIN have joined")
+      ->capture_default_str();
+  app.add_option(flagNames("--heartbeat_interval"), o.heartbeat_interval, "seconds between node heartbeats")
+      ->capture_default_str();
+  app.add_option(flagNames("--heartbeat_timeout"), o.heartbeat_timeout,
+                 "seconds of silence after which a node is lost")
+      ->capture_default_str();
   app.add_option(flagNames("--master_addr"), o.master_addr, "address of rank 0's node")
       ->capture_default_str();
   app.add_option(flagNames("--master_port"), o.master_port,
