@@ -675,18 +675,14 @@ int findFreePort() {
 }
 
 bool portIsFree(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  int one = 1;
-  // The c10d store sets SO_REUSEADDR too, so a port in TIME_WAIT is usable; only a listener blocks it.
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  addr.sin_port = htons(uint16_t(port));
-  bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 && listen(fd, 1) == 0;
-  close(fd);
-  return ok;
+  // The c10d store sets SO_REUSEADDR as the rendezvous store does, so a port in TIME_WAIT is usable; only a
+  // listener blocks it.
+  try {
+    StoreServer probe(port);
+    return true;
+  } catch (const DistError&) {
+    return false;
+  }
 }
 
 std::map<std::string, std::string> workerEnvironment(const LaunchOptions& o, int nproc, int local_rank,
