@@ -15,8 +15,8 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <regex>
 #include <map>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -270,10 +270,10 @@ namespace tiler {
 namespace {
 
 // One ctrun agent of a multi-node job on this machine: its output goes to `log`.
-pid_t startAgent(const std::string& args, const std::string& log) {
+pid_t startAgent(const std::string& args, const std::string& log, const std::string& prefix = "") {
   pid_t pid = fork();
   if (pid == 0) {
-    execl("/bin/sh", "sh", "-c", (kCtrun + " " + args + " >" + log + " 2>&1").c_str(), nullptr);
+    execl("/bin/sh", "sh", "-c", (prefix + kCtrun + " " + args + " >" + log + " 2>&1").c_str(), nullptr);
     _exit(127);
   }
   return pid;
@@ -387,6 +387,61 @@ TEST(Rendezvous, ALostNodeIsDeclaredWithinTheHeartbeatTimeout) {
     for (int i = 0; i < 50 && alive(worker); ++i) usleep(20000);
     EXPECT_FALSE(alive(worker)) << f;
   }
+}
+
+}  // namespace
+}  // namespace tiler
+
+namespace tiler {
+namespace {
+
+// Two "hosts": network namespaces joined by a veth pair (needs root and iproute2; skipped otherwise).
+class TwoHosts {
+ public:
+  TwoHosts() {
+    const std::string id = std::to_string(getpid() % 100000);
+    ns_ = {"tiler" + id + "a", "tiler" + id + "b"};
+    subnet_ = "10.77." + std::to_string(getpid() % 250) + ".";
+    const std::string veth = "tv" + id;
+    ok_ = test::runCommand(
+              "ip netns add " + ns_[0] + " && ip netns add " + ns_[1] + " && ip link add " + veth +
+              "a type veth peer name " + veth + "b && ip link set " + veth + "a netns " + ns_[0] +
+              " && ip link set " + veth + "b netns " + ns_[1] + " && ip -n " + ns_[0] + " addr add " +
+              subnet_ + "1/24 dev " + veth + "a && ip -n " + ns_[1] + " addr add " + subnet_ + "2/24 dev " +
+              veth + "b && ip -n " + ns_[0] + " link set " + veth + "a up && ip -n " + ns_[1] + " link set " +
+              veth + "b up && ip -n " + ns_[0] + " link set lo up && ip -n " + ns_[1] + " link set lo up")
+              .code == 0;
+  }
+  ~TwoHosts() { test::runCommand("ip netns del " + ns_[0] + "; ip netns del " + ns_[1]); }
+  bool ok() const { return ok_; }
+  std::string exec(int host) const { return "ip netns exec " + ns_[size_t(host)] + " "; }
+  std::string address(int host) const { return subnet_ + std::to_string(host + 1); }
+
+ private:
+  std::vector<std::string> ns_;
+  std::string subnet_;
+  bool ok_ = false;
+};
+
+TEST(Rendezvous, AgentsInTwoNetworkNamespacesFormOneWorld) {
+  TwoHosts hosts;
+  if (!hosts.ok()) GTEST_SKIP() << "cannot make network namespaces here (needs root and iproute2)";
+  const std::string dir = tempDir("rdzv_netns");
+  const std::string args = "--nnodes 2 --nproc_per_node 1 --rdzv_backend c10d --rdzv_endpoint " +
+                           hosts.address(0) + ":29400 --rdzv_id netns --rdzv_timeout 20 " + kHelper +
+                           " env " + dir;
+  // The agent on host b starts first, so it may well be node 0 without hosting the store.
+  const pid_t b = startAgent(args, dir + "/b.log", hosts.exec(1));
+  usleep(300000);
+  const pid_t a = startAgent(args, dir + "/a.log", hosts.exec(0));
+  EXPECT_EQ(waitAgent(a), 0) << test::slurp(dir + "/a.log");
+  EXPECT_EQ(waitAgent(b), 0) << test::slurp(dir + "/b.log");
+  const auto env0 = envFile(dir + "/env_0"), env1 = envFile(dir + "/env_1");
+  EXPECT_EQ(env0.at("WORLD_SIZE"), "2");
+  EXPECT_EQ(env0.at("MASTER_ADDR"), env1.at("MASTER_ADDR"));
+  // Node 0 is whichever agent arrived first; its address is one the other host reaches.
+  const std::string master = env0.at("MASTER_ADDR");
+  EXPECT_TRUE(master == hosts.address(0) || master == hosts.address(1)) << master;
 }
 
 }  // namespace
