@@ -16,9 +16,7 @@ if ! chroot "$root" dpkg -s libtorch-cuda-dev >/dev/null 2>&1; then
   cp /etc/resolv.conf "$root/etc/resolv.conf"
   trixie_run "$root" <<'CUDNN' || exit 3
 set -euo pipefail
-# A stand-in for the downloader package, then a stub libcudnn.so.9 holding the symbols libtorch_cuda imports
-# (each returns CUDNN_STATUS_NOT_INITIALIZED): enough for the dynamic loader to start tiler. Nothing here
-# calls cuDNN, and the stub never leaves this root.
+# A stand-in for the downloader package, so that libtorch-cuda-dev installs; the library comes below.
 mkdir -p /tmp/cudnn/DEBIAN
 cat >/tmp/cudnn/DEBIAN/control <<'CONTROL'
 Package: nvidia-cudnn
@@ -32,14 +30,21 @@ dpkg-deb --build /tmp/cudnn /tmp/nvidia-cudnn-stub.deb >/dev/null
 dpkg -i /tmp/nvidia-cudnn-stub.deb >/dev/null
 apt-get update -qq
 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends libtorch-cuda-dev >/dev/null
-lib=/usr/lib/x86_64-linux-gnu
-nm -D --undefined-only $lib/libtorch_cuda.so | awk '{print $2}' | sed 's/@.*//' | grep '^cudnn' | sort -u |
-  sed 's/.*/int &(void) { return 1; }/' >/tmp/cudnn_stub.c
-gcc -shared -fPIC -Wl,-soname,libcudnn.so.9 -o $lib/libcudnn.so.9 /tmp/cudnn_stub.c
-ln -sf libcudnn.so.9 $lib/libcudnn.so
-echo "== cuDNN stub: $(wc -l </tmp/cudnn_stub.c) symbols"
 CUDNN
 fi
+trixie_run "$root" <<'STUB'
+set -euo pipefail
+# The stub cuDNN: every cudnn* symbol libtorch_cuda imports, under cuDNN's symbol version, each returning
+# CUDNN_STATUS_NOT_INITIALIZED. Remade each time (a second): it never leaves this root.
+lib=/usr/lib/x86_64-linux-gnu
+nm -D --undefined-only $lib/libtorch_cuda.so | awk '{print $2}' | grep '^cudnn' | sed 's/@.*//' | sort -u |
+  sed 's/.*/int &(void) { return 1; }/' >/tmp/cudnn_stub.c
+echo 'libcudnn.so.9 { global: *; };' >/tmp/cudnn.map
+gcc -shared -fPIC -Wl,-soname,libcudnn.so.9 -Wl,--version-script=/tmp/cudnn.map -o $lib/libcudnn.so.9 \
+  /tmp/cudnn_stub.c
+ln -sf libcudnn.so.9 $lib/libcudnn.so
+echo "== cuDNN stub: $(wc -l </tmp/cudnn_stub.c) symbols"
+STUB
 trixie_run "$root" <<'BUILD'
 set -euo pipefail
 cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache

@@ -119,7 +119,14 @@ DistContext::DistContext(const WorldInfo& world, const DistOptions& options, con
   init(std::move(store), device);
 }
 
-DistContext::~DistContext() = default;
+DistContext::~DistContext() {
+  if (!impl_ || !impl_->group) return;
+  try {
+    compat::shutdownGroup(impl_->group.get());
+  } catch (const std::exception& e) {
+    spdlog::warn("rank {}: shutting the {} process group down: {}", world_.rank, backend_, e.what());
+  }
+}
 
 void DistContext::init(c10::intrusive_ptr<c10d::Store> store, const torch::Device& device) {
   impl_->store = std::move(store);
@@ -143,7 +150,7 @@ void DistContext::init(c10::intrusive_ptr<c10d::Store> store, const torch::Devic
       impl_->group =
           c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, world_.rank, world_.world_size, opts);
     } else {
-#if TILER_WITH_CUDA
+#if TILER_WITH_NCCL
       compat::enableNcclTimeouts();
       auto opts = c10d::ProcessGroupNCCL::Options::create();
       opts->timeout = options_.timeout;

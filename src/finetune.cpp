@@ -150,7 +150,7 @@ void Trainer::loadData() {
   for (const auto& l : listImages({o_.labels_dir}, false)) labels[fs::path(l).stem().string()] = l;
   auto files = listImages({o_.images_dir}, false);
   TILER_CHECK(!files.empty(), ConfigError, "no images in '" << o_.images_dir << "'");
-  const CatalogSpec spec{spec_, probe_.input_channels, probe_.scale, o_.scale};
+  const CatalogSpec spec{spec_, probe_.input_channels, probe_.scale, o_.scale, MaskSpec{}, ResolutionSpec{}};
   for (const auto& f : files) {
     auto it = labels.find(fs::path(f).stem().string());
     TILER_CHECK(it != labels.end(), IoError,

@@ -53,7 +53,7 @@ TEST(Catalog, GlobalIndexSpansPlannedImagesOnly) {
   InferCatalogOptions o;
   o.inputs = {dir};
   o.output_dir = dir + "/out";
-  CatalogSpec spec{GridSpec{128, 128, 0.25, 0.25}, 3, Scale{}, 0.0};
+  CatalogSpec spec{GridSpec{128, 128, 0.25, 0.25}, 3, Scale{}, 0.0, MaskSpec{}, ResolutionSpec{}};
   WindowCatalog c = buildInferCatalog(o, spec);
   ASSERT_EQ(c.images().size(), 3u);
   EXPECT_EQ(c.image(1).status, "error");
@@ -79,7 +79,7 @@ TEST(Catalog, ExistingOutputsNeedResumeOrOverwrite) {
   InferCatalogOptions o;
   o.inputs = {dir + "/a.tif", dir + "/b.tif"};
   o.output_dir = dir + "/out";
-  CatalogSpec spec{GridSpec{64, 64, 0.25, 0.25}, 3, Scale{}, 0.0};
+  CatalogSpec spec{GridSpec{64, 64, 0.25, 0.25}, 3, Scale{}, 0.0, MaskSpec{}, ResolutionSpec{}};
   try {
     buildInferCatalog(o, spec);
     FAIL() << "existing outputs were accepted";
@@ -103,7 +103,8 @@ TEST(Catalog, SameStemTwiceFailsTheSecond) {
   InferCatalogOptions o;
   o.inputs = {dir};
   o.output_dir = dir + "/out";
-  WindowCatalog c = buildInferCatalog(o, CatalogSpec{GridSpec{64, 64, 0.25, 0.25}, 3, Scale{}, 0.0});
+  WindowCatalog c = buildInferCatalog(
+      o, CatalogSpec{GridSpec{64, 64, 0.25, 0.25}, 3, Scale{}, 0.0, MaskSpec{}, ResolutionSpec{}});
   EXPECT_EQ(c.image(0).status, "ok");
   EXPECT_EQ(c.image(1).status, "error");
   EXPECT_NE(c.image(1).error.find("same file stem"), std::string::npos);

@@ -371,7 +371,12 @@ TEST(ImageWriter, RefusesBadUseClearly) {
   EXPECT_THROW(w.writeRows(cv::Mat(6, 10, CV_8UC1)), IoError);
   EXPECT_THROW(w.close(), IoError);
   EXPECT_FALSE(fs::exists(path));
-  EXPECT_THROW(ImageWriter(tempPath("big.png"), 70000, 70000, 1, SampleType::kU8, WriterOptions{"png"}),
+  EXPECT_THROW(ImageWriter(tempPath("big.png"), 70000, 70000, 1, SampleType::kU8,
+                           [] {
+                             WriterOptions o;
+                             o.format = "png";
+                             return o;
+                           }()),
                IoError);
   EXPECT_THROW(ImageWriter("/nonexistent-dir/x.tif", 10, 10, 1, SampleType::kU8), IoError);
 }

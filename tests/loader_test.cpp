@@ -108,7 +108,8 @@ TEST(Loader, AFailingImageFailsItsSlotsOnly) {
   co.inputs = {dir};
   co.output_dir = dir + "/out";
   const GridSpec spec{32, 32, 0.0, 0.0};
-  WindowCatalog catalog = buildInferCatalog(co, CatalogSpec{spec, 3, Scale{}, 0.0});
+  WindowCatalog catalog =
+      buildInferCatalog(co, CatalogSpec{spec, 3, Scale{}, 0.0, MaskSpec{}, ResolutionSpec{}});
   ASSERT_EQ(catalog.totalWindows(), 8);
   // a.tif disappears after planning: reading its windows fails; b.tif's still load.
   fs::remove(dir + "/a.tif");

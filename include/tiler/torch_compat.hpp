@@ -2,7 +2,7 @@
 // Covers: (1) autocast enable/dtype calls (per-device functions in 1.13..2.3, set_autocast_*(DeviceType)
 // from 2.4); (2) the c10d collective type (ProcessGroupGloo/NCCL derive from ProcessGroup in 1.13 and from
 // Backend in 2.x) and the USE_C10D_* macros the c10d headers need; (3) whether NCCL is compiled in
-// (TILER_WITH_CUDA from CMake: CUDA builds of LibTorch ship NCCL on Linux); (4) the environment variables
+// (TILER_WITH_NCCL from CMake: the torch_cuda target's USE_C10D_NCCL); (4) the environment variables
 // that make NCCL's wait(timeout) throw (renamed with a TORCH_ prefix in 2.2); (5) TCPStore's libuv default
 // (2.4+).
 // Include only from .cpp files that need c10d or autocast: it pulls in heavy headers.
@@ -16,13 +16,13 @@
 #ifndef USE_C10D_GLOO
 #define USE_C10D_GLOO
 #endif
-#if TILER_WITH_CUDA && !defined(USE_C10D_NCCL)
+#if TILER_WITH_NCCL && !defined(USE_C10D_NCCL)
 #define USE_C10D_NCCL
 #endif
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#if TILER_WITH_CUDA
+#if TILER_WITH_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
@@ -31,7 +31,7 @@
 
 namespace tiler::compat {
 
-constexpr bool kNcclCompiled = TILER_WITH_CUDA != 0;
+constexpr bool kNcclCompiled = TILER_WITH_NCCL != 0;
 
 #if TILER_TORCH_AT_LEAST(2, 0)
 using Collectives = c10d::Backend;
@@ -98,6 +98,16 @@ inline void enableNcclTimeouts() {
 #else
   setenv("NCCL_BLOCKING_WAIT", "1", 0);
   setenv("NCCL_ASYNC_ERROR_HANDLING", "1", 0);
+#endif
+}
+
+// Shuts a NCCL group down before it is destroyed (2.2+; without it the destructor warns and may wait on a
+// dead peer's communicator); gloo and older versions need nothing.
+inline void shutdownGroup(Collectives* group) {
+#if TILER_WITH_NCCL && TILER_TORCH_AT_LEAST(2, 2)
+  if (auto* nccl = dynamic_cast<c10d::ProcessGroupNCCL*>(group)) nccl->shutdown();
+#else
+  (void)group;
 #endif
 }
 
