@@ -44,6 +44,17 @@ Activation parseActivation(const std::string& name) {
   TILER_THROW(ConfigError, "--activation must be none, softmax or sigmoid; got '" << name << "'");
 }
 
+Tta parseTta(const std::string& name) {
+  if (name == "none") return Tta::kNone;
+  if (name == "flip") return Tta::kFlip;
+  if (name == "d4") return Tta::kD4;
+  TILER_THROW(ConfigError, "--tta must be none, flip or d4; got '" << name << "'");
+}
+
+const char* ttaName(Tta tta) {
+  return tta == Tta::kFlip ? "flip" : tta == Tta::kD4 ? "d4" : "none";
+}
+
 const char* precisionName(Precision p) {
   switch (p) {
     case Precision::kFp32:
@@ -282,10 +293,31 @@ torch::Tensor ModelRunner::normalize(const torch::Tensor& batch_nhwc, const torc
 
 torch::Tensor ModelRunner::forward(const torch::Tensor& batch_nhwc, const torch::Tensor& scales) {
   c10::InferenceMode guard;
-  torch::Tensor out = apply(normalize(batch_nhwc, scales));
-  if (options_.activation == Activation::kSoftmax) out = torch::softmax(out, 1);
-  if (options_.activation == Activation::kSigmoid) out = torch::sigmoid(out);
-  return out.contiguous();
+  auto activate = [this](torch::Tensor t) {
+    if (options_.activation == Activation::kSoftmax) return torch::softmax(t, 1);
+    if (options_.activation == Activation::kSigmoid) return torch::sigmoid(t);
+    return t;
+  };
+  const torch::Tensor x = normalize(batch_nhwc, scales);
+  if (options_.tta == Tta::kNone) return activate(apply(x)).contiguous();
+  // (quarter turns, mirrored): the copies of the batch, all in one forward.
+  std::vector<std::pair<int64_t, bool>> views = {{0, false}, {0, true}};
+  if (options_.tta == Tta::kD4)
+    views = {{0, false}, {1, false}, {2, false}, {3, false}, {0, true}, {1, true}, {2, true}, {3, true}};
+  std::vector<torch::Tensor> copies;
+  for (const auto& [turns, mirrored] : views) {
+    const torch::Tensor v = mirrored ? x.flip({3}) : x;
+    copies.push_back(turns ? torch::rot90(v, turns, {2, 3}) : v);
+  }
+  const auto parts = activate(apply(torch::cat(copies, 0))).chunk(int64_t(views.size()), 0);
+  torch::Tensor sum;
+  for (size_t i = 0; i < views.size(); ++i) {
+    const auto& [turns, mirrored] = views[i];
+    torch::Tensor back = turns ? torch::rot90(parts[i], -turns, {2, 3}) : parts[i];
+    if (mirrored) back = back.flip({3});
+    sum = sum.defined() ? sum + back : back;
+  }
+  return (sum / double(views.size())).contiguous();
 }
 
 }  // namespace tiler

@@ -57,6 +57,7 @@ class InferJob {
   ResolutionSpec resolution_;
   std::vector<ClassInfo> classes_;  // --classes
   Activation activation_ = Activation::kNone;
+  Tta tta_ = Tta::kNone;
   bool save_labels_ = true, save_probs_ = false, save_polygons_ = false;
   std::optional<Fault> fault_;
   std::unique_ptr<ModelRunner> model_;
@@ -78,6 +79,9 @@ void InferJob::validateOptions() {
   stitch_.sigma_scale = o_.sigma_scale;
   if (stitch_.mode == BlendMode::kGaussian) gaussianImportance(4, 4, o_.sigma_scale);  // validates sigma
   activation_ = parseActivation(o_.activation);
+  tta_ = parseTta(o_.tta);
+  TILER_CHECK(tta_ != Tta::kD4 || spec_.window_w == spec_.window_h, ConfigError,
+              "--tta d4 rotates windows, so they must be square; got --window " << o_.window);
   TILER_CHECK(o_.batch_size >= 1, ConfigError, "--batch_size must be >= 1");
   TILER_CHECK(o_.prefetch >= 1, ConfigError, "--prefetch must be >= 1");
   TILER_CHECK(o_.timeout > 0, ConfigError, "--timeout must be > 0");
@@ -293,7 +297,8 @@ int InferJob::finishRun(std::optional<std::string> fatal, OutputStage* outputs) 
                        o_.model,
                        secondsSince(start_),
                        spec_,
-                       probe_.scale.value()};
+                       probe_.scale.value(),
+                       ttaName(tta_)};
         nlohmann::json j = inferReport(run, catalog_, per_rank);
         writeJsonAtomically(o_.report, j);
         code = exitCodeOf(j);
@@ -322,6 +327,7 @@ int InferJob::run() {
   ModelOptions mo = modelOptionsFor(o_, world_.local_rank);
   o_.model = mo.path;  // the report names the model that ran
   mo.activation = activation_;
+  mo.tta = tta_;
   mo.jit_optimize = o_.jit_optimize;
   model_ = std::make_unique<ModelRunner>(mo);
   probe_ = model_->probe(spec_.window_w, spec_.window_h);

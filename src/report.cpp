@@ -39,6 +39,7 @@ nlohmann::json inferReport(const RunSummary& run, const WindowCatalog& catalog,
   j["model"] = run.model;
   j["window"] = {run.window.window_w, run.window.window_h};
   j["output_scale"] = run.output_scale;
+  j["tta"] = run.tta;
   j["per_rank"] = nlohmann::json::array();
   for (size_t r = 0; r < per_rank.size(); ++r) {
     const RankStats& s = per_rank[r];

@@ -180,6 +180,35 @@ TEST(Model, ActivationsAreAppliedPerWindow) {
   EXPECT_TRUE((sig > 0).all().item<bool>() && (sig < 1).all().item<bool>());
 }
 
+TEST(Model, TtaMapsEachViewBackAndAverages) {
+  // A 1x1 convolution (the same under every rotation and mirror) plus a left-to-right ramp (not): mapped
+  // back and averaged, the ramp's views become its mean, (W-1)/2, everywhere; the convolution is unchanged.
+  const char* ramp = R"JIT(
+def forward(self, x):
+    ramp = torch.arange(x.size(3), dtype=x.dtype).view(1, 1, 1, -1)
+    return torch.conv2d(x, self.w, self.b) + ramp
+)JIT";
+  const auto x = torch::rand({3, 8, 8, 3});
+  const auto scales = torch::ones({3});
+  ModelRunner plain(cpuOptions(saveModule("tta_conv", 3, 2, kConv)));
+  plain.probe(8, 8);
+  const auto expected = plain.forward(x, scales) + 3.5;
+  for (Tta tta : {Tta::kFlip, Tta::kD4}) {
+    auto o = cpuOptions(saveModule("tta_ramp", 3, 2, ramp));
+    o.tta = tta;
+    ModelRunner r(o);
+    r.probe(8, 8);
+    const auto out = r.forward(x, scales);
+    EXPECT_EQ(out.sizes(), expected.sizes());
+    EXPECT_TRUE(torch::allclose(out, expected, 1e-5, 1e-5)) << ttaName(tta);
+  }
+  // Without TTA the ramp stays.
+  ModelRunner none(cpuOptions(saveModule("tta_none", 3, 2, ramp)));
+  none.probe(8, 8);
+  EXPECT_FALSE(torch::allclose(none.forward(x, scales), expected, 1e-3, 1e-3));
+  EXPECT_THROW(parseTta("d8"), ConfigError);
+}
+
 TEST(Model, Bf16StaysWithinToleranceOfFp32) {
   // A deeper random conv net, so autocast changes real matmuls.
   torch::jit::Module m("Deep");

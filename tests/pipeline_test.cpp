@@ -249,6 +249,19 @@ TEST_F(Pipeline, TwoCtrunNodesOnLoopbackFormOneWorld) {
   expectSameOutputs(reference(), out);
 }
 
+TEST_F(Pipeline, TtaIsReportedAndD4NeedsSquareWindows) {
+  const std::string out = root_ + "/out_tta";
+  auto r = run(kTiler + " -i " + root_ + "/images/b_mixed.png -m " + model_ + " -o " + out +
+               " --window 64 --threads 1 --no_progress --save labels,probs --tta d4");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(report(out)["tta"], "d4");
+  EXPECT_EQ(report(reference())["tta"], "none");
+  r = run(kTiler + " -i " + root_ + "/images/b_mixed.png -m " + model_ + " -o " + out +
+          "_rect --window 64,32 --threads 1 --no_progress --tta d4");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("--tta d4 rotates windows, so they must be square"), std::string::npos) << r.output;
+}
+
 TEST_F(Pipeline, ConfigFileTakesAnyFlag) {
   const std::string out = root_ + "/out_config";
   const std::string cfg = root_ + "/run.toml";
@@ -510,7 +523,9 @@ TEST_P(PipelineFaults, EveryRankLeavesTogetherAndNothingFailedIsFinal) {
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   EXPECT_LT(seconds, 60) << "every process gone well before --timeout 300";
   EXPECT_EQ(code, c.abort ? 1 : 2) << output;
-  if (c.ctrun) EXPECT_NE(output.find("TILER_FAULT: injected failure"), std::string::npos) << output;
+  if (c.ctrun) {
+    EXPECT_NE(output.find("TILER_FAULT: injected failure"), std::string::npos) << output;
+  }
   EXPECT_FALSE(fs::exists(out + "/a_large_labels.tif"));
   EXPECT_FALSE(fs::exists(out + "/a_large_probs.tif"));
   EXPECT_TRUE(partialFiles(out).empty());

@@ -21,6 +21,11 @@ namespace tiler {
 enum class Precision { kFp32, kFp16, kBf16 };
 enum class Activation { kNone, kSoftmax, kSigmoid };
 Activation parseActivation(const std::string& name);
+// Test-time augmentation: each window also runs mirrored (flip: left-right; d4: the 8 rotations and
+// mirrors of a square), in the same batch; predictions are mapped back and averaged after the activation.
+enum class Tta { kNone, kFlip, kD4 };
+Tta parseTta(const std::string& name);
+const char* ttaName(Tta tta);
 const char* precisionName(Precision p);
 
 struct ModelOptions {
@@ -32,6 +37,7 @@ struct ModelOptions {
   std::vector<double> mean, std;   // per channel (1 or C values), applied after scaling
   Activation activation = Activation::kNone;
   bool jit_optimize = false;  // freeze + optimize_for_inference
+  Tta tta = Tta::kNone;       // forward() only
   int local_rank = 0;         // for device auto/cuda
 };
 

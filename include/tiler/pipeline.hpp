@@ -24,6 +24,7 @@ struct InferOptions : JobOptions {
   double sigma_scale = 0.125;
   double cval = 0.0;
   std::string activation = "none";
+  std::string tta = "none";  // none | flip | d4
   std::string save = "labels";
   std::string format = "tif";
   std::string compression = "deflate";

@@ -27,6 +27,7 @@ struct RunSummary {
   double seconds = 0;
   GridSpec window;
   double output_scale = 1.0;
+  std::string tta = "none";
 };
 
 // The report of an infer run: statuses as the catalog holds them after the output stage finished ("done"

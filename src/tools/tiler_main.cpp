@@ -76,6 +76,10 @@ int runInferCli(int argc, char** argv) {
   app.add_option(flagNames("--sigma_scale"), o.sigma_scale, "gaussian sigma per window size")
       ->capture_default_str();
   app.add_option(flagNames("--activation"), o.activation, "none | softmax | sigmoid")->capture_default_str();
+  app.add_option(
+         flagNames("--tta"), o.tta,
+         "none | flip | d4: also run each window mirrored (d4: rotated too, square windows), averaged")
+      ->capture_default_str();
   app.add_option(flagNames("--save"), o.save, "labels, probs, polygons, comma-separated")
       ->capture_default_str();
   app.add_option(flagNames("--format"), o.format, "tif | png (labels)")->capture_default_str();
