@@ -49,7 +49,9 @@ TEST_P(DistWorlds, GatherAllgatherAllreduceBroadcast) {
     ctx.barrier("test barrier");
     if (r == size - 1) ctx.setString("k", "from the last rank");
     ctx.barrier("after set");
-    if (size > 1) EXPECT_EQ(ctx.getString("k", "missing"), "from the last rank");
+    if (size > 1) {
+      EXPECT_EQ(ctx.getString("k", "missing"), "from the last rank");
+    }
   });
 }
 

@@ -69,8 +69,9 @@ TEST_P(ExchangeWorlds, AFailingRankEndsEveryRankAtTheSameStep) {
       } catch (const RankFailure& e) {
         EXPECT_EQ(e.failedRank(), r == bad ? r : bad);
         EXPECT_NE(e.message().find("label 'x.png' is truncated"), std::string::npos) << e.message();
-        if (r != bad)
+        if (r != bad) {
           EXPECT_NE(e.message().find("rank " + std::to_string(bad) + " failed"), std::string::npos);
+        }
       } catch (const std::exception& e) {
         ADD_FAILURE() << "rank " << r << ": not a RankFailure: " << e.what();
       }
