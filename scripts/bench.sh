@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmarks: scripts/bench.sh [--quick] [io|slide|model|pipeline|memory|scaling|ctrun|finetune|naive|mask|outputs|all]
+# Benchmarks: scripts/bench.sh [--quick] [io|slide|tta|model|pipeline|memory|scaling|ctrun|finetune|naive|mask|outputs|all]
 # Generates its own deterministic inputs (cached in $TILER_BENCH_CACHE, default ~/.cache/tiler-bench), runs each
 # scenario $RUNS times (3; --quick: 1 run on small inputs), writes bench-results/bench.json and a table of
 # medians (min-max). fp32 on the CPU. Never part of CI's test run.
@@ -151,6 +151,18 @@ ${n}x${n} [0,0 ${n}x${n}] (256x256) JPEG/RGB Q=90|AppMag = 40|MPP = 0.25" "$svs"
         emit "$name" mb_per_second "$(json "$out" mb_per_second)"
         emit "$name" windows_per_second "$(json "$out" windows_per_second)"
       done
+    done
+  done
+fi
+
+if want tta; then
+  img=$(image 1024)
+  for _ in $(seq "$runs"); do
+    for t in none flip d4; do
+      rm -rf "$cache/out_tta"
+      "$bin/tiler" -i "$img" -m "$model" -o "$cache/out_tta" --threads 2 --no_progress --tta $t >/dev/null 2>&1
+      emit "tta: $t, 1024 px, sample UNet, 2 threads" forward_seconds "$(report_field "$cache/out_tta/report.json" forward_seconds)"
+      emit "tta: $t, 1024 px, sample UNet, 2 threads" seconds "$(report_field "$cache/out_tta/report.json" seconds)"
     done
   done
 fi
