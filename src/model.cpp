@@ -5,6 +5,10 @@
 #include <torch/cuda.h>
 
 #include <malloc.h>
+#include <sched.h>
+
+#include <cstdlib>
+#include <thread>
 
 #include <filesystem>
 #include <mutex>
@@ -36,6 +40,28 @@ void keepLargeBlocksInHeap() {
 }
 
 }  // namespace
+
+int defaultIntraOpThreads() {
+  // OMP_NUM_THREADS (ctrun sets cores / local workers) is the user's or the launcher's word.
+  if (const char* omp = std::getenv("OMP_NUM_THREADS")) {
+    const int n = std::atoi(omp);
+    if (n > 0) return n;
+  }
+  // LibTorch's own default guesses physical cores as half the logical ones (1 on a 2-vCPU machine); tiler
+  // gives each rank on this node its share of the CPUs it may run on.
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set)
+                                                               : int(std::thread::hardware_concurrency());
+  int local = 1;
+  for (const char* name : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"}) {
+    if (const char* v = std::getenv(name)) {
+      local = std::max(1, std::atoi(v));
+      break;
+    }
+  }
+  return std::max(1, cpus / local);
+}
 
 Activation parseActivation(const std::string& name) {
   if (name == "none") return Activation::kNone;
@@ -138,7 +164,7 @@ ModelRunner::ModelRunner(const ModelOptions& options)
       precision_(resolvePrecision(options.precision, device_)),
       current_device_(device_) {
   keepLargeBlocksInHeap();
-  if (options.threads > 0) at::set_num_threads(options.threads);
+  at::set_num_threads(options.threads > 0 ? options.threads : defaultIntraOpThreads());
   module_ = loadTorchScript(options.path, device_);
   module_.eval();
   auto forward = module_.find_method("forward");

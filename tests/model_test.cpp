@@ -1,6 +1,8 @@
 #include "tiler/model.hpp"
 
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <torch/cuda.h>
 #include <torch/serialize.h>
 #include <unistd.h>
@@ -250,6 +252,27 @@ TEST(Model, Fp16OnCpuIsRefusedClearly) {
   EXPECT_EQ(resolvePrecision("auto", torch::Device(torch::kCPU)), Precision::kFp32);
   EXPECT_EQ(resolveDevice("cpu", 3).type(), torch::kCPU);
   EXPECT_THROW(resolveDevice("tpu", 0), Error);
+}
+
+TEST(Model, DefaultThreadsAreThisRanksShareOfTheCpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof set, &set), 0);
+  const int cpus = CPU_COUNT(&set);
+  unsetenv("OMP_NUM_THREADS");
+  unsetenv("LOCAL_WORLD_SIZE");
+  ModelRunner all(cpuOptions(saveModule("threads", 3, 2, kConv)));
+  EXPECT_EQ(at::get_num_threads(), cpus) << "LibTorch's own default is half the logical CPUs";
+  setenv("LOCAL_WORLD_SIZE", "2", 1);
+  EXPECT_EQ(defaultIntraOpThreads(), std::max(1, cpus / 2));
+  setenv("OMP_NUM_THREADS", "3", 1);
+  EXPECT_EQ(defaultIntraOpThreads(), 3);
+  unsetenv("OMP_NUM_THREADS");
+  unsetenv("LOCAL_WORLD_SIZE");
+  auto pinned = cpuOptions(saveModule("threads1", 3, 2, kConv));
+  pinned.threads = 1;
+  ModelRunner one(pinned);
+  EXPECT_EQ(at::get_num_threads(), 1);
 }
 
 TEST(Model, JitOptimizeIsRefusedWithMixedPrecision) {

@@ -21,6 +21,9 @@ namespace tiler {
 enum class Precision { kFp32, kFp16, kBf16 };
 enum class Activation { kNone, kSoftmax, kSigmoid };
 Activation parseActivation(const std::string& name);
+// Intra-op threads when --threads is not given: OMP_NUM_THREADS if set, else the CPUs this process may use
+// divided by the ranks on this node (LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE, SLURM_NTASKS_PER_NODE).
+int defaultIntraOpThreads();
 // Test-time augmentation: each window also runs mirrored (flip: left-right; d4: the 8 rotations and
 // mirrors of a square), in the same batch; predictions are mapped back and averaged after the activation.
 enum class Tta { kNone, kFlip, kD4 };
