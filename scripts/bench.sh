@@ -66,6 +66,21 @@ if want pipeline; then
     emit "pipeline: pure forward ($pipeline_windows windows)" seconds "$pure"
     emit "pipeline: tiler 1 rank x 2 threads" seconds "$e2e"
     emit "pipeline: tiler / pure forward" overhead_ratio "$(ratio "$e2e" "$pure")"
+    # The same job with default flags (threads, ...), against the pure forward in Python when python3-torch
+    # (Debian's, the same LibTorch) is installed: the outside yardstick.
+    rm -rf "$cache/out_pipeline"
+    t0=$(now)
+    "$bin/tiler" -i "$sample" -m "$model" -o "$cache/out_pipeline" --no_progress >/dev/null 2>&1
+    t1=$(now)
+    default=$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')
+    emit "pipeline: tiler 1 rank, default flags" seconds "$default"
+    if /usr/bin/python3 -c "import torch" 2>/dev/null; then
+      out=$(/usr/bin/python3 scripts/python_forward.py -m "$model" --windows $pipeline_windows --threads 2)
+      py=$(json "$out" seconds)
+      emit "pipeline: pure forward in Python, 2 threads ($pipeline_windows windows)" seconds "$py"
+      emit "pipeline: tiler default flags / Python pure forward" overhead_ratio "$(ratio "$default" "$py")"
+      emit "pipeline: tiler 1 rank x 2 threads / Python pure forward" overhead_ratio "$(ratio "$e2e" "$py")"
+    fi
   done
 fi
 
