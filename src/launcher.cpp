@@ -438,15 +438,32 @@ class NodeLink {
   explicit NodeLink(const LaunchOptions& o) : o_(o) {
     auto [host, port] = parseEndpoint(o.rdzv_endpoint, "--rdzv_endpoint");
     endpoint_host_ = host;
-    if (isLocalHost(host)) {
+    // Host the store when the endpoint is here and the port is free, else connect; both retried until
+    // --rdzv_timeout: the host may start later, and a port can be held a while by the local end of another
+    // connection, so that neither agent could listen on it at first.
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(o.rdzv_timeout * 1000));
+    const bool local = isLocalHost(host);
+    for (;;) {
+      if (local && !server_) {
+        try {
+          server_ = std::make_unique<StoreServer>(port);
+        } catch (const DistError&) {
+          // Another agent on this host holds it (several agents on one machine, as in tests).
+        }
+      }
+      const bool last = std::chrono::steady_clock::now() >= deadline;
       try {
-        server_ = std::make_unique<StoreServer>(port);
-      } catch (const DistError&) {
-        // Another agent on this host holds it (several agents on one machine, as in tests).
+        client_ = std::make_unique<StoreClient>(host, port, std::chrono::milliseconds(last ? 0 : 500));
+        break;
+      } catch (const TimeoutError&) {
+        if (last)
+          TILER_THROW(TimeoutError, "ctrun: cannot reach the rendezvous store at "
+                                        << o.rdzv_endpoint << " within " << o.rdzv_timeout
+                                        << " s (--rdzv_timeout): no agent hosts it");
       }
     }
-    const auto timeout = std::chrono::milliseconds(int64_t(o.rdzv_timeout * 1000));
-    client_ = std::make_unique<StoreClient>(host, port, timeout);
+    client_->setTimeout(std::chrono::milliseconds(int64_t(o.rdzv_timeout * 1000)));
   }
 
   struct Round {

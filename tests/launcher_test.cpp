@@ -321,6 +321,27 @@ TEST(Rendezvous, C10dAgentsFormOneWorldWithoutNodeRanks) {
   EXPECT_EQ(masters.size(), 1u) << "one MASTER_ADDR:MASTER_PORT for the whole world";
 }
 
+TEST(Rendezvous, AnEndpointPortHeldForAMomentIsHostedOnceFree) {
+  // Another socket holds the endpoint's port (as the local end of a connection can), so neither agent can
+  // listen on it at first; they keep trying and meet once it is free.
+  const std::string dir = tempDir("rdzv_held");
+  const int port = test::freePort();
+  const int holder = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);  // not inherited by the agents
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(uint16_t(port));
+  ASSERT_EQ(bind(holder, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const std::string args = c10d(port, "held") + "--nproc_per_node 1 " + kHelper + " env " + dir;
+  const pid_t a = startAgent(args, dir + "/a.log");
+  const pid_t b = startAgent(args, dir + "/b.log");
+  usleep(1500000);
+  close(holder);
+  EXPECT_EQ(waitAgent(a), 0) << test::slurp(dir + "/a.log");
+  EXPECT_EQ(waitAgent(b), 0) << test::slurp(dir + "/b.log");
+  EXPECT_EQ(envFile(dir + "/env_1")["WORLD_SIZE"], "2");
+}
+
 TEST(Rendezvous, AFailureOnOneNodeRestartsEveryNodeTogether) {
   // The case: static node ranks, one master port; rank 1 (node 1) fails on the first attempt.
   const std::string dir = tempDir("rdzv_restart");

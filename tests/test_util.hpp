@@ -13,6 +13,7 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -101,16 +102,26 @@ inline std::string scratchDir(const std::string& name) {
   return d.string();
 }
 
+// A port that can be listened on, below Linux's ephemeral range (32768-60999): a port the kernel hands out
+// as free may be taken a moment later as the local end of another test's connection, and then no one can
+// listen on it.
 inline int freePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
+  static unsigned state = unsigned(getpid()) * 2654435761u ^ unsigned(time(nullptr));
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    state = state * 1103515245u + 12345u;
+    const int port = 20000 + int((state >> 8) % 12000u);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    a.sin_port = htons(uint16_t(port));
+    const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && listen(fd, 1) == 0;
+    close(fd);
+    if (ok) return port;
+  }
+  return 0;
 }
 
 // A TIFF whose header claims 10^6 x 10^6 pixels in one deflate strip, holding 16 bytes of data.

@@ -54,6 +54,8 @@ class StoreClient {
   // The address this side of the connection has (what other nodes may reach this host by).
   std::string localAddress() const;
   const std::string& endpoint() const { return endpoint_; }
+  // The bound of every later call.
+  void setTimeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
 
  private:
   std::string request(const std::string& line);
