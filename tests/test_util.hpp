@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include "tiler/launcher.hpp"
+
 namespace tiler::test {
 
 struct CommandResult {
@@ -110,16 +112,7 @@ inline int freePort() {
   for (int attempt = 0; attempt < 1000; ++attempt) {
     state = state * 1103515245u + 12345u;
     const int port = 20000 + int((state >> 8) % 12000u);
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_ANY);
-    a.sin_port = htons(uint16_t(port));
-    const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && listen(fd, 1) == 0;
-    close(fd);
-    if (ok) return port;
+    if (portIsFree(port)) return port;
   }
   return 0;
 }
