@@ -1,6 +1,8 @@
 #include "tiler/error.hpp"
 
+#include <ftw.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -61,6 +63,16 @@ int reportFatal(const std::string& tool, const std::exception& e) {
   std::cerr << tool << ": error: " << msg << std::endl;
   writeElasticErrorFile(msg);
   return kExitFatal;
+}
+
+bool removeTree(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return errno == ENOENT;
+  // Depth first (contents before their directory), physical (a link is removed, not followed).
+  auto remove_one = [](const char* p, const struct stat*, int, struct FTW*) {
+    return ::remove(p) == 0 ? 0 : -1;
+  };
+  return ::nftw(path.c_str(), remove_one, 16, FTW_DEPTH | FTW_PHYS) == 0;
 }
 
 std::string describeException(const std::exception_ptr& e) {

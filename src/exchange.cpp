@@ -70,11 +70,15 @@ void StepExchange::broadcast(torch::Tensor& t, int root, const std::string& what
 }
 
 void StepExchange::reportImageFailure(int image_id, const std::string& message) {
+  own_failures_.emplace(image_id, message);
   if (dist_.worldSize() > 1) dist_.setString("tiler/error/" + std::to_string(image_id), message);
 }
 
 std::string StepExchange::imageFailure(int image_id, const std::string& fallback) {
-  if (dist_.worldSize() == 1) return fallback;
+  if (dist_.worldSize() == 1) {
+    const auto it = own_failures_.find(image_id);
+    return it == own_failures_.end() ? fallback : it->second;
+  }
   return dist_.getString("tiler/error/" + std::to_string(image_id), fallback);
 }
 

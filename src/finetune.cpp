@@ -459,7 +459,7 @@ void Trainer::saveCheckpoint(int epoch, const nlohmann::json& history) {
   // previous checkpoint whole, never new weights beside old state.
   const std::string final_dir = epochDir(epoch), dir = final_dir + ".partial";
   std::error_code ec;
-  fs::remove_all(dir, ec);
+  removeTree(dir);
   fs::create_directories(dir);
   saveModule(runner_->module(), dir + "/model.pt");
   if (fault_ && fault_->stage == "checkpoint" && fault_->hits(world_.rank, "checkpoint", windows_read_))
@@ -468,13 +468,13 @@ void Trainer::saveCheckpoint(int epoch, const nlohmann::json& history) {
   nlohmann::json state = {{"epoch", epoch}, {"loss_scale", loss_scale_}, {"good_steps", good_steps_},
                           {"step", step_},  {"seed", o_.seed},           {"history", history}};
   writeJsonAtomically(dir + "/state.json", state);
-  fs::remove_all(final_dir, ec);
+  removeTree(final_dir);
   TILER_CHECK(std::rename(dir.c_str(), final_dir.c_str()) == 0, IoError,
               "'" << final_dir << "': cannot make the checkpoint current: " << std::strerror(errno));
   // Older checkpoints and leftovers of killed writes go once the new one is current.
   for (const auto& e : fs::directory_iterator(o_.checkpoint_dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (name.rfind("epoch-", 0) == 0 && e.path().string() != final_dir) fs::remove_all(e.path(), ec);
+    if (name.rfind("epoch-", 0) == 0 && e.path().string() != final_dir) removeTree(e.path().string());
   }
 }
 

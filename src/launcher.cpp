@@ -915,10 +915,7 @@ int Launcher::run() {
   }
   if (!last_failures.empty()) printSummary(last_failures, o, attempt + 1);
   if (link && !link_lost) link->leave();
-  if (temp_dir) {
-    std::error_code ec;
-    fs::remove_all(base_dir, ec);
-  }
+  if (temp_dir) removeTree(base_dir);
   return exit_code;
 }
 

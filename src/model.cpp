@@ -22,6 +22,21 @@ namespace fs = std::filesystem;
 namespace tiler {
 namespace {
 
+// CUDA's "CUDA out of memory."; the CPU allocator's "not enough memory" (1.x), "can't allocate memory" (2.x).
+constexpr const char* kOutOfMemorySigns[] = {"out of memory", "not enough memory", "can't allocate memory"};
+
+// The line of `what` that says memory ran out (the interpreter puts its own line and a traceback first).
+std::string outOfMemoryLine(const std::string& what) {
+  for (const char* sign : kOutOfMemorySigns) {
+    const auto at = what.find(sign);
+    if (at == std::string::npos) continue;
+    const auto begin = what.rfind('\n', at), end = what.find('\n', at);
+    const auto from = begin == std::string::npos ? 0 : begin + 1;
+    return what.substr(from, end == std::string::npos ? std::string::npos : end - from);
+  }
+  return what;
+}
+
 std::string firstLine(const std::string& s) {
   auto nl = s.find('\n');
   return nl == std::string::npos ? s : s.substr(0, nl);
@@ -104,6 +119,14 @@ ModelOptions modelOptionsFor(const JobOptions& job, int local_rank) {
   mo.std = job.std;
   mo.local_rank = local_rank;
   return mo;
+}
+
+bool isOutOfMemory(const std::exception& e) {
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&e)) return true;
+  const std::string what = e.what();
+  for (const char* sign : kOutOfMemorySigns)
+    if (what.find(sign) != std::string::npos) return true;
+  return false;
 }
 
 torch::Device resolveDevice(const std::string& spec, int local_rank) {
@@ -254,12 +277,12 @@ const ModelProbe& ModelRunner::probe(int64_t window_w, int64_t window_h) {
       out = apply(torch::zeros({1, c, window_h, window_w}, torch::TensorOptions().device(device_)));
     } catch (const ModelError&) {
       throw;
-    } catch (const c10::OutOfMemoryError& e) {
-      // Another channel count would not fit either: say what ran out.
-      TILER_THROW(ModelError, "'" << path << "': out of memory running one " << window_w << "x" << window_h
-                                  << " window on " << device_.str()
-                                  << " (a smaller --window?): " << firstLine(e.what()));
     } catch (const std::exception& e) {
+      // Out of memory: another channel count would not fit either; say what ran out.
+      TILER_CHECK(!isOutOfMemory(e), ModelError,
+                  "'" << path << "': out of memory running one " << window_w << "x" << window_h
+                      << " window on " << device_.str()
+                      << " (a smaller --window?): " << outOfMemoryLine(e.what()));
       if (first_error.empty()) first_error = firstLine(e.what());
       continue;
     }

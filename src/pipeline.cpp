@@ -183,8 +183,8 @@ void InferJob::forwardSlots(const WindowBatch& batch, int64_t first, int64_t cou
     auto preds = model_->forward(batch.pixels.narrow(0, first, count), batch.scales.narrow(0, first, count));
     out.narrow(0, first, count).copy_(preds);
     return;
-  } catch (const c10::OutOfMemoryError&) {
-    if (count > 1) {
+  } catch (const std::exception& e) {
+    if (count > 1 && isOutOfMemory(e)) {
       // Out of memory: the same windows in halves, down to one at a time; the outputs do not change.
       if (!oom_logged_)
         spdlog::warn("[rank {}] out of memory in a forward of {} windows: retrying in halves", world_.rank,

@@ -30,7 +30,7 @@ TEST(Catalog, ListImagesSortsAndFilters) {
   ASSERT_EQ(flat.size(), 2u);
   EXPECT_EQ(fs::path(flat[0]).filename(), "a.PNG");
   EXPECT_EQ(listImages({dir}, true).size(), 3u);
-  fs::remove_all(dir);
+  removeTree(dir);
 }
 
 TEST(Catalog, ChannelAdaptation) {
@@ -66,7 +66,7 @@ TEST(Catalog, GlobalIndexSpansPlannedImagesOnly) {
   EXPECT_THROW(c.locate(7), Error);
   EXPECT_EQ(c.image(2).first_window, 6);
   EXPECT_EQ(c.image(0).outputs.at("labels"), dir + "/out/a_labels.tif");
-  fs::remove_all(dir);
+  removeTree(dir);
 }
 
 TEST(Catalog, ExistingOutputsNeedResumeOrOverwrite) {
@@ -93,7 +93,7 @@ TEST(Catalog, ExistingOutputsNeedResumeOrOverwrite) {
   EXPECT_EQ(c.image(1).status, "ok");
   EXPECT_EQ(c.totalWindows(), 1);
   EXPECT_FALSE(fs::exists(dir + "/out/b_labels.tif.partial"));
-  fs::remove_all(dir);
+  removeTree(dir);
 }
 
 TEST(Catalog, SameStemTwiceFailsTheSecond) {
@@ -108,7 +108,7 @@ TEST(Catalog, SameStemTwiceFailsTheSecond) {
   EXPECT_EQ(c.image(0).status, "ok");
   EXPECT_EQ(c.image(1).status, "error");
   EXPECT_NE(c.image(1).error.find("same file stem"), std::string::npos);
-  fs::remove_all(dir);
+  removeTree(dir);
 }
 
 }  // namespace

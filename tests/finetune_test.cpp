@@ -55,7 +55,7 @@ class Finetune : public ::testing::Test {
         (fs::path(::testing::TempDir()) / ("finetune_" + std::to_string(getpid()) + "_" +
                                            ::testing::UnitTest::GetInstance()->current_test_info()->name()))
             .string();
-    fs::remove_all(dir_);
+    removeTree(dir_);
     fs::create_directories(dir_);
   }
   // Four image/label pairs of the bundled training set, so each test runs in seconds.

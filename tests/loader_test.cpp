@@ -36,7 +36,7 @@ TEST(Loader, ReadWindowPadsOutsideTheImage) {
   EXPECT_EQ(rep.at<uint8_t>(0, 0), 10);
   cv::Mat ref = readWindow(*reader, g, 0, PadMode::kReflect, 0);
   EXPECT_EQ(ref.at<uint8_t>(0, 1), 40) << "reflect without repeating the edge, like torch";
-  fs::remove_all(dir);
+  removeTree(dir);
 }
 
 // OpenCV's cvtColor refuses i16 and u32: alpha must still be dropped (the RGBA int16 TIFF users hit).
@@ -129,7 +129,7 @@ TEST(Loader, AFailingImageFailsItsSlotsOnly) {
   EXPECT_EQ(batch->failures[0].first, 0);
   EXPECT_NE(batch->failures[0].second.find("a.tif"), std::string::npos) << batch->failures[0].second;
   EXPECT_FLOAT_EQ(batch->pixels[4][0][0][2].item<float>(), 3.f);
-  fs::remove_all(dir);
+  removeTree(dir);
 }
 
 }  // namespace

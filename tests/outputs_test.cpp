@@ -43,7 +43,7 @@ TEST(Outputs, FinishKeepsThePartialNameUntilCommit) {
   w.finish();
   w.commit();
   EXPECT_TRUE(fs::exists(dir + "/b.tif"));
-  fs::remove_all(dir);
+  removeTree(dir);
 }
 
 // A catalog of `n` 8x8 images, one 8x8 window each, outputs under dir.
@@ -94,7 +94,7 @@ TEST(Outputs, AWriteFailureFailsThatImageAloneAndLeavesNoFinalFile) {
   for (const char* f : {"/img0_labels.tif", "/img0_probs.tif", "/img2_labels.tif"})
     EXPECT_TRUE(fs::exists(dir + f));
   for (const auto& e : fs::directory_iterator(dir)) EXPECT_NE(e.path().extension(), ".partial") << e.path();
-  fs::remove_all(dir);
+  removeTree(dir);
 }
 
 TEST(Outputs, AbortStopsTheStageAndRefusesMoreSteps) {
@@ -113,7 +113,7 @@ TEST(Outputs, AbortStopsTheStageAndRefusesMoreSteps) {
   EXPECT_NE(stage.error()->find("(--on_error abort)"), std::string::npos) << *stage.error();
   stage.finish();
   EXPECT_EQ(c.image(1).status, "ok") << "never stitched";
-  fs::remove_all(dir);
+  removeTree(dir);
 }
 
 }  // namespace

@@ -64,7 +64,7 @@ class Pipeline : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     root_ = (fs::path(::testing::TempDir()) / ("pipeline_" + std::to_string(getpid()))).string();
-    fs::remove_all(root_);
+    removeTree(root_);
     ref_.clear();
     fs::create_directories(root_ + "/images");
     // A small fully convolutional model: 3x3 conv (3 -> 4), relu, 1x1 conv (4 -> 2).
@@ -577,6 +577,51 @@ TEST_F(Pipeline, OutOfMemoryRetriesInHalvesAndFailsOnlyTheWindowsImage) {
   cv::Mat want = ImageReader::open(reference() + "/a_large_probs.tif")->readRegion({0, 0, 700, 500});
   EXPECT_LT(cv::norm(got, want, cv::NORM_INF), 1e-5) << "smaller batches, the same numbers";
   EXPECT_EQ((*imageEntry(j, "e_float.tif"))["status"], "ok");
+}
+
+// A 1x1 convolution that also asks the allocator for 2^50 floats (4 PiB) for each window of a batch beyond
+// its first (`even_alone`: for every window holding a non-zero pixel, so the zero window of the probe fits).
+std::string memoryHungryModel(const std::string& dir, bool even_alone) {
+  torch::jit::Module m("Hungry");
+  torch::manual_seed(3);
+  m.register_parameter("w", torch::randn({2, 3, 1, 1}), false);
+  const std::string floats = even_alone ? "x.size(0) * int(bool(x.abs().sum() > 0))" : "x.size(0) - 1";
+  m.define("def forward(self, x):\n    big = torch.zeros([(" + floats +
+           ") * 1125899906842624])\n    return torch.conv2d(x, self.w) + big.sum()\n");
+  const std::string path = dir + "/hungry" + std::to_string(even_alone) + ".pt";
+  m.save(path);
+  return path;
+}
+
+// A real allocation failure inside a TorchScript model reaches tiler as the interpreter's std::runtime_error,
+// which keeps only the allocator's text (not c10's OutOfMemoryError type): it is retried in halves all the
+// same (as a CUDA out of memory is), and a window that fails alone fails its image with that text, also on
+// one process (no "failed on another rank").
+TEST_F(Pipeline, AllocationFailureInsideTheModelIsRetriedInHalves) {
+  auto args = [&](const std::string& model, const std::string& out, int batch) {
+    return kTiler + " -i " + root_ + "/images/b_mixed.png -m " + model + " -o " + out +
+           " --window 128 --threads 1 --save labels,probs --no_progress --batch_size " +
+           std::to_string(batch);
+  };
+  const std::string model = memoryHungryModel(root_, false);
+  const std::string one = root_ + "/out_hungry1", four = root_ + "/out_hungry4";
+  auto r = run(args(model, one, 1));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run(args(model, four, 4));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("out of memory in a forward of 4 windows: retrying in halves"), std::string::npos)
+      << r.output;
+  EXPECT_TRUE(slurp(four + "/b_mixed_labels.tif") == slurp(one + "/b_mixed_labels.tif"));
+  EXPECT_TRUE(slurp(four + "/b_mixed_probs.tif") == slurp(one + "/b_mixed_probs.tif"));
+
+  const std::string failed = root_ + "/out_hungry_alone";
+  r = run(args(memoryHungryModel(root_, true), failed, 4));
+  EXPECT_EQ(r.code, 2) << r.output;
+  const std::string message = (*imageEntry(report(failed), "b_mixed.png"))["error"].get<std::string>();
+  EXPECT_NE(message.find("the model's forward failed"), std::string::npos) << message;
+  EXPECT_NE(message.find("allocate"), std::string::npos) << message;
+  EXPECT_EQ(message.find("another rank"), std::string::npos) << message;
+  EXPECT_FALSE(fs::exists(failed + "/b_mixed_labels.tif"));
 }
 
 // A model with `classes` output channels (1x1 convolution), for the labels type at its edges.

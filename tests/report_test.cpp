@@ -61,7 +61,7 @@ TEST(Report, JsonIsWrittenAtomically) {
   EXPECT_EQ(nlohmann::json::parse(test::slurp(dir + "/r.json"))["a"], 1);
   EXPECT_FALSE(fs::exists(dir + "/r.json.partial"));
   EXPECT_THROW(writeJsonAtomically("/proc/no/such/dir/r.json", nlohmann::json{}), std::exception);
-  fs::remove_all(dir);
+  removeTree(dir);
 }
 
 }  // namespace

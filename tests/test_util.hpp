@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "tiler/error.hpp"
 #include "tiler/launcher.hpp"
 
 namespace tiler::test {
@@ -82,7 +83,7 @@ class ScratchCleanup : public ::testing::Environment {
       const auto at = name.find(tag);
       if (at == std::string::npos) continue;
       const size_t end = at + tag.size();
-      if (end == name.size() || name[end] == '_' || name[end] == '.') fs::remove_all(e.path(), ec);
+      if (end == name.size() || name[end] == '_' || name[end] == '.') removeTree(e.path().string());
     }
   }
 };
@@ -99,7 +100,7 @@ inline void pinChildProcessesToCpu() {
 inline std::string scratchDir(const std::string& name) {
   namespace fs = std::filesystem;
   fs::path d = fs::path(::testing::TempDir()) / (name + "_" + std::to_string(getpid()));
-  fs::remove_all(d);
+  removeTree(d.string());
   fs::create_directories(d);
   return d.string();
 }

@@ -69,6 +69,12 @@ int reportFatal(const std::string& tool, const std::exception& e);
 // Writes {"message": ..., "rank": ..., "time": ...} to TORCHELASTIC_ERROR_FILE if set (atomically).
 void writeElasticErrorFile(const std::string& message);
 
+// Removes `path` and everything under it, not following symbolic links; a missing path counts as removed.
+// Returns false if something could not be removed. Not std::filesystem::remove_all: LibTorch's pip and
+// pytorch.org builds carry (and export) a static copy of std::filesystem, a program linking them binds its
+// own remove_all calls to that copy, and it crashes there (a call through a null pointer; seen with 2.11).
+bool removeTree(const std::string& path);
+
 // A one-line message for any exception: tiler's without [file:line], LibTorch's without their backtrace,
 // std::bad_alloc as "out of memory", anything else as "unknown exception".
 std::string describeException(const std::exception_ptr& e);

@@ -11,6 +11,7 @@
 
 #include <torch/types.h>
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -71,7 +72,8 @@ class StepExchange {
   [[noreturn]] void throwFailure(int rank, const std::optional<std::string>& own);
 
   DistContext& dist_;
-  bool on_device_ = false;  // NCCL: collectives on the model's device
+  bool on_device_ = false;                   // NCCL: collectives on the model's device
+  std::map<int, std::string> own_failures_;  // this rank's first message per image (the store's, on one rank)
 };
 
 // Runs `body` and returns the message of any exception it throws (describeException), nullopt otherwise:

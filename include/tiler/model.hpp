@@ -54,6 +54,10 @@ struct ModelProbe {
   Scale scale;  // output size / window size
 };
 
+// Whether a forward failed for want of memory: c10's OutOfMemoryError, or that error (or the CPU allocator's)
+// as the TorchScript interpreter rethrows it, as a std::runtime_error that keeps only its text.
+bool isOutOfMemory(const std::exception& e);
+
 // Resolves --device (auto: cuda:(local_rank mod count) when CUDA is usable, else cpu).
 torch::Device resolveDevice(const std::string& spec, int local_rank);
 // Resolves --precision for a device (auto: fp16 on CUDA, fp32 on CPU); fp16 on CPU is a ConfigError.
