@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmarks: scripts/bench.sh [--quick] [io|slide|tta|model|pipeline|memory|scaling|ctrun|finetune|naive|mask|outputs|all]
+# Benchmarks: scripts/bench.sh [--quick] [io|slide|tta|model|pipeline|ceiling|memory|scaling|ctrun|finetune|naive|mask|outputs|all]
 # Generates its own deterministic inputs (cached in $TILER_BENCH_CACHE, default ~/.cache/tiler-bench), runs each
 # scenario $RUNS times (3; --quick: 1 run on small inputs), writes bench-results/bench.json and a table of
 # medians (min-max). fp32 on the CPU. Never part of CI's test run.
@@ -25,6 +25,24 @@ emit() { printf '{"scenario": "%s", "metric": "%s", "value": %s}\n' "$1" "$2" "$
 json() { sed -n "s/.*\"$2\": *\([-0-9.e+]*\).*/\1/p" <<<"$1" | head -1; }  # field of a one-line JSON
 report_field() { tr -d ' \n' <"$1" | grep -o "\"$2\":[-0-9.e+]*" | head -"${3:-1}" | tail -1 | cut -d: -f2; }
 now() { date +%s.%N; }
+sum_field() { tr -d ' \n' <"$1" | grep -o "\"$2\":[-0-9.e+]*" | cut -d: -f2 | awk '{ s += $1 } END { print s }'; }
+max_field() { tr -d ' \n' <"$1" | grep -o "\"$2\":[-0-9.e+]*" | cut -d: -f2 | sort -g | tail -1; }
+# rss_split CMD...: runs CMD, sampling its /proc status every 50 ms; prints "PEAK_ANON_MB PEAK_FILE_MB" (resident
+# anonymous memory, and file pages such as a memory-mapped input: the two that VmHWM adds up).
+rss_split() {
+  "$@" >/dev/null 2>&1 &
+  local pid=$! anon=0 file=0 a f
+  while kill -0 "$pid" 2>/dev/null; do
+    # The process may end between the test and the reads: an empty sample, not an error.
+    a=$(awk '/^RssAnon:/ { print $2 }' "/proc/$pid/status" 2>/dev/null || true)
+    f=$(awk '/^RssFile:/ { print $2 }' "/proc/$pid/status" 2>/dev/null || true)
+    [ -n "$a" ] && [ "$a" -gt "$anon" ] && anon=$a
+    [ -n "$f" ] && [ "$f" -gt "$file" ] && file=$f
+    sleep 0.05
+  done
+  wait "$pid" || true  # a failed run shows as a missing report
+  echo "$((anon / 1024)) $((file / 1024))"
+}
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.4f", a / b }'; }
 image() {  # image SIZE -> path of a cached square RGB tiled deflate TIFF
   local f="$cache/rgb_$1.tif"
@@ -99,6 +117,35 @@ if want scaling; then
   done
 fi
 
+# The ceiling: a null model (1x1 convolution) on an 8192 px tiled deflate TIFF, where reading, exchange and
+# writing are all there is. 1 rank x 2 threads (the default here), 1 x 1, 2 x 1.
+if want ceiling; then
+  img=$(image 8192)
+  [ $quick = 1 ] && img=$(image 2048)
+  for _ in $(seq "$runs"); do
+    declare -A wall=() read_sum=()
+    for cfg in 1:2 1:1 2:1; do
+      n=${cfg%:*} t=${cfg#*:}
+      rm -rf "$cache/out_ceiling"
+      t0=$(now)
+      "$bin/ctrun" --nproc_per_node "$n" --master_port 0 "$bin/tiler" -i "$img" -m "$tiny" -o "$cache/out_ceiling" \
+        --threads "$t" --no_progress >/dev/null 2>&1
+      t1=$(now)
+      r="$cache/out_ceiling/report.json"
+      wall[$cfg]=$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')
+      read_sum[$cfg]=$(sum_field "$r" read_seconds)
+      emit "ceiling: null model, $n rank(s) x $t thread(s)" seconds "${wall[$cfg]}"
+      emit "ceiling: null model, $n rank(s) x $t thread(s)" windows_per_second \
+        "$(ratio "$(report_field "$r" windows)" "${wall[$cfg]}")"
+      emit "ceiling: null model, $n rank(s) x $t thread(s)" summed_read_seconds "${read_sum[$cfg]}"
+      emit "ceiling: null model, $n rank(s) x $t thread(s)" forward_seconds "$(max_field "$r" forward_seconds)"
+      emit "ceiling: null model, $n rank(s) x $t thread(s)" gather_seconds "$(max_field "$r" gather_seconds)"
+    done
+    emit "ceiling: wall 2 x 1 / 1 x 2" ratio "$(ratio "${wall[2:1]}" "${wall[1:2]}")"
+    emit "ceiling: summed read seconds 2 x 1 / 1 x 2" ratio "$(ratio "${read_sum[2:1]}" "${read_sum[1:2]}")"
+  done
+fi
+
 sizes="4096 8192 16384 32768"
 [ $quick = 1 ] && sizes="2048"
 if want memory; then
@@ -111,6 +158,12 @@ if want memory; then
       emit "memory: ${n}px RGB, 2 ranks" rank0_peak_rss_mb "$(report_field "$cache/out_memory/report.json" peak_rss_mb 1)"
       emit "memory: ${n}px RGB, 2 ranks" rank1_peak_rss_mb "$(report_field "$cache/out_memory/report.json" peak_rss_mb 2)"
       emit "memory: ${n}px RGB, 2 ranks" seconds "$(report_field "$cache/out_memory/report.json" seconds)"
+      rm -rf "$cache/out_memory"
+      read -r anon file < <(rss_split "$bin/tiler" -i "$img" -m "$tiny" -o "$cache/out_memory" --threads 1 \
+        --batch_size 16 --no_progress)
+      emit "memory: ${n}px RGB, 1 rank" peak_rss_mb "$(report_field "$cache/out_memory/report.json" peak_rss_mb 1)"
+      emit "memory: ${n}px RGB, 1 rank" peak_anon_mb "$anon"
+      emit "memory: ${n}px RGB, 1 rank" peak_file_mb "$file"
     done
   done
 fi

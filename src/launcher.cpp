@@ -18,6 +18,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <random>
 #include <sstream>
@@ -473,7 +474,6 @@ class NodeLink {
   };
 
   Round join(int round, int min_nodes, int max_nodes) {
-    round_ = round;
     prefix_ = o_.run_id + "/" + std::to_string(round) + "/";
     const auto timeout = std::chrono::milliseconds(int64_t(o_.rdzv_timeout * 1000));
     const auto start = std::chrono::steady_clock::now();
@@ -487,31 +487,17 @@ class NodeLink {
       r.nodes = max_nodes;
       TILER_CHECK(client_->add(prefix_ + "rank/" + std::to_string(r.node_rank), 1) == 1, ConfigError,
                   "ctrun: two nodes joined with --node_rank " << r.node_rank);
-      while (client_->add(prefix_ + "joined", 0) < max_nodes) {
-        TILER_CHECK(elapsed() < o_.rdzv_timeout, TimeoutError,
-                    "ctrun: rendezvous " << round << ": " << client_->add(prefix_ + "joined", 0) << " of "
-                                         << max_nodes << " nodes joined within " << o_.rdzv_timeout
-                                         << " s (--rdzv_timeout)");
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
+      pollJoined(round, std::to_string(max_nodes), elapsed, [&](int64_t n) { return n >= max_nodes; });
     } else {
       r.node_rank = int(joined - 1);
       if (r.node_rank == 0) {
         // The first to join closes the round: at MAX nodes, or MIN and the last call over.
         double min_reached_at = -1;
-        for (;;) {
-          const int64_t n = client_->add(prefix_ + "joined", 0);
+        const int64_t n = pollJoined(round, "at least " + std::to_string(min_nodes), elapsed, [&](int64_t n) {
           if (n >= min_nodes && min_reached_at < 0) min_reached_at = elapsed();
-          if (n >= max_nodes || (min_reached_at >= 0 && elapsed() - min_reached_at >= o_.rdzv_last_call)) {
-            r.nodes = int(std::min<int64_t>(n, max_nodes));
-            break;
-          }
-          TILER_CHECK(elapsed() < o_.rdzv_timeout, TimeoutError,
-                      "ctrun: rendezvous " << round << ": " << n << " of at least " << min_nodes
-                                           << " nodes joined within " << o_.rdzv_timeout
-                                           << " s (--rdzv_timeout)");
-          std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        }
+          return n >= max_nodes || (min_reached_at >= 0 && elapsed() - min_reached_at >= o_.rdzv_last_call);
+        });
+        r.nodes = int(std::min<int64_t>(n, max_nodes));
         client_->set(prefix_ + "size", std::to_string(r.nodes));
       } else {
         r.nodes = std::stoi(client_->wait(prefix_ + "size", timeout));
@@ -540,6 +526,20 @@ class NodeLink {
     beat_ = 0;
     last_beat_ = {};
     return r;
+  }
+
+  // Polls the round's count of joined nodes until `enough(count)`; after --rdzv_timeout, a TimeoutError
+  // saying how many of `wanted` nodes joined. Returns the count.
+  int64_t pollJoined(int round, const std::string& wanted, const std::function<double()>& elapsed,
+                     const std::function<bool(int64_t)>& enough) {
+    for (;;) {
+      const int64_t n = client_->add(prefix_ + "joined", 0);
+      if (enough(n)) return n;
+      TILER_CHECK(elapsed() < o_.rdzv_timeout, TimeoutError,
+                  "ctrun: rendezvous " << round << ": " << n << " of " << wanted << " nodes joined within "
+                                       << o_.rdzv_timeout << " s (--rdzv_timeout)");
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
   }
 
   // Sends this node's heartbeat and reads the others' (at most every heartbeat_interval). Returns the
@@ -609,7 +609,7 @@ class NodeLink {
   std::string endpoint_host_;
   std::unique_ptr<StoreServer> server_;  // when this agent hosts the store
   std::unique_ptr<StoreClient> client_;
-  int round_ = 0, nodes_ = 1, me_ = 0;
+  int nodes_ = 1, me_ = 0;
   std::string prefix_;
   int64_t beat_ = 0;
   std::chrono::steady_clock::time_point last_beat_{};

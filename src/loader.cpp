@@ -45,11 +45,12 @@ void windowToModelInput(const cv::Mat& window, ChannelAdapt adapt, float* dst) {
 }
 
 ImageReader& ReaderCache::get(const std::string& path, const ProcessingResolution& resolution) {
-  auto it = readers_.find(path);
+  const Key key{path, resolution.level, resolution.factor};
+  auto it = readers_.find(key);
   if (it != readers_.end()) return *it->second;
   if (readers_.size() >= capacity_) readers_.clear();
   auto reader = atResolution(ImageReader::open(path), resolution);
-  return *readers_.emplace(path, std::move(reader)).first->second;
+  return *readers_.emplace(key, std::move(reader)).first->second;
 }
 
 WindowLoader::WindowLoader(const WindowCatalog& catalog, GridSpec spec, LoaderOptions options,

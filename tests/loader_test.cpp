@@ -39,6 +39,32 @@ TEST(Loader, ReadWindowPadsOutsideTheImage) {
   removeTree(dir);
 }
 
+// One file read at two resolutions is two readers; dropping the file closes both, and only its.
+TEST(Loader, ReaderCacheKeepsOneReaderPerFileAndResolution) {
+  const std::string dir = test::scratchDir("reader_cache");
+  writeImage(dir + "/a.tif", cv::Mat(40, 60, CV_8UC1, cv::Scalar(9)), SampleType::kU8);
+  writeImage(dir + "/b.tif", cv::Mat(10, 10, CV_8UC1, cv::Scalar(9)), SampleType::kU8);
+  ProcessingResolution half;
+  half.factor = half.downsample = 2;
+  half.width = 30;
+  half.height = 20;
+  ReaderCache cache;
+  ImageReader& full = cache.get(dir + "/a.tif");
+  ImageReader& halved = cache.get(dir + "/a.tif", half);
+  EXPECT_NE(&full, &halved);
+  EXPECT_EQ(full.info().width, 60);
+  EXPECT_EQ(halved.info().width, 30);
+  EXPECT_EQ(&cache.get(dir + "/a.tif", half), &halved) << "asked again: the same reader";
+  cache.get(dir + "/b.tif");
+  EXPECT_EQ(cache.size(), 3u);
+  cache.dropBefore(dir + "/b.tif");
+  EXPECT_EQ(cache.size(), 1u) << "both of a.tif's readers are before b.tif";
+  cache.get(dir + "/a.tif");
+  cache.drop(dir + "/a.tif");
+  EXPECT_EQ(cache.size(), 1u);
+  removeTree(dir);
+}
+
 // OpenCV's cvtColor refuses i16 and u32: alpha must still be dropped (the RGBA int16 TIFF users hit).
 TEST(Loader, ChannelAdaptationWorksForEverySampleType) {
   for (int depth : {CV_8U, CV_16U, CV_16S, CV_32S, CV_32F}) {

@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -20,6 +21,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "tiler/catalog.hpp"
@@ -84,15 +86,25 @@ class ReaderCache {
   // The reader of `path` at level 0, or of a catalog image at its processing resolution.
   ImageReader& get(const std::string& path, const ProcessingResolution& resolution = {});
   ImageReader& get(const CatalogImage& image) { return get(image.input, image.resolution); }
-  void drop(const std::string& path) { readers_.erase(path); }
+  // Closes the readers of `path` (at every resolution).
+  void drop(const std::string& path) { readers_.erase(first(path), first(path + '\0')); }
   // Closes the readers of every path that sorts before `path` (the images a thread has walked past).
-  void dropBefore(const std::string& path) { readers_.erase(readers_.begin(), readers_.lower_bound(path)); }
+  void dropBefore(const std::string& path) { readers_.erase(readers_.begin(), first(path)); }
   void clear() { readers_.clear(); }
   size_t size() const { return readers_.size(); }
 
  private:
+  // A reader per file and resolution read (level, resampling factor), sorted by path first.
+  using Key = std::tuple<std::string, int, double>;
+  using Readers = std::map<Key, std::unique_ptr<ImageReader>>;
   size_t capacity_;
-  std::map<std::string, std::unique_ptr<ImageReader>> readers_;
+  Readers readers_;
+
+  // The first reader of `path` or of a later path ("path\0" follows every resolution of path).
+  Readers::iterator first(const std::string& path) {
+    return readers_.lower_bound(
+        Key{path, std::numeric_limits<int>::min(), -std::numeric_limits<double>::infinity()});
+  }
 };
 
 // A slot's fate, sent with the step's window list.
