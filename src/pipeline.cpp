@@ -420,6 +420,7 @@ int InferJob::run() {
 }  // namespace
 
 int runInfer(InferOptions options) {
+  keepLargeBlocksInHeap();  // before the process group's and the stages' threads exist
   return InferJob(std::move(options)).run();
 }
 

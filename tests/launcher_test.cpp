@@ -1,6 +1,7 @@
 #include "tiler/launcher.hpp"
 
 #include "test_util.hpp"
+#include "tiler/rendezvous.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -386,6 +387,12 @@ TEST(Rendezvous, ALostNodeIsDeclaredWithinTheHeartbeatTimeout) {
   const int port = test::freePort();
   const std::string args = c10d(port, "lost") + "--nproc_per_node 1 " + kHelper + " sleep " + dir + " 60";
   const pid_t a = startAgent(args, dir + "/a.log");
+  {
+    // Node 1 must not be the store's host (losing that is another failure): b starts once a hosts the store
+    // and has joined, which makes a node 0.
+    StoreClient store("127.0.0.1", port, std::chrono::seconds(20));
+    for (int i = 0; i < 400 && store.add("lost/0/joined", 0) < 1; ++i) usleep(10000);
+  }
   const pid_t b = startAgent(args, dir + "/b.log");
   // Both workers running (pid files), then node 1's agent is killed outright.
   for (int i = 0; i < 200 && !(fs::exists(dir + "/pid_0") && fs::exists(dir + "/pid_1")); ++i) usleep(50000);

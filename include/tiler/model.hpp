@@ -54,6 +54,10 @@ struct ModelProbe {
   Scale scale;  // output size / window size
 };
 
+// Sets glibc's allocator for inference (large blocks kept in the heap, one arena), once per process, unless
+// GLIBC_TUNABLES is set. ModelRunner calls it; infer and finetune call it first, before threads make arenas.
+void keepLargeBlocksInHeap();
+
 // Whether a forward failed for want of memory: c10's OutOfMemoryError, or that error (or the CPU allocator's)
 // as the TorchScript interpreter rethrows it, as a std::runtime_error that keeps only its text.
 bool isOutOfMemory(const std::exception& e);
