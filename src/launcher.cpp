@@ -898,6 +898,11 @@ int Launcher::run() {
       }
     }
     if (last_failures.empty()) last_failures = group.failures();
+    if (last_failures.empty()) {  // the store went away before any failure was recorded
+      std::cerr << "ctrun: the worker group stopped and no failure was recorded (rendezvous store lost)\n";
+      exit_code = 1;
+      break;
+    }
     exit_code = last_failures.front().exit_code;
     if (attempt < o.max_restarts && !link_lost) {
       const auto& f = last_failures.front();
