@@ -112,9 +112,9 @@ ModelOptions modelOptionsFor(const JobOptions& job, int local_rank) {
 // Large activations (33 MB at batch 8) sit above glibc's mmap threshold: every forward would map and unmap
 // them. Keeping them in the heap halves the forward time of a small UNet (see DESIGN.md). Blocks kept that
 // way stay with the arena that freed them, and the reading and output threads get arenas of their own: one
-// arena for the process lets each thread reuse what the others freed (peak RSS at 32768 px, 1 rank: 3.7 GB
-// with an arena per thread, 1.5 GB with one; no slower). tiler owns its process, so the first model loaded
-// sets this, unless the user set GLIBC_TUNABLES.
+// arena for the process lets each thread reuse what the others freed (peak RSS at 32768 px, 1 rank: 3.7-4.1
+// GB with an arena per thread, 1.3-2.7 GB with one; no slower). tiler owns its process: infer and finetune
+// set this before any thread starts, and so does the first model loaded, unless the user set GLIBC_TUNABLES.
 void keepLargeBlocksInHeap() {
   static std::once_flag once;
   std::call_once(once, [] {

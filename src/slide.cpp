@@ -47,7 +47,7 @@ class SlideReader final : public ImageReader {
       openslide_get_level_dimensions(osr, l, &w, &h);
       info_.levels.push_back({w, h, openslide_get_level_downsample(osr, l)});
     }
-    throwIfFailed(osr, "");
+    throwIfFailed(osr, [] { return std::string(); });
     TILER_CHECK(count > 0 && info_.levels[0].width > 0 && info_.levels[0].height > 0, IoError,
                 "'" << path << "': OpenSlide reports no image data");
     info_.width = info_.levels[0].width;
@@ -84,9 +84,10 @@ class SlideReader final : public ImageReader {
     // OpenSlide takes the region's corner in level-0 pixels.
     openslide_read_region(osr, argb.data(), std::llround(double(r.x) * l.downsample),
                           std::llround(double(r.y) * l.downsample), level, r.w, r.h);
-    throwIfFailed(osr, "cannot read region " + std::to_string(r.x) + "," + std::to_string(r.y) + " " +
-                           std::to_string(r.w) + "x" + std::to_string(r.h) + " of level " +
-                           std::to_string(level));
+    throwIfFailed(osr, [&] {
+      return "cannot read region " + std::to_string(r.x) + "," + std::to_string(r.y) + " " +
+             std::to_string(r.w) + "x" + std::to_string(r.h) + " of level " + std::to_string(level);
+    });
     release(osr);
     // Premultiplied ARGB over white: c + (255 - a).
     cv::Mat out(int(r.h), int(r.w), CV_8UC3);
@@ -121,18 +122,19 @@ class SlideReader final : public ImageReader {
       }
     }
     openslide_t* osr = openHandle();
-    throwIfFailed(osr, "");
+    throwIfFailed(osr, [] { return std::string(); });
     return osr;
   }
   // A handle in OpenSlide's error state stays so: it is closed (not reused) and the error thrown, naming the
-  // file and `what` failed.
-  void throwIfFailed(openslide_t* osr, const std::string& what) const {
+  // file and what failed (`what()`, made only then: a region read calls this every time).
+  template <typename What>
+  void throwIfFailed(openslide_t* osr, What&& what) const {
     const char* error = openslide_get_error(osr);
     if (error == nullptr) return;
-    const std::string message = error;
+    const std::string message = error, failed = what();
     openslide_close(osr);
-    TILER_THROW(IoError,
-                "'" << info_.path << "': OpenSlide" << (what.empty() ? "" : " " + what) << ": " << message);
+    TILER_THROW(IoError, "'" << info_.path << "': OpenSlide" << (failed.empty() ? "" : " " + failed) << ": "
+                             << message);
   }
   void release(openslide_t* osr) {
     std::lock_guard<std::mutex> lock(mutex_);
