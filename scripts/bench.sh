@@ -92,6 +92,15 @@ if want pipeline; then
     t1=$(now)
     default=$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')
     emit "pipeline: tiler 1 rank, default flags" seconds "$default"
+    r="$cache/out_pipeline/report.json"
+    emit "pipeline: tiler 1 rank, default flags" replicas "$(report_field "$r" replicas)"
+    emit "pipeline: tiler 1 rank, default flags" threads_per_replica "$(report_field "$r" threads)"
+    # The pure forward in the same layout (replicas x threads), the C++ yardstick of the default run.
+    out=$("$bin/tiler_bench" forward -m "$model" --windows $pipeline_windows \
+      --replicas "$(report_field "$r" replicas)" --threads "$(report_field "$r" threads)")
+    emit "pipeline: pure forward in tiler's default layout" seconds "$(json "$out" seconds)"
+    emit "pipeline: tiler default flags / pure forward in its layout" overhead_ratio \
+      "$(ratio "$default" "$(json "$out" seconds)")"
     if /usr/bin/python3 -c "import torch" 2>/dev/null; then
       out=$(/usr/bin/python3 scripts/python_forward.py -m "$model" --windows $pipeline_windows --threads 2)
       py=$(json "$out" seconds)
@@ -118,18 +127,20 @@ if want scaling; then
 fi
 
 # The ceiling: a null model (1x1 convolution) on an 8192 px tiled deflate TIFF, where reading, exchange and
-# writing are all there is. 1 rank x 2 threads (the default here), 1 x 1, 2 x 1.
+# writing are all there is. 1 rank with default flags, 1 rank x 2 threads, 1 x 1, 2 x 1.
 if want ceiling; then
   img=$(image 8192)
   [ $quick = 1 ] && img=$(image 2048)
   for _ in $(seq "$runs"); do
     declare -A wall=() read_sum=()
-    for cfg in 1:2 1:1 2:1; do
+    for cfg in 1:default 1:2 1:1 2:1; do
       n=${cfg%:*} t=${cfg#*:}
+      threads=(--threads "$t")
+      [ "$t" = default ] && threads=()
       rm -rf "$cache/out_ceiling"
       t0=$(now)
       "$bin/ctrun" --nproc_per_node "$n" --master_port 0 "$bin/tiler" -i "$img" -m "$tiny" -o "$cache/out_ceiling" \
-        --threads "$t" --no_progress >/dev/null 2>&1
+        "${threads[@]}" --no_progress >/dev/null 2>&1
       t1=$(now)
       r="$cache/out_ceiling/report.json"
       wall[$cfg]=$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')
@@ -141,8 +152,10 @@ if want ceiling; then
       emit "ceiling: null model, $n rank(s) x $t thread(s)" forward_seconds "$(max_field "$r" forward_seconds)"
       emit "ceiling: null model, $n rank(s) x $t thread(s)" gather_seconds "$(max_field "$r" gather_seconds)"
     done
+    emit "ceiling: wall 2 x 1 / 1 rank default" ratio "$(ratio "${wall[2:1]}" "${wall[1:default]}")"
     emit "ceiling: wall 2 x 1 / 1 x 2" ratio "$(ratio "${wall[2:1]}" "${wall[1:2]}")"
     emit "ceiling: summed read seconds 2 x 1 / 1 x 2" ratio "$(ratio "${read_sum[2:1]}" "${read_sum[1:2]}")"
+    emit "ceiling: summed read seconds 2 x 1 / 1 rank default" ratio "$(ratio "${read_sum[2:1]}" "${read_sum[1:default]}")"
   done
 fi
 

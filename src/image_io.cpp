@@ -198,10 +198,14 @@ TiffMetadata readMetadata(TIFF* tif) {
   return m;
 }
 
+// Inputs are read with read(2), not memory-mapped ("m"): mapped pages of the input count in the process's
+// resident memory (time -v, top, Slurm's accounting) though they are the file's, and each tile is read once.
+constexpr const char* kTiffReadMode = "rm";
+
 TiffMetadata readMetadata(const std::string& path) {
   if (path.empty() || !looksLikeTiff(path)) return {};
   installTiffHandlers();
-  TIFF* tif = TIFFOpen(path.c_str(), "r");
+  TIFF* tif = TIFFOpen(path.c_str(), kTiffReadMode);
   if (tif == nullptr) {
     takeTiffError();
     return {};
@@ -290,7 +294,7 @@ class TiffReader final : public ImageReader {
     info_.format = "tiff";
     info_.reader = "tiff";
     t_tiff_error.clear();
-    tif_ = TIFFOpen(path.c_str(), "r");
+    tif_ = TIFFOpen(path.c_str(), kTiffReadMode);
     if (tif_ == nullptr) TILER_THROW(IoError, "'" << path << "': not a readable TIFF: " << takeTiffError());
     try {
       const bool level0 = page.index == 0 && page.subifd_offset == 0;

@@ -7,7 +7,10 @@
 #include <malloc.h>
 #include <sched.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
+#include <limits>
 #include <thread>
 
 #include <filesystem>
@@ -64,6 +67,17 @@ int defaultIntraOpThreads() {
     }
   }
   return std::max(1, cpus / local);
+}
+
+ForwardLayout chooseForwardLayout(int threads_flag, int replicas_flag, bool cuda, int cpus, bool light) {
+  ForwardLayout layout;
+  if (threads_flag <= 0 && replicas_flag <= 0 && !cuda && light) return layout;
+  if (replicas_flag > 0)
+    layout.replicas = replicas_flag;
+  else if (threads_flag <= 0 && !cuda)
+    layout.replicas = std::clamp(cpus, 1, kMaxAutoReplicas);
+  layout.threads = threads_flag > 0 ? threads_flag : std::max(1, cpus / layout.replicas);
+  return layout;
 }
 
 Activation parseActivation(const std::string& name) {
@@ -214,6 +228,20 @@ ModelRunner::ModelRunner(const ModelOptions& options)
   }
 }
 
+ModelRunner::ModelRunner(const ModelRunner& other, torch::jit::Module module)
+    : options_(other.options_),
+      device_(other.device_),
+      precision_(other.precision_),
+      current_device_(device_),
+      module_(std::move(module)),
+      probe_(other.probe_),
+      mean_(other.mean_),
+      inv_std_(other.inv_std_) {}
+
+std::unique_ptr<ModelRunner> ModelRunner::replicate() const {
+  return std::unique_ptr<ModelRunner>(new ModelRunner(*this, module_.clone()));
+}
+
 torch::Tensor ModelRunner::extractTensor(const c10::IValue& out) const {
   const std::string& path = options_.path;
   if (out.isTensor()) return out.toTensor();
@@ -334,6 +362,23 @@ const ModelProbe& ModelRunner::probe(int64_t window_w, int64_t window_h) {
   return probe_;
 }
 
+double ModelRunner::secondsPerWindow(int64_t window_w, int64_t window_h, double enough) {
+  const auto window = torch::zeros({1, window_h, window_w, probe_.input_channels});
+  const auto scales = torch::ones({1});
+  double best = std::numeric_limits<double>::infinity();
+  // LibTorch 1.13's graph executor profiles and optimises the first five forwards of a shape (5 ms each
+  // for a 1x1 convolution whose own forward takes 0.25 ms): go on until a run answers the question.
+  for (int run = 0; run < 8; ++run) {
+    const auto t0 = std::chrono::steady_clock::now();
+    forward(window, scales);
+    if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::min(best, seconds);
+    if (best < enough || seconds > 10 * enough) break;
+  }
+  return best;
+}
+
 torch::Tensor ModelRunner::normalize(const torch::Tensor& batch_nhwc, const torch::Tensor& scales) const {
   const bool cuda = device_.is_cuda();
   auto x = batch_nhwc.to(device_, /*non_blocking=*/cuda).permute({0, 3, 1, 2});
@@ -371,6 +416,45 @@ torch::Tensor ModelRunner::forward(const torch::Tensor& batch_nhwc, const torch:
     sum = sum.defined() ? sum + back : back;
   }
   return (sum / double(views.size())).contiguous();
+}
+
+ForwardPool::ForwardPool(ModelRunner& model, ForwardLayout layout) {
+  for (int i = 1; i < layout.replicas; ++i) copies_.push_back(model.replicate());
+  threads_.emplace_back([this, &model] { loop(model); });
+  for (auto& copy : copies_) threads_.emplace_back([this, runner = copy.get()] { loop(*runner); });
+}
+
+ForwardPool::~ForwardPool() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+    jobs_.clear();
+  }
+  wake_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+void ForwardPool::loop(ModelRunner& runner) {
+  // The model's device current on this thread, and this thread's OpenMP team sized now: oneDNN's first
+  // convolution would otherwise size it from OMP_NUM_THREADS or the CPU count, not from --threads.
+  c10::OptionalDeviceGuard device_guard;
+  if (!runner.device().is_cpu()) device_guard.reset_device(runner.device());
+  {
+    static std::mutex init_mutex;  // init_num_threads also resets process-wide caches
+    std::lock_guard<std::mutex> lock(init_mutex);
+    at::init_num_threads();
+  }
+  for (;;) {
+    std::function<void(ModelRunner&)> job;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+      if (stopping_) return;
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    job(runner);  // a packaged task: its exception goes to its future
+  }
 }
 
 }  // namespace tiler

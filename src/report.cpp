@@ -40,6 +40,8 @@ nlohmann::json inferReport(const RunSummary& run, const WindowCatalog& catalog,
   j["window"] = {run.window.window_w, run.window.window_h};
   j["output_scale"] = run.output_scale;
   j["tta"] = run.tta;
+  j["replicas"] = run.replicas;
+  j["threads"] = run.threads;
   j["per_rank"] = nlohmann::json::array();
   for (size_t r = 0; r < per_rank.size(); ++r) {
     const RankStats& s = per_rank[r];

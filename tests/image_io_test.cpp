@@ -270,6 +270,21 @@ TEST(ImageReader, TileCacheIsBoundedAndReused) {
   EXPECT_GE(wr->cachedBytes(), size_t(2 * 64 * 4096 * 3)) << "at least two rows of tiles stay";
 }
 
+// Inputs are read, not memory-mapped: no page of the file is in the process's address space while a reader
+// holds it (mapped input pages would count in its resident memory).
+TEST(ImageReader, TiffInputsAreNotMemoryMapped) {
+  cv::Mat img = randomImage(512, 512, CV_8UC3, 7);
+  auto path = tempPath("unmapped.tif");
+  writeTiff(path, img, true, COMPRESSION_NONE, false, false, 64);
+  auto reader = ImageReader::open(path);
+  cv::Mat region = reader->readRegion({0, 0, 512, 512});
+  EXPECT_EQ(cv::norm(region, img, cv::NORM_INF), 0);
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  const std::string name = fs::path(path).filename().string();
+  while (std::getline(maps, line)) EXPECT_EQ(line.find(name), std::string::npos) << line;
+}
+
 void expectIoError(const std::string& path, const std::string& needle) {
   try {
     auto r = ImageReader::open(path);

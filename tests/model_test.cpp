@@ -7,8 +7,11 @@
 #include <torch/serialize.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <set>
+#include <thread>
 
 #include "test_util.hpp"
 #include "tiler/error.hpp"
@@ -273,6 +276,109 @@ TEST(Model, DefaultThreadsAreThisRanksShareOfTheCpus) {
   pinned.threads = 1;
   ModelRunner one(pinned);
   EXPECT_EQ(at::get_num_threads(), 1);
+}
+
+TEST(Model, ForwardLayoutSplitsTheCpusIntoReplicasUnlessThreadsArePinned) {
+  auto layout = [](int threads, int replicas, bool cuda, int cpus) {
+    const ForwardLayout l = chooseForwardLayout(threads, replicas, cuda, cpus);
+    return std::make_pair(l.replicas, l.threads);
+  };
+  using P = std::pair<int, int>;
+  EXPECT_EQ(layout(0, 0, false, 1), P(1, 1));
+  EXPECT_EQ(layout(0, 0, false, 2), P(2, 1)) << "the 2-core machine: a replica per core";
+  EXPECT_EQ(layout(0, 0, false, 3), P(3, 1));
+  EXPECT_EQ(layout(0, 0, false, kMaxAutoReplicas * 2), P(kMaxAutoReplicas, 2));
+  EXPECT_EQ(layout(0, 0, false, 17), P(kMaxAutoReplicas, 17 / kMaxAutoReplicas));
+  EXPECT_EQ(layout(2, 0, false, 8), P(1, 2)) << "--threads pins one replica: today's bytes";
+  EXPECT_EQ(layout(1, 3, false, 2), P(3, 1));
+  EXPECT_EQ(layout(0, 3, false, 8), P(3, 2)) << "--replicas alone shares the CPUs";
+  EXPECT_EQ(layout(0, 0, true, 8), P(1, 8)) << "one replica per GPU unless asked";
+  EXPECT_EQ(layout(0, 2, true, 8), P(2, 4));
+  auto light = [](int threads, int replicas, int cpus) {
+    const ForwardLayout l = chooseForwardLayout(threads, replicas, false, cpus, true);
+    return std::make_pair(l.replicas, l.threads);
+  };
+  EXPECT_EQ(light(0, 0, 8), P(1, 1)) << "a light model leaves the other cores to reading and writing";
+  EXPECT_EQ(light(2, 0, 8), P(1, 2)) << "flags win";
+  EXPECT_EQ(light(0, 2, 8), P(2, 4));
+}
+
+TEST(Model, SecondsPerWindowStopsEarlyForHeavyModels) {
+  ModelRunner r(cpuOptions(saveModule("timed", 3, 2, kConv)));
+  r.probe(64, 64);
+  const double t = r.secondsPerWindow(64, 64, 10.0);
+  EXPECT_GT(t, 0);
+  EXPECT_LT(t, 10.0);
+  EXPECT_GT(r.secondsPerWindow(64, 64, 0.0), 0) << "eight runs at most when none is under the bar";
+}
+
+// Replicas give the model's own numbers bit for bit (one intra-op thread each), in whatever order they run.
+TEST(Model, ForwardPoolRunsJobsOnReplicasWithTheModelsNumbers) {
+  auto o = cpuOptions(saveModule("pool", 3, 2, R"JIT(
+def forward(self, x):
+    return torch.conv2d(torch.relu(torch.conv2d(x, self.w.repeat(1, 1, 3, 3), padding=1)), self.w[:, :2])
+)JIT"));
+  o.threads = 1;
+  ModelRunner model(o);
+  model.probe(32, 32);
+  torch::manual_seed(5);
+  std::vector<torch::Tensor> batches, want;
+  for (int i = 0; i < 12; ++i) {
+    batches.push_back(torch::rand({2, 32, 32, 3}));
+    want.push_back(model.forward(batches.back(), torch::ones({2})));
+  }
+  ForwardPool pool(model, ForwardLayout{3, 1});
+  EXPECT_EQ(pool.replicas(), 3);
+  std::vector<std::future<std::pair<torch::Tensor, std::thread::id>>> got;
+  for (const auto& b : batches)
+    got.push_back(pool.submit<std::pair<torch::Tensor, std::thread::id>>([b](ModelRunner& m) {
+      return std::make_pair(m.forward(b, torch::ones({2})), std::this_thread::get_id());
+    }));
+  std::set<std::thread::id> threads;
+  for (size_t i = 0; i < got.size(); ++i) {
+    auto [out, thread] = got[i].get();
+    threads.insert(thread);
+    EXPECT_TRUE(torch::equal(out, want[i])) << "batch " << i;
+  }
+  EXPECT_EQ(threads.count(std::this_thread::get_id()), 0u) << "the forwards run on the pool's threads";
+  // A job's exception reaches its future; the pool goes on.
+  auto failed = pool.submit<int>([](ModelRunner&) -> int { throw std::runtime_error("job failed"); });
+  EXPECT_THROW(failed.get(), std::runtime_error);
+  EXPECT_EQ(pool.submit<int>([](ModelRunner&) { return 7; }).get(), 7);
+}
+
+// The pool goes while its one replica is busy: the running job finishes, the queued one is dropped (its
+// future says so at once), nothing hangs.
+TEST(Model, ForwardPoolDropsQueuedJobsWhenDestroyed) {
+  ModelRunner model(cpuOptions(saveModule("pool_drop", 3, 2, kConv)));
+  model.probe(8, 8);
+  std::promise<void> release, started;
+  auto gate = release.get_future().share();
+  std::future<int> running, queued;
+  std::thread opener;
+  {
+    ForwardPool pool(model, ForwardLayout{1, 1});
+    running = pool.submit<int>([gate, &started](ModelRunner&) {
+      started.set_value();
+      gate.wait();
+      return 1;
+    });
+    queued = pool.submit<int>([](ModelRunner&) { return 2; });
+    started.get_future().wait();
+    // Opens the gate only once the destructor below has had time to drop the queue.
+    opener = std::thread([&release] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      release.set_value();
+    });
+  }
+  opener.join();
+  EXPECT_EQ(running.get(), 1);
+  try {
+    queued.get();
+    ADD_FAILURE() << "the queued job ran after the pool was destroyed";
+  } catch (const std::future_error& e) {
+    EXPECT_EQ(e.code(), std::future_errc::broken_promise);
+  }
 }
 
 TEST(Model, JitOptimizeIsRefusedWithMixedPrecision) {

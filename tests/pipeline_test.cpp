@@ -626,6 +626,66 @@ TEST_F(Pipeline, AllocationFailureInsideTheModelIsRetriedInHalves) {
   EXPECT_FALSE(fs::exists(failed + "/b_mixed_labels.tif"));
 }
 
+// A model whose forward costs `convolutions` 3x3 convolutions (3 -> 3 channels) of the window, then keeps two
+// channels: 40 make a window of 128 px cost tens of milliseconds, 1 a few dozen microseconds.
+std::string convolutionsModel(const std::string& dir, int convolutions) {
+  torch::jit::Module m("Convolutions");
+  torch::manual_seed(4);
+  m.register_parameter("w", torch::randn({3, 3, 3, 3}) * 0.1, false);
+  m.define("def forward(self, x):\n    for i in range(" + std::to_string(convolutions) +
+           "):\n        x = torch.conv2d(x, self.w, padding=1)\n    return x[:, :2]\n");
+  const std::string path = dir + "/convolutions" + std::to_string(convolutions) + ".pt";
+  m.save(path);
+  return path;
+}
+
+// Model replicas of one thread each write the bytes of one replica with one thread, when asked (3) and by
+// default (2 CPUs here, by OMP_NUM_THREADS: 2 replicas for a heavy model; one replica of one thread for a
+// model lighter than reading and stitching its windows). A window failing on a replica fails its image only.
+TEST_F(Pipeline, ReplicasWriteTheBytesOfOneThreadAndFailImagesAlone) {
+  const std::string ref = reference();
+  const std::string three = root_ + "/out_replicas3";
+  auto r = run(tilerArgs(three, "--replicas 3"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  expectSameOutputs(ref, three);
+  EXPECT_EQ(report(three)["replicas"], 3);
+  EXPECT_EQ(report(three)["threads"], 1);
+  EXPECT_EQ(report(ref)["replicas"], 1) << "--threads pins one replica";
+
+  auto defaults = [&](int convolutions, const std::string& out, const std::string& flags) {
+    auto r = run("OMP_NUM_THREADS=2 " + kTiler + " -i " + root_ + "/images/a_large.tif -m " +
+                 convolutionsModel(root_, convolutions) + " -o " + out +
+                 " --window 128 --batch_size 4 --save labels,probs --no_progress " + flags);
+    EXPECT_EQ(r.code, 0) << r.output;
+    return report(out);
+  };
+  auto heavy = defaults(40, root_ + "/out_heavy_default", "");
+  EXPECT_EQ(heavy["replicas"], 2);
+  EXPECT_EQ(heavy["threads"], 1);
+  defaults(40, root_ + "/out_heavy_pinned", "--threads 1");
+  for (const char* kind : {"labels", "probs"}) {
+    const std::string name = std::string("/a_large_") + kind + ".tif";
+    EXPECT_TRUE(slurp(root_ + "/out_heavy_default" + name) == slurp(root_ + "/out_heavy_pinned" + name))
+        << kind;
+  }
+  auto light = defaults(1, root_ + "/out_light_default", "");
+  EXPECT_EQ(light["replicas"], 1);
+  EXPECT_EQ(light["threads"], 1);
+
+  const std::string faulted = root_ + "/out_replicas_fault";
+  r = run("TILER_FAULT=rank:0,after_windows:6,kind:throw,stage:forward " +
+          tilerArgs(faulted, "--replicas 2"));
+  EXPECT_EQ(r.code, 2) << r.output;
+  auto j = report(faulted);
+  EXPECT_EQ((*imageEntry(j, "a_large.tif"))["status"], "error");
+  EXPECT_FALSE(fs::exists(faulted + "/a_large_labels.tif"));
+  for (const char* stem : {"b_mixed", "c_small", "d_gray16", "e_float"})
+    EXPECT_TRUE(slurp(faulted + "/" + std::string(stem) + "_probs.tif") ==
+                slurp(ref + "/" + std::string(stem) + "_probs.tif"))
+        << stem;
+  EXPECT_TRUE(partialFiles(faulted).empty());
+}
+
 // A model with `classes` output channels (1x1 convolution), for the labels type at its edges.
 std::string classesModel(const std::string& dir, int classes) {
   torch::jit::Module m("Classes");

@@ -13,7 +13,7 @@ struct JobOptions {
   std::string device = "auto";
   std::string backend = "auto";
   std::string precision = "auto";
-  int threads = 0;         // LibTorch intra-op threads per rank; 0: LibTorch's default
+  int threads = 0;         // LibTorch intra-op threads (infer: of each model replica); 0: a default
   double timeout = 300.0;  // seconds any rendezvous or collective may take
   std::string window = "256";
   std::string overlap = "0.25";  // F or FX,FY

@@ -4,13 +4,21 @@
 // multiple or fraction of the window). forward() takes raw sample values (float32 NHWC on the CPU, the
 // model's input channel count) and per-sample scale factors, normalises on the model's device, runs under
 // InferenceMode and autocast (bf16 CPU/CUDA, fp16 CUDA), and returns float32 NCHW predictions on the device
-// with the activation applied. Not thread safe: one thread calls forward().
+// with the activation applied. Not thread safe: one thread calls a runner's forward(); ForwardPool runs
+// several runners (replicas of one model) on threads of their own.
 #pragma once
 
 #include <torch/script.h>
 
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tiler/grid.hpp"
@@ -24,6 +32,23 @@ Activation parseActivation(const std::string& name);
 // Intra-op threads when --threads is not given: OMP_NUM_THREADS if set, else the CPUs this process may use
 // divided by the ranks on this node (LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE, SLURM_NTASKS_PER_NODE).
 int defaultIntraOpThreads();
+
+// How a rank runs its forwards: `replicas` copies of the model, each on a thread of its own with `threads`
+// intra-op threads. On the CPU a batch per core scales better than one intra-op pool over small windows
+// (convolutions of 256 px windows gain ~1.5x from a second thread, a second replica ~1.9x), so without
+// --threads a rank's share of the CPUs becomes replicas (at most kMaxAutoReplicas, each holding a batch's
+// activations). --threads alone pins one replica with that many threads: the outputs of that thread count,
+// bit for bit. On CUDA one replica unless --replicas says more.
+struct ForwardLayout {
+  int replicas = 1;
+  int threads = 1;
+};
+constexpr int kMaxAutoReplicas = 4;
+// `threads_flag`, `replicas_flag`: --threads and --replicas (0: not given); `cpus`: defaultIntraOpThreads().
+// `light`: the model's forward costs less than reading and stitching its windows (a threshold, a 1x1
+// convolution): without flags one replica of one thread, the other cores left to the loader and the outputs.
+ForwardLayout chooseForwardLayout(int threads_flag, int replicas_flag, bool cuda, int cpus,
+                                  bool light = false);
 // Test-time augmentation: each window also runs mirrored (flip: left-right; d4: the 8 rotations and
 // mirrors of a square), in the same batch; predictions are mapped back and averaged after the activation.
 enum class Tta { kNone, kFlip, kD4 };
@@ -35,7 +60,7 @@ struct ModelOptions {
   std::string path;
   std::string device = "auto";     // auto | cpu | cuda | cuda:K
   std::string precision = "auto";  // auto | fp32 | fp16 | bf16
-  int threads = 0;                 // LibTorch intra-op threads for this rank; 0 keeps LibTorch's default
+  int threads = 0;                 // LibTorch intra-op threads of each replica; 0: defaultIntraOpThreads()
   std::string output_key;          // dict output key or tuple index; empty: the first tensor
   std::vector<double> mean, std;   // per channel (1 or C values), applied after scaling
   Activation activation = Activation::kNone;
@@ -73,6 +98,9 @@ class ModelRunner {
   // One forward of a zero batch of the window size; cached.
   const ModelProbe& probe(int64_t window_w, int64_t window_h);
   const ModelProbe& probed() const { return probe_; }
+  // Seconds one zero window of the probed size takes through forward(): the fastest of up to eight runs,
+  // stopping at the first under `enough` or over ten times it.
+  double secondsPerWindow(int64_t window_w, int64_t window_h, double enough);
   // batch_nhwc: float32 [B,H,W,C] raw values on the CPU; scales: float32 [B]. Returns float32 [B,C',H',W'],
   // activation applied, computed under InferenceMode.
   torch::Tensor forward(const torch::Tensor& batch_nhwc, const torch::Tensor& scales);
@@ -83,8 +111,11 @@ class ModelRunner {
   const torch::Device& device() const { return device_; }
   Precision precision() const { return precision_; }
   torch::jit::Module& module() { return module_; }
+  // A copy of this probed runner with its own module (parameters cloned), for another thread.
+  std::unique_ptr<ModelRunner> replicate() const;
 
  private:
+  ModelRunner(const ModelRunner& other, torch::jit::Module module);
   torch::Tensor extractTensor(const c10::IValue& out) const;
 
   ModelOptions options_;
@@ -96,6 +127,41 @@ class ModelRunner {
   torch::jit::Module module_;
   ModelProbe probe_;
   torch::Tensor mean_, inv_std_;  // [1,C,1,1] on device, or undefined
+};
+
+// Runs jobs on `layout.replicas` replicas of a probed model, each replica on a thread of its own with the
+// model's device current; a free replica takes the oldest job. The first replica is `model` itself.
+// Thread safe. The destructor drops jobs not started (their futures report a broken promise), lets running
+// ones finish and joins; jobs must not outlive what they capture.
+class ForwardPool {
+ public:
+  ForwardPool(ModelRunner& model, ForwardLayout layout);
+  ~ForwardPool();
+  ForwardPool(const ForwardPool&) = delete;
+  ForwardPool& operator=(const ForwardPool&) = delete;
+
+  template <typename R>
+  std::future<R> submit(std::function<R(ModelRunner&)> work) {
+    auto task = std::make_shared<std::packaged_task<R(ModelRunner&)>>(std::move(work));
+    auto result = task->get_future();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      jobs_.emplace_back([task](ModelRunner& runner) { (*task)(runner); });
+    }
+    wake_.notify_one();
+    return result;
+  }
+  int replicas() const { return int(threads_.size()); }
+
+ private:
+  void loop(ModelRunner& runner);
+
+  std::vector<std::unique_ptr<ModelRunner>> copies_;  // replicas 1..R-1 (owned)
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::function<void(ModelRunner&)>> jobs_;  // guarded by mutex_
+  bool stopping_ = false;                               // guarded by mutex_
+  std::vector<std::thread> threads_;                    // last: they use the members above
 };
 
 // Loads a TorchScript module with tiler's error messages (used by infer and finetune).

@@ -5,8 +5,8 @@
 // writing one image fails that image on every rank (report entry with its message, exit 2) and the run goes
 // on; a fatal error on any rank (--on_error abort, a failed report, a dead stage) ends every rank at the
 // same step with that rank's message (exit 1). Outputs are byte-identical for any world size (for the same
-// --threads). Memory per rank: the read-ahead batches and the readers' caches; on rank 0 also the stitcher
-// rows and one row of output tiles per open image.
+// --threads, and replicas of one thread each for one thread). Memory per rank: the read-ahead batches and the
+// readers' caches; on rank 0 also the stitcher rows and one row of output tiles per open image.
 #pragma once
 
 #include <string>
@@ -44,6 +44,9 @@ struct InferOptions : JobOptions {
   double mpp = 0.0;
   double magnification = 0.0;
   double input_mpp = 0.0;
+  // Model replicas, each on a thread of its own with --threads intra-op threads; 0: one per CPU core (up to
+  // kMaxAutoReplicas) without --threads, else one.
+  int replicas = 0;
 };
 
 // Runs the job; returns kExitOk, or kExitSomeFailed when images failed. Throws on fatal errors (on every

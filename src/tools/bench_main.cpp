@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <future>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -33,7 +34,7 @@ double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-int forward(const std::string& model, int64_t window, int batch, int64_t windows, int threads,
+int forward(const std::string& model, int64_t window, int batch, int64_t windows, int threads, int replicas,
             const std::string& precision, bool jit_optimize) {
   tiler::ModelOptions o;
   o.path = model;
@@ -46,17 +47,28 @@ int forward(const std::string& model, int64_t window, int batch, int64_t windows
   torch::manual_seed(0);
   auto input = torch::rand({batch, window, window, probe.input_channels}) * 255;
   auto scales = torch::full({batch}, 1.0f / 255);
-  runner.forward(input, scales);  // warm-up: allocator and one-time initialisation
+  // Replicas as tiler runs them (ForwardPool), each warmed up: allocator and the graph executor's first runs.
+  tiler::ForwardPool pool(runner, tiler::ForwardLayout{replicas, threads});
+  auto run = [&](int64_t b) {
+    return pool.submit<int>([&input, &scales, b](tiler::ModelRunner& r) {
+      r.forward(input.narrow(0, 0, b), scales.narrow(0, 0, b));
+      return 0;
+    });
+  };
+  std::vector<std::future<int>> pending;
+  for (int k = 0; k < 6 * replicas; ++k) pending.push_back(run(batch));
+  for (auto& p : pending) p.get();
+  pending.clear();
   auto t0 = Clock::now();
-  for (int64_t done = 0; done < windows; done += batch) {
-    const int64_t b = std::min<int64_t>(batch, windows - done);
-    runner.forward(input.narrow(0, 0, b), scales.narrow(0, 0, b));
-  }
+  for (int64_t done = 0; done < windows; done += batch)
+    pending.push_back(run(std::min<int64_t>(batch, windows - done)));
+  for (auto& p : pending) p.get();
   const double s = since(t0);
   std::cout << nlohmann::json{{"windows", windows},
                               {"seconds", s},
                               {"windows_per_second", double(windows) / s},
                               {"batch_size", batch},
+                              {"replicas", replicas},
                               {"precision", precision},
                               {"threads", threads}}
                    .dump()
@@ -276,7 +288,9 @@ int main(int argc, char** argv) {
   f->add_option(flagNames("--window"), window);
   f->add_option(flagNames("--batch_size"), batch);
   f->add_option(flagNames("--windows"), windows);
-  f->add_option(flagNames("--threads"), threads);
+  f->add_option(flagNames("--threads"), threads, "intra-op threads of each replica");
+  int replicas = 1;
+  f->add_option(flagNames("--replicas"), replicas, "model replicas, each on a thread of its own");
   f->add_option(flagNames("--precision"), precision);
   bool jit_optimize = false;
   f->add_flag(flagNames("--jit_optimize"), jit_optimize);
@@ -305,7 +319,7 @@ int main(int argc, char** argv) {
   s->add_option(flagNames("-o,--output"), out);
   CLI11_PARSE(app, argc, argv);
   try {
-    if (*f) return forward(model, window, batch, windows, threads, precision, jit_optimize);
+    if (*f) return forward(model, window, batch, windows, threads, replicas, precision, jit_optimize);
     if (*i) return io(path, window, overlap, read_threads);
     if (*n) return naive(path, model, window, batch, threads);
     if (*mk) return make(path, size, tissue);

@@ -24,7 +24,7 @@ void addJobFlags(CLI::App& app, tiler::JobOptions& o) {
   app.add_option(flagNames("--precision"), o.precision,
                  "fp32 | fp16 | bf16 (default: fp16 on CUDA, fp32 on CPU)")
       ->capture_default_str();
-  app.add_option(flagNames("--threads"), o.threads, "LibTorch intra-op threads for this rank");
+  app.add_option(flagNames("--threads"), o.threads, "LibTorch intra-op threads (of each model replica)");
   app.add_option(flagNames("--timeout"), o.timeout, "seconds any rendezvous or collective may take")
       ->capture_default_str();
   app.add_option(flagNames("--window"), o.window, "window size N or W,H")->capture_default_str();
@@ -104,6 +104,9 @@ int runInferCli(int argc, char** argv) {
   app.add_option(flagNames("--output_key"), o.output_key, "dict key or tuple index of the model's output");
   app.add_flag(flagNames("--jit_optimize"), o.jit_optimize, "freeze + optimize_for_inference");
   app.add_option(flagNames("--prefetch"), o.prefetch, "batches read ahead")->capture_default_str();
+  app.add_option(flagNames("--replicas"), o.replicas,
+                 "model copies run side by side, --threads each (default: one per core on the CPU without "
+                 "--threads, else 1)");
   if (const int code = tiler::parseCommandLine(app, argc, argv, "tiler"); code >= 0) return code;
   return tiler::runInfer(o);
 }
