@@ -187,7 +187,10 @@ void Stitcher::flushUpTo(int64_t padded_row) {
     // Only rows inside the image (not its padding) go out.
     const int64_t first = std::max(flushed_, crop_y_), last = std::min(end, crop_y_ + out_h_);
     if (last > first) {
-      cv::Mat band(int(last - first), int(out_w_), CV_MAKETYPE(CV_32F, channels_));
+      // One buffer for every band (50 MB for two channels of 192 rows of 32768 px: above glibc's mmap
+      // threshold, a band made per flush would be mapped and faulted in each time).
+      if (band_buffer_.empty()) band_buffer_.create(int(win_h_), int(out_w_), CV_MAKETYPE(CV_32F, channels_));
+      cv::Mat band = band_buffer_.rowRange(0, int(last - first));
       for (int64_t row = first; row < last; ++row) {
         const int64_t ring_row = row % win_h_;
         const float* acc = acc_.data() + size_t((ring_row * padded_w_ + crop_x_) * channels_);

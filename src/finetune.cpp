@@ -710,7 +710,7 @@ int Trainer::run() {
 }  // namespace
 
 int runFinetune(const FinetuneOptions& options) {
-  keepLargeBlocksInHeap();  // before the process group's and the stages' threads exist
+  installLargeBlockCache();  // before the process group's and the stages' threads exist
   return Trainer(options).run();
 }
 

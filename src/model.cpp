@@ -1,15 +1,18 @@
 #include "tiler/model.hpp"
 
 #include <ATen/Parallel.h>
+#include <c10/core/CPUAllocator.h>
 #include <spdlog/spdlog.h>
 #include <torch/cuda.h>
 
 #include <malloc.h>
 #include <sched.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <thread>
 
@@ -123,19 +126,109 @@ ModelOptions modelOptionsFor(const JobOptions& job, int local_rank) {
   return mo;
 }
 
-// Large activations (33 MB at batch 8) sit above glibc's mmap threshold: every forward would map and unmap
-// them. Keeping them in the heap halves the forward time of a small UNet (see DESIGN.md). Blocks kept that
-// way stay with the arena that freed them, and the reading and output threads get arenas of their own: one
-// arena for the process lets each thread reuse what the others freed (peak RSS at 32768 px, 1 rank: 3.7-4.1
-// GB with an arena per thread, 1.3-2.7 GB with one; no slower). tiler owns its process: infer and finetune
-// set this before any thread starts, and so does the first model loaded, unless the user set GLIBC_TUNABLES.
-void keepLargeBlocksInHeap() {
+LargeBlockCache::LargeBlockCache(size_t min_cached_bytes)
+    : fallback_(c10::GetDefaultCPUAllocator()), min_cached_bytes_(min_cached_bytes) {}
+
+LargeBlockCache::~LargeBlockCache() {
+  for (const auto& [size, entry] : free_) munmap(entry.block, size);
+}
+
+size_t LargeBlockCache::blockSize(size_t n) {
+  constexpr size_t kGranule = 64 << 10;
+  return (n + kGranule - 1) / kGranule * kGranule;
+}
+
+c10::DataPtr LargeBlockCache::allocate(size_t n) const {
+  if (n < kMinBlockBytes) return fallback_->allocate(n);
+  const size_t size = blockSize(n);
+  void* block = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    // The smallest free block that fits, at most twice the size (pages a tensor does not touch cost nothing).
+    auto it = free_.lower_bound(size);
+    if (it != free_.end() && it->first <= 2 * size) {
+      block = it->second.block;
+      live_[block] = it->first;
+      cached_bytes_ -= it->first;
+      in_use_bytes_ += it->first;
+      free_.erase(it);
+    }
+  }
+  if (block == nullptr) {
+    block = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (block == MAP_FAILED) {
+      // As LibTorch's own CPU allocator says it, so that the forward's out-of-memory halving applies.
+      TORCH_CHECK_WITH(OutOfMemoryError, false,
+                       "DefaultCPUAllocator: not enough memory: you tried to allocate ", n, " bytes.");
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    live_[block] = size;
+    in_use_bytes_ += size;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  peak_in_use_bytes_ = std::max(peak_in_use_bytes_, in_use_bytes_);
+  return {block, block, &LargeBlockCache::release, c10::Device(c10::DeviceType::CPU)};
+}
+
+void LargeBlockCache::release(void* block) {
+  instance().give(block);
+}
+
+void LargeBlockCache::give(void* block) const {
+  std::vector<std::pair<size_t, void*>> unmap;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = live_.find(block);
+    if (it == live_.end()) {
+      // A small block that raw_allocate() took from the default allocator.
+      fallback_->raw_deleter()(block);
+      return;
+    }
+    free_.emplace(it->second, FreeBlock{block, ++frees_});
+    cached_bytes_ += it->second;
+    in_use_bytes_ -= it->second;
+    live_.erase(it);
+    // Free blocks are kept up to the most ever in use at once: a forward reuses the last forward's blocks;
+    // beyond that the least recently freed go back to the system.
+    const size_t keep = std::max(min_cached_bytes_, 2 * peak_in_use_bytes_);
+    while (cached_bytes_ > keep) {
+      auto oldest = std::min_element(free_.begin(), free_.end(), [](const auto& a, const auto& b) {
+        return a.second.freed < b.second.freed;
+      });
+      unmap.emplace_back(oldest->first, oldest->second.block);
+      cached_bytes_ -= oldest->first;
+      free_.erase(oldest);
+    }
+  }
+  for (const auto& [size, b] : unmap) munmap(b, size);
+}
+
+void LargeBlockCache::copy_data(void* dest, const void* src, std::size_t count) const {
+  std::memcpy(dest, src, count);
+}
+
+size_t LargeBlockCache::cachedBytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return cached_bytes_;
+}
+
+LargeBlockCache& LargeBlockCache::instance() {
+  static LargeBlockCache* cache =
+      new LargeBlockCache(256 << 20);  // never destroyed: tensors may outlive main
+  return *cache;
+}
+
+// LibTorch's CPU allocator takes every tensor from malloc. Large activations (33 MB at batch 8) sit above
+// glibc's mmap threshold: every forward would map and unmap them and fault their pages in again, which
+// doubles the forward time of a small UNet (see DESIGN.md). Raising glibc's thresholds kept them in the heap
+// but made the heap's high-water mark (and its holes) resident for good: peak RSS 1.3-1.4 GB at 16384 px
+// for 350 MB ever live (heaptrack). Tensors of 1 MiB and more now come from LargeBlockCache instead; glibc
+// keeps its own thresholds for the rest, with one arena, so that every thread reuses what the others freed.
+void installLargeBlockCache() {
   static std::once_flag once;
   std::call_once(once, [] {
-    if (std::getenv("GLIBC_TUNABLES") != nullptr) return;
-    mallopt(M_MMAP_THRESHOLD, 256 << 20);
-    mallopt(M_TRIM_THRESHOLD, 1 << 30);
-    mallopt(M_ARENA_MAX, 1);
+    c10::SetCPUAllocator(&LargeBlockCache::instance(), /*priority=*/1);
+    if (std::getenv("GLIBC_TUNABLES") == nullptr) mallopt(M_ARENA_MAX, 1);
   });
 }
 
@@ -204,7 +297,7 @@ ModelRunner::ModelRunner(const ModelOptions& options)
       device_(resolveDevice(options.device, options.local_rank)),
       precision_(resolvePrecision(options.precision, device_)),
       current_device_(device_) {
-  keepLargeBlocksInHeap();
+  installLargeBlockCache();
   at::set_num_threads(options.threads > 0 ? options.threads : defaultIntraOpThreads());
   module_ = loadTorchScript(options.path, device_);
   module_.eval();

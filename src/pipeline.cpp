@@ -493,7 +493,7 @@ int InferJob::run() {
 }  // namespace
 
 int runInfer(InferOptions options) {
-  keepLargeBlocksInHeap();  // before the process group's and the stages' threads exist
+  installLargeBlockCache();  // before the process group's and the stages' threads exist
   return InferJob(std::move(options)).run();
 }
 

@@ -1,6 +1,7 @@
 #include "tiler/model.hpp"
 
 #include <ATen/Parallel.h>
+#include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
 #include <sched.h>
 #include <torch/cuda.h>
@@ -8,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -378,6 +380,37 @@ TEST(Model, ForwardPoolDropsQueuedJobsWhenDestroyed) {
     ADD_FAILURE() << "the queued job ran after the pool was destroyed";
   } catch (const std::future_error& e) {
     EXPECT_EQ(e.code(), std::future_errc::broken_promise);
+  }
+}
+
+// Tensors of 1 MiB and more come from mapped blocks that are reused, not given back and faulted in again;
+// smaller ones (and raw allocations of either size) from LibTorch's default allocator.
+TEST(Model, LargeTensorBlocksAreReusedAndSmallOnesGoToTheDefaultAllocator) {
+  ModelRunner installs(cpuOptions(saveModule("allocator", 3, 2, kConv)));
+  auto& cache = LargeBlockCache::instance();
+  EXPECT_EQ(c10::GetCPUAllocator(), &cache);
+  const size_t odd = (3 << 20) + 12345;  // a size no other test asks for
+  const size_t block = LargeBlockCache::blockSize(odd);
+  EXPECT_EQ(block % (64 << 10), 0u);
+  EXPECT_GE(block, odd);
+  void* first = nullptr;
+  {
+    auto t = torch::empty({int64_t(odd)}, torch::kUInt8);
+    first = t.data_ptr();
+    std::memset(first, 1, odd);
+    const size_t cached = cache.cachedBytes();
+    t.reset();
+    EXPECT_EQ(cache.cachedBytes(), cached + block) << "kept for the next forward";
+  }
+  auto again = torch::empty({int64_t(odd)}, torch::kUInt8);
+  EXPECT_EQ(again.data_ptr(), first) << "the same block, its pages already in";
+  auto small = torch::ones({1000});
+  EXPECT_EQ(small.sum().item<float>(), 1000.f);
+  // raw_allocate()/raw_deallocate() (used inside LibTorch) of a small and a large block.
+  for (size_t n : {size_t(4096), size_t(2) << 20}) {
+    void* p = cache.raw_allocate(n);
+    std::memset(p, 2, n);
+    cache.raw_deallocate(p);
   }
 }
 

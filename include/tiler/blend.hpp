@@ -43,7 +43,8 @@ struct StitchOptions {
 
 class Stitcher {
  public:
-  // band: rows of the output image (HWC float32, image width * scale), with the index of its first row.
+  // band: rows of the output image (HWC float32, image width * scale), with the index of its first row;
+  // valid during the call only (the stitcher reuses its buffer).
   using BandSink = std::function<void(const cv::Mat& band, int64_t first_row)>;
 
   // `grid` is the input-space grid; predictions are channels x (window*scale) arrays. `windows`: the grid
@@ -82,6 +83,7 @@ class Stitcher {
   std::vector<int64_t> cores_x_, cores_y_;         // crop mode
   std::vector<float> acc_;                         // ring of win_h_ rows: padded_w_ x channels_ (w*pred)
   std::vector<float> weight_;                      // ring of win_h_ rows: padded_w_ (w)
+  cv::Mat band_buffer_;                            // win_h_ rows x out_w_: the band handed to the sink
   int64_t flushed_ = 0;                            // first padded row not yet handed out
   bool all_windows_ = true;                        // expect every grid window, else those in windows_
   std::vector<int64_t> windows_;                   // the grid windows to expect (ascending)
