@@ -781,9 +781,28 @@ ImageWriter::ImageWriter(const std::string& path, int64_t width, int64_t height,
       TIFFSetField(tif, TIFFTAG_IMAGEDESCRIPTION, options_.description.c_str());
     writeMetadata(tif, readMetadata(options_.metadata_from), options_.metadata_scale, options_.mpp);
     buffer_ = cv::Mat::zeros(options_.tile, int(width), cv_type);
+    if (options_.background) {
+      // Two tile-row buffers: the caller fills one while this thread compresses and writes the other.
+      tile_queue_ = std::make_unique<BoundedQueue<TileRow>>(1);
+      free_buffers_ = std::make_unique<BoundedQueue<cv::Mat>>(2);
+      free_buffers_->push(cv::Mat::zeros(options_.tile, int(width), cv_type));
+      tile_thread_ = std::thread([this] {
+        while (auto row = tile_queue_->pop()) {
+          if (!tile_error_) {
+            try {
+              encodeTileRow(row->rows, row->first_row, row->count);
+            } catch (...) {
+              tile_error_ = std::current_exception();  // read by the writer after the buffer comes back
+            }
+          }
+          free_buffers_->push(std::move(row->rows));
+        }
+      });
+    }
     if (options_.pyramid) {
       WriterOptions lo = options_;
       lo.pyramid = false;
+      lo.background = false;  // the level thread writes them
       lo.metadata_from.clear();
       lo.description.clear();
       for (int64_t w = width, h = height; std::max(w, h) > options_.tile;) {
@@ -833,6 +852,7 @@ void ImageWriter::stopLevelThread() noexcept {
 }
 
 void ImageWriter::abandon() noexcept {
+  stopTileThread();  // it writes through tiff_
   if (tiff_) {
     TIFFClose(static_cast<TIFF*>(tiff_));
     tiff_ = nullptr;
@@ -843,7 +863,7 @@ void ImageWriter::abandon() noexcept {
 }
 
 size_t ImageWriter::bufferedBytes() const {
-  return buffer_.total() * buffer_.elemSize();
+  return buffer_.total() * buffer_.elemSize() * (tile_queue_ ? 2 : 1);
 }
 
 void ImageWriter::writeRows(const cv::Mat& band) {
@@ -871,31 +891,60 @@ void ImageWriter::writeRows(const cv::Mat& band) {
 }
 
 void ImageWriter::flushTileRow(int64_t rows) {
+  if (tile_queue_) {
+    // The full buffer goes to the tile thread; rows go on into the one it wrote last.
+    tile_queue_->push(TileRow{buffer_, rows_written_, rows});
+    std::optional<cv::Mat> spare = free_buffers_->pop();
+    if (tile_error_ || !spare) failOnTileError();
+    buffer_ = *spare;
+  } else {
+    try {
+      encodeTileRow(buffer_, rows_written_, rows);
+    } catch (...) {
+      abandon();
+      throw;
+    }
+  }
+  rows_written_ += rows;
+  buffered_rows_ = 0;
+}
+
+void ImageWriter::encodeTileRow(cv::Mat& buffer, int64_t first_row, int64_t rows) {
   TIFF* tif = static_cast<TIFF*>(tiff_);
   const int tile = options_.tile;
-  const size_t px = buffer_.elemSize();
-  for (int y = int(rows); y < tile; ++y) std::memset(buffer_.ptr(y), 0, size_t(width_) * px);
+  const size_t px = buffer.elemSize();
+  for (int y = int(rows); y < tile; ++y) std::memset(buffer.ptr(y), 0, size_t(width_) * px);
   std::vector<uint8_t> tile_buf(size_t(tile) * size_t(tile) * px);
   for (int64_t x0 = 0; x0 < width_; x0 += tile) {
     std::fill(tile_buf.begin(), tile_buf.end(), 0);
     const int64_t w = std::min<int64_t>(tile, width_ - x0);
     for (int y = 0; y < tile; ++y) {
-      std::memcpy(tile_buf.data() + size_t(y) * size_t(tile) * px, buffer_.ptr<uint8_t>(y) + size_t(x0) * px,
+      std::memcpy(tile_buf.data() + size_t(y) * size_t(tile) * px, buffer.ptr<uint8_t>(y) + size_t(x0) * px,
                   size_t(w) * px);
     }
-    uint32_t index = TIFFComputeTile(tif, uint32_t(x0), uint32_t(rows_written_), 0, 0);
+    uint32_t index = TIFFComputeTile(tif, uint32_t(x0), uint32_t(first_row), 0, 0);
     t_tiff_error.clear();
     errno = 0;
     if (TIFFWriteEncodedTile(tif, index, tile_buf.data(), tmsize_t(tile_buf.size())) < 0) {
       const int write_errno = errno;
       std::string err = takeTiffError();
-      abandon();
-      TILER_THROW(IoError, "'" << path_ << "': writing tile at row " << rows_written_ << " failed: "
+      TILER_THROW(IoError, "'" << path_ << "': writing tile at row " << first_row << " failed: "
                                << (write_errno ? std::strerror(write_errno) : err) << " (" << err << ")");
     }
   }
-  rows_written_ += rows;
-  buffered_rows_ = 0;
+}
+
+void ImageWriter::stopTileThread() noexcept {
+  if (tile_queue_) tile_queue_->close();
+  if (tile_thread_.joinable()) tile_thread_.join();
+}
+
+void ImageWriter::failOnTileError() {
+  stopTileThread();
+  const std::exception_ptr error = tile_error_;
+  abandon();
+  if (error) std::rethrow_exception(error);
+  TILER_THROW(IoError, "'" << path_ << "': the tile thread stopped");
 }
 
 SampleType labelSampleType(int classes) {
@@ -984,6 +1033,8 @@ void ImageWriter::finish() {
   TILER_CHECK(!done_ && !finished_, IoError, "'" << path_ << "': closed twice");
   if (tiff_ != nullptr) {
     if (buffered_rows_ > 0) flushTileRow(buffered_rows_);
+    stopTileThread();
+    if (tile_error_) failOnTileError();
     TILER_CHECK(rows_written_ == height_, IoError,
                 "'" << path_ << "': closed after " << rows_written_ << " of " << height_ << " rows");
     TIFF* tif = static_cast<TIFF*>(tiff_);

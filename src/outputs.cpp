@@ -94,6 +94,7 @@ OutputStage::ImageOutputs& OutputStage::outputsFor(int image_id) {
   wo.metadata_scale = output_per_input;
   if (img.resolution.mpp) wo.mpp = *img.resolution.mpp / options_.scale.value();
   wo.pyramid = options_.pyramid;
+  wo.background = true;  // compression off the stitcher's thread
   out.keep_labels = options_.save_labels;
   if (options_.save_polygons) out.polygons = img.outputs.at("polygons");
   out.input_pixels_per_label_pixel = 1.0 / output_per_input;

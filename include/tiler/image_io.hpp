@@ -12,10 +12,10 @@
 //
 // ImageWriter: takes row bands top to bottom. TIFF output is tiled (256 px), deflate by default, horizontal
 // predictor for integers and floating-point predictor for f32, BigTIFF when the raw data exceeds 2 GiB;
-// memory is one row of tiles. PNG/JPEG are assembled in memory and refused above kMaxInMemoryPixels.
-// Files are written as "<name>.partial" and renamed by close() (or finish() then commit(), so that several
-// outputs of one image appear together); a writer destroyed before commit removes its partial file. Every
-// failure is an IoError naming the file.
+// memory is one row of tiles (two, compressing on a thread of its own). PNG/JPEG are assembled in memory and
+// refused above kMaxInMemoryPixels. Files are written as "<name>.partial" and renamed by close() (or finish()
+// then commit(), so that several outputs of one image appear together); a writer destroyed before commit
+// removes its partial file. Every failure is an IoError naming the file.
 #pragma once
 
 #include <array>
@@ -115,6 +115,9 @@ struct WriterOptions {
   std::string description;  // TIFF ImageDescription (e.g. class names as JSON)
   // TIFF: micrometres per output pixel, written as X/YResolution in centimetres (over those copied).
   std::optional<double> mpp;
+  // TIFF: full rows of tiles are compressed and written on a thread of the writer's own (two rows of tiles
+  // in memory), so that writeRows() only copies rows in; errors surface at the next writeRows() or finish().
+  bool background = false;
 };
 
 class ImageWriter {
@@ -144,6 +147,10 @@ class ImageWriter {
 
  private:
   void flushTileRow(int64_t rows);
+  // Compresses and writes `rows` rows of `buffer` (a row of tiles; the rest zeroed) at `first_row`.
+  void encodeTileRow(cv::Mat& buffer, int64_t first_row, int64_t rows);
+  void stopTileThread() noexcept;
+  [[noreturn]] void failOnTileError();  // abandons the file and throws the tile thread's error
   void abandon() noexcept;
   // Pyramid: rows of level `li`'s parent, halved into level li (and on down).
   void feedLevel(size_t li, const cv::Mat& rows);
@@ -170,8 +177,18 @@ class ImageWriter {
   std::thread level_thread_;
   std::exception_ptr level_error_;  // set by the level thread, read after it joined
   void stopLevelThread() noexcept;
-  bool finished_ = false;  // file closed under its partial name
-  bool done_ = false;      // committed, or abandoned
+  // options_.background: full rows of tiles (the buffer shared, not copied) for the tile thread, which gives
+  // each buffer back once written.
+  struct TileRow {
+    cv::Mat rows;
+    int64_t first_row = 0, count = 0;
+  };
+  std::unique_ptr<BoundedQueue<TileRow>> tile_queue_;
+  std::unique_ptr<BoundedQueue<cv::Mat>> free_buffers_;
+  std::thread tile_thread_;
+  std::exception_ptr tile_error_;  // set by the tile thread before it gives a buffer back; read after
+  bool finished_ = false;          // file closed under its partial name
+  bool done_ = false;              // committed, or abandoned
 };
 
 }  // namespace tiler
