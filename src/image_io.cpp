@@ -788,11 +788,12 @@ ImageWriter::ImageWriter(const std::string& path, int64_t width, int64_t height,
       free_buffers_->push(cv::Mat::zeros(options_.tile, int(width), cv_type));
       tile_thread_ = std::thread([this] {
         while (auto row = tile_queue_->pop()) {
-          if (!tile_error_) {
+          if (!tileError()) {
             try {
               encodeTileRow(row->rows, row->first_row, row->count);
             } catch (...) {
-              tile_error_ = std::current_exception();  // read by the writer after the buffer comes back
+              std::lock_guard<std::mutex> lock(tile_error_mutex_);
+              tile_error_ = std::current_exception();
             }
           }
           free_buffers_->push(std::move(row->rows));
@@ -895,7 +896,7 @@ void ImageWriter::flushTileRow(int64_t rows) {
     // The full buffer goes to the tile thread; rows go on into the one it wrote last.
     tile_queue_->push(TileRow{buffer_, rows_written_, rows});
     std::optional<cv::Mat> spare = free_buffers_->pop();
-    if (tile_error_ || !spare) failOnTileError();
+    if (tileError() || !spare) failOnTileError();
     buffer_ = *spare;
   } else {
     try {
@@ -939,9 +940,14 @@ void ImageWriter::stopTileThread() noexcept {
   if (tile_thread_.joinable()) tile_thread_.join();
 }
 
+std::exception_ptr ImageWriter::tileError() {
+  std::lock_guard<std::mutex> lock(tile_error_mutex_);
+  return tile_error_;
+}
+
 void ImageWriter::failOnTileError() {
   stopTileThread();
-  const std::exception_ptr error = tile_error_;
+  const std::exception_ptr error = tileError();
   abandon();
   if (error) std::rethrow_exception(error);
   TILER_THROW(IoError, "'" << path_ << "': the tile thread stopped");
@@ -1034,7 +1040,7 @@ void ImageWriter::finish() {
   if (tiff_ != nullptr) {
     if (buffered_rows_ > 0) flushTileRow(buffered_rows_);
     stopTileThread();
-    if (tile_error_) failOnTileError();
+    if (tileError()) failOnTileError();
     TILER_CHECK(rows_written_ == height_, IoError,
                 "'" << path_ << "': closed after " << rows_written_ << " of " << height_ << " rows");
     TIFF* tif = static_cast<TIFF*>(tiff_);

@@ -21,6 +21,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <opencv2/core.hpp>
 #include <optional>
 #include <string>
@@ -186,9 +187,11 @@ class ImageWriter {
   std::unique_ptr<BoundedQueue<TileRow>> tile_queue_;
   std::unique_ptr<BoundedQueue<cv::Mat>> free_buffers_;
   std::thread tile_thread_;
-  std::exception_ptr tile_error_;  // set by the tile thread before it gives a buffer back; read after
-  bool finished_ = false;          // file closed under its partial name
-  bool done_ = false;              // committed, or abandoned
+  std::mutex tile_error_mutex_;
+  std::exception_ptr tile_error_;  // the tile thread's first error, guarded by tile_error_mutex_
+  std::exception_ptr tileError();
+  bool finished_ = false;  // file closed under its partial name
+  bool done_ = false;      // committed, or abandoned
 };
 
 }  // namespace tiler
