@@ -138,7 +138,7 @@ size_t LargeBlockCache::blockSize(size_t n) {
   return (n + kGranule - 1) / kGranule * kGranule;
 }
 
-c10::DataPtr LargeBlockCache::allocate(size_t n) const {
+c10::DataPtr LargeBlockCache::take(size_t n) const {
   if (n < kMinBlockBytes) return fallback_->allocate(n);
   const size_t size = blockSize(n);
   void* block = nullptr;

@@ -92,7 +92,9 @@ class LargeBlockCache final : public c10::Allocator {
   // The process's cache, the one installLargeBlockCache() installs.
   static LargeBlockCache& instance();
 
-  c10::DataPtr allocate(size_t n) const override;
+  // LibTorch 1.13 declares allocate() const, 2.x not: one of the two overrides, the other is never called.
+  c10::DataPtr allocate(size_t n) const { return take(n); }
+  c10::DataPtr allocate(size_t n) { return take(n); }
   c10::DeleterFnPtr raw_deleter() const override { return &LargeBlockCache::release; }
   void copy_data(void* dest, const void* src, std::size_t count) const;  // virtual in LibTorch 2.x
   // Bytes held in free blocks.
@@ -101,6 +103,7 @@ class LargeBlockCache final : public c10::Allocator {
   static size_t blockSize(size_t n);
 
  private:
+  c10::DataPtr take(size_t n) const;
   static void release(void* block);  // the blocks of instance() only
   void give(void* block) const;
 
