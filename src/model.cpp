@@ -468,7 +468,7 @@ double ModelRunner::secondsPerWindow(int64_t window_w, int64_t window_h, double 
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     best = std::min(best, seconds);
     // A run past both ten times the bar and any warm-up's cost says enough on its own.
-    if (best < enough || seconds > std::max(10 * enough, 0.02)) break;
+    if (best < enough || seconds > std::max(10 * enough, 0.1)) break;
   }
   return best;
 }

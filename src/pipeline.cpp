@@ -387,10 +387,12 @@ int InferJob::run() {
   if (o_.threads == 0 && o_.replicas == 0 && model_->device().is_cpu() && layout_.replicas > 1) {
     const double per_window =
         model_->secondsPerWindow(spec_.window_w, spec_.window_h, lightModelSeconds(spec_));
-    if (per_window < lightModelSeconds(spec_)) {
+    const bool light = per_window < lightModelSeconds(spec_);
+    spdlog::debug("a window's forward takes {:.2f} ms: {}", per_window * 1e3,
+                  light ? "light, one replica of one thread" : "replicas");
+    if (light) {
       layout_ = chooseForwardLayout(0, 0, false, defaultIntraOpThreads(), /*light=*/true);
       at::set_num_threads(layout_.threads);
-      spdlog::debug("a window's forward takes {:.2f} ms: one replica of one thread", per_window * 1e3);
     }
   }
   const size_t named = classes_.size();
