@@ -148,9 +148,8 @@ c10::DataPtr LargeBlockCache::take(size_t n) const {
     auto it = free_.lower_bound(size);
     if (it != free_.end() && it->first <= 2 * size) {
       block = it->second.block;
-      live_[block] = it->first;
       cached_bytes_ -= it->first;
-      in_use_bytes_ += it->first;
+      markInUse(block, it->first);
       free_.erase(it);
     }
   }
@@ -162,12 +161,15 @@ c10::DataPtr LargeBlockCache::take(size_t n) const {
                        "DefaultCPUAllocator: not enough memory: you tried to allocate ", n, " bytes.");
     }
     std::lock_guard<std::mutex> lock(mutex_);
-    live_[block] = size;
-    in_use_bytes_ += size;
+    markInUse(block, size);
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  peak_in_use_bytes_ = std::max(peak_in_use_bytes_, in_use_bytes_);
   return {block, block, &LargeBlockCache::release, c10::Device(c10::DeviceType::CPU)};
+}
+
+void LargeBlockCache::markInUse(void* block, size_t size) const {
+  live_[block] = size;
+  in_use_bytes_ += size;
+  peak_in_use_bytes_ = std::max(peak_in_use_bytes_, in_use_bytes_);
 }
 
 void LargeBlockCache::release(void* block) {

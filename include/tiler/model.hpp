@@ -104,7 +104,8 @@ class LargeBlockCache final : public c10::Allocator {
 
  private:
   c10::DataPtr take(size_t n) const;
-  static void release(void* block);  // the blocks of instance() only
+  void markInUse(void* block, size_t size) const;  // caller holds mutex_
+  static void release(void* block);                // the blocks of instance() only
   void give(void* block) const;
 
   c10::Allocator* fallback_;  // LibTorch's default CPU allocator (not owned)
