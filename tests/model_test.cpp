@@ -3,11 +3,13 @@
 #include <ATen/Parallel.h>
 #include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
+#include <pthread.h>
 #include <sched.h>
 #include <torch/cuda.h>
 #include <torch/serialize.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -312,6 +314,37 @@ TEST(Model, SecondsPerWindowStopsEarlyForHeavyModels) {
   EXPECT_GT(t, 0);
   EXPECT_LT(t, 10.0);
   EXPECT_GT(r.secondsPerWindow(64, 64, 0.0), 0) << "eight runs at most when none is under the bar";
+}
+
+// The light-model check must not read a loaded machine as a heavy model: 20 busy threads share this thread's
+// core, so the graph executor's first (~5 ms) run lasts about 100 ms of wall time, five times the bar.
+TEST(Model, SecondsPerWindowCountsThisThreadsCpuTimeNotTheMachinesLoad) {
+  ModelRunner r(cpuOptions(saveModule("timed_loaded", 3, 2, kConv)));
+  r.probe(256, 256);
+  at::set_num_threads(2);
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(sched_getcpu(), &one);
+  cpu_set_t before;
+  ASSERT_EQ(pthread_getaffinity_np(pthread_self(), sizeof before, &before), 0);
+  ASSERT_EQ(pthread_setaffinity_np(pthread_self(), sizeof one, &one), 0);
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> busy;
+  for (int i = 0; i < 20; ++i)
+    busy.emplace_back([&] {
+      pthread_setaffinity_np(pthread_self(), sizeof one, &one);
+      while (!stop.load(std::memory_order_relaxed)) {
+      }
+    });
+  const auto t0 = std::chrono::steady_clock::now();
+  const double bar = 0.02;
+  const double seconds = r.secondsPerWindow(256, 256, bar);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stop = true;
+  for (auto& t : busy) t.join();
+  pthread_setaffinity_np(pthread_self(), sizeof before, &before);
+  EXPECT_LT(seconds, bar) << "wall " << wall << " s";
+  EXPECT_EQ(at::get_num_threads(), 2) << "the caller's intra-op threads are restored";
 }
 
 // Replicas give the model's own numbers bit for bit (one intra-op thread each), in whatever order they run.
