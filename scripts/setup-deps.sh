@@ -3,7 +3,7 @@
 set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config file dpkg-dev clang-format libtiff-tools
-  libtorch-dev libopencv-dev
+  libtorch-dev libopencv-dev libopenblas0-openmp
   libtiff-dev libgloo-dev libcli11-dev libgtest-dev libspdlog-dev nlohmann-json3-dev libgdal-dev
   libopenslide-dev gdal-bin libvips-tools openslide-tools
 )

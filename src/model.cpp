@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 #include <torch/cuda.h>
 
+#include <dlfcn.h>
 #include <malloc.h>
 #include <sched.h>
 #include <sys/mman.h>
@@ -50,6 +51,17 @@ std::string firstLine(const std::string& s) {
 }
 
 }  // namespace
+
+std::string cpuBlasName() {
+  // Debian's alternatives put any of these behind libblas.so.3; only the reference BLAS names nothing.
+  if (auto config = reinterpret_cast<char* (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_config"))) {
+    const std::string c = config();  // "OpenBLAS 0.3.21 ... USE_OPENMP Haswell MAX_THREADS=64"
+    return c.rfind("OpenBLAS", 0) == 0 ? c : "OpenBLAS " + c;
+  }
+  if (dlsym(RTLD_DEFAULT, "mkl_get_version_string")) return "Intel MKL";
+  if (dlsym(RTLD_DEFAULT, "bli_info_get_version_str")) return "BLIS";
+  return kReferenceBlas;
+}
 
 int defaultIntraOpThreads() {
   // OMP_NUM_THREADS (ctrun sets cores / local workers) is the user's or the launcher's word.

@@ -42,6 +42,7 @@ nlohmann::json inferReport(const RunSummary& run, const WindowCatalog& catalog,
   j["tta"] = run.tta;
   j["replicas"] = run.replicas;
   j["threads"] = run.threads;
+  j["cpu_blas"] = run.cpu_blas;
   j["per_rank"] = nlohmann::json::array();
   for (size_t r = 0; r < per_rank.size(); ++r) {
     const RankStats& s = per_rank[r];

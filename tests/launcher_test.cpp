@@ -347,11 +347,11 @@ TEST(Rendezvous, AFailureOnOneNodeRestartsEveryNodeTogether) {
   // The case: static node ranks, one master port; rank 1 (node 1) fails on the first attempt.
   const std::string dir = tempDir("rdzv_restart");
   const int port = test::freePort(), rdzv = test::freePort();
-  const std::string common = "--nnodes 2 --nproc_per_node 1 --master_addr 127.0.0.1 --master_port " +
-                             std::to_string(port) +
-                             " --max_restarts 1 --grace_period 1 --heartbeat_interval 0.2 " +
-                             "--rdzv_endpoint 127.0.0.1:" + std::to_string(rdzv) + " sh -c '" + kHelper +
-                             " env " + dir + " && exec " + kHelper + " fail-first-attempt'";
+  const std::string common =
+      "--nnodes 2 --nproc_per_node 1 --master_addr 127.0.0.1 --master_port " + std::to_string(port) +
+      " --max_restarts 1 --grace_period 1 --heartbeat_interval 0.2 --rdzv_timeout 60 " +
+      "--rdzv_endpoint 127.0.0.1:" + std::to_string(rdzv) + " sh -c '" + kHelper + " env " + dir +
+      " && exec " + kHelper + " fail-first-attempt'";
   const pid_t a = startAgent("--node_rank 0 " + common, dir + "/a.log");
   // Node 0 hosts the store (node 1, whose worker fails, must not: its agent may finish first).
   for (int i = 0; i < 400 && portIsFree(rdzv); ++i) usleep(10000);

@@ -2,6 +2,7 @@
 
 #include <ATen/Parallel.h>
 #include <c10/core/CPUAllocator.h>
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <pthread.h>
 #include <sched.h>
@@ -345,6 +346,14 @@ TEST(Model, SecondsPerWindowCountsThisThreadsCpuTimeNotTheMachinesLoad) {
   pthread_setaffinity_np(pthread_self(), sizeof before, &before);
   EXPECT_LT(seconds, bar) << "wall " << wall << " s";
   EXPECT_EQ(at::get_num_threads(), 2) << "the caller's intra-op threads are restored";
+}
+
+// LibTorch's convolutions run on whatever libblas.so.3 is; the reference one costs the sample UNet 1.5-1.8x.
+TEST(Model, CpuBlasNamesTheLoadedLibraryAndIsOpenBlasWhereSetupInstalledIt) {
+  const std::string blas = cpuBlasName();
+  const bool openblas_loaded = dlopen("libopenblas.so.0", RTLD_LAZY | RTLD_NOLOAD) != nullptr;
+  EXPECT_EQ(blas.rfind("OpenBLAS ", 0) == 0, openblas_loaded) << blas;
+  EXPECT_TRUE(openblas_loaded) << blas << ": scripts/setup-deps.sh installs libopenblas0-openmp";
 }
 
 // Replicas give the model's own numbers bit for bit (one intra-op thread each), in whatever order they run.

@@ -23,6 +23,7 @@
 #include "test_util.hpp"
 #include "tiler/error.hpp"
 #include "tiler/image_io.hpp"
+#include "tiler/model.hpp"
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -654,6 +655,7 @@ TEST_F(Pipeline, ReplicasWriteTheBytesOfOneThreadAndFailImagesAlone) {
   expectSameOutputs(ref, three);
   EXPECT_EQ(report(three)["replicas"], 3);
   EXPECT_EQ(report(three)["threads"], 1);
+  EXPECT_EQ(report(three)["cpu_blas"], cpuBlasName());
   EXPECT_EQ(report(ref)["replicas"], 1) << "--threads pins one replica";
 
   auto defaults = [&](int convolutions, const std::string& out, const std::string& flags) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -107,12 +108,25 @@ inline std::string scratchDir(const std::string& name) {
 
 // A port that can be listened on, below Linux's ephemeral range (32768-60999): a port the kernel hands out
 // as free may be taken a moment later as the local end of another test's connection, and then no one can
-// listen on it.
+// listen on it. Claimed by a file for an hour, so that tests running side by side (ctest -j) never get the
+// same port: two did once, and one agent joined the other test's rendezvous.
 inline int freePort() {
-  static unsigned state = unsigned(getpid()) * 2654435761u ^ unsigned(time(nullptr));
+  namespace fs = std::filesystem;
+  static unsigned state = unsigned(getpid()) * 2654435761u ^ unsigned(time(nullptr)) ^
+                          unsigned(std::chrono::steady_clock::now().time_since_epoch().count());
+  const fs::path claims = fs::temp_directory_path() / "tiler-test-ports";
+  std::error_code ec;
+  fs::create_directories(claims, ec);
   for (int attempt = 0; attempt < 1000; ++attempt) {
     state = state * 1103515245u + 12345u;
     const int port = 20000 + int((state >> 8) % 12000u);
+    const fs::path claim = claims / std::to_string(port);
+    const auto mtime = fs::last_write_time(claim, ec);
+    if (!ec && fs::file_time_type::clock::now() - mtime < std::chrono::hours(1)) continue;
+    fs::remove(claim, ec);
+    const int fd = ::open(claim.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
+    if (fd < 0) continue;  // another process claimed it just now
+    ::close(fd);
     if (portIsFree(port)) return port;
   }
   return 0;

@@ -33,6 +33,11 @@ Activation parseActivation(const std::string& name);
 // Intra-op threads when --threads is not given: OMP_NUM_THREADS if set, else the CPUs this process may use
 // divided by the ranks on this node (LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE, SLURM_NTASKS_PER_NODE).
 int defaultIntraOpThreads();
+// The BLAS that LibTorch's CPU kernels call (convolutions it lowers to matrix products), as the process
+// loaded it: "OpenBLAS <its config>", "Intel MKL", "BLIS", or kReferenceBlas, the reference BLAS of
+// Debian's libblas3, which makes the sample UNet's forward 1.5-1.8x slower than OpenBLAS does.
+inline constexpr const char* kReferenceBlas = "reference BLAS (netlib)";
+std::string cpuBlasName();
 
 // How a rank runs its forwards: `replicas` copies of the model, each on a thread of its own with `threads`
 // intra-op threads. On the CPU a batch per core scales better than one intra-op pool over small windows
