@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmarks: scripts/bench.sh [--quick] [io|slide|tta|model|pipeline|ceiling|memory|scaling|ctrun|finetune|naive|mask|outputs|all]
+# Benchmarks: scripts/bench.sh [--quick] [io|slide|tta|model|pipeline|blas|ceiling|memory|scaling|ctrun|finetune|naive|mask|outputs|all]
 # Generates its own deterministic inputs (cached in $TILER_BENCH_CACHE, default ~/.cache/tiler-bench), runs each
 # scenario $RUNS times (3; --quick: 1 run on small inputs), writes bench-results/bench.json and a table of
 # medians (min-max). fp32 on the CPU. Never part of CI's test run.
@@ -109,6 +109,33 @@ if want pipeline; then
       emit "pipeline: tiler 1 rank x 2 threads / Python pure forward" overhead_ratio "$(ratio "$e2e" "$py")"
     fi
   done
+fi
+
+# LibTorch's CPU convolutions go through libblas.so.3: the BLAS setup-deps installs (OpenBLAS) against Debian's
+# reference BLAS (libblas3), put first on the library path; the same windows, pure forward and whole process.
+if want blas; then
+  reference="/usr/lib/$(gcc -print-multiarch)/blas"
+  if [ -f "$reference/libblas.so.3" ]; then
+    for _ in $(seq "$runs"); do
+      declare -A fwd=() e2e=()
+      for cfg in installed reference; do
+        lp=""
+        [ $cfg = reference ] && lp="$reference"
+        out=$(LD_LIBRARY_PATH="$lp" "$bin/tiler_bench" forward -m "$model" --windows $pipeline_windows \
+          --replicas 2 --threads 1)
+        fwd[$cfg]=$(json "$out" seconds)
+        emit "blas: pure forward 2 x 1, $cfg BLAS" seconds "${fwd[$cfg]}"
+        rm -rf "$cache/out_blas"
+        t0=$(now)
+        LD_LIBRARY_PATH="$lp" "$bin/tiler" -i "$sample" -m "$model" -o "$cache/out_blas" --no_progress \
+          >/dev/null 2>&1
+        e2e[$cfg]=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { print b - a }')
+        emit "blas: tiler default flags, $cfg BLAS" seconds "${e2e[$cfg]}"
+      done
+      emit "blas: pure forward, reference / installed" time_ratio "$(ratio "${fwd[reference]}" "${fwd[installed]}")"
+      emit "blas: tiler default flags, reference / installed" time_ratio "$(ratio "${e2e[reference]}" "${e2e[installed]}")"
+    done
+  fi
 fi
 
 if want scaling; then

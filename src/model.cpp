@@ -53,14 +53,25 @@ std::string firstLine(const std::string& s) {
 }  // namespace
 
 std::string cpuBlasName() {
-  // Debian's alternatives put any of these behind libblas.so.3; only the reference BLAS names nothing.
-  if (auto config = reinterpret_cast<char* (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_config"))) {
+  // Debian's alternatives put any of these behind libblas.so.3; only the reference BLAS names nothing. Asked
+  // of the library that LibTorch's sgemm_ resolves to: another BLAS may be loaded beside it (OpenBLAS's
+  // liblapack.so.3 next to a reference libblas.so.3 first on LD_LIBRARY_PATH).
+  Dl_info where{};
+  void* sgemm = dlsym(RTLD_DEFAULT, "sgemm_");
+  if (!sgemm || !dladdr(sgemm, &where) || !where.dli_fname) return "none (no sgemm_ loaded)";
+  void* blas = dlopen(where.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+  if (!blas) return kReferenceBlas;
+  std::string name = kReferenceBlas;
+  if (auto config = reinterpret_cast<char* (*)()>(dlsym(blas, "openblas_get_config"))) {
     const std::string c = config();  // "OpenBLAS 0.3.21 ... USE_OPENMP Haswell MAX_THREADS=64"
-    return c.rfind("OpenBLAS", 0) == 0 ? c : "OpenBLAS " + c;
+    name = c.rfind("OpenBLAS", 0) == 0 ? c : "OpenBLAS " + c;
+  } else if (dlsym(blas, "mkl_get_version_string")) {
+    name = "Intel MKL";
+  } else if (dlsym(blas, "bli_info_get_version_str")) {
+    name = "BLIS";
   }
-  if (dlsym(RTLD_DEFAULT, "mkl_get_version_string")) return "Intel MKL";
-  if (dlsym(RTLD_DEFAULT, "bli_info_get_version_str")) return "BLIS";
-  return kReferenceBlas;
+  dlclose(blas);
+  return name;
 }
 
 int defaultIntraOpThreads() {

@@ -692,6 +692,27 @@ TEST_F(Pipeline, ReplicasWriteTheBytesOfOneThreadAndFailImagesAlone) {
   EXPECT_TRUE(partialFiles(faulted).empty());
 }
 
+// Debian's reference BLAS (libblas3) first on the library path: the start-up warns, the report names it.
+TEST_F(Pipeline, AReferenceBlasIsNamedAndWarnedAbout) {
+  std::string reference;
+  for (const auto& e : fs::directory_iterator("/usr/lib"))
+    if (fs::exists(e.path() / "blas/libblas.so.3")) reference = (e.path() / "blas").string();
+  if (reference.empty()) GTEST_SKIP() << "Debian's libblas3 is not installed";
+  auto tiler = [&](const std::string& env, const std::string& out) {
+    auto r = run(env + kTiler + " -i " + root_ + "/images/c_small.png -m " + model_ + " -o " + out +
+                 " --window 64 --threads 1 --no_progress");
+    EXPECT_EQ(r.code, 0) << r.output;
+    return std::make_pair(r.output, report(out)["cpu_blas"].get<std::string>());
+  };
+  auto [slow_log, slow] = tiler("LD_LIBRARY_PATH=" + reference + " ", root_ + "/out_blas_reference");
+  EXPECT_EQ(slow, kReferenceBlas);
+  EXPECT_NE(slow_log.find("LibTorch calls the reference BLAS"), std::string::npos) << slow_log;
+  auto [log, installed] = tiler("", root_ + "/out_blas_installed");
+  EXPECT_EQ(installed, cpuBlasName());
+  EXPECT_NE(installed, kReferenceBlas);
+  EXPECT_EQ(log.find("reference BLAS"), std::string::npos) << log;
+}
+
 // A model with `classes` output channels (1x1 convolution), for the labels type at its edges.
 std::string classesModel(const std::string& dir, int classes) {
   torch::jit::Module m("Classes");
