@@ -481,9 +481,13 @@ const ModelProbe& ModelRunner::probe(int64_t window_w, int64_t window_h) {
   return probe_;
 }
 
-double ModelRunner::secondsPerWindow(int64_t window_w, int64_t window_h, double enough) {
-  const auto window = torch::zeros({1, window_h, window_w, probe_.input_channels});
-  const auto scales = torch::ones({1});
+double ModelRunner::secondsPerWindow(int64_t window_w, int64_t window_h, int64_t batch, double enough) {
+  // One window first (a heavy model is plain from it, at an eighth of a batch's start-up time), then whole
+  // batches as the run sends them: one window alone can cost a light model 20x more per window (LibTorch's
+  // fixed cost per call, buffers small enough for malloc instead of the block cache).
+  const auto one = torch::zeros({1, window_h, window_w, probe_.input_channels});
+  const auto windows = torch::zeros({batch, window_h, window_w, probe_.input_channels});
+  const auto one_scale = torch::ones({1}), scales = torch::ones({batch});
   // On the CPU: this thread's CPU time, one intra-op thread. Wall time counts whatever else the machine runs:
   // under load a warm-up run took past 100 ms and a 0.25 ms model was judged heavy.
   const bool cpu = !device_.is_cuda();
@@ -507,13 +511,14 @@ double ModelRunner::secondsPerWindow(int64_t window_w, int64_t window_h, double 
   // LibTorch 1.13's graph executor profiles and optimises the first five forwards of a shape (5 ms each
   // for a 1x1 convolution whose own forward takes 0.25 ms): go on until a run answers the question.
   for (int run = 0; run < 8; ++run) {
+    const int64_t n = run == 0 ? 1 : batch;
     const double t0 = now();
-    forward(window, scales);
+    forward(run == 0 ? one : windows, run == 0 ? one_scale : scales);
     if (!cpu) torch::cuda::synchronize(device_.index());
     const double seconds = now() - t0;
-    best = std::min(best, seconds);
-    // A run past both ten times the bar and any warm-up's cost says enough on its own.
-    if (best < enough || seconds > std::max(10 * enough, 0.1)) break;
+    best = std::min(best, seconds / double(n));
+    // A run past twice the bar and any warm-up's cost (100 ms) says enough on its own.
+    if (best < enough || (seconds / double(n) > 2 * enough && seconds > 0.1)) break;
   }
   return best;
 }

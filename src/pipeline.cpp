@@ -389,7 +389,7 @@ int InferJob::run() {
   probe_ = model_->probe(spec_.window_w, spec_.window_h);
   if (o_.threads == 0 && o_.replicas == 0 && model_->device().is_cpu() && layout_.replicas > 1) {
     const double per_window =
-        model_->secondsPerWindow(spec_.window_w, spec_.window_h, lightModelSeconds(spec_));
+        model_->secondsPerWindow(spec_.window_w, spec_.window_h, o_.batch_size, lightModelSeconds(spec_));
     const bool light = per_window < lightModelSeconds(spec_);
     spdlog::debug("a window's forward takes {:.2f} ms: {}", per_window * 1e3,
                   light ? "light, one replica of one thread" : "replicas");

@@ -310,14 +310,14 @@ TEST(Model, ForwardLayoutSplitsTheCpusIntoReplicasUnlessThreadsArePinned) {
 TEST(Model, SecondsPerWindowStopsEarlyForHeavyModels) {
   ModelRunner r(cpuOptions(saveModule("timed", 3, 2, kConv)));
   r.probe(64, 64);
-  const double t = r.secondsPerWindow(64, 64, 10.0);
+  const double t = r.secondsPerWindow(64, 64, 2, 10.0);
   EXPECT_GT(t, 0);
   EXPECT_LT(t, 10.0);
-  EXPECT_GT(r.secondsPerWindow(64, 64, 0.0), 0) << "eight runs at most when none is under the bar";
+  EXPECT_GT(r.secondsPerWindow(64, 64, 2, 0.0), 0) << "eight runs at most when none is under the bar";
 }
 
-// The light-model check must not read a loaded machine as a heavy model: 20 busy threads share this thread's
-// core, so the graph executor's first (~5 ms) run lasts about 100 ms of wall time, five times the bar.
+// The light-model check must not read a loaded machine as a heavy model: 40 busy threads share this thread's
+// core, so the graph executor's first (~5 ms) run lasts about 200 ms of wall time, ten times the bar.
 TEST(Model, SecondsPerWindowCountsThisThreadsCpuTimeNotTheMachinesLoad) {
   ModelRunner r(cpuOptions(saveModule("timed_loaded", 3, 2, kConv)));
   r.probe(256, 256);
@@ -330,7 +330,7 @@ TEST(Model, SecondsPerWindowCountsThisThreadsCpuTimeNotTheMachinesLoad) {
   ASSERT_EQ(pthread_setaffinity_np(pthread_self(), sizeof one, &one), 0);
   std::atomic<bool> stop{false};
   std::vector<std::thread> busy;
-  for (int i = 0; i < 20; ++i)
+  for (int i = 0; i < 40; ++i)
     busy.emplace_back([&] {
       pthread_setaffinity_np(pthread_self(), sizeof one, &one);
       while (!stop.load(std::memory_order_relaxed)) {
@@ -338,7 +338,7 @@ TEST(Model, SecondsPerWindowCountsThisThreadsCpuTimeNotTheMachinesLoad) {
     });
   const auto t0 = std::chrono::steady_clock::now();
   const double bar = 0.02;
-  const double seconds = r.secondsPerWindow(256, 256, bar);
+  const double seconds = r.secondsPerWindow(256, 256, 1, bar);
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   stop = true;
   for (auto& t : busy) t.join();

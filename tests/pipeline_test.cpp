@@ -675,7 +675,11 @@ TEST_F(Pipeline, ReplicasWriteTheBytesOfOneThreadAndFailImagesAlone) {
         << kind;
   }
   auto light = defaults(0, root_ + "/out_light_default", "");
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  // (A sanitizer's allocator faults in fresh pages for every buffer it hands out: the light model's cost
+  // there is not the model's.)
   EXPECT_EQ(light["replicas"], 1);
+#endif
   EXPECT_EQ(light["threads"], 1);
 
   const std::string faulted = root_ + "/out_replicas_fault";
