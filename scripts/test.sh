@@ -20,6 +20,8 @@ if [ "${1:-}" = "--tsan" ]; then
   shift
 fi
 bash scripts/setup-deps.sh
+# One cache for every clone on this machine (CI builds a fresh clone each time): paths relative to the clone.
+export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
 build=build
 [ "$sanitize" = "address,undefined" ] && build=build-asan
 [ "$sanitize" = "thread" ] && build=build-tsan
