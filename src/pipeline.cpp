@@ -37,9 +37,9 @@ double secondsSince(Clock::time_point t0) {
 
 // Reading a window and stitching and writing its predictions take about 15 ns per window pixel of one
 // core (null model, 8192 px RGB tiled deflate TIFF, 2 channels out: 0.36 ms read + 0.57 ms output per 256 px
-// window). On 2 cores a null model (1x1 convolution, 2-3 ms per 256 px window on one thread) runs 1.56x
-// faster as one replica of one thread than as two replicas of one, the sample UNet (33 ms) 1.41x slower: the
-// bar sits between the two (8 ms at 256 px), far from both.
+// window). On 2 cores a null model (1x1 convolution, 0.4-2 ms per 256 px window on one thread) runs 1.56x
+// faster as one replica of one thread than as two replicas of one thread, and the sample UNet (33 ms) 1.41x
+// faster as two: the bar sits between the two (8 ms at 256 px), far from both.
 double lightModelSeconds(const GridSpec& spec) {
   return 8 * 15e-9 * double(spec.window_w) * double(spec.window_h);
 }
@@ -86,6 +86,7 @@ class InferJob {
   std::optional<Fault> fault_;
   std::unique_ptr<ModelRunner> model_;
   ForwardLayout layout_;
+  std::string cpu_blas_;  // cpuBlasName(), asked once
   std::unique_ptr<DistContext> dist_;
   std::unique_ptr<StepExchange> exchange_;
   ModelProbe probe_;
@@ -348,7 +349,7 @@ int InferJob::finishRun(std::optional<std::string> fatal, OutputStage* outputs) 
                        ttaName(tta_),
                        layout_.replicas,
                        layout_.threads,
-                       cpuBlasName()};
+                       cpu_blas_};
         nlohmann::json j = inferReport(run, catalog_, per_rank);
         writeJsonAtomically(o_.report, j);
         code = exitCodeOf(j);
@@ -371,6 +372,7 @@ int InferJob::finishRun(std::optional<std::string> fatal, OutputStage* outputs) 
 
 int InferJob::run() {
   start_ = Clock::now();
+  cpu_blas_ = cpuBlasName();
   world_ = joinWorld();
   validateOptions();
   fault_ = Fault::fromEnvironment();
@@ -388,9 +390,9 @@ int InferJob::run() {
   model_ = std::make_unique<ModelRunner>(mo);
   probe_ = model_->probe(spec_.window_w, spec_.window_h);
   if (o_.threads == 0 && o_.replicas == 0 && model_->device().is_cpu() && layout_.replicas > 1) {
-    const double per_window =
-        model_->secondsPerWindow(spec_.window_w, spec_.window_h, o_.batch_size, lightModelSeconds(spec_));
-    const bool light = per_window < lightModelSeconds(spec_);
+    const double bar = lightModelSeconds(spec_);
+    const double per_window = model_->secondsPerWindow(spec_.window_w, spec_.window_h, o_.batch_size, bar);
+    const bool light = per_window < bar;
     spdlog::debug("a window's forward takes {:.2f} ms: {}", per_window * 1e3,
                   light ? "light, one replica of one thread" : "replicas");
     if (light) {
@@ -455,8 +457,8 @@ int InferJob::run() {
         "x {} thread(s)",
         catalog_.images().size(), catalog_.totalWindows(), spec_.window_w, spec_.window_h, world_.world_size,
         steps, B, dist_->backendName(), precisionName(model_->precision()), model_->device().str(),
-        cpu ? " with " + cpuBlasName() : "", layout_.replicas, layout_.threads);
-    if (cpu && cpuBlasName() == kReferenceBlas)
+        cpu ? " with " + cpu_blas_ : "", layout_.replicas, layout_.threads);
+    if (cpu && cpu_blas_ == kReferenceBlas)
       spdlog::warn(
           "LibTorch calls the reference BLAS: convolutions lowered to matrix products run up to 1.8x slower "
           "than with OpenBLAS (Debian/Ubuntu: apt install libopenblas0-openmp)");
