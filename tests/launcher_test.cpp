@@ -353,8 +353,10 @@ TEST(Rendezvous, AFailureOnOneNodeRestartsEveryNodeTogether) {
       "--rdzv_endpoint 127.0.0.1:" + std::to_string(rdzv) + " sh -c '" + kHelper + " env " + dir +
       " && exec " + kHelper + " fail-first-attempt'";
   const pid_t a = startAgent("--node_rank 0 " + common, dir + "/a.log");
-  // Node 0 hosts the store (node 1, whose worker fails, must not: its agent may finish first).
-  for (int i = 0; i < 400 && portIsFree(rdzv); ++i) usleep(10000);
+  // Node 0 hosts the store (node 1, whose worker fails, must not: its agent may finish first). The wait
+  // connects and never binds: a probe that listened on the port for a moment once took it from node 0,
+  // which then joined the probe and lost it.
+  { StoreClient store("127.0.0.1", rdzv, std::chrono::seconds(20)); }
   const pid_t b = startAgent("--node_rank 1 " + common, dir + "/b.log");
   EXPECT_EQ(waitAgent(a), 0) << test::slurp(dir + "/a.log");
   EXPECT_EQ(waitAgent(b), 0) << test::slurp(dir + "/b.log");
