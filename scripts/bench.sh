@@ -154,16 +154,18 @@ if want scaling; then
 fi
 
 # The ceiling: a null model (1x1 convolution) on an 8192 px tiled deflate TIFF, where reading, exchange and
-# writing are all there is. 1 rank with default flags, 1 rank x 2 threads, 1 x 1, 2 x 1.
+# writing are all there is. 1 rank with default flags, the same reading on one thread (--read_threads 1, the
+# reading before the decode pool), 1 rank x 2 threads, 1 x 1, 2 x 1.
 if want ceiling; then
   img=$(image 8192)
   [ $quick = 1 ] && img=$(image 2048)
   for _ in $(seq "$runs"); do
     declare -A wall=() read_sum=()
-    for cfg in 1:default 1:2 1:1 2:1; do
+    for cfg in 1:default 1:read1 1:2 1:1 2:1; do
       n=${cfg%:*} t=${cfg#*:}
       threads=(--threads "$t")
       [ "$t" = default ] && threads=()
+      [ "$t" = read1 ] && threads=(--read_threads 1)
       rm -rf "$cache/out_ceiling"
       t0=$(now)
       "$bin/ctrun" --nproc_per_node "$n" --master_port 0 "$bin/tiler" -i "$img" -m "$tiny" -o "$cache/out_ceiling" \
@@ -179,6 +181,7 @@ if want ceiling; then
       emit "ceiling: null model, $n rank(s) x $t thread(s)" forward_seconds "$(max_field "$r" forward_seconds)"
       emit "ceiling: null model, $n rank(s) x $t thread(s)" gather_seconds "$(max_field "$r" gather_seconds)"
     done
+    emit "ceiling: wall 1 rank default / the same with --read_threads 1" ratio "$(ratio "${wall[1:default]}" "${wall[1:read1]}")"
     emit "ceiling: wall 2 x 1 / 1 rank default" ratio "$(ratio "${wall[2:1]}" "${wall[1:default]}")"
     emit "ceiling: wall 2 x 1 / 1 x 2" ratio "$(ratio "${wall[2:1]}" "${wall[1:2]}")"
     emit "ceiling: summed read seconds 2 x 1 / 1 x 2" ratio "$(ratio "${read_sum[2:1]}" "${read_sum[1:2]}")"

@@ -3,7 +3,8 @@
 #   scripts/test.sh              unit + e2e tests (gpu tests skip without a GPU)
 #   scripts/test.sh --sanitize   the same, built with TILER_SANITIZE=address,undefined in build-asan/
 #   scripts/test.sh --tsan       ThreadSanitizer (build-tsan/) over the suites of tiler's own threads: the
-#                                loader's read-ahead, the output stage and the pyramid's level thread
+#                                loader's read-ahead and read threads, the TIFF reader's shared tile cache,
+#                                the output stage and the pyramid's level thread
 #                                (LibTorch and gloo are not built with TSan, so the dist and exchange
 #                                tests drown in their false reports)
 #   scripts/test.sh -L unit      extra arguments go to ctest
@@ -16,7 +17,7 @@ if [ "${1:-}" = "--sanitize" ]; then sanitize="address,undefined"; shift; fi
 if [ "${1:-}" = "--tsan" ]; then
   sanitize="thread"
   targets=(--target loader_test outputs_test image_io_test)
-  tsan_filter=(-R "^(Loader|Outputs)\\.|Pyramid")
+  tsan_filter=(-R "^(Loader|Outputs)\\.|LoaderThreads|Pyramid|ImageReader\\.(Concurrent|ACorruptTileFails)")
   shift
 fi
 bash scripts/setup-deps.sh

@@ -8,15 +8,18 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <list>
+#include <memory>
 #include <mutex>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
+#include <thread>
 #include <unordered_map>
 
 #include "tiler/error.hpp"
@@ -286,9 +289,13 @@ bool selectPage(TIFF* tif, const TiffPage& page) {
                             : TIFFSetDirectory(tif, page.index) != 0;
 }
 
+// Reads tiles and strips through a cache of decoded chunks that every reading thread shares: a chunk is
+// decoded once, by the first thread that wants it, on a libtiff handle of that thread's own for the time
+// (a handle's codec state is not shareable); threads that want it meanwhile wait for it. So a rank's
+// read threads decode in parallel and never decode a tile twice while it is cached.
 class TiffReader final : public ImageReader {
  public:
-  explicit TiffReader(const std::string& path, TiffPage page = {}) {
+  explicit TiffReader(const std::string& path, TiffPage page = {}) : page_(page) {
     installTiffHandlers();
     info_.path = path;
     info_.format = "tiff";
@@ -307,16 +314,21 @@ class TiffReader final : public ImageReader {
       TIFFClose(tif_);
       throw;
     }
+    idle_handles_.push_back(tif_);  // the header's handle decodes too
   }
   ~TiffReader() override {
-    if (tif_) TIFFClose(tif_);
+    for (TIFF* tif : idle_handles_) TIFFClose(tif);
   }
 
   const ImageInfo& info() const override { return info_; }
 
   size_t cachedBytes() const override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    size_t bytes = cache_bytes_;
+    size_t bytes = 0;
+    {
+      std::lock_guard<std::mutex> lock(cache_mutex_);
+      bytes = cache_bytes_;
+    }
+    std::lock_guard<std::mutex> lock(levels_mutex_);
     for (const auto& level : level_readers_)
       if (level) bytes += level->cachedBytes();
     return bytes;
@@ -332,7 +344,6 @@ class TiffReader final : public ImageReader {
     cv::Mat out(int(r.h), int(r.w), CV_MAKETYPE(cvDepthOf(info_.type), info_.channels));
     const size_t px = bytesPerSample(info_.type) * size_t(info_.channels);
     const size_t sample = bytesPerSample(info_.type);
-    std::lock_guard<std::mutex> lock(mutex_);
     if (huge_uncompressed_strips_) {
       readScanlines(r, out);
       return out;
@@ -344,11 +355,11 @@ class TiffReader final : public ImageReader {
         const int64_t x0 = std::max(r.x, cx * cw), x1 = std::min(r.right(), (cx + 1) * cw);
         const int64_t y0 = std::max(r.y, cy * ch), y1 = std::min(r.bottom(), (cy + 1) * ch);
         for (int plane = 0; plane < planes; ++plane) {
-          const std::vector<uint8_t>& chunk = decodedChunk(cx, cy, plane);
+          const Chunk chunk = decodedChunk(cx, cy, plane);  // held: the cache may evict it meanwhile
           const size_t chunk_px = info_.planar_separate ? sample : px;
           for (int64_t y = y0; y < y1; ++y) {
             const uint8_t* src =
-                chunk.data() + (size_t(y - cy * ch) * size_t(cw) + size_t(x0 - cx * cw)) * chunk_px;
+                chunk->data() + (size_t(y - cy * ch) * size_t(cw) + size_t(x0 - cx * cw)) * chunk_px;
             uint8_t* dst = out.ptr<uint8_t>(int(y - r.y)) + size_t(x0 - r.x) * px;
             if (!info_.planar_separate) {
               std::memcpy(dst, src, size_t(x1 - x0) * px);
@@ -419,6 +430,7 @@ class TiffReader final : public ImageReader {
     if (photometric == PHOTOMETRIC_YCBCR) {
       TILER_CHECK(comp == COMPRESSION_JPEG, IoError,
                   "'" << p << "': YCbCr TIFF without JPEG compression is not supported");
+      ycbcr_jpeg_ = true;
       TIFFSetField(tif_, TIFFTAG_JPEGCOLORMODE, JPEGCOLORMODE_RGB);
     }
     const uint64_t px = bytesPerSample(info_.type) * (info_.planar_separate ? 1 : spp);
@@ -435,6 +447,7 @@ class TiffReader final : public ImageReader {
     } else {
       uint32_t rps = h;
       TIFFGetFieldDefaulted(tif_, TIFFTAG_ROWSPERSTRIP, &rps);
+      TILER_CHECK(rps > 0, IoError, "'" << p << "': zero rows per strip");
       info_.rows_per_strip = std::min<uint32_t>(rps, h);
       chunk_w_ = w;
       chunk_h_ = info_.rows_per_strip;
@@ -461,8 +474,13 @@ class TiffReader final : public ImageReader {
                   "'" << p << "': truncated: the image data ends at byte " << off + cnt
                       << " but the file has " << st.st_size << " bytes");
     }
-    const uint64_t tiles_across = (uint64_t(w) + chunk_w_ - 1) / uint64_t(chunk_w_);
-    const uint64_t row_bytes = tiles_across * chunk_bytes * (info_.planar_separate ? spp : 1);
+    chunks_across_ = (int64_t(w) + chunk_w_ - 1) / chunk_w_;
+    chunks_down_ = (int64_t(h) + chunk_h_ - 1) / chunk_h_;
+    TILER_CHECK(uint64_t(chunks_across_ * chunks_down_ * (info_.planar_separate ? spp : 1)) == chunks,
+                IoError,
+                "'" << p << "': " << chunks << " " << (info_.tiled ? "tiles" : "strips") << " for a " << w
+                    << "x" << h << " image of " << chunk_w_ << "x" << chunk_h_ << " chunks");
+    const uint64_t row_bytes = uint64_t(chunks_across_) * chunk_bytes * (info_.planar_separate ? spp : 1);
     cache_budget_ = size_t(std::clamp<uint64_t>(row_bytes * 5 / 2, uint64_t(16) << 20, uint64_t(512) << 20));
   }
 
@@ -519,77 +537,162 @@ class TiffReader final : public ImageReader {
     TILER_CHECK(level > 0 && size_t(level) <= level_pages_.size(), IoError,
                 "'" << info_.path << "': no resolution level " << level << " (it has "
                     << level_pages_.size() + 1 << ")");
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::mutex> lock(levels_mutex_);
     auto& reader = level_readers_[size_t(level - 1)];
     if (!reader) reader = std::make_unique<TiffReader>(info_.path, level_pages_[size_t(level - 1)]);
     return *reader;
   }
 
+  // A libtiff handle of the calling thread's own until the lease ends: an idle one, or a new one.
+  class HandleLease {
+   public:
+    explicit HandleLease(TiffReader& reader) : reader_(reader), tif_(reader.acquireHandle()) {}
+    ~HandleLease() { reader_.releaseHandle(tif_); }
+    HandleLease(const HandleLease&) = delete;
+    HandleLease& operator=(const HandleLease&) = delete;
+    TIFF* get() const { return tif_; }
+
+   private:
+    TiffReader& reader_;
+    TIFF* tif_;
+  };
+
+  TIFF* acquireHandle() {
+    {
+      std::lock_guard<std::mutex> lock(handles_mutex_);
+      if (!idle_handles_.empty()) {
+        TIFF* tif = idle_handles_.back();
+        idle_handles_.pop_back();
+        return tif;
+      }
+    }
+    t_tiff_error.clear();
+    TIFF* tif = TIFFOpen(info_.path.c_str(), kTiffReadMode);
+    if (tif == nullptr)
+      TILER_THROW(IoError, "'" << info_.path << "': cannot open it again for reading: " << takeTiffError());
+    if (!selectPage(tif, page_)) {
+      const std::string error = takeTiffError();
+      TIFFClose(tif);
+      TILER_THROW(IoError, "'" << info_.path << "': cannot read page " << page_.index << ": " << error);
+    }
+    if (ycbcr_jpeg_) TIFFSetField(tif, TIFFTAG_JPEGCOLORMODE, JPEGCOLORMODE_RGB);
+    return tif;
+  }
+
+  void releaseHandle(TIFF* tif) {
+    std::lock_guard<std::mutex> lock(handles_mutex_);
+    idle_handles_.push_back(tif);
+  }
+
   void readScanlines(const Rect& r, cv::Mat& out) {
+    const HandleLease tif(*this);
     const size_t px = bytesPerSample(info_.type) * size_t(info_.channels);
-    std::vector<uint8_t> line(size_t(TIFFScanlineSize64(tif_)));
+    std::vector<uint8_t> line(size_t(TIFFScanlineSize64(tif.get())));
     for (int64_t y = r.y; y < r.bottom(); ++y) {
-      if (TIFFReadScanline(tif_, line.data(), uint32_t(y), 0) < 0)
+      if (TIFFReadScanline(tif.get(), line.data(), uint32_t(y), 0) < 0)
         TILER_THROW(IoError, "'" << info_.path << "': TIFFReadScanline failed at row " << y << ": "
                                  << takeTiffError());
       std::memcpy(out.ptr<uint8_t>(int(y - r.y)), line.data() + size_t(r.x) * px, size_t(r.w) * px);
     }
   }
 
-  // The decoded tile/strip (cx, cy) of `plane`, through the LRU cache. Caller holds mutex_.
-  const std::vector<uint8_t>& decodedChunk(int64_t cx, int64_t cy, int plane) {
-    uint32_t index;
-    if (info_.tiled) {
-      index = TIFFComputeTile(tif_, uint32_t(cx * chunk_w_), uint32_t(cy * chunk_h_), 0, uint16_t(plane));
-    } else {
-      index = TIFFComputeStrip(tif_, uint32_t(cy * chunk_h_), uint16_t(plane));
+  using Chunk = std::shared_ptr<const std::vector<uint8_t>>;
+
+  // The decoded tile/strip (cx, cy) of `plane`, through the shared cache.
+  Chunk decodedChunk(int64_t cx, int64_t cy, int plane) {
+    // libtiff's TIFFComputeTile / TIFFComputeStrip for 2-D images, without touching a handle.
+    const auto index = uint32_t((int64_t(plane) * chunks_down_ + cy) * chunks_across_ + cx);
+    {
+      std::unique_lock<std::mutex> lock(cache_mutex_);
+      for (;;) {
+        auto it = cache_.find(index);
+        if (it == cache_.end()) {
+          cache_[index];  // claimed: this thread decodes it
+          break;
+        }
+        if (it->second.data) {
+          lru_.splice(lru_.begin(), lru_, it->second.lru_pos);
+          return it->second.data;
+        }
+        chunk_decoded_.wait(lock);  // another thread is decoding it
+      }
     }
-    auto it = cache_.find(index);
-    if (it != cache_.end()) {
-      lru_.splice(lru_.begin(), lru_, it->second.lru_pos);
-      return it->second.data;
+    Chunk data;
+    try {
+      data = decodeChunk(index, cx, cy);
+    } catch (...) {
+      {
+        std::lock_guard<std::mutex> lock(cache_mutex_);
+        cache_.erase(index);  // a waiting thread tries for itself
+      }
+      chunk_decoded_.notify_all();
+      throw;
     }
+    {
+      std::lock_guard<std::mutex> lock(cache_mutex_);
+      // Each reading thread walks its own part of the image (a batch's windows are split in runs): the budget
+      // is per thread, or two threads evict each other's tiles and decode nearly every tile twice.
+      const auto self = std::this_thread::get_id();
+      if (reading_threads_.size() < kMaxBudgetThreads &&
+          std::find(reading_threads_.begin(), reading_threads_.end(), self) == reading_threads_.end())
+        reading_threads_.push_back(self);
+      const size_t budget = cache_budget_ * std::max<size_t>(1, reading_threads_.size());
+      while (cache_bytes_ + data->size() > budget && !lru_.empty()) {
+        auto victim = cache_.find(lru_.back());
+        cache_bytes_ -= victim->second.data->size();
+        cache_.erase(victim);
+        lru_.pop_back();
+      }
+      lru_.push_front(index);
+      cache_bytes_ += data->size();
+      CacheEntry& entry = cache_[index];
+      entry.data = data;
+      entry.lru_pos = lru_.begin();
+    }
+    chunk_decoded_.notify_all();
+    return data;
+  }
+
+  Chunk decodeChunk(uint32_t index, int64_t cx, int64_t cy) {
     const size_t px = bytesPerSample(info_.type) * (info_.planar_separate ? 1 : size_t(info_.channels));
-    std::vector<uint8_t> data(size_t(chunk_w_) * size_t(chunk_h_) * px);
+    auto data = std::make_shared<std::vector<uint8_t>>(size_t(chunk_w_) * size_t(chunk_h_) * px);
+    const HandleLease tif(*this);
     t_tiff_error.clear();
-    tmsize_t got = info_.tiled ? TIFFReadEncodedTile(tif_, index, data.data(), tmsize_t(data.size()))
-                               : TIFFReadEncodedStrip(tif_, index, data.data(), tmsize_t(data.size()));
+    tmsize_t got = info_.tiled ? TIFFReadEncodedTile(tif.get(), index, data->data(), tmsize_t(data->size()))
+                               : TIFFReadEncodedStrip(tif.get(), index, data->data(), tmsize_t(data->size()));
     if (got < 0) {
       TILER_THROW(IoError, "'" << info_.path << "': " << (info_.tiled ? "TIFFReadTile" : "TIFFReadStrip")
                                << " failed at " << (info_.tiled ? "tile (" : "strip (") << cx << "," << cy
                                << "): " << takeTiffError());
     }
-    while (cache_bytes_ + data.size() > cache_budget_ && !lru_.empty()) {
-      auto victim = cache_.find(lru_.back());
-      cache_bytes_ -= victim->second.data.size();
-      cache_.erase(victim);
-      lru_.pop_back();
-    }
-    lru_.push_front(index);
-    cache_bytes_ += data.size();
-    auto& entry = cache_[index];
-    entry.data = std::move(data);
-    entry.lru_pos = lru_.begin();
-    return entry.data;
+    return data;
   }
 
   struct CacheEntry {
-    std::vector<uint8_t> data;
+    Chunk data;  // null while a thread decodes it
     std::list<uint32_t>::iterator lru_pos;
   };
 
   ImageInfo info_;
-  TIFF* tif_ = nullptr;  // owned; guarded by mutex_
-  mutable std::mutex mutex_;
-  int64_t chunk_w_ = 0, chunk_h_ = 0;
+  TiffPage page_;
+  TIFF* tif_ = nullptr;  // the header's handle (constructor only; then one of idle_handles_)
+  bool ycbcr_jpeg_ = false;
+  int64_t chunk_w_ = 0, chunk_h_ = 0, chunks_across_ = 0, chunks_down_ = 0;
   bool huge_uncompressed_strips_ = false;
-  size_t cache_budget_ = 16 << 20;
-  size_t cache_bytes_ = 0;
-  std::unordered_map<uint32_t, CacheEntry> cache_;
-  std::list<uint32_t> lru_;  // most recent first
+  std::mutex handles_mutex_;
+  std::vector<TIFF*> idle_handles_;  // owned; guarded by handles_mutex_
+  mutable std::mutex cache_mutex_;
+  std::condition_variable chunk_decoded_;
+  size_t cache_budget_ = 16 << 20;                  // per reading thread
+  size_t cache_bytes_ = 0;                          // guarded by cache_mutex_
+  std::unordered_map<uint32_t, CacheEntry> cache_;  // guarded by cache_mutex_
+  std::list<uint32_t> lru_;  // decoded chunks, most recent first; guarded by cache_mutex_
+  static constexpr size_t kMaxBudgetThreads = 8;
+  std::vector<std::thread::id> reading_threads_;  // the first kMaxBudgetThreads; guarded by cache_mutex_
   uint16_t level0_spp_ = 1, level0_bps_ = 1;
-  std::vector<TiffPage> level_pages_;                       // levels 1.. (level 0 reader only)
-  std::vector<std::unique_ptr<TiffReader>> level_readers_;  // opened on first read; guarded by mutex_
+  std::vector<TiffPage> level_pages_;  // levels 1.. (level 0 reader only)
+  mutable std::mutex levels_mutex_;
+  std::vector<std::unique_ptr<TiffReader>> level_readers_;  // opened on first read; guarded by levels_mutex_
 };
 
 class OpenCvReader final : public ImageReader {

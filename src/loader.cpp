@@ -44,18 +44,83 @@ void windowToModelInput(const cv::Mat& window, ChannelAdapt adapt, float* dst) {
   cv::mixChannels(&values, 1, &out, 1, adapt == ChannelAdapt::kRepeatGray ? gray : rgb, 3);
 }
 
-ImageReader& ReaderCache::get(const std::string& path, const ProcessingResolution& resolution) {
+ParallelFor::ParallelFor(int threads) {
+  for (int i = 1; i < threads; ++i) helpers_.emplace_back([this] { helperLoop(); });
+}
+
+ParallelFor::~ParallelFor() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  for (auto& t : helpers_) t.join();
+}
+
+void ParallelFor::take(const std::function<void(int64_t)>& fn, int64_t count) {
+  // Contiguous parts, one a thread: neighbouring windows share input tiles, and a tile two threads want at
+  // once is decoded by one while the other waits.
+  const int64_t parts = threads();
+  for (int64_t part = next_.fetch_add(1); part < parts; part = next_.fetch_add(1))
+    for (int64_t i = part * count / parts; i < (part + 1) * count / parts; ++i) fn(i);
+}
+
+void ParallelFor::run(int64_t count, const std::function<void(int64_t)>& fn) {
+  if (helpers_.empty() || count <= 1) {
+    for (int64_t i = 0; i < count; ++i) fn(i);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    fn_ = &fn;
+    count_ = count;
+    next_ = 0;
+    busy_ = int(helpers_.size());
+    ++generation_;
+  }
+  wake_.notify_all();
+  take(fn, count);
+  std::unique_lock<std::mutex> lock(mutex_);
+  done_.wait(lock, [&] { return busy_ == 0; });
+  fn_ = nullptr;
+}
+
+void ParallelFor::helperLoop() {
+  int64_t seen = 0;
+  for (;;) {
+    const std::function<void(int64_t)>* fn = nullptr;
+    int64_t count = 0;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [&] { return stopping_ || generation_ != seen; });
+      if (stopping_) return;
+      seen = generation_;
+      fn = fn_;
+      count = count_;
+    }
+    take(*fn, count);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (--busy_ == 0) done_.notify_all();
+  }
+}
+
+std::shared_ptr<ImageReader> ReaderCache::shared(const std::string& path,
+                                                 const ProcessingResolution& resolution) {
   const Key key{path, resolution.level, resolution.factor};
   auto it = readers_.find(key);
-  if (it != readers_.end()) return *it->second;
+  if (it != readers_.end()) return it->second;
   if (readers_.size() >= capacity_) readers_.clear();
-  auto reader = atResolution(ImageReader::open(path), resolution);
-  return *readers_.emplace(key, std::move(reader)).first->second;
+  std::shared_ptr<ImageReader> reader = atResolution(ImageReader::open(path), resolution);
+  return readers_.emplace(key, std::move(reader)).first->second;
 }
 
 WindowLoader::WindowLoader(const WindowCatalog& catalog, GridSpec spec, LoaderOptions options,
                            std::vector<SampleSlot> slots, int64_t steps)
-    : catalog_(catalog), spec_(spec), options_(std::move(options)), slots_(std::move(slots)) {
+    : catalog_(catalog),
+      spec_(spec),
+      options_(std::move(options)),
+      slots_(std::move(slots)),
+      reads_(std::max(1, options_.read_threads)) {
   ahead_ = std::make_unique<ReadAhead<WindowBatch>>(steps, options_.depth, [this](int64_t step) {
     const c10::DeviceGuard device(options_.device);
     return assemble(step);
@@ -81,6 +146,9 @@ WindowBatch WindowLoader::assemble(int64_t step) {
   batch.scales = torch::ones({B}, torch::kFloat32);
   batch.meta = torch::full({B, 2}, int64_t(-1), torch::kInt64);
   auto meta = batch.meta.accessor<int64_t, 2>();
+  // Serial: which slots to read, with which reader (in slot order, as the fault hook counts them).
+  std::vector<std::optional<SlotRead>> reads(static_cast<size_t>(B));
+  bool dropped = false;
   for (int64_t j = 0; j < B; ++j) {
     const int64_t pos = step * B + j;
     meta[j][1] = kSlotPadded;
@@ -94,6 +162,13 @@ WindowBatch WindowLoader::assemble(int64_t step) {
       continue;
     }
     const CatalogImage& img = catalog_.image(image_id);
+    if (!dropped) {
+      readers_.dropBefore(img.input);  // the shard walks the global order: earlier images are done
+      dropped = true;
+    }
+    SlotRead& read = reads[size_t(j)].emplace();
+    read.image_id = image_id;
+    read.local = local;
     try {
       ++windows_read_;
       if (options_.fault && !fault_fired_ && options_.fault->kind == "throw" &&
@@ -101,19 +176,43 @@ WindowBatch WindowLoader::assemble(int64_t step) {
         fault_fired_ = true;
         options_.fault->trigger("while reading '" + img.input + "'");
       }
-      readers_.dropBefore(img.input);  // the shard walks the global order: earlier images are done
-      ImageReader& reader = readers_.get(img);
-      windowToModelInput(readWindow(reader, img.grid, local, options_.pad, options_.cval), img.adapt,
-                         batch.pixels[j].data_ptr<float>());
+      read.reader = readers_.shared(img.input, img.resolution);
+    } catch (...) {
+      read.error = std::current_exception();
+    }
+  }
+  // Parallel: the windows' pixels, each into its own slot.
+  float* pixels = batch.pixels.data_ptr<float>();
+  reads_.run(B, [&](int64_t j) {
+    auto& read = reads[size_t(j)];
+    if (!read || read->error) return;
+    const CatalogImage& img = catalog_.image(read->image_id);
+    try {
+      windowToModelInput(readWindow(*read->reader, img.grid, read->local, options_.pad, options_.cval),
+                         img.adapt, pixels + j * H * W * C);
+    } catch (...) {
+      read->error = std::current_exception();
+    }
+  });
+  // Serial, in slot order: an image's first failure fails it, its later slots are skipped.
+  for (int64_t j = 0; j < B; ++j) {
+    auto& read = reads[size_t(j)];
+    if (!read) continue;
+    const CatalogImage& img = catalog_.image(read->image_id);
+    if (skipped(read->image_id)) {
+      meta[j][1] = kSlotSkipped;
+      batch.pixels[j].zero_();
+    } else if (read->error) {
+      meta[j][1] = kSlotFailed;
+      batch.failures.emplace_back(read->image_id,
+                                  errorRankPrefix() + describeImageException(read->error, img.input));
+      skipImage(read->image_id);
+      read->reader.reset();
+      readers_.drop(img.input);
+    } else {
       batch.scales[j] = float(img.scale);
       meta[j][1] = kSlotOk;
       ++batch.valid;
-    } catch (...) {
-      meta[j][1] = kSlotFailed;
-      batch.failures.emplace_back(
-          image_id, errorRankPrefix() + describeImageException(std::current_exception(), img.input));
-      skipImage(image_id);
-      readers_.drop(img.input);
     }
   }
   batch.read_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

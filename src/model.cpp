@@ -107,6 +107,12 @@ ForwardLayout chooseForwardLayout(int threads_flag, int replicas_flag, bool cuda
   return layout;
 }
 
+int chooseReadThreads(int read_threads_flag, const ForwardLayout& layout, bool cuda, int cpus) {
+  if (read_threads_flag > 0) return read_threads_flag;
+  const int free_cpus = cuda ? cpus : cpus - layout.replicas * layout.threads;
+  return std::clamp(free_cpus, 1, kMaxAutoReadThreads);
+}
+
 Activation parseActivation(const std::string& name) {
   if (name == "none") return Activation::kNone;
   if (name == "softmax") return Activation::kSoftmax;

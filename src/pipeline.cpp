@@ -86,6 +86,7 @@ class InferJob {
   std::optional<Fault> fault_;
   std::unique_ptr<ModelRunner> model_;
   ForwardLayout layout_;
+  int read_threads_ = 1;
   std::string cpu_blas_;  // cpuBlasName(), asked once
   std::unique_ptr<DistContext> dist_;
   std::unique_ptr<StepExchange> exchange_;
@@ -111,6 +112,9 @@ void InferJob::validateOptions() {
               "--tta d4 rotates windows, so they must be square; got --window " << o_.window);
   TILER_CHECK(o_.batch_size >= 1, ConfigError, "--batch_size must be >= 1");
   TILER_CHECK(o_.prefetch >= 1, ConfigError, "--prefetch must be >= 1");
+  TILER_CHECK(
+      o_.read_threads >= 0, ConfigError,
+      "--read_threads must be >= 0 (0: the CPUs the forward leaves, up to " << kMaxAutoReadThreads << ")");
   TILER_CHECK(o_.timeout > 0, ConfigError, "--timeout must be > 0");
   TILER_CHECK(o_.on_error == "skip" || o_.on_error == "abort", ConfigError,
               "--on_error must be skip or abort");
@@ -349,6 +353,7 @@ int InferJob::finishRun(std::optional<std::string> fatal, OutputStage* outputs) 
                        ttaName(tta_),
                        layout_.replicas,
                        layout_.threads,
+                       read_threads_,
                        cpu_blas_};
         nlohmann::json j = inferReport(run, catalog_, per_rank);
         writeJsonAtomically(o_.report, j);
@@ -400,6 +405,8 @@ int InferJob::run() {
       at::set_num_threads(layout_.threads);
     }
   }
+  read_threads_ =
+      chooseReadThreads(o_.read_threads, layout_, model_->device().is_cuda(), defaultIntraOpThreads());
   const size_t named = classes_.size();
   const int label_classes = labelClassCount(probe_.output_channels);
   TILER_CHECK(named == 0 || int(named) == label_classes, ConfigError,
@@ -453,11 +460,10 @@ int InferJob::run() {
     const bool cpu = model_->device().is_cpu();
     spdlog::info(
         "{} image(s), {} windows of {}x{} on {} rank(s), {} step(s) of batch {}, {} {} on {}{}, {} "
-        "replica(s) "
-        "x {} thread(s)",
+        "replica(s) x {} thread(s), {} read thread(s)",
         catalog_.images().size(), catalog_.totalWindows(), spec_.window_w, spec_.window_h, world_.world_size,
         steps, B, dist_->backendName(), precisionName(model_->precision()), model_->device().str(),
-        cpu ? " with " + cpu_blas_ : "", layout_.replicas, layout_.threads);
+        cpu ? " with " + cpu_blas_ : "", layout_.replicas, layout_.threads, read_threads_);
     if (cpu && cpu_blas_ == kReferenceBlas)
       spdlog::warn(
           "LibTorch calls the reference BLAS: convolutions lowered to matrix products run up to 1.8x slower "
@@ -470,6 +476,7 @@ int InferJob::run() {
   lo.pad = pad_;
   lo.cval = o_.cval;
   lo.depth = size_t(o_.prefetch);
+  lo.read_threads = read_threads_;
   lo.pinned = model_->device().is_cuda();
   lo.device = model_->device();
   lo.rank = world_.rank;

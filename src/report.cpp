@@ -41,6 +41,7 @@ nlohmann::json inferReport(const RunSummary& run, const WindowCatalog& catalog,
   j["output_scale"] = run.output_scale;
   j["tta"] = run.tta;
   j["replicas"] = run.replicas;
+  j["read_threads"] = run.read_threads;
   j["threads"] = run.threads;
   j["cpu_blas"] = run.cpu_blas;
   j["per_rank"] = nlohmann::json::array();

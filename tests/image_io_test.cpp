@@ -4,8 +4,10 @@
 #include <tiffio.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 #include <random>
@@ -270,6 +272,35 @@ TEST(ImageReader, TileCacheIsBoundedAndReused) {
   EXPECT_GE(wr->cachedBytes(), size_t(2 * 64 * 4096 * 3)) << "at least two rows of tiles stay";
 }
 
+// Two threads each walking their own half of an image (as a batch's read threads do) keep their own rows
+// of tiles: with one budget for both, each evicted the other's tiles and nearly every tile was decoded twice.
+TEST(ImageReader, EachReadingThreadKeepsItsOwnRowsOfTiles) {
+  // 2.5 rows of 64 px tiles of a 65536 px wide u8 image: 10 MiB, below the 16 MiB floor of a budget; one
+  // thread's budget is 16 MiB = 4 rows.
+  const int width = 65536, tile = 64;
+  const size_t row = size_t(width) * tile;
+  cv::Mat img(tile * 8, width, CV_8UC1, cv::Scalar(7));
+  auto path = tempPath("budget_threads.tif");
+  writeTiff(path, img, true, COMPRESSION_ADOBE_DEFLATE, false, false, tile);
+  auto reader = ImageReader::open(path);
+  auto walk = [&](int first_row) {
+    for (int y = first_row; y < first_row + 4; ++y) reader->readRegion({0, int64_t(y) * tile, width, tile});
+  };
+  // The first thread stays alive while the second reads (a finished thread's id may be reused).
+  std::promise<void> walked, release;
+  std::thread first([&] {
+    walk(0);
+    walked.set_value();
+    release.get_future().wait();
+  });
+  walked.get_future().wait();
+  EXPECT_LE(reader->cachedBytes(), size_t(16) << 20) << "one thread: one budget";
+  std::thread(walk, 4).join();
+  release.set_value();
+  first.join();
+  EXPECT_EQ(reader->cachedBytes(), 8 * row) << "two threads: both halves stay";
+}
+
 // Inputs are read, not memory-mapped: no page of the file is in the process's address space while a reader
 // holds it (mapped input pages would count in its resident memory).
 TEST(ImageReader, TiffInputsAreNotMemoryMapped) {
@@ -326,16 +357,43 @@ TEST(ImageReader, TruncatedTiffFailsClearly) {
   expectIoError(cut, "not a readable TIFF");
 }
 
-TEST(ImageReader, CorruptTileIsAnIoErrorNotACrash) {
-  cv::Mat img = randomImage(128, 128, CV_8UC1, 2);
-  auto path = tempPath("corrupt.tif");
+// A 128 px deflate TIFF of 64 px tiles whose tile (0,0) is overwritten with junk.
+std::string writeCorruptTiff(const std::string& name, const cv::Mat& img) {
+  auto path = tempPath(name);
   writeTiff(path, img, true, COMPRESSION_ADOBE_DEFLATE, false, false, 64);
   std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
   f.seekp(16);
   std::string junk(200, '\xAB');
   f.write(junk.data(), std::streamsize(junk.size()));
-  f.close();
-  expectIoError(path, "failed at tile (0,0)");
+  return path;
+}
+
+TEST(ImageReader, CorruptTileIsAnIoErrorNotACrash) {
+  expectIoError(writeCorruptTiff("corrupt.tif", randomImage(128, 128, CV_8UC1, 2)), "failed at tile (0,0)");
+}
+
+// Threads that want the same corrupt tile at once each get the error (none waits for ever on the thread
+// that tried first), and the file's good tiles still read on every thread.
+TEST(ImageReader, ACorruptTileFailsEveryThreadThatWantsItAndTheRestStillRead) {
+  cv::Mat img = randomImage(128, 128, CV_8UC1, 2);
+  auto reader = ImageReader::open(writeCorruptTiff("corrupt_threads.tif", img));
+  std::atomic<int> failed{0}, good{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 6; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 20; ++i) {
+        try {
+          reader->readRegion({0, 0, 70, 70});  // tiles (0,0) to (1,1)
+        } catch (const IoError& e) {
+          if (std::string(e.what()).find("failed at tile (0,0)") != std::string::npos) ++failed;
+        }
+        if (equalMats(reader->readRegion({64, 64, 64, 64}), img(cv::Rect(64, 64, 64, 64)))) ++good;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failed.load(), 6 * 20);
+  EXPECT_EQ(good.load(), 6 * 20);
 }
 
 TEST(ImageReader, AbsurdHeaderFailsFastWithoutAllocating) {

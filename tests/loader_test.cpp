@@ -6,7 +6,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include "test_util.hpp"
@@ -126,23 +129,34 @@ TEST(Loader, ReadAheadStopsWithoutProducingTheRest) {
   EXPECT_LT(produced.load(), 10) << "stop() left the producer running";
 }
 
-TEST(Loader, AFailingImageFailsItsSlotsOnly) {
-  const std::string dir = test::scratchDir("loader");
-  writeImage(dir + "/a.tif", cv::Mat(64, 64, CV_8UC3, cv::Scalar(10, 20, 30)), SampleType::kU8);
-  writeImage(dir + "/b.tif", cv::Mat(64, 64, CV_8UC3, cv::Scalar(1, 2, 3)), SampleType::kU8);
+// The catalog of every image in `dir`, windows without overlap, and a slot for each of its windows.
+std::pair<WindowCatalog, std::vector<SampleSlot>> catalogOf(const std::string& dir, const GridSpec& spec,
+                                                            int channels) {
   InferCatalogOptions co;
   co.inputs = {dir};
   co.output_dir = dir + "/out";
-  const GridSpec spec{32, 32, 0.0, 0.0};
   WindowCatalog catalog =
-      buildInferCatalog(co, CatalogSpec{spec, 3, Scale{}, 0.0, MaskSpec{}, ResolutionSpec{}});
+      buildInferCatalog(co, CatalogSpec{spec, channels, Scale{}, 0.0, MaskSpec{}, ResolutionSpec{}});
+  std::vector<SampleSlot> slots;
+  for (int64_t i = 0; i < catalog.totalWindows(); ++i) slots.push_back({i, false});
+  return {std::move(catalog), std::move(slots)};
+}
+
+// Read threads: 1 (the read-ahead thread alone) or 3 (two helpers); the batches must not differ.
+class LoaderThreads : public ::testing::TestWithParam<int> {};
+
+TEST_P(LoaderThreads, AFailingImageFailsItsSlotsOnly) {
+  const std::string dir = test::scratchDir("loader");
+  writeImage(dir + "/a.tif", cv::Mat(64, 64, CV_8UC3, cv::Scalar(10, 20, 30)), SampleType::kU8);
+  writeImage(dir + "/b.tif", cv::Mat(64, 64, CV_8UC3, cv::Scalar(1, 2, 3)), SampleType::kU8);
+  const GridSpec spec{32, 32, 0.0, 0.0};
+  auto [catalog, slots] = catalogOf(dir, spec, 3);
   ASSERT_EQ(catalog.totalWindows(), 8);
   // a.tif disappears after planning: reading its windows fails; b.tif's still load.
   fs::remove(dir + "/a.tif");
-  std::vector<SampleSlot> slots;
-  for (int64_t i = 0; i < 8; ++i) slots.push_back({i, false});
   LoaderOptions lo;
   lo.batch_size = 8;
+  lo.read_threads = GetParam();
   WindowLoader loader(catalog, spec, lo, slots, 1);
   auto batch = loader.next();
   ASSERT_TRUE(batch);
@@ -155,7 +169,67 @@ TEST(Loader, AFailingImageFailsItsSlotsOnly) {
   EXPECT_EQ(batch->failures[0].first, 0);
   EXPECT_NE(batch->failures[0].second.find("a.tif"), std::string::npos) << batch->failures[0].second;
   EXPECT_FLOAT_EQ(batch->pixels[4][0][0][2].item<float>(), 3.f);
+  EXPECT_EQ(batch->pixels.slice(0, 1, 4).abs().sum().item<float>(), 0.f) << "skipped slots hold no pixels";
   removeTree(dir);
+}
+
+// A batch that spans more images than the reader cache holds (8): readers the cache closes mid-batch stay
+// open for the windows that still read them, and every window holds its own image's pixels.
+TEST_P(LoaderThreads, ABatchOverMoreImagesThanTheReaderCacheHolds) {
+  const std::string dir = test::scratchDir("loader_many");
+  const int images = 13;
+  for (int i = 0; i < images; ++i) {
+    char name[32];
+    std::snprintf(name, sizeof name, "/im%02d.tif", i);
+    writeImage(dir + name, cv::Mat(40, 40, CV_8UC1, cv::Scalar(i + 1)), SampleType::kU8);
+  }
+  const GridSpec spec{32, 32, 0.0, 0.0};
+  auto [catalog, slots] = catalogOf(dir, spec, 1);
+  const int64_t per_image = catalog.totalWindows() / images;
+  LoaderOptions lo;
+  lo.batch_size = catalog.totalWindows();
+  lo.input_channels = 1;
+  lo.read_threads = GetParam();
+  WindowLoader loader(catalog, spec, lo, slots, 1);
+  auto batch = loader.next();
+  ASSERT_TRUE(batch);
+  EXPECT_EQ(batch->valid, catalog.totalWindows());
+  EXPECT_TRUE(batch->failures.empty());
+  for (int64_t j = 0; j < catalog.totalWindows(); ++j) {
+    const float want = float(j / per_image + 1);
+    // The window's pixels inside the image (windows at the right and bottom edges are padded with 0).
+    EXPECT_EQ(batch->pixels[j][0][0][0].item<float>(), want) << "slot " << j;
+  }
+  removeTree(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Threads, LoaderThreads, ::testing::Values(1, 3),
+                         [](const auto& info) { return std::to_string(info.param) + "_read_threads"; });
+
+// Every index once, on several threads, job after job; a pool of one runs on the caller alone.
+TEST(Loader, ParallelForRunsEveryIndexOnceOnItsThreads) {
+  for (int threads : {1, 3}) {
+    ParallelFor pool(threads);
+    EXPECT_EQ(pool.threads(), threads);
+    for (int job = 0; job < 50; ++job) {
+      const int64_t count = job % 7;
+      std::vector<std::atomic<int>> hits(size_t(count) + 1);
+      std::mutex mutex;
+      std::set<std::thread::id> ran_on;
+      pool.run(count, [&](int64_t i) {
+        hits[size_t(i)]++;
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+        std::lock_guard<std::mutex> lock(mutex);
+        ran_on.insert(std::this_thread::get_id());
+      });
+      for (int64_t i = 0; i < count; ++i)
+        EXPECT_EQ(hits[size_t(i)].load(), 1) << "job " << job << " index " << i;
+      EXPECT_LE(int(ran_on.size()), threads);
+      if (threads == 1 && count > 0) {
+        EXPECT_EQ(*ran_on.begin(), std::this_thread::get_id());
+      }
+    }
+  }
 }
 
 }  // namespace

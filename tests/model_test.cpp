@@ -308,6 +308,16 @@ TEST(Model, ForwardLayoutSplitsTheCpusIntoReplicasUnlessThreadsArePinned) {
   EXPECT_EQ(light(0, 2, 8), P(2, 4));
 }
 
+TEST(Model, ReadThreadsTakeTheCpusTheForwardLeaves) {
+  EXPECT_EQ(chooseReadThreads(3, ForwardLayout{2, 1}, false, 2), 3) << "the flag wins";
+  EXPECT_EQ(chooseReadThreads(0, ForwardLayout{2, 1}, false, 2), 1) << "replicas on every core: one";
+  EXPECT_EQ(chooseReadThreads(0, ForwardLayout{1, 1}, false, 2), 1);
+  EXPECT_EQ(chooseReadThreads(0, ForwardLayout{1, 1}, false, 4), 3) << "a light model leaves 3 cores";
+  EXPECT_EQ(chooseReadThreads(0, ForwardLayout{4, 4}, false, 16), 1);
+  EXPECT_EQ(chooseReadThreads(0, ForwardLayout{1, 16}, true, 16), kMaxAutoReadThreads) << "CUDA: the CPUs";
+  EXPECT_EQ(chooseReadThreads(0, ForwardLayout{1, 2}, true, 2), 2);
+}
+
 TEST(Model, SecondsPerWindowStopsEarlyForHeavyModels) {
   ModelRunner r(cpuOptions(saveModule("timed", 3, 2, kConv)));
   r.probe(64, 64);

@@ -696,6 +696,20 @@ TEST_F(Pipeline, ReplicasWriteTheBytesOfOneThreadAndFailImagesAlone) {
   EXPECT_TRUE(partialFiles(faulted).empty());
 }
 
+// The read threads of a rank (one, or the loader thread and two helpers) write the bytes of the default.
+TEST_F(Pipeline, ReadThreadsWriteTheSameBytes) {
+  const std::string ref = reference();
+  EXPECT_EQ(report(ref)["read_threads"],
+            chooseReadThreads(0, ForwardLayout{1, 1}, false, defaultIntraOpThreads()));
+  for (int threads : {1, 3}) {
+    const std::string out = root_ + "/out_read_threads" + std::to_string(threads);
+    auto r = run(tilerArgs(out, "--read_threads " + std::to_string(threads)));
+    ASSERT_EQ(r.code, 0) << r.output;
+    expectSameOutputs(ref, out);
+    EXPECT_EQ(report(out)["read_threads"], threads);
+  }
+}
+
 // Debian's reference BLAS (libblas3) first on the library path: the start-up warns, the report names it.
 TEST_F(Pipeline, AReferenceBlasIsNamedAndWarnedAbout) {
   std::string reference;

@@ -1,5 +1,7 @@
 // loader: the window loader. Readers (one per image a thread is inside), window reads with padding, batch
-// assembly into the model's raw input layout, and a read-ahead thread feeding a bounded queue.
+// assembly into the model's raw input layout, and a read-ahead thread feeding a bounded queue; that thread
+// and `read_threads - 1` helpers read a batch's windows side by side (readers are thread safe, and a TIFF
+// tile two windows share is decoded once).
 // Promise: ReadAhead produces items in order on its own thread; stop() (or the destructor) returns within
 // one item, and an exception in the producer reaches the consumer at next(). WindowLoader reads only this
 // rank's windows, turns any exception while reading one window (libtiff, OpenCV, bad_alloc, ...) into a
@@ -78,14 +80,45 @@ cv::Mat readWindow(ImageReader& reader, const WindowGrid& grid, int64_t local_in
 // (window.rows x window.cols x model channels).
 void windowToModelInput(const cv::Mat& window, ChannelAdapt adapt, float* dst);
 
+// Runs fn(0), ..., fn(count - 1) on the calling thread and `threads - 1` helper threads of its own, each
+// thread a contiguous part, and returns when every call has returned. fn must not throw. One caller at a
+// time.
+class ParallelFor {
+ public:
+  explicit ParallelFor(int threads);
+  ~ParallelFor();
+  ParallelFor(const ParallelFor&) = delete;
+  ParallelFor& operator=(const ParallelFor&) = delete;
+  void run(int64_t count, const std::function<void(int64_t)>& fn);
+  int threads() const { return int(helpers_.size()) + 1; }
+
+ private:
+  void helperLoop();
+  void take(const std::function<void(int64_t)>& fn, int64_t count);
+
+  std::mutex mutex_;
+  std::condition_variable wake_, done_;
+  const std::function<void(int64_t)>* fn_ = nullptr;  // the running job; guarded by mutex_
+  int64_t count_ = 0;                                 // guarded by mutex_
+  int64_t generation_ = 0;                            // jobs started; guarded by mutex_
+  int busy_ = 0;                                      // helpers still on the job; guarded by mutex_
+  bool stopping_ = false;                             // guarded by mutex_
+  std::atomic<int64_t> next_{0};                      // the job's next part
+  std::vector<std::thread> helpers_;                  // last: they use the members above
+};
+
 // Open readers keyed by name, for one thread. Images are visited in order, so dropBefore() frees the ones
 // a thread is done with; `capacity` bounds the rest.
 class ReaderCache {
  public:
   explicit ReaderCache(size_t capacity = 64) : capacity_(capacity) {}
   // The reader of `path` at level 0, or of a catalog image at its processing resolution.
-  ImageReader& get(const std::string& path, const ProcessingResolution& resolution = {});
+  ImageReader& get(const std::string& path, const ProcessingResolution& resolution = {}) {
+    return *shared(path, resolution);
+  }
   ImageReader& get(const CatalogImage& image) { return get(image.input, image.resolution); }
+  // The same reader, kept open by the caller's pointer even when the cache closes it.
+  std::shared_ptr<ImageReader> shared(const std::string& path, const ProcessingResolution& resolution = {});
   // Closes the readers of `path` (at every resolution).
   void drop(const std::string& path) { readers_.erase(first(path), first(path + '\0')); }
   // Closes the readers of every path that sorts before `path` (the images a thread has walked past).
@@ -96,7 +129,7 @@ class ReaderCache {
  private:
   // A reader per file and resolution read (level, resampling factor), sorted by path first.
   using Key = std::tuple<std::string, int, double>;
-  using Readers = std::map<Key, std::unique_ptr<ImageReader>>;
+  using Readers = std::map<Key, std::shared_ptr<ImageReader>>;
   size_t capacity_;
   Readers readers_;
 
@@ -125,8 +158,9 @@ struct LoaderOptions {
   int input_channels = 3;
   PadMode pad = PadMode::kConstant;
   double cval = 0.0;
-  size_t depth = 2;     // batches read ahead
-  bool pinned = false;  // page-locked pixels, for asynchronous copies to a GPU
+  size_t depth = 2;      // batches read ahead
+  int read_threads = 1;  // threads reading one batch's windows (the read-ahead thread and helpers)
+  bool pinned = false;   // page-locked pixels, for asynchronous copies to a GPU
   // The model's device, made current on the read-ahead thread (pinned buffers belong to its context).
   torch::Device device = torch::kCPU;
   int rank = 0;
@@ -151,12 +185,20 @@ class WindowLoader {
  private:
   WindowBatch assemble(int64_t step);
   bool skipped(int image_id);
+  // The reader of slot j's window, or the exception that stops it (opening it, the fault hook).
+  struct SlotRead {
+    int image_id = -1;
+    int64_t local = 0;
+    std::shared_ptr<ImageReader> reader;
+    std::exception_ptr error;
+  };
 
   const WindowCatalog& catalog_;
   GridSpec spec_;
   LoaderOptions options_;
   std::vector<SampleSlot> slots_;
   ReaderCache readers_{8};  // loader thread only
+  ParallelFor reads_;       // the loader thread and its helpers
   int64_t windows_read_ = 0;
   bool fault_fired_ = false;
   std::atomic<bool> stopping_{false};

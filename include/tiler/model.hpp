@@ -55,6 +55,12 @@ constexpr int kMaxAutoReplicas = 4;
 // convolution): without flags one replica of one thread, the other cores left to the loader and the outputs.
 ForwardLayout chooseForwardLayout(int threads_flag, int replicas_flag, bool cuda, int cpus,
                                   bool light = false);
+// Threads that read a batch's windows: `read_threads_flag` (--read_threads) when given, else the CPUs of
+// the rank (`cpus`) that the forward leaves free (all of them on CUDA), at least 1, at most
+// kMaxAutoReadThreads. On a CPU rank whose replicas take every core, more read threads only take turns with
+// the forward (null model, 2 cores: 2 read threads 1.12x slower than one).
+constexpr int kMaxAutoReadThreads = 4;
+int chooseReadThreads(int read_threads_flag, const ForwardLayout& layout, bool cuda, int cpus);
 // Test-time augmentation: each window also runs mirrored (flip: left-right; d4: the 8 rotations and
 // mirrors of a square), in the same batch; predictions are mapped back and averaged after the activation.
 enum class Tta { kNone, kFlip, kD4 };

@@ -47,6 +47,8 @@ struct InferOptions : JobOptions {
   // Model replicas, each on a thread of its own with --threads intra-op threads; 0: one per CPU core (up to
   // kMaxAutoReplicas) without --threads, else one.
   int replicas = 0;
+  // Threads reading a batch's windows (the read-ahead thread and helpers); 0: chooseReadThreads().
+  int read_threads = 0;
 };
 
 // Runs the job; returns kExitOk, or kExitSomeFailed when images failed. Throws on fatal errors (on every

@@ -29,6 +29,7 @@ struct RunSummary {
   double output_scale = 1.0;
   std::string tta = "none";
   int replicas = 1, threads = 1;  // model replicas of this rank, intra-op threads of each
+  int read_threads = 1;           // threads reading each batch's windows
   std::string cpu_blas;           // cpuBlasName()
 };
 

@@ -100,7 +100,9 @@ int io(const std::string& path, int64_t window, const std::string& overlap, int 
   std::vector<std::thread> pool;
   for (size_t t = 0; t < thread_bytes.size(); ++t)
     pool.emplace_back([&, t] {
-      for (int64_t i = int64_t(t); i < grid.count(); i += int64_t(thread_bytes.size())) {
+      // Contiguous runs of windows, as the loader's read threads take a batch.
+      const int64_t parts = int64_t(thread_bytes.size()), n = grid.count();
+      for (int64_t i = int64_t(t) * n / parts; i < (int64_t(t) + 1) * n / parts; ++i) {
         cv::Mat m = tiler::readWindow(*reader, grid, i, tiler::PadMode::kConstant, 0);
         thread_bytes[t] += double(m.total() * m.elemSize());
       }

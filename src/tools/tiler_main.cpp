@@ -107,6 +107,8 @@ int runInferCli(int argc, char** argv) {
   app.add_option(flagNames("--replicas"), o.replicas,
                  "model copies run side by side, --threads each (default: one per core on the CPU without "
                  "--threads, else 1)");
+  app.add_option(flagNames("--read_threads"), o.read_threads,
+                 "threads reading each batch's windows (default: the CPUs the forward leaves, 1 to 4)");
   if (const int code = tiler::parseCommandLine(app, argc, argv, "tiler"); code >= 0) return code;
   return tiler::runInfer(o);
 }
