@@ -148,6 +148,7 @@ WindowBatch WindowLoader::assemble(int64_t step) {
   auto meta = batch.meta.accessor<int64_t, 2>();
   // Serial: which slots to read, with which reader (in slot order, as the fault hook counts them).
   std::vector<std::optional<SlotRead>> reads(static_cast<size_t>(B));
+  std::map<int, std::exception_ptr> open_failures;
   bool dropped = false;
   for (int64_t j = 0; j < B; ++j) {
     const int64_t pos = step * B + j;
@@ -169,6 +170,10 @@ WindowBatch WindowLoader::assemble(int64_t step) {
     SlotRead& read = reads[size_t(j)].emplace();
     read.image_id = image_id;
     read.local = local;
+    if (auto failed = open_failures.find(image_id); failed != open_failures.end()) {
+      read.error = failed->second;  // not opened again for each of its windows
+      continue;
+    }
     try {
       ++windows_read_;
       if (options_.fault && !fault_fired_ && options_.fault->kind == "throw" &&
@@ -179,6 +184,7 @@ WindowBatch WindowLoader::assemble(int64_t step) {
       read.reader = readers_.shared(img.input, img.resolution);
     } catch (...) {
       read.error = std::current_exception();
+      open_failures.emplace(image_id, read.error);
     }
   }
   // Parallel: the windows' pixels, each into its own slot.
