@@ -178,6 +178,7 @@ if want ceiling; then
       emit "ceiling: null model, $n rank(s) x $t thread(s)" windows_per_second \
         "$(ratio "$(report_field "$r" windows)" "${wall[$cfg]}")"
       emit "ceiling: null model, $n rank(s) x $t thread(s)" summed_read_seconds "${read_sum[$cfg]}"
+      emit "ceiling: null model, $n rank(s) x $t thread(s)" summed_tiles_decoded "$(sum_field "$r" tiles_decoded)"
       emit "ceiling: null model, $n rank(s) x $t thread(s)" forward_seconds "$(max_field "$r" forward_seconds)"
       emit "ceiling: null model, $n rank(s) x $t thread(s)" gather_seconds "$(max_field "$r" gather_seconds)"
     done

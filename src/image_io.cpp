@@ -32,6 +32,7 @@ namespace {
 // ---- libtiff's handlers become exceptions (errors) and debug lines (warnings) ----------------------------
 
 thread_local std::string t_tiff_error;
+std::atomic<int64_t> g_chunks_decoded{0};  // tiffChunksDecoded()
 
 void tiffErrorHandler(const char* module, const char* fmt, va_list ap) {
   char buf[1024];
@@ -665,6 +666,7 @@ class TiffReader final : public ImageReader {
                                << " failed at " << (info_.tiled ? "tile (" : "strip (") << cx << "," << cy
                                << "): " << takeTiffError());
     }
+    g_chunks_decoded.fetch_add(1, std::memory_order_relaxed);
     return data;
   }
 
@@ -810,6 +812,10 @@ std::string lowerExtension(const std::string& path) {
   std::string ext = fs::path(path).extension().string();
   std::transform(ext.begin(), ext.end(), ext.begin(), ::tolower);
   return ext;
+}
+
+int64_t tiffChunksDecoded() {
+  return g_chunks_decoded.load(std::memory_order_relaxed);
 }
 
 bool hasImageExtension(const std::string& path) {

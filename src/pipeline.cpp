@@ -87,7 +87,8 @@ class InferJob {
   std::unique_ptr<ModelRunner> model_;
   ForwardLayout layout_;
   int read_threads_ = 1;
-  std::string cpu_blas_;  // cpuBlasName(), asked once
+  int64_t shard_run_ = 1;  // windows each rank takes in a row
+  std::string cpu_blas_;   // cpuBlasName(), asked once
   std::unique_ptr<DistContext> dist_;
   std::unique_ptr<StepExchange> exchange_;
   ModelProbe probe_;
@@ -115,6 +116,7 @@ void InferJob::validateOptions() {
   TILER_CHECK(
       o_.read_threads >= 0, ConfigError,
       "--read_threads must be >= 0 (0: the CPUs the forward leaves, up to " << kMaxAutoReadThreads << ")");
+  TILER_CHECK(o_.shard_buffer >= 0, ConfigError, "--shard_buffer must be >= 0 (MiB; 0: one batch per run)");
   TILER_CHECK(o_.timeout > 0, ConfigError, "--timeout must be > 0");
   TILER_CHECK(o_.on_error == "skip" || o_.on_error == "abort", ConfigError,
               "--on_error must be skip or abort");
@@ -332,6 +334,7 @@ void InferJob::runStep(int64_t step, int64_t steps, ForwardedBatch forwarded, Wi
 int InferJob::finishRun(std::optional<std::string> fatal, OutputStage* outputs) {
   int code = kExitOk;
   stats_.peak_rss_mb = peakRssMegabytes();
+  stats_.tiles_decoded = tiffChunksDecoded();
   auto packed = exchange_->allgather(torch::tensor(stats_.pack(), torch::kDouble), "the final statistics");
   if (outputs) {
     if (!fatal) {
@@ -354,6 +357,7 @@ int InferJob::finishRun(std::optional<std::string> fatal, OutputStage* outputs) 
                        layout_.replicas,
                        layout_.threads,
                        read_threads_,
+                       shard_run_,
                        cpu_blas_};
         nlohmann::json j = inferReport(run, catalog_, per_rank);
         writeJsonAtomically(o_.report, j);
@@ -452,18 +456,25 @@ int InferJob::run() {
   SamplerOptions so;
   so.world_size = world_.world_size;
   so.rank = world_.rank;
-  so.block = o_.batch_size;  // each step hands every rank a contiguous run: neighbours share input tiles
-  DistributedSampler sampler(catalog_.totalWindows(), so);
   const int64_t B = o_.batch_size;
+  // Each rank takes runs of neighbouring windows (they share input tiles), as long as the windows of the
+  // other ranks' runs, which reach rank 0 before their turn, fit in --shard_buffer.
+  const int64_t window_bytes = int64_t(probe_.output_channels) * probe_.scale.apply(spec_.window_h) *
+                               probe_.scale.apply(spec_.window_w) * int64_t(sizeof(float));
+  const int64_t early_windows =
+      (int64_t(o_.shard_buffer) << 20) / (window_bytes * std::max(1, world_.world_size - 1));
+  so.block = shardRun(catalog_.totalWindows(), world_.world_size, B, early_windows);
+  shard_run_ = so.block;
+  DistributedSampler sampler(catalog_.totalWindows(), so);
   const int64_t steps = (sampler.perRank() + B - 1) / B;
   if (world_.rank == 0) {
     const bool cpu = model_->device().is_cpu();
     spdlog::info(
         "{} image(s), {} windows of {}x{} on {} rank(s), {} step(s) of batch {}, {} {} on {}{}, {} "
-        "replica(s) x {} thread(s), {} read thread(s)",
+        "replica(s) x {} thread(s), {} read thread(s), runs of {} window(s) per rank",
         catalog_.images().size(), catalog_.totalWindows(), spec_.window_w, spec_.window_h, world_.world_size,
         steps, B, dist_->backendName(), precisionName(model_->precision()), model_->device().str(),
-        cpu ? " with " + cpu_blas_ : "", layout_.replicas, layout_.threads, read_threads_);
+        cpu ? " with " + cpu_blas_ : "", layout_.replicas, layout_.threads, read_threads_, so.block);
     if (cpu && cpu_blas_ == kReferenceBlas)
       spdlog::warn(
           "LibTorch calls the reference BLAS: convolutions lowered to matrix products run up to 1.8x slower "

@@ -18,12 +18,12 @@ namespace fs = std::filesystem;
 namespace tiler {
 
 std::vector<double> RankStats::pack() const {
-  return {double(windows), read_seconds, forward_seconds, gather_seconds, peak_rss_mb};
+  return {double(windows), read_seconds, forward_seconds, gather_seconds, peak_rss_mb, double(tiles_decoded)};
 }
 
 RankStats RankStats::unpack(const std::vector<double>& v) {
-  TILER_CHECK(v.size() == 5, ConfigError, "rank statistics: expected 5 values, got " << v.size());
-  return RankStats{int64_t(v[0]), v[1], v[2], v[3], v[4]};
+  TILER_CHECK(v.size() == 6, ConfigError, "rank statistics: expected 6 values, got " << v.size());
+  return RankStats{int64_t(v[0]), v[1], v[2], v[3], v[4], int64_t(v[5])};
 }
 
 nlohmann::json inferReport(const RunSummary& run, const WindowCatalog& catalog,
@@ -42,6 +42,7 @@ nlohmann::json inferReport(const RunSummary& run, const WindowCatalog& catalog,
   j["tta"] = run.tta;
   j["replicas"] = run.replicas;
   j["read_threads"] = run.read_threads;
+  j["shard_run"] = run.shard_run;
   j["threads"] = run.threads;
   j["cpu_blas"] = run.cpu_blas;
   j["per_rank"] = nlohmann::json::array();
@@ -52,7 +53,8 @@ nlohmann::json inferReport(const RunSummary& run, const WindowCatalog& catalog,
                              {"read_seconds", s.read_seconds},
                              {"forward_seconds", s.forward_seconds},
                              {"gather_seconds", s.gather_seconds},
-                             {"peak_rss_mb", s.peak_rss_mb}});
+                             {"peak_rss_mb", s.peak_rss_mb},
+                             {"tiles_decoded", s.tiles_decoded}});
   }
   j["images"] = nlohmann::json::array();
   for (const auto& img : catalog.images()) {

@@ -1,5 +1,6 @@
 #include "tiler/sampler.hpp"
 
+#include <algorithm>
 #include <numeric>
 #include <random>
 
@@ -15,6 +16,15 @@ DistributedSampler::DistributedSampler(int64_t total, SamplerOptions options)
   TILER_CHECK(options.block >= 1, ConfigError, "sampler: block must be >= 1");
   const int64_t run = options.block * options.world_size;  // items per step across the world
   per_rank_ = (options.drop_last ? total / run : (total + run - 1) / run) * options.block;
+}
+
+int64_t shardRun(int64_t total, int world_size, int64_t batch, int64_t max_run) {
+  TILER_CHECK(batch >= 1 && world_size >= 1, ConfigError, "shardRun: batch and world size must be >= 1");
+  if (world_size == 1 || total <= 0) return batch;
+  auto ceilDiv = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  const int64_t longest = std::max(batch, max_run / batch * batch);
+  const int64_t rounds = ceilDiv(total, int64_t(world_size) * longest);
+  return ceilDiv(ceilDiv(total, int64_t(world_size) * rounds), batch) * batch;
 }
 
 std::vector<int64_t> DistributedSampler::order(int64_t epoch) const {

@@ -148,8 +148,10 @@ TEST_F(Pipeline, ReportHasEveryField) {
   EXPECT_EQ(j["backend"], "gloo");
   EXPECT_EQ(j["device"], "cpu");
   EXPECT_EQ(j["precision"], "fp32");
-  for (const char* key : {"rank", "windows", "read_seconds", "forward_seconds", "gather_seconds"})
+  for (const char* key : {"rank", "windows", "read_seconds", "forward_seconds", "gather_seconds",
+                          "peak_rss_mb", "tiles_decoded"})
     EXPECT_TRUE(j["per_rank"][0].contains(key)) << key;
+  EXPECT_EQ(j["shard_run"], 4) << "one rank: runs of one batch";
   ASSERT_EQ(j["images"].size(), 5u);
   int64_t windows = 0;
   for (const auto& img : j["images"]) {
@@ -707,6 +709,48 @@ TEST_F(Pipeline, ReadThreadsWriteTheSameBytes) {
     ASSERT_EQ(r.code, 0) << r.output;
     expectSameOutputs(ref, out);
     EXPECT_EQ(report(out)["read_threads"], threads);
+  }
+}
+
+// With --shard_buffer two ranks take runs of 64 neighbouring windows (rank 0 holds the other run's early
+// predictions) and decode the input tiles their runs share only where the runs meet: a 1024 px image of
+// 64 px tiles, 121 windows. Runs of one batch (the default) hand both ranks windows of every tile row.
+TEST_F(Pipeline, ShardBufferRunsDecodeSharedTilesOnceAndWriteTheSameBytes) {
+  const std::string dir = root_ + "/runs";
+  fs::create_directories(dir + "/in");
+  WriterOptions wo;
+  wo.tile = 64;
+  ImageWriter w(dir + "/in/tiles.tif", 1024, 1024, 3, SampleType::kU8, wo);
+  w.writeRows(pattern(1024, 1024, CV_8UC3, 255));
+  w.close();
+  const std::string args = kTiler + " -i " + dir + "/in -m " + model_ +
+                           " --window 128 --batch_size 4 --threads 1 --save labels,probs --no_progress";
+  auto tiles = [&](const std::string& out) {
+    int64_t sum = 0;
+    const nlohmann::json j = report(out);  // held: a loop over a temporary's member would dangle
+    for (const auto& r : j["per_rank"]) sum += r["tiles_decoded"].get<int64_t>();
+    return sum;
+  };
+  auto one = run(args + " -o " + dir + "/one --shard_buffer 256");
+  ASSERT_EQ(one.code, 0) << one.output;
+  EXPECT_EQ(tiles(dir + "/one"), 256) << "one rank decodes every tile once";
+  EXPECT_EQ(report(dir + "/one")["shard_run"], 4) << "one rank: runs of one batch whatever the buffer";
+  const std::string two_ranks = kCtrun + " --nproc_per_node 2 --master_port 0 " + args;
+  for (const char* buffer : {"", "--shard_buffer 256"}) {
+    const std::string out = dir + (*buffer ? "/two_runs" : "/two");
+    auto two = run(two_ranks + " -o " + out + " " + buffer);
+    ASSERT_EQ(two.code, 0) << two.output;
+    for (const char* kind : {"labels", "probs"}) {
+      const std::string name = std::string("/tiles_") + kind + ".tif";
+      EXPECT_TRUE(slurp(dir + "/one" + name) == slurp(out + name)) << out << name;
+    }
+    if (*buffer) {
+      EXPECT_EQ(report(out)["shard_run"], 64);
+      EXPECT_LE(tiles(out), 256 * 5 / 4) << "runs of 64 windows: only the tiles where the runs meet twice";
+    } else {
+      EXPECT_EQ(report(out)["shard_run"], 4);
+      EXPECT_GT(tiles(out), 256 * 3 / 2) << "runs of one batch: most tiles on both ranks";
+    }
   }
 }
 

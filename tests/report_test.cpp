@@ -43,15 +43,18 @@ TEST(Report, StatusesAndExitCode) {
   EXPECT_NE(j["images"][3]["error"].get<std::string>().find("in3.tif"), std::string::npos);
   EXPECT_EQ(j["windows_total"], 8);
   EXPECT_EQ(j["per_rank"][0]["forward_seconds"], 2.0);
+  EXPECT_EQ(j["per_rank"][0]["tiles_decoded"], 0);
+  EXPECT_EQ(j["shard_run"], 1);
   EXPECT_EQ(exitCodeOf(j), kExitSomeFailed);
   EXPECT_EQ(exitCodeOf(inferReport(run, catalogWith({"done", "skipped"}), {})), kExitOk);
 }
 
 TEST(Report, RankStatsRoundTrip) {
-  RankStats s{7, 0.5, 1.5, 2.5, 100};
+  RankStats s{7, 0.5, 1.5, 2.5, 100, 4097};
   RankStats back = RankStats::unpack(s.pack());
   EXPECT_EQ(back.windows, 7);
   EXPECT_EQ(back.gather_seconds, 2.5);
+  EXPECT_EQ(back.tiles_decoded, 4097);
   EXPECT_THROW(RankStats::unpack({1, 2}), Error);
 }
 

@@ -79,6 +79,42 @@ TEST(Sampler, BlocksAreContiguousRunsPerStep) {
   EXPECT_TRUE(r1[5].padded);
 }
 
+// Runs as long as rank 0's buffer allows, in whole batches, split evenly: few padded slots, no rank idle.
+TEST(Sampler, ShardRunsAreWholeBatchesSplitEvenlyWithinTheLongestRun) {
+  EXPECT_EQ(shardRun(1849, 1, 8, 1 << 20), 8) << "one rank: one batch, the bytes of every earlier version";
+  EXPECT_EQ(shardRun(1849, 2, 8, 512), 464) << "two rounds of 464: 7 padded slots, not 175 of 2 x 512";
+  EXPECT_EQ(shardRun(1849, 2, 8, 0), 8) << "no buffer: one batch per step, as before";
+  EXPECT_EQ(shardRun(0, 4, 8, 512), 8);
+  for (int64_t total : {1, 7, 100, 441, 1849, 7225})
+    for (int world : {2, 3, 4, 8})
+      for (int64_t batch : {1, 4, 8, 16})
+        for (int64_t max_run : {0, 5, 64, 512, 100000}) {
+          const int64_t run = shardRun(total, world, batch, max_run);
+          const std::string where = std::to_string(total) + " windows, " + std::to_string(world) +
+                                    " ranks, batch " + std::to_string(batch) +
+                                    ", run <= " + std::to_string(max_run) + ": " + std::to_string(run);
+          EXPECT_EQ(run % batch, 0) << where;
+          EXPECT_LE(run, std::max(batch, max_run / batch * batch)) << where;
+          const int64_t rounds = (total + world * run - 1) / (world * run);
+          EXPECT_LT(rounds * world * run - total, rounds * world * batch) << where << ": padded slots";
+          SamplerOptions o{world, world - 1, false, 0, false, run};
+          EXPECT_EQ(DistributedSampler(total, o).perRank(), rounds * run) << where;
+        }
+}
+
+// A rank's steps walk its run: a run of 6 with batch 3 is two steps of one rank.
+TEST(Sampler, ARunLongerThanABatchSpansSteps) {
+  SamplerOptions o;
+  o.world_size = 2;
+  o.block = shardRun(10, 2, 3, 6);
+  ASSERT_EQ(o.block, 6);
+  EXPECT_EQ(indices(DistributedSampler(10, o).slots()), (std::vector<int64_t>{0, 1, 2, 3, 4, 5}));
+  o.rank = 1;
+  auto r1 = DistributedSampler(10, o).slots();
+  EXPECT_EQ(indices(r1), (std::vector<int64_t>{6, 7, 8, 9, 0, 1}));
+  EXPECT_TRUE(r1[4].padded && r1[5].padded && !r1[3].padded);
+}
+
 INSTANTIATE_TEST_SUITE_P(WorldSizes, SamplerWorlds, ::testing::Values(1, 2, 3, 4, 8));
 
 TEST(Sampler, ShuffleIsSeededBySeedPlusEpoch) {

@@ -81,6 +81,10 @@ class ImageReader {
   virtual size_t cachedBytes() const = 0;
 };
 
+// Tiles or strips this process decoded from TIFF inputs, every reader together: what reading cost, apart
+// from the machine's load (the report's per-rank tiles_decoded).
+int64_t tiffChunksDecoded();
+
 // True for extensions tiler treats as images (tif, tiff, png, jpg, jpeg, bmp, webp, and OpenCV's others,
 // and the whole-slide formats of isWholeSlideExtension).
 bool hasImageExtension(const std::string& path);

@@ -49,6 +49,10 @@ struct InferOptions : JobOptions {
   int replicas = 0;
   // Threads reading a batch's windows (the read-ahead thread and helpers); 0: chooseReadThreads().
   int read_threads = 0;
+  // MiB rank 0 may hold of predictions that arrive before their turn to be stitched: it sets how long a
+  // run of windows each rank takes (shardRun), so ranks decode fewer shared input tiles; 0: one batch
+  // (the default: on 2 cores the held windows cost more CPU than the tiles saved, README).
+  int shard_buffer = 0;
 };
 
 // Runs the job; returns kExitOk, or kExitSomeFailed when images failed. Throws on fatal errors (on every

@@ -17,6 +17,7 @@ namespace tiler {
 struct RankStats {
   int64_t windows = 0;
   double read_seconds = 0, forward_seconds = 0, gather_seconds = 0, peak_rss_mb = 0;
+  int64_t tiles_decoded = 0;  // TIFF tiles or strips (tiffChunksDecoded)
   std::vector<double> pack() const;
   static RankStats unpack(const std::vector<double>& values);
 };
@@ -30,6 +31,7 @@ struct RunSummary {
   std::string tta = "none";
   int replicas = 1, threads = 1;  // model replicas of this rank, intra-op threads of each
   int read_threads = 1;           // threads reading each batch's windows
+  int64_t shard_run = 1;          // windows each rank takes in a row (shardRun)
   std::string cpu_blas;           // cpuBlasName()
 };
 

@@ -17,8 +17,15 @@ struct SamplerOptions {
   bool shuffle = false;
   uint64_t seed = 0;
   bool drop_last = false;
-  int64_t block = 1;  // items a rank takes in a row (inference: the batch size)
+  int64_t block = 1;  // items a rank takes in a row (inference: shardRun)
 };
+
+// Inference's run: the windows each rank takes in a row, a whole number of batches. One rank: one batch.
+// More ranks: the fewest rounds of runs of at most `max_run` windows that cover `total`, split evenly (few
+// padded slots, the ranks' shares within a batch of each other per round). Ranks decode the input tiles
+// their runs share at the runs' ends only, and rank 0 holds the windows that arrive before their turn: up
+// to (world_size - 1) runs of them.
+int64_t shardRun(int64_t total, int world_size, int64_t batch, int64_t max_run);
 
 struct SampleSlot {
   int64_t index = -1;   // global item index

@@ -109,6 +109,11 @@ int runInferCli(int argc, char** argv) {
                  "--threads, else 1)");
   app.add_option(flagNames("--read_threads"), o.read_threads,
                  "threads reading each batch's windows (default: the CPUs the forward leaves, 1 to 4)");
+  app.add_option(
+         flagNames("--shard_buffer"), o.shard_buffer,
+         "MiB of early predictions rank 0 may hold: longer runs of windows per rank, fewer input tiles "
+         "decoded twice (0: one batch per rank and step)")
+      ->capture_default_str();
   if (const int code = tiler::parseCommandLine(app, argc, argv, "tiler"); code >= 0) return code;
   return tiler::runInfer(o);
 }
