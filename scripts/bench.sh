@@ -177,11 +177,17 @@ if want ceiling; then
       emit "ceiling: null model, $n rank(s) x $t thread(s)" seconds "${wall[$cfg]}"
       emit "ceiling: null model, $n rank(s) x $t thread(s)" windows_per_second \
         "$(ratio "$(report_field "$r" windows)" "${wall[$cfg]}")"
+      # The same from tiler's main() on: without loading the libraries (Debian's libtorch_cpu links ~290).
+      emit "ceiling: null model, $n rank(s) x $t thread(s)" windows_per_second_after_start \
+        "$(report_field "$r" windows_per_second)"
       emit "ceiling: null model, $n rank(s) x $t thread(s)" summed_read_seconds "${read_sum[$cfg]}"
       emit "ceiling: null model, $n rank(s) x $t thread(s)" summed_tiles_decoded "$(sum_field "$r" tiles_decoded)"
       emit "ceiling: null model, $n rank(s) x $t thread(s)" forward_seconds "$(max_field "$r" forward_seconds)"
       emit "ceiling: null model, $n rank(s) x $t thread(s)" gather_seconds "$(max_field "$r" gather_seconds)"
     done
+    t0=$(now)
+    "$bin/tiler" --version >/dev/null
+    emit "ceiling: process start and exit (tiler --version)" seconds "$(awk -v a="$t0" -v b="$(now)" 'BEGIN { print b - a }')"
     emit "ceiling: wall 1 rank default / the same with --read_threads 1" ratio "$(ratio "${wall[1:default]}" "${wall[1:read1]}")"
     emit "ceiling: wall 2 x 1 / 1 rank default" ratio "$(ratio "${wall[2:1]}" "${wall[1:default]}")"
     emit "ceiling: wall 2 x 1 / 1 x 2" ratio "$(ratio "${wall[2:1]}" "${wall[1:2]}")"

@@ -163,18 +163,24 @@ void Stitcher::accumulate(int64_t index, const float* chw) {
     cy1 = cores_y_[size_t(row) + 1] - y0;
   }
   const int64_t plane = win_w_ * win_h_;
-  const int c_count = channels_;
   for (int64_t y = cy0; y < cy1; ++y) {
     const int64_t ring_row = (y0 + y) % win_h_;
-    float* acc = acc_.data() + size_t((ring_row * padded_w_ + x0) * c_count);
     float* wsum = weight_.data() + size_t(ring_row * padded_w_ + x0);
     const float* imp = importance_.empty() ? nullptr : importance_.data() + size_t(y * win_w_);
-    for (int64_t x = cx0; x < cx1; ++x) {
-      const float w = imp ? imp[x] : 1.0f;
-      wsum[x] += w;
-      const float* p = chw + y * win_w_ + x;
-      float* a = acc + x * c_count;
-      for (int c = 0; c < c_count; ++c) a[c] += w * p[c * plane];
+    if (imp) {
+      for (int64_t x = cx0; x < cx1; ++x) wsum[x] += imp[x];
+    } else {
+      for (int64_t x = cx0; x < cx1; ++x) wsum[x] += 1.0f;
+    }
+    // Channel planes in the ring as in the window: the loops run over contiguous floats and vectorise.
+    for (int c = 0; c < channels_; ++c) {
+      float* acc = acc_.data() + size_t(((ring_row * channels_ + c) * padded_w_) + x0);
+      const float* p = chw + c * plane + y * win_w_;
+      if (imp) {
+        for (int64_t x = cx0; x < cx1; ++x) acc[x] += imp[x] * p[x];
+      } else {
+        for (int64_t x = cx0; x < cx1; ++x) acc[x] += p[x];
+      }
     }
   }
 }
@@ -193,13 +199,11 @@ void Stitcher::flushUpTo(int64_t padded_row) {
       cv::Mat band = band_buffer_.rowRange(0, int(last - first));
       for (int64_t row = first; row < last; ++row) {
         const int64_t ring_row = row % win_h_;
-        const float* acc = acc_.data() + size_t((ring_row * padded_w_ + crop_x_) * channels_);
         const float* wsum = weight_.data() + size_t(ring_row * padded_w_ + crop_x_);
         float* out = band.ptr<float>(int(row - first));
-        for (int64_t x = 0; x < out_w_; ++x) {
-          const float w = wsum[x];
-          for (int c = 0; c < channels_; ++c)
-            out[x * channels_ + c] = w > 0 ? acc[x * channels_ + c] / w : 0.0f;
+        for (int c = 0; c < channels_; ++c) {
+          const float* acc = acc_.data() + size_t((ring_row * channels_ + c) * padded_w_ + crop_x_);
+          for (int64_t x = 0; x < out_w_; ++x) out[x * channels_ + c] = wsum[x] > 0 ? acc[x] / wsum[x] : 0.0f;
         }
       }
       sink_(band, first - crop_y_);

@@ -46,7 +46,7 @@ Loss parseLoss(const std::string& name) {
 
 // One batch as the read-ahead thread reads it: CPU tensors, not yet normalised.
 struct TrainBatch {
-  torch::Tensor pixels;  // float32 [B,H,W,C] raw values
+  torch::Tensor pixels;  // float32 [B,C,H,W] raw values
   torch::Tensor scales;  // float32 [B]
   torch::Tensor target;  // float32 [B,h,w,tc]
   torch::Tensor valid;   // float32 [B,h,w]: 1 where the label covers the output
@@ -204,7 +204,7 @@ TrainBatch Trainer::readBatch(const std::vector<WindowRef>& refs, ReaderCache& r
   const int64_t oh = probe_.scale.apply(H), ow = probe_.scale.apply(W);
   const int64_t tc = loss_ == Loss::kMse ? probe_.output_channels : 1;
   TrainBatch b;
-  b.pixels = torch::zeros({B, H, W, C}, torch::kFloat32);
+  b.pixels = torch::zeros({B, C, H, W}, torch::kFloat32);
   b.scales = torch::ones({B}, torch::kFloat32);
   b.target = torch::zeros({B, oh, ow, tc}, torch::kFloat32);
   b.valid = torch::zeros({B, oh, ow}, torch::kFloat32);

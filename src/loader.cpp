@@ -32,16 +32,20 @@ cv::Mat readWindow(ImageReader& reader, const WindowGrid& grid, int64_t local_in
 
 void windowToModelInput(const cv::Mat& window, ChannelAdapt adapt, float* dst) {
   const int channels = adapt == ChannelAdapt::kNone ? window.channels() : 3;
-  cv::Mat out(window.rows, window.cols, CV_MAKETYPE(CV_32F, channels), dst);
-  cv::Mat values;
-  window.convertTo(values, CV_32F);
-  if (adapt == ChannelAdapt::kNone) {
-    values.copyTo(out);
-    return;
+  // Planes in the sample type first (split works for every depth; cvtColor refuses i16 and u32), each then
+  // converted straight into its plane of dst: the model's layout, so that no pass over the batch transposes.
+  std::vector<cv::Mat> planes(size_t(window.channels()));
+  if (window.channels() == 1)
+    planes[0] = window;
+  else
+    cv::split(window, planes.data());
+  const size_t plane = size_t(window.rows) * size_t(window.cols);
+  for (int c = 0; c < channels; ++c) {
+    cv::Mat out(window.rows, window.cols, CV_32F, dst + size_t(c) * plane);
+    planes[adapt == ChannelAdapt::kRepeatGray ? 0 : size_t(c)].convertTo(out, CV_32F);
+    TILER_CHECK(out.data == reinterpret_cast<uchar*>(dst + size_t(c) * plane), IoError,
+                "a window of " << window.cols << "x" << window.rows << " did not fit its slot");
   }
-  // mixChannels works for every depth (cvtColor refuses i16 and u32).
-  const int gray[] = {0, 0, 0, 1, 0, 2}, rgb[] = {0, 0, 1, 1, 2, 2};
-  cv::mixChannels(&values, 1, &out, 1, adapt == ChannelAdapt::kRepeatGray ? gray : rgb, 3);
 }
 
 ParallelFor::ParallelFor(int threads) {
@@ -141,8 +145,9 @@ WindowBatch WindowLoader::assemble(int64_t step) {
   const int64_t B = options_.batch_size, H = spec_.window_h, W = spec_.window_w, C = options_.input_channels;
   const auto t0 = std::chrono::steady_clock::now();
   WindowBatch batch;
+  // Every slot is written once: the windows read below, the rest zeroed at the end.
   batch.pixels =
-      torch::zeros({B, H, W, C}, torch::TensorOptions(torch::kFloat32).pinned_memory(options_.pinned));
+      torch::empty({B, C, H, W}, torch::TensorOptions(torch::kFloat32).pinned_memory(options_.pinned));
   batch.scales = torch::ones({B}, torch::kFloat32);
   batch.meta = torch::full({B, 2}, int64_t(-1), torch::kInt64);
   auto meta = batch.meta.accessor<int64_t, 2>();
@@ -203,13 +208,17 @@ WindowBatch WindowLoader::assemble(int64_t step) {
   // Serial, in slot order: an image's first failure fails it, its later slots are skipped.
   for (int64_t j = 0; j < B; ++j) {
     auto& read = reads[size_t(j)];
-    if (!read) continue;
+    if (!read) {
+      batch.pixels[j].zero_();
+      continue;
+    }
     const CatalogImage& img = catalog_.image(read->image_id);
     if (skipped(read->image_id)) {
       meta[j][1] = kSlotSkipped;
       batch.pixels[j].zero_();
     } else if (read->error) {
       meta[j][1] = kSlotFailed;
+      batch.pixels[j].zero_();
       batch.failures.emplace_back(read->image_id,
                                   errorRankPrefix() + describeImageException(read->error, img.input));
       skipImage(read->image_id);

@@ -174,9 +174,11 @@ c10::DataPtr LargeBlockCache::take(size_t n) const {
   void* block = nullptr;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    // The smallest free block that fits, at most twice the size (pages a tensor does not touch cost nothing).
+    // The smallest free block that fits, at most twice the size (pages a tensor does not touch cost nothing);
+    // of blocks that size, the last freed (its pages likeliest still in the CPU's caches).
     auto it = free_.lower_bound(size);
     if (it != free_.end() && it->first <= 2 * size) {
+      it = std::prev(free_.upper_bound(it->first));
       block = it->second.block;
       cached_bytes_ -= it->first;
       markInUse(block, it->first);
@@ -499,8 +501,8 @@ double ModelRunner::secondsPerWindow(int64_t window_w, int64_t window_h, int64_t
   // One window first (a heavy model is plain from it, at an eighth of a batch's start-up time), then whole
   // batches as the run sends them: one window alone can cost a light model 20x more per window (LibTorch's
   // fixed cost per call, buffers small enough for malloc instead of the block cache).
-  const auto one = torch::zeros({1, window_h, window_w, probe_.input_channels});
-  const auto windows = torch::zeros({batch, window_h, window_w, probe_.input_channels});
+  const auto one = torch::zeros({1, probe_.input_channels, window_h, window_w});
+  const auto windows = torch::zeros({batch, probe_.input_channels, window_h, window_w});
   const auto one_scale = torch::ones({1}), scales = torch::ones({batch});
   // On the CPU: this thread's CPU time, one intra-op thread. Wall time counts whatever else the machine runs:
   // under load a warm-up run took past 100 ms and a 0.25 ms model was judged heavy.
@@ -537,24 +539,22 @@ double ModelRunner::secondsPerWindow(int64_t window_w, int64_t window_h, int64_t
   return best;
 }
 
-torch::Tensor ModelRunner::normalize(const torch::Tensor& batch_nhwc, const torch::Tensor& scales) const {
+torch::Tensor ModelRunner::normalize(const torch::Tensor& batch, const torch::Tensor& scales) const {
   const bool cuda = device_.is_cuda();
-  auto x = batch_nhwc.to(device_, /*non_blocking=*/cuda).permute({0, 3, 1, 2});
-  auto s = scales.to(device_, cuda).view({-1, 1, 1, 1});
-  x = x * s;
-  if (mean_.defined()) x = x - mean_;
-  if (inv_std_.defined()) x = x * inv_std_;
+  auto x = batch.to(device_, /*non_blocking=*/cuda) * scales.to(device_, cuda).view({-1, 1, 1, 1});
+  if (mean_.defined()) x.sub_(mean_);
+  if (inv_std_.defined()) x.mul_(inv_std_);
   return x.contiguous();
 }
 
-torch::Tensor ModelRunner::forward(const torch::Tensor& batch_nhwc, const torch::Tensor& scales) {
+torch::Tensor ModelRunner::forward(const torch::Tensor& batch, const torch::Tensor& scales) {
   c10::InferenceMode guard;
   auto activate = [this](torch::Tensor t) {
     if (options_.activation == Activation::kSoftmax) return torch::softmax(t, 1);
     if (options_.activation == Activation::kSigmoid) return torch::sigmoid(t);
     return t;
   };
-  const torch::Tensor x = normalize(batch_nhwc, scales);
+  const torch::Tensor x = normalize(batch, scales);
   if (options_.tta == Tta::kNone) return activate(apply(x)).contiguous();
   // (quarter turns, mirrored): the copies of the batch, all in one forward.
   std::vector<std::pair<int64_t, bool>> views = {{0, false}, {0, true}};

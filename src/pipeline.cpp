@@ -67,6 +67,7 @@ class InferJob {
   void runStep(int64_t step, int64_t steps, ForwardedBatch forwarded, WindowLoader& loader,
                OutputStage* outputs);
   torch::Tensor forward(ModelRunner& model, WindowBatch& batch, int64_t fault_slot);
+  std::vector<int64_t> predictionSizes(int64_t windows) const;  // a forward's output for this many windows
   // Slots [first, first + count) of `batch` into `out`: out of memory splits them in halves down to one.
   void forwardSlots(ModelRunner& model, WindowBatch& batch, int64_t first, int64_t count, int64_t fault_slot,
                     torch::Tensor& out);
@@ -215,11 +216,16 @@ std::future<InferJob::ForwardedBatch> InferJob::startStep(WindowLoader& loader, 
 }
 
 torch::Tensor InferJob::forward(ModelRunner& model, WindowBatch& batch, int64_t fault_slot) {
-  const int64_t B = o_.batch_size;
-  const int64_t oh = probe_.scale.apply(spec_.window_h), ow = probe_.scale.apply(spec_.window_w);
-  auto out = torch::zeros({B, probe_.output_channels, oh, ow}, torch::TensorOptions(dist_->commDevice()));
-  if (batch.valid > 0) forwardSlots(model, batch, 0, B, fault_slot, out);
-  return out;
+  torch::Tensor out;  // the forward's own output when one forward covers the batch, else zeros filled in
+  if (batch.valid > 0) forwardSlots(model, batch, 0, o_.batch_size, fault_slot, out);
+  return out.defined()
+             ? out
+             : torch::zeros(predictionSizes(o_.batch_size), torch::TensorOptions(dist_->commDevice()));
+}
+
+std::vector<int64_t> InferJob::predictionSizes(int64_t windows) const {
+  return {windows, probe_.output_channels, probe_.scale.apply(spec_.window_h),
+          probe_.scale.apply(spec_.window_w)};
 }
 
 void InferJob::forwardSlots(ModelRunner& model, WindowBatch& batch, int64_t first, int64_t count,
@@ -238,6 +244,14 @@ void InferJob::forwardSlots(ModelRunner& model, WindowBatch& batch, int64_t firs
       fault_->trigger("in the forward");
     }
     auto preds = model.forward(batch.pixels.narrow(0, first, count), batch.scales.narrow(0, first, count));
+    TILER_CHECK(preds.sizes() == torch::IntArrayRef(predictionSizes(count)), ModelError,
+                "the model's output is " << preds.sizes() << " for " << count << " windows, not "
+                                         << torch::IntArrayRef(predictionSizes(count))
+                                         << " as for the first");
+    if (!out.defined() && count == o_.batch_size) {
+      out = preds.to(dist_->commDevice()).contiguous();
+      return;
+    }
     out.narrow(0, first, count).copy_(preds);
     return;
   } catch (const std::exception& e) {
@@ -247,6 +261,8 @@ void InferJob::forwardSlots(ModelRunner& model, WindowBatch& batch, int64_t firs
         spdlog::warn("[rank {}] out of memory in a forward of {} windows: retrying in halves", world_.rank,
                      count);
       const int64_t half = count / 2;
+      if (!out.defined())
+        out = torch::zeros(predictionSizes(o_.batch_size), torch::TensorOptions(dist_->commDevice()));
       forwardSlots(model, batch, first, half, fault_slot, out);
       forwardSlots(model, batch, first + half, count - half, fault_slot, out);
       return;

@@ -74,13 +74,16 @@ TEST(Loader, ChannelAdaptationWorksForEverySampleType) {
     cv::Mat rgba(2, 2, CV_MAKETYPE(depth, 4), cv::Scalar(1, 2, 3, 4));
     std::vector<float> out(2 * 2 * 3);
     windowToModelInput(rgba, ChannelAdapt::kDropAlpha, out.data());
+    // Planes of 2x2: channel c of pixel p at out[c * 4 + p].
     EXPECT_EQ(out[0], 1.f) << depth;
-    EXPECT_EQ(out[2], 3.f) << depth;
-    EXPECT_EQ(out[3], 1.f) << "next pixel, depth " << depth;
+    EXPECT_EQ(out[8], 3.f) << depth;
+    EXPECT_EQ(out[1], 1.f) << "next pixel, depth " << depth;
+    EXPECT_EQ(out[7], 2.f) << "last pixel, depth " << depth;
     cv::Mat gray(2, 2, CV_MAKETYPE(depth, 1), cv::Scalar(5));
     windowToModelInput(gray, ChannelAdapt::kRepeatGray, out.data());
     EXPECT_EQ(out[0], 5.f);
-    EXPECT_EQ(out[2], 5.f);
+    EXPECT_EQ(out[8], 5.f);
+    EXPECT_EQ(out[11], 5.f);
   }
 }
 
@@ -168,7 +171,7 @@ TEST_P(LoaderThreads, AFailingImageFailsItsSlotsOnly) {
   ASSERT_EQ(batch->failures.size(), 1u);
   EXPECT_EQ(batch->failures[0].first, 0);
   EXPECT_NE(batch->failures[0].second.find("a.tif"), std::string::npos) << batch->failures[0].second;
-  EXPECT_FLOAT_EQ(batch->pixels[4][0][0][2].item<float>(), 3.f);
+  EXPECT_FLOAT_EQ(batch->pixels[4][2][0][0].item<float>(), 3.f);
   EXPECT_EQ(batch->pixels.slice(0, 1, 4).abs().sum().item<float>(), 0.f) << "skipped slots hold no pixels";
   removeTree(dir);
 }

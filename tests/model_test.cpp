@@ -162,7 +162,7 @@ TEST(Model, NormalisationOnTheDevicePerBatch) {
   o.std = {0.5};
   ModelRunner r(o);
   r.probe(4, 4);
-  auto batch = torch::full({2, 4, 4, 3}, 255.0f);
+  auto batch = torch::full({2, 3, 4, 4}, 255.0f);
   batch[1] = 0.0f;
   auto scales = torch::tensor({1.0f / 255.0f, 1.0f});
   auto out = r.forward(batch, scales);
@@ -180,12 +180,12 @@ TEST(Model, ActivationsAreAppliedPerWindow) {
   o.activation = Activation::kSoftmax;
   ModelRunner r(o);
   r.probe(8, 8);
-  auto out = r.forward(torch::rand({2, 8, 8, 3}), torch::ones({2}));
+  auto out = r.forward(torch::rand({2, 3, 8, 8}), torch::ones({2}));
   EXPECT_TRUE(torch::allclose(out.sum(1), torch::ones({2, 8, 8}), 1e-5, 1e-5));
   o.activation = Activation::kSigmoid;
   ModelRunner s(o);
   s.probe(8, 8);
-  auto sig = s.forward(torch::rand({1, 8, 8, 3}), torch::ones({1}));
+  auto sig = s.forward(torch::rand({1, 3, 8, 8}), torch::ones({1}));
   EXPECT_TRUE((sig > 0).all().item<bool>() && (sig < 1).all().item<bool>());
 }
 
@@ -197,7 +197,7 @@ def forward(self, x):
     ramp = torch.arange(x.size(3), dtype=x.dtype).view(1, 1, 1, -1)
     return torch.conv2d(x, self.w, self.b) + ramp
 )JIT";
-  const auto x = torch::rand({3, 8, 8, 3});
+  const auto x = torch::rand({3, 3, 8, 8});
   const auto scales = torch::ones({3});
   ModelRunner plain(cpuOptions(saveModule("tta_conv", 3, 2, kConv)));
   plain.probe(8, 8);
@@ -230,7 +230,7 @@ def forward(self, x):
 )JIT");
   auto path = tempPath("deep.pt");
   m.save(path);
-  auto input = torch::rand({2, 32, 32, 3});
+  auto input = torch::rand({2, 3, 32, 32});
   // bf16 first, as a bf16 run does: a oneDNN ISA limit must come before oneDNN's first kernel.
   auto bf = cpuOptions(path);
   bf.precision = "bf16";
@@ -377,7 +377,7 @@ def forward(self, x):
   torch::manual_seed(5);
   std::vector<torch::Tensor> batches, want;
   for (int i = 0; i < 12; ++i) {
-    batches.push_back(torch::rand({2, 32, 32, 3}));
+    batches.push_back(torch::rand({2, 3, 32, 32}));
     want.push_back(model.forward(batches.back(), torch::ones({2})));
   }
   ForwardPool pool(model, ForwardLayout{3, 1});
@@ -451,10 +451,12 @@ TEST(Model, LargeTensorBlocksAreReusedAndSmallOnesGoToTheDefaultAllocator) {
     std::memset(first, 1, odd);
     const size_t cached = cache.cachedBytes();
     t.reset();
-    EXPECT_EQ(cache.cachedBytes(), cached + block) << "kept for the next forward";
+    // Its block: this size, or a free one up to twice it that earlier tests left.
+    EXPECT_GE(cache.cachedBytes(), cached + block) << "kept for the next forward";
+    EXPECT_LE(cache.cachedBytes(), cached + 2 * block);
   }
   auto again = torch::empty({int64_t(odd)}, torch::kUInt8);
-  EXPECT_EQ(again.data_ptr(), first) << "the same block, its pages already in";
+  EXPECT_EQ(again.data_ptr(), first) << "the same block (the last freed of its size), its pages already in";
   auto small = torch::ones({1000});
   EXPECT_EQ(small.sum().item<float>(), 1000.f);
   // raw_allocate()/raw_deallocate() (used inside LibTorch) of a small and a large block.
@@ -489,7 +491,7 @@ TEST(ModelGpu, Fp16OnCuda) {
   ModelRunner r(o);
   EXPECT_TRUE(r.device().is_cuda());
   r.probe(64, 64);
-  auto input = torch::rand({4, 64, 64, 3});
+  auto input = torch::rand({4, 3, 64, 64});
   auto out = r.forward(input, torch::ones({4}));
   EXPECT_EQ(out.scalar_type(), torch::kFloat32);
   ModelRunner cpu(cpuOptions(o.path));

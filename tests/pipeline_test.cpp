@@ -629,6 +629,25 @@ TEST_F(Pipeline, AllocationFailureInsideTheModelIsRetriedInHalves) {
   EXPECT_FALSE(fs::exists(failed + "/b_mixed_labels.tif"));
 }
 
+// A model that answers a batch with its first window's prediction alone passes the one-window probe; each
+// batch of more then fails its images with the shapes named (copied into the batch's output, it would be
+// broadcast to every window and written as if right).
+TEST_F(Pipeline, AModelThatAnswersABatchWithFewerWindowsFailsItsImages) {
+  torch::jit::Module m("FirstOnly");
+  m.register_parameter("w", torch::ones({2, 3, 1, 1}), false);
+  m.define("def forward(self, x):\n    return torch.conv2d(x[:1], self.w)\n");
+  const std::string model = root_ + "/first_only.pt", out = root_ + "/out_first_only";
+  m.save(model);
+  auto r = run(kTiler + " -i " + root_ + "/images/b_mixed.png -m " + model + " -o " + out +
+               " --window 128 --batch_size 4 --threads 1 --no_progress");
+  EXPECT_EQ(r.code, 2) << r.output;
+  const std::string message = (*imageEntry(report(out), "b_mixed.png"))["error"].get<std::string>();
+  EXPECT_NE(message.find("the model's output is [1, 2, 128, 128] for 4 windows, not [4, 2, 128, 128]"),
+            std::string::npos)
+      << message;
+  EXPECT_FALSE(fs::exists(out + "/b_mixed_labels.tif"));
+}
+
 // A model whose forward costs `convolutions` 3x3 convolutions (3 -> 3 channels) of the window, then keeps two
 // channels: 40 make a window of 256 px cost tens of milliseconds; 0: one 1x1 convolution instead (the
 // light-model bar for 256 px is 2 ms, so that the choice below does not depend on how loaded the machine is).

@@ -75,20 +75,20 @@ class Stitcher {
   StitchOptions options_;
   BandSink sink_;
   Scale scale_;
-  int64_t win_w_, win_h_;                          // output-space window
-  int64_t padded_w_, padded_h_;                    // output-space padded image
-  int64_t crop_x_, crop_y_;                        // output-space offset of the image inside the padding
-  int64_t out_w_, out_h_;                          // output image size
-  std::vector<float> importance_;                  // win_w_ x win_h_ (gaussian/constant)
-  std::vector<int64_t> cores_x_, cores_y_;         // crop mode
-  std::vector<float> acc_;                         // ring of win_h_ rows: padded_w_ x channels_ (w*pred)
-  std::vector<float> weight_;                      // ring of win_h_ rows: padded_w_ (w)
-  cv::Mat band_buffer_;                            // win_h_ rows x out_w_: the band handed to the sink
-  int64_t flushed_ = 0;                            // first padded row not yet handed out
-  bool all_windows_ = true;                        // expect every grid window, else those in windows_
-  std::vector<int64_t> windows_;                   // the grid windows to expect (ascending)
-  int64_t count_ = 0;                              // how many
-  int64_t next_ = 0;                               // position (in windows_) of the next to accumulate
+  int64_t win_w_, win_h_;                   // output-space window
+  int64_t padded_w_, padded_h_;             // output-space padded image
+  int64_t crop_x_, crop_y_;                 // output-space offset of the image inside the padding
+  int64_t out_w_, out_h_;                   // output image size
+  std::vector<float> importance_;           // win_w_ x win_h_ (gaussian/constant)
+  std::vector<int64_t> cores_x_, cores_y_;  // crop mode
+  std::vector<float> acc_;                  // ring of win_h_ rows: channels_ planes of padded_w_ (w*pred)
+  std::vector<float> weight_;               // ring of win_h_ rows: padded_w_ (w)
+  cv::Mat band_buffer_;                     // win_h_ rows x out_w_: the band handed to the sink
+  int64_t flushed_ = 0;                     // first padded row not yet handed out
+  bool all_windows_ = true;                 // expect every grid window, else those in windows_
+  std::vector<int64_t> windows_;            // the grid windows to expect (ascending)
+  int64_t count_ = 0;                       // how many
+  int64_t next_ = 0;                        // position (in windows_) of the next to accumulate
   std::map<int64_t, std::vector<float>> pending_;  // early arrivals by position, owned copies
 };
 

@@ -76,8 +76,8 @@ PadMode parsePadMode(const std::string& name);
 // The pixels of image window `local_index`, padded where the window reaches outside the image.
 cv::Mat readWindow(ImageReader& reader, const WindowGrid& grid, int64_t local_index, PadMode pad,
                    double cval);
-// Writes `window` (HWC, any sample type) adapted to the model's channels as raw float32 values into `dst`
-// (window.rows x window.cols x model channels).
+// Writes `window` (HWC, any sample type) adapted to the model's channels as raw float32 values into `dst`,
+// one plane a channel (model channels x window.rows x window.cols, as the model takes them).
 void windowToModelInput(const cv::Mat& window, ChannelAdapt adapt, float* dst);
 
 // Runs fn(0), ..., fn(count - 1) on the calling thread and `threads - 1` helper threads of its own, each
@@ -145,7 +145,7 @@ enum SlotStatus : int64_t { kSlotOk = 0, kSlotPadded = 1, kSlotFailed = 2, kSlot
 
 // One step's batch as this rank read it. Tensors are owned CPU tensors.
 struct WindowBatch {
-  torch::Tensor pixels;  // float32 [B,H,W,C] raw sample values
+  torch::Tensor pixels;  // float32 [B,C,H,W] raw sample values
   torch::Tensor scales;  // float32 [B]
   torch::Tensor meta;    // int64 [B,2]: global window index (-1 for padding), SlotStatus
   std::vector<std::pair<int, std::string>> failures;  // (image id, message) found while reading

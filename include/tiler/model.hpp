@@ -1,7 +1,7 @@
 // model: a TorchScript model on one device, probed once, fed normalised batches.
 // Promise: load() and probe() throw ModelError naming the file and what does not fit (missing, corrupt, not
 // TorchScript, wrong forward signature, non-tensor or non-NCHW output, output size not an exact integer
-// multiple or fraction of the window). forward() takes raw sample values (float32 NHWC on the CPU, the
+// multiple or fraction of the window). forward() takes raw sample values (float32 NCHW on the CPU, the
 // model's input channel count) and per-sample scale factors, normalises on the model's device, runs under
 // InferenceMode and autocast (bf16 CPU/CUDA, fp16 CUDA), and returns float32 NCHW predictions on the device
 // with the activation applied. Not thread safe: one thread calls a runner's forward(); ForwardPool runs
@@ -156,12 +156,12 @@ class ModelRunner {
   // on a GPU, wall seconds to the result. The fastest of up to eight runs, stopping at the first under
   // `enough`, or at one over twice it that took 100 ms (past the first runs' one-time cost).
   double secondsPerWindow(int64_t window_w, int64_t window_h, int64_t batch, double enough);
-  // batch_nhwc: float32 [B,H,W,C] raw values on the CPU; scales: float32 [B]. Returns float32 [B,C',H',W'],
+  // batch: float32 [B,C,H,W] raw values on the CPU; scales: float32 [B]. Returns float32 [B,C',H',W'],
   // activation applied, computed under InferenceMode.
-  torch::Tensor forward(const torch::Tensor& batch_nhwc, const torch::Tensor& scales);
+  torch::Tensor forward(const torch::Tensor& batch, const torch::Tensor& scales);
   // The pieces of forward() that training reuses with autograd on: normalisation onto the device (NCHW), and
   // the module under autocast with its output tensor picked and cast to float32.
-  torch::Tensor normalize(const torch::Tensor& batch_nhwc, const torch::Tensor& scales) const;
+  torch::Tensor normalize(const torch::Tensor& batch, const torch::Tensor& scales) const;
   torch::Tensor apply(const torch::Tensor& nchw);
   const torch::Device& device() const { return device_; }
   Precision precision() const { return precision_; }

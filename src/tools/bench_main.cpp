@@ -45,7 +45,7 @@ int forward(const std::string& model, int64_t window, int batch, int64_t windows
   tiler::ModelRunner runner(o);
   auto probe = runner.probe(window, window);
   torch::manual_seed(0);
-  auto input = torch::rand({batch, window, window, probe.input_channels}) * 255;
+  auto input = torch::rand({batch, probe.input_channels, window, window}) * 255;
   auto scales = torch::full({batch}, 1.0f / 255);
   // Replicas as tiler runs them (ForwardPool), each warmed up: allocator and the graph executor's first runs.
   tiler::ForwardPool pool(runner, tiler::ForwardLayout{replicas, threads});
@@ -147,12 +147,11 @@ int naive(const std::string& path, const std::string& model, int64_t window, int
   auto imp = tiler::gaussianImportance(window, window, 0.125);
   for (int64_t i = 0; i < grid.count(); i += batch) {
     const int64_t b = std::min<int64_t>(batch, grid.count() - i);
-    auto pixels = torch::zeros({b, window, window, probe.input_channels});
+    auto pixels = torch::zeros({b, probe.input_channels, window, window});
     for (int64_t j = 0; j < b; ++j) {
       tiler::Rect r = grid.window(i + j);
-      cv::Mat dst(static_cast<int>(window), static_cast<int>(window),
-                  CV_MAKETYPE(CV_32F, probe.input_channels), pixels[j].data_ptr<float>());
-      image(cv::Rect(int(r.x), int(r.y), int(window), int(window))).convertTo(dst, CV_32F);
+      tiler::windowToModelInput(image(cv::Rect(int(r.x), int(r.y), int(window), int(window))),
+                                tiler::ChannelAdapt::kNone, pixels[j].data_ptr<float>());
     }
     auto out = runner.forward(pixels, torch::full({b}, 1.0f / 255)).contiguous();
     for (int64_t j = 0; j < b; ++j) {
