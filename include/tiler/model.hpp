@@ -151,10 +151,11 @@ class ModelRunner {
   // One forward of a zero batch of the window size; cached.
   const ModelProbe& probe(int64_t window_w, int64_t window_h);
   const ModelProbe& probed() const { return probe_; }
-  // Seconds per window of zero windows of the probed size through forward(), one window, then batches of
-  // `batch`: on the CPU, CPU seconds of one intra-op thread (what the machine's other load does not change);
-  // on a GPU, wall seconds to the result. The fastest of up to eight runs, stopping at the first under
-  // `enough`, or at one over twice it that took 100 ms (past the first runs' one-time cost).
+  // Seconds per window of zero windows of the probed size through forward(), one window twice, then batches
+  // of `batch`: on the CPU, CPU seconds of one intra-op thread (what the machine's other load does not
+  // change); on a GPU, wall seconds to the result. The fastest of up to eight runs, stopping at the first
+  // under `enough`, at the second window alone if over twice it, or at a run over twice it that took
+  // 100 ms (past the first runs' one-time cost).
   double secondsPerWindow(int64_t window_w, int64_t window_h, int64_t batch, double enough);
   // batch: float32 [B,C,H,W] raw values on the CPU; scales: float32 [B]. Returns float32 [B,C',H',W'],
   // activation applied, computed under InferenceMode.
