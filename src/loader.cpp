@@ -145,7 +145,7 @@ WindowBatch WindowLoader::assemble(int64_t step) {
   const int64_t B = options_.batch_size, H = spec_.window_h, W = spec_.window_w, C = options_.input_channels;
   const auto t0 = std::chrono::steady_clock::now();
   WindowBatch batch;
-  // Every slot is written once: the windows read below, the rest zeroed at the end.
+  // Every slot is written once: the windows read below, the others zeroed at the end.
   batch.pixels =
       torch::empty({B, C, H, W}, torch::TensorOptions(torch::kFloat32).pinned_memory(options_.pinned));
   batch.scales = torch::ones({B}, torch::kFloat32);
@@ -208,17 +208,12 @@ WindowBatch WindowLoader::assemble(int64_t step) {
   // Serial, in slot order: an image's first failure fails it, its later slots are skipped.
   for (int64_t j = 0; j < B; ++j) {
     auto& read = reads[size_t(j)];
-    if (!read) {
-      batch.pixels[j].zero_();
-      continue;
-    }
+    if (!read) continue;
     const CatalogImage& img = catalog_.image(read->image_id);
     if (skipped(read->image_id)) {
       meta[j][1] = kSlotSkipped;
-      batch.pixels[j].zero_();
     } else if (read->error) {
       meta[j][1] = kSlotFailed;
-      batch.pixels[j].zero_();
       batch.failures.emplace_back(read->image_id,
                                   errorRankPrefix() + describeImageException(read->error, img.input));
       skipImage(read->image_id);
@@ -230,6 +225,9 @@ WindowBatch WindowLoader::assemble(int64_t step) {
       ++batch.valid;
     }
   }
+  // Every slot but the windows read holds zeros: padding, skips, whatever a failed read left.
+  for (int64_t j = 0; j < B; ++j)
+    if (meta[j][1] != kSlotOk) batch.pixels[j].zero_();
   batch.read_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return batch;
 }

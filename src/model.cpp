@@ -498,9 +498,9 @@ const ModelProbe& ModelRunner::probe(int64_t window_w, int64_t window_h) {
 }
 
 double ModelRunner::secondsPerWindow(int64_t window_w, int64_t window_h, int64_t batch, double enough) {
-  // One window first (a heavy model is plain from it, at an eighth of a batch's start-up time), then whole
-  // batches as the run sends them: one window alone can cost a light model 20x more per window (LibTorch's
-  // fixed cost per call, buffers small enough for malloc instead of the block cache).
+  // One window twice first (a heavy model is plain from it, at a fraction of a batch's start-up time), then
+  // whole batches as the run sends them: one window alone can cost a light model 20x more per window
+  // (LibTorch's fixed cost per call, buffers small enough for malloc instead of the block cache).
   const auto one = torch::zeros({1, probe_.input_channels, window_h, window_w});
   const auto windows = torch::zeros({batch, probe_.input_channels, window_h, window_w});
   const auto one_scale = torch::ones({1}), scales = torch::ones({batch});
@@ -527,7 +527,7 @@ double ModelRunner::secondsPerWindow(int64_t window_w, int64_t window_h, int64_t
   // LibTorch 1.13's graph executor profiles and optimises the first five forwards of a shape (5 ms each
   // for a 1x1 convolution whose own forward takes 0.25 ms): go on until a run answers the question.
   for (int run = 0; run < 8; ++run) {
-    const bool single = run < 2;  // one window twice: the second past the optimisation of its shape
+    const bool single = run < 2;  // one window twice: the second past most of its shape's one-time cost
     const int64_t n = single ? 1 : batch;
     const double t0 = now();
     forward(single ? one : windows, single ? one_scale : scales);

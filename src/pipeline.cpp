@@ -68,6 +68,7 @@ class InferJob {
                OutputStage* outputs);
   torch::Tensor forward(ModelRunner& model, WindowBatch& batch, int64_t fault_slot);
   std::vector<int64_t> predictionSizes(int64_t windows) const;  // a forward's output for this many windows
+  torch::Tensor zeroPredictions() const;                        // a batch's, on the exchange's device
   // Slots [first, first + count) of `batch` into `out`: out of memory splits them in halves down to one.
   void forwardSlots(ModelRunner& model, WindowBatch& batch, int64_t first, int64_t count, int64_t fault_slot,
                     torch::Tensor& out);
@@ -218,9 +219,11 @@ std::future<InferJob::ForwardedBatch> InferJob::startStep(WindowLoader& loader, 
 torch::Tensor InferJob::forward(ModelRunner& model, WindowBatch& batch, int64_t fault_slot) {
   torch::Tensor out;  // the forward's own output when one forward covers the batch, else zeros filled in
   if (batch.valid > 0) forwardSlots(model, batch, 0, o_.batch_size, fault_slot, out);
-  return out.defined()
-             ? out
-             : torch::zeros(predictionSizes(o_.batch_size), torch::TensorOptions(dist_->commDevice()));
+  return out.defined() ? out : zeroPredictions();
+}
+
+torch::Tensor InferJob::zeroPredictions() const {
+  return torch::zeros(predictionSizes(o_.batch_size), torch::TensorOptions(dist_->commDevice()));
 }
 
 std::vector<int64_t> InferJob::predictionSizes(int64_t windows) const {
@@ -261,8 +264,7 @@ void InferJob::forwardSlots(ModelRunner& model, WindowBatch& batch, int64_t firs
         spdlog::warn("[rank {}] out of memory in a forward of {} windows: retrying in halves", world_.rank,
                      count);
       const int64_t half = count / 2;
-      if (!out.defined())
-        out = torch::zeros(predictionSizes(o_.batch_size), torch::TensorOptions(dist_->commDevice()));
+      if (!out.defined()) out = zeroPredictions();
       forwardSlots(model, batch, first, half, fault_slot, out);
       forwardSlots(model, batch, first + half, count - half, fault_slot, out);
       return;
