@@ -161,11 +161,16 @@ if want ceiling; then
   [ $quick = 1 ] && img=$(image 2048)
   for _ in $(seq "$runs"); do
     declare -A wall=() read_sum=()
-    for cfg in 1:default 1:read1 1:2 1:1 2:1; do
+    for cfg in 1:default 1:read1 1:2 1:1 2:1 2:sockets; do
       n=${cfg%:*} t=${cfg#*:}
       threads=(--threads "$t")
       [ "$t" = default ] && threads=()
       [ "$t" = read1 ] && threads=(--read_threads 1)
+      label="$n rank(s) x $t thread(s)"
+      if [ "$t" = sockets ]; then  # the gather through gloo's TCP
+        threads=(--threads 1 --no_shared_memory)
+        label="$n rank(s) x 1 thread(s), gather through sockets"
+      fi
       rm -rf "$cache/out_ceiling"
       t0=$(now)
       "$bin/ctrun" --nproc_per_node "$n" --master_port 0 "$bin/tiler" -i "$img" -m "$tiny" -o "$cache/out_ceiling" \
@@ -174,16 +179,16 @@ if want ceiling; then
       r="$cache/out_ceiling/report.json"
       wall[$cfg]=$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')
       read_sum[$cfg]=$(sum_field "$r" read_seconds)
-      emit "ceiling: null model, $n rank(s) x $t thread(s)" seconds "${wall[$cfg]}"
-      emit "ceiling: null model, $n rank(s) x $t thread(s)" windows_per_second \
+      emit "ceiling: null model, $label" seconds "${wall[$cfg]}"
+      emit "ceiling: null model, $label" windows_per_second \
         "$(ratio "$(report_field "$r" windows)" "${wall[$cfg]}")"
       # The same from tiler's main() on: without loading the libraries (Debian's libtorch_cpu links ~290).
-      emit "ceiling: null model, $n rank(s) x $t thread(s)" windows_per_second_after_start \
+      emit "ceiling: null model, $label" windows_per_second_after_start \
         "$(report_field "$r" windows_per_second)"
-      emit "ceiling: null model, $n rank(s) x $t thread(s)" summed_read_seconds "${read_sum[$cfg]}"
-      emit "ceiling: null model, $n rank(s) x $t thread(s)" summed_tiles_decoded "$(sum_field "$r" tiles_decoded)"
-      emit "ceiling: null model, $n rank(s) x $t thread(s)" forward_seconds "$(max_field "$r" forward_seconds)"
-      emit "ceiling: null model, $n rank(s) x $t thread(s)" gather_seconds "$(max_field "$r" gather_seconds)"
+      emit "ceiling: null model, $label" summed_read_seconds "${read_sum[$cfg]}"
+      emit "ceiling: null model, $label" summed_tiles_decoded "$(sum_field "$r" tiles_decoded)"
+      emit "ceiling: null model, $label" forward_seconds "$(max_field "$r" forward_seconds)"
+      emit "ceiling: null model, $label" gather_seconds "$(max_field "$r" gather_seconds)"
     done
     t0=$(now)
     "$bin/tiler" --version >/dev/null
@@ -191,6 +196,8 @@ if want ceiling; then
     emit "ceiling: wall 1 rank default / the same with --read_threads 1" ratio "$(ratio "${wall[1:default]}" "${wall[1:read1]}")"
     emit "ceiling: wall 2 x 1 / 1 rank default" ratio "$(ratio "${wall[2:1]}" "${wall[1:default]}")"
     emit "ceiling: wall 2 x 1 / 1 x 2" ratio "$(ratio "${wall[2:1]}" "${wall[1:2]}")"
+    emit "ceiling: wall 2 x 1, gather through shared memory / through gloo's sockets" ratio \
+      "$(ratio "${wall[2:1]}" "${wall[2:sockets]}")"
     emit "ceiling: summed read seconds 2 x 1 / 1 x 2" ratio "$(ratio "${read_sum[2:1]}" "${read_sum[1:2]}")"
     emit "ceiling: summed read seconds 2 x 1 / 1 rank default" ratio "$(ratio "${read_sum[2:1]}" "${read_sum[1:default]}")"
   done

@@ -1,9 +1,18 @@
 #include "tiler/dist.hpp"
 
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <torch/cuda.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <random>
+#include <system_error>
 
 #include "tiler/error.hpp"
 #include "tiler/torch_compat.hpp"
@@ -26,7 +35,71 @@ bool isTimeout(const std::exception& e) {
   return what.find("imeout") != std::string::npos || what.find("imed out") != std::string::npos;
 }
 
+// A POSIX shared memory segment, mapped read-write. The creator unlinks the name as soon as every rank has
+// opened it (or when it is destroyed first): from then on a killed job leaves nothing in /dev/shm.
+class SharedSegment {
+ public:
+  SharedSegment(std::string name, size_t bytes, bool create) : name_(std::move(name)), bytes_(bytes) {
+    const int fd = shm_open(name_.c_str(), create ? O_CREAT | O_EXCL | O_RDWR : O_RDWR, 0600);
+    if (fd < 0) throw std::system_error(errno, std::generic_category(), "shm_open " + name_);
+    linked_ = create;
+    try {
+      struct stat st {};
+      if (create) {
+        if (ftruncate(fd, off_t(bytes)) != 0)
+          throw std::system_error(errno, std::generic_category(), "ftruncate");
+        // Reserve the pages now: a full /dev/shm is an error here, not a SIGBUS at the first write.
+        if (const int err = posix_fallocate(fd, 0, off_t(bytes)); err != 0)
+          throw std::system_error(err, std::generic_category(), "posix_fallocate");
+      } else if (fstat(fd, &st) != 0 || size_t(st.st_size) != bytes) {
+        throw std::runtime_error(name_ + " is not " + std::to_string(bytes) + " bytes");
+      }
+      void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (p == MAP_FAILED) throw std::system_error(errno, std::generic_category(), "mmap");
+      base_ = static_cast<char*>(p);
+    } catch (...) {
+      close(fd);
+      unlink();
+      throw;
+    }
+    close(fd);
+  }
+  SharedSegment(const SharedSegment&) = delete;
+  SharedSegment& operator=(const SharedSegment&) = delete;
+  ~SharedSegment() {
+    unlink();
+    if (base_) munmap(base_, bytes_);
+  }
+  void unlink() {
+    if (linked_) shm_unlink(name_.c_str());
+    linked_ = false;
+  }
+  char* data() const { return base_; }
+
+ private:
+  std::string name_;
+  size_t bytes_;
+  char* base_ = nullptr;
+  bool linked_ = false;  // this process created the name and has not unlinked it yet
+};
+
+// Layout of the gather segment: a page holding rank 0's nonce (proof that a rank mapped this job's
+// segment, not a namesake), then two buffers of one slot per rank other than 0; gathers alternate buffers.
+constexpr size_t kSegmentHeader = 4096;
+
+std::string segmentName(uint64_t nonce) {
+  char name[40];
+  std::snprintf(name, sizeof name, "/tiler-gather-%016llx", static_cast<unsigned long long>(nonce));
+  return name;
+}
+
 }  // namespace
+
+struct DistContext::SharedGather {
+  std::unique_ptr<SharedSegment> segment;  // owned; mapped by every rank
+  size_t slot_bytes = 0;                   // a rank's slot, whole pages
+  int64_t gathers = 0;                     // made through the segment: the parity picks the buffer
+};
 
 WorldInfo discoverWorld(const EnvLookup& lookup) {
   EnvLookup env = lookup ? lookup : EnvLookup([](const char* n) { return std::getenv(n); });
@@ -136,6 +209,7 @@ void DistContext::init(c10::intrusive_ptr<c10d::Store> store, const torch::Devic
   backend_ = backend;
   if (backend == "nccl") comm_device_ = device;
   if (world_.world_size == 1) return;
+  gather_transport_ = backend;
   impl_->store->setTimeout(options_.timeout);
   try {
     if (backend == "gloo") {
@@ -177,6 +251,10 @@ void DistContext::fail(const std::string& what, const std::exception& e) const {
 
 std::vector<torch::Tensor> DistContext::gather(const torch::Tensor& t, const std::string& what) {
   if (world_.world_size == 1) return {t};
+  if (backend_ == "gloo" && t.device().is_cpu()) {
+    if (!shared_memory_decided_) offerSharedMemory(t.nbytes(), what);
+    if (shared_ && t.nbytes() <= shared_->slot_bytes) return gatherThroughSharedMemory(t, what);
+  }
   std::vector<std::vector<torch::Tensor>> outputs;
   if (world_.rank == 0) {
     outputs.emplace_back();
@@ -193,6 +271,78 @@ std::vector<torch::Tensor> DistContext::gather(const torch::Tensor& t, const std
     fail(what, e);
   }
   return world_.rank == 0 ? outputs[0] : std::vector<torch::Tensor>{};
+}
+
+void DistContext::offerSharedMemory(size_t bytes, const std::string& what) {
+  shared_memory_decided_ = true;
+  const size_t others = size_t(world_.world_size - 1);
+  const size_t page = size_t(sysconf(_SC_PAGESIZE));
+  const size_t slot = (std::max<size_t>(bytes, 1) + page - 1) / page * page;
+  const size_t total = kSegmentHeader + 2 * others * slot;
+  auto shared = std::make_unique<SharedGather>();
+  shared->slot_bytes = slot;
+  int64_t nonce = 0;
+  // At most an eighth of the memory: the segment is held for the whole job.
+  const size_t memory = size_t(sysconf(_SC_PHYS_PAGES)) * page;
+  if (world_.rank == 0 && options_.shared_memory && total <= memory / 8) {
+    std::random_device entropy;
+    nonce = int64_t(((uint64_t(entropy()) << 32) | entropy()) >> 1) | 1;  // positive, never 0
+    try {
+      shared->segment = std::make_unique<SharedSegment>(segmentName(uint64_t(nonce)), total, true);
+      std::memcpy(shared->segment->data(), &nonce, sizeof nonce);
+    } catch (const std::exception& e) {
+      spdlog::info("the ranks gather through {}: no shared memory segment of {} MiB ({})", backend_,
+                   total >> 20, e.what());
+      nonce = 0;
+    }
+  }
+  const int64_t offered =
+      allgather(torch::tensor({nonce}, torch::kInt64), "the shared memory offer before " + what)[0]
+          .item<int64_t>();
+  bool mapped = offered != 0 && options_.shared_memory;
+  if (mapped && world_.rank != 0) {
+    try {
+      shared->segment = std::make_unique<SharedSegment>(segmentName(uint64_t(offered)), total, false);
+      int64_t seen = 0;
+      std::memcpy(&seen, shared->segment->data(), sizeof seen);
+      mapped = seen == offered;
+    } catch (const std::exception& e) {
+      spdlog::debug("rank {}: cannot map rank 0's shared memory: {}", world_.rank, e.what());
+      mapped = false;
+    }
+  }
+  auto answers =
+      allgather(torch::tensor({int64_t(mapped)}, torch::kInt64), "the shared memory answers before " + what);
+  if (shared->segment) shared->segment->unlink();  // every rank that could open it has
+  bool everyone = true;
+  for (const auto& a : answers) everyone = everyone && a.item<int64_t>() == 1;
+  if (!everyone) return;
+  shared_ = std::move(shared);
+  gather_transport_ = "shared_memory";
+}
+
+std::vector<torch::Tensor> DistContext::gatherThroughSharedMemory(const torch::Tensor& t,
+                                                                  const std::string& what) {
+  const torch::Tensor src = t.contiguous();
+  const size_t bytes = src.nbytes();
+  const size_t slot = shared_->slot_bytes;
+  char* buffer = shared_->segment->data() + kSegmentHeader +
+                 size_t(shared_->gathers++ % 2) * size_t(world_.world_size - 1) * slot;
+  if (world_.rank > 0) std::memcpy(buffer + size_t(world_.rank - 1) * slot, src.data_ptr(), bytes);
+  // Past this allgather every slot is written. A rank writes its next-but-one slot in this buffer only
+  // after the next gather's allgather, which needs rank 0, which copies this one out first.
+  auto sizes = allgather(torch::tensor({int64_t(bytes)}, torch::kInt64), what);
+  for (size_t r = 0; r < sizes.size(); ++r)
+    TILER_CHECK(size_t(sizes[r].item<int64_t>()) == bytes, DistError,
+                what << ": rank " << r << " gathered " << sizes[r].item<int64_t>() << " bytes, rank "
+                     << world_.rank << " " << bytes);
+  if (world_.rank > 0) return {};
+  std::vector<torch::Tensor> out{src};
+  for (int r = 1; r < world_.world_size; ++r) {
+    out.push_back(torch::empty_like(src));
+    std::memcpy(out.back().data_ptr(), buffer + size_t(r - 1) * slot, bytes);
+  }
+  return out;
 }
 
 std::vector<torch::Tensor> DistContext::allgather(const torch::Tensor& t, const std::string& what) {

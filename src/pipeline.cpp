@@ -376,7 +376,8 @@ int InferJob::finishRun(std::optional<std::string> fatal, OutputStage* outputs) 
                        layout_.threads,
                        read_threads_,
                        shard_run_,
-                       cpu_blas_};
+                       cpu_blas_,
+                       dist_->gatherTransport()};
         nlohmann::json j = inferReport(run, catalog_, per_rank);
         writeJsonAtomically(o_.report, j);
         code = exitCodeOf(j);
@@ -437,6 +438,7 @@ int InferJob::run() {
   DistOptions dopts;
   dopts.backend = o_.backend;
   dopts.timeout = std::chrono::milliseconds(int64_t(o_.timeout * 1000));
+  dopts.shared_memory = !o_.no_shared_memory;
   dist_ = std::make_unique<DistContext>(world_, dopts, model_->device());
   exchange_ = std::make_unique<StepExchange>(*dist_);
 

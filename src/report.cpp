@@ -45,6 +45,7 @@ nlohmann::json inferReport(const RunSummary& run, const WindowCatalog& catalog,
   j["shard_run"] = run.shard_run;
   j["threads"] = run.threads;
   j["cpu_blas"] = run.cpu_blas;
+  j["gather"] = run.gather;
   j["per_rank"] = nlohmann::json::array();
   for (size_t r = 0; r < per_rank.size(); ++r) {
     const RankStats& s = per_rank[r];

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <map>
+#include <sstream>
 #include <thread>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -30,6 +31,7 @@ TEST_P(DistWorlds, GatherAllgatherAllreduceBroadcast) {
     const int r = ctx.rank();
     auto mine = torch::full({2, 3}, float(r));
     auto gathered = ctx.gather(mine, "test gather");
+    EXPECT_EQ(ctx.gatherTransport(), size == 1 ? "none" : "shared_memory");
     if (r == 0) {
       ASSERT_EQ(int(gathered.size()), size);
       for (int k = 0; k < size; ++k)
@@ -55,7 +57,57 @@ TEST_P(DistWorlds, GatherAllgatherAllreduceBroadcast) {
   });
 }
 
+// The lines of /proc/self/maps that map a gather segment.
+std::vector<std::string> gatherSegmentMappings() {
+  std::vector<std::string> lines;
+  std::istringstream maps(test::slurp("/proc/self/maps"));
+  for (std::string line; std::getline(maps, line);)
+    if (line.find("/tiler-gather-") != std::string::npos) lines.push_back(line);
+  return lines;
+}
+
+// Ranks other than 0 run ahead of rank 0 (it sleeps before each gather), so a rank that wrote into a buffer
+// rank 0 still copies out would show as a wrong value; a tensor larger than the segment's slots goes
+// through gloo.
+TEST_P(DistWorlds, SharedMemoryGathersKeepEveryCallApart) {
+  const int size = GetParam();
+  if (size == 1) GTEST_SKIP() << "a world of one gathers nothing";
+  runRanks(size, [size](DistContext& ctx) {
+    const int r = ctx.rank();
+    for (int k = 0; k < 40; ++k) {
+      if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      auto gathered = ctx.gather(torch::full({64, 257}, float(r * 1000 + k)), "gather " + std::to_string(k));
+      for (int q = 0; r == 0 && q < size; ++q)
+        ASSERT_TRUE(torch::equal(gathered[size_t(q)], torch::full({64, 257}, float(q * 1000 + k))))
+            << "gather " << k << ", rank " << q;
+    }
+    EXPECT_EQ(ctx.gatherTransport(), "shared_memory");
+    // The name is gone once every rank mapped it: a killed job leaves nothing in /dev/shm.
+    for (const auto& line : gatherSegmentMappings())
+      EXPECT_NE(line.find("(deleted)"), std::string::npos) << line;
+    if (r == 0) EXPECT_FALSE(gatherSegmentMappings().empty());
+    auto big = ctx.gather(torch::full({128, 257}, float(r)), "a larger gather");
+    for (int q = 0; r == 0 && q < size; ++q)
+      EXPECT_TRUE(torch::equal(big[size_t(q)], torch::full({128, 257}, float(q))));
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(WorldSizes, DistWorlds, ::testing::Values(1, 2, 3, 4));
+
+// One rank that may not use shared memory keeps the whole world on the process group.
+TEST(Dist, ARankWithoutSharedMemoryKeepsEveryRankOnGloo) {
+  for (int without : {0, 2}) {
+    runRanks(
+        3,
+        [](DistContext& ctx) {
+          auto gathered = ctx.gather(torch::full({4}, float(ctx.rank())), "test gather");
+          EXPECT_EQ(ctx.gatherTransport(), "gloo");
+          for (int q = 0; ctx.rank() == 0 && q < 3; ++q)
+            EXPECT_TRUE(torch::equal(gathered[size_t(q)], torch::full({4}, float(q))));
+        },
+        std::chrono::seconds(30), [without](int rank, DistOptions& o) { o.shared_memory = rank != without; });
+  }
+}
 
 TEST(Dist, CollectiveTimeoutNamesTheRankAndWhat) {
   auto t0 = std::chrono::steady_clock::now();

@@ -137,13 +137,19 @@ TEST_F(Pipeline, WorldSizesOneToFourAreByteIdentical) {
     runCtrun(n, out);
     expectSameOutputs(ref, out);
     EXPECT_EQ(report(out)["world_size"], n);
+    EXPECT_EQ(report(out)["gather"], n == 1 ? "none" : "shared_memory") << "ranks of one host";
   }
+  // Through gloo's sockets, the same bytes.
+  const std::string out = root_ + "/out_w3_sockets";
+  runCtrun(3, out, "--no_shared_memory");
+  expectSameOutputs(ref, out);
+  EXPECT_EQ(report(out)["gather"], "gloo");
 }
 
 TEST_F(Pipeline, ReportHasEveryField) {
   auto j = report(reference());
   for (const char* key : {"world_size", "backend", "device", "precision", "seconds", "windows_total",
-                          "windows_per_second", "per_rank", "images"})
+                          "windows_per_second", "per_rank", "images", "gather"})
     EXPECT_TRUE(j.contains(key)) << key;
   EXPECT_EQ(j["backend"], "gloo");
   EXPECT_EQ(j["device"], "cpu");

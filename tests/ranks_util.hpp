@@ -23,10 +23,13 @@ inline WorldInfo worldOf(int rank, int size) {
   return w;
 }
 
+using ConfigureRank = std::function<void(int rank, DistOptions&)>;
+
 // Runs fn(ctx) on `size` threads sharing one in-process store; returns every rank's exception (or null).
+// `configure` may change a rank's options.
 inline std::vector<std::exception_ptr> runRanksCollect(
     int size, const std::function<void(DistContext&)>& fn,
-    std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+    std::chrono::milliseconds timeout = std::chrono::seconds(30), const ConfigureRank& configure = nullptr) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::thread> threads;
   std::vector<std::exception_ptr> errors(static_cast<size_t>(size));
@@ -35,6 +38,7 @@ inline std::vector<std::exception_ptr> runRanksCollect(
       try {
         DistOptions o;
         o.timeout = timeout;
+        if (configure) configure(r, o);
         DistContext ctx(worldOf(r, size), o, torch::Device(torch::kCPU), store);
         fn(ctx);
       } catch (...) {
@@ -48,8 +52,9 @@ inline std::vector<std::exception_ptr> runRanksCollect(
 
 // runRanksCollect, rethrowing the first failure.
 inline void runRanks(int size, const std::function<void(DistContext&)>& fn,
-                     std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
-  for (auto& e : runRanksCollect(size, fn, timeout))
+                     std::chrono::milliseconds timeout = std::chrono::seconds(30),
+                     const ConfigureRank& configure = nullptr) {
+  for (auto& e : runRanksCollect(size, fn, timeout, configure))
     if (e) std::rethrow_exception(e);
 }
 

@@ -2,9 +2,11 @@
 // Promise: discoverWorld() reads ctrun/torchrun (RANK, WORLD_SIZE, ...), else Slurm (SLURM_PROCID, ...), else
 // Open MPI (OMPI_COMM_WORLD_*), else a single process. DistContext rendezvouses through a c10d TCPStore that
 // rank 0 hosts on MASTER_PORT (all interfaces) and builds a gloo (CPU tensors) or NCCL (CUDA tensors) process
-// group. Every call is bounded by DistOptions::timeout; a timeout is a TimeoutError (a DistError) naming
-// MASTER_ADDR:MASTER_PORT, the rank, and what it waited for. A world of one makes no process group at all.
-// Not thread safe: one thread makes the collectives, in the same order on every rank.
+// group; ranks that all share one host (they can all map rank 0's shared memory segment) gather through it
+// instead of gloo's sockets (same bytes, a copy in and a copy out). Every call is bounded by
+// DistOptions::timeout; a timeout is a TimeoutError (a DistError) naming MASTER_ADDR:MASTER_PORT, the rank,
+// and what it waited for. A world of one makes no process group at all. Not thread safe: one thread makes the
+// collectives, in the same order on every rank.
 #pragma once
 
 #include <torch/types.h>
@@ -46,6 +48,9 @@ std::string chooseBackend(const std::string& requested, bool cuda_device, bool n
 struct DistOptions {
   std::string backend = "auto";  // auto | gloo | nccl
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // gather() through shared memory when every rank can map rank 0's segment (gloo, CPU tensors); a rank
+  // with false keeps the whole world on the process group.
+  bool shared_memory = true;
 };
 
 class DistContext {
@@ -62,8 +67,12 @@ class DistContext {
   const std::string& backendName() const { return backend_; }
   // Where collective tensors live: the model's CUDA device for NCCL, the CPU for gloo.
   const torch::Device& commDevice() const { return comm_device_; }
+  // How gather() moves tensors: "none" (a world of one), "nccl", "gloo", or "shared_memory" (decided by
+  // the first gather).
+  const std::string& gatherTransport() const { return gather_transport_; }
 
   // Every rank's `t` (same shape everywhere); on rank 0 the world's tensors in rank order, elsewhere empty.
+  // The first gather of a gloo world offers rank 0's shared memory to the others (two more allgathers).
   std::vector<torch::Tensor> gather(const torch::Tensor& t, const std::string& what);
   // Every rank's `t` on every rank, in rank order.
   std::vector<torch::Tensor> allgather(const torch::Tensor& t, const std::string& what);
@@ -79,14 +88,20 @@ class DistContext {
 
  private:
   struct Impl;
+  struct SharedGather;
   void init(c10::intrusive_ptr<c10d::Store> store, const torch::Device& device);
   [[noreturn]] void fail(const std::string& what, const std::exception& e) const;
+  void offerSharedMemory(size_t bytes, const std::string& what);
+  std::vector<torch::Tensor> gatherThroughSharedMemory(const torch::Tensor& t, const std::string& what);
 
   WorldInfo world_;
   DistOptions options_;
   std::string backend_;
+  std::string gather_transport_ = "none";
   torch::Device comm_device_{torch::kCPU};
   std::unique_ptr<Impl> impl_;
+  std::unique_ptr<SharedGather> shared_;  // gather()'s shared memory, when every rank mapped it
+  bool shared_memory_decided_ = false;    // by the first gather
 };
 
 }  // namespace tiler

@@ -53,6 +53,8 @@ struct InferOptions : JobOptions {
   // run of windows each rank takes (shardRun), so ranks decode fewer shared input tiles; 0: one batch
   // (the default: on 2 cores the held windows cost more CPU than the tiles saved, README).
   int shard_buffer = 0;
+  // Ranks of one host gather predictions through the process group's sockets, not shared memory.
+  bool no_shared_memory = false;
 };
 
 // Runs the job; returns kExitOk, or kExitSomeFailed when images failed. Throws on fatal errors (on every

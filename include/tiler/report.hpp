@@ -33,6 +33,7 @@ struct RunSummary {
   int read_threads = 1;           // threads reading each batch's windows
   int64_t shard_run = 1;          // windows each rank takes in a row (shardRun)
   std::string cpu_blas;           // cpuBlasName()
+  std::string gather = "none";    // how predictions reached rank 0 (DistContext::gatherTransport)
 };
 
 // The report of an infer run: statuses as the catalog holds them after the output stage finished ("done"

@@ -114,6 +114,8 @@ int runInferCli(int argc, char** argv) {
          "MiB of early predictions rank 0 may hold: longer runs of windows per rank, fewer input tiles "
          "decoded twice (0: one batch per rank and step)")
       ->capture_default_str();
+  app.add_flag(flagNames("--no_shared_memory"), o.no_shared_memory,
+               "ranks of one host gather predictions through gloo's sockets, not shared memory");
   if (const int code = tiler::parseCommandLine(app, argc, argv, "tiler"); code >= 0) return code;
   return tiler::runInfer(o);
 }
