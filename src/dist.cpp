@@ -249,16 +249,20 @@ void DistContext::fail(const std::string& what, const std::exception& e) const {
   throw DistError(os.str(), __FILE__, __LINE__);
 }
 
-std::vector<torch::Tensor> DistContext::gather(const torch::Tensor& t, const std::string& what) {
-  if (world_.world_size == 1) return {t};
+torch::Tensor DistContext::gather(const torch::Tensor& t, const std::string& what) {
+  TILER_CHECK(t.dim() >= 1, ConfigError, what << ": gather() concatenates tensors of one dimension or more");
+  if (world_.world_size == 1) return t;
   if (backend_ == "gloo" && t.device().is_cpu()) {
     if (!shared_memory_decided_) offerSharedMemory(t.nbytes(), what);
     if (shared_ && t.nbytes() <= shared_->slot_bytes) return gatherThroughSharedMemory(t, what);
   }
+  // Rank 0 receives into consecutive parts of one tensor: the concatenation without a copy of its own.
+  torch::Tensor all;
   std::vector<std::vector<torch::Tensor>> outputs;
   if (world_.rank == 0) {
+    all = torch::empty(worldRows(t), t.options());
     outputs.emplace_back();
-    for (int r = 0; r < world_.world_size; ++r) outputs[0].push_back(torch::empty_like(t));
+    for (int r = 0; r < world_.world_size; ++r) outputs[0].push_back(all.narrow(0, r * t.size(0), t.size(0)));
   }
   std::vector<torch::Tensor> inputs{t.contiguous()};
   try {
@@ -270,7 +274,13 @@ std::vector<torch::Tensor> DistContext::gather(const torch::Tensor& t, const std
   } catch (const std::exception& e) {
     fail(what, e);
   }
-  return world_.rank == 0 ? outputs[0] : std::vector<torch::Tensor>{};
+  return all;
+}
+
+std::vector<int64_t> DistContext::worldRows(const torch::Tensor& t) const {
+  std::vector<int64_t> sizes = t.sizes().vec();
+  sizes[0] *= world_.world_size;
+  return sizes;
 }
 
 void DistContext::offerSharedMemory(size_t bytes, const std::string& what) {
@@ -321,8 +331,7 @@ void DistContext::offerSharedMemory(size_t bytes, const std::string& what) {
   gather_transport_ = "shared_memory";
 }
 
-std::vector<torch::Tensor> DistContext::gatherThroughSharedMemory(const torch::Tensor& t,
-                                                                  const std::string& what) {
+torch::Tensor DistContext::gatherThroughSharedMemory(const torch::Tensor& t, const std::string& what) {
   const torch::Tensor src = t.contiguous();
   const size_t bytes = src.nbytes();
   const size_t slot = shared_->slot_bytes;
@@ -337,12 +346,12 @@ std::vector<torch::Tensor> DistContext::gatherThroughSharedMemory(const torch::T
                 what << ": rank " << r << " gathered " << sizes[r].item<int64_t>() << " bytes, rank "
                      << world_.rank << " " << bytes);
   if (world_.rank > 0) return {};
-  std::vector<torch::Tensor> out{src};
-  for (int r = 1; r < world_.world_size; ++r) {
-    out.push_back(torch::empty_like(src));
-    std::memcpy(out.back().data_ptr(), buffer + size_t(r - 1) * slot, bytes);
-  }
-  return out;
+  torch::Tensor all = torch::empty(worldRows(src), src.options());
+  auto* out = static_cast<char*>(all.data_ptr());
+  std::memcpy(out, src.data_ptr(), bytes);
+  for (int r = 1; r < world_.world_size; ++r)
+    std::memcpy(out + size_t(r) * bytes, buffer + size_t(r - 1) * slot, bytes);
+  return all;
 }
 
 std::vector<torch::Tensor> DistContext::allgather(const torch::Tensor& t, const std::string& what) {

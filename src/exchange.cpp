@@ -45,10 +45,9 @@ void StepExchange::check(const std::optional<std::string>& fatal, const std::str
   share(torch::zeros({0, 0}, torch::kInt64), fatal, what);
 }
 
-std::vector<torch::Tensor> StepExchange::gather(const torch::Tensor& t, const std::string& what) {
-  auto parts = dist_.gather(onComm(t), what);
-  for (auto& p : parts) p = p.cpu();
-  return parts;
+torch::Tensor StepExchange::gather(const torch::Tensor& t, const std::string& what) {
+  auto all = dist_.gather(onComm(t), what);
+  return all.defined() ? all.cpu() : all;
 }
 
 std::vector<torch::Tensor> StepExchange::allgather(const torch::Tensor& t, const std::string& what) {

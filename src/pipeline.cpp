@@ -343,7 +343,7 @@ void InferJob::runStep(int64_t step, int64_t steps, ForwardedBatch forwarded, Wi
       message = exchange_->imageFailure(image_id,
                                         "'" + catalog_.image(image_id).input + "': failed on another rank");
     // One rank: its own tensors, not a copy (8 MB a step for two channels of 16 windows of 256 px).
-    result.preds = gathered.size() == 1 ? gathered[0].contiguous() : torch::cat(gathered).contiguous();
+    result.preds = gathered.contiguous();
     result.meta = metas.size() == 1 ? metas[0].contiguous() : torch::cat(metas).contiguous();
     outputs->submit(std::move(result));  // a stopped stage says why at the next step
   }

@@ -71,9 +71,10 @@ class DistContext {
   // the first gather).
   const std::string& gatherTransport() const { return gather_transport_; }
 
-  // Every rank's `t` (same shape everywhere); on rank 0 the world's tensors in rank order, elsewhere empty.
-  // The first gather of a gloo world offers rank 0's shared memory to the others (two more allgathers).
-  std::vector<torch::Tensor> gather(const torch::Tensor& t, const std::string& what);
+  // Every rank's `t` (same shape everywhere, at least one dimension): on rank 0 the world's tensors
+  // concatenated along dimension 0 in rank order, elsewhere an undefined tensor. The first gather of a gloo
+  // world offers rank 0's shared memory to the others (two more allgathers).
+  torch::Tensor gather(const torch::Tensor& t, const std::string& what);
   // Every rank's `t` on every rank, in rank order.
   std::vector<torch::Tensor> allgather(const torch::Tensor& t, const std::string& what);
   // In place sum over ranks.
@@ -92,7 +93,8 @@ class DistContext {
   void init(c10::intrusive_ptr<c10d::Store> store, const torch::Device& device);
   [[noreturn]] void fail(const std::string& what, const std::exception& e) const;
   void offerSharedMemory(size_t bytes, const std::string& what);
-  std::vector<torch::Tensor> gatherThroughSharedMemory(const torch::Tensor& t, const std::string& what);
+  torch::Tensor gatherThroughSharedMemory(const torch::Tensor& t, const std::string& what);
+  std::vector<int64_t> worldRows(const torch::Tensor& t) const;  // t's sizes, dimension 0 times the world
 
   WorldInfo world_;
   DistOptions options_;
