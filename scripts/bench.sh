@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmarks: scripts/bench.sh [--quick] [io|slide|tta|model|pipeline|blas|ceiling|memory|scaling|ctrun|finetune|naive|mask|outputs|all]
+# Benchmarks: scripts/bench.sh [--quick] [io|slide|tta|model|pipeline|blas|ceiling|gather|memory|scaling|ctrun|finetune|naive|mask|outputs|all]
 # Generates its own deterministic inputs (cached in $TILER_BENCH_CACHE, default ~/.cache/tiler-bench), runs each
 # scenario $RUNS times (3; --quick: 1 run on small inputs), writes bench-results/bench.json and a table of
 # medians (min-max). fp32 on the CPU. Never part of CI's test run.
@@ -200,6 +200,25 @@ if want ceiling; then
       "$(ratio "${wall[2:1]}" "${wall[2:sockets]}")"
     emit "ceiling: summed read seconds 2 x 1 / 1 x 2" ratio "$(ratio "${read_sum[2:1]}" "${read_sum[1:2]}")"
     emit "ceiling: summed read seconds 2 x 1 / 1 rank default" ratio "$(ratio "${read_sum[2:1]}" "${read_sum[1:default]}")"
+  done
+fi
+
+# The step gather alone (tiler_bench gather: ranks as processes, each sends one batch of predictions, 4 MiB:
+# batch 8, 2 channels, 256 px, fp32): through rank 0's shared memory vs gloo's sockets on loopback.
+if want gather; then
+  for _ in $(seq "$runs"); do
+    for n in 2 4; do
+      declare -A per=()
+      for how in shared_memory sockets; do
+        flag=()
+        [ "$how" = sockets ] && flag=(--no_shared_memory)
+        out=$("$bin/ctrun" --nproc_per_node "$n" --master_port 0 "$bin/tiler_bench" gather --mib 4 --gathers 100 \
+          "${flag[@]}" 2>/dev/null | grep ms_per_gather)
+        per[$how]=$(json "$out" ms_per_gather)
+        emit "gather: $n ranks, 4 MiB a rank, through $how" ms_per_gather "${per[$how]}"
+      done
+      emit "gather: $n ranks, shared memory / sockets" ratio "$(ratio "${per[shared_memory]}" "${per[sockets]}")"
+    done
   done
 fi
 

@@ -3,6 +3,7 @@
 //   io        every window of an image read through ImageReader: MB/s of decoded pixels, peak RSS
 //   naive     what a user writes without tiler: whole image in memory, full-size float accumulators
 //   make      a deterministic square RGB tiled TIFF of any size, written in bands
+//   gather    the step gather alone: ranks started by ctrun gather a batch of predictions K times
 //   summarize JSON lines on stdin -> medians, min, max per scenario (JSON file + table)
 #include <unistd.h>
 #include <CLI/CLI.hpp>
@@ -18,6 +19,7 @@
 
 #include "tiler/blend.hpp"
 #include "tiler/cli.hpp"
+#include "tiler/dist.hpp"
 #include "tiler/error.hpp"
 #include "tiler/image_io.hpp"
 #include "tiler/loader.hpp"
@@ -276,6 +278,30 @@ int summarize(const std::string& out_path) {
   return 0;
 }
 
+// The step gather alone, as tiler's ranks make it (rank 0 prints): `gathers` gathers of `mib` MiB a rank.
+int gather(double mib, int gathers, bool shared_memory) {
+  const tiler::WorldInfo world = tiler::discoverWorld();
+  tiler::DistOptions o;
+  o.shared_memory = shared_memory;
+  tiler::DistContext dist(world, o, torch::Device(torch::kCPU));
+  auto t = torch::full({int64_t(mib * 262144)}, float(world.rank));
+  dist.gather(t, "the first gather");
+  dist.barrier("the start");
+  const auto t0 = Clock::now();
+  for (int k = 0; k < gathers; ++k) dist.gather(t, "gather " + std::to_string(k));
+  const double s = since(t0);
+  if (world.rank == 0)
+    std::cout << nlohmann::json{{"ranks", world.world_size},
+                                {"mib", mib},
+                                {"gathers", gathers},
+                                {"seconds", s},
+                                {"ms_per_gather", 1000 * s / gathers},
+                                {"transport", dist.gatherTransport()}}
+                     .dump()
+              << std::endl;
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -316,6 +342,13 @@ int main(int argc, char** argv) {
   t->add_option("output", path)->required();
   bool threshold = false;
   t->add_flag("--threshold", threshold, "class 1 where red > 0.5 instead (regions for polygon runs)");
+  auto* g = app.add_subcommand("gather", "the step gather alone (start the ranks with ctrun)");
+  double mib = 4;
+  int gathers = 100;
+  bool no_shared_memory = false;
+  g->add_option(flagNames("--mib"), mib, "MiB each rank sends per gather");
+  g->add_option(flagNames("--gathers"), gathers);
+  g->add_flag(flagNames("--no_shared_memory"), no_shared_memory, "through gloo's sockets");
   auto* s = app.add_subcommand("summarize", "medians of JSON lines on stdin");
   s->add_option(flagNames("-o,--output"), out);
   CLI11_PARSE(app, argc, argv);
@@ -325,6 +358,7 @@ int main(int argc, char** argv) {
     if (*n) return naive(path, model, window, batch, threads);
     if (*mk) return make(path, size, tissue);
     if (*t) return tinyModel(path, threshold);
+    if (*g) return gather(mib, gathers, !no_shared_memory);
     return summarize(out);
   } catch (const std::exception& e) {
     return tiler::reportFatal("tiler_bench", e);
