@@ -1,6 +1,8 @@
 // tiler: infer (default), finetune, info. Parses flags into the flat params structs and calls the library.
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 
@@ -12,6 +14,21 @@
 #include "tiler/version.hpp"
 
 namespace {
+
+// A finished job's outputs and report are closed and renamed into place when its command returns; what
+// is left to a normal exit is LibTorch's static teardown (deregistering every operator, freeing its heap):
+// 0.09-0.14 s of every run, 6% of an 8192 px null-model job. Sanitizer builds exit normally: their leak
+// and race verdicts run at exit.
+int exitWithoutTeardown(int code) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  return code;
+#else
+  spdlog::default_logger()->flush();
+  std::cout.flush();
+  std::fflush(nullptr);
+  std::_Exit(code);
+#endif
+}
 
 using tiler::flagNames;
 
@@ -203,9 +220,9 @@ int main(int argc, char** argv) {
     }
     if (sub == "info") return runInfoCli(argc - 1, argv + 1);
     if (sub == "overlay") return runOverlayCli(argc - 1, argv + 1);
-    if (sub == "finetune") return runFinetuneCli(argc - 1, argv + 1);
-    if (sub == "infer") return runInferCli(argc - 1, argv + 1);
-    return runInferCli(argc, argv);
+    if (sub == "finetune") return exitWithoutTeardown(runFinetuneCli(argc - 1, argv + 1));
+    if (sub == "infer") return exitWithoutTeardown(runInferCli(argc - 1, argv + 1));
+    return exitWithoutTeardown(runInferCli(argc, argv));
   } catch (const std::exception& e) {
     return tiler::reportFatal("tiler", e);
   }
