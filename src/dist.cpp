@@ -15,6 +15,7 @@
 #include <system_error>
 
 #include "tiler/error.hpp"
+#include "tiler/rendezvous.hpp"
 #include "tiler/torch_compat.hpp"
 
 namespace tiler {
@@ -177,6 +178,10 @@ DistContext::DistContext(const WorldInfo& world, const DistOptions& options, con
   so.timeout = options_.timeout;
   c10::intrusive_ptr<c10d::Store> store;
   try {
+    // c10d's client sleeps a whole second after a refused connection, and rank 0 (loading LibTorch too)
+    // often starts listening a moment after the others arrive: wait for its listener here, in 20 ms steps.
+    if (!so.isServer)
+      ::close(connectTcp(world_.master_addr, world_.master_port, options_.timeout, "nothing listened"));
     store = c10::make_intrusive<c10d::TCPStore>(world_.master_addr, so);
   } catch (const std::exception& e) {
     TILER_THROW(DistError, "rank " << world_.rank << ": cannot " << (so.isServer ? "host" : "reach")

@@ -142,37 +142,42 @@ void StoreServer::loop() {
   for (auto& c : clients) ::close(c.fd);
 }
 
-StoreClient::StoreClient(const std::string& host, int port, std::chrono::milliseconds timeout)
-    : endpoint_(host + ":" + std::to_string(port)), timeout_(timeout) {
+int connectTcp(const std::string& host, int port, std::chrono::milliseconds timeout,
+               const std::string& what) {
   const auto deadline = Clock::now() + timeout;
   std::string last_error = "not tried";
   for (;;) {
     addrinfo hints{};
-    hints.ai_family = AF_INET;
+    hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
     addrinfo* found = nullptr;
     const int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
     if (rc != 0) {
       last_error = gai_strerror(rc);
     } else {
-      fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-      if (fd_ >= 0 && connect(fd_, found->ai_addr, found->ai_addrlen) == 0) {
-        freeaddrinfo(found);
-        int one = 1;
-        setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        return;
+      for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+        const int fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd >= 0 && connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+          freeaddrinfo(found);
+          return fd;
+        }
+        last_error = std::strerror(errno);
+        if (fd >= 0) ::close(fd);
       }
-      last_error = std::strerror(errno);
-      if (fd_ >= 0) ::close(fd_);
-      fd_ = -1;
       freeaddrinfo(found);
     }
     if (Clock::now() >= deadline) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  TILER_THROW(TimeoutError, "ctrun: cannot reach the rendezvous store at " << endpoint_ << " within "
-                                                                           << timeout.count() / 1000.0
-                                                                           << " s: " << last_error);
+  TILER_THROW(TimeoutError, what << " at " << host << ":" << port << " within " << timeout.count() / 1000.0
+                                 << " s: " << last_error);
+}
+
+StoreClient::StoreClient(const std::string& host, int port, std::chrono::milliseconds timeout)
+    : endpoint_(host + ":" + std::to_string(port)), timeout_(timeout) {
+  fd_ = connectTcp(host, port, timeout, "ctrun: cannot reach the rendezvous store");
+  int one = 1;
+  setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
 StoreClient::~StoreClient() {

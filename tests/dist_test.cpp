@@ -218,5 +218,27 @@ TEST(Dist, GarbageOnTheStorePortDoesNotCrashRankZero) {
   EXPECT_EQ(server.get("after"), (std::vector<uint8_t>{9}));
 }
 
+// c10d's own client sleeps a whole second after a refused connection; a rank that arrives before rank 0
+// listens joins a few 20 ms polls after the store is up instead.
+TEST(Dist, ARankArrivingBeforeTheStoreJoinsSoonAfterItListens) {
+  using Clock = std::chrono::steady_clock;
+  DistOptions o;
+  o.timeout = std::chrono::seconds(20);
+  WorldInfo w0 = worldOf(0, 2), w1 = worldOf(1, 2);
+  w0.master_port = w1.master_port = test::freePort();
+  Clock::time_point joined;
+  std::thread early([&] {
+    DistContext ctx(w1, o, torch::Device(torch::kCPU));
+    joined = Clock::now();
+    ctx.barrier("after joining");
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto listening = Clock::now();
+  DistContext ctx(w0, o, torch::Device(torch::kCPU));
+  ctx.barrier("after joining");
+  early.join();
+  EXPECT_LT(joined - listening, std::chrono::milliseconds(500)) << "rank 1 waited out c10d's 1 s retry";
+}
+
 }  // namespace
 }  // namespace tiler

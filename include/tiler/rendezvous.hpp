@@ -66,6 +66,10 @@ class StoreClient {
   std::string pending_;  // bytes read past the last reply
 };
 
+// A connected TCP socket to host:port (any of its addresses), retrying every 20 ms until `timeout` (the
+// listener may not be up yet); TimeoutError "<what> at host:port within T s: <last error>" after it.
+int connectTcp(const std::string& host, int port, std::chrono::milliseconds timeout, const std::string& what);
+
 // "host:port" -> (host, port); throws ConfigError naming `flag` on nonsense.
 std::pair<std::string, int> parseEndpoint(const std::string& endpoint, const std::string& flag);
 // "N" or "MIN:MAX" -> (min, max); throws ConfigError.
