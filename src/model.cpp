@@ -61,9 +61,9 @@ void* mapBlock(size_t size) {
   void* raw = mmap(nullptr, size + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (raw == MAP_FAILED) return raw;
   const uintptr_t start = (uintptr_t(raw) + kHugePage - 1) & ~uintptr_t(kHugePage - 1);
-  const size_t head = start - uintptr_t(raw);
+  const size_t head = start - uintptr_t(raw);  // < kHugePage: the tail below is never empty
   if (head > 0) munmap(raw, head);
-  if (head < kHugePage) munmap(reinterpret_cast<char*>(start) + size, kHugePage - head);
+  munmap(reinterpret_cast<char*>(start) + size, kHugePage - head);
   madvise(reinterpret_cast<void*>(start), size, MADV_HUGEPAGE);
   return reinterpret_cast<void*>(start);
 }
