@@ -118,6 +118,7 @@ Stitcher::Stitcher(const WindowGrid& grid, int channels, StitchOptions options, 
 size_t Stitcher::bytesHeld() const {
   size_t pending = 0;
   for (auto& [i, v] : pending_) pending += v.size() * sizeof(float);
+  for (auto& v : spare_) pending += v.size() * sizeof(float);
   return (acc_.size() + weight_.size() + importance_.size()) * sizeof(float) + pending;
 }
 
@@ -132,15 +133,25 @@ void Stitcher::add(int64_t index, const float* chw) {
                                   << ") or not among the windows to expect");
   if (position != next_) {
     const size_t n = size_t(channels_ * win_w_ * win_h_);
-    pending_.emplace(position, std::vector<float>(chw, chw + n));
+    std::vector<float> copy;
+    if (!spare_.empty()) {
+      copy = std::move(spare_.back());
+      spare_.pop_back();
+    } else {
+      ++early_buffers_made_;
+    }
+    copy.assign(chw, chw + n);
+    pending_.emplace(position, std::move(copy));
     return;
   }
   accumulate(index, chw);
   ++next_;
   for (auto it = pending_.begin(); it != pending_.end() && it->first == next_; it = pending_.erase(it)) {
     accumulate(windowAt(it->first), it->second.data());
+    spare_.push_back(std::move(it->second));
     ++next_;
   }
+  if (next_ == count_) spare_.clear();
   if (next_ == count_) flushUpTo(padded_h_);
 }
 

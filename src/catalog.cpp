@@ -120,6 +120,21 @@ std::pair<int, int64_t> WindowCatalog::locate(int64_t global) const {
   return {planned_[k], image.gridWindow(global - planned_first_[k])};
 }
 
+std::vector<int64_t> WindowCatalog::rowLengths() const {
+  std::vector<int64_t> rows;
+  for (const int id : planned_) {
+    const CatalogImage& image = images_[size_t(id)];
+    int64_t row = -1;
+    for (int64_t k = 0; k < image.plannedWindows(); ++k) {
+      const int64_t r = image.gridWindow(k) / image.grid.columns();
+      if (r != row) rows.push_back(0);
+      row = r;
+      ++rows.back();
+    }
+  }
+  return rows;
+}
+
 WindowCatalog buildInferCatalog(const InferCatalogOptions& o, const CatalogSpec& spec) {
   std::vector<std::string> files = listImages(o.inputs, o.recursive);
   TILER_CHECK(!files.empty(), ConfigError, "no input images found in the given --input paths");

@@ -89,7 +89,7 @@ class InferJob {
   std::unique_ptr<ModelRunner> model_;
   ForwardLayout layout_;
   int read_threads_ = 1;
-  int64_t shard_run_ = 1;  // windows each rank takes in a row
+  int64_t shard_run_ = 1;  // the most windows one rank takes in a row (RowDeal::longest_part)
   std::string cpu_blas_;   // cpuBlasName(), asked once
   std::unique_ptr<DistContext> dist_;
   std::unique_ptr<StepExchange> exchange_;
@@ -118,7 +118,8 @@ void InferJob::validateOptions() {
   TILER_CHECK(
       o_.read_threads >= 0, ConfigError,
       "--read_threads must be >= 0 (0: the CPUs the forward leaves, up to " << kMaxAutoReadThreads << ")");
-  TILER_CHECK(o_.shard_buffer >= 0, ConfigError, "--shard_buffer must be >= 0 (MiB; 0: one batch per run)");
+  TILER_CHECK(o_.shard_buffer >= 0, ConfigError,
+              "--shard_buffer must be >= 0 (MiB; 0: one batch a rank per piece of a row)");
   TILER_CHECK(o_.timeout > 0, ConfigError, "--timeout must be > 0");
   TILER_CHECK(o_.on_error == "skip" || o_.on_error == "abort", ConfigError,
               "--on_error must be skip or abort");
@@ -473,28 +474,24 @@ int InferJob::run() {
                         << ": the ranks see different inputs");
   }
 
-  SamplerOptions so;
-  so.world_size = world_.world_size;
-  so.rank = world_.rank;
   const int64_t B = o_.batch_size;
-  // Each rank takes runs of neighbouring windows (they share input tiles), as long as the windows of the
-  // other ranks' runs, which reach rank 0 before their turn, fit in --shard_buffer.
+  // Each rank takes parts of every grid row of windows (they share input tiles), in pieces short enough that
+  // the windows of the other ranks' parts, which reach rank 0 before their turn, fit in --shard_buffer.
   const int64_t window_bytes = int64_t(probe_.output_channels) * probe_.scale.apply(spec_.window_h) *
                                probe_.scale.apply(spec_.window_w) * int64_t(sizeof(float));
-  const int64_t early_windows =
-      (int64_t(o_.shard_buffer) << 20) / (window_bytes * std::max(1, world_.world_size - 1));
-  so.block = shardRun(catalog_.totalWindows(), world_.world_size, B, early_windows);
-  shard_run_ = so.block;
-  DistributedSampler sampler(catalog_.totalWindows(), so);
-  const int64_t steps = (sampler.perRank() + B - 1) / B;
+  const int64_t early_windows = (int64_t(o_.shard_buffer) << 20) / window_bytes;
+  RowDeal deal = dealRows(catalog_.rowLengths(), world_.world_size, world_.rank,
+                          maxPiece(world_.world_size, B, early_windows));
+  shard_run_ = deal.longest_part;
+  const int64_t steps = (int64_t(deal.slots.size()) + B - 1) / B;
   if (world_.rank == 0) {
     const bool cpu = model_->device().is_cpu();
     spdlog::info(
         "{} image(s), {} windows of {}x{} on {} rank(s), {} step(s) of batch {}, {} {} on {}{}, {} "
-        "replica(s) x {} thread(s), {} read thread(s), runs of {} window(s) per rank",
+        "replica(s) x {} thread(s), {} read thread(s), parts of up to {} window(s) a row per rank",
         catalog_.images().size(), catalog_.totalWindows(), spec_.window_w, spec_.window_h, world_.world_size,
         steps, B, dist_->backendName(), precisionName(model_->precision()), model_->device().str(),
-        cpu ? " with " + cpu_blas_ : "", layout_.replicas, layout_.threads, read_threads_, so.block);
+        cpu ? " with " + cpu_blas_ : "", layout_.replicas, layout_.threads, read_threads_, shard_run_);
     if (cpu && cpu_blas_ == kReferenceBlas)
       spdlog::warn(
           "LibTorch calls the reference BLAS: convolutions lowered to matrix products run up to 1.8x slower "
@@ -514,7 +511,7 @@ int InferJob::run() {
   lo.fault = fault_;
   std::unique_ptr<OutputStage> outputs;
   if (world_.rank == 0) outputs = std::make_unique<OutputStage>(catalog_, outputOptions());
-  WindowLoader loader(catalog_, spec_, lo, sampler.slots(), steps);
+  WindowLoader loader(catalog_, spec_, lo, std::move(deal.slots), steps);
   ForwardPool pool(*model_, layout_);
   // Every replica busy and one more batch queued, so that none waits while this thread exchanges.
   const int64_t ahead = pool.replicas() + 1;

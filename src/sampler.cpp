@@ -1,6 +1,7 @@
 #include "tiler/sampler.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 #include <random>
 
@@ -13,18 +14,52 @@ DistributedSampler::DistributedSampler(int64_t total, SamplerOptions options)
   TILER_CHECK(options.world_size >= 1 && options.rank >= 0 && options.rank < options.world_size, ConfigError,
               "sampler: rank " << options.rank << " outside world of " << options.world_size);
   TILER_CHECK(total >= 0, ConfigError, "sampler: negative item count");
-  TILER_CHECK(options.block >= 1, ConfigError, "sampler: block must be >= 1");
-  const int64_t run = options.block * options.world_size;  // items per step across the world
-  per_rank_ = (options.drop_last ? total / run : (total + run - 1) / run) * options.block;
+  const int64_t N = options.world_size;
+  per_rank_ = options.drop_last ? total / N : (total + N - 1) / N;
 }
 
-int64_t shardRun(int64_t total, int world_size, int64_t batch, int64_t max_run) {
-  TILER_CHECK(batch >= 1 && world_size >= 1, ConfigError, "shardRun: batch and world size must be >= 1");
-  if (world_size == 1 || total <= 0) return batch;
-  auto ceilDiv = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
-  const int64_t longest = std::max(batch, max_run / batch * batch);
-  const int64_t rounds = ceilDiv(total, int64_t(world_size) * longest);
-  return ceilDiv(ceilDiv(total, int64_t(world_size) * rounds), batch) * batch;
+namespace {
+int64_t ceilDiv(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+}  // namespace
+
+RowDeal dealRows(const std::vector<int64_t>& rows, int world_size, int rank, int64_t max_piece) {
+  TILER_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, ConfigError,
+              "sampler: rank " << rank << " outside world of " << world_size);
+  TILER_CHECK(max_piece >= 1, ConfigError, "sampler: pieces must hold at least one window");
+  const int64_t N = world_size;
+  // Rank q's share of the first x items: rank 0 takes the first extra one, so counts never differ by more
+  // than one.
+  auto share = [N](int64_t q, int64_t x) { return (x + N - 1 - q) / N; };
+  RowDeal deal;
+  int64_t at = 0;  // global position of the piece
+  for (const int64_t row : rows) {
+    TILER_CHECK(row >= 0, ConfigError, "sampler: negative row length");
+    const int64_t pieces = row == 0 ? 0 : 1 + (row - 1) / max_piece;  // max_piece may be the largest int64
+    for (int64_t p = 0; p < pieces; ++p) {
+      const int64_t length = row * (p + 1) / pieces - row * p / pieces;
+      int64_t start = at;
+      for (int64_t q = 0; q < N; ++q) {
+        const int64_t part = share(q, at + length) - share(q, at);
+        deal.longest_part = std::max(deal.longest_part, part);
+        if (q == rank)
+          for (int64_t i = 0; i < part; ++i) deal.slots.push_back({start + i, false});
+        start += part;
+      }
+      at += length;
+    }
+  }
+  // Equal counts on every rank: the ranks with one window fewer take a padded slot.
+  while (int64_t(deal.slots.size()) < ceilDiv(at, N)) deal.slots.push_back({0, true});
+  return deal;
+}
+
+int64_t maxPiece(int world_size, int64_t batch, int64_t early_windows) {
+  if (world_size == 1) return std::numeric_limits<int64_t>::max();
+  const int64_t N = world_size;
+  // Rank 0's part of a piece comes first, so the others' parts of it (N-1 of N) arrive before their turn.
+  return std::max(N * batch, early_windows / (N - 1) * N);
 }
 
 std::vector<int64_t> DistributedSampler::order(int64_t epoch) const {
@@ -46,10 +81,9 @@ std::vector<SampleSlot> DistributedSampler::slots(int64_t epoch) const {
   std::vector<int64_t> base = order(epoch);
   std::vector<SampleSlot> out;
   out.reserve(size_t(per_rank_));
-  const int64_t B = options_.block, N = options_.world_size;
+  const int64_t N = options_.world_size;
   for (int64_t k = 0; k < per_rank_; ++k) {
-    // The k-th item of this rank: step k / B, offset k % B in its run (B = 1: positions r, r+N, ...).
-    const int64_t pos = (k / B) * B * N + options_.rank * B + k % B;
+    const int64_t pos = k * N + options_.rank;
     if (pos < total_) {
       out.push_back({base[size_t(pos)], false});
     } else {

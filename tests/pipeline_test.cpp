@@ -14,6 +14,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
@@ -157,7 +158,7 @@ TEST_F(Pipeline, ReportHasEveryField) {
   for (const char* key : {"rank", "windows", "read_seconds", "forward_seconds", "gather_seconds",
                           "peak_rss_mb", "tiles_decoded"})
     EXPECT_TRUE(j["per_rank"][0].contains(key)) << key;
-  EXPECT_EQ(j["shard_run"], 4) << "one rank: runs of one batch";
+  EXPECT_EQ(j["shard_run"], 7) << "one rank: whole rows, the longest of 7 windows (a_large.tif, 700 px wide)";
   ASSERT_EQ(j["images"].size(), 5u);
   int64_t windows = 0;
   for (const auto& img : j["images"]) {
@@ -737,10 +738,11 @@ TEST_F(Pipeline, ReadThreadsWriteTheSameBytes) {
   }
 }
 
-// With --shard_buffer two ranks take runs of 64 neighbouring windows (rank 0 holds the other run's early
-// predictions) and decode the input tiles their runs share only where the runs meet: a 1024 px image of
-// 64 px tiles, 121 windows. Runs of one batch (the default) hand both ranks windows of every tile row.
-TEST_F(Pipeline, ShardBufferRunsDecodeSharedTilesOnceAndWriteTheSameBytes) {
+// Two ranks take a part of every row of windows each (rank 0 holds the other part's early predictions) and
+// decode the input tiles their parts share only where the parts meet: a 1024 px image of 64 px tiles, 11 rows
+// of 11 windows. With --shard_buffer 0 rows are cut into pieces of one batch a rank, whose parts meet more
+// often.
+TEST_F(Pipeline, RanksTakePartsOfRowsDecodeSharedTilesOnceAndWriteTheSameBytes) {
   const std::string dir = root_ + "/runs";
   fs::create_directories(dir + "/in");
   WriterOptions wo;
@@ -756,27 +758,26 @@ TEST_F(Pipeline, ShardBufferRunsDecodeSharedTilesOnceAndWriteTheSameBytes) {
     for (const auto& r : j["per_rank"]) sum += r["tiles_decoded"].get<int64_t>();
     return sum;
   };
-  auto one = run(args + " -o " + dir + "/one --shard_buffer 256");
+  auto one = run(args + " -o " + dir + "/one");
   ASSERT_EQ(one.code, 0) << one.output;
   EXPECT_EQ(tiles(dir + "/one"), 256) << "one rank decodes every tile once";
-  EXPECT_EQ(report(dir + "/one")["shard_run"], 4) << "one rank: runs of one batch whatever the buffer";
+  EXPECT_EQ(report(dir + "/one")["shard_run"], 11) << "one rank: whole rows";
   const std::string two_ranks = kCtrun + " --nproc_per_node 2 --master_port 0 " + args;
-  for (const char* buffer : {"", "--shard_buffer 256"}) {
-    const std::string out = dir + (*buffer ? "/two_runs" : "/two");
+  std::map<std::string, int64_t> decoded;
+  for (const char* buffer : {"", "--shard_buffer 0"}) {
+    const std::string out = dir + (*buffer ? "/two_pieces" : "/two");
     auto two = run(two_ranks + " -o " + out + " " + buffer);
     ASSERT_EQ(two.code, 0) << two.output;
     for (const char* kind : {"labels", "probs"}) {
       const std::string name = std::string("/tiles_") + kind + ".tif";
       EXPECT_TRUE(slurp(dir + "/one" + name) == slurp(out + name)) << out << name;
     }
-    if (*buffer) {
-      EXPECT_EQ(report(out)["shard_run"], 64);
-      EXPECT_LE(tiles(out), 256 * 5 / 4) << "runs of 64 windows: only the tiles where the runs meet twice";
-    } else {
-      EXPECT_EQ(report(out)["shard_run"], 4);
-      EXPECT_GT(tiles(out), 256 * 3 / 2) << "runs of one batch: most tiles on both ranks";
-    }
+    decoded[buffer] = tiles(out);
+    EXPECT_EQ(report(out)["shard_run"], *buffer ? 3 : 6) << out;
   }
+  // Runs of one batch a rank and step (before rows were dealt) decoded more than 384.
+  EXPECT_LE(decoded[""], 256 * 5 / 4) << "parts of rows: only the tiles where the parts meet twice";
+  EXPECT_GT(decoded["--shard_buffer 0"], decoded[""]) << "pieces of a batch a rank meet more often";
 }
 
 // Debian's reference BLAS (libblas3) first on the library path: the start-up warns, the report names it.

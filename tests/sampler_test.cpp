@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <numeric>
 #include <set>
 
 #include "tiler/error.hpp"
@@ -46,73 +47,123 @@ class SamplerWorlds : public ::testing::TestWithParam<int> {};
 TEST_P(SamplerWorlds, EveryItemExactlyOnceAmongUnpaddedSlots) {
   const int world = GetParam();
   for (int64_t total : {0, 1, 7, 64, 101})
-    for (bool shuffle : {false, true})
-      for (int64_t block : {1, 3, 8}) {
-        std::multiset<int64_t> seen;
-        size_t per_rank = 0;
-        for (int r = 0; r < world; ++r) {
-          SamplerOptions o{world, r, shuffle, 42, false, block};
-          auto slots = DistributedSampler(total, o).slots(3);
-          if (r == 0) per_rank = slots.size();
-          EXPECT_EQ(slots.size(), per_rank) << "same step count on every rank";
-          for (auto& s : slots)
-            if (!s.padded) seen.insert(s.index);
+    for (bool shuffle : {false, true}) {
+      std::multiset<int64_t> seen;
+      size_t per_rank = 0;
+      for (int r = 0; r < world; ++r) {
+        SamplerOptions o{world, r, shuffle, 42, false};
+        auto slots = DistributedSampler(total, o).slots(3);
+        if (r == 0) per_rank = slots.size();
+        EXPECT_EQ(slots.size(), per_rank) << "same step count on every rank";
+        for (auto& s : slots)
+          if (!s.padded) seen.insert(s.index);
+      }
+      EXPECT_EQ(seen.size(), size_t(total));
+      for (int64_t i = 0; i < total; ++i) EXPECT_EQ(seen.count(i), 1u);
+    }
+}
+
+// Row lengths of the deal tests: empty and one-window rows, a 43 x 43 grid, masked rows of any length.
+std::vector<std::vector<int64_t>> dealCases() {
+  std::vector<std::vector<int64_t>> cases = {
+      {}, {0}, {1}, {1, 0, 1, 1}, {5, 3}, {7}, std::vector<int64_t>(43, 43)};
+  std::vector<int64_t> masked;
+  for (int64_t i = 0; i < 60; ++i) masked.push_back((i * 37) % 23);
+  cases.push_back(masked);
+  return cases;
+}
+
+int64_t sum(const std::vector<int64_t>& v) {
+  return std::accumulate(v.begin(), v.end(), int64_t(0));
+}
+
+TEST_P(SamplerWorlds, DealsEveryWindowOnceAndEveryRankTheSameCount) {
+  const int world = GetParam();
+  for (const auto& rows : dealCases())
+    for (int64_t piece : {int64_t(1), int64_t(2), int64_t(5), int64_t(16), int64_t(1) << 40}) {
+      std::multiset<int64_t> seen;
+      for (int r = 0; r < world; ++r) {
+        auto deal = dealRows(rows, world, r, piece);
+        EXPECT_EQ(int64_t(deal.slots.size()), (sum(rows) + world - 1) / world)
+            << "same step count on every rank";
+        int64_t last = -1;
+        for (auto& s : deal.slots) {
+          if (s.padded) continue;
+          EXPECT_GT(s.index, last) << "each rank's windows in global order";
+          last = s.index;
+          seen.insert(s.index);
         }
-        EXPECT_EQ(seen.size(), size_t(total)) << "block " << block;
-        for (int64_t i = 0; i < total; ++i) EXPECT_EQ(seen.count(i), 1u);
-        EXPECT_EQ(per_rank % size_t(block), 0u) << "whole steps of `block` on every rank";
+      }
+      ASSERT_EQ(int64_t(seen.size()), sum(rows)) << "piece " << piece;
+      for (int64_t i = 0; i < sum(rows); ++i) EXPECT_EQ(seen.count(i), 1u);
+    }
+}
+
+// Rank 0 stitches in global order: the windows other ranks hand in before their turn stay within
+// --shard_buffer's windows (at least a batch a rank, the step's own), whatever the rows look like.
+TEST_P(SamplerWorlds, EarlyWindowsAtRankZeroStayWithinTheBudget) {
+  const int world = GetParam();
+  for (const auto& rows : dealCases())
+    for (int64_t batch : {int64_t(1), int64_t(4), int64_t(8)})
+      for (int64_t early : {int64_t(0), int64_t(5), int64_t(64), int64_t(500)}) {
+        std::vector<std::vector<SampleSlot>> slots;
+        for (int r = 0; r < world; ++r)
+          slots.push_back(dealRows(rows, world, r, maxPiece(world, batch, early)).slots);
+        std::vector<bool> arrived(size_t(sum(rows)), false);
+        int64_t next = 0, held = 0, most = 0;
+        for (size_t first = 0; first < slots[0].size(); first += size_t(batch)) {
+          for (const auto& rank : slots)
+            for (size_t k = first; k < std::min(rank.size(), first + size_t(batch)); ++k)
+              if (!rank[k].padded) arrived[size_t(rank[k].index)] = true, ++held;
+          while (next < int64_t(arrived.size()) && arrived[size_t(next)]) ++next, --held;
+          most = std::max(most, held);
+        }
+        EXPECT_EQ(held, 0);
+        EXPECT_LE(most, std::max(early, (world - 1) * batch) + world - 1)
+            << world << " ranks, batch " << batch << ", " << early << " early windows, " << rows.size()
+            << " rows";
       }
 }
 
-// Inference's steps: step s hands rank r the run [sBN + rB, sBN + (r+1)B) of the global window list.
-TEST(Sampler, BlocksAreContiguousRunsPerStep) {
-  SamplerOptions o;
-  o.world_size = 2;
-  o.block = 3;
-  o.rank = 0;
-  EXPECT_EQ(indices(DistributedSampler(10, o).slots()), (std::vector<int64_t>{0, 1, 2, 6, 7, 8}));
-  o.rank = 1;
-  auto r1 = DistributedSampler(10, o).slots();
-  EXPECT_EQ(indices(r1), (std::vector<int64_t>{3, 4, 5, 9, 0, 1}));
-  EXPECT_FALSE(r1[3].padded);
-  EXPECT_TRUE(r1[4].padded);
-  EXPECT_TRUE(r1[5].padded);
+// Two ranks and rows that fit: each rank takes one contiguous part of every row, rank 0 the first, the
+// extra window going to whichever rank has fewer so far.
+TEST(Sampler, RowsAreDealtInContiguousPartsRankZeroFirst) {
+  const int64_t whole = int64_t(1) << 40;
+  auto r0 = dealRows({5, 3}, 2, 0, whole), r1 = dealRows({5, 3}, 2, 1, whole);
+  EXPECT_EQ(indices(r0.slots), (std::vector<int64_t>{0, 1, 2, 5}));
+  EXPECT_EQ(indices(r1.slots), (std::vector<int64_t>{3, 4, 6, 7}));
+  EXPECT_EQ(r0.longest_part, 3);
+  EXPECT_EQ(r1.longest_part, 3) << "the same on every rank";
+  // A row of 10 in pieces of at most 4: 3, 3, 4.
+  EXPECT_EQ(indices(dealRows({10}, 2, 0, 4).slots), (std::vector<int64_t>{0, 1, 3, 6, 7}));
+  EXPECT_EQ(indices(dealRows({10}, 2, 1, 4).slots), (std::vector<int64_t>{2, 4, 5, 8, 9}));
+  auto padded = dealRows({3}, 2, 1, whole);
+  ASSERT_EQ(padded.slots.size(), 2u);
+  EXPECT_TRUE(padded.slots[1].padded);
+  EXPECT_EQ(dealRows({43}, 1, 0, maxPiece(1, 8, 0)).longest_part, 43) << "one rank: rows whole";
 }
 
-// Runs as long as rank 0's buffer allows, in whole batches, split evenly: few padded slots, no rank idle.
-TEST(Sampler, ShardRunsAreWholeBatchesSplitEvenlyWithinTheLongestRun) {
-  EXPECT_EQ(shardRun(1849, 1, 8, 1 << 20), 8) << "one rank: one batch, the bytes of every earlier version";
-  EXPECT_EQ(shardRun(1849, 2, 8, 512), 464) << "two rounds of 464: 7 padded slots, not 175 of 2 x 512";
-  EXPECT_EQ(shardRun(1849, 2, 8, 0), 8) << "no buffer: one batch per step, as before";
-  EXPECT_EQ(shardRun(0, 4, 8, 512), 8);
-  for (int64_t total : {1, 7, 100, 441, 1849, 7225})
-    for (int world : {2, 3, 4, 8})
-      for (int64_t batch : {1, 4, 8, 16})
-        for (int64_t max_run : {0, 5, 64, 512, 100000}) {
-          const int64_t run = shardRun(total, world, batch, max_run);
-          const std::string where = std::to_string(total) + " windows, " + std::to_string(world) +
-                                    " ranks, batch " + std::to_string(batch) +
-                                    ", run <= " + std::to_string(max_run) + ": " + std::to_string(run);
-          EXPECT_EQ(run % batch, 0) << where;
-          EXPECT_LE(run, std::max(batch, max_run / batch * batch)) << where;
-          const int64_t rounds = (total + world * run - 1) / (world * run);
-          EXPECT_LT(rounds * world * run - total, rounds * world * batch) << where << ": padded slots";
-          SamplerOptions o{world, world - 1, false, 0, false, run};
-          EXPECT_EQ(DistributedSampler(total, o).perRank(), rounds * run) << where;
-        }
-}
-
-// A rank's steps walk its run: a run of 6 with batch 3 is two steps of one rank.
-TEST(Sampler, ARunLongerThanABatchSpansSteps) {
-  SamplerOptions o;
-  o.world_size = 2;
-  o.block = shardRun(10, 2, 3, 6);
-  ASSERT_EQ(o.block, 6);
-  EXPECT_EQ(indices(DistributedSampler(10, o).slots()), (std::vector<int64_t>{0, 1, 2, 3, 4, 5}));
-  o.rank = 1;
-  auto r1 = DistributedSampler(10, o).slots();
-  EXPECT_EQ(indices(r1), (std::vector<int64_t>{6, 7, 8, 9, 0, 1}));
-  EXPECT_TRUE(r1[4].padded && r1[5].padded && !r1[3].padded);
+// The 8192 px job of the ceiling bench: 43 rows of 43 windows; with the default 64 MiB (128 windows of
+// 2 x 256 x 256 floats) every rank's part of every row is one run, so ranks share input tiles only where
+// their parts meet.
+TEST(Sampler, DefaultBufferKeepsEachRanksPartOfARowInOneRun) {
+  const std::vector<int64_t> rows(43, 43);
+  for (int world : {2, 3, 4}) {
+    const int64_t piece = maxPiece(world, 8, 128);
+    EXPECT_GE(piece, 43) << world << " ranks";
+    for (int r = 0; r < world; ++r) {
+      auto deal = dealRows(rows, world, r, piece);
+      int64_t runs = 0, last = -2;
+      for (auto& s : deal.slots) {
+        if (s.padded) continue;
+        runs += s.index != last + 1;
+        last = s.index;
+      }
+      EXPECT_EQ(runs, 43) << world << " ranks, rank " << r << ": one run a row";
+    }
+  }
+  EXPECT_EQ(maxPiece(2, 8, 0), 16) << "no buffer: a batch a rank";
+  EXPECT_EQ(maxPiece(4, 8, 300), 400);
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, SamplerWorlds, ::testing::Values(1, 2, 3, 4, 8));

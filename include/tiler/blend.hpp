@@ -3,10 +3,10 @@
 // Stitcher promises: output bytes depend only on the predictions, never on their arrival order: windows are
 // accumulated (w*pred and w, float32) strictly in window-index order, buffering early arrivals. Memory is a
 // ring of one output window's height of rows across the padded output width, (C+1) floats per pixel, plus
-// the importance map and early arrivals: bytesHeld() <= wh*PW*(C+1)*4 + ww*wh*4 + pending. Rows are
-// divided by the summed weights (0 where no window reached) and handed to the sink, top to bottom, in bands
-// of at most one window's height, as soon as no later window can touch them. Not thread safe: one thread
-// feeds a Stitcher.
+// the importance map and early arrivals: bytesHeld() <= wh*PW*(C+1)*4 + ww*wh*4 + the most pending at once.
+// Rows are divided by the summed weights (0 where no window reached) and handed to the sink, top to bottom,
+// in bands of at most one window's height, as soon as no later window can touch them. Not thread safe: one
+// thread feeds a Stitcher.
 #pragma once
 
 #include <cstdint>
@@ -62,6 +62,8 @@ class Stitcher {
   int64_t outputWidth() const { return out_w_; }
   int64_t outputHeight() const { return out_h_; }
   size_t bytesHeld() const;
+  // Buffers made for early arrivals so far (each reused once its window is accumulated).
+  int64_t earlyBuffersMade() const { return early_buffers_made_; }
 
  private:
   void accumulate(int64_t index, const float* chw);
@@ -90,6 +92,10 @@ class Stitcher {
   int64_t count_ = 0;                       // how many
   int64_t next_ = 0;                        // position (in windows_) of the next to accumulate
   std::map<int64_t, std::vector<float>> pending_;  // early arrivals by position, owned copies
+  // Buffers of early arrivals already accumulated, reused for the next ones: with several ranks half the
+  // windows arrive early, and a fresh buffer each is a fresh mapping whose pages all fault.
+  std::vector<std::vector<float>> spare_;
+  int64_t early_buffers_made_ = 0;
 };
 
 }  // namespace tiler

@@ -85,6 +85,9 @@ class WindowCatalog {
   int plannedImages() const { return int(planned_.size()); }
   // (image id, grid window index) of global window `global` (0 <= global < totalWindows()).
   std::pair<int, int64_t> locate(int64_t global) const;
+  // The lengths of the consecutive stretches of the global list that lie in one grid row of one image, in
+  // order (windows of one row neighbour each other and share input tiles); they sum to totalWindows().
+  std::vector<int64_t> rowLengths() const;
 
  private:
   std::vector<CatalogImage> images_;

@@ -50,9 +50,9 @@ struct InferOptions : JobOptions {
   // Threads reading a batch's windows (the read-ahead thread and helpers); 0: chooseReadThreads().
   int read_threads = 0;
   // MiB rank 0 may hold of predictions that arrive before their turn to be stitched: it sets how long a
-  // run of windows each rank takes (shardRun), so ranks decode fewer shared input tiles; 0: one batch
-  // (the default: on 2 cores the held windows cost more CPU than the tiles saved, README).
-  int shard_buffer = 0;
+  // piece of a grid row the ranks split between them (dealRows), so that each rank's part of a row is long
+  // and ranks decode few shared input tiles twice; 0: one batch a rank per piece.
+  int shard_buffer = 64;
   // Ranks of one host gather predictions through the process group's sockets, not shared memory.
   bool no_shared_memory = false;
 };

@@ -31,7 +31,7 @@ struct RunSummary {
   std::string tta = "none";
   int replicas = 1, threads = 1;  // model replicas of this rank, intra-op threads of each
   int read_threads = 1;           // threads reading each batch's windows
-  int64_t shard_run = 1;          // windows each rank takes in a row (shardRun)
+  int64_t shard_run = 1;          // the most windows one rank takes in a row (RowDeal::longest_part)
   std::string cpu_blas;           // cpuBlasName()
   std::string gather = "none";    // how predictions reached rank 0 (DistContext::gatherTransport)
 };

@@ -1,9 +1,11 @@
-// sampler: torch.utils.data.DistributedSampler semantics over a global list of `total` items.
-// Promise: rank r of N takes positions r, r+N, r+2N, ... of the (optionally shuffled) order; with block B > 1
-// it takes contiguous runs instead: step s (B items) is positions [sBN + rB, sBN + (r+1)B), so neighbouring
-// items stay on one rank (inference: windows that share input tiles). The order is padded by repeating its
-// head so every rank gets the same count (or truncated with drop_last). Padded slots are flagged so that
-// nothing downstream uses a duplicate twice. Identical on every rank; no LibTorch.
+// sampler: how a global list of items is shared between ranks. Identical on every rank; no LibTorch.
+// Promise (training, DistributedSampler): torch.utils.data.DistributedSampler's semantics: rank r of N takes
+// positions r, r+N, r+2N, ... of the (optionally shuffled) order, padded by repeating its head so that every
+// rank gets the same count (or truncated with drop_last).
+// Promise (inference, dealRows): every rank takes contiguous parts of each grid row of windows, so that
+// neighbouring windows, which share input tiles, stay on one rank, while rank 0, which stitches in global
+// order, holds a bounded number of windows that arrive before their turn.
+// Padded slots are flagged so that nothing downstream uses a duplicate twice.
 #pragma once
 
 #include <cstdint>
@@ -17,20 +19,27 @@ struct SamplerOptions {
   bool shuffle = false;
   uint64_t seed = 0;
   bool drop_last = false;
-  int64_t block = 1;  // items a rank takes in a row (inference: shardRun)
 };
-
-// Inference's run: the windows each rank takes in a row, a whole number of batches. One rank: one batch.
-// More ranks: the fewest rounds of runs of at most `max_run` windows that cover `total`, split evenly (few
-// padded slots, the ranks' shares within a batch of each other per round). Ranks decode the input tiles
-// their runs share at the runs' ends only, and rank 0 holds the windows that arrive before their turn: up
-// to (world_size - 1) runs of them.
-int64_t shardRun(int64_t total, int world_size, int64_t batch, int64_t max_run);
 
 struct SampleSlot {
   int64_t index = -1;   // global item index
   bool padded = false;  // a repeat added to even out ranks: never stitched
 };
+
+// Inference's deal. `rows`: the lengths of the consecutive stretches of the global window list that lie in
+// one grid row of one image, in order (they sum to the total). Each row is cut into near-equal pieces of at
+// most `max_piece` windows, and each piece is split between the ranks in contiguous parts, rank 0's first,
+// so that every rank's count so far stays within one of every other's: the ranks reach the same piece at
+// the same step, decode twice only the input tiles where their parts meet, and rank 0 holds at most the
+// other ranks' parts of the piece it is in (plus one window each) before their turn.
+struct RowDeal {
+  std::vector<SampleSlot> slots;  // this rank's, in global order; ceil(total / world_size), padded at the end
+  int64_t longest_part = 0;       // the most windows one rank takes in a row, over every rank
+};
+RowDeal dealRows(const std::vector<int64_t>& rows, int world_size, int rank, int64_t max_piece);
+// The longest piece for which rank 0 holds at most `early_windows` windows before their turn, but never
+// under one batch a rank (the memory of a step's gather); one rank: no limit (nothing arrives early).
+int64_t maxPiece(int world_size, int64_t batch, int64_t early_windows);
 
 class DistributedSampler {
  public:

@@ -128,8 +128,9 @@ int runInferCli(int argc, char** argv) {
                  "threads reading each batch's windows (default: the CPUs the forward leaves, 1 to 4)");
   app.add_option(
          flagNames("--shard_buffer"), o.shard_buffer,
-         "MiB of early predictions rank 0 may hold: longer runs of windows per rank, fewer input tiles "
-         "decoded twice (0: one batch per rank and step)")
+         "MiB of early predictions rank 0 may hold: with several ranks, each takes a part of every row of "
+         "windows (of every piece of a row, when a row's parts do not fit), so few input tiles are decoded "
+         "twice (0: one batch a rank per piece)")
       ->capture_default_str();
   app.add_flag(flagNames("--no_shared_memory"), o.no_shared_memory,
                "ranks of one host gather predictions through gloo's sockets, not shared memory");
