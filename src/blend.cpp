@@ -151,8 +151,10 @@ void Stitcher::add(int64_t index, const float* chw) {
     spare_.push_back(std::move(it->second));
     ++next_;
   }
-  if (next_ == count_) spare_.clear();
-  if (next_ == count_) flushUpTo(padded_h_);
+  if (next_ == count_) {
+    spare_.clear();
+    flushUpTo(padded_h_);
+  }
 }
 
 void Stitcher::finishEmpty() {
