@@ -32,13 +32,28 @@ RowDeal dealRows(const std::vector<int64_t>& rows, int world_size, int rank, int
   // Rank q's share of the first x items: rank 0 takes the first extra one, so counts never differ by more
   // than one.
   auto share = [N](int64_t q, int64_t x) { return (x + N - 1 - q) / N; };
-  RowDeal deal;
-  int64_t at = 0;  // global position of the piece
+  // Split between the ranks, a row of L windows has N-1 seams one window high, where the ranks decode the
+  // tiles they share; consecutive rows stacked into a piece of up to max_piece windows have N-1 seams L
+  // windows wide per max_piece / L rows. Rows with L * L < max_piece (narrow images, masked tissue) are
+  // stacked: fewer shared tiles.
+  std::vector<int64_t> stretches;
+  bool stacking = false;  // the last stretch is of stacked short rows
   for (const int64_t row : rows) {
     TILER_CHECK(row >= 0, ConfigError, "sampler: negative row length");
-    const int64_t pieces = row == 0 ? 0 : 1 + (row - 1) / max_piece;  // max_piece may be the largest int64
+    if (row == 0) continue;
+    const bool short_row = row <= (max_piece - 1) / row;  // L * L < max_piece, without overflow
+    if (short_row && stacking && stretches.back() <= max_piece - row)
+      stretches.back() += row;
+    else
+      stretches.push_back(row);
+    stacking = short_row;
+  }
+  RowDeal deal;
+  int64_t at = 0;  // global position of the piece
+  for (const int64_t stretch : stretches) {
+    const int64_t pieces = 1 + (stretch - 1) / max_piece;  // max_piece may be the largest int64
     for (int64_t p = 0; p < pieces; ++p) {
-      const int64_t length = row * (p + 1) / pieces - row * p / pieces;
+      const int64_t length = stretch * (p + 1) / pieces - stretch * p / pieces;
       int64_t start = at;
       for (int64_t q = 0; q < N; ++q) {
         const int64_t part = share(q, at + length) - share(q, at);

@@ -158,7 +158,7 @@ TEST_F(Pipeline, ReportHasEveryField) {
   for (const char* key : {"rank", "windows", "read_seconds", "forward_seconds", "gather_seconds",
                           "peak_rss_mb", "tiles_decoded"})
     EXPECT_TRUE(j["per_rank"][0].contains(key)) << key;
-  EXPECT_EQ(j["shard_run"], 7) << "one rank: whole rows, the longest of 7 windows (a_large.tif, 700 px wide)";
+  EXPECT_EQ(j["shard_run"], j["windows_total"]) << "one rank: every window in a row";
   ASSERT_EQ(j["images"].size(), 5u);
   int64_t windows = 0;
   for (const auto& img : j["images"]) {
@@ -761,7 +761,7 @@ TEST_F(Pipeline, RanksTakePartsOfRowsDecodeSharedTilesOnceAndWriteTheSameBytes) 
   auto one = run(args + " -o " + dir + "/one");
   ASSERT_EQ(one.code, 0) << one.output;
   EXPECT_EQ(tiles(dir + "/one"), 256) << "one rank decodes every tile once";
-  EXPECT_EQ(report(dir + "/one")["shard_run"], 11) << "one rank: whole rows";
+  EXPECT_EQ(report(dir + "/one")["shard_run"], 121) << "one rank: every window in a row";
   const std::string two_ranks = kCtrun + " --nproc_per_node 2 --master_port 0 " + args;
   std::map<std::string, int64_t> decoded;
   for (const char* buffer : {"", "--shard_buffer 0"}) {
@@ -773,11 +773,29 @@ TEST_F(Pipeline, RanksTakePartsOfRowsDecodeSharedTilesOnceAndWriteTheSameBytes) 
       EXPECT_TRUE(slurp(dir + "/one" + name) == slurp(out + name)) << out << name;
     }
     decoded[buffer] = tiles(out);
-    EXPECT_EQ(report(out)["shard_run"], *buffer ? 3 : 6) << out;
+    // Rows of 11 are stacked (11 x 11 is under the default's pieces), halves of the image; with pieces of
+    // one batch a rank they are split, in pieces of 5 and 6.
+    EXPECT_EQ(report(out)["shard_run"], *buffer ? 3 : 61) << out;
   }
   // Runs of one batch a rank and step (before rows were dealt) decoded more than 384.
   EXPECT_LE(decoded[""], 256 * 5 / 4) << "parts of rows: only the tiles where the parts meet twice";
   EXPECT_GT(decoded["--shard_buffer 0"], decoded[""]) << "pieces of a batch a rank meet more often";
+
+  // A narrow image, 21 rows of one window: rows split between the ranks would alternate, and both ranks
+  // would decode nearly every tile; stacked, they meet once.
+  fs::create_directories(dir + "/narrow");
+  ImageWriter narrow(dir + "/narrow/strip.tif", 128, 2048, 3, SampleType::kU8, wo);
+  narrow.writeRows(pattern(2048, 128, CV_8UC3, 255));
+  narrow.close();
+  const std::string strip = kTiler + " -i " + dir + "/narrow -m " + model_ +
+                            " --window 128 --batch_size 4 --threads 1 --save labels --no_progress";
+  auto strip_one = run(strip + " -o " + dir + "/strip_one");
+  ASSERT_EQ(strip_one.code, 0) << strip_one.output;
+  EXPECT_EQ(tiles(dir + "/strip_one"), 64);
+  auto strip_two = run(kCtrun + " --nproc_per_node 2 --master_port 0 " + strip + " -o " + dir + "/strip_two");
+  ASSERT_EQ(strip_two.code, 0) << strip_two.output;
+  EXPECT_TRUE(slurp(dir + "/strip_one/strip_labels.tif") == slurp(dir + "/strip_two/strip_labels.tif"));
+  EXPECT_LE(tiles(dir + "/strip_two"), 64 * 5 / 4) << "stacked rows: the ranks meet once";
 }
 
 // Debian's reference BLAS (libblas3) first on the library path: the start-up warns, the report names it.

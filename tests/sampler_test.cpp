@@ -128,7 +128,7 @@ TEST_P(SamplerWorlds, EarlyWindowsAtRankZeroStayWithinTheBudget) {
 // Two ranks and rows that fit: each rank takes one contiguous part of every row, rank 0 the first, the
 // extra window going to whichever rank has fewer so far.
 TEST(Sampler, RowsAreDealtInContiguousPartsRankZeroFirst) {
-  const int64_t whole = int64_t(1) << 40;
+  const int64_t whole = 9;  // rows of 5 and 3 fit, and are not short (3 x 3 and 5 x 5 are not under 9)
   auto r0 = dealRows({5, 3}, 2, 0, whole), r1 = dealRows({5, 3}, 2, 1, whole);
   EXPECT_EQ(indices(r0.slots), (std::vector<int64_t>{0, 1, 2, 5}));
   EXPECT_EQ(indices(r1.slots), (std::vector<int64_t>{3, 4, 6, 7}));
@@ -141,6 +141,24 @@ TEST(Sampler, RowsAreDealtInContiguousPartsRankZeroFirst) {
   ASSERT_EQ(padded.slots.size(), 2u);
   EXPECT_TRUE(padded.slots[1].padded);
   EXPECT_EQ(dealRows({43}, 1, 0, maxPiece(1, 8, 0)).longest_part, 43) << "one rank: rows whole";
+}
+
+// Rows of a few windows (a narrow image, tissue under a mask) split between the ranks would hand the ranks
+// alternate rows or columns, which share input tiles; they are stacked into pieces of whole rows instead.
+TEST(Sampler, ShortRowsAreStackedIntoPieces) {
+  const std::vector<int64_t> narrow(20, 1);
+  EXPECT_EQ(indices(dealRows(narrow, 2, 0, 16).slots),
+            (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 16, 17}));
+  EXPECT_EQ(indices(dealRows(narrow, 2, 1, 16).slots),
+            (std::vector<int64_t>{8, 9, 10, 11, 12, 13, 14, 15, 18, 19}));
+  // 4 x 4 = 16 is not under 16: rows of 4 are split; rows of 3 (9 < 16) are stacked, 5 to a piece of 15.
+  EXPECT_EQ(indices(dealRows({4, 4}, 2, 0, 16).slots), (std::vector<int64_t>{0, 1, 4, 5}));
+  EXPECT_EQ(indices(dealRows(std::vector<int64_t>(6, 3), 2, 0, 16).slots),
+            (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 15}));
+  // A long row between short ones is split alone; the short rows after it start a new stack.
+  EXPECT_EQ(indices(dealRows({1, 1, 20, 1, 1}, 2, 1, 16).slots),
+            (std::vector<int64_t>{1, 7, 8, 9, 10, 11, 17, 18, 19, 20, 21, 23}));
+  EXPECT_EQ(dealRows(narrow, 1, 0, maxPiece(1, 8, 0)).longest_part, 20) << "one rank: everything in a row";
 }
 
 // The 8192 px job of the ceiling bench: 43 rows of 43 windows; with the default 64 MiB (128 windows of
