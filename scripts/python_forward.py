@@ -25,11 +25,14 @@ parser.add_argument("--batch_size", type=int, default=8)
 parser.add_argument("--threads", type=int, default=2)
 parser.add_argument("--device", default="cpu")
 parser.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp32")  # as tiler: autocast
+parser.add_argument("--optimize", action="store_true", help="freeze + optimize_for_inference, as --jit_optimize")
 args = parser.parse_args()
 
 torch.set_num_threads(args.threads)
 device = torch.device(args.device)
 model = torch.jit.load(args.model, map_location=device).eval()
+if args.optimize:
+    model = torch.jit.optimize_for_inference(torch.jit.freeze(model))
 torch.manual_seed(0)
 batches = []
 left = args.windows
@@ -58,4 +61,4 @@ with torch.inference_mode(), autocast:
     seconds = time.perf_counter() - t0
 print(json.dumps({"windows": args.windows, "seconds": seconds, "windows_per_second": args.windows / seconds,
                   "threads": torch.get_num_threads(), "device": str(device), "precision": args.precision,
-                  "torch": torch.__version__}))
+                  "optimized": args.optimize, "torch": torch.__version__}))
