@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmarks: scripts/bench.sh [--quick] [io|slide|tta|model|pipeline|blas|ceiling|gather|memory|scaling|ctrun|finetune|naive|mask|outputs|all]
+# Benchmarks: scripts/bench.sh [--quick] [io|slide|tta|model|light|pipeline|blas|ceiling|gather|memory|scaling|ctrun|finetune|naive|mask|outputs|all]
 # Generates its own deterministic inputs (cached in $TILER_BENCH_CACHE, default ~/.cache/tiler-bench), runs each
 # scenario $RUNS times (3; --quick: 1 run on small inputs), writes bench-results/bench.json and a table of
 # medians (min-max). fp32 on the CPU. Never part of CI's test run.
@@ -68,6 +68,24 @@ if want model; then
         out=$("$bin/tiler_bench" forward -m "$model" --batch_size $b --precision $p --windows 64 --threads 2)
         emit "model: forward batch $b $p" windows_per_second "$(json "$out" windows_per_second)"
       done
+    done
+  done
+fi
+
+# LibTorch 1.13 gives a 1x1 convolution to oneDNN when it runs on more than one intra-op thread or on a batch of 16
+# or more (ConvParams::use_mkldnn), and for 3 input channels oneDNN's layout conversions cost far more than the
+# convolution: the null model's forward in tiler's C++ and in Python on the same LibTorch, by threads and batch.
+if want light; then
+  for _ in $(seq "$runs"); do
+    for cfg in 1:8 2:8 1:16; do
+      t=${cfg%:*} b=${cfg#*:}
+      out=$("$bin/tiler_bench" forward -m "$tiny" --windows 160 --threads "$t" --batch_size "$b")
+      emit "light: null model forward, $t thread(s), batch $b, C++" windows_per_second "$(json "$out" windows_per_second)"
+      if /usr/bin/python3 -c "import torch" 2>/dev/null; then
+        out=$(/usr/bin/python3 scripts/python_forward.py -m "$tiny" --windows 160 --threads "$t" --batch_size "$b")
+        emit "light: null model forward, $t thread(s), batch $b, Python" windows_per_second \
+          "$(json "$out" windows_per_second)"
+      fi
     done
   done
 fi
