@@ -215,7 +215,7 @@ if want ceiling; then
       emit "ceiling: null model, $label" cpu_seconds "${cpu[$cfg]}"
       emit "ceiling: null model, $label" windows_per_second \
         "$(ratio "$(report_field "$r" windows)" "${wall[$cfg]}")"
-      # The same from tiler's main() on: without loading the libraries (Debian's libtorch_cpu links ~290).
+      # The same from tiler's main() on: without loading the libraries (Debian's libtorch_cpu links 285).
       emit "ceiling: null model, $label" windows_per_second_after_start \
         "$(report_field "$r" windows_per_second)"
       emit "ceiling: null model, $label" summed_read_seconds "${read_sum[$cfg]}"
