@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -657,8 +658,16 @@ int countNvidiaGpus() {
   return n;
 }
 
+int usableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  // Fails only on machines of more CPUs than a cpu_set_t holds (1024).
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return int(std::max(1u, std::thread::hardware_concurrency()));
+}
+
 int resolveNprocPerNode(const std::string& spec) {
-  int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = usableCpus();
   if (spec == "cpu") return cores;
   if (spec == "auto" || spec == "gpu") {
     int gpus = countNvidiaGpus();
@@ -722,10 +731,8 @@ std::map<std::string, std::string> workerEnvironment(const LaunchOptions& o, int
       {"TORCHELASTIC_ERROR_FILE", error_file},
       {"TORCHELASTIC_USE_AGENT_STORE", "False"},
   };
-  if (std::getenv("OMP_NUM_THREADS") == nullptr) {
-    int cores = int(std::max(1u, std::thread::hardware_concurrency()));
-    env["OMP_NUM_THREADS"] = std::to_string(std::max(1, cores / nproc));
-  }
+  if (std::getenv("OMP_NUM_THREADS") == nullptr)
+    env["OMP_NUM_THREADS"] = std::to_string(std::max(1, usableCpus() / nproc));
   return env;
 }
 

@@ -7,7 +7,6 @@
 
 #include <dlfcn.h>
 #include <malloc.h>
-#include <sched.h>
 #include <sys/mman.h>
 #include <time.h>
 
@@ -23,6 +22,7 @@
 
 #include "tiler/catalog.hpp"
 #include "tiler/error.hpp"
+#include "tiler/launcher.hpp"
 #include "tiler/torch_compat.hpp"
 
 namespace fs = std::filesystem;
@@ -100,10 +100,7 @@ int defaultIntraOpThreads() {
   }
   // LibTorch's own default guesses physical cores as half the logical ones (1 on a 2-vCPU machine); tiler
   // gives each rank on this node its share of the CPUs it may run on.
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  const int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set)
-                                                               : int(std::thread::hardware_concurrency());
+  const int cpus = usableCpus();
   int local = 1;
   for (const char* name : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"}) {
     if (const char* v = std::getenv(name)) {

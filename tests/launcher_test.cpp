@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -64,8 +65,7 @@ TEST(Launcher, EveryRankGetsTorchrunsEnvironment) {
     EXPECT_NE(env.find("TORCHELASTIC_RUN_ID=myrun\n"), std::string::npos);
     EXPECT_NE(env.find("/" + std::to_string(rank) + "/error.json\n"), std::string::npos)
         << "per-worker error file";
-    int cores = int(std::max(1u, std::thread::hardware_concurrency()));
-    EXPECT_NE(env.find("OMP_NUM_THREADS=" + std::to_string(std::max(1, cores / 3)) + "\n"),
+    EXPECT_NE(env.find("OMP_NUM_THREADS=" + std::to_string(std::max(1, usableCpus() / 3)) + "\n"),
               std::string::npos);
     std::smatch m;
     ASSERT_TRUE(std::regex_search(env, m, std::regex("MASTER_PORT=(\\d+)\n")));
@@ -81,6 +81,40 @@ TEST(Launcher, UserOmpNumThreadsIsKept) {
       run("OMP_NUM_THREADS=7 " + kCtrun + " --nproc_per_node 2 --master_port 0 " + kHelper + " env " + dir);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(slurp(dir + "/env_1").find("OMP_NUM_THREADS=7\n"), std::string::npos);
+}
+
+// A Slurm or cgroup cpuset (here taskset) gives ctrun fewer CPUs than the machine has: the workers' share of
+// OMP_NUM_THREADS and --nproc_per_node cpu come from those, not from every CPU of the machine (a 4-CPU job on
+// a 64-core node would otherwise start 64 workers, or give each of 2 workers 32 threads).
+TEST(Launcher, CountsOnlyTheCpusItMayRunOn) {
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  ASSERT_EQ(sched_getaffinity(0, sizeof mine, &mine), 0);
+  if (CPU_COUNT(&mine) < 2) GTEST_SKIP() << "needs 2 CPUs to run on one of them";
+  EXPECT_EQ(usableCpus(), CPU_COUNT(&mine));
+  int first = 0;
+  while (!CPU_ISSET(first, &mine)) ++first;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+  const int pinned = usableCpus();
+  const int nproc = resolveNprocPerNode("cpu");
+  ASSERT_EQ(sched_setaffinity(0, sizeof mine, &mine), 0);
+  EXPECT_EQ(pinned, 1);
+  EXPECT_EQ(nproc, 1);
+
+  const std::string taskset = "env -u OMP_NUM_THREADS taskset -c " + std::to_string(first) + " ";
+  auto dir = tempDir("cpuset");
+  auto r = run(taskset + kCtrun + " --nproc_per_node 1 --master_port 0 " + kHelper + " env " + dir);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(slurp(dir + "/env_0").find("OMP_NUM_THREADS=1\n"), std::string::npos) << slurp(dir + "/env_0");
+  auto per_cpu = tempDir("cpuset_cpu");
+  r = run(taskset + kCtrun + " --nproc_per_node cpu --master_port 0 " + kHelper + " env " + per_cpu);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(slurp(per_cpu + "/env_0").find("LOCAL_WORLD_SIZE=1\n"), std::string::npos)
+      << slurp(per_cpu + "/env_0");
+  EXPECT_FALSE(fs::exists(per_cpu + "/env_1")) << "one worker for the one CPU";
 }
 
 TEST(Launcher, FailedRankTearsDownTheGroupAndIsNamedWithItsCode) {

@@ -44,7 +44,11 @@ struct LaunchOptions {
 
 // Number of NVIDIA GPUs visible, found without CUDA (CUDA_VISIBLE_DEVICES, /dev/nvidiaN, nvidia-smi -L).
 int countNvidiaGpus();
-// Resolves --nproc_per_node; throws ConfigError on nonsense.
+// The CPUs this process may run on, at least 1: its affinity mask (a Slurm or cgroup cpuset, taskset), not
+// every CPU of the machine; all online CPUs only where the mask cannot be read. ctrun sizes
+// --nproc_per_node cpu and the workers' OMP_NUM_THREADS by it, tiler its default threads.
+int usableCpus();
+// Resolves --nproc_per_node (cpu, and auto without a GPU: usableCpus()); throws ConfigError on nonsense.
 int resolveNprocPerNode(const std::string& spec);
 // A free TCP port on 127.0.0.1 (bound and released).
 int findFreePort();
