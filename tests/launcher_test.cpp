@@ -117,6 +117,66 @@ TEST(Launcher, CountsOnlyTheCpusItMayRunOn) {
   EXPECT_FALSE(fs::exists(per_cpu + "/env_1")) << "one worker for the one CPU";
 }
 
+void writeFile(const fs::path& file, const std::string& text) {
+  fs::create_directories(file.parent_path());
+  std::ofstream(file) << text;
+}
+
+TEST(Launcher, ReadsTheTightestCgroupCpuQuota) {
+  const fs::path root = tempDir("cgroups");
+  // cgroup v2: the job's cgroup is unlimited, its parent 1.5 CPUs (rounded up), the root 4.
+  writeFile(root / "v2/job.slice/step/cpu.max", "max 100000\n");
+  writeFile(root / "v2/job.slice/cpu.max", "150000 100000\n");
+  writeFile(root / "v2/cpu.max", "400000 100000\n");
+  EXPECT_EQ(cgroupCpuQuota("0::/job.slice/step\n", (root / "v2").string()), 2);
+  EXPECT_EQ(cgroupCpuQuota("0::/\n", (root / "v2").string()), 4);
+  writeFile(root / "open/cpu.max", "max 100000\n");
+  EXPECT_EQ(cgroupCpuQuota("0::/\n", (root / "open").string()), 0) << "no quota";
+  // cgroup v1 with cpu and cpuacct mounted together; other controllers' lines are ignored.
+  const std::string v1 = "5:memory:/docker/abc\n4:cpu,cpuacct:/docker/abc\n0::/\n";
+  writeFile(root / "v1/cpu,cpuacct/docker/abc/cpu.cfs_quota_us", "300000\n");
+  writeFile(root / "v1/cpu,cpuacct/docker/abc/cpu.cfs_period_us", "100000\n");
+  EXPECT_EQ(cgroupCpuQuota(v1, (root / "v1").string()), 3);
+  // Inside a container the cgroup's path does not exist under the mount, whose root is the container's own.
+  writeFile(root / "ns/cpu,cpuacct/cpu.cfs_quota_us", "50000\n");
+  writeFile(root / "ns/cpu,cpuacct/cpu.cfs_period_us", "100000\n");
+  EXPECT_EQ(cgroupCpuQuota(v1, (root / "ns").string()), 1) << "half a CPU is one";
+  writeFile(root / "none/cpu,cpuacct/cpu.cfs_quota_us", "-1\n");
+  writeFile(root / "none/cpu,cpuacct/cpu.cfs_period_us", "100000\n");
+  EXPECT_EQ(cgroupCpuQuota(v1, (root / "none").string()), 0);
+  EXPECT_EQ(cgroupCpuQuota(v1, (root / "missing").string()), 0);
+  EXPECT_EQ(cgroupCpuQuota("", root.string()), 0);
+}
+
+// ctrun in a cgroup of one CPU's quota (as `docker --cpus 1` makes) on a machine of more: one worker of one
+// thread. Needs a cgroup v1 cpu hierarchy it may write (root); skipped elsewhere.
+TEST(Launcher, AContainersCpuQuotaSizesTheWorkers) {
+  if (usableCpus() < 2) GTEST_SKIP() << "needs 2 CPUs";
+  const std::string self = slurp("/proc/self/cgroup");
+  std::smatch m;
+  if (!std::regex_search(self, m, std::regex("(^|\n)\\d+:([^:\n]*\\bcpu\\b[^:\n]*):([^\n]*)")))
+    GTEST_SKIP() << "no cgroup v1 cpu controller";
+  const fs::path cgroup = fs::path("/sys/fs/cgroup") / m[2].str() / fs::path(m[3].str()).relative_path() /
+                          ("tiler_test_" + std::to_string(getpid()));
+  std::error_code ec;
+  if (!fs::create_directory(cgroup, ec)) GTEST_SKIP() << "cannot make a cgroup: " << ec.message();
+  struct Remove {
+    fs::path dir;
+    ~Remove() { rmdir(dir.c_str()); }  // empty once its processes have exited
+  } remove{cgroup};
+  std::ofstream(cgroup / "cpu.cfs_period_us") << "100000\n";
+  std::ofstream(cgroup / "cpu.cfs_quota_us") << "100000\n";
+  ASSERT_EQ(slurp((cgroup / "cpu.cfs_quota_us").string()), "100000\n");
+  auto dir = tempDir("quota");
+  auto r = run("env -u OMP_NUM_THREADS sh -c 'echo $$ > " + (cgroup / "cgroup.procs").string() + " && exec " +
+               kCtrun + " --nproc_per_node cpu --master_port 0 " + kHelper + " env " + dir + "'");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string env = slurp(dir + "/env_0");
+  EXPECT_NE(env.find("LOCAL_WORLD_SIZE=1\n"), std::string::npos) << env;
+  EXPECT_NE(env.find("OMP_NUM_THREADS=1\n"), std::string::npos) << env;
+  EXPECT_FALSE(fs::exists(dir + "/env_1")) << "one worker for one CPU's quota";
+}
+
 TEST(Launcher, FailedRankTearsDownTheGroupAndIsNamedWithItsCode) {
   auto r = run(kCtrun + " --nproc_per_node 3 --master_port 0 --grace_period 2 " + kHelper + " exit-rank 1 3");
   EXPECT_EQ(r.code, 3) << r.output;
