@@ -101,6 +101,14 @@ int defaultIntraOpThreads() {
   // LibTorch's own default guesses physical cores as half the logical ones (1 on a 2-vCPU machine); tiler
   // gives each rank on this node its share of the CPUs it may run on.
   const int cpus = usableCpus();
+  // Slurm says a task's CPUs itself, and a task it bound to CPUs of its own (a mask smaller than the job's
+  // CPUs on this node) has them alone: dividing them again by the tasks would leave most of them idle.
+  const auto slurm = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v ? std::atoi(v) : 0;
+  };
+  if (const int per_task = slurm("SLURM_CPUS_PER_TASK"); per_task > 0) return std::min(cpus, per_task);
+  if (cpus < slurm("SLURM_CPUS_ON_NODE")) return cpus;
   int local = 1;
   for (const char* name : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"}) {
     if (const char* v = std::getenv(name)) {

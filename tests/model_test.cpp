@@ -20,6 +20,7 @@
 
 #include "test_util.hpp"
 #include "tiler/error.hpp"
+#include "tiler/launcher.hpp"
 
 namespace fs = std::filesystem;
 
@@ -264,10 +265,7 @@ TEST(Model, Fp16OnCpuIsRefusedClearly) {
 }
 
 TEST(Model, DefaultThreadsAreThisRanksShareOfTheCpus) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  ASSERT_EQ(sched_getaffinity(0, sizeof set, &set), 0);
-  const int cpus = CPU_COUNT(&set);
+  const int cpus = usableCpus();
   unsetenv("OMP_NUM_THREADS");
   unsetenv("LOCAL_WORLD_SIZE");
   ModelRunner all(cpuOptions(saveModule("threads", 3, 2, kConv)));
@@ -278,6 +276,17 @@ TEST(Model, DefaultThreadsAreThisRanksShareOfTheCpus) {
   EXPECT_EQ(defaultIntraOpThreads(), 3);
   unsetenv("OMP_NUM_THREADS");
   unsetenv("LOCAL_WORLD_SIZE");
+  // srun: 4 tasks on a node of the job's 4 x cpus CPUs. Bound to its own CPUs (all this process has), a task
+  // takes them all; unbound (its mask is the job's), its share; --cpus-per-task says it outright.
+  setenv("SLURM_NTASKS_PER_NODE", "4", 1);
+  setenv("SLURM_CPUS_ON_NODE", std::to_string(4 * cpus).c_str(), 1);
+  EXPECT_EQ(defaultIntraOpThreads(), cpus) << "a bound task's CPUs are its own";
+  setenv("SLURM_CPUS_ON_NODE", std::to_string(cpus).c_str(), 1);
+  EXPECT_EQ(defaultIntraOpThreads(), std::max(1, cpus / 4)) << "unbound tasks share the job's CPUs";
+  setenv("SLURM_CPUS_PER_TASK", "1", 1);
+  EXPECT_EQ(defaultIntraOpThreads(), 1);
+  for (const char* name : {"SLURM_NTASKS_PER_NODE", "SLURM_CPUS_ON_NODE", "SLURM_CPUS_PER_TASK"})
+    unsetenv(name);
   auto pinned = cpuOptions(saveModule("threads1", 3, 2, kConv));
   pinned.threads = 1;
   ModelRunner one(pinned);

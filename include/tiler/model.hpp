@@ -30,8 +30,10 @@ namespace tiler {
 enum class Precision { kFp32, kFp16, kBf16 };
 enum class Activation { kNone, kSoftmax, kSigmoid };
 Activation parseActivation(const std::string& name);
-// Intra-op threads when --threads is not given: OMP_NUM_THREADS if set, else the CPUs this process may use
-// divided by the ranks on this node (LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE, SLURM_NTASKS_PER_NODE).
+// Intra-op threads when --threads is not given: OMP_NUM_THREADS if set; under Slurm SLURM_CPUS_PER_TASK, or
+// all the CPUs this process may use (usableCpus()) where Slurm bound it to fewer than the job's CPUs on the
+// node; else those CPUs divided by the ranks on this node (LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE,
+// SLURM_NTASKS_PER_NODE), which share them.
 int defaultIntraOpThreads();
 // The BLAS that LibTorch's CPU kernels call (convolutions it lowers to matrix products), as the process
 // loaded it: "OpenBLAS <its config>", "Intel MKL", "BLIS", or kReferenceBlas, the reference BLAS of
