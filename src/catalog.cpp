@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "tiler/error.hpp"
+#include "tiler/platform.hpp"
 
 namespace fs = std::filesystem;
 
@@ -59,8 +60,10 @@ double defaultScale(SampleType type) {
   return 1.0;
 }
 
-ChannelAdapt channelAdaptation(int image_channels, int model_channels, const std::string& image_path) {
+ChannelAdapt channelAdaptation(int image_channels, int model_channels, const std::string& image_path,
+                               bool palette) {
   if (image_channels == model_channels) return ChannelAdapt::kNone;
+  if (palette && image_channels == 1 && model_channels == 3) return ChannelAdapt::kPalette;
   if (image_channels == 1 && model_channels == 3) return ChannelAdapt::kRepeatGray;
   if (image_channels == 4 && model_channels == 3) return ChannelAdapt::kDropAlpha;
   TILER_THROW(ModelError, "'" << image_path << "': image has " << image_channels
@@ -75,7 +78,7 @@ CatalogImage WindowCatalog::describe(const std::string& path, const CatalogSpec&
     img.resolution = chooseResolution(source->info(), spec.resolution);
     auto reader = viewAtResolution(*source, img.resolution);
     img.info = reader->info();
-    img.adapt = channelAdaptation(img.info.channels, spec.input_channels, path);
+    img.adapt = channelAdaptation(img.info.channels, spec.input_channels, path, img.info.colormap != nullptr);
     img.scale = spec.scale > 0 ? spec.scale : defaultScale(img.info.type);
     img.grid = WindowGrid(img.info.width, img.info.height, spec.grid, spec.output_scale);
     const int64_t out_w = spec.output_scale.apply(img.info.width);
@@ -177,13 +180,17 @@ WindowCatalog buildInferCatalog(const InferCatalogOptions& o, const CatalogSpec&
           for (int level = 1; level <= 32; ++level)
             fs::remove(out + ".level" + std::to_string(level) + ".partial", ec);
         }
-        present += fs::exists(out) ? 1 : 0;
+        // Only a plain file counts as finished: a link (planted, or dangling) is never this run's output.
+        present += isPlainFile(out) ? 1 : 0;
       }
+      auto occupied = [&](const std::string& out) {
+        return fs::symlink_status(out, ec).type() != fs::file_type::not_found;
+      };
       if (present == img.outputs.size() && o.resume) {
         img.status = "skipped";
-      } else if (present > 0 && !o.resume && !o.overwrite) {
+      } else if (!o.resume && !o.overwrite) {
         for (auto& [kind, out] : img.outputs)
-          if (fs::exists(out)) existing.push_back(out);
+          if (occupied(out)) existing.push_back(out);
       }
     }
     const bool planned = img.status == "ok";

@@ -1,6 +1,7 @@
 #include "tiler/cli.hpp"
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <iostream>
 #include <sstream>
 
@@ -21,7 +22,39 @@ std::string flagNames(const std::string& names) {
   return out;
 }
 
+namespace {
+
+CLI::Validator numberCheck(const std::string& name, const std::string& requirement, bool (*accept)(double)) {
+  return CLI::Validator(
+      [requirement, accept](std::string& text) -> std::string {
+        double value = 0;
+        size_t used = 0;
+        try {
+          value = std::stod(text, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != text.size()) return "not a number: '" + text + "'";
+        if (!std::isfinite(value) || !accept(value)) return "must be " + requirement + "; got " + text;
+        return "";
+      },
+      requirement, name);
+}
+
+}  // namespace
+
+CLI::Validator finiteNumber() {
+  return numberCheck("FINITE", "a finite number", [](double) { return true; });
+}
+CLI::Validator positiveNumber() {
+  return numberCheck("POSITIVE", "> 0", [](double v) { return v > 0; });
+}
+CLI::Validator nonNegativeNumber() {
+  return numberCheck("NONNEGATIVE", ">= 0", [](double v) { return v >= 0; });
+}
+
 int parseCommandLine(CLI::App& app, int argc, char** argv, const std::string& tool) {
+  app.allow_config_extras(false);
   try {
     app.parse(argc, argv);
     return -1;

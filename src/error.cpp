@@ -8,11 +8,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <iostream>
 #include <new>
 #include <nlohmann/json.hpp>
 #include <thread>
+
+#include "tiler/platform.hpp"
 
 namespace tiler {
 namespace {
@@ -48,18 +49,22 @@ void writeElasticErrorFile(const std::string& message) {
       {"message", message},
       {"rank", rank ? std::atoi(rank) : 0},
       {"time", std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()}};
-  std::string tmp = std::string(path) + ".partial";
-  {
-    std::ofstream out(tmp);
-    if (!out) return;
-    out << j.dump() << "\n";
-    if (!out) return;
-  }
-  std::rename(tmp.c_str(), path);
+  // Best effort: the error is on its way to stderr already.
+  (void)writeFileAtomically(path, [&](std::ostream& out) { out << j.dump() << "\n"; });
 }
 
+namespace {
+// LibTorch's c10::Error appends "\nException raised from ..." and a backtrace: the first part is the message.
+std::string withoutBacktrace(std::string what) {
+  const auto cut = what.find("\nException raised from");
+  if (cut != std::string::npos) what.resize(cut);
+  while (!what.empty() && (what.back() == '\n' || what.back() == ' ')) what.pop_back();
+  return what;
+}
+}  // namespace
+
 int reportFatal(const std::string& tool, const std::exception& e) {
-  std::string msg = errorRankPrefix() + e.what();
+  std::string msg = errorRankPrefix() + withoutBacktrace(e.what());
   std::cerr << tool << ": error: " << msg << std::endl;
   writeElasticErrorFile(msg);
   return kExitFatal;
@@ -83,11 +88,7 @@ std::string describeException(const std::exception_ptr& e) {
   } catch (const std::bad_alloc&) {
     return "out of memory (std::bad_alloc)";
   } catch (const std::exception& err) {
-    // LibTorch's c10::Error appends "\nException raised from ..." and a backtrace: keep the first part.
-    std::string what = err.what();
-    const auto cut = what.find("\nException raised from");
-    if (cut != std::string::npos) what.resize(cut);
-    while (!what.empty() && (what.back() == '\n' || what.back() == ' ')) what.pop_back();
+    const std::string what = withoutBacktrace(err.what());
     return what.empty() ? "unknown error" : what;
   } catch (...) {
     return "unknown exception";

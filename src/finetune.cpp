@@ -22,6 +22,7 @@
 #include "tiler/exchange.hpp"
 #include "tiler/loader.hpp"
 #include "tiler/model.hpp"
+#include "tiler/platform.hpp"
 #include "tiler/report.hpp"
 #include "tiler/sampler.hpp"
 #include "tiler/torch_compat.hpp"
@@ -218,7 +219,7 @@ TrainBatch Trainer::readBatch(const std::vector<WindowRef>& refs, ReaderCache& r
         fault_->trigger("while reading '" + img.label + "'");
     }
     windowToModelInput(readWindow(readers.get(img), img.grid, local, pad_, 0.0), img.adapt,
-                       b.pixels[j].data_ptr<float>());
+                       b.pixels[j].data_ptr<float>(), img.info.colormap.get());
     b.scales[j] = float(img.scale);
     // The label window at the output's scale, clipped to the label; outside it the mask is 0.
     Rect r = img.grid.imageWindow(local);
@@ -435,16 +436,14 @@ nlohmann::json Trainer::validate() {
 void Trainer::saveModule(torch::jit::Module& module, const std::string& path) {
   if (fs::path(path).has_parent_path()) fs::create_directories(fs::path(path).parent_path());
   module.eval();
-  const std::string tmp = path + ".partial";
+  std::string error;
   try {
-    module.save(tmp);
+    error = writeFileAtomically(path, [&](std::ostream& out) { module.save(out); });
   } catch (...) {
-    TILER_THROW(IoError,
-                "'" << path << "': cannot save the model: " << describeException(std::current_exception()));
+    error = describeException(std::current_exception());
   }
   module.train();
-  TILER_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, IoError,
-              "'" << path << "': rename failed: " << std::strerror(errno));
+  TILER_CHECK(error.empty(), IoError, "'" << path << "': cannot save the model: " << error);
 }
 
 std::string Trainer::epochDir(int epoch) const {
@@ -464,7 +463,9 @@ void Trainer::saveCheckpoint(int epoch, const nlohmann::json& history) {
   saveModule(runner_->module(), dir + "/model.pt");
   if (fault_ && fault_->stage == "checkpoint" && fault_->hits(world_.rank, "checkpoint", windows_read_))
     fault_->trigger("while writing checkpoint '" + dir + "'");
-  torch::save(*optimizer_, dir + "/optimizer.pt");
+  const std::string optimizer_error =
+      writeFileAtomically(dir + "/optimizer.pt", [&](std::ostream& out) { torch::save(*optimizer_, out); });
+  TILER_CHECK(optimizer_error.empty(), IoError, "cannot save the optimizer state: " << optimizer_error);
   nlohmann::json state = {{"epoch", epoch}, {"loss_scale", loss_scale_}, {"good_steps", good_steps_},
                           {"step", step_},  {"seed", o_.seed},           {"history", history}};
   writeJsonAtomically(dir + "/state.json", state);

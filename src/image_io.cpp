@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -23,6 +24,7 @@
 #include <unordered_map>
 
 #include "tiler/error.hpp"
+#include "tiler/platform.hpp"
 
 namespace fs = std::filesystem;
 
@@ -279,6 +281,27 @@ void writeMetadata(TIFF* tif, TiffMetadata m, double s, std::optional<double> mp
 // Largest decoded tile or strip we agree to hold; a header claiming more is absurd or needs re-saving.
 constexpr uint64_t kMaxChunkBytes = uint64_t(1) << 30;
 
+// The most a codec can expand its bytes: a chunk that claims more decoded bytes than its stored bytes could
+// ever give is corrupt or hostile, and is refused before its buffer is allocated (a 320-byte file claiming
+// 30000x30000 in one deflate strip took 31 s and 1 GB to fail). Deflate tops out at 1032:1, PackBits at 64:1,
+// LZW (4096-byte strings in 12-bit codes) near 2731:1; JPEG, zstd, LZMA and WebP get a bound far above what
+// real tiles reach.
+uint64_t maxExpansion(uint16_t compression) {
+  switch (compression) {
+    case COMPRESSION_NONE:
+      return 1;
+    case COMPRESSION_PACKBITS:
+      return 64;
+    case COMPRESSION_DEFLATE:
+    case COMPRESSION_ADOBE_DEFLATE:
+      return 1100;
+    case COMPRESSION_LZW:
+      return 4096;
+    default:
+      return uint64_t(1) << 16;
+  }
+}
+
 // Where a TIFF level's pixels are: a page of the main IFD chain, or a SubIFD (by its offset).
 struct TiffPage {
   tdir_t index = 0;
@@ -337,20 +360,27 @@ class TiffReader final : public ImageReader {
 
   cv::Mat readRegion(const Rect& r, int level) override {
     if (level != 0) return levelReader(level).readRegion(r, 0);
+    cv::Mat stored = readStored(r);
+    return cmyk_ ? cmykToRgb(stored) : stored;
+  }
+
+ private:
+  // The samples as the file stores them (CMYK too).
+  cv::Mat readStored(const Rect& r) {
     TILER_CHECK(
         r.x >= 0 && r.y >= 0 && r.w > 0 && r.h > 0 && r.right() <= info_.width && r.bottom() <= info_.height,
         IoError,
         "'" << info_.path << "': region " << r.x << "," << r.y << " " << r.w << "x" << r.h
             << " outside the image " << info_.width << "x" << info_.height);
-    cv::Mat out(int(r.h), int(r.w), CV_MAKETYPE(cvDepthOf(info_.type), info_.channels));
-    const size_t px = bytesPerSample(info_.type) * size_t(info_.channels);
+    cv::Mat out(int(r.h), int(r.w), CV_MAKETYPE(cvDepthOf(info_.type), stored_channels_));
+    const size_t px = bytesPerSample(info_.type) * size_t(stored_channels_);
     const size_t sample = bytesPerSample(info_.type);
     if (huge_uncompressed_strips_) {
       readScanlines(r, out);
       return out;
     }
     const int64_t cw = chunk_w_, ch = chunk_h_;
-    const int planes = info_.planar_separate ? info_.channels : 1;
+    const int planes = info_.planar_separate ? stored_channels_ : 1;
     for (int64_t cy = r.y / ch; cy * ch < r.bottom(); ++cy) {
       for (int64_t cx = r.x / cw; cx * cw < r.right(); ++cx) {
         const int64_t x0 = std::max(r.x, cx * cw), x1 = std::min(r.right(), (cx + 1) * cw);
@@ -375,7 +405,31 @@ class TiffReader final : public ImageReader {
     return out;
   }
 
- private:
+  // Ink to light: R = (1 - C)(1 - K), G = (1 - M)(1 - K), B = (1 - Y)(1 - K), as libtiff's RGBA interface
+  // converts; samples after the four inks (alpha) are kept.
+  cv::Mat cmykToRgb(const cv::Mat& cmyk) const {
+    cv::Mat rgb(cmyk.rows, cmyk.cols, CV_MAKETYPE(cmyk.depth(), info_.channels));
+    auto convert = [&](auto sample) {
+      using T = decltype(sample);
+      const uint32_t full = std::numeric_limits<T>::max();
+      const int in = stored_channels_, out = info_.channels;
+      for (int y = 0; y < cmyk.rows; ++y) {
+        const T* src = cmyk.ptr<T>(y);
+        T* dst = rgb.ptr<T>(y);
+        for (int x = 0; x < cmyk.cols; ++x, src += in, dst += out) {
+          const uint32_t light = full - src[3];
+          for (int c = 0; c < 3; ++c) dst[c] = T(((full - src[c]) * uint64_t(light) + full / 2) / full);
+          for (int c = 3; c < out; ++c) dst[c] = src[c + 1];
+        }
+      }
+    };
+    if (info_.type == SampleType::kU8)
+      convert(uint8_t{});
+    else
+      convert(uint16_t{});
+    return rgb;
+  }
+
   void readHeader() {
     uint32_t w = 0, h = 0;
     uint16_t spp = 1, bps = 1, fmt = SAMPLEFORMAT_UINT, planar = PLANARCONFIG_CONTIG, comp = COMPRESSION_NONE,
@@ -394,6 +448,8 @@ class TiffReader final : public ImageReader {
     info_.width = w;
     info_.height = h;
     info_.channels = spp;
+    stored_channels_ = spp;
+    compression_ = comp;
     info_.planar_separate = planar == PLANARCONFIG_SEPARATE && spp > 1;
     info_.compression = compressionName(comp);
     info_.bigtiff = (TIFFIsBigTIFF(tif_) != 0);
@@ -425,9 +481,35 @@ class TiffReader final : public ImageReader {
                                    : fmt == SAMPLEFORMAT_INT  ? "signed"
                                                               : "unsigned")
                                << "); tiler reads 8/16/32-bit unsigned, 16-bit signed and 32-bit float");
-    // A palette image is read as its indices (a labels output of tiler is one).
-    TILER_CHECK(photometric != PHOTOMETRIC_PALETTE || (spp == 1 && (bps == 8 || bps == 16)), IoError,
-                "'" << p << "': palette TIFFs other than 8- or 16-bit indices are not supported");
+    // A palette image is read as its indices (a labels output of tiler is one, and so is a mask); its colour
+    // map goes with it, so that a model that takes RGB gets the colours (channelAdaptation).
+    if (photometric == PHOTOMETRIC_PALETTE) {
+      TILER_CHECK(spp == 1 && (bps == 8 || bps == 16), IoError,
+                  "'" << p << "': palette TIFFs other than 8- or 16-bit indices are not supported");
+      uint16_t *red = nullptr, *green = nullptr, *blue = nullptr;
+      TILER_CHECK(TIFFGetField(tif_, TIFFTAG_COLORMAP, &red, &green, &blue) && red && green && blue, IoError,
+                  "'" << p << "': a palette TIFF without a colour map");
+      auto map = std::make_shared<std::vector<std::array<uint16_t, 3>>>(size_t(1) << bps);
+      for (size_t i = 0; i < map->size(); ++i) (*map)[i] = {red[i], green[i], blue[i]};
+      info_.colormap = std::move(map);
+    }
+    if (photometric == PHOTOMETRIC_SEPARATED) {
+      uint16_t inkset = INKSET_CMYK;
+      TIFFGetFieldDefaulted(tif_, TIFFTAG_INKSET, &inkset);
+      TILER_CHECK(inkset == INKSET_CMYK && (spp == 4 || spp == 5) &&
+                      (info_.type == SampleType::kU8 || info_.type == SampleType::kU16),
+                  IoError,
+                  "'" << p << "': a separated (ink) TIFF other than 8- or 16-bit CMYK (" << spp
+                      << " samples) is not supported; convert it to RGB first");
+      cmyk_ = true;
+      info_.channels = spp - 1;  // CMYK -> RGB, CMYK + alpha -> RGBA
+    }
+    TILER_CHECK(photometric != PHOTOMETRIC_CIELAB && photometric != PHOTOMETRIC_ICCLAB &&
+                    photometric != PHOTOMETRIC_ITULAB && photometric != PHOTOMETRIC_LOGL &&
+                    photometric != PHOTOMETRIC_LOGLUV,
+                IoError,
+                "'" << p << "': Lab and LogLuv TIFFs are not supported (photometric " << photometric
+                    << "); convert the image to RGB first");
     if (photometric == PHOTOMETRIC_YCBCR) {
       TILER_CHECK(comp == COMPRESSION_JPEG, IoError,
                   "'" << p << "': YCbCr TIFF without JPEG compression is not supported");
@@ -477,6 +559,10 @@ class TiffReader final : public ImageReader {
     }
     chunks_across_ = (int64_t(w) + chunk_w_ - 1) / chunk_w_;
     chunks_down_ = (int64_t(h) + chunk_h_ - 1) / chunk_h_;
+    if (!huge_uncompressed_strips_) {
+      checkExpansion(tif_, 0, 0, 0);
+      checkExpansion(tif_, chunks - 1, chunks_across_ - 1, chunks_down_ - 1);
+    }
     TILER_CHECK(uint64_t(chunks_across_ * chunks_down_ * (info_.planar_separate ? spp : 1)) == chunks,
                 IoError,
                 "'" << p << "': " << chunks << " " << (info_.tiled ? "tiles" : "strips") << " for a " << w
@@ -587,7 +673,7 @@ class TiffReader final : public ImageReader {
 
   void readScanlines(const Rect& r, cv::Mat& out) {
     const HandleLease tif(*this);
-    const size_t px = bytesPerSample(info_.type) * size_t(info_.channels);
+    const size_t px = bytesPerSample(info_.type) * size_t(stored_channels_);
     std::vector<uint8_t> line(size_t(TIFFScanlineSize64(tif.get())));
     for (int64_t y = r.y; y < r.bottom(); ++y) {
       if (TIFFReadScanline(tif.get(), line.data(), uint32_t(y), 0) < 0)
@@ -654,10 +740,26 @@ class TiffReader final : public ImageReader {
     return data;
   }
 
+  // Throws IoError when chunk `index` (at cx, cy) claims more decoded bytes than its codec can give.
+  void checkExpansion(TIFF* tif, uint32_t index, int64_t cx, int64_t cy) const {
+    const uint64_t stored = TIFFGetStrileByteCount(tif, index);
+    if (stored == 0) return;  // a sparse chunk (GDAL's SPARSE_OK): libtiff decides
+    const size_t px = bytesPerSample(info_.type) * (info_.planar_separate ? 1 : size_t(stored_channels_));
+    // A strip image's last strip holds only the rows left; tiles are always whole.
+    const int64_t rows = info_.tiled ? chunk_h_ : std::min(chunk_h_, info_.height - cy * chunk_h_);
+    const uint64_t decoded = uint64_t(chunk_w_) * uint64_t(rows) * px;
+    TILER_CHECK(decoded <= stored * maxExpansion(compression_), IoError,
+                "'" << info_.path << "': " << (info_.tiled ? "tile (" : "strip (") << cx << "," << cy
+                    << ") claims " << decoded << " decoded bytes from " << stored << " stored, more than "
+                    << info_.compression << " can expand (" << maxExpansion(compression_)
+                    << ":1): the file is corrupt");
+  }
+
   Chunk decodeChunk(uint32_t index, int64_t cx, int64_t cy) {
-    const size_t px = bytesPerSample(info_.type) * (info_.planar_separate ? 1 : size_t(info_.channels));
-    auto data = std::make_shared<std::vector<uint8_t>>(size_t(chunk_w_) * size_t(chunk_h_) * px);
+    const size_t px = bytesPerSample(info_.type) * (info_.planar_separate ? 1 : size_t(stored_channels_));
     const HandleLease tif(*this);
+    checkExpansion(tif.get(), index, cx, cy);
+    auto data = std::make_shared<std::vector<uint8_t>>(size_t(chunk_w_) * size_t(chunk_h_) * px);
     t_tiff_error.clear();
     tmsize_t got = info_.tiled ? TIFFReadEncodedTile(tif.get(), index, data->data(), tmsize_t(data->size()))
                                : TIFFReadEncodedStrip(tif.get(), index, data->data(), tmsize_t(data->size()));
@@ -679,6 +781,9 @@ class TiffReader final : public ImageReader {
   TiffPage page_;
   TIFF* tif_ = nullptr;  // the header's handle (constructor only; then one of idle_handles_)
   bool ycbcr_jpeg_ = false;
+  bool cmyk_ = false;        // PHOTOMETRIC_SEPARATED with CMYK inks: handed out as RGB(A)
+  int stored_channels_ = 0;  // samples per pixel in the file (info_.channels is what readRegion returns)
+  uint16_t compression_ = COMPRESSION_NONE;
   int64_t chunk_w_ = 0, chunk_h_ = 0, chunks_across_ = 0, chunks_down_ = 0;
   bool huge_uncompressed_strips_ = false;
   std::mutex handles_mutex_;
@@ -882,8 +987,13 @@ ImageWriter::ImageWriter(const std::string& path, int64_t width, int64_t height,
     // Reduced levels add at most a third.
     const bool big = (options_.pyramid ? raw + raw / 3 : raw) > (uint64_t(1) << 31);
     t_tiff_error.clear();
-    TIFF* tif = TIFFOpen(partialPath().c_str(), big ? "w8" : "w");
-    TILER_CHECK(tif != nullptr, IoError, "'" << partialPath() << "': cannot create: " << takeTiffError());
+    const int fd = createFileExclusively(partialPath());
+    TILER_CHECK(fd >= 0, IoError, "'" << partialPath() << "': cannot create: " << std::strerror(errno));
+    TIFF* tif = TIFFFdOpen(fd, partialPath().c_str(), big ? "w8" : "w");
+    if (tif == nullptr) {
+      ::close(fd);
+      TILER_THROW(IoError, "'" << partialPath() << "': cannot create: " << takeTiffError());
+    }
     tiff_ = tif;
     setTiffFields(tif, width, height, channels, type, options_, false);
     if (!options_.description.empty())
@@ -944,8 +1054,9 @@ ImageWriter::ImageWriter(const std::string& path, int64_t width, int64_t height,
                 "'" << path << "': PNG cannot hold float samples; use --format tif");
     buffer_ = cv::Mat(int(height), int(width), cv_type);
     // Claim the name early so that an unwritable directory fails before any work.
-    std::ofstream touch(partialPath(), std::ios::binary);
-    TILER_CHECK(touch.good(), IoError, "'" << partialPath() << "': cannot create: " << std::strerror(errno));
+    const int fd = createFileExclusively(partialPath());
+    TILER_CHECK(fd >= 0, IoError, "'" << partialPath() << "': cannot create: " << std::strerror(errno));
+    ::close(fd);
   } else {
     TILER_THROW(ConfigError, "unknown output format '" << options_.format << "' (tif or png)");
   }
@@ -1173,10 +1284,17 @@ void ImageWriter::finish() {
     std::vector<uchar> bytes;
     bool ok = cv::imencode("." + options_.format, out, bytes);
     if (ok) {
-      std::ofstream f(partialPath(), std::ios::binary | std::ios::trunc);
-      f.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
-      f.flush();
-      ok = f.good();
+      // Created anew, not reopened: the claimed name may have been replaced by a link meanwhile.
+      const int fd = createFileExclusively(partialPath());
+      size_t off = 0;
+      while (fd >= 0 && off < bytes.size()) {
+        const ssize_t n = ::write(fd, bytes.data() + off, bytes.size() - off);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        off += size_t(n);
+      }
+      ok = fd >= 0 && off == bytes.size();
+      if (fd >= 0 && ::close(fd) != 0) ok = false;
     }
     if (!ok) {
       int err = errno;

@@ -442,21 +442,27 @@ class NodeLink {
   explicit NodeLink(const LaunchOptions& o) : o_(o) {
     auto [host, port] = parseEndpoint(o.rdzv_endpoint, "--rdzv_endpoint");
     endpoint_host_ = host;
-    // Host the store when the endpoint is here and the port is free, else connect; both retried until
-    // --rdzv_timeout: the host may start later, and a port can be held a while by the local end of another
-    // connection, so that neither agent could listen on it at first.
+    // Who hosts the store: in a static world node 0 (as torchrun), on the address the endpoint names; with
+    // c10d, the first agent on the endpoint's host to bind it. Both retried until --rdzv_timeout: the host
+    // may start later, and a port can be held a while by the local end of another connection.
     const auto deadline =
         std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(o.rdzv_timeout * 1000));
-    const bool local = isLocalHost(host);
+    const bool must_host = o.rdzv_backend == "static" && o.node_rank == 0;
+    const bool may_host = must_host || (o.rdzv_backend != "static" && isLocalHost(host));
     for (;;) {
-      if (local && !server_) {
+      const bool last = std::chrono::steady_clock::now() >= deadline;
+      if (may_host && !server_) {
         try {
-          server_ = std::make_unique<StoreServer>(port);
+          server_ = std::make_unique<StoreServer>(host, port);
         } catch (const DistError&) {
-          // Another agent on this host holds it (several agents on one machine, as in tests).
+          // c10d: another agent on this host holds it (several agents on one machine, as in tests).
+          if (must_host && last) throw;
         }
       }
-      const bool last = std::chrono::steady_clock::now() >= deadline;
+      if (must_host && !server_) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        continue;
+      }
       try {
         client_ = std::make_unique<StoreClient>(host, port, std::chrono::milliseconds(last ? 0 : 500));
         break;
@@ -503,7 +509,8 @@ class NodeLink {
         r.nodes = int(std::min<int64_t>(n, max_nodes));
         client_->set(prefix_ + "size", std::to_string(r.nodes));
       } else {
-        r.nodes = std::stoi(client_->wait(prefix_ + "size", timeout));
+        r.nodes = int(
+            parseStoreInteger(client_->wait(prefix_ + "size", timeout), prefix_ + "size", o_.rdzv_endpoint));
         TILER_CHECK(r.node_rank < r.nodes, DistError,
                     "ctrun: rendezvous " << round << " closed with " << r.nodes
                                          << " nodes before this one joined; start it again for the next run");
@@ -520,9 +527,18 @@ class NodeLink {
       }
       client_->set(prefix_ + "master", addr + ":" + std::to_string(port));
     }
-    auto [addr, port] = parseEndpoint(client_->wait(prefix_ + "master", timeout), "master address");
+    if (server_) client_->set(prefix_ + "store_host", std::to_string(r.node_rank) + " " + hostName());
+    auto [addr, port] = parseEndpoint(client_->wait(prefix_ + "master", timeout),
+                                      "the master address at the rendezvous store " + o_.rdzv_endpoint);
     r.master_addr = addr;
     r.master_port = port;
+    // Which node hosts the store, so that losing it names that node (every round has the host among its
+    // nodes).
+    const std::string store_host = client_->wait(prefix_ + "store_host", timeout);
+    const size_t space = store_host.find(' ');
+    store_node_ =
+        int(parseStoreInteger(store_host.substr(0, space), prefix_ + "store_host", o_.rdzv_endpoint));
+    store_host_name_ = space == std::string::npos ? std::string() : store_host.substr(space + 1);
     nodes_ = r.nodes;
     me_ = r.node_rank;
     beats_.assign(size_t(nodes_), {std::string(), std::chrono::steady_clock::now()});
@@ -586,8 +602,16 @@ class NodeLink {
     std::vector<WorkerFailure> all;
     const int64_t n = failureCount();
     for (int64_t k = 1; k <= n; ++k) {
-      if (auto text = client_->get(prefix_ + "failure/" + std::to_string(k)))
-        all.push_back(failureFromJson(nlohmann::json::parse(*text)));
+      const std::string key = prefix_ + "failure/" + std::to_string(k);
+      if (auto text = client_->get(key)) {
+        try {
+          all.push_back(failureFromJson(nlohmann::json::parse(*text)));
+        } catch (const nlohmann::json::exception& e) {
+          TILER_THROW(DistError, "ctrun: malformed rendezvous data at "
+                                     << o_.rdzv_endpoint << ": '" << key
+                                     << "' is not a failure record: " << e.what());
+        }
+      }
     }
     std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.time < b.time; });
     return all;
@@ -597,6 +621,17 @@ class NodeLink {
     client_->add(prefix_ + "done", 1);
   }
   bool allDone() { return client_->add(prefix_ + "done", 0) >= nodes_; }
+  // The failure to report when the store cannot be reached: the node that hosted it is lost.
+  WorkerFailure storeLost(const std::string& why) const {
+    WorkerFailure f;
+    f.lost = true;
+    f.node = store_node_;
+    f.host = store_host_name_.empty() ? o_.rdzv_endpoint : store_host_name_;
+    f.time = nowSeconds();
+    f.exit_code = kExitFatal;
+    f.error_message = "it hosted the rendezvous store at " + o_.rdzv_endpoint + ", which is lost: " + why;
+    return f;
+  }
   // Before leaving: the store's host waits (a little) for the others to have read the outcome.
   void leave() {
     try {
@@ -612,6 +647,8 @@ class NodeLink {
   std::string endpoint_host_;
   std::unique_ptr<StoreServer> server_;  // when this agent hosts the store
   std::unique_ptr<StoreClient> client_;
+  int store_node_ = 0;           // the node whose agent hosts the store
+  std::string store_host_name_;  // its host name
   int nodes_ = 1, me_ = 0;
   std::string prefix_;
   int64_t beat_ = 0;
@@ -750,7 +787,7 @@ bool portIsFree(int port) {
   // The c10d store sets SO_REUSEADDR as the rendezvous store does, so a port in TIME_WAIT is usable; only a
   // listener blocks it.
   try {
-    StoreServer probe(port);
+    StoreServer probe("", port);
     return true;
   } catch (const DistError&) {
     return false;
@@ -903,13 +940,7 @@ int Launcher::run() {
         }
         if (marked_done && link->allDone()) break;
       } catch (const DistError& e) {
-        WorkerFailure f;
-        f.lost = true;
-        f.host = o.rdzv_endpoint;
-        f.time = nowSeconds();
-        f.exit_code = kExitFatal;
-        f.error_message = std::string("the rendezvous store is lost: ") + e.message();
-        link_failures.push_back(f);
+        link_failures.push_back(link->storeLost(e.message()));
         link_lost = true;
         break;
       }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <opencv2/core.hpp>
 
 namespace tiler {
@@ -30,7 +31,26 @@ cv::Mat readWindow(ImageReader& reader, const WindowGrid& grid, int64_t local_in
   return out;
 }
 
-void windowToModelInput(const cv::Mat& window, ChannelAdapt adapt, float* dst) {
+void windowToModelInput(const cv::Mat& window, ChannelAdapt adapt, float* dst,
+                        const std::vector<std::array<uint16_t, 3>>* colormap) {
+  if (adapt == ChannelAdapt::kPalette) {
+    TILER_CHECK(colormap != nullptr && window.channels() == 1 &&
+                    (window.depth() == CV_8U || window.depth() == CV_16U),
+                IoError, "a palette window needs its colour map and 8- or 16-bit indices");
+    const size_t plane = size_t(window.rows) * size_t(window.cols);
+    // Colours in the range of the indices' sample type, which decides the input scale (1/255 or 1/65535).
+    const float to_range = window.depth() == CV_8U ? 1.0f / 257.0f : 1.0f;
+    const size_t entries = colormap->size();
+    for (int y = 0; y < window.rows; ++y) {
+      for (int x = 0; x < window.cols; ++x) {
+        const size_t index = window.depth() == CV_8U ? window.at<uint8_t>(y, x) : window.at<uint16_t>(y, x);
+        const auto& colour = (*colormap)[std::min(index, entries - 1)];
+        const size_t at = size_t(y) * size_t(window.cols) + size_t(x);
+        for (size_t c = 0; c < 3; ++c) dst[c * plane + at] = std::round(float(colour[c]) * to_range);
+      }
+    }
+    return;
+  }
   const int channels = adapt == ChannelAdapt::kNone ? window.channels() : 3;
   // Planes in the sample type first (split works for every depth; cvtColor refuses i16 and u32), each then
   // converted straight into its plane of dst: the model's layout, so that no pass over the batch transposes.
@@ -200,7 +220,7 @@ WindowBatch WindowLoader::assemble(int64_t step) {
     const CatalogImage& img = catalog_.image(read->image_id);
     try {
       windowToModelInput(readWindow(*read->reader, img.grid, read->local, options_.pad, options_.cval),
-                         img.adapt, pixels + j * H * W * C);
+                         img.adapt, pixels + j * H * W * C, img.info.colormap.get());
     } catch (...) {
       read->error = std::current_exception();
     }

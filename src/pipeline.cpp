@@ -3,12 +3,13 @@
 #include <ATen/Parallel.h>
 #include <spdlog/spdlog.h>
 #include <torch/cuda.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <deque>
 #include <filesystem>
-#include <fstream>
 #include <future>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -22,6 +23,7 @@
 #include "tiler/loader.hpp"
 #include "tiler/model.hpp"
 #include "tiler/outputs.hpp"
+#include "tiler/platform.hpp"
 #include "tiler/report.hpp"
 #include "tiler/sampler.hpp"
 
@@ -51,7 +53,9 @@ class InferJob {
 
  private:
   void validateOptions();
-  void checkOutputDirectory() const;
+  // Creates the output directory and locks it for this run (rank 0): a setup error when it cannot be written
+  // or another run holds it.
+  void lockOutputDirectory();
   OutputOptions outputOptions() const;
   // A step's batch on its way through a model replica. A fatal message ends every rank at that step.
   struct ForwardedBatch {
@@ -86,6 +90,7 @@ class InferJob {
   Tta tta_ = Tta::kNone;
   bool save_labels_ = true, save_probs_ = false, save_polygons_ = false;
   std::optional<Fault> fault_;
+  std::unique_ptr<DirectoryLock> output_lock_;  // rank 0, held until the report is written
   std::unique_ptr<ModelRunner> model_;
   ForwardLayout layout_;
   int read_threads_ = 1;
@@ -120,13 +125,21 @@ void InferJob::validateOptions() {
       "--read_threads must be >= 0 (0: the CPUs the forward leaves, up to " << kMaxAutoReadThreads << ")");
   TILER_CHECK(o_.shard_buffer >= 0, ConfigError,
               "--shard_buffer must be >= 0 (MiB; 0: one batch a rank per piece of a row)");
-  TILER_CHECK(o_.timeout > 0, ConfigError, "--timeout must be > 0");
+  TILER_CHECK(std::isfinite(o_.timeout) && o_.timeout > 0, ConfigError,
+              "--timeout must be a number of seconds > 0");
+  TILER_CHECK(o_.threads >= 0, ConfigError, "--threads must be >= 1; got " << o_.threads);
+  TILER_CHECK(std::isfinite(o_.scale) && o_.scale >= 0, ConfigError,
+              "--scale must be a finite number >= 0 (0: by sample type); got " << o_.scale);
   TILER_CHECK(o_.on_error == "skip" || o_.on_error == "abort", ConfigError,
               "--on_error must be skip or abort");
   TILER_CHECK(o_.format == "tif" || o_.format == "png", ConfigError, "--format must be tif or png");
   TILER_CHECK(!(o_.resume && o_.overwrite), ConfigError, "--resume and --overwrite exclude each other");
   parseCompression(o_.compression);
   save_labels_ = save_probs_ = save_polygons_ = false;
+  const std::string bad_save =
+      "--save takes labels, probs and polygons, comma-separated; got '" + o_.save + "'";
+  // "" and "labels," name nothing (or end in nothing), which getline would not return.
+  TILER_CHECK(!o_.save.empty() && o_.save.back() != ',', ConfigError, bad_save);
   std::stringstream ss(o_.save);
   std::string part;
   while (std::getline(ss, part, ',')) {
@@ -137,8 +150,7 @@ void InferJob::validateOptions() {
     else if (part == "polygons")
       save_polygons_ = true;
     else
-      TILER_THROW(ConfigError,
-                  "--save takes labels, probs and polygons, comma-separated; got '" << o_.save << "'");
+      TILER_THROW(ConfigError, bad_save);
   }
   mask_ = parseMaskSpec(o_.mask, o_.mask_fraction);
   TILER_CHECK((o_.level >= 0) + (o_.mpp > 0) + (o_.magnification > 0) <= 1, ConfigError,
@@ -152,17 +164,17 @@ void InferJob::validateOptions() {
   if (o_.report.empty()) o_.report = (fs::path(o_.output_dir) / "report.json").string();
 }
 
-void InferJob::checkOutputDirectory() const {
-  // An unwritable output directory is a setup error: say so before any work, not once per image.
+void InferJob::lockOutputDirectory() {
+  // An unwritable output directory is a setup error: say so before any work, not once per image. Two runs
+  // into one directory would remove each other's partial files and rename each other's half-written outputs:
+  // the second one stops here, before it touches anything.
   std::error_code ec;
   fs::create_directories(o_.output_dir, ec);
-  const std::string probe = (fs::path(o_.output_dir) / ".tiler-write-test").string();
-  std::ofstream test(probe);
-  TILER_CHECK(!ec && test.good(), ConfigError,
-              "cannot write to the output directory '"
-                  << o_.output_dir << "': " << (ec ? ec.message() : std::strerror(errno)));
-  test.close();
-  fs::remove(probe, ec);
+  TILER_CHECK(!ec, ConfigError,
+              "cannot write to the output directory '" << o_.output_dir << "': " << ec.message());
+  output_lock_ = std::make_unique<DirectoryLock>(o_.output_dir);
+  TILER_CHECK(output_lock_->locked(), ConfigError,
+              "output directory '" << o_.output_dir << "': " << output_lock_->error());
 }
 
 OutputOptions InferJob::outputOptions() const {
@@ -445,7 +457,7 @@ int InferJob::run() {
 
   // Setup that one rank can fail alone goes through the exchange, so that every rank stops with its message.
   auto setup = captureFailure([&] {
-    if (world_.rank == 0) checkOutputDirectory();
+    if (world_.rank == 0) lockOutputDirectory();
     InferCatalogOptions co;
     co.inputs = o_.inputs;
     co.recursive = o_.recursive;
@@ -463,6 +475,17 @@ int InferJob::run() {
       for (const auto& img : catalog_.images())
         TILER_CHECK(img.status != "error", IoError, img.error << " (--on_error abort)");
     }
+    // Slots beyond the job's windows would be padding only (--batch_size 100000 for one window asked LibTorch
+    // for 78 GB); every rank plans the same windows, so every rank takes the same batch.
+    o_.batch_size = int(std::min<int64_t>(o_.batch_size, std::max<int64_t>(1, catalog_.totalWindows())));
+    const double batch_gb = double(o_.batch_size) * probe_.input_channels * double(spec_.window_w) *
+                            double(spec_.window_h) * double(sizeof(float)) / 1e9;
+    const double memory_gb = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE)) / 1e9;
+    TILER_CHECK(batch_gb <= memory_gb / 4, ConfigError,
+                "--batch_size " << o_.batch_size << ": one batch of " << probe_.input_channels << "x"
+                                << spec_.window_h << "x" << spec_.window_w << " windows takes " << batch_gb
+                                << " GB as input alone, over a quarter of this machine's " << memory_gb
+                                << " GB (the loader holds several); lower --batch_size");
   });
   // Every rank must hold the same plan, or the shards would not fit together.
   auto agree = torch::tensor({{catalog_.totalWindows(), int64_t(catalog_.plannedImages())}}, torch::kInt64);

@@ -39,26 +39,61 @@ std::string firstWord(const std::string& s, size_t& rest) {
   return s.substr(0, space);
 }
 
+// The IPv4 address to listen on for an endpoint's host (see StoreServer's constructor).
+in_addr_t bindAddressFor(const std::string& host) {
+  if (host.empty() || host == "0.0.0.0" || host == "*") return htonl(INADDR_ANY);
+  in_addr numeric{};
+  if (inet_pton(AF_INET, host.c_str(), &numeric) == 1) return numeric.s_addr;
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  TILER_CHECK(rc == 0 && found != nullptr, DistError,
+              "ctrun: cannot host the rendezvous store at '" << host << "': " << gai_strerror(rc));
+  const in_addr_t addr = reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr.s_addr;
+  freeaddrinfo(found);
+  const bool loopback = (ntohl(addr) >> 24) == 127;
+  // "localhost" means this machine only; another name mapped to loopback here is reached by other nodes at
+  // the address their resolver gives, so it must be heard on every interface.
+  if (loopback && host != "localhost") return htonl(INADDR_ANY);
+  return addr;
+}
+
 }  // namespace
 
-StoreServer::StoreServer(int port) {
-  listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+struct StoreServer::Client {
+  int fd = -1;
+  std::string in;   // bytes received past the last whole request
+  std::string out;  // replies not yet sent, from out_sent on
+  size_t out_sent = 0;
+  Clock::time_point waiting_since{};  // when `out` last became non-empty or last drained a byte
+};
+
+StoreServer::StoreServer(const std::string& bind_host, int port, StoreLimits limits) : limits_(limits) {
+  const in_addr_t address = bindAddressFor(bind_host);
+  listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   TILER_CHECK(listen_fd_ >= 0, DistError, "ctrun: rendezvous store: socket: " << std::strerror(errno));
   int one = 1;
   setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_addr.s_addr = address;
   addr.sin_port = htons(uint16_t(port));
   socklen_t len = sizeof addr;
   if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || listen(listen_fd_, 64) != 0 ||
       getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
     const int err = errno;
     ::close(listen_fd_);
-    TILER_THROW(DistError,
-                "ctrun: cannot host the rendezvous store on port " << port << ": " << std::strerror(err));
+    TILER_THROW(DistError, "ctrun: cannot host the rendezvous store on "
+                               << (bind_host.empty() ? "port " : bind_host + ":") << port << ": "
+                               << std::strerror(err));
   }
   port_ = ntohs(addr.sin_port);
+  char text[INET_ADDRSTRLEN] = {0};
+  inet_ntop(AF_INET, &addr.sin_addr, text, sizeof text);
+  bound_address_ = text;
+  spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   TILER_CHECK(pipe2(wake_, O_CLOEXEC) == 0, DistError, "ctrun: pipe: " << std::strerror(errno));
   thread_ = std::thread([this] { loop(); });
 }
@@ -68,6 +103,7 @@ StoreServer::~StoreServer() {
   (void)!write(wake_[1], &b, 1);
   if (thread_.joinable()) thread_.join();
   ::close(listen_fd_);
+  if (spare_fd_ >= 0) ::close(spare_fd_);
   ::close(wake_[0]);
   ::close(wake_[1]);
 }
@@ -78,66 +114,147 @@ std::string StoreServer::handle(const std::string& request) {
   size_t value_at = 0;
   const std::string key = firstWord(request.substr(rest), value_at);
   const std::string value = request.substr(std::min(request.size(), rest + value_at));
+  if (key.size() > limits_.max_key_bytes)
+    return "ERR key of " + std::to_string(key.size()) + " bytes (at most " +
+           std::to_string(limits_.max_key_bytes) + ")";
+  auto it = data_.find(key);
+  // Stores `v` at `key`, within the store's bounds; "" or the refusal.
+  auto put = [&](const std::string& v) -> std::string {
+    if (v.size() > limits_.max_value_bytes)
+      return "ERR value of " + std::to_string(v.size()) + " bytes (at most " +
+             std::to_string(limits_.max_value_bytes) + ")";
+    const size_t before = it == data_.end() ? 0 : key.size() + it->second.size();
+    if (data_bytes_ - before + key.size() + v.size() > limits_.max_store_bytes)
+      return "ERR store full (" + std::to_string(limits_.max_store_bytes) + " bytes)";
+    data_bytes_ = data_bytes_ - before + key.size() + v.size();
+    data_[key] = v;
+    return "";
+  };
   if (op == "SET") {
-    data_[key] = value;
-    return "OK";
+    const std::string refused = put(value);
+    return refused.empty() ? "OK" : refused;
   }
-  if (op == "GET") {
-    auto it = data_.find(key);
-    return it == data_.end() ? "NONE" : "VAL " + it->second;
-  }
+  if (op == "GET") return it == data_.end() ? "NONE" : "VAL " + it->second;
   if (op == "ADD") {
     int64_t sum = 0;
     try {
-      auto it = data_.find(key);
       sum = (it == data_.end() ? 0 : std::stoll(it->second)) + std::stoll(value);
     } catch (const std::exception&) {
       return "ERR not an integer";
     }
-    data_[key] = std::to_string(sum);
-    return "VAL " + data_[key];
+    const std::string text = std::to_string(sum), refused = put(text);
+    return refused.empty() ? "VAL " + text : refused;
   }
   return "ERR unknown request";
 }
 
+void StoreServer::acceptClients(std::vector<Client>& clients) {
+  for (;;) {
+    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0 && (errno == EMFILE || errno == ENFILE) && spare_fd_ >= 0) {
+      // Out of descriptors: the pending connection would keep the listener readable and the loop spinning.
+      // A spare descriptor given up for a moment accepts it, to close it at once.
+      ::close(spare_fd_);
+      fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd >= 0) ::close(fd);
+      spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+      continue;
+    }
+    if (fd < 0) return;  // EAGAIN: none left (or an error the next poll retries)
+    if (clients.size() >= limits_.max_clients) {
+      ::close(fd);
+      continue;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    clients.push_back(Client{fd, "", "", 0, {}});
+  }
+}
+
+bool StoreServer::sendReplies(Client& c, Clock::time_point now) {
+  while (c.out_sent < c.out.size()) {
+    const ssize_t n = ::send(c.fd, c.out.data() + c.out_sent, c.out.size() - c.out_sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;  // the rest when it reads
+    if (n <= 0) return false;
+    c.out_sent += size_t(n);
+    c.waiting_since = now;
+  }
+  return true;
+}
+
 void StoreServer::loop() {
-  struct Client {
-    int fd;
-    std::string in;
-  };
+  // The longest request line: "SET <key> <value>".
+  const size_t max_line = limits_.max_key_bytes + limits_.max_value_bytes + 16;
   std::vector<Client> clients;
+  auto drop = [](Client& c) {
+    ::close(c.fd);
+    c.fd = -1;
+  };
   for (;;) {
     std::vector<pollfd> fds{{wake_[0], POLLIN, 0}, {listen_fd_, POLLIN, 0}};
-    for (const auto& c : clients) fds.push_back({c.fd, POLLIN, 0});
-    if (poll(fds.data(), fds.size(), -1) < 0) {
+    bool any_waiting = false;
+    for (const auto& c : clients) {
+      const size_t unread = c.out.size() - c.out_sent;
+      short events = unread > 0 ? POLLOUT : 0;
+      // Back-pressure: a client that does not read its replies gets no more of its requests handled.
+      if (unread <= limits_.max_unread_reply_bytes) events |= POLLIN;
+      any_waiting = any_waiting || unread > 0;
+      fds.push_back({c.fd, events, 0});
+    }
+    const int timeout_ms = any_waiting ? 250 : -1;
+    if (poll(fds.data(), fds.size(), timeout_ms) < 0) {
       if (errno == EINTR) continue;
       break;
     }
     if (fds[0].revents) break;
-    if (fds[1].revents & POLLIN) {
-      const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd >= 0) clients.push_back({fd, ""});
-    }
+    const auto now = Clock::now();
     for (size_t i = 2; i < fds.size(); ++i) {
-      if (!fds[i].revents) continue;
       Client& c = clients[i - 2];
-      char buf[4096];
-      const ssize_t n = ::recv(c.fd, buf, sizeof buf, 0);
-      bool ok = n > 0;
-      if (ok) c.in.append(buf, size_t(n));
-      size_t nl;
-      while (ok && (nl = c.in.find('\n')) != std::string::npos) {
-        ok = writeAllTo(c.fd, handle(c.in.substr(0, nl)) + "\n");
-        c.in.erase(0, nl + 1);
+      const short revents = fds[i].revents;
+      if ((revents & (POLLERR | POLLNVAL)) || ((revents & POLLHUP) && !(revents & POLLIN))) {
+        drop(c);  // gone both ways: its replies could not be delivered
+        continue;
       }
-      // Garbage without a newline is not allowed to grow without bound.
-      if (!ok || c.in.size() > (1 << 20)) {
-        ::close(c.fd);
-        c.fd = -1;
+      if (revents & POLLIN) {
+        char buf[65536];
+        const ssize_t n = ::recv(c.fd, buf, sizeof buf, 0);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+          drop(c);
+          continue;
+        }
+        if (n > 0) c.in.append(buf, size_t(n));
       }
+      // Requests are answered while the client reads its replies; what it sends meanwhile waits in `in`.
+      for (;;) {
+        size_t begin = 0, nl;
+        while (c.out.size() - c.out_sent <= limits_.max_unread_reply_bytes &&
+               (nl = c.in.find('\n', begin)) != std::string::npos) {
+          if (c.out.size() == c.out_sent) {
+            c.out.clear();
+            c.out_sent = 0;
+            c.waiting_since = now;
+          }
+          c.out += handle(c.in.substr(begin, nl - begin)) + "\n";
+          begin = nl + 1;
+        }
+        c.in.erase(0, begin);
+        // A line longer than any request can be is garbage (or an attack): not allowed to grow.
+        if (c.in.find('\n') == std::string::npos && c.in.size() > max_line) {
+          drop(c);
+          break;
+        }
+        if (!sendReplies(c, now)) {
+          drop(c);
+          break;
+        }
+        if (c.out_sent < c.out.size() || c.in.find('\n') == std::string::npos) break;
+      }
+      if (c.fd >= 0 && c.out_sent < c.out.size() && now - c.waiting_since > limits_.stall_timeout) drop(c);
     }
     clients.erase(std::remove_if(clients.begin(), clients.end(), [](const Client& c) { return c.fd < 0; }),
                   clients.end());
+    if (fds[1].revents & POLLIN) acceptClients(clients);
   }
   for (auto& c : clients) ::close(c.fd);
 }
@@ -223,11 +340,33 @@ void StoreClient::set(const std::string& key, const std::string& value) {
 std::optional<std::string> StoreClient::get(const std::string& key) {
   const std::string reply = request("GET " + key);
   if (reply == "NONE") return std::nullopt;
-  return reply.substr(4);
+  return valueOf(reply, key);
 }
 
 int64_t StoreClient::add(const std::string& key, int64_t delta) {
-  return std::stoll(request("ADD " + key + " " + std::to_string(delta)).substr(4));
+  return parseStoreInteger(valueOf(request("ADD " + key + " " + std::to_string(delta)), key), key, endpoint_);
+}
+
+std::string StoreClient::valueOf(const std::string& reply, const std::string& key) const {
+  TILER_CHECK(reply.rfind("VAL ", 0) == 0, DistError,
+              "ctrun: malformed reply from the rendezvous store at " << endpoint_ << " for '" << key << "': '"
+                                                                     << reply.substr(0, 64) << "'");
+  return reply.substr(4);
+}
+
+int64_t parseStoreInteger(const std::string& text, const std::string& key, const std::string& endpoint) {
+  size_t used = 0;
+  int64_t value = 0;
+  try {
+    value = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  TILER_CHECK(used > 0 && used == text.size(), DistError,
+              "ctrun: malformed rendezvous data at " << endpoint << ": '" << key << "' holds '"
+                                                     << text.substr(0, 64) << (text.size() > 64 ? "..." : "")
+                                                     << "', not an integer");
+  return value;
 }
 
 std::string StoreClient::wait(const std::string& key, std::chrono::milliseconds timeout) {

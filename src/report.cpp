@@ -7,11 +7,11 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "tiler/error.hpp"
+#include "tiler/platform.hpp"
 
 namespace fs = std::filesystem;
 
@@ -92,15 +92,8 @@ int exitCodeOf(const nlohmann::json& report) {
 
 void writeJsonAtomically(const std::string& path, const nlohmann::json& j) {
   if (fs::path(path).has_parent_path()) fs::create_directories(fs::path(path).parent_path());
-  const std::string tmp = path + ".partial";
-  {
-    std::ofstream out(tmp);
-    out << j.dump(2) << "\n";
-    out.flush();
-    TILER_CHECK(out.good(), IoError, "'" << tmp << "': cannot write: " << std::strerror(errno));
-  }
-  TILER_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, IoError,
-              "'" << path << "': cannot rename into place: " << std::strerror(errno));
+  const std::string error = writeFileAtomically(path, [&](std::ostream& out) { out << j.dump(2) << "\n"; });
+  TILER_CHECK(error.empty(), IoError, error);
 }
 
 double peakRssMegabytes() {

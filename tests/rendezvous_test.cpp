@@ -14,7 +14,7 @@ namespace {
 using std::chrono::milliseconds;
 
 TEST(Store, SetGetAddAndWaitAcrossClients) {
-  StoreServer server(0);
+  StoreServer server("127.0.0.1", 0);
   StoreClient a("127.0.0.1", server.port(), milliseconds(2000));
   StoreClient b("127.0.0.1", server.port(), milliseconds(2000));
   EXPECT_EQ(a.get("k"), std::nullopt);
@@ -36,7 +36,7 @@ TEST(Store, SetGetAddAndWaitAcrossClients) {
 }
 
 TEST(Store, EveryCallIsBoundedAndAGoneHostIsAnError) {
-  auto server = std::make_unique<StoreServer>(0);
+  auto server = std::make_unique<StoreServer>("127.0.0.1", 0);
   const int port = server->port();
   StoreClient c("127.0.0.1", port, milliseconds(500));
   try {
@@ -51,8 +51,8 @@ TEST(Store, EveryCallIsBoundedAndAGoneHostIsAnError) {
   EXPECT_THROW(StoreClient("127.0.0.1", port, milliseconds(300)), TimeoutError);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, milliseconds(2000));
   // A second host on a taken port is refused (the agent then joins as a client).
-  StoreServer first(0);
-  EXPECT_THROW(StoreServer second(first.port()), DistError);
+  StoreServer first("", 0);
+  EXPECT_THROW(StoreServer second("", first.port()), DistError);
 }
 
 TEST(Store, FlagsParse) {

@@ -28,10 +28,13 @@ std::vector<std::string> listImages(const std::vector<std::string>& inputs, bool
 // Default input scale for a sample type: 1/max for integers, 1 for float.
 double defaultScale(SampleType type);
 
-// How an image's channels become the model's: as is, gray repeated to 3, RGBA without alpha.
-enum class ChannelAdapt { kNone, kRepeatGray, kDropAlpha };
-// Throws ModelError naming both numbers when no adaptation exists.
-ChannelAdapt channelAdaptation(int image_channels, int model_channels, const std::string& image_path);
+// How an image's channels become the model's: as is, gray repeated to 3, RGBA without alpha, palette indices
+// through their colour map to RGB.
+enum class ChannelAdapt { kNone, kRepeatGray, kDropAlpha, kPalette };
+// Throws ModelError naming both numbers when no adaptation exists. `palette`: the image is a palette image
+// (ImageInfo::colormap), whose single channel holds indices.
+ChannelAdapt channelAdaptation(int image_channels, int model_channels, const std::string& image_path,
+                               bool palette = false);
 
 struct CatalogImage {
   std::string input;

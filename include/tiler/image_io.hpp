@@ -64,7 +64,11 @@ struct ImageInfo {
   std::optional<double> mpp;
   std::optional<double> objective_power;  // whole slides: the scan's magnification (e.g. 40)
   std::string reader;                     // tiff | openslide | opencv
-  std::string vendor;                     // whole slides: OpenSlide's vendor (aperio, hamamatsu, ...)
+  // A palette TIFF's colour map (16-bit R, G, B per index); null for every other image. The reader hands out
+  // the indices (a labels output reads back as its classes, a mask as its values); a model that takes RGB
+  // gets the colours (ChannelAdapt::kPalette).
+  std::shared_ptr<const std::vector<std::array<uint16_t, 3>>> colormap;
+  std::string vendor;  // whole slides: OpenSlide's vendor (aperio, hamamatsu, ...)
 };
 
 class ImageReader {

@@ -77,8 +77,10 @@ PadMode parsePadMode(const std::string& name);
 cv::Mat readWindow(ImageReader& reader, const WindowGrid& grid, int64_t local_index, PadMode pad,
                    double cval);
 // Writes `window` (HWC, any sample type) adapted to the model's channels as raw float32 values into `dst`,
-// one plane a channel (model channels x window.rows x window.cols, as the model takes them).
-void windowToModelInput(const cv::Mat& window, ChannelAdapt adapt, float* dst);
+// one plane a channel (model channels x window.rows x window.cols, as the model takes them). kPalette needs
+// the image's `colormap`: colours in the sample type's range (8-bit indices: the map's 16-bit values / 257).
+void windowToModelInput(const cv::Mat& window, ChannelAdapt adapt, float* dst,
+                        const std::vector<std::array<uint16_t, 3>>* colormap = nullptr);
 
 // Runs fn(0), ..., fn(count - 1) on the calling thread and `threads - 1` helper threads of its own, each
 // thread a contiguous part, and returns when every call has returned. fn must not throw. One caller at a

@@ -4,36 +4,66 @@
 // more), so the store is this one: set, get, add, and waiting on a key by polling.
 // Promise: every call is bounded by the client's timeout and throws DistError (TimeoutError when the time
 // ran out) naming the endpoint; a store host that goes away is an error on the next call, never a hang.
-// Keys and values are single-line text (no '\n'). Not thread safe: one client per thread. No LibTorch.
+// Keys and values are single-line text (no '\n'), bounded in size (StoreLimits). Not thread safe: one client
+// per thread. No authentication (like c10d's TCPStore): whoever reaches the port can read and write keys.
+// No LibTorch.
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace tiler {
 
+// What one store accepts, so that no client, slow or hostile, can stall it or grow it without bound.
+struct StoreLimits {
+  size_t max_key_bytes = 1024;
+  size_t max_value_bytes = size_t(1) << 20;
+  size_t max_store_bytes = size_t(64) << 20;  // every key and value held
+  // Replies a client has not read yet: beyond this its further requests wait in the kernel, unread.
+  size_t max_unread_reply_bytes = size_t(4) << 20;
+  // A client with replies waiting that reads none of them for this long is dropped.
+  std::chrono::milliseconds stall_timeout{30000};
+  size_t max_clients = 4096;
+};
+
 class StoreServer {
  public:
-  // Listens on all interfaces at `port` (0: a free one). Throws DistError when the port cannot be bound.
-  explicit StoreServer(int port);
+  // Listens on `bind_host` (the address the endpoint names; "" or "0.0.0.0": every interface; a host name
+  // that resolves to a loopback address, as Debian maps a machine's own name, also every interface, since
+  // other nodes reach it by another address) at `port` (0: a free one). Throws DistError when it cannot.
+  // One thread serves every client with non-blocking I/O: a client that does not read its replies holds
+  // back only itself, and is dropped after limits.stall_timeout.
+  StoreServer(const std::string& bind_host, int port, StoreLimits limits = {});
   ~StoreServer();
   StoreServer(const StoreServer&) = delete;
   StoreServer& operator=(const StoreServer&) = delete;
   int port() const { return port_; }
+  // The IPv4 address it listens on ("0.0.0.0": every interface).
+  const std::string& boundAddress() const { return bound_address_; }
 
  private:
+  struct Client;
   void loop();
+  void acceptClients(std::vector<Client>& clients);
+  // Sends what the socket takes now; false when the client is gone.
+  bool sendReplies(Client& c, std::chrono::steady_clock::time_point now);
   std::string handle(const std::string& request);
 
+  StoreLimits limits_;
   int port_ = 0;
+  std::string bound_address_;
   int listen_fd_ = -1;
+  int spare_fd_ = -1;                        // given up for a moment to refuse a client at the fd limit
   int wake_[2] = {-1, -1};                   // a byte here stops the loop
   std::map<std::string, std::string> data_;  // the server thread's only
+  size_t data_bytes_ = 0;                    // keys and values in data_
   std::thread thread_;
 };
 
@@ -59,6 +89,8 @@ class StoreClient {
 
  private:
   std::string request(const std::string& line);
+  // The value of a "VAL <value>" reply; DistError for anything else.
+  std::string valueOf(const std::string& reply, const std::string& key) const;
 
   std::string endpoint_;
   std::chrono::milliseconds timeout_;
@@ -69,6 +101,10 @@ class StoreClient {
 // A connected TCP socket to host:port (any of its addresses), retrying every 20 ms until `timeout` (the
 // listener may not be up yet); TimeoutError "<what> at host:port within T s: <last error>" after it.
 int connectTcp(const std::string& host, int port, std::chrono::milliseconds timeout, const std::string& what);
+
+// The integer stored at `key`; DistError naming the key, its value and the store when it holds anything else
+// (a store shared with something else, or a hostile client, must not end an agent with a bare "stoi").
+int64_t parseStoreInteger(const std::string& text, const std::string& key, const std::string& endpoint);
 
 // "host:port" -> (host, port); throws ConfigError naming `flag` on nonsense.
 std::pair<std::string, int> parseEndpoint(const std::string& endpoint, const std::string& flag);

@@ -30,7 +30,10 @@ int exitWithoutTeardown(int code) {
 #endif
 }
 
+using tiler::finiteNumber;
 using tiler::flagNames;
+using tiler::nonNegativeNumber;
+using tiler::positiveNumber;
 
 // The flags infer and finetune share (JobOptions), so that a model is fed alike when trained and when run.
 void addJobFlags(CLI::App& app, tiler::JobOptions& o) {
@@ -41,35 +44,41 @@ void addJobFlags(CLI::App& app, tiler::JobOptions& o) {
   app.add_option(flagNames("--precision"), o.precision,
                  "fp32 | fp16 | bf16 (default: fp16 on CUDA, fp32 on CPU)")
       ->capture_default_str();
-  app.add_option(flagNames("--threads"), o.threads, "LibTorch intra-op threads (of each model replica)");
+  app.add_option(flagNames("--threads"), o.threads, "LibTorch intra-op threads (of each model replica)")
+      ->check(positiveNumber());
   app.add_option(flagNames("--timeout"), o.timeout, "seconds any rendezvous or collective may take")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(positiveNumber());
   app.add_option(flagNames("--window"), o.window, "window size N or W,H")->capture_default_str();
   app.add_option(flagNames("--overlap"), o.overlap, "overlap F or FX,FY in [0,1)")->capture_default_str();
   app.add_option(flagNames("--batch_size"), o.batch_size, "windows per forward and rank")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(positiveNumber());
   app.add_option(flagNames("--pad"), o.pad, "constant | reflect | replicate")->capture_default_str();
-  app.add_option(flagNames("--scale"), o.scale, "input scale (default: 1/255 u8, 1/65535 u16, 1 f32)");
-  app.add_option(flagNames("--mean"), o.mean, "per-channel mean A,B,C")->delimiter(',');
-  app.add_option(flagNames("--std"), o.std, "per-channel std A,B,C")->delimiter(',');
+  app.add_option(flagNames("--scale"), o.scale, "input scale (default: 1/255 u8, 1/65535 u16, 1 f32)")
+      ->check(nonNegativeNumber());
+  app.add_option(flagNames("--mean"), o.mean, "per-channel mean A,B,C")
+      ->delimiter(',')
+      ->check(finiteNumber());
+  app.add_option(flagNames("--std"), o.std, "per-channel std A,B,C")->delimiter(',')->check(positiveNumber());
   app.add_flag(flagNames("--no_progress"), o.no_progress, "no progress output");
 }
 
 // --level | --mpp | --magnification (at most one) and --input_mpp, for infer and info.
 void addResolutionFlags(CLI::App& app, int& level, double& mpp, double& magnification, double& input_mpp) {
   auto* l = app.add_option(flagNames("--level"), level, "process this resolution level as it is (0: full)")
-                ->check(CLI::NonNegativeNumber);
+                ->check(nonNegativeNumber());
   auto* m = app.add_option(flagNames("--mpp"), mpp,
                            "process at this many micrometres per pixel (from the coarsest level at least as "
                            "fine, resampled by area)")
-                ->check(CLI::PositiveNumber);
+                ->check(positiveNumber());
   auto* x = app.add_option(flagNames("--magnification"), magnification,
                            "process at this objective power (20 = 20x; 10/X um/px when a slide states none)")
-                ->check(CLI::PositiveNumber);
+                ->check(positiveNumber());
   l->excludes(m)->excludes(x);
   m->excludes(x);
   app.add_option(flagNames("--input_mpp"), input_mpp, "the inputs' level-0 um/px, over their metadata")
-      ->check(CLI::PositiveNumber);
+      ->check(positiveNumber());
 }
 
 int runInferCli(int argc, char** argv) {
@@ -88,10 +97,13 @@ int runInferCli(int argc, char** argv) {
   app.add_option(flagNames("-i,--input"), o.inputs, "files or directories (default: the bundled samples)");
   app.add_option(flagNames("-o,--output"), o.output_dir, "output directory")->capture_default_str();
   addJobFlags(app, o);
-  app.add_option(flagNames("--cval"), o.cval, "value for constant padding")->capture_default_str();
+  app.add_option(flagNames("--cval"), o.cval, "value for constant padding")
+      ->capture_default_str()
+      ->check(finiteNumber());
   app.add_option(flagNames("--blend"), o.blend, "constant | gaussian | crop")->capture_default_str();
   app.add_option(flagNames("--sigma_scale"), o.sigma_scale, "gaussian sigma per window size")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(positiveNumber());
   app.add_option(flagNames("--activation"), o.activation, "none | softmax | sigmoid")->capture_default_str();
   app.add_option(
          flagNames("--tta"), o.tta,
@@ -111,27 +123,34 @@ int runInferCli(int argc, char** argv) {
       ->capture_default_str();
   app.add_option(flagNames("--mask_fraction"), o.mask_fraction,
                  "share of a window inside the mask to process it")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(nonNegativeNumber());
   addResolutionFlags(app, o.level, o.mpp, o.magnification, o.input_mpp);
   app.add_flag(flagNames("--pyramid"), o.pyramid, "reduced-resolution levels in the TIFF outputs");
-  app.add_option(flagNames("--simplify"), o.simplify, "polygon simplification tolerance, pixels (0: exact)");
+  app.add_option(flagNames("--simplify"), o.simplify, "polygon simplification tolerance, pixels (0: exact)")
+      ->check(nonNegativeNumber());
   app.add_option(flagNames("--classes"), o.classes,
                  "class names NAME[:#rrggbb],... (labels palette, metadata)");
   app.add_flag(flagNames("--recursive"), o.recursive, "walk input directories recursively");
   app.add_option(flagNames("--output_key"), o.output_key, "dict key or tuple index of the model's output");
   app.add_flag(flagNames("--jit_optimize"), o.jit_optimize, "freeze + optimize_for_inference");
-  app.add_option(flagNames("--prefetch"), o.prefetch, "batches read ahead")->capture_default_str();
+  app.add_option(flagNames("--prefetch"), o.prefetch, "batches read ahead")
+      ->capture_default_str()
+      ->check(positiveNumber());
   app.add_option(flagNames("--replicas"), o.replicas,
                  "model copies run side by side, --threads each (default: one per core on the CPU without "
-                 "--threads, else 1)");
+                 "--threads, else 1)")
+      ->check(positiveNumber());
   app.add_option(flagNames("--read_threads"), o.read_threads,
-                 "threads reading each batch's windows (default: the CPUs the forward leaves, 1 to 4)");
+                 "threads reading each batch's windows (default: the CPUs the forward leaves, 1 to 4)")
+      ->check(nonNegativeNumber());
   app.add_option(
          flagNames("--shard_buffer"), o.shard_buffer,
          "MiB of early predictions rank 0 may hold: with several ranks, each takes a part of every row of "
          "windows (of every piece of a row, when a row's parts do not fit), so few input tiles are decoded "
          "twice (0: one batch a rank per piece)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(nonNegativeNumber());
   app.add_flag(flagNames("--no_shared_memory"), o.no_shared_memory,
                "ranks of one host gather predictions through gloo's sockets, not shared memory");
   if (const int code = tiler::parseCommandLine(app, argc, argv, "tiler"); code >= 0) return code;
@@ -163,7 +182,9 @@ int runOverlayCli(int argc, char** argv) {
   app.add_option("image", image, "input image")->required();
   app.add_option("labels", labels, "labels output of tiler")->required();
   app.add_option("output", out, "PNG to write")->required();
-  app.add_option(flagNames("--max_side"), max_side, "longest side of the overlay")->capture_default_str();
+  app.add_option(flagNames("--max_side"), max_side, "longest side of the overlay")
+      ->capture_default_str()
+      ->check(positiveNumber());
   std::string window, overlap = "0.25";
   app.add_option(flagNames("--window"), window, "also draw the window grid (N or W,H)");
   app.add_option(flagNames("--overlap"), overlap, "overlap of that grid")->capture_default_str();
@@ -186,19 +207,27 @@ int runFinetuneCli(int argc, char** argv) {
   app.add_option(flagNames("--labels"), o.labels_dir, "directory of labels, paired by file stem")->required();
   addJobFlags(app, o);
   app.add_option(flagNames("--grad_accum_steps"), o.grad_accum_steps, "micro-batches per optimizer step")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(positiveNumber());
   app.add_option(flagNames("-o,--output"), o.output, "trained TorchScript file")->capture_default_str();
-  app.add_option(flagNames("--epochs"), o.epochs, "epochs")->capture_default_str();
-  app.add_option(flagNames("--lr"), o.lr, "learning rate")->capture_default_str();
+  app.add_option(flagNames("--epochs"), o.epochs, "epochs")->capture_default_str()->check(positiveNumber());
+  app.add_option(flagNames("--lr"), o.lr, "learning rate")->capture_default_str()->check(positiveNumber());
   app.add_option(flagNames("--optimizer"), o.optimizer, "adam | sgd")->capture_default_str();
-  app.add_option(flagNames("--momentum"), o.momentum, "SGD momentum")->capture_default_str();
-  app.add_option(flagNames("--weight_decay"), o.weight_decay, "weight decay")->capture_default_str();
+  app.add_option(flagNames("--momentum"), o.momentum, "SGD momentum")
+      ->capture_default_str()
+      ->check(nonNegativeNumber());
+  app.add_option(flagNames("--weight_decay"), o.weight_decay, "weight decay")
+      ->capture_default_str()
+      ->check(nonNegativeNumber());
   app.add_option(flagNames("--schedule"), o.schedule, "constant | cosine")->capture_default_str();
   app.add_option(flagNames("--warmup_epochs"), o.warmup_epochs, "linear warm-up epochs")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(nonNegativeNumber());
   app.add_option(flagNames("--loss"), o.loss, "ce | bce | mse | dice")->capture_default_str();
   app.add_option(flagNames("--seed"), o.seed, "shuffle and augmentation seed")->capture_default_str();
-  app.add_option(flagNames("--val_fraction"), o.val_fraction, "held-out share")->capture_default_str();
+  app.add_option(flagNames("--val_fraction"), o.val_fraction, "held-out share")
+      ->capture_default_str()
+      ->check(nonNegativeNumber());
   app.add_flag(flagNames("--augment"), o.augment, "random flips and 90-degree rotations");
   app.add_flag(flagNames("--drop_last"), o.drop_last, "drop the uneven tail of each epoch");
   app.add_option(flagNames("--checkpoint_dir"), o.checkpoint_dir, "checkpoint every epoch here");

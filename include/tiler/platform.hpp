@@ -1,0 +1,50 @@
+// platform: the ground floor of file handling that every output and report goes through, so that no write
+// of tiler's can be redirected and no reader ever sees half a file.
+// Promise: a file tiler creates is created anew (O_CREAT|O_EXCL|O_NOFOLLOW after unlinking what was there),
+// so a symbolic link planted under a temporary name is replaced, never followed; a file written "atomically"
+// appears under its final name whole or not at all; an output directory is held by one run at a time.
+// Failures are returned as messages (no exceptions), so that the error unit can use it too. No LibTorch.
+#pragma once
+
+#include <sys/types.h>
+#include <functional>
+#include <ostream>
+#include <string>
+
+namespace tiler {
+
+// Creates `path` for writing: whatever was at that name (a stale file, a symbolic link) is unlinked first and
+// the open refuses links and existing files. Returns a read-write descriptor (close-on-exec), or -1 with
+// errno set.
+int createFileExclusively(const std::string& path, mode_t mode = 0644);
+
+// Writes `path` through `path.partial`, created as above: `write` fills the stream, which is flushed and
+// synced, then renamed over `path`. Returns "" on success, else what failed (the partial file is removed).
+std::string writeFileAtomically(const std::string& path, const std::function<void(std::ostream&)>& write);
+
+// True when `path` is a regular file and not a symbolic link (to one): what --resume may count as done.
+bool isPlainFile(const std::string& path);
+
+// An exclusive lock on a directory for the life of this object: an flock on `<dir>/.tiler.lock` (created
+// without following a link), which records the holder's pid. The kernel drops the lock when the holder dies,
+// so a crashed run never blocks the next; the file is removed when the lock is released.
+class DirectoryLock {
+ public:
+  // Takes the lock or returns an unlocked object whose error() says why (naming the holder's pid when
+  // another process holds it). Never waits.
+  explicit DirectoryLock(const std::string& dir);
+  ~DirectoryLock();
+  DirectoryLock(const DirectoryLock&) = delete;
+  DirectoryLock& operator=(const DirectoryLock&) = delete;
+
+  bool locked() const { return fd_ >= 0; }
+  const std::string& error() const { return error_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::string error_;
+  int fd_ = -1;  // owned; -1 when not locked
+};
+
+}  // namespace tiler

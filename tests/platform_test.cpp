@@ -1,0 +1,125 @@
+// platform: files created anew (never through a planted link), atomic writes, the output directory's lock.
+#include "tiler/platform.hpp"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace tiler {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string freshDir(const std::string& name) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("tiler_platform_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TEST(Platform, APlantedLinkIsReplacedNeverFollowed) {
+  const std::string dir = freshDir("link");
+  const std::string victim = dir + "/victim.txt", tmp = dir + "/out.partial";
+  std::ofstream(victim) << "precious";
+  fs::create_symlink(victim, tmp);
+  const int fd = createFileExclusively(tmp);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  ASSERT_EQ(write(fd, "new", 3), 3);
+  close(fd);
+  EXPECT_EQ(slurp(victim), "precious");
+  EXPECT_FALSE(fs::is_symlink(tmp));
+  EXPECT_EQ(slurp(tmp), "new");
+}
+
+TEST(Platform, AtomicWritesGoThroughAFreshPartialFile) {
+  const std::string dir = freshDir("atomic");
+  const std::string victim = dir + "/victim.txt", path = dir + "/report.json";
+  std::ofstream(victim) << "precious";
+  // The report's temporary name, planted as a link to a file the user can write: std::ofstream followed it.
+  fs::create_symlink(victim, path + ".partial");
+  EXPECT_EQ(writeFileAtomically(path, [](std::ostream& out) { out << "{}"; }), "");
+  EXPECT_EQ(slurp(victim), "precious");
+  EXPECT_EQ(slurp(path), "{}");
+  EXPECT_FALSE(fs::exists(path + ".partial"));
+  // A writer that throws leaves the old file whole and no partial file behind.
+  const std::string error = writeFileAtomically(path, [](std::ostream& out) {
+    out << "half";
+    throw std::runtime_error("boom\nmore");
+  });
+  EXPECT_NE(error.find("boom"), std::string::npos) << error;
+  EXPECT_EQ(error.find("more"), std::string::npos) << "one line: " << error;
+  EXPECT_EQ(slurp(path), "{}");
+  EXPECT_FALSE(fs::exists(path + ".partial"));
+  EXPECT_NE(writeFileAtomically(dir + "/no/such/dir/r.json", [](std::ostream&) {}), "");
+}
+
+TEST(Platform, OnlyAPlainFileCountsAsDone) {
+  const std::string dir = freshDir("plain");
+  std::ofstream(dir + "/a.tif") << "x";
+  fs::create_symlink(dir + "/a.tif", dir + "/link.tif");
+  fs::create_symlink(dir + "/missing.tif", dir + "/dangling.tif");
+  EXPECT_TRUE(isPlainFile(dir + "/a.tif"));
+  EXPECT_FALSE(isPlainFile(dir + "/link.tif"));
+  EXPECT_FALSE(isPlainFile(dir + "/dangling.tif"));
+  EXPECT_FALSE(isPlainFile(dir + "/missing.tif"));
+  EXPECT_FALSE(isPlainFile(dir));
+}
+
+TEST(Platform, ADirectoryIsLockedByOneHolderAtATime) {
+  const std::string dir = freshDir("lock");
+  {
+    DirectoryLock first(dir);
+    ASSERT_TRUE(first.locked()) << first.error();
+    EXPECT_EQ(slurp(dir + "/.tiler.lock"), std::to_string(getpid()) + "\n");
+    DirectoryLock second(dir);
+    EXPECT_FALSE(second.locked());
+    EXPECT_NE(second.error().find("pid " + std::to_string(getpid())), std::string::npos) << second.error();
+  }
+  EXPECT_FALSE(fs::exists(dir + "/.tiler.lock")) << "released and removed";
+  DirectoryLock again(dir);
+  EXPECT_TRUE(again.locked()) << again.error();
+}
+
+TEST(Platform, AHolderThatDiesReleasesTheLock) {
+  const std::string dir = freshDir("died");
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    DirectoryLock lock(dir);
+    _exit(lock.locked() ? 0 : 1);  // no destructor: the file stays, as after a crash
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_TRUE(fs::exists(dir + "/.tiler.lock"));
+  DirectoryLock lock(dir);
+  EXPECT_TRUE(lock.locked()) << lock.error();
+}
+
+TEST(Platform, ALockFileThatIsALinkIsRefused) {
+  const std::string dir = freshDir("locklink");
+  std::ofstream(dir + "/victim") << "precious";
+  fs::create_symlink(dir + "/victim", dir + "/.tiler.lock");
+  DirectoryLock lock(dir);
+  EXPECT_FALSE(lock.locked());
+  EXPECT_NE(lock.error().find(".tiler.lock"), std::string::npos) << lock.error();
+  EXPECT_EQ(slurp(dir + "/victim"), "precious");
+}
+
+}  // namespace
+}  // namespace tiler
