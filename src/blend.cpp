@@ -9,6 +9,16 @@
 
 namespace tiler {
 
+int64_t countNonFinite(const float* values, int64_t count) {
+  int64_t bad = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, values + i, sizeof bits);
+    bad += (bits & 0x7f800000u) == 0x7f800000u;
+  }
+  return bad;
+}
+
 BlendMode parseBlendMode(const std::string& name) {
   if (name == "constant") return BlendMode::kConstant;
   if (name == "gaussian") return BlendMode::kGaussian;

@@ -186,7 +186,7 @@ DistContext::DistContext(const WorldInfo& world, const DistOptions& options, con
   } catch (const std::exception& e) {
     TILER_THROW(DistError, "rank " << world_.rank << ": cannot " << (so.isServer ? "host" : "reach")
                                    << " the c10d store at " << world_.master_addr << ":" << world_.master_port
-                                   << ": " << e.what());
+                                   << ": " << withoutBacktrace(e.what()));
   }
   init(store, device);
 }
@@ -249,7 +249,7 @@ void DistContext::fail(const std::string& what, const std::exception& e) const {
   std::ostringstream os;
   os << "rank " << world_.rank << " of " << world_.world_size << ": " << what << " via " << world_.master_addr
      << ":" << world_.master_port << " failed after waiting up to " << options_.timeout.count() / 1000.0
-     << " s (--timeout): " << e.what();
+     << " s (--timeout): " << withoutBacktrace(e.what());
   if (isTimeout(e)) throw TimeoutError(os.str(), __FILE__, __LINE__);
   throw DistError(os.str(), __FILE__, __LINE__);
 }

@@ -53,15 +53,12 @@ void writeElasticErrorFile(const std::string& message) {
   (void)writeFileAtomically(path, [&](std::ostream& out) { out << j.dump() << "\n"; });
 }
 
-namespace {
-// LibTorch's c10::Error appends "\nException raised from ..." and a backtrace: the first part is the message.
 std::string withoutBacktrace(std::string what) {
   const auto cut = what.find("\nException raised from");
   if (cut != std::string::npos) what.resize(cut);
   while (!what.empty() && (what.back() == '\n' || what.back() == ' ')) what.pop_back();
   return what;
 }
-}  // namespace
 
 int reportFatal(const std::string& tool, const std::exception& e) {
   std::string msg = errorRankPrefix() + withoutBacktrace(e.what());

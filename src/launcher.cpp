@@ -30,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tiler/error.hpp"
+#include "tiler/platform.hpp"
 #include "tiler/rendezvous.hpp"
 
 namespace fs = std::filesystem;
@@ -285,7 +286,8 @@ class WorkerGroup {
   }
 
   int openLog(const std::string& dir, const char* name) {
-    int fd = ::open((dir + "/" + name).c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    // Created anew: a --log_dir others can write must not redirect a worker's log through a planted link.
+    const int fd = createFileExclusively(dir + "/" + name);
     TILER_CHECK(fd >= 0, ConfigError,
                 "ctrun: cannot write " << dir << "/" << name << ": " << std::strerror(errno));
     return fd;

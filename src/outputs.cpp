@@ -179,6 +179,12 @@ void OutputStage::finishImage(int image_id, const std::string& error) {
   std::string err = error;
   auto it = open_.find(image_id);
   if (it != open_.end() && err.empty()) {
+    img.non_finite_values = it->second.non_finite;
+    if (img.non_finite_values > 0)
+      spdlog::warn(
+          "'{}': the model's predictions held {} non-finite value(s) (NaN or Inf); the pixels they "
+          "reach are not meaningful (labels there come out 0)",
+          img.input, img.non_finite_values);
     try {
       commit(it->second);
     } catch (...) {
@@ -213,6 +219,7 @@ void OutputStage::stitchStep(StepResult& step) {
     if (catalog_.image(image_id).status != "ok") continue;
     try {
       ImageOutputs& out = outputsFor(image_id);
+      out.non_finite += countNonFinite(base + k * per_window, per_window);
       out.stitcher->add(local, base + k * per_window);
       if (out.stitcher->done()) finishImage(image_id, "");
     } catch (...) {

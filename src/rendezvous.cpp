@@ -154,10 +154,12 @@ void StoreServer::acceptClients(std::vector<Client>& clients) {
     if (fd < 0 && (errno == EMFILE || errno == ENFILE) && spare_fd_ >= 0) {
       // Out of descriptors: the pending connection would keep the listener readable and the loop spinning.
       // A spare descriptor given up for a moment accepts it, to close it at once.
+      // (accept reports EMFILE before it looks at the queue, so an empty queue ends the round here.)
       ::close(spare_fd_);
       fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
       if (fd >= 0) ::close(fd);
       spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+      if (fd < 0) return;
       continue;
     }
     if (fd < 0) return;  // EAGAIN: none left (or an error the next poll retries)

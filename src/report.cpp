@@ -77,6 +77,7 @@ nlohmann::json inferReport(const RunSummary& run, const WindowCatalog& catalog,
       e["source_mpp"] =
           img.resolution.source_mpp ? nlohmann::json(*img.resolution.source_mpp) : nlohmann::json(nullptr);
       e["reader"] = img.info.reader;
+      if (img.non_finite_values > 0) e["non_finite_values"] = img.non_finite_values;
     }
     if (status == "ok" || status == "skipped") e["outputs"] = img.outputs;
     j["images"].push_back(e);

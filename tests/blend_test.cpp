@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "tiler/error.hpp"
@@ -302,6 +303,17 @@ TEST(Stitcher, NoWindowAtAllGivesAZeroImageInBands) {
   Stitcher some(
       g, 3, StitchOptions{}, [](const cv::Mat&, int64_t) {}, std::vector<int64_t>{2, 5});
   EXPECT_THROW(some.add(3, pred.data()), Error) << "window 3 was not among those to expect";
+}
+
+TEST(Labels, NonFiniteValuesAreCounted) {
+  std::vector<float> v(1001, 0.5f);
+  EXPECT_EQ(countNonFinite(v.data(), int64_t(v.size())), 0);
+  v[0] = std::numeric_limits<float>::quiet_NaN();
+  v[500] = std::numeric_limits<float>::infinity();
+  v[1000] = -std::numeric_limits<float>::infinity();
+  v[7] = std::numeric_limits<float>::max();         // large is finite
+  v[8] = std::numeric_limits<float>::denorm_min();  // so is tiny
+  EXPECT_EQ(countNonFinite(v.data(), int64_t(v.size())), 3);
 }
 
 TEST(Labels, ArgmaxThresholdAndWideClassCounts) {

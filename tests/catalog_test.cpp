@@ -37,6 +37,8 @@ TEST(Catalog, ChannelAdaptation) {
   EXPECT_EQ(channelAdaptation(3, 3, "a"), ChannelAdapt::kNone);
   EXPECT_EQ(channelAdaptation(1, 3, "a"), ChannelAdapt::kRepeatGray);
   EXPECT_EQ(channelAdaptation(4, 3, "a"), ChannelAdapt::kDropAlpha);
+  EXPECT_EQ(channelAdaptation(1, 3, "a", /*palette=*/true), ChannelAdapt::kPalette);
+  EXPECT_EQ(channelAdaptation(1, 1, "a", /*palette=*/true), ChannelAdapt::kNone) << "labels stay indices";
   try {
     channelAdaptation(5, 3, "x.tif");
     FAIL();

@@ -64,6 +64,17 @@ TEST(Error, ReportFatalPrintsOneLineAndWritesTheElasticErrorFile) {
   EXPECT_GT(j["time"].get<double>(), 1.6e9);
 }
 
+// LibTorch's errors (--batch_size 100000 asked for 78 GB) printed their 24-frame backtrace at exit.
+TEST(Error, ReportFatalDropsLibTorchsBacktrace) {
+  ::testing::internal::CaptureStderr();
+  reportFatal("tiler", std::runtime_error("DefaultCPUAllocator: not enough memory\nException raised from "
+                                          "alloc_cpu at alloc_cpu.cpp:72\nframe #0: c10::Error::Error()"));
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(),
+            "tiler: error: DefaultCPUAllocator: not enough memory\n");
+  EXPECT_EQ(withoutBacktrace("plain"), "plain");
+  EXPECT_EQ(withoutBacktrace("a\nException raised from x\n"), "a");
+}
+
 TEST(Files, RemoveTreeRemovesContentsAndLinksButNotWhatTheyPointTo) {
   namespace fs = std::filesystem;
   const std::string root = test::scratchDir("remove_tree");

@@ -404,6 +404,102 @@ TEST(ImageReader, AbsurdHeaderFailsFastWithoutAllocating) {
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
 }
 
+// 320 bytes claiming 30000 x 30000 in one deflate strip (under the 1 GiB chunk bound) took 31 s and 1 GB to
+// fail; no codec expands a stored byte that far, so the header alone refuses it.
+TEST(ImageReader, AChunkClaimingMoreThanItsCodecCanExpandFailsAtTheHeader) {
+  auto path = tempPath("bomb.tif");
+  TIFF* t = TIFFOpen(path.c_str(), "w");
+  TIFFSetField(t, TIFFTAG_IMAGEWIDTH, 30000);
+  TIFFSetField(t, TIFFTAG_IMAGELENGTH, 30000);
+  TIFFSetField(t, TIFFTAG_SAMPLESPERPIXEL, 1);
+  TIFFSetField(t, TIFFTAG_BITSPERSAMPLE, 8);
+  TIFFSetField(t, TIFFTAG_PHOTOMETRIC, PHOTOMETRIC_MINISBLACK);
+  TIFFSetField(t, TIFFTAG_ROWSPERSTRIP, 30000);
+  TIFFSetField(t, TIFFTAG_COMPRESSION, COMPRESSION_ADOBE_DEFLATE);
+  uint8_t data[16] = {0};
+  TIFFWriteRawStrip(t, 0, data, sizeof data);
+  TIFFClose(t);
+  auto t0 = std::chrono::steady_clock::now();
+  expectIoError(path,
+                "strip (0,0) claims 900000000 decoded bytes from 16 stored, more than deflate can expand");
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+}
+
+// The same bound on every chunk as it is decoded: a middle strip the header check does not look at.
+TEST(ImageReader, AMiddleChunkThatCannotHoldItsPixelsFailsBeforeItIsDecoded) {
+  auto path = tempPath("bomb_middle.tif");
+  const int w = 2000, rows = 1000;
+  cv::Mat band(rows, w, CV_8UC1);
+  cv::RNG(7).fill(band, cv::RNG::UNIFORM, 0, 256);
+  TIFF* t = TIFFOpen(path.c_str(), "w");
+  TIFFSetField(t, TIFFTAG_IMAGEWIDTH, w);
+  TIFFSetField(t, TIFFTAG_IMAGELENGTH, 3 * rows);
+  TIFFSetField(t, TIFFTAG_SAMPLESPERPIXEL, 1);
+  TIFFSetField(t, TIFFTAG_BITSPERSAMPLE, 8);
+  TIFFSetField(t, TIFFTAG_PHOTOMETRIC, PHOTOMETRIC_MINISBLACK);
+  TIFFSetField(t, TIFFTAG_ROWSPERSTRIP, rows);
+  TIFFSetField(t, TIFFTAG_COMPRESSION, COMPRESSION_ADOBE_DEFLATE);
+  ASSERT_GT(TIFFWriteEncodedStrip(t, 0, band.data, tmsize_t(band.total())), 0);
+  uint8_t data[16] = {0};
+  TIFFWriteRawStrip(t, 1, data, sizeof data);
+  ASSERT_GT(TIFFWriteEncodedStrip(t, 2, band.data, tmsize_t(band.total())), 0);
+  TIFFClose(t);
+  auto reader = ImageReader::open(path);
+  cv::Mat top = reader->readRegion({0, 0, w, 10});
+  EXPECT_EQ(cv::countNonZero(top != band.rowRange(0, 10)), 0);
+  try {
+    reader->readRegion({0, rows + 5, w, 10});
+    FAIL() << "decoded";
+  } catch (const IoError& e) {
+    EXPECT_NE(e.message().find("strip (0,1) claims 2000000 decoded bytes from 16 stored"), std::string::npos)
+        << e.message();
+  }
+}
+
+TEST(ImageReader, CmykIsReadAsRgbAndOtherInksAreRefused) {
+  auto write = [](const std::string& path, uint16_t spp, uint16_t inkset, const std::vector<uint8_t>& px) {
+    TIFF* t = TIFFOpen(path.c_str(), "w");
+    TIFFSetField(t, TIFFTAG_IMAGEWIDTH, 4);
+    TIFFSetField(t, TIFFTAG_IMAGELENGTH, 1);
+    TIFFSetField(t, TIFFTAG_SAMPLESPERPIXEL, spp);
+    TIFFSetField(t, TIFFTAG_BITSPERSAMPLE, 8);
+    TIFFSetField(t, TIFFTAG_PHOTOMETRIC, PHOTOMETRIC_SEPARATED);
+    TIFFSetField(t, TIFFTAG_INKSET, inkset);
+    TIFFSetField(t, TIFFTAG_PLANARCONFIG, PLANARCONFIG_CONTIG);
+    if (spp == 5) {
+      const uint16_t extra = EXTRASAMPLE_UNASSALPHA;
+      TIFFSetField(t, TIFFTAG_EXTRASAMPLES, 1, &extra);
+    }
+    std::vector<uint8_t> row = px;
+    TIFFWriteScanline(t, row.data(), 0, 0);
+    TIFFClose(t);
+  };
+  // Cyan, black (K), white (no ink), 50% K.
+  const std::vector<uint8_t> cmyk = {255, 0, 0, 0, 0, 0, 0, 255, 0, 0, 0, 0, 0, 0, 0, 128};
+  write(tempPath("cmyk.tif"), 4, INKSET_CMYK, cmyk);
+  auto reader = ImageReader::open(tempPath("cmyk.tif"));
+  EXPECT_EQ(reader->info().channels, 3);
+  cv::Mat rgb = reader->readRegion({0, 0, 4, 1});
+  ASSERT_EQ(rgb.channels(), 3);
+  EXPECT_EQ(rgb.at<cv::Vec3b>(0, 0), cv::Vec3b(0, 255, 255));
+  EXPECT_EQ(rgb.at<cv::Vec3b>(0, 1), cv::Vec3b(0, 0, 0));
+  EXPECT_EQ(rgb.at<cv::Vec3b>(0, 2), cv::Vec3b(255, 255, 255));
+  EXPECT_EQ(rgb.at<cv::Vec3b>(0, 3), cv::Vec3b(127, 127, 127));
+  // CMYK + alpha reads as RGBA with the alpha kept.
+  std::vector<uint8_t> cmyka;
+  for (int i = 0; i < 4; ++i) {
+    cmyka.insert(cmyka.end(), cmyk.begin() + 4 * i, cmyk.begin() + 4 * i + 4);
+    cmyka.push_back(uint8_t(60 * i));
+  }
+  write(tempPath("cmyka.tif"), 5, INKSET_CMYK, cmyka);
+  cv::Mat rgba = ImageReader::open(tempPath("cmyka.tif"))->readRegion({0, 0, 4, 1});
+  ASSERT_EQ(rgba.channels(), 4);
+  EXPECT_EQ(rgba.at<cv::Vec4b>(0, 0), cv::Vec4b(0, 255, 255, 0));
+  EXPECT_EQ(rgba.at<cv::Vec4b>(0, 3), cv::Vec4b(127, 127, 127, 180));
+  write(tempPath("inks.tif"), 4, INKSET_MULTIINK, cmyk);
+  expectIoError(tempPath("inks.tif"), "other than 8- or 16-bit CMYK");
+}
+
 TEST(ImageReader, UnsupportedSampleFormatIsNamed) {
   auto path = tempPath("f64.tif");
   TIFF* t = TIFFOpen(path.c_str(), "w");
@@ -569,8 +665,13 @@ TEST(ImageWriter, LabelsCarryAPaletteAndReadBackAsIndices) {
   EXPECT_EQ(g[2], 200 * 257);
   EXPECT_EQ(r[0], 0);
   TIFFClose(t);
-  cv::Mat back = ImageReader::open(path)->readRegion({0, 0, 50, 40});
+  auto reader = ImageReader::open(path);
+  cv::Mat back = reader->readRegion({0, 0, 50, 40});
   EXPECT_EQ(cv::countNonZero(back != labels), 0) << "the indices, not the colours";
+  // The colour map goes with the indices, for a model that takes RGB (ChannelAdapt::kPalette).
+  ASSERT_NE(reader->info().colormap, nullptr);
+  EXPECT_EQ(reader->info().colormap->size(), 256u);
+  EXPECT_EQ((*reader->info().colormap)[2], (std::array<uint16_t, 3>{10 * 257, 200 * 257, 30 * 257}));
   WriterOptions bad;
   bad.colormap = {{0, 0, 0}};
   EXPECT_THROW(ImageWriter(tempPath("bad_palette.tif"), 4, 4, 3, SampleType::kU8, bad), Error);

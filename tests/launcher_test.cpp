@@ -549,6 +549,36 @@ class TwoHosts {
   bool ok_ = false;
 };
 
+TEST(Rendezvous, StaticNodeZeroHostsTheStoreAndLosingItNamesThatNode) {
+  // Node 1 starts first: it used to host the store (the first to bind did). Node 0 must host it, as
+  // torchrun's static rendezvous does, and when node 0's agent dies the survivor names node 0 as the lost
+  // store host.
+  const std::string dir = tempDir("rdzv_static_host");
+  const int port = test::freePort(), rdzv = test::freePort();
+  const std::string common =
+      "--nnodes 2 --nproc_per_node 1 --master_addr 127.0.0.1 --master_port " + std::to_string(port) +
+      " --rdzv_endpoint 127.0.0.1:" + std::to_string(rdzv) +
+      " --rdzv_timeout 30 --heartbeat_interval 0.2 --heartbeat_timeout 30 --grace_period 1 " + kHelper +
+      " sleep " + dir + " 60";
+  const pid_t b = startAgent("--node_rank 1 " + common, dir + "/b.log");
+  usleep(700000);
+  const pid_t a = startAgent("--node_rank 0 " + common, dir + "/a.log");
+  for (int i = 0; i < 200 && !(fs::exists(dir + "/pid_0") && fs::exists(dir + "/pid_1")); ++i) usleep(50000);
+  ASSERT_TRUE(fs::exists(dir + "/pid_0")) << test::slurp(dir + "/a.log");
+  const std::string stat =
+      test::slurp("/proc/" + std::to_string(std::stol(test::slurp(dir + "/pid_0"))) + "/stat");
+  const pid_t agent0 = pid_t(std::stol(stat.substr(stat.rfind(')') + 4)));
+  ASSERT_EQ(kill(agent0, SIGKILL), 0);
+  const int cb = waitAgent(b);
+  waitAgent(a);
+  const std::string out = test::slurp(dir + "/b.log");
+  EXPECT_EQ(cb, 1) << out;
+  EXPECT_NE(
+      out.find("node:        0 LOST (it hosted the rendezvous store at 127.0.0.1:" + std::to_string(rdzv)),
+      std::string::npos)
+      << out;
+}
+
 TEST(Rendezvous, AgentsInTwoNetworkNamespacesFormOneWorld) {
   TwoHosts hosts;
   if (!hosts.ok()) GTEST_SKIP() << "cannot make network namespaces here (needs root and iproute2)";

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include <thread>
 
 #include "test_util.hpp"
+#include "tiler/error.hpp"
 
 namespace fs = std::filesystem;
 
@@ -85,6 +87,20 @@ TEST(Loader, ChannelAdaptationWorksForEverySampleType) {
     EXPECT_EQ(out[8], 5.f);
     EXPECT_EQ(out[11], 5.f);
   }
+}
+
+// A palette TIFF's indices become their colours for an RGB model, in the indices' sample range.
+TEST(Loader, PaletteIndicesBecomeTheirColours) {
+  const std::vector<std::array<uint16_t, 3>> map = {
+      {0, 0, 0}, {65535, 0, 0}, {10 * 257, 200 * 257, 30 * 257}};
+  cv::Mat indices = (cv::Mat_<uint8_t>(1, 3) << 2, 0, 1);
+  std::vector<float> out(3 * 3);
+  windowToModelInput(indices, ChannelAdapt::kPalette, out.data(), &map);
+  EXPECT_EQ(out, (std::vector<float>{10, 0, 255, 200, 0, 0, 30, 0, 0}));  // planes R, G, B
+  cv::Mat wide = (cv::Mat_<uint16_t>(1, 3) << 2, 0, 1);
+  windowToModelInput(wide, ChannelAdapt::kPalette, out.data(), &map);
+  EXPECT_EQ(out, (std::vector<float>{2570, 0, 65535, 51400, 0, 0, 7710, 0, 0}));
+  EXPECT_THROW(windowToModelInput(indices, ChannelAdapt::kPalette, out.data(), nullptr), IoError);
 }
 
 TEST(Loader, ClosedQueueReleasesABlockedProducer) {

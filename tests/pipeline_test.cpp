@@ -25,6 +25,7 @@
 #include "tiler/error.hpp"
 #include "tiler/image_io.hpp"
 #include "tiler/model.hpp"
+#include "tiler/platform.hpp"
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -1240,6 +1241,139 @@ TEST_F(Pipeline, PyramidsAndPalettesOpenInGdalVipsAndOpenSlide) {
   } else {
     std::cout << "openslide-tools missing: openslide check skipped\n";
   }
+}
+
+// Two runs into one output directory: the second used to delete the first's live partial files, and the first
+// then renamed what was left (or the other run's results) under the final names with exit 0.
+TEST_F(Pipeline, ASecondRunIntoALockedOutputDirectoryStopsBeforeTouchingIt) {
+  const std::string out = root_ + "/out_locked";
+  fs::create_directories(out);
+  std::ofstream(out + "/a_large_labels.tif.partial") << "another run's live file";
+  {
+    DirectoryLock held(out);  // this test process plays the first run
+    ASSERT_TRUE(held.locked()) << held.error();
+    auto r = run(tilerArgs(out));
+    EXPECT_EQ(r.code, 1) << r.output;
+    EXPECT_NE(r.output.find("another tiler run (pid " + std::to_string(getpid()) + ")"), std::string::npos)
+        << r.output;
+    EXPECT_EQ(slurp(out + "/a_large_labels.tif.partial"), "another run's live file");
+    EXPECT_FALSE(fs::exists(out + "/report.json"));
+  }
+  // Once the holder is gone the directory is free (its stale partial files are cleared as before).
+  auto r = run(tilerArgs(out));
+  EXPECT_EQ(r.code, 0) << r.output;
+  expectSameOutputs(reference(), out);
+  EXPECT_FALSE(fs::exists(out + "/.tiler.lock"));
+}
+
+TEST_F(Pipeline, TwoRunsAtOnceNeverShareAnOutputDirectory) {
+  const std::string out = root_ + "/out_two_at_once";
+  // --overwrite: a second run that starts after the first has finished redoes the job.
+  const auto codes =
+      test::runConcurrently({"(" + tilerArgs(out, "--overwrite") + " >" + root_ + "/two_a.log 2>&1)",
+                             "(" + tilerArgs(out, "--overwrite") + " >" + root_ + "/two_b.log 2>&1)"});
+  const std::string logs = slurp(root_ + "/two_a.log") + slurp(root_ + "/two_b.log");
+  // Whichever locked first finished whole; the other stopped at once, or ran after the first had left.
+  EXPECT_TRUE((codes[0] == 0 && codes[1] == 0) || (codes[0] == 0) != (codes[1] == 0)) << logs;
+  if (codes[0] != 0 || codes[1] != 0) {
+    EXPECT_NE(logs.find("another tiler run (pid "), std::string::npos) << logs;
+  }
+  expectSameOutputs(reference(), out);
+  EXPECT_TRUE(partialFiles(out).empty());
+}
+
+TEST_F(Pipeline, PlantedLinksAreNeverWrittenThrough) {
+  const std::string out = root_ + "/out_links";
+  fs::create_directories(out);
+  const std::string victim = root_ + "/victim.txt";
+  std::ofstream(victim) << "precious";
+  fs::create_symlink(victim, out + "/report.json.partial");
+  fs::create_symlink(victim, out + "/c_small_labels.tif.partial");
+  auto r = run(tilerArgs(out));
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(slurp(victim), "precious");
+  EXPECT_FALSE(fs::is_symlink(out + "/report.json"));
+  expectSameOutputs(reference(), out);
+  // --resume counts plain files only: a link where an output belongs is redone, and replaced, not followed.
+  fs::remove(out + "/c_small_probs.tif");
+  fs::create_symlink(victim, out + "/c_small_probs.tif");
+  r = run(tilerArgs(out, "--resume"));
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ((*imageEntry(report(out), "c_small.png"))["status"], "ok");
+  EXPECT_EQ((*imageEntry(report(out), "a_large.tif"))["status"], "skipped");
+  EXPECT_FALSE(fs::is_symlink(out + "/c_small_probs.tif"));
+  EXPECT_EQ(slurp(victim), "precious");
+  expectSameOutputs(reference(), out);
+}
+
+TEST_F(Pipeline, NonsenseFlagsFailInOneLineBeforeAnyWork) {
+  const std::string out = root_ + "/out_flags";
+  struct Case {
+    std::string flags, message;
+  };
+  const std::vector<Case> cases = {
+      {"--save ''", "--save takes labels, probs and polygons"},
+      {"--save labels,", "--save takes labels, probs and polygons"},
+      {"--threads -3", "must be > 0; got -3"},
+      {"--replicas 0", "must be > 0; got 0"},
+      {"--scale nan", "must be >= 0; got nan"},
+      {"--mean 0.5,inf,0.5", "must be a finite number; got inf"},
+      {"--timeout inf", "must be > 0; got inf"},
+      {"--mpp -1", "must be > 0; got -1"},
+      {"--level -2", "must be >= 0; got -2"},
+  };
+  // Without the suite's --save and --threads, which the cases set themselves.
+  const std::string base = kTiler + " -i " + root_ + "/images/c_small.png -m " + model_ + " -o " + out +
+                           " --window 64 --no_progress ";
+  for (const auto& c : cases) {
+    auto r = run(base + c.flags);
+    EXPECT_EQ(r.code, 1) << c.flags << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.message), std::string::npos) << c.flags << "\n" << r.output;
+    EXPECT_LT(r.output.size(), 400u) << "one short message, no bound in 300 digits: " << r.output;
+    EXPECT_EQ(r.output.find("Exception raised from"), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(out + "/report.json")) << c.flags;
+  }
+  // A --config key that names no flag is the error a mistyped flag is.
+  std::ofstream(root_ + "/typo.toml") << "batch_sise = 4\n";
+  auto r = run(base + "--config " + root_ + "/typo.toml");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("batch_sise"), std::string::npos) << r.output;
+  std::ofstream(root_ + "/good.toml") << "batch_size = 2\n";
+  r = run(base + "--threads 1 --config " + root_ + "/good.toml");
+  EXPECT_EQ(r.code, 0) << r.output;
+}
+
+TEST_F(Pipeline, ABatchLargerThanTheJobIsCappedAtItsWindows) {
+  // One window, --batch_size 100000: LibTorch was asked for 78 GB and printed a 24-frame backtrace.
+  const std::string out = root_ + "/out_huge_batch";
+  auto r = run(kTiler + " -i " + root_ + "/images/c_small.png -m " + model_ + " -o " + out +
+               " --window 64 --batch_size 100000 --threads 1 --no_progress");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(report(out)["windows_total"], 1);
+  EXPECT_TRUE(fs::exists(out + "/c_small_labels.tif"));
+}
+
+TEST_F(Pipeline, NonFiniteModelOutputsAreCountedAndWarnedAbout) {
+  torch::jit::Module m("HalfNan");
+  m.register_parameter("w", torch::ones({2, 3, 1, 1}), false);
+  // Class 1 is NaN where the input's red channel is over a half.
+  m.define(R"JIT(
+def forward(self, x):
+    y = torch.conv2d(x, self.w)
+    nan = torch.full_like(y[:, :1], float('nan'))
+    return torch.cat([y[:, :1], torch.where(x[:, :1] > 0.5, nan, y[:, 1:])], 1)
+)JIT");
+  const std::string model = root_ + "/half_nan.pt", out = root_ + "/out_nan";
+  m.save(model);
+  auto r = run(kTiler + " -i " + root_ + "/images/c_small.png -m " + model + " -o " + out +
+               " --window 32 --batch_size 4 --threads 1 --no_progress");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("non-finite value(s) (NaN or Inf)"), std::string::npos) << r.output;
+  const nlohmann::json j = report(out), ref = report(reference());
+  const auto& e = *imageEntry(j, "c_small.png");
+  EXPECT_GT(e.value("non_finite_values", int64_t(0)), 0) << e.dump();
+  // A model without any: no field, no warning.
+  EXPECT_EQ(imageEntry(ref, "c_small.png")->count("non_finite_values"), 0u);
 }
 
 }  // namespace

@@ -2,9 +2,22 @@
 // The agents themselves are tested as real processes in launcher_test (Rendezvous.*).
 #include "tiler/rendezvous.hpp"
 
+#include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <fstream>
+#include <sstream>
 #include <thread>
+#include <vector>
 
 #include "tiler/error.hpp"
 
@@ -53,6 +66,185 @@ TEST(Store, EveryCallIsBoundedAndAGoneHostIsAnError) {
   // A second host on a taken port is refused (the agent then joins as a client).
   StoreServer first("", 0);
   EXPECT_THROW(StoreServer second("", first.port()), DistError);
+}
+
+// A raw connection to the store, for clients that misbehave.
+int rawClient(int port) {
+  const int fd = connectTcp("127.0.0.1", port, milliseconds(2000), "test");
+  return fd;
+}
+
+void sendAll(int fd, const std::string& text) {
+  size_t off = 0;
+  while (off < text.size()) {
+    const ssize_t n = ::send(fd, text.data() + off, text.size() - off, MSG_NOSIGNAL);
+    if (n <= 0) return;
+    off += size_t(n);
+  }
+}
+
+// True once the server has closed `fd` (everything it sent drained), within `timeout`.
+bool closedByServer(int fd, milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  char buf[65536];
+  while (std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) return true;
+  }
+  return false;
+}
+
+TEST(Store, AClientThatNeverReadsStallsOnlyItself) {
+  StoreLimits limits;
+  limits.max_unread_reply_bytes = 64 << 10;
+  limits.stall_timeout = milliseconds(500);
+  StoreServer server("127.0.0.1", 0, limits);
+  StoreClient writer("127.0.0.1", server.port(), milliseconds(2000));
+  writer.set("big", std::string(1 << 20, 'x'));
+  // 200 pipelined GETs of 1 MB, none of the replies read: a blocking send() froze the whole store here.
+  const int hog = rawClient(server.port());
+  std::string gets;
+  for (int i = 0; i < 200; ++i) gets += "GET big\n";
+  sendAll(hog, gets);
+  StoreClient other("127.0.0.1", server.port(), milliseconds(2000));
+  for (int i = 0; i < 20; ++i) {
+    other.set("k", std::to_string(i));
+    EXPECT_EQ(other.add("n", 1), i + 1);  // each call bounded by the client's 2 s: a frozen store throws
+  }
+  usleep(1500000);  // three stall timeouts, none of its replies read
+  EXPECT_TRUE(closedByServer(hog, milliseconds(5000))) << "a client that does not read is dropped";
+  ::close(hog);
+  EXPECT_EQ(other.get("k"), "19");
+}
+
+TEST(Store, ValuesKeysAndTheWholeStoreAreBounded) {
+  StoreLimits limits;
+  limits.max_key_bytes = 8;
+  limits.max_value_bytes = 100;
+  limits.max_store_bytes = 400;
+  StoreServer server("127.0.0.1", 0, limits);
+  StoreClient c("127.0.0.1", server.port(), milliseconds(2000));
+  c.set("a", std::string(100, 'v'));
+  try {
+    c.set("b", std::string(101, 'v'));
+    FAIL() << "a value over the bound was kept";
+  } catch (const DistError& e) {
+    EXPECT_NE(e.message().find("at most 100"), std::string::npos) << e.message();
+  }
+  EXPECT_THROW(c.set("123456789", "v"), DistError);
+  c.set("a", std::string(100, 'w'));  // replacing a value does not count it twice
+  c.set("b", std::string(100, 'v'));
+  c.set("c", std::string(100, 'v'));
+  try {
+    c.set("d", std::string(100, 'v'));
+    FAIL() << "the store grew past its bound";
+  } catch (const DistError& e) {
+    EXPECT_NE(e.message().find("store full"), std::string::npos) << e.message();
+  }
+  EXPECT_EQ(c.get("d"), std::nullopt);
+  EXPECT_EQ(c.get("a"), std::string(100, 'w'));
+}
+
+TEST(Store, ALineLongerThanAnyRequestDropsItsClient) {
+  StoreLimits limits;
+  limits.max_value_bytes = 1000;
+  StoreServer server("127.0.0.1", 0, limits);
+  const int garbage = rawClient(server.port());
+  sendAll(garbage, std::string(5000, 'g'));
+  EXPECT_TRUE(closedByServer(garbage, milliseconds(5000)));
+  ::close(garbage);
+  StoreClient c("127.0.0.1", server.port(), milliseconds(2000));
+  c.set("still", "served");
+  EXPECT_EQ(c.get("still"), "served");
+}
+
+TEST(Store, ListensOnTheAddressTheEndpointNames) {
+  EXPECT_EQ(StoreServer("127.0.0.1", 0).boundAddress(), "127.0.0.1");
+  EXPECT_EQ(StoreServer("localhost", 0).boundAddress(), "127.0.0.1");
+  EXPECT_EQ(StoreServer("", 0).boundAddress(), "0.0.0.0");
+  // A loopback endpoint is not reachable at the machine's other addresses.
+  StoreServer loopback("127.0.0.1", 0);
+  ifaddrs* list = nullptr;
+  ASSERT_EQ(getifaddrs(&list), 0);
+  std::string other;
+  for (ifaddrs* a = list; a != nullptr && other.empty(); a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    char text[INET_ADDRSTRLEN] = {0};
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, text, sizeof text);
+    if (std::string(text).rfind("127.", 0) != 0) other = text;
+  }
+  freeifaddrs(list);
+  if (other.empty()) GTEST_SKIP() << "no address other than loopback here";
+  EXPECT_THROW(StoreClient(other, loopback.port(), milliseconds(300)), TimeoutError) << other;
+  StoreServer everywhere("", 0);
+  EXPECT_NO_THROW(StoreClient(other, everywhere.port(), milliseconds(2000))) << other;
+}
+
+TEST(Store, NoSpinningAtTheDescriptorLimit) {
+  // The store in a child process allowed a few descriptors; this process opens more connections than that.
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    StoreServer server("127.0.0.1", 0);
+    int fds = 0;
+    for (int fd = 0; fd < 1024; ++fd) fds += fcntl(fd, F_GETFD) != -1;
+    const rlimit tight{rlim_t(fds + 3), rlim_t(fds + 3)};
+    setrlimit(RLIMIT_NOFILE, &tight);
+    const int port = server.port();
+    (void)!write(ready[1], &port, sizeof port);
+    sleep(30);
+    _exit(0);
+  }
+  int port = 0;
+  ASSERT_EQ(read(ready[0], &port, sizeof port), ssize_t(sizeof port));
+  std::vector<int> clients;
+  for (int i = 0; i < 20; ++i) clients.push_back(rawClient(port));
+  auto cpuTicks = [&] {
+    const std::string stat = [&] {
+      std::ifstream in("/proc/" + std::to_string(child) + "/stat");
+      std::stringstream ss;
+      ss << in.rdbuf();
+      return ss.str();
+    }();
+    std::istringstream fields(stat.substr(stat.rfind(')') + 2));
+    std::string field;
+    long ticks = 0;
+    for (int i = 3; i <= 15 && fields >> field; ++i)
+      if (i >= 14) ticks += std::stol(field);  // utime, stime
+    return ticks;
+  };
+  usleep(200000);
+  const long before = cpuTicks();
+  usleep(1000000);
+  const long used = cpuTicks() - before;
+
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  for (int fd : clients) ::close(fd);
+  EXPECT_LT(used, sysconf(_SC_CLK_TCK) / 4) << "CPU ticks in one second at the descriptor limit";
+}
+
+TEST(Store, MalformedRendezvousDataIsNamed) {
+  EXPECT_EQ(parseStoreInteger("42", "run/0/size", "h:1"), 42);
+  try {
+    parseStoreInteger("4x2", "run/0/size", "node0:29400");
+    FAIL() << "accepted";
+  } catch (const DistError& e) {
+    EXPECT_NE(e.message().find("malformed rendezvous data at node0:29400: 'run/0/size' holds '4x2'"),
+              std::string::npos)
+        << e.message();
+  }
+  EXPECT_THROW(parseStoreInteger("", "k", "e"), DistError);
+  EXPECT_THROW(parseStoreInteger("99999999999999999999999", "k", "e"), DistError);
+  // A client reads a value set by someone else as the integer the protocol wants: a clear error.
+  StoreServer server("127.0.0.1", 0);
+  StoreClient c("127.0.0.1", server.port(), milliseconds(2000));
+  c.set("size", "two");
+  EXPECT_THROW(parseStoreInteger(c.wait("size", milliseconds(500)), "size", c.endpoint()), DistError);
 }
 
 TEST(Store, FlagsParse) {

@@ -36,6 +36,10 @@ std::vector<int64_t> cropCores(const std::vector<int64_t>& starts, int64_t windo
 // channel is thresholded at `threshold` (0 for logits, 0.5 for sigmoid probabilities).
 cv::Mat labelsFromProbabilities(const cv::Mat& band, float threshold);
 
+// How many of `count` floats are NaN or infinite (a model's output that blending would turn into label 0
+// without a word). Exponent bits only: vectorises, about a tenth of a window's stitching.
+int64_t countNonFinite(const float* values, int64_t count);
+
 struct StitchOptions {
   BlendMode mode = BlendMode::kGaussian;
   double sigma_scale = 0.125;

@@ -75,6 +75,10 @@ void writeElasticErrorFile(const std::string& message);
 // own remove_all calls to that copy, and it crashes there (a call through a null pointer; seen with 2.11).
 bool removeTree(const std::string& path);
 
+// `what` without the "\nException raised from ..." backtrace LibTorch's c10::Error appends to its message
+// (a message wrapped with it would keep the backtrace in the middle, and lose what follows when cut).
+std::string withoutBacktrace(std::string what);
+
 // A one-line message for any exception: tiler's without [file:line], LibTorch's without their backtrace,
 // std::bad_alloc as "out of memory", anything else as "unknown exception".
 std::string describeException(const std::exception_ptr& e);
