@@ -10,11 +10,17 @@
 namespace tiler {
 
 int64_t countNonFinite(const float* values, int64_t count) {
+  // 32-bit counts a block: the inner loop vectorises (a 64-bit sum of compares did not, 2x slower).
   int64_t bad = 0;
-  for (int64_t i = 0; i < count; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, values + i, sizeof bits);
-    bad += (bits & 0x7f800000u) == 0x7f800000u;
+  for (int64_t start = 0; start < count; start += 65536) {
+    const int64_t end = std::min<int64_t>(count, start + 65536);
+    uint32_t block = 0;
+    for (int64_t i = start; i < end; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, values + i, sizeof bits);
+      block += (bits & 0x7f800000u) == 0x7f800000u;
+    }
+    bad += block;
   }
   return bad;
 }

@@ -126,6 +126,10 @@ OutputStage::ImageOutputs& OutputStage::outputsFor(int image_id) {
         if (write_faults_.count(image_id))
           throw std::runtime_error("TILER_FAULT: injected failure while writing '" +
                                    catalog_.image(image_id).input + "'");
+        // Each output value once, while the band is at hand: non-finite predictions stay so through blending.
+        int64_t& non_finite = catalog_.image(image_id).non_finite_values;
+        for (int y = 0; y < band.rows; ++y)
+          non_finite += countNonFinite(band.ptr<float>(y), int64_t(band.cols) * band.channels());
         if (probs) probs->writeRows(band);
         if (labels) labels->writeRows(labelsFromProbabilities(band, threshold));
       },
@@ -179,11 +183,10 @@ void OutputStage::finishImage(int image_id, const std::string& error) {
   std::string err = error;
   auto it = open_.find(image_id);
   if (it != open_.end() && err.empty()) {
-    img.non_finite_values = it->second.non_finite;
     if (img.non_finite_values > 0)
       spdlog::warn(
-          "'{}': the model's predictions held {} non-finite value(s) (NaN or Inf); the pixels they "
-          "reach are not meaningful (labels there come out 0)",
+          "'{}': {} value(s) of the stitched predictions are not finite (the model gave NaN or Inf); "
+          "those pixels mean nothing (their labels come out 0)",
           img.input, img.non_finite_values);
     try {
       commit(it->second);
@@ -219,7 +222,6 @@ void OutputStage::stitchStep(StepResult& step) {
     if (catalog_.image(image_id).status != "ok") continue;
     try {
       ImageOutputs& out = outputsFor(image_id);
-      out.non_finite += countNonFinite(base + k * per_window, per_window);
       out.stitcher->add(local, base + k * per_window);
       if (out.stitcher->done()) finishImage(image_id, "");
     } catch (...) {

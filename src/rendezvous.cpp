@@ -85,6 +85,10 @@ StoreServer::StoreServer(const std::string& bind_host, int port, StoreLimits lim
       getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
     const int err = errno;
     ::close(listen_fd_);
+    // Waiting cannot help: the endpoint names another machine.
+    TILER_CHECK(
+        err != EADDRNOTAVAIL, ConfigError,
+        "ctrun: cannot host the rendezvous store at " << bind_host << ": not an address of this machine");
     TILER_THROW(DistError, "ctrun: cannot host the rendezvous store on "
                                << (bind_host.empty() ? "port " : bind_host + ":") << port << ": "
                                << std::strerror(err));

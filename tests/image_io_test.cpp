@@ -408,17 +408,7 @@ TEST(ImageReader, AbsurdHeaderFailsFastWithoutAllocating) {
 // fail; no codec expands a stored byte that far, so the header alone refuses it.
 TEST(ImageReader, AChunkClaimingMoreThanItsCodecCanExpandFailsAtTheHeader) {
   auto path = tempPath("bomb.tif");
-  TIFF* t = TIFFOpen(path.c_str(), "w");
-  TIFFSetField(t, TIFFTAG_IMAGEWIDTH, 30000);
-  TIFFSetField(t, TIFFTAG_IMAGELENGTH, 30000);
-  TIFFSetField(t, TIFFTAG_SAMPLESPERPIXEL, 1);
-  TIFFSetField(t, TIFFTAG_BITSPERSAMPLE, 8);
-  TIFFSetField(t, TIFFTAG_PHOTOMETRIC, PHOTOMETRIC_MINISBLACK);
-  TIFFSetField(t, TIFFTAG_ROWSPERSTRIP, 30000);
-  TIFFSetField(t, TIFFTAG_COMPRESSION, COMPRESSION_ADOBE_DEFLATE);
-  uint8_t data[16] = {0};
-  TIFFWriteRawStrip(t, 0, data, sizeof data);
-  TIFFClose(t);
+  test::writeAbsurdTiff(path, 1, 30000);
   auto t0 = std::chrono::steady_clock::now();
   expectIoError(path,
                 "strip (0,0) claims 900000000 decoded bytes from 16 stored, more than deflate can expand");

@@ -164,6 +164,7 @@ TEST(Store, ListensOnTheAddressTheEndpointNames) {
   EXPECT_EQ(StoreServer("127.0.0.1", 0).boundAddress(), "127.0.0.1");
   EXPECT_EQ(StoreServer("localhost", 0).boundAddress(), "127.0.0.1");
   EXPECT_EQ(StoreServer("", 0).boundAddress(), "0.0.0.0");
+  EXPECT_THROW(StoreServer("192.0.2.77", 0), ConfigError) << "TEST-NET-1 is no address of this machine";
   // A loopback endpoint is not reachable at the machine's other addresses.
   StoreServer loopback("127.0.0.1", 0);
   ifaddrs* list = nullptr;

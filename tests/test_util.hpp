@@ -132,16 +132,17 @@ inline int freePort() {
   return 0;
 }
 
-// A TIFF whose header claims 10^6 x 10^6 pixels in one deflate strip, holding 16 bytes of data.
-inline void writeAbsurdTiff(const std::string& path, int channels = 1) {
+// A TIFF whose header claims side x side pixels (10^6 by default) in one deflate strip, holding 16 bytes of
+// data.
+inline void writeAbsurdTiff(const std::string& path, int channels = 1, uint32_t side = 1000000) {
   TIFF* t = TIFFOpen(path.c_str(), "w");
   ASSERT_NE(t, nullptr);
-  TIFFSetField(t, TIFFTAG_IMAGEWIDTH, 1000000);
-  TIFFSetField(t, TIFFTAG_IMAGELENGTH, 1000000);
+  TIFFSetField(t, TIFFTAG_IMAGEWIDTH, side);
+  TIFFSetField(t, TIFFTAG_IMAGELENGTH, side);
   TIFFSetField(t, TIFFTAG_SAMPLESPERPIXEL, channels);
   TIFFSetField(t, TIFFTAG_BITSPERSAMPLE, 8);
   TIFFSetField(t, TIFFTAG_PHOTOMETRIC, channels == 3 ? PHOTOMETRIC_RGB : PHOTOMETRIC_MINISBLACK);
-  TIFFSetField(t, TIFFTAG_ROWSPERSTRIP, 1000000);
+  TIFFSetField(t, TIFFTAG_ROWSPERSTRIP, side);
   TIFFSetField(t, TIFFTAG_COMPRESSION, COMPRESSION_ADOBE_DEFLATE);
   uint8_t data[16] = {0};
   TIFFWriteRawStrip(t, 0, data, sizeof data);

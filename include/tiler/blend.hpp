@@ -37,7 +37,8 @@ std::vector<int64_t> cropCores(const std::vector<int64_t>& starts, int64_t windo
 cv::Mat labelsFromProbabilities(const cv::Mat& band, float threshold);
 
 // How many of `count` floats are NaN or infinite (a model's output that blending would turn into label 0
-// without a word). Exponent bits only: vectorises, about a tenth of a window's stitching.
+// without a word; blending keeps them non-finite). Exponent bits only, so that it vectorises: 20 us for a
+// 2x256x256 window's floats on this machine, a pass over memory.
 int64_t countNonFinite(const float* values, int64_t count);
 
 struct StitchOptions {

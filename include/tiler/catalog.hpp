@@ -49,7 +49,7 @@ struct CatalogImage {
   int64_t first_window = -1;  // global index of its window 0; -1: not planned
   std::string status = "ok";  // ok | skipped | error (infer: done once its outputs are committed)
   std::string error;
-  int64_t non_finite_values = 0;  // infer: NaN/Inf values in the model's predictions of this image
+  int64_t non_finite_values = 0;               // infer: NaN/Inf values in this image's stitched predictions
   std::map<std::string, std::string> outputs;  // kind (labels, probs) -> final path
   // Masking: the grid windows kept (ascending), the mask's share of the image and how it was made.
   bool masked = false;

@@ -74,7 +74,6 @@ class OutputStage {
     std::string polygons;                       // final path of the GeoJSON, when asked
     double input_pixels_per_label_pixel = 1.0;  // level-0 input pixels per output pixel (polygons)
     bool keep_labels = true;                    // false: the labels only feed the polygons
-    int64_t non_finite = 0;                     // NaN/Inf values in the predictions stitched so far
   };
   void loop();
   void stitchStep(StepResult& step);

@@ -37,7 +37,8 @@ class StoreServer {
  public:
   // Listens on `bind_host` (the address the endpoint names; "" or "0.0.0.0": every interface; a host name
   // that resolves to a loopback address, as Debian maps a machine's own name, also every interface, since
-  // other nodes reach it by another address) at `port` (0: a free one). Throws DistError when it cannot.
+  // other nodes reach it by another address) at `port` (0: a free one). Throws DistError when it cannot
+  // (the port is taken), ConfigError when `bind_host` is not an address of this machine.
   // One thread serves every client with non-blocking I/O: a client that does not read its replies holds
   // back only itself, and is dropped after limits.stall_timeout.
   StoreServer(const std::string& bind_host, int port, StoreLimits limits = {});
