@@ -98,6 +98,7 @@ class Trainer {
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<DistContext> dist_;
   std::unique_ptr<StepExchange> exchange_;
+  std::unique_ptr<DirectoryLock> checkpoint_lock_;  // rank 0, with --checkpoint_dir
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::vector<torch::Tensor> params_;
   ModelProbe probe_;
@@ -576,7 +577,18 @@ int Trainer::run() {
   dopts.timeout = std::chrono::milliseconds(int64_t(o_.timeout * 1000));
   dist_ = std::make_unique<DistContext>(world_, dopts, runner_->device());
   exchange_ = std::make_unique<StepExchange>(*dist_);
-  exchange_->check(captureFailure([&] { loadData(); }), "the data check");
+  exchange_->check(captureFailure([&] {
+                     // Two runs into one checkpoint directory would remove each other's epochs.
+                     if (world_.rank == 0 && !o_.checkpoint_dir.empty()) {
+                       fs::create_directories(o_.checkpoint_dir);
+                       checkpoint_lock_ = std::make_unique<DirectoryLock>(o_.checkpoint_dir);
+                       TILER_CHECK(
+                           checkpoint_lock_->locked(), ConfigError,
+                           "--checkpoint_dir '" << o_.checkpoint_dir << "': " << checkpoint_lock_->error());
+                     }
+                     loadData();
+                   }),
+                   "the data check");
 
   // Rank 0 decides where training resumes; every rank loads that checkpoint (or fails, on every rank).
   nlohmann::json history = nlohmann::json::array();

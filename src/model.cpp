@@ -277,8 +277,8 @@ LargeBlockCache& LargeBlockCache::instance() {
 
 // LibTorch's CPU allocator takes every tensor from malloc. Large activations (33 MB at batch 8) sit above
 // glibc's mmap threshold: every forward would map and unmap them and fault their pages in again, which
-// doubles the forward time of a small UNet (see DESIGN.md). Raising glibc's thresholds kept them in the heap
-// but made the heap's high-water mark (and its holes) resident for good: peak RSS 1.3-1.4 GB at 16384 px
+// doubles the forward time of a small UNet (README, Performance). Raising glibc's thresholds kept them in the
+// heap but made the heap's high-water mark (and its holes) resident for good: peak RSS 1.3-1.4 GB at 16384 px
 // for 350 MB ever live (heaptrack). Tensors of 1 MiB and more now come from LargeBlockCache instead; glibc
 // keeps its own thresholds for the rest, with one arena, so that every thread reuses what the others freed.
 void installLargeBlockCache() {

@@ -66,7 +66,7 @@ DirectoryLock::DirectoryLock(const std::string& dir) : path_(dir + "/.tiler.lock
       while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
       error_ = err == EWOULDBLOCK
                    ? "another tiler run (pid " + (holder.empty() ? std::string("unknown") : holder) +
-                         ") is writing to this output directory (lock file '" + path_ + "')"
+                         ") is writing to this directory (lock file '" + path_ + "')"
                    : "cannot lock '" + path_ + "': " + std::strerror(err);
       return;
     }

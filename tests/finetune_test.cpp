@@ -15,6 +15,7 @@
 
 #include "test_util.hpp"
 #include "tiler/image_io.hpp"
+#include "tiler/platform.hpp"
 
 namespace fs = std::filesystem;
 
@@ -164,6 +165,18 @@ TEST_F(Finetune, ACheckpointOfAnotherModelIsRefused) {
   EXPECT_EQ(r.code, 1) << r.output;
   EXPECT_NE(r.output.find("epoch-000001/model.pt': 1 parameter tensors, the model has"), std::string::npos)
       << r.output;
+}
+
+TEST_F(Finetune, ASecondRunIntoALockedCheckpointDirectoryStops) {
+  fs::create_directories(dir_ + "/ck_locked");
+  DirectoryLock held(dir_ + "/ck_locked");  // this test process plays the first run
+  ASSERT_TRUE(held.locked()) << held.error();
+  auto r = run(kTiler + common("locked.pt", data() + " --epochs 1 --batch_size 4 --checkpoint_dir " + dir_ +
+                                                "/ck_locked"));
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("another tiler run (pid " + std::to_string(getpid()) + ")"), std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(dir_ + "/locked.pt"));
 }
 
 TEST_F(Finetune, ResumeEndsWhereAnUninterruptedRunEnds) {

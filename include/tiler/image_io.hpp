@@ -15,7 +15,11 @@
 // memory is one row of tiles (two, compressing on a thread of its own). PNG/JPEG are assembled in memory and
 // refused above kMaxInMemoryPixels. Files are written as "<name>.partial" and renamed by close() (or finish()
 // then commit(), so that several outputs of one image appear together); a writer destroyed before commit
-// removes its partial file. Every failure is an IoError naming the file.
+// removes its partial file; a partial file is created anew (platform.hpp), never opened through a link
+// planted at its name. Every failure is an IoError naming the file.
+//
+// Hostile or corrupt TIFFs fail fast, before their pixels are allocated: a chunk over 1 GiB, chunk tables
+// outside the file, and a chunk that claims more decoded bytes than its codec can expand its stored bytes to.
 #pragma once
 
 #include <array>

@@ -1,4 +1,4 @@
-// report: what a run tells its user. The report JSON of `tiler infer` (fields in DESIGN.md), written
+// report: what a run tells its user. The report JSON of `tiler infer` (fields in the README), written
 // atomically by rank 0 also when images failed; the exit code it implies; the progress line; peak memory.
 // No LibTorch.
 #pragma once
