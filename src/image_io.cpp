@@ -1286,14 +1286,7 @@ void ImageWriter::finish() {
     if (ok) {
       // Created anew, not reopened: the claimed name may have been replaced by a link meanwhile.
       const int fd = createFileExclusively(partialPath());
-      size_t off = 0;
-      while (fd >= 0 && off < bytes.size()) {
-        const ssize_t n = ::write(fd, bytes.data() + off, bytes.size() - off);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        off += size_t(n);
-      }
-      ok = fd >= 0 && off == bytes.size();
+      ok = fd >= 0 && writeAll(fd, bytes.data(), bytes.size());
       if (fd >= 0 && ::close(fd) != 0) ok = false;
     }
     if (!ok) {

@@ -72,16 +72,6 @@ std::string signalName(int sig) {
   return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
 }
 
-void writeAll(int fd, const std::string& s) {
-  size_t off = 0;
-  while (off < s.size()) {
-    ssize_t n = write(fd, s.data() + off, s.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    off += size_t(n);
-  }
-}
-
 // One output stream of one worker: a pipe, a line buffer and where its lines go.
 struct Stream {
   int fd = -1;          // read end; -1 when closed

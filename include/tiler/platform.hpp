@@ -22,6 +22,13 @@ int createFileExclusively(const std::string& path, mode_t mode = 0644);
 // synced, then renamed over `path`. Returns "" on success, else what failed (the partial file is removed).
 std::string writeFileAtomically(const std::string& path, const std::function<void(std::ostream&)>& write);
 
+// Writes all `size` bytes to `fd`, retrying short writes and EINTR. False (errno set) if a write fails.
+// Async-signal-safe: ctrun calls it in a child between fork and exec.
+bool writeAll(int fd, const void* data, size_t size);
+inline bool writeAll(int fd, const std::string& text) {
+  return writeAll(fd, text.data(), text.size());
+}
+
 // True when `path` is a regular file and not a symbolic link (to one): what --resume may count as done.
 bool isPlainFile(const std::string& path);
 
