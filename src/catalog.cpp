@@ -54,6 +54,7 @@ double defaultScale(SampleType type) {
       return 1.0 / 32767.0;
     case SampleType::kU32:
       return 1.0 / 4294967295.0;
+    case SampleType::kF16:
     case SampleType::kF32:
       return 1.0;
   }

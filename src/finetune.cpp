@@ -124,8 +124,9 @@ void Trainer::checkLabels(const CatalogImage& t) {
                     << probe_.output_channels);
     return;
   }
-  TILER_CHECK(t.label_info.channels == 1 && t.label_info.type != SampleType::kF32, IoError,
-              "'" << t.label << "': class maps must be single-channel integers (u8/u16)");
+  TILER_CHECK(t.label_info.channels == 1 && t.label_info.type != SampleType::kF32 &&
+                  t.label_info.type != SampleType::kF16,
+              IoError, "'" << t.label << "': class maps must be single-channel integers (u8/u16)");
   // Largest class id, scanned in bands so a large label never sits in memory whole.
   auto reader = ImageReader::open(t.label);
   double max_id = 0;

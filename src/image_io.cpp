@@ -20,6 +20,7 @@
 #include <mutex>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
+#include <sstream>
 #include <thread>
 #include <unordered_map>
 
@@ -52,7 +53,7 @@ void tiffWarningHandler(const char* module, const char* fmt, va_list ap) {
 // GeoTIFF tags are unknown to libtiff; registering them lets us read and write them as ordinary fields.
 constexpr ttag_t kModelPixelScale = 33550, kModelTiepoint = 33922, kModelTransformation = 34264,
                  kGeoKeyDirectory = 34735, kGeoDoubleParams = 34736, kGeoAsciiParams = 34737,
-                 kGdalNodata = 42113;
+                 kGdalMetadata = 42112, kGdalNodata = 42113;
 
 const TIFFFieldInfo kGeoFields[] = {
     {kModelPixelScale, -1, -1, TIFF_DOUBLE, FIELD_CUSTOM, 1, 1, const_cast<char*>("ModelPixelScaleTag")},
@@ -62,6 +63,7 @@ const TIFFFieldInfo kGeoFields[] = {
     {kGeoKeyDirectory, -1, -1, TIFF_SHORT, FIELD_CUSTOM, 1, 1, const_cast<char*>("GeoKeyDirectoryTag")},
     {kGeoDoubleParams, -1, -1, TIFF_DOUBLE, FIELD_CUSTOM, 1, 1, const_cast<char*>("GeoDoubleParamsTag")},
     {kGeoAsciiParams, -1, -1, TIFF_ASCII, FIELD_CUSTOM, 1, 0, const_cast<char*>("GeoASCIIParamsTag")},
+    {kGdalMetadata, -1, -1, TIFF_ASCII, FIELD_CUSTOM, 1, 0, const_cast<char*>("GDALMetadataTag")},
     {kGdalNodata, -1, -1, TIFF_ASCII, FIELD_CUSTOM, 1, 0, const_cast<char*>("GDALNoDataTag")},
 };
 
@@ -127,7 +129,8 @@ void setTiffFields(TIFF* tif, int64_t width, int64_t height, int channels, Sampl
   TIFFSetField(tif, TIFFTAG_SAMPLESPERPIXEL, uint16_t(channels));
   const uint16_t bits = uint16_t(8 * bytesPerSample(type));
   TIFFSetField(tif, TIFFTAG_BITSPERSAMPLE, bits);
-  TIFFSetField(tif, TIFFTAG_SAMPLEFORMAT, type == SampleType::kF32 ? SAMPLEFORMAT_IEEEFP : SAMPLEFORMAT_UINT);
+  const bool floats = type == SampleType::kF32 || type == SampleType::kF16;
+  TIFFSetField(tif, TIFFTAG_SAMPLEFORMAT, floats ? SAMPLEFORMAT_IEEEFP : SAMPLEFORMAT_UINT);
   TIFFSetField(tif, TIFFTAG_PLANARCONFIG, PLANARCONFIG_CONTIG);
   if (!o.colormap.empty()) {
     TIFFSetField(tif, TIFFTAG_PHOTOMETRIC, PHOTOMETRIC_PALETTE);
@@ -157,8 +160,81 @@ void setTiffFields(TIFF* tif, int64_t width, int64_t height, int channels, Sampl
               "this libtiff cannot write the requested compression");
   TIFFSetField(tif, TIFFTAG_COMPRESSION, comp);
   if (comp != COMPRESSION_NONE)
-    TIFFSetField(tif, TIFFTAG_PREDICTOR,
-                 type == SampleType::kF32 ? PREDICTOR_FLOATINGPOINT : PREDICTOR_HORIZONTAL);
+    TIFFSetField(tif, TIFFTAG_PREDICTOR, floats ? PREDICTOR_FLOATINGPOINT : PREDICTOR_HORIZONTAL);
+}
+
+// A TIFF in memory, the tile encoder's scratch file: libtiff's client procedures over a byte vector.
+struct MemoryFile {
+  std::vector<uint8_t> bytes;
+  uint64_t pos = 0;
+};
+
+tmsize_t memoryRead(thandle_t h, void* buf, tmsize_t n) {
+  auto* f = static_cast<MemoryFile*>(h);
+  const uint64_t take =
+      f->pos >= f->bytes.size() ? 0 : std::min<uint64_t>(uint64_t(n), f->bytes.size() - f->pos);
+  std::memcpy(buf, f->bytes.data() + f->pos, size_t(take));
+  f->pos += take;
+  return tmsize_t(take);
+}
+
+tmsize_t memoryWrite(thandle_t h, void* buf, tmsize_t n) {
+  auto* f = static_cast<MemoryFile*>(h);
+  if (f->pos + uint64_t(n) > f->bytes.size()) f->bytes.resize(size_t(f->pos + uint64_t(n)));
+  std::memcpy(f->bytes.data() + f->pos, buf, size_t(n));
+  f->pos += uint64_t(n);
+  return n;
+}
+
+toff_t memorySeek(thandle_t h, toff_t off, int whence) {
+  auto* f = static_cast<MemoryFile*>(h);
+  if (whence == SEEK_CUR) off += f->pos;
+  if (whence == SEEK_END) off += f->bytes.size();
+  f->pos = off;
+  return off;
+}
+
+int memoryClose(thandle_t) {
+  return 0;
+}
+
+toff_t memorySize(thandle_t h) {
+  return static_cast<MemoryFile*>(h)->bytes.size();
+}
+
+int memoryMap(thandle_t, void**, toff_t*) {
+  return 0;
+}
+
+void memoryUnmap(thandle_t, void*, toff_t) {}
+
+// How a writer's tiles are encoded; shared by the pool's tasks of one writer.
+struct TileEncoding {
+  int channels = 1;
+  SampleType type = SampleType::kU8;
+  WriterOptions options;  // without the pool: a queued task must not keep its own pool alive
+};
+
+// One tile (tile x tile samples, zero padded) compressed exactly as TIFFWriteEncodedTile would into the
+// output: the same fields, codec and predictor, written into a one-tile TIFF in memory and cut out of it.
+std::vector<uint8_t> encodeTile(std::vector<uint8_t>& samples, const TileEncoding& e) {
+  MemoryFile file;
+  t_tiff_error.clear();
+  TIFF* tif = TIFFClientOpen("tile", "w", &file, memoryRead, memoryWrite, memorySeek, memoryClose, memorySize,
+                             memoryMap, memoryUnmap);
+  TILER_CHECK(tif != nullptr, IoError, "cannot open a TIFF in memory: " << takeTiffError());
+  setTiffFields(tif, e.options.tile, e.options.tile, e.channels, e.type, e.options, false);
+  uint64_t* offsets = nullptr;
+  uint64_t* counts = nullptr;
+  const bool ok = TIFFWriteEncodedTile(tif, 0, samples.data(), tmsize_t(samples.size())) >= 0 &&
+                  TIFFGetField(tif, TIFFTAG_TILEOFFSETS, &offsets) &&
+                  TIFFGetField(tif, TIFFTAG_TILEBYTECOUNTS, &counts) && offsets != nullptr &&
+                  counts != nullptr && offsets[0] + counts[0] <= file.bytes.size();
+  const uint64_t offset = ok ? offsets[0] : 0, count = ok ? counts[0] : 0;
+  TIFFCleanup(tif);  // frees it without writing a directory nobody reads
+  TILER_CHECK(ok, IoError, "compressing a tile failed: " << takeTiffError());
+  return std::vector<uint8_t>(file.bytes.begin() + std::ptrdiff_t(offset),
+                              file.bytes.begin() + std::ptrdiff_t(offset + count));
 }
 
 bool looksLikeTiff(const std::string& path) {
@@ -455,6 +531,9 @@ class TiffReader final : public ImageReader {
     info_.bigtiff = (TIFFIsBigTIFF(tif_) != 0);
     info_.pages = int(TIFFNumberOfDirectories(tif_));
     info_.mpp = micrometresPerPixel(readMetadata(tif_));
+    char* description = nullptr;
+    if (TIFFGetField(tif_, TIFFTAG_IMAGEDESCRIPTION, &description) && description != nullptr)
+      info_.description = description;
     char* nodata = nullptr;
     if (TIFFGetField(tif_, kGdalNodata, &nodata) && nodata != nullptr) {
       try {
@@ -473,6 +552,8 @@ class TiffReader final : public ImageReader {
       info_.type = SampleType::kI16;
     else if (fmt == SAMPLEFORMAT_UINT && bps == 32)
       info_.type = SampleType::kU32;
+    else if (fmt == SAMPLEFORMAT_IEEEFP && bps == 16)
+      info_.type = SampleType::kF16;
     else if (fmt == SAMPLEFORMAT_IEEEFP && bps == 32)
       info_.type = SampleType::kF32;
     else
@@ -480,7 +561,7 @@ class TiffReader final : public ImageReader {
                                << (fmt == SAMPLEFORMAT_IEEEFP ? "float"
                                    : fmt == SAMPLEFORMAT_INT  ? "signed"
                                                               : "unsigned")
-                               << "); tiler reads 8/16/32-bit unsigned, 16-bit signed and 32-bit float");
+                               << "); tiler reads 8/16/32-bit unsigned, 16-bit signed and 16/32-bit float");
     // A palette image is read as its indices (a labels output of tiler is one, and so is a mask); its colour
     // map goes with it, so that a model that takes RGB gets the colours (channelAdaptation).
     if (photometric == PHOTOMETRIC_PALETTE) {
@@ -877,6 +958,8 @@ const char* sampleTypeName(SampleType type) {
       return "i16";
     case SampleType::kU32:
       return "u32";
+    case SampleType::kF16:
+      return "f16";
     case SampleType::kF32:
       return "f32";
   }
@@ -893,6 +976,8 @@ int cvDepthOf(SampleType type) {
       return CV_16S;
     case SampleType::kU32:
       return CV_32S;  // same bytes; tiler converts to float before use
+    case SampleType::kF16:
+      return CV_16F;
     case SampleType::kF32:
       return CV_32F;
   }
@@ -905,6 +990,7 @@ size_t bytesPerSample(SampleType type) {
       return 1;
     case SampleType::kU16:
     case SampleType::kI16:
+    case SampleType::kF16:
       return 2;
     case SampleType::kU32:
     case SampleType::kF32:
@@ -975,14 +1061,16 @@ ImageWriter::ImageWriter(const std::string& path, int64_t width, int64_t height,
   TILER_CHECK(width > 0 && height > 0 && channels >= 1, IoError,
               "'" << path << "': cannot write an image of " << width << "x" << height << "x" << channels);
   const int cv_type = CV_MAKETYPE(cvDepthOf(type), channels);
+  cv_type_ = cv_type;
   if (options_.format == "tif" || options_.format == "tiff") {
     TILER_CHECK(type != SampleType::kI16 && type != SampleType::kU32, IoError,
-                "'" << path << "': writer takes u8, u16 or f32 samples");
+                "'" << path << "': writer takes u8, u16, f16 or f32 samples");
     TILER_CHECK(options_.tile % 16 == 0 && options_.tile > 0, ConfigError,
                 "TIFF tile must be a multiple of 16");
     installTiffHandlers();
-    TILER_CHECK(options_.colormap.empty() || (channels == 1 && type != SampleType::kF32), ConfigError,
-                "'" << path << "': a colour map needs one integer channel");
+    TILER_CHECK(
+        options_.colormap.empty() || (channels == 1 && type != SampleType::kF32 && type != SampleType::kF16),
+        ConfigError, "'" << path << "': a colour map needs one integer channel");
     const uint64_t raw = uint64_t(width) * uint64_t(height) * uint64_t(channels) * bytesPerSample(type);
     // Reduced levels add at most a third.
     const bool big = (options_.pyramid ? raw + raw / 3 : raw) > (uint64_t(1) << 31);
@@ -998,24 +1086,31 @@ ImageWriter::ImageWriter(const std::string& path, int64_t width, int64_t height,
     setTiffFields(tif, width, height, channels, type, options_, false);
     if (!options_.description.empty())
       TIFFSetField(tif, TIFFTAG_IMAGEDESCRIPTION, options_.description.c_str());
+    if (options_.value_scale) {
+      std::ostringstream items;
+      items.precision(17);
+      items << "<GDALMetadata>";
+      for (int band = 0; band < channels; ++band)
+        items << "<Item name=\"SCALE\" sample=\"" << band << "\" role=\"scale\">" << *options_.value_scale
+              << "</Item><Item name=\"OFFSET\" sample=\"" << band << "\" role=\"offset\">0</Item>";
+      items << "</GDALMetadata>";
+      TIFFSetField(tif, kGdalMetadata, items.str().c_str());
+    }
     writeMetadata(tif, readMetadata(options_.metadata_from), options_.metadata_scale, options_.mpp);
-    buffer_ = cv::Mat::zeros(options_.tile, int(width), cv_type);
+    buffer_ = cv::Mat(options_.tile, int(width), cv_type);
     if (options_.background) {
-      // Two tile-row buffers: the caller fills one while this thread compresses and writes the other.
-      tile_queue_ = std::make_unique<BoundedQueue<TileRow>>(1);
-      free_buffers_ = std::make_unique<BoundedQueue<cv::Mat>>(2);
-      free_buffers_->push(cv::Mat::zeros(options_.tile, int(width), cv_type));
+      if (!options_.pool) options_.pool = std::make_shared<WorkPool>(1);
+      // One row per pool thread in flight (two at least), so that every thread has tiles to compress.
+      tile_queue_ = std::make_unique<BoundedQueue<TileRow>>(size_t(std::max(2, options_.pool->threads())));
       tile_thread_ = std::thread([this] {
         while (auto row = tile_queue_->pop()) {
-          if (!tileError()) {
-            try {
-              encodeTileRow(row->rows, row->first_row, row->count);
-            } catch (...) {
-              std::lock_guard<std::mutex> lock(tile_error_mutex_);
-              tile_error_ = std::current_exception();
-            }
+          if (tileError()) continue;  // keep draining: the caller must never block on a dead thread
+          try {
+            writeTileRow(*row);
+          } catch (...) {
+            std::lock_guard<std::mutex> lock(tile_error_mutex_);
+            tile_error_ = std::current_exception();
           }
-          free_buffers_->push(std::move(row->rows));
         }
       });
     }
@@ -1050,7 +1145,7 @@ ImageWriter::ImageWriter(const std::string& path, int64_t width, int64_t height,
                 "'" << path << "': " << width << "x" << height << " is too large for " << options_.format
                     << " output (at most " << kMaxInMemoryPixels
                     << " pixels, 65535 a side); use --format tif");
-    TILER_CHECK(type != SampleType::kF32 || options_.format != "png", IoError,
+    TILER_CHECK((type != SampleType::kF32 && type != SampleType::kF16) || options_.format != "png", IoError,
                 "'" << path << "': PNG cannot hold float samples; use --format tif");
     buffer_ = cv::Mat(int(height), int(width), cv_type);
     // Claim the name early so that an unwritable directory fails before any work.
@@ -1084,7 +1179,9 @@ void ImageWriter::abandon() noexcept {
 }
 
 size_t ImageWriter::bufferedBytes() const {
-  return buffer_.total() * buffer_.elemSize() * (tile_queue_ ? 2 : 1);
+  // The row being filled, the rows queued, and the one the tile thread writes.
+  const size_t rows = tile_queue_ ? 2 + size_t(std::max(2, options_.pool->threads())) : 1;
+  return buffer_.total() * buffer_.elemSize() * rows;
 }
 
 void ImageWriter::writeRows(const cv::Mat& band) {
@@ -1112,15 +1209,13 @@ void ImageWriter::writeRows(const cv::Mat& band) {
 }
 
 void ImageWriter::flushTileRow(int64_t rows) {
+  TileRow row = encodeTileRow(buffer_, rows_written_, rows);
+  buffer_ = cv::Mat(options_.tile, int(width_), cv_type_);  // the pool's tasks hold the last one
   if (tile_queue_) {
-    // The full buffer goes to the tile thread; rows go on into the one it wrote last.
-    tile_queue_->push(TileRow{buffer_, rows_written_, rows});
-    std::optional<cv::Mat> spare = free_buffers_->pop();
-    if (tileError() || !spare) failOnTileError();
-    buffer_ = *spare;
+    if (!tile_queue_->push(std::move(row)) || tileError()) failOnTileError();
   } else {
     try {
-      encodeTileRow(buffer_, rows_written_, rows);
+      writeTileRow(row);
     } catch (...) {
       abandon();
       throw;
@@ -1130,26 +1225,56 @@ void ImageWriter::flushTileRow(int64_t rows) {
   buffered_rows_ = 0;
 }
 
-void ImageWriter::encodeTileRow(cv::Mat& buffer, int64_t first_row, int64_t rows) {
-  TIFF* tif = static_cast<TIFF*>(tiff_);
+ImageWriter::TileRow ImageWriter::encodeTileRow(cv::Mat buffer, int64_t first_row, int64_t rows) {
   const int tile = options_.tile;
   const size_t px = buffer.elemSize();
   for (int y = int(rows); y < tile; ++y) std::memset(buffer.ptr(y), 0, size_t(width_) * px);
-  std::vector<uint8_t> tile_buf(size_t(tile) * size_t(tile) * px);
+  auto encoding = std::make_shared<TileEncoding>();
+  encoding->channels = channels_;
+  encoding->type = type_;
+  encoding->options = options_;
+  encoding->options.pool.reset();
+  TileRow row;
+  row.first_row = first_row;
   for (int64_t x0 = 0; x0 < width_; x0 += tile) {
-    std::fill(tile_buf.begin(), tile_buf.end(), 0);
-    const int64_t w = std::min<int64_t>(tile, width_ - x0);
-    for (int y = 0; y < tile; ++y) {
-      std::memcpy(tile_buf.data() + size_t(y) * size_t(tile) * px, buffer.ptr<uint8_t>(y) + size_t(x0) * px,
-                  size_t(w) * px);
+    auto task = [buffer, x0, encoding, width = width_] {
+      const int edge = encoding->options.tile;
+      const size_t pixel = buffer.elemSize();
+      std::vector<uint8_t> samples(size_t(edge) * size_t(edge) * pixel, 0);
+      const int64_t w = std::min<int64_t>(edge, width - x0);
+      for (int y = 0; y < edge; ++y)
+        std::memcpy(samples.data() + size_t(y) * size_t(edge) * pixel,
+                    buffer.ptr<uint8_t>(y) + size_t(x0) * pixel, size_t(w) * pixel);
+      return encodeTile(samples, *encoding);
+    };
+    if (options_.pool) {
+      row.tiles.push_back(options_.pool->submit(std::move(task)));
+    } else {
+      std::packaged_task<std::vector<uint8_t>()> now(std::move(task));
+      row.tiles.push_back(now.get_future());
+      now();
     }
-    uint32_t index = TIFFComputeTile(tif, uint32_t(x0), uint32_t(first_row), 0, 0);
+  }
+  return row;
+}
+
+void ImageWriter::writeTileRow(TileRow& row) {
+  TIFF* tif = static_cast<TIFF*>(tiff_);
+  for (size_t k = 0; k < row.tiles.size(); ++k) {
+    std::vector<uint8_t> bytes;
+    try {
+      bytes = row.tiles[k].get();
+    } catch (const Error& e) {
+      TILER_THROW(IoError, "'" << path_ << "': tile at row " << row.first_row << ": " << e.message());
+    }
+    const uint32_t index =
+        TIFFComputeTile(tif, uint32_t(k) * uint32_t(options_.tile), uint32_t(row.first_row), 0, 0);
     t_tiff_error.clear();
     errno = 0;
-    if (TIFFWriteEncodedTile(tif, index, tile_buf.data(), tmsize_t(tile_buf.size())) < 0) {
+    if (TIFFWriteRawTile(tif, index, bytes.data(), tmsize_t(bytes.size())) != tmsize_t(bytes.size())) {
       const int write_errno = errno;
       std::string err = takeTiffError();
-      TILER_THROW(IoError, "'" << path_ << "': writing tile at row " << first_row << " failed: "
+      TILER_THROW(IoError, "'" << path_ << "': writing tile at row " << row.first_row << " failed: "
                                << (write_errno ? std::strerror(write_errno) : err) << " (" << err << ")");
     }
   }

@@ -14,8 +14,47 @@ namespace fs = std::filesystem;
 
 namespace tiler {
 
+SampleType parseProbsType(const std::string& name) {
+  if (name == "f32") return SampleType::kF32;
+  if (name == "f16") return SampleType::kF16;
+  if (name == "u8") return SampleType::kU8;
+  TILER_THROW(ConfigError, "--probs_dtype must be f32, f16 or u8; got '" << name << "'");
+}
+
+namespace {
+
+// The probabilities' ImageDescription: how to read them back (tiler info prints it), with the class names.
+std::string probsDescription(SampleType type, const std::vector<ClassInfo>& named) {
+  nlohmann::json j;
+  j["probabilities"] = {{"dtype", sampleTypeName(type)},
+                        {"scale", type == SampleType::kU8 ? 1.0 / 255.0 : 1.0},
+                        {"meaning", type == SampleType::kU8 ? "p = stored / 255" : "p = stored"}};
+  if (!named.empty()) {
+    nlohmann::json names = nlohmann::json::array();
+    for (const auto& c : named) names.push_back(c.name);
+    j["classes"] = names;
+  }
+  return j.dump();
+}
+
+// A band of probabilities as stored: u8 = round(p x 255) after clamping to [0, 1] (NaN to 0).
+cv::Mat storedProbabilities(const cv::Mat& band, SampleType type) {
+  if (type == SampleType::kF32) return band;
+  cv::Mat out;
+  band.convertTo(
+      out,
+      type == SampleType::kU8 ? CV_MAKETYPE(CV_8U, band.channels()) : CV_MAKETYPE(CV_16F, band.channels()),
+      type == SampleType::kU8 ? 255.0 : 1.0);
+  return out;
+}
+
+}  // namespace
+
 OutputStage::OutputStage(WindowCatalog& catalog, OutputOptions options)
-    : catalog_(catalog), options_(std::move(options)), steps_(options_.depth) {
+    : catalog_(catalog),
+      options_(std::move(options)),
+      pool_(std::make_shared<WorkPool>(options_.write_threads)),
+      steps_(options_.depth) {
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -95,6 +134,7 @@ OutputStage::ImageOutputs& OutputStage::outputsFor(int image_id) {
   if (img.resolution.mpp) wo.mpp = *img.resolution.mpp / options_.scale.value();
   wo.pyramid = options_.pyramid;
   wo.background = true;  // compression off the stitcher's thread
+  wo.pool = pool_;
   out.keep_labels = options_.save_labels;
   if (options_.save_polygons) out.polygons = img.outputs.at("polygons");
   out.input_pixels_per_label_pixel = 1.0 / output_per_input;
@@ -114,8 +154,13 @@ OutputStage::ImageOutputs& OutputStage::outputsFor(int image_id) {
     out.labels = std::make_unique<ImageWriter>(path, out_w, out_h, 1, labelSampleType(labelClasses()), lo);
   }
   if (options_.save_probs) {
+    WriterOptions po = wo;
+    // f32 files stay as they always were: values are probabilities as the model gave them.
+    if (options_.probs_type != SampleType::kF32)
+      po.description = probsDescription(options_.probs_type, options_.classes_named);
+    if (options_.probs_type == SampleType::kU8) po.value_scale = 1.0 / 255.0;
     out.probs = std::make_unique<ImageWriter>(img.outputs.at("probs"), out_w, out_h, options_.classes,
-                                              SampleType::kF32, wo);
+                                              options_.probs_type, po);
   }
   ImageWriter* labels = out.labels.get();
   ImageWriter* probs = out.probs.get();
@@ -130,7 +175,7 @@ OutputStage::ImageOutputs& OutputStage::outputsFor(int image_id) {
         int64_t& non_finite = catalog_.image(image_id).non_finite_values;
         for (int y = 0; y < band.rows; ++y)
           non_finite += countNonFinite(band.ptr<float>(y), int64_t(band.cols) * band.channels());
-        if (probs) probs->writeRows(band);
+        if (probs) probs->writeRows(storedProbabilities(band, options_.probs_type));
         if (labels) labels->writeRows(labelsFromProbabilities(band, threshold));
       },
       img.masked ? std::optional<std::vector<int64_t>>(img.kept) : std::nullopt);

@@ -20,6 +20,7 @@
 #include "tiler/dist.hpp"
 #include "tiler/error.hpp"
 #include "tiler/exchange.hpp"
+#include "tiler/launcher.hpp"
 #include "tiler/loader.hpp"
 #include "tiler/model.hpp"
 #include "tiler/outputs.hpp"
@@ -135,6 +136,9 @@ void InferJob::validateOptions() {
   TILER_CHECK(o_.format == "tif" || o_.format == "png", ConfigError, "--format must be tif or png");
   TILER_CHECK(!(o_.resume && o_.overwrite), ConfigError, "--resume and --overwrite exclude each other");
   parseCompression(o_.compression);
+  parseProbsType(o_.probs_dtype);
+  TILER_CHECK(o_.write_threads >= 0, ConfigError,
+              "--write_threads must be >= 0 (0: the CPUs this rank may use)");
   save_labels_ = save_probs_ = save_polygons_ = false;
   const std::string bad_save =
       "--save takes labels, probs and polygons, comma-separated; got '" + o_.save + "'";
@@ -192,6 +196,8 @@ OutputOptions InferJob::outputOptions() const {
   oo.save_polygons = save_polygons_;
   oo.simplify = o_.simplify;
   oo.classes_named = classes_;
+  oo.probs_type = parseProbsType(o_.probs_dtype);
+  oo.write_threads = o_.write_threads > 0 ? o_.write_threads : usableCpus();
   return oo;
 }
 

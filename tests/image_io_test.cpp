@@ -32,6 +32,8 @@ cv::Mat randomImage(int h, int w, int type, uint64_t seed) {
   cv::RNG rng(seed);
   if (CV_MAT_DEPTH(type) == CV_32F)
     rng.fill(m, cv::RNG::UNIFORM, -1000.0, 1000.0);
+  else if (CV_MAT_DEPTH(type) == CV_16F)  // RNG fills no halves: floats in [0, 1], converted
+    randomImage(h, w, CV_MAKETYPE(CV_32F, CV_MAT_CN(type)), seed).convertTo(m, type, 1.0 / 2000, 0.5);
   else
     rng.fill(m, cv::RNG::UNIFORM, 0, CV_MAT_DEPTH(type) == CV_8U ? 256 : 65536);
   return m;
@@ -156,7 +158,9 @@ INSTANTIATE_TEST_SUITE_P(TypesChannelsCompressions, WriterRoundTrip,
                                            RoundTrip{CV_16UC3, SampleType::kU16, Compression::kLzw},
                                            RoundTrip{CV_32FC1, SampleType::kF32, Compression::kDeflate},
                                            RoundTrip{CV_32FC(4), SampleType::kF32, Compression::kZstd},
-                                           RoundTrip{CV_32FC2, SampleType::kF32, Compression::kNone}),
+                                           RoundTrip{CV_32FC2, SampleType::kF32, Compression::kNone},
+                                           RoundTrip{CV_16FC2, SampleType::kF16, Compression::kDeflate},
+                                           RoundTrip{CV_16FC1, SampleType::kF16, Compression::kZstd}),
                          roundTripName);
 
 struct Layout {
@@ -505,31 +509,111 @@ TEST(ImageReader, UnsupportedSampleFormatIsNamed) {
   expectIoError(path, "unsupported sample format (64 bits, float)");
 }
 
-// Compressing on the writer's own thread writes the same file, byte for byte, as compressing on the caller's
-// (odd sizes, bands that straddle rows of tiles, a pyramid), holding two rows of tiles instead of one.
-TEST(ImageWriter, BackgroundCompressionWritesTheSameBytes) {
+// The image as plain libtiff writes it (TIFFWriteEncodedTile on each zero-padded tile): the yardstick for
+// the writer's own tile compression.
+void writeWithLibtiff(const std::string& path, const cv::Mat& img, Compression compression) {
+  TIFF* t = TIFFOpen(path.c_str(), "w");
+  ASSERT_NE(t, nullptr);
+  const int depth = img.depth(), channels = img.channels();
+  const bool floats = depth == CV_32F || depth == CV_16F;
+  TIFFSetField(t, TIFFTAG_IMAGEWIDTH, uint32_t(img.cols));
+  TIFFSetField(t, TIFFTAG_IMAGELENGTH, uint32_t(img.rows));
+  TIFFSetField(t, TIFFTAG_SAMPLESPERPIXEL, uint16_t(channels));
+  TIFFSetField(t, TIFFTAG_BITSPERSAMPLE, uint16_t(8 * img.elemSize1()));
+  TIFFSetField(t, TIFFTAG_SAMPLEFORMAT, floats ? SAMPLEFORMAT_IEEEFP : SAMPLEFORMAT_UINT);
+  TIFFSetField(t, TIFFTAG_PLANARCONFIG, PLANARCONFIG_CONTIG);
+  const bool rgb = channels == 3 && depth == CV_8U;
+  TIFFSetField(t, TIFFTAG_PHOTOMETRIC, rgb ? PHOTOMETRIC_RGB : PHOTOMETRIC_MINISBLACK);
+  if (channels > 1 && !rgb) {
+    std::vector<uint16_t> extra(size_t(channels - 1), EXTRASAMPLE_UNSPECIFIED);
+    TIFFSetField(t, TIFFTAG_EXTRASAMPLES, uint16_t(extra.size()), extra.data());
+  }
+  TIFFSetField(t, TIFFTAG_TILEWIDTH, 256u);
+  TIFFSetField(t, TIFFTAG_TILELENGTH, 256u);
+  const uint16_t codes[] = {COMPRESSION_ADOBE_DEFLATE, COMPRESSION_ZSTD, COMPRESSION_LZW, COMPRESSION_NONE};
+  TIFFSetField(t, TIFFTAG_COMPRESSION, codes[int(compression)]);
+  if (compression != Compression::kNone)
+    TIFFSetField(t, TIFFTAG_PREDICTOR, floats ? PREDICTOR_FLOATINGPOINT : PREDICTOR_HORIZONTAL);
+  for (int y = 0; y < img.rows; y += 256) {
+    for (int x = 0; x < img.cols; x += 256) {
+      cv::Mat tile = cv::Mat::zeros(256, 256, img.type());
+      const cv::Rect part(x, y, std::min(256, img.cols - x), std::min(256, img.rows - y));
+      img(part).copyTo(tile(cv::Rect(0, 0, part.width, part.height)));
+      ASSERT_GE(TIFFWriteEncodedTile(t, TIFFComputeTile(t, uint32_t(x), uint32_t(y), 0, 0), tile.data,
+                                     tmsize_t(tile.total() * tile.elemSize())),
+                0);
+    }
+  }
+  TIFFClose(t);
+}
+
+// Every tile's stored bytes, in tile order (the first page).
+std::vector<std::vector<uint8_t>> rawTiles(const std::string& path) {
+  TIFF* t = TIFFOpen(path.c_str(), "r");
+  std::vector<std::vector<uint8_t>> tiles;
+  if (t == nullptr) return tiles;
+  uint64_t* counts = nullptr;
+  TIFFGetField(t, TIFFTAG_TILEBYTECOUNTS, &counts);
+  for (ttile_t k = 0; counts != nullptr && k < TIFFNumberOfTiles(t); ++k) {
+    std::vector<uint8_t> raw(size_t(counts[k]));
+    TIFFReadRawTile(t, k, raw.data(), tmsize_t(raw.size()));
+    tiles.push_back(std::move(raw));
+  }
+  TIFFClose(t);
+  return tiles;
+}
+
+// Tiles compressed by a pool of threads (each through libtiff's codec and predictor in a TIFF in memory,
+// copied in raw) are, byte for byte, what libtiff's TIFFWriteEncodedTile stores; the file is the same
+// whether the caller's thread compresses, the writer's own thread, or a pool shared by two writers at once
+// (odd sizes, bands that straddle rows of tiles, pyramids, every codec, u8/u16/f16/f32).
+TEST(ImageWriter, PooledCompressionStoresWhatLibtiffStores) {
   struct Case {
     int width, height, type;
     SampleType sample;
     bool pyramid;
   };
-  for (const Case& c :
-       {Case{700, 530, CV_8UC1, SampleType::kU8, false}, Case{613, 401, CV_32FC2, SampleType::kF32, true}}) {
-    cv::Mat img = randomImage(c.height, c.width, c.type, 11);
-    std::string files[2];
-    for (bool background : {false, true}) {
-      WriterOptions o;
-      o.background = background;
-      o.pyramid = c.pyramid;
-      files[background] = tempPath(std::string("background") + (background ? "1" : "0") + ".tif");
-      ImageWriter w(files[background], c.width, c.height, img.channels(), c.sample, o);
-      EXPECT_EQ(w.bufferedBytes(), size_t(256) * size_t(c.width) * img.elemSize() * (background ? 2 : 1));
-      for (int y = 0; y < img.rows; y += 97) w.writeRows(img.rowRange(y, std::min(img.rows, y + 97)));
-      w.close();
+  auto pool = std::make_shared<WorkPool>(3);
+  for (Compression compression :
+       {Compression::kDeflate, Compression::kZstd, Compression::kLzw, Compression::kNone}) {
+    for (const Case& c :
+         {Case{700, 530, CV_8UC1, SampleType::kU8, false}, Case{517, 301, CV_8UC3, SampleType::kU8, false},
+          Case{300, 260, CV_16UC1, SampleType::kU16, false}, Case{613, 401, CV_32FC2, SampleType::kF32, true},
+          Case{520, 300, CV_16FC2, SampleType::kF16, false}}) {
+      const std::string name = std::string(sampleTypeName(c.sample)) + "x" +
+                               std::to_string(CV_MAT_CN(c.type)) + " compression " +
+                               std::to_string(int(compression));
+      cv::Mat img = randomImage(c.height, c.width, c.type, 11);
+      const std::string reference = tempPath("pooled_libtiff.tif");
+      writeWithLibtiff(reference, img, compression);
+      std::string files[3];
+      for (int mode = 0; mode < 3; ++mode) {  // the caller's thread, the writer's thread, a shared pool
+        WriterOptions o;
+        o.compression = compression;
+        o.background = mode > 0;
+        if (mode == 2) o.pool = pool;
+        o.pyramid = c.pyramid;
+        files[mode] = tempPath("pooled" + std::to_string(mode) + ".tif");
+        ImageWriter w(files[mode], c.width, c.height, img.channels(), c.sample, o);
+        // A second writer on the same pool at the same time.
+        ImageWriter other(tempPath("pooled_other.tif"), c.width, c.height, img.channels(), c.sample, o);
+        const size_t rows = mode == 0 ? 1 : 2 + size_t(mode == 2 ? 3 : 2);
+        EXPECT_EQ(w.bufferedBytes(), size_t(256) * size_t(c.width) * img.elemSize() * rows);
+        for (int y = 0; y < img.rows; y += 97) {
+          w.writeRows(img.rowRange(y, std::min(img.rows, y + 97)));
+          other.writeRows(img.rowRange(y, std::min(img.rows, y + 97)));
+        }
+        w.close();
+        other.close();
+        EXPECT_TRUE(test::slurp(files[mode]) == test::slurp(tempPath("pooled_other.tif"))) << name;
+      }
+      EXPECT_TRUE(test::slurp(files[0]) == test::slurp(files[1])) << name;
+      EXPECT_TRUE(test::slurp(files[0]) == test::slurp(files[2])) << name;
+      const auto want = rawTiles(reference), got = rawTiles(files[2]);
+      ASSERT_EQ(got.size(), want.size()) << name;
+      for (size_t k = 0; k < want.size(); ++k) EXPECT_TRUE(got[k] == want[k]) << name << ", tile " << k;
+      EXPECT_TRUE(equalMats(ImageReader::open(files[2])->readRegion({0, 0, c.width, c.height}), img)) << name;
     }
-    EXPECT_TRUE(test::slurp(files[0]) == test::slurp(files[1])) << c.width << "x" << c.height;
-    EXPECT_EQ(cv::norm(ImageReader::open(files[1])->readRegion({0, 0, c.width, c.height}), img, cv::NORM_INF),
-              0);
   }
 }
 

@@ -24,6 +24,7 @@
 
 #include <array>
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <opencv2/core.hpp>
@@ -37,7 +38,7 @@
 
 namespace tiler {
 
-enum class SampleType { kU8, kU16, kI16, kU32, kF32 };
+enum class SampleType { kU8, kU16, kI16, kU32, kF16, kF32 };
 const char* sampleTypeName(SampleType type);
 int cvDepthOf(SampleType type);
 size_t bytesPerSample(SampleType type);
@@ -72,7 +73,8 @@ struct ImageInfo {
   // the indices (a labels output reads back as its classes, a mask as its values); a model that takes RGB
   // gets the colours (ChannelAdapt::kPalette).
   std::shared_ptr<const std::vector<std::array<uint16_t, 3>>> colormap;
-  std::string vendor;  // whole slides: OpenSlide's vendor (aperio, hamamatsu, ...)
+  std::string vendor;       // whole slides: OpenSlide's vendor (aperio, hamamatsu, ...)
+  std::string description;  // TIFF: the first page's ImageDescription ("" when none)
 };
 
 class ImageReader {
@@ -126,10 +128,18 @@ struct WriterOptions {
   // TIFF, one u8/u16 channel: a palette (Photometric 3); entry k is class k's RGB. Padded with black.
   std::vector<std::array<uint8_t, 3>> colormap;
   std::string description;  // TIFF ImageDescription (e.g. class names as JSON)
+  // TIFF: what a stored value means, as GDAL's per-band scale (GDAL_METADATA): value = stored x scale.
+  std::optional<double> value_scale;
   // TIFF: micrometres per output pixel, written as X/YResolution in centimetres (over those copied).
   std::optional<double> mpp;
-  // TIFF: full rows of tiles are compressed and written on a thread of the writer's own (two rows of tiles
-  // in memory), so that writeRows() only copies rows in; errors surface at the next writeRows() or finish().
+  // TIFF: each tile is compressed by a task of `pool` (shared by every writer of a process; null: the
+  // calling thread, or with `background` a thread of the writer's own) through libtiff's own codec and
+  // predictor in a one-tile TIFF in memory, so its bytes are what TIFFWriteEncodedTile writes, then copied
+  // into the file in order with TIFFWriteRawTile.
+  std::shared_ptr<WorkPool> pool;
+  // TIFF: full rows of tiles are handed to the pool and written on a thread of the writer's own (up to one
+  // row in flight per pool thread, at least two), so that writeRows() only copies rows in; errors surface
+  // at the next writeRows() or finish().
   bool background = false;
 };
 
@@ -159,9 +169,16 @@ class ImageWriter {
   size_t bufferedBytes() const;
 
  private:
+  // A row of tiles on its way to the file: each tile's compressed bytes, in column order.
+  struct TileRow {
+    std::vector<std::future<std::vector<uint8_t>>> tiles;
+    int64_t first_row = 0;
+  };
   void flushTileRow(int64_t rows);
-  // Compresses and writes `rows` rows of `buffer` (a row of tiles; the rest zeroed) at `first_row`.
-  void encodeTileRow(cv::Mat& buffer, int64_t first_row, int64_t rows);
+  // Hands the tiles of `rows` rows of `buffer` (a row of tiles; the rest zeroed) to the pool.
+  TileRow encodeTileRow(cv::Mat buffer, int64_t first_row, int64_t rows);
+  // Writes a row's compressed tiles in order (waiting for each).
+  void writeTileRow(TileRow& row);
   void stopTileThread() noexcept;
   [[noreturn]] void failOnTileError();  // abandons the file and throws the tile thread's error
   void abandon() noexcept;
@@ -181,7 +198,9 @@ class ImageWriter {
   SampleType type_;
   WriterOptions options_;
   void* tiff_ = nullptr;  // TIFF* (owned) for TIFF output
-  cv::Mat buffer_;        // TIFF: tile_h rows; PNG/JPEG: the whole image
+  int cv_type_ = 0;       // the rows' OpenCV type
+  cv::Mat buffer_;        // TIFF: tile_h rows (a new one per row: the pool's tasks hold the last); PNG/JPEG:
+                          // the whole image
   int64_t buffered_rows_ = 0;
   int64_t rows_written_ = 0;
   std::vector<Level> levels_;  // pyramid levels 1..L (owned; the level thread's while it runs)
@@ -190,14 +209,8 @@ class ImageWriter {
   std::thread level_thread_;
   std::exception_ptr level_error_;  // set by the level thread, read after it joined
   void stopLevelThread() noexcept;
-  // options_.background: full rows of tiles (the buffer shared, not copied) for the tile thread, which gives
-  // each buffer back once written.
-  struct TileRow {
-    cv::Mat rows;
-    int64_t first_row = 0, count = 0;
-  };
+  // options_.background: rows of tiles being compressed, for the tile thread to write in order.
   std::unique_ptr<BoundedQueue<TileRow>> tile_queue_;
-  std::unique_ptr<BoundedQueue<cv::Mat>> free_buffers_;
   std::thread tile_thread_;
   std::mutex tile_error_mutex_;
   std::exception_ptr tile_error_;  // the tile thread's first error, guarded by tile_error_mutex_

@@ -42,7 +42,13 @@ struct OutputOptions {
   bool save_polygons = false;            // <stem>_polygons.geojson from the labels
   double simplify = 0.0;                 // polygon simplification tolerance, input pixels
   std::vector<ClassInfo> classes_named;  // --classes: names and colours of classes 0..K-1
+  // Probabilities as stored: f32; f16 (IEEE half); u8 = round(p x 255), clamped to [0, 1] first.
+  SampleType probs_type = SampleType::kF32;
+  int write_threads = 1;  // the pool compressing every output's tiles
 };
+
+// --probs_dtype: f32 | f16 | u8.
+SampleType parseProbsType(const std::string& name);
 
 // One step of every rank's slots, as rank 0 gathered them.
 struct StepResult {
@@ -84,6 +90,7 @@ class OutputStage {
 
   WindowCatalog& catalog_;
   OutputOptions options_;
+  std::shared_ptr<WorkPool> pool_;  // compresses the tiles of every writer of the stage
   BoundedQueue<StepResult> steps_;
   std::map<int, ImageOutputs> open_;  // stage thread only
   std::set<int> write_faults_;        // stage thread only

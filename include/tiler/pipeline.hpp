@@ -55,6 +55,9 @@ struct InferOptions : JobOptions {
   int shard_buffer = 64;
   // Ranks of one host gather predictions through the process group's sockets, not shared memory.
   bool no_shared_memory = false;
+  // Threads compressing output tiles (every output of the rank); 0: usableCpus().
+  int write_threads = 0;
+  std::string probs_dtype = "f32";  // f32 | f16 | u8 (round(p x 255))
 };
 
 // Runs the job; returns kExitOk, or kExitSomeFailed when images failed. Throws on fatal errors (on every

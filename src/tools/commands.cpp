@@ -1,5 +1,6 @@
 #include <iomanip>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <opencv2/imgproc.hpp>
 
 #include "commands.hpp"
@@ -31,6 +32,13 @@ int runInfo(const InfoOptions& o) {
         std::cout << ", " << s.format;
       }
       std::cout << "\n";
+      if (s.description.find("\"probabilities\"") != std::string::npos) {
+        // tiler's own probabilities output: how stored values read back.
+        const auto j = nlohmann::json::parse(s.description, nullptr, false);
+        if (j.is_object() && j.contains("probabilities") && j["probabilities"].is_object())
+          std::cout << "  probabilities: " << j["probabilities"].value("dtype", "?") << ", "
+                    << j["probabilities"].value("meaning", "?") << "\n";
+      }
       if (s.mpp || s.objective_power) {
         std::cout << "  resolution:";
         if (s.mpp) std::cout << " " << *s.mpp << " um/px";

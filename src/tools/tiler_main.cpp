@@ -151,6 +151,12 @@ int runInferCli(int argc, char** argv) {
          "twice (0: one batch a rank per piece)")
       ->capture_default_str()
       ->check(nonNegativeNumber());
+  app.add_option(flagNames("--write_threads"), o.write_threads,
+                 "threads compressing output tiles (default: the CPUs this rank may use)")
+      ->check(positiveNumber());
+  app.add_option(flagNames("--probs_dtype"), o.probs_dtype,
+                 "f32 | f16 | u8: how probabilities are stored (u8: round(p x 255))")
+      ->capture_default_str();
   app.add_flag(flagNames("--no_shared_memory"), o.no_shared_memory,
                "ranks of one host gather predictions through gloo's sockets, not shared memory");
   if (const int code = tiler::parseCommandLine(app, argc, argv, "tiler"); code >= 0) return code;
