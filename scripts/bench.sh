@@ -426,6 +426,45 @@ if want outputs; then
       emit "outputs: ${n}px, $cfg / plain" rss_ratio "$(ratio "${rss[$cfg]}" "${rss[plain]}")"
     done
   done
+  # The output stage's capacity: the null model (its forward costs next to nothing), 1 rank, windows/s by what
+  # is saved, how probabilities are stored and how many threads compress; then 8 images on 1 and 2 ranks, and
+  # the share of the bytes each rank wrote (its owned images).
+  for _ in $(seq "$runs"); do
+    declare -A wps=()
+    for cfg in labels probs probs:f16 probs:u8 probs:none probs:w1; do
+      extra="--save labels"
+      case $cfg in
+        probs) extra="--save labels,probs" ;;
+        probs:f16) extra="--save labels,probs --probs_dtype f16" ;;
+        probs:u8) extra="--save labels,probs --probs_dtype u8" ;;
+        probs:none) extra="--save labels,probs --compression none" ;;
+        probs:w1) extra="--save labels,probs --write_threads 1" ;;
+      esac
+      rm -rf "$cache/out_capacity"
+      "$bin/tiler" -i "$img" -m "$tiny" -o "$cache/out_capacity" $extra --no_progress >/dev/null 2>&1
+      wps[$cfg]=$(report_field "$cache/out_capacity/report.json" windows_per_second)
+      emit "outputs: ${n}px null model, $cfg" windows_per_second "${wps[$cfg]}"
+      emit "outputs: ${n}px null model, $cfg" peak_rss_mb "$(report_field "$cache/out_capacity/report.json" peak_rss_mb)"
+    done
+    for cfg in probs probs:f16 probs:u8; do
+      emit "outputs: ${n}px null model, $cfg / labels" rate_ratio "$(ratio "${wps[$cfg]}" "${wps[labels]}")"
+    done
+    m=4096
+    [ $quick = 1 ] && m=1024
+    many="$cache/many_$m"
+    mkdir -p "$many"
+    for k in 1 2 3 4 5 6 7 8; do [ -e "$many/img$k.tif" ] || ln -s "$(image "$m")" "$many/img$k.tif"; done
+    for nproc in 1 2; do
+      rm -rf "$cache/out_many"
+      "$bin/ctrun" --nproc_per_node $nproc --master_port 0 "$bin/tiler" -i "$many" -m "$tiny" -o "$cache/out_many" \
+        --save labels,probs --no_progress >/dev/null 2>&1
+      emit "outputs: 8 x ${m}px null model, $nproc rank(s)" windows_per_second \
+        "$(report_field "$cache/out_many/report.json" windows_per_second)"
+      total=$(sum_field "$cache/out_many/report.json" bytes_written)
+      emit "outputs: 8 x ${m}px null model, $nproc rank(s)" largest_byte_share \
+        "$(ratio "$(max_field "$cache/out_many/report.json" bytes_written)" "$total")"
+    done
+  done
 fi
 
 "$bin/tiler_bench" summarize -o "$results/bench.json" <"$lines"

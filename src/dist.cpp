@@ -85,7 +85,7 @@ class SharedSegment {
 };
 
 // Layout of the gather segment: a page holding rank 0's nonce (proof that a rank mapped this job's
-// segment, not a namesake), then two buffers of one slot per rank other than 0; gathers alternate buffers.
+// segment, not a namesake), then two buffers of one slot per rank; gathers alternate buffers.
 constexpr size_t kSegmentHeader = 4096;
 
 std::string segmentName(uint64_t nonce) {
@@ -254,17 +254,19 @@ void DistContext::fail(const std::string& what, const std::exception& e) const {
   throw DistError(os.str(), __FILE__, __LINE__);
 }
 
-torch::Tensor DistContext::gather(const torch::Tensor& t, const std::string& what) {
+torch::Tensor DistContext::gather(const torch::Tensor& t, int root, const std::string& what) {
   TILER_CHECK(t.dim() >= 1, ConfigError, what << ": gather() concatenates tensors of one dimension or more");
+  TILER_CHECK(root >= 0 && root < world_.world_size, ConfigError,
+              what << ": gather() to rank " << root << " in a world of " << world_.world_size);
   if (world_.world_size == 1) return t;
   if (backend_ == "gloo" && t.device().is_cpu()) {
-    if (!shared_memory_decided_) offerSharedMemory(t.nbytes(), what);
-    if (shared_ && t.nbytes() <= shared_->slot_bytes) return gatherThroughSharedMemory(t, what);
+    if (!shared_memory_decided_) offerSharedMemory(std::max(t.nbytes(), gather_bytes_), what);
+    if (shared_ && t.nbytes() <= shared_->slot_bytes) return gatherThroughSharedMemory(t, root, what);
   }
-  // Rank 0 receives into consecutive parts of one tensor: the concatenation without a copy of its own.
+  // The root receives into consecutive parts of one tensor: the concatenation without a copy of its own.
   torch::Tensor all;
   std::vector<std::vector<torch::Tensor>> outputs;
-  if (world_.rank == 0) {
+  if (world_.rank == root) {
     all = torch::empty(worldRows(t), t.options());
     outputs.emplace_back();
     for (int r = 0; r < world_.world_size; ++r) outputs[0].push_back(all.narrow(0, r * t.size(0), t.size(0)));
@@ -272,7 +274,7 @@ torch::Tensor DistContext::gather(const torch::Tensor& t, const std::string& wha
   std::vector<torch::Tensor> inputs{t.contiguous()};
   try {
     c10d::GatherOptions opts;
-    opts.rootRank = 0;
+    opts.rootRank = root;
     opts.timeout = options_.timeout;
     auto work = impl_->group->gather(outputs, inputs, opts);
     work->wait(options_.timeout);
@@ -290,10 +292,10 @@ std::vector<int64_t> DistContext::worldRows(const torch::Tensor& t) const {
 
 void DistContext::offerSharedMemory(size_t bytes, const std::string& what) {
   shared_memory_decided_ = true;
-  const size_t others = size_t(world_.world_size - 1);
+  const size_t ranks = size_t(world_.world_size);
   const size_t page = size_t(sysconf(_SC_PAGESIZE));
   const size_t slot = (std::max<size_t>(bytes, 1) + page - 1) / page * page;
-  const size_t total = kSegmentHeader + 2 * others * slot;
+  const size_t total = kSegmentHeader + 2 * ranks * slot;
   auto shared = std::make_unique<SharedGather>();
   shared->slot_bytes = slot;
   int64_t nonce = 0;
@@ -336,26 +338,26 @@ void DistContext::offerSharedMemory(size_t bytes, const std::string& what) {
   gather_transport_ = "shared_memory";
 }
 
-torch::Tensor DistContext::gatherThroughSharedMemory(const torch::Tensor& t, const std::string& what) {
+torch::Tensor DistContext::gatherThroughSharedMemory(const torch::Tensor& t, int root,
+                                                     const std::string& what) {
   const torch::Tensor src = t.contiguous();
   const size_t bytes = src.nbytes();
   const size_t slot = shared_->slot_bytes;
   char* buffer = shared_->segment->data() + kSegmentHeader +
-                 size_t(shared_->gathers++ % 2) * size_t(world_.world_size - 1) * slot;
-  if (world_.rank > 0) std::memcpy(buffer + size_t(world_.rank - 1) * slot, src.data_ptr(), bytes);
-  // Past this allgather every slot is written. A rank writes its next-but-one slot in this buffer only
-  // after the next gather's allgather, which needs rank 0, which copies this one out first.
+                 size_t(shared_->gathers++ % 2) * size_t(world_.world_size) * slot;
+  if (world_.rank != root) std::memcpy(buffer + size_t(world_.rank) * slot, src.data_ptr(), bytes);
+  // Past this allgather every slot is written. A rank writes its slot of this buffer again only after the
+  // next gather's allgather, which needs every rank, this gather's root too, which copies this one out first.
   auto sizes = allgather(torch::tensor({int64_t(bytes)}, torch::kInt64), what);
   for (size_t r = 0; r < sizes.size(); ++r)
     TILER_CHECK(size_t(sizes[r].item<int64_t>()) == bytes, DistError,
                 what << ": rank " << r << " gathered " << sizes[r].item<int64_t>() << " bytes, rank "
                      << world_.rank << " " << bytes);
-  if (world_.rank > 0) return {};
+  if (world_.rank != root) return {};
   torch::Tensor all = torch::empty(worldRows(src), src.options());
   auto* out = static_cast<char*>(all.data_ptr());
-  std::memcpy(out, src.data_ptr(), bytes);
-  for (int r = 1; r < world_.world_size; ++r)
-    std::memcpy(out + size_t(r) * bytes, buffer + size_t(r - 1) * slot, bytes);
+  for (int r = 0; r < world_.world_size; ++r)
+    std::memcpy(out + size_t(r) * bytes, r == root ? src.data_ptr() : buffer + size_t(r) * slot, bytes);
   return all;
 }
 

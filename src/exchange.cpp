@@ -1,5 +1,7 @@
 #include "tiler/exchange.hpp"
 
+#include <cstring>
+
 namespace tiler {
 
 StepExchange::StepExchange(DistContext& dist) : dist_(dist), on_device_(dist.backendName() == "nccl") {}
@@ -45,8 +47,8 @@ void StepExchange::check(const std::optional<std::string>& fatal, const std::str
   share(torch::zeros({0, 0}, torch::kInt64), fatal, what);
 }
 
-torch::Tensor StepExchange::gather(const torch::Tensor& t, const std::string& what) {
-  auto all = dist_.gather(onComm(t), what);
+torch::Tensor StepExchange::gather(const torch::Tensor& t, int root, const std::string& what) {
+  auto all = dist_.gather(onComm(t), root, what);
   return all.defined() ? all.cpu() : all;
 }
 
@@ -54,6 +56,22 @@ std::vector<torch::Tensor> StepExchange::allgather(const torch::Tensor& t, const
   auto parts = dist_.allgather(onComm(t), what);
   for (auto& p : parts) p = p.cpu();
   return parts;
+}
+
+std::vector<std::string> StepExchange::allgatherStrings(const std::string& s, const std::string& what) {
+  if (worldSize() == 1) return {s};
+  // Lengths first, then every string padded to the longest (allgather takes one shape).
+  int64_t longest = 0;
+  for (const auto& n : allgather(torch::tensor({int64_t(s.size())}, torch::kInt64), what))
+    longest = std::max(longest, n.item<int64_t>());
+  auto mine = torch::zeros({std::max<int64_t>(longest, 1)}, torch::kUInt8);
+  std::memcpy(mine.data_ptr<uint8_t>(), s.data(), s.size());
+  std::vector<std::string> out;
+  for (const auto& t : allgather(mine, what)) {
+    const auto* p = reinterpret_cast<const char*>(t.data_ptr<uint8_t>());
+    out.emplace_back(p, strnlen(p, size_t(t.numel())));
+  }
+  return out;
 }
 
 void StepExchange::allreduceSum(torch::Tensor& t, const std::string& what) {

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -77,11 +78,32 @@ void OutputStage::finish() {
   if (thread_.joinable()) thread_.join();
 }
 
+std::string OutputStage::ownedResults() const {
+  nlohmann::json results = nlohmann::json::array();
+  for (int id = 0; id < int(catalog_.images().size()); ++id) {
+    const CatalogImage& img = catalog_.image(id);
+    if (owns(id))
+      results.push_back(
+          {{"id", id}, {"status", img.status}, {"error", img.error}, {"non_finite", img.non_finite_values}});
+  }
+  return results.dump();
+}
+
+void OutputStage::applyResults(WindowCatalog& catalog, const std::string& results) {
+  for (const auto& r : nlohmann::json::parse(results)) {
+    CatalogImage& img = catalog.image(r["id"].get<int>());
+    img.status = r["status"].get<std::string>();
+    img.error = r["error"].get<std::string>();
+    img.non_finite_values = r["non_finite"].get<int64_t>();
+  }
+}
+
 void OutputStage::loop() {
+  for (int id = 0; id < int(catalog_.images().size()); ++id) stats_.images_owned += owns(id);
   // Images a mask left without a window: all zeros, written now (band by band) since no step brings them.
   for (int id = 0; id < int(catalog_.images().size()); ++id) {
     const CatalogImage& img = catalog_.image(id);
-    if (img.status != "ok" || img.first_window < 0 || img.plannedWindows() > 0) continue;
+    if (!owns(id) || img.status != "ok" || img.first_window < 0 || img.plannedWindows() > 0) continue;
     try {
       outputsFor(id).stitcher->finishEmpty();
       finishImage(id, "");
@@ -91,7 +113,9 @@ void OutputStage::loop() {
   }
   try {
     while (auto step = steps_.pop()) {
+      const auto t0 = std::chrono::steady_clock::now();
       stitchStep(*step);
+      stats_.write_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (!options_.abort_on_error) continue;
       for (const auto& img : catalog_.images()) {
         if (img.status != "error") continue;
@@ -168,9 +192,6 @@ OutputStage::ImageOutputs& OutputStage::outputsFor(int image_id) {
   out.stitcher = std::make_unique<Stitcher>(
       img.grid, options_.classes, options_.stitch,
       [this, image_id, labels, probs, threshold](const cv::Mat& band, int64_t) {
-        if (write_faults_.count(image_id))
-          throw std::runtime_error("TILER_FAULT: injected failure while writing '" +
-                                   catalog_.image(image_id).input + "'");
         // Each output value once, while the band is at hand: non-finite predictions stay so through blending.
         int64_t& non_finite = catalog_.image(image_id).non_finite_values;
         for (int y = 0; y < band.rows; ++y)
@@ -202,18 +223,23 @@ void OutputStage::commit(ImageOutputs& out) {
     }
   }
   std::vector<std::string> committed;
+  const auto count = [&](const std::string& path) {
+    committed.push_back(path);
+    stats_.bytes_written += int64_t(fs::file_size(path, ec));
+  };
   try {
     if (out.labels && out.keep_labels) {
       out.labels->commit();
-      committed.push_back(out.labels->path());
+      count(out.labels->path());
     }
     if (out.probs) {
       out.probs->commit();
-      committed.push_back(out.probs->path());
+      count(out.probs->path());
     }
     if (!out.polygons.empty()) {
       TILER_CHECK(std::rename(polygons_partial.c_str(), out.polygons.c_str()) == 0, IoError,
                   "'" << out.polygons << "': rename from .partial failed: " << std::strerror(errno));
+      count(out.polygons);
     }
   } catch (...) {
     // All or nothing: what was renamed already goes too.
@@ -244,7 +270,7 @@ void OutputStage::finishImage(int image_id, const std::string& error) {
     if (img.status != "error") {
       img.status = "error";
       img.error = err;
-      spdlog::error("{}", err);
+      if (owns(image_id)) spdlog::error("{}", err);  // once, by the image's owner
     }
   } else if (img.status == "ok") {
     img.status = "done";
@@ -252,8 +278,8 @@ void OutputStage::finishImage(int image_id, const std::string& error) {
 }
 
 void OutputStage::stitchStep(StepResult& step) {
-  if (step.write_fault_image >= 0) write_faults_.insert(step.write_fault_image);
   for (auto& [image_id, message] : step.failures) finishImage(image_id, message);
+  if (!step.preds.defined()) return;  // none of this step's windows are this rank's to write
   auto meta = step.meta.accessor<int64_t, 2>();
   std::vector<int64_t> order;
   for (int64_t k = 0; k < step.meta.size(0); ++k)
@@ -267,6 +293,13 @@ void OutputStage::stitchStep(StepResult& step) {
     if (catalog_.image(image_id).status != "ok") continue;
     try {
       ImageOutputs& out = outputsFor(image_id);
+      const Fault* fault = options_.fault ? &*options_.fault : nullptr;
+      if (fault && fault->kind == "throw" && write_fault_image_ < 0 &&
+          fault->hits(options_.rank, "write", ++stitched_windows_)) {
+        write_fault_image_ = image_id;
+        if (out.labels) out.labels->injectTileFault();
+        if (out.probs) out.probs->injectTileFault();
+      }
       out.stitcher->add(local, base + k * per_window);
       if (out.stitcher->done()) finishImage(image_id, "");
     } catch (...) {

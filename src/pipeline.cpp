@@ -70,14 +70,18 @@ class InferJob {
   // One step, once its forward is done: share its status and window list, gather predictions to rank 0.
   // Steps after it are already running on the other replicas, so the exchange overlaps their forwards.
   void runStep(int64_t step, int64_t steps, ForwardedBatch forwarded, WindowLoader& loader,
-               OutputStage* outputs);
+               OutputStage& outputs);
+  // Every rank's predictions of a step to the owners of their images: one gather per owner that has windows
+  // in the step. Returns this rank's slots (preds undefined when it owns none of the step's windows).
+  StepResult routePredictions(const std::vector<torch::Tensor>& metas, const torch::Tensor& preds,
+                              const std::string& what);
   torch::Tensor forward(ModelRunner& model, WindowBatch& batch, int64_t fault_slot);
   std::vector<int64_t> predictionSizes(int64_t windows) const;  // a forward's output for this many windows
   torch::Tensor zeroPredictions() const;                        // a batch's, on the exchange's device
   // Slots [first, first + count) of `batch` into `out`: out of memory splits them in halves down to one.
   void forwardSlots(ModelRunner& model, WindowBatch& batch, int64_t first, int64_t count, int64_t fault_slot,
                     torch::Tensor& out);
-  int finishRun(std::optional<std::string> fatal, OutputStage* outputs);
+  int finishRun(OutputStage& outputs);
 
   InferOptions o_;
   WorldInfo world_;
@@ -101,8 +105,8 @@ class InferJob {
   std::unique_ptr<StepExchange> exchange_;
   ModelProbe probe_;
   WindowCatalog catalog_;
-  std::set<int> failed_;  // images this rank knows to have failed (main thread)
-  int write_fault_image_ = -1;
+  std::set<int> failed_;                 // images this rank knows to have failed (main thread)
+  std::vector<int> owners_;              // the rank that stitches and writes each image (assignOwners)
   int64_t windows_started_ = 0;          // valid windows of the steps handed to the replicas (main thread)
   std::atomic<bool> oom_logged_{false};  // replica threads
   Clock::time_point start_;
@@ -198,6 +202,9 @@ OutputOptions InferJob::outputOptions() const {
   oo.classes_named = classes_;
   oo.probs_type = parseProbsType(o_.probs_dtype);
   oo.write_threads = o_.write_threads > 0 ? o_.write_threads : usableCpus();
+  oo.owners = owners_;
+  oo.rank = world_.rank;
+  oo.fault = fault_;
   return oo;
 }
 
@@ -305,7 +312,7 @@ void InferJob::forwardSlots(ModelRunner& model, WindowBatch& batch, int64_t firs
 }
 
 void InferJob::runStep(int64_t step, int64_t steps, ForwardedBatch forwarded, WindowLoader& loader,
-                       OutputStage* outputs) {
+                       OutputStage& outputs) {
   const int64_t B = o_.batch_size;
   const std::string what = "step " + std::to_string(step) + " of " + std::to_string(steps);
   exchange_->markStep(step);
@@ -314,9 +321,7 @@ void InferJob::runStep(int64_t step, int64_t steps, ForwardedBatch forwarded, Wi
   torch::Tensor& preds = forwarded.preds;
   if (!fatal) {
     fatal = captureFailure([&] {
-      if (outputs) {
-        if (auto e = outputs->error()) throw std::runtime_error(*e);
-      }
+      if (auto e = outputs.error()) throw std::runtime_error(*e);
       stats_.read_seconds += batch->read_seconds;
       stats_.forward_seconds += forwarded.forward_seconds;
       for (auto& [image_id, message] : batch->failures) exchange_->reportImageFailure(image_id, message);
@@ -332,7 +337,9 @@ void InferJob::runStep(int64_t step, int64_t steps, ForwardedBatch forwarded, Wi
   const auto t1 = Clock::now();
   // The window lists carry every rank's status: a fatal error anywhere throws here on every rank.
   auto metas = exchange_->share(batch->meta, fatal, "the window list of " + what);
-  StepResult result;
+  StepResult result = routePredictions(metas, preds, what);
+  stats_.gather_seconds += secondsSince(t1);
+  stats_.windows += batch->valid;
   for (auto& m : metas) {
     auto a = m.accessor<int64_t, 2>();
     for (int64_t k = 0; k < m.size(0); ++k) {
@@ -340,78 +347,136 @@ void InferJob::runStep(int64_t step, int64_t steps, ForwardedBatch forwarded, Wi
       const int image_id = catalog_.locate(a[k][0]).first;
       if (failed_.insert(image_id).second) {
         loader.skipImage(image_id);
-        result.failures.emplace(image_id, "");
+        result.failures.emplace(
+            image_id, exchange_->imageFailure(
+                          image_id, "'" + catalog_.image(image_id).input + "': failed on another rank"));
       }
     }
   }
-  auto gathered = exchange_->gather(preds, "the predictions of " + what);
-  stats_.gather_seconds += secondsSince(t1);
-  // Rank 0's own count of windows decides which image a write fault hits.
-  const int64_t before = stats_.windows;
-  stats_.windows += batch->valid;
-  if (outputs) {
-    if (fault_ && fault_->kind == "throw" && write_fault_image_ < 0 &&
-        fault_->hits(world_.rank, "write", stats_.windows)) {
-      auto a = batch->meta.accessor<int64_t, 2>();
-      int64_t seen = before;
-      for (int64_t j = 0; j < B && write_fault_image_ < 0; ++j)
-        if (a[j][1] == kSlotOk && ++seen >= fault_->after_windows)
-          write_fault_image_ = result.write_fault_image = catalog_.locate(a[j][0]).first;
-    }
-    for (auto& [image_id, message] : result.failures)
-      message = exchange_->imageFailure(image_id,
-                                        "'" + catalog_.image(image_id).input + "': failed on another rank");
-    // One rank: its own tensors, not a copy (8 MB a step for two channels of 16 windows of 256 px).
-    result.preds = gathered.contiguous();
-    result.meta = metas.size() == 1 ? metas[0].contiguous() : torch::cat(metas).contiguous();
-    outputs->submit(std::move(result));  // a stopped stage says why at the next step
-  }
+  outputs.submit(std::move(result));  // a stopped stage says why at the next step
 }
 
-int InferJob::finishRun(std::optional<std::string> fatal, OutputStage* outputs) {
+StepResult InferJob::routePredictions(const std::vector<torch::Tensor>& metas, const torch::Tensor& preds,
+                                      const std::string& what) {
+  const int W = world_.world_size;
+  // routes[owner][rank]: the slots of `rank` whose images `owner` writes, in slot order.
+  auto routes =
+      std::vector<std::vector<std::vector<int64_t>>>(size_t(W), std::vector<std::vector<int64_t>>(size_t(W)));
+  std::vector<int64_t> ok(size_t(W), 0);
+  for (int r = 0; r < W; ++r) {
+    auto a = metas[size_t(r)].accessor<int64_t, 2>();
+    for (int64_t k = 0; k < a.size(0); ++k) {
+      if (a[k][1] != kSlotOk) continue;
+      ++ok[size_t(r)];
+      routes[size_t(owners_[size_t(catalog_.locate(a[k][0]).first)])][size_t(r)].push_back(k);
+    }
+  }
+  StepResult result;
+  for (int owner = 0; owner < W; ++owner) {
+    const auto& mine = routes[size_t(owner)];
+    size_t most = 0;
+    bool everything = true;  // every rank's windows of the step go to this owner
+    for (int r = 0; r < W; ++r) {
+      most = std::max(most, mine[size_t(r)].size());
+      everything = everything && int64_t(mine[size_t(r)].size()) == ok[size_t(r)];
+    }
+    if (most == 0) continue;
+    const std::string of = "the predictions of " + what + (W > 1 ? " for rank " + std::to_string(owner) : "");
+    const auto& own = mine[size_t(world_.rank)];
+    torch::Tensor part;
+    if (everything) {
+      // The usual step (its windows in images of one owner): the whole batch as it is, no copy.
+      part = preds;
+    } else {
+      // Only this owner's slots, packed in slot order and padded to the most any rank sends.
+      std::vector<int64_t> sizes = predictionSizes(int64_t(most));
+      part = torch::zeros(sizes, preds.options());
+      if (!own.empty()) {
+        auto index = torch::tensor(own, torch::kInt64).to(preds.device());
+        part.narrow(0, 0, int64_t(own.size())).copy_(preds.index_select(0, index));
+      }
+    }
+    auto gathered = exchange_->gather(part, owner, of);
+    if (owner != world_.rank) continue;
+    const int64_t per_rank = part.size(0);
+    auto meta = torch::full({per_rank * W, 2}, int64_t(-1), torch::kInt64);
+    auto m = meta.accessor<int64_t, 2>();
+    for (int r = 0; r < W; ++r) {
+      auto a = metas[size_t(r)].accessor<int64_t, 2>();
+      if (everything) {
+        for (int64_t k = 0; k < per_rank; ++k) {
+          m[r * per_rank + k][0] = a[k][0];
+          m[r * per_rank + k][1] = a[k][1];
+        }
+      } else {
+        const auto& slots = mine[size_t(r)];
+        for (size_t j = 0; j < slots.size(); ++j) {
+          m[r * per_rank + int64_t(j)][0] = a[slots[j]][0];
+          m[r * per_rank + int64_t(j)][1] = kSlotOk;
+        }
+      }
+    }
+    // One rank: its own tensors, not a copy (8 MB a step for two channels of 16 windows of 256 px).
+    result.preds = gathered.contiguous();
+    result.meta = meta;
+  }
+  return result;
+}
+
+int InferJob::finishRun(OutputStage& outputs) {
+  // Every rank's output stage drains; a failure of one ends every rank here with its message.
+  std::string owned;
+  auto drained = captureFailure([&] {
+    outputs.finish();
+    if (auto e = outputs.error()) throw std::runtime_error(*e);
+    owned = outputs.ownedResults();
+  });
+  exchange_->check(drained, "the end of the output stages");
   int code = kExitOk;
   stats_.peak_rss_mb = peakRssMegabytes();
   stats_.tiles_decoded = tiffChunksDecoded();
+  stats_.write_seconds = outputs.stats().write_seconds;
+  stats_.bytes_written = outputs.stats().bytes_written;
+  stats_.images_owned = outputs.stats().images_owned;
   auto packed = exchange_->allgather(torch::tensor(stats_.pack(), torch::kDouble), "the final statistics");
-  if (outputs) {
-    if (!fatal) {
-      fatal = captureFailure([&] {
-        outputs->finish();
-        if (auto e = outputs->error()) throw std::runtime_error(*e);
-        std::vector<RankStats> per_rank;
-        for (const auto& t : packed)
-          per_rank.push_back(
-              RankStats::unpack(std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel())));
-        RunSummary run{world_.world_size,
-                       dist_->backendName(),
-                       model_->device().str(),
-                       precisionName(model_->precision()),
-                       o_.model,
-                       secondsSince(start_),
-                       spec_,
-                       probe_.scale.value(),
-                       ttaName(tta_),
-                       layout_.replicas,
-                       layout_.threads,
-                       read_threads_,
-                       shard_run_,
-                       cpu_blas_,
-                       dist_->gatherTransport()};
-        nlohmann::json j = inferReport(run, catalog_, per_rank);
-        writeJsonAtomically(o_.report, j);
-        code = exitCodeOf(j);
-        int failed = 0, ok = 0, skipped = 0;
-        for (const auto& e : j["images"]) {
-          failed += e["status"] == "error";
-          ok += e["status"] == "ok";
-          skipped += e["status"] == "skipped";
-        }
-        spdlog::info("{} image(s) done, {} skipped, {} failed in {:.1f} s ({:.1f} windows/s); report: {}", ok,
-                     skipped, failed, run.seconds, j["windows_per_second"].get<double>(), o_.report);
-        for (const auto& e : j["images"])
-          if (e["status"] == "error") spdlog::error("{}", e["error"].get<std::string>());
-      });
-    }
+  const std::vector<std::string> results = exchange_->allgatherStrings(owned, "the images' results");
+  std::optional<std::string> fatal;
+  if (world_.rank == 0) {
+    fatal = captureFailure([&] {
+      for (int r = 1; r < world_.world_size; ++r) OutputStage::applyResults(catalog_, results[size_t(r)]);
+      std::vector<RankStats> per_rank;
+      for (const auto& t : packed)
+        per_rank.push_back(
+            RankStats::unpack(std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel())));
+      RunSummary run{world_.world_size,
+                     dist_->backendName(),
+                     model_->device().str(),
+                     precisionName(model_->precision()),
+                     o_.model,
+                     secondsSince(start_),
+                     spec_,
+                     probe_.scale.value(),
+                     ttaName(tta_),
+                     layout_.replicas,
+                     layout_.threads,
+                     read_threads_,
+                     shard_run_,
+                     cpu_blas_,
+                     dist_->gatherTransport()};
+      nlohmann::json j = inferReport(run, catalog_, per_rank);
+      writeJsonAtomically(o_.report, j);
+      code = exitCodeOf(j);
+      int failed = 0, ok = 0, skipped = 0;
+      for (const auto& e : j["images"]) {
+        failed += e["status"] == "error";
+        ok += e["status"] == "ok";
+        skipped += e["status"] == "skipped";
+      }
+      spdlog::info("{} image(s) done, {} skipped, {} failed in {:.1f} s ({:.1f} windows/s); report: {}", ok,
+                   skipped, failed, run.seconds, j["windows_per_second"].get<double>(), o_.report);
+      for (const auto& e : j["images"])
+        if (e["status"] == "error") spdlog::error("{}", e["error"].get<std::string>());
+    });
   }
   // Rank 0's verdict (or its fatal error) reaches every rank, so ctrun sees one code from all of them.
   return exchange_->agreeOnExitCode(code, fatal);
@@ -512,6 +577,13 @@ int InferJob::run() {
   RowDeal deal = dealRows(catalog_.rowLengths(), world_.world_size, world_.rank,
                           maxPiece(world_.world_size, B, early_windows));
   shard_run_ = deal.longest_part;
+  dist_->reserveGather(size_t(B * window_bytes));
+  // Each image's stitching and writing belong to one rank, balanced by windows (an image with none still
+  // weighs one: it is written all the same).
+  std::vector<int64_t> weights;
+  for (const auto& img : catalog_.images())
+    weights.push_back(img.status == "ok" && img.first_window >= 0 ? img.plannedWindows() + 1 : 0);
+  owners_ = assignOwners(weights, world_.world_size);
   const int64_t steps = (int64_t(deal.slots.size()) + B - 1) / B;
   if (world_.rank == 0) {
     const bool cpu = model_->device().is_cpu();
@@ -538,8 +610,7 @@ int InferJob::run() {
   lo.device = model_->device();
   lo.rank = world_.rank;
   lo.fault = fault_;
-  std::unique_ptr<OutputStage> outputs;
-  if (world_.rank == 0) outputs = std::make_unique<OutputStage>(catalog_, outputOptions());
+  OutputStage outputs(catalog_, outputOptions());
   WindowLoader loader(catalog_, spec_, lo, std::move(deal.slots), steps);
   ForwardPool pool(*model_, layout_);
   // Every replica busy and one more batch queued, so that none waits while this thread exchanges.
@@ -553,7 +624,7 @@ int InferJob::run() {
         started.push_back(startStep(loader, pool));
       ForwardedBatch forwarded = started.front().get();
       started.pop_front();
-      runStep(step, steps, std::move(forwarded), loader, outputs.get());
+      runStep(step, steps, std::move(forwarded), loader, outputs);
       progress.update(std::min(catalog_.totalWindows(), (step + 1) * B * world_.world_size));
       if (fault_ && (fault_->kind == "crash" || fault_->kind == "hang" || fault_->kind == "exit") &&
           fault_->hits(world_.rank, "", stats_.windows))
@@ -563,7 +634,7 @@ int InferJob::run() {
     throw TimeoutError(e.message() + exchange_->laggards(step), __FILE__, __LINE__);
   }
   loader.stop();
-  return finishRun(std::nullopt, outputs.get());
+  return finishRun(outputs);
 }
 
 }  // namespace

@@ -18,12 +18,13 @@ namespace fs = std::filesystem;
 namespace tiler {
 
 std::vector<double> RankStats::pack() const {
-  return {double(windows), read_seconds, forward_seconds, gather_seconds, peak_rss_mb, double(tiles_decoded)};
+  return {double(windows),       read_seconds,  forward_seconds,       gather_seconds,      peak_rss_mb,
+          double(tiles_decoded), write_seconds, double(bytes_written), double(images_owned)};
 }
 
 RankStats RankStats::unpack(const std::vector<double>& v) {
-  TILER_CHECK(v.size() == 6, ConfigError, "rank statistics: expected 6 values, got " << v.size());
-  return RankStats{int64_t(v[0]), v[1], v[2], v[3], v[4], int64_t(v[5])};
+  TILER_CHECK(v.size() == 9, ConfigError, "rank statistics: expected 9 values, got " << v.size());
+  return RankStats{int64_t(v[0]), v[1], v[2], v[3], v[4], int64_t(v[5]), v[6], int64_t(v[7]), int64_t(v[8])};
 }
 
 nlohmann::json inferReport(const RunSummary& run, const WindowCatalog& catalog,
@@ -55,7 +56,10 @@ nlohmann::json inferReport(const RunSummary& run, const WindowCatalog& catalog,
                              {"forward_seconds", s.forward_seconds},
                              {"gather_seconds", s.gather_seconds},
                              {"peak_rss_mb", s.peak_rss_mb},
-                             {"tiles_decoded", s.tiles_decoded}});
+                             {"tiles_decoded", s.tiles_decoded},
+                             {"write_seconds", s.write_seconds},
+                             {"bytes_written", s.bytes_written},
+                             {"images_owned", s.images_owned}});
   }
   j["images"] = nlohmann::json::array();
   for (const auto& img : catalog.images()) {

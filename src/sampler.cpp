@@ -108,4 +108,18 @@ std::vector<SampleSlot> DistributedSampler::slots(int64_t epoch) const {
   return out;
 }
 
+std::vector<int> assignOwners(const std::vector<int64_t>& weights, int world_size) {
+  std::vector<size_t> order(weights.size());
+  std::iota(order.begin(), order.end(), size_t(0));
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return weights[a] > weights[b]; });
+  std::vector<int64_t> load(size_t(std::max(world_size, 1)), 0);
+  std::vector<int> owners(weights.size(), 0);
+  for (size_t i : order) {
+    const auto least = std::min_element(load.begin(), load.end());  // the first of equals: the lowest rank
+    owners[i] = int(least - load.begin());
+    *least += weights[i];
+  }
+  return owners;
+}
+
 }  // namespace tiler

@@ -30,7 +30,7 @@ TEST_P(DistWorlds, GatherAllgatherAllreduceBroadcast) {
   runRanks(size, [size](DistContext& ctx) {
     const int r = ctx.rank();
     auto mine = torch::full({2, 3}, float(r));
-    auto gathered = ctx.gather(mine, "test gather");
+    auto gathered = ctx.gather(mine, 0, "test gather");
     EXPECT_EQ(ctx.gatherTransport(), size == 1 ? "none" : "shared_memory");
     if (r == 0) {
       ASSERT_EQ(gathered.sizes(), torch::IntArrayRef({2 * size, 3}));
@@ -66,18 +66,21 @@ std::vector<std::string> gatherSegmentMappings() {
   return lines;
 }
 
-// Ranks other than 0 run ahead of rank 0 (it sleeps before each gather), so a rank that wrote into a buffer
-// rank 0 still copies out would show as a wrong value; a tensor larger than the segment's slots goes
-// through gloo.
+// Each gather goes to another root (k mod world), which sleeps before it: the other ranks run ahead, so a
+// rank that wrote into a buffer the root still copies out would show as a wrong value; a tensor larger than
+// the segment's slots goes through gloo.
 TEST_P(DistWorlds, SharedMemoryGathersKeepEveryCallApart) {
   const int size = GetParam();
   if (size == 1) GTEST_SKIP() << "a world of one gathers nothing";
   runRanks(size, [size](DistContext& ctx) {
     const int r = ctx.rank();
     for (int k = 0; k < 40; ++k) {
-      if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-      auto gathered = ctx.gather(torch::full({64, 257}, float(r * 1000 + k)), "gather " + std::to_string(k));
-      for (int q = 0; r == 0 && q < size; ++q)
+      const int root = k % size;
+      if (r == root) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      auto gathered =
+          ctx.gather(torch::full({64, 257}, float(r * 1000 + k)), root, "gather " + std::to_string(k));
+      EXPECT_EQ(gathered.defined(), r == root);
+      for (int q = 0; r == root && q < size; ++q)
         ASSERT_TRUE(torch::equal(gathered.narrow(0, 64 * q, 64), torch::full({64, 257}, float(q * 1000 + k))))
             << "gather " << k << ", rank " << q;
     }
@@ -86,8 +89,8 @@ TEST_P(DistWorlds, SharedMemoryGathersKeepEveryCallApart) {
     for (const auto& line : gatherSegmentMappings())
       EXPECT_NE(line.find("(deleted)"), std::string::npos) << line;
     if (r == 0) EXPECT_FALSE(gatherSegmentMappings().empty());
-    auto big = ctx.gather(torch::full({128, 257}, float(r)), "a larger gather");
-    for (int q = 0; r == 0 && q < size; ++q)
+    auto big = ctx.gather(torch::full({128, 257}, float(r)), size - 1, "a larger gather");
+    for (int q = 0; r == size - 1 && q < size; ++q)
       EXPECT_TRUE(torch::equal(big.narrow(0, 128 * q, 128), torch::full({128, 257}, float(q))));
   });
 }
@@ -100,9 +103,9 @@ TEST(Dist, ARankWithoutSharedMemoryKeepsEveryRankOnGloo) {
     runRanks(
         3,
         [](DistContext& ctx) {
-          auto gathered = ctx.gather(torch::full({4}, float(ctx.rank())), "test gather");
+          auto gathered = ctx.gather(torch::full({4}, float(ctx.rank())), 2, "test gather");
           EXPECT_EQ(ctx.gatherTransport(), "gloo");
-          if (ctx.rank() == 0)
+          if (ctx.rank() == 2)
             EXPECT_TRUE(torch::equal(gathered, torch::arange(3, torch::kFloat).repeat_interleave(4)));
         },
         std::chrono::seconds(30), [without](int rank, DistOptions& o) { o.shared_memory = rank != without; });

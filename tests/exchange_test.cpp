@@ -55,7 +55,7 @@ TEST_P(ExchangeWorlds, AFailingRankEndsEveryRankAtTheSameStep) {
             });
             ex.share(torch::zeros({1, 2}, torch::kInt64), status, "step");
             auto preds = torch::ones({2});
-            ex.gather(preds, "predictions");
+            ex.gather(preds, 0, "predictions");
           }
         },
         std::chrono::seconds(20));

@@ -62,12 +62,11 @@ WindowCatalog smallCatalog(const std::string& dir, int n) {
   return c;
 }
 
-StepResult stepOf(int n, int write_fault_image = -1) {
+StepResult stepOf(int n) {
   StepResult s;
   s.preds = torch::rand({n, 3, 8, 8});
   s.meta = torch::zeros({n, 2}, torch::kInt64);
   for (int i = 0; i < n; ++i) s.meta[i][0] = i;
-  s.write_fault_image = write_fault_image;
   return s;
 }
 
@@ -78,22 +77,55 @@ OutputOptions threeClasses() {
   return o;
 }
 
+// TILER_FAULT stage:write: the tiles of the image of the stage's 2nd window throw in the compression pool.
 TEST(Outputs, AWriteFailureFailsThatImageAloneAndLeavesNoFinalFile) {
   const std::string dir = test::scratchDir("stage");
   WindowCatalog c = smallCatalog(dir, 3);
-  OutputStage stage(c, threeClasses());
-  ASSERT_TRUE(stage.submit(stepOf(3, 1)));
+  OutputOptions o = threeClasses();
+  o.write_threads = 2;
+  o.fault = Fault{0, 2, "throw", "write"};
+  OutputStage stage(c, o);
+  ASSERT_TRUE(stage.submit(stepOf(3)));
   stage.finish();
   EXPECT_FALSE(stage.error());
   EXPECT_EQ(c.image(0).status, "done");
   EXPECT_EQ(c.image(1).status, "error");
   EXPECT_NE(c.image(1).error.find("in1.png"), std::string::npos) << c.image(1).error;
+  EXPECT_NE(c.image(1).error.find("injected failure while compressing a tile"), std::string::npos)
+      << c.image(1).error;
   EXPECT_EQ(c.image(2).status, "done");
   EXPECT_FALSE(fs::exists(dir + "/img1_labels.tif"));
   EXPECT_FALSE(fs::exists(dir + "/img1_probs.tif"));
   for (const char* f : {"/img0_labels.tif", "/img0_probs.tif", "/img2_labels.tif"})
     EXPECT_TRUE(fs::exists(dir + f));
   for (const auto& e : fs::directory_iterator(dir)) EXPECT_NE(e.path().extension(), ".partial") << e.path();
+  removeTree(dir);
+}
+
+// A rank writes only the images it owns; what it wrote reaches rank 0's catalog through ownedResults().
+TEST(Outputs, AStageWritesOnlyItsOwnImagesAndReportsThem) {
+  const std::string dir = test::scratchDir("stage_owners");
+  WindowCatalog mine = smallCatalog(dir, 3), rank0 = smallCatalog(dir, 3);
+  OutputOptions o = threeClasses();
+  o.owners = {1, 0, 1};
+  o.rank = 1;
+  OutputStage stage(mine, o);
+  StepResult step = stepOf(3);
+  step.meta[1][1] = -1;  // image 1's slot goes to rank 0: never sent here
+  step.failures[1] = "'in1.png': failed on rank 0";
+  ASSERT_TRUE(stage.submit(std::move(step)));
+  ASSERT_TRUE(stage.submit(StepResult{}));  // a step with none of this rank's windows
+  stage.finish();
+  EXPECT_EQ(stage.stats().images_owned, 2);
+  int64_t bytes = 0;
+  for (const char* f : {"/img0_labels.tif", "/img0_probs.tif", "/img2_labels.tif", "/img2_probs.tif"})
+    bytes += int64_t(fs::file_size(dir + f));
+  EXPECT_EQ(stage.stats().bytes_written, bytes);
+  EXPECT_FALSE(fs::exists(dir + "/img1_labels.tif"));
+  OutputStage::applyResults(rank0, stage.ownedResults());
+  EXPECT_EQ(rank0.image(0).status, "done");
+  EXPECT_EQ(rank0.image(1).status, "ok") << "not rank 1's to report";
+  EXPECT_EQ(rank0.image(2).status, "done");
   removeTree(dir);
 }
 

@@ -140,6 +140,18 @@ TEST_F(Pipeline, WorldSizesOneToFourAreByteIdentical) {
     expectSameOutputs(ref, out);
     EXPECT_EQ(report(out)["world_size"], n);
     EXPECT_EQ(report(out)["gather"], n == 1 ? "none" : "shared_memory") << "ranks of one host";
+    // Every rank writes the images it owns: together all of them, and every byte of the outputs.
+    int64_t owned = 0, bytes = 0, files = 0;
+    const nlohmann::json j = report(out);  // alive while the loop reads it
+    for (const auto& r : j["per_rank"]) {
+      owned += r["images_owned"].get<int64_t>();
+      bytes += r["bytes_written"].get<int64_t>();
+      EXPECT_GT(r["bytes_written"].get<int64_t>(), 0) << "rank " << r["rank"] << " of " << n;
+    }
+    for (const auto& e : fs::directory_iterator(out))
+      if (e.path().extension() == ".tif") files += int64_t(fs::file_size(e.path()));
+    EXPECT_EQ(owned, 5);
+    EXPECT_EQ(bytes, files);
   }
   // Through gloo's sockets, the same bytes.
   const std::string out = root_ + "/out_w3_sockets";
@@ -157,7 +169,7 @@ TEST_F(Pipeline, ReportHasEveryField) {
   EXPECT_EQ(j["device"], "cpu");
   EXPECT_EQ(j["precision"], "fp32");
   for (const char* key : {"rank", "windows", "read_seconds", "forward_seconds", "gather_seconds",
-                          "peak_rss_mb", "tiles_decoded"})
+                          "peak_rss_mb", "tiles_decoded", "write_seconds", "bytes_written", "images_owned"})
     EXPECT_TRUE(j["per_rank"][0].contains(key)) << key;
   EXPECT_EQ(j["shard_run"], j["windows_total"]) << "one rank: every window in a row";
   ASSERT_EQ(j["images"].size(), 5u);
@@ -486,12 +498,15 @@ TEST_F(Pipeline, InfoShowsWhatTheReaderSeesAndTheGrid) {
 namespace tiler {
 namespace {
 
-// The failure matrix: a std::runtime_error (not a tiler error) thrown while rank R reads, runs or (rank 0)
-// writes the image of its 6th window, which is a_large.tif for either rank (35 windows come first).
+// The failure matrix: a std::runtime_error (not a tiler error) thrown while rank R reads or runs the image of
+// its 6th window, which is a_large.tif for either rank (35 windows come first), or compresses a tile of the
+// image of the 6th window it stitches: rank 0 owns a_large.tif (the most windows), rank 1 the others, of
+// which b_mixed.png comes first and has more than 6 windows.
 struct FaultCase {
   int rank;
   std::string stage;  // read | forward | write
   bool abort;
+  std::string victim() const { return rank == 1 && stage == "write" ? "b_mixed" : "a_large"; }
   bool ctrun;  // else two processes with Slurm's variables, as srun starts them: no launcher to tear down
 };
 
@@ -537,18 +552,21 @@ TEST_P(PipelineFaults, EveryRankLeavesTogetherAndNothingFailedIsFinal) {
   if (c.ctrun) {
     EXPECT_NE(output.find("TILER_FAULT: injected failure"), std::string::npos) << output;
   }
-  EXPECT_FALSE(fs::exists(out + "/a_large_labels.tif"));
-  EXPECT_FALSE(fs::exists(out + "/a_large_probs.tif"));
+  const std::string victim = c.victim();
+  EXPECT_FALSE(fs::exists(out + "/" + victim + "_labels.tif"));
+  EXPECT_FALSE(fs::exists(out + "/" + victim + "_probs.tif"));
   EXPECT_TRUE(partialFiles(out).empty());
   if (c.abort) return;
   auto j = report(out);
-  const nlohmann::json* failed = imageEntry(j, "a_large.tif");
+  const std::string victim_file = victim == "a_large" ? "a_large.tif" : "b_mixed.png";
+  const nlohmann::json* failed = imageEntry(j, victim_file);
   ASSERT_NE(failed, nullptr);
   EXPECT_EQ((*failed)["status"], "error");
   const std::string message = (*failed)["error"].get<std::string>();
-  EXPECT_NE(message.find("a_large.tif"), std::string::npos) << message;
+  EXPECT_NE(message.find(victim_file), std::string::npos) << message;
   EXPECT_NE(message.find("TILER_FAULT: injected failure"), std::string::npos) << message;
-  for (const char* good : {"b_mixed.png", "c_small.png", "d_gray16.tif", "e_float.tif"}) {
+  for (const char* good : {"a_large.tif", "b_mixed.png", "c_small.png", "d_gray16.tif", "e_float.tif"}) {
+    if (good == victim_file) continue;
     EXPECT_EQ((*imageEntry(j, good))["status"], "ok") << good;
     const std::string stem = fs::path(good).stem().string();
     EXPECT_TRUE(slurp(out + "/" + stem + "_labels.tif") == slurp(reference() + "/" + stem + "_labels.tif"))
@@ -561,7 +579,7 @@ std::vector<FaultCase> faultCases() {
   for (bool ctrun : {true, false})
     for (bool abort : {false, true})
       for (const auto& [rank, stage] : std::vector<std::pair<int, std::string>>{
-               {0, "read"}, {1, "read"}, {0, "forward"}, {1, "forward"}, {0, "write"}})
+               {0, "read"}, {1, "read"}, {0, "forward"}, {1, "forward"}, {0, "write"}, {1, "write"}})
         cases.push_back({rank, stage, abort, ctrun});
   return cases;
 }

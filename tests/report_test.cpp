@@ -44,17 +44,22 @@ TEST(Report, StatusesAndExitCode) {
   EXPECT_EQ(j["windows_total"], 8);
   EXPECT_EQ(j["per_rank"][0]["forward_seconds"], 2.0);
   EXPECT_EQ(j["per_rank"][0]["tiles_decoded"], 0);
+  EXPECT_EQ(j["per_rank"][0]["bytes_written"], 0);
+  EXPECT_EQ(j["per_rank"][0]["images_owned"], 0);
   EXPECT_EQ(j["shard_run"], 1);
   EXPECT_EQ(exitCodeOf(j), kExitSomeFailed);
   EXPECT_EQ(exitCodeOf(inferReport(run, catalogWith({"done", "skipped"}), {})), kExitOk);
 }
 
 TEST(Report, RankStatsRoundTrip) {
-  RankStats s{7, 0.5, 1.5, 2.5, 100, 4097};
+  RankStats s{7, 0.5, 1.5, 2.5, 100, 4097, 3.25, int64_t(1) << 40, 3};
   RankStats back = RankStats::unpack(s.pack());
   EXPECT_EQ(back.windows, 7);
   EXPECT_EQ(back.gather_seconds, 2.5);
   EXPECT_EQ(back.tiles_decoded, 4097);
+  EXPECT_EQ(back.write_seconds, 3.25);
+  EXPECT_EQ(back.bytes_written, int64_t(1) << 40);
+  EXPECT_EQ(back.images_owned, 3);
   EXPECT_THROW(RankStats::unpack({1, 2}), Error);
 }
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <random>
 #include <set>
 
 #include "tiler/error.hpp"
@@ -185,6 +186,25 @@ TEST(Sampler, DefaultBufferKeepsEachRanksPartOfARowInOneRun) {
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, SamplerWorlds, ::testing::Values(1, 2, 3, 4, 8));
+
+// Output owners: longest first to the least loaded rank, so that 8 equal images on 2 ranks are 4 and 4,
+// and one huge image keeps a rank to itself while the others share the rest.
+TEST(Sampler, OwnersBalanceTheWindowsEachRankWrites) {
+  EXPECT_EQ(assignOwners({5, 5, 5, 5, 5, 5, 5, 5}, 2), (std::vector<int>{0, 1, 0, 1, 0, 1, 0, 1}));
+  EXPECT_EQ(assignOwners({1, 100, 2, 3}, 2), (std::vector<int>{1, 0, 1, 1}));
+  EXPECT_EQ(assignOwners({4, 3, 3}, 1), (std::vector<int>{0, 0, 0}));
+  EXPECT_EQ(assignOwners({7, 1, 1}, 3), (std::vector<int>{0, 1, 2})) << "light images spread too";
+  EXPECT_TRUE(assignOwners({}, 4).empty());
+  // Random weights on 3 ranks: no rank carries more than the least plus the largest image.
+  std::mt19937_64 rng(5);
+  std::vector<int64_t> weights(40);
+  for (auto& w : weights) w = int64_t(rng() % 1000);
+  const auto owners = assignOwners(weights, 3);
+  std::vector<int64_t> load(3, 0);
+  for (size_t i = 0; i < weights.size(); ++i) load[size_t(owners[i])] += weights[i];
+  EXPECT_LE(*std::max_element(load.begin(), load.end()) - *std::min_element(load.begin(), load.end()),
+            *std::max_element(weights.begin(), weights.end()));
+}
 
 TEST(Sampler, ShuffleIsSeededBySeedPlusEpoch) {
   SamplerOptions o{1, 0, true, 7, false};

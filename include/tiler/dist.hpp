@@ -71,10 +71,13 @@ class DistContext {
   // the first gather).
   const std::string& gatherTransport() const { return gather_transport_; }
 
-  // Every rank's `t` (same shape everywhere, at least one dimension): on rank 0 the world's tensors
+  // Every rank's `t` (same shape everywhere, at least one dimension): on rank `root` the world's tensors
   // concatenated along dimension 0 in rank order, elsewhere an undefined tensor. The first gather of a gloo
-  // world offers rank 0's shared memory to the others (two more allgathers).
-  torch::Tensor gather(const torch::Tensor& t, const std::string& what);
+  // world offers rank 0's shared memory to the others (two more allgathers), sized for the larger of that
+  // gather and reserveGather()'s; a later gather that does not fit goes through the process group.
+  torch::Tensor gather(const torch::Tensor& t, int root, const std::string& what);
+  // The largest tensor one rank will gather, when the first gather may be smaller.
+  void reserveGather(size_t bytes) { gather_bytes_ = bytes; }
   // Every rank's `t` on every rank, in rank order.
   std::vector<torch::Tensor> allgather(const torch::Tensor& t, const std::string& what);
   // In place sum over ranks.
@@ -93,7 +96,7 @@ class DistContext {
   void init(c10::intrusive_ptr<c10d::Store> store, const torch::Device& device);
   [[noreturn]] void fail(const std::string& what, const std::exception& e) const;
   void offerSharedMemory(size_t bytes, const std::string& what);
-  torch::Tensor gatherThroughSharedMemory(const torch::Tensor& t, const std::string& what);
+  torch::Tensor gatherThroughSharedMemory(const torch::Tensor& t, int root, const std::string& what);
   std::vector<int64_t> worldRows(const torch::Tensor& t) const;  // t's sizes, dimension 0 times the world
 
   WorldInfo world_;
@@ -104,6 +107,7 @@ class DistContext {
   std::unique_ptr<Impl> impl_;
   std::unique_ptr<SharedGather> shared_;  // gather()'s shared memory, when every rank mapped it
   bool shared_memory_decided_ = false;    // by the first gather
+  size_t gather_bytes_ = 0;               // reserveGather()
 };
 
 }  // namespace tiler

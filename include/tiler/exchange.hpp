@@ -49,9 +49,11 @@ class StepExchange {
   void check(const std::optional<std::string>& fatal, const std::string& what);
 
   // The collectives of a step that every rank entered share()/check() for (tensors on any device; results
-  // come back on the CPU). gather(): rank 0's concatenation of every rank's `t` (DistContext::gather).
-  torch::Tensor gather(const torch::Tensor& t, const std::string& what);
+  // come back on the CPU). gather(): rank `root`'s concatenation of every rank's `t` (DistContext::gather).
+  torch::Tensor gather(const torch::Tensor& t, int root, const std::string& what);
   std::vector<torch::Tensor> allgather(const torch::Tensor& t, const std::string& what);
+  // Every rank's string on every rank, in rank order.
+  std::vector<std::string> allgatherStrings(const std::string& s, const std::string& what);
   void allreduceSum(torch::Tensor& t, const std::string& what);
   void broadcast(torch::Tensor& t, int root, const std::string& what);
 

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <future>
 #include <memory>
@@ -167,6 +168,8 @@ class ImageWriter {
   std::string partialPath() const { return path_ + ".partial"; }
   // Bytes this writer holds in memory (one row of tiles for TIFF; the image for PNG/JPEG).
   size_t bufferedBytes() const;
+  // Fault injection (TILER_FAULT stage:write): every tile compressed from now on throws in the pool.
+  void injectTileFault() { tile_fault_->store(true); }
 
  private:
   // A row of tiles on its way to the file: each tile's compressed bytes, in column order.
@@ -199,8 +202,10 @@ class ImageWriter {
   WriterOptions options_;
   void* tiff_ = nullptr;  // TIFF* (owned) for TIFF output
   int cv_type_ = 0;       // the rows' OpenCV type
-  cv::Mat buffer_;        // TIFF: tile_h rows (a new one per row: the pool's tasks hold the last); PNG/JPEG:
-                          // the whole image
+  std::shared_ptr<std::atomic<bool>> tile_fault_ =
+      std::make_shared<std::atomic<bool>>(false);  // shared with tasks
+  cv::Mat buffer_;  // TIFF: tile_h rows (a new one per row: the pool's tasks hold the last); PNG/JPEG:
+                    // the whole image
   int64_t buffered_rows_ = 0;
   int64_t rows_written_ = 0;
   std::vector<Level> levels_;  // pyramid levels 1..L (owned; the level thread's while it runs)

@@ -1,5 +1,6 @@
-// outputs: image outputs on rank 0. A thread of its own takes each step's gathered predictions, stitches
-// them per image (blend) in global window order and streams finished bands to the image's writers.
+// outputs: the image outputs a rank owns (assignOwners). A thread of its own takes each step's predictions
+// for them, stitches them per image (blend) in global window order and streams finished bands to the image's
+// writers, whose tiles a pool of write_threads compresses.
 // Promise: an image's outputs (labels, probs, polygons) are written as .partial files and renamed together,
 // only once every one of them is closed (two-phase commit): a failed image never leaves a file under a final
 // name. Any exception while stitching or writing one image fails that image (catalog status "error" with a
@@ -22,6 +23,7 @@
 
 #include "tiler/blend.hpp"
 #include "tiler/catalog.hpp"
+#include "tiler/error.hpp"
 #include "tiler/image_io.hpp"
 #include "tiler/loader.hpp"
 #include "tiler/polygons.hpp"
@@ -45,17 +47,29 @@ struct OutputOptions {
   // Probabilities as stored: f32; f16 (IEEE half); u8 = round(p x 255), clamped to [0, 1] first.
   SampleType probs_type = SampleType::kF32;
   int write_threads = 1;  // the pool compressing every output's tiles
+  // The images this stage writes: those whose owners[i] is `rank` (every image when owners is empty).
+  std::vector<int> owners;
+  int rank = 0;
+  // TILER_FAULT stage:write for this rank: once it has stitched K windows, the tiles of the image of the
+  // K-th throw as they are compressed.
+  std::optional<Fault> fault;
+};
+
+// What one stage wrote, for the report.
+struct OutputStats {
+  double write_seconds = 0;   // the stage thread's busy time: stitching, handing tiles over, committing
+  int64_t bytes_written = 0;  // files committed under their final names
+  int64_t images_owned = 0;
 };
 
 // --probs_dtype: f32 | f16 | u8.
 SampleType parseProbsType(const std::string& name);
 
-// One step of every rank's slots, as rank 0 gathered them.
+// One step's slots for this rank's images, as it gathered them from every rank.
 struct StepResult {
-  torch::Tensor preds;                  // float32 [slots, C, h, w], CPU, contiguous
+  torch::Tensor preds;                  // float32 [slots, C, h, w], CPU, contiguous (undefined: no slots)
   torch::Tensor meta;                   // int64 [slots, 2]: global window, SlotStatus
   std::map<int, std::string> failures;  // images failed elsewhere this step: id -> message
-  int write_fault_image = -1;           // TILER_FAULT stage write: this image's writes throw
 };
 
 class OutputStage {
@@ -72,6 +86,12 @@ class OutputStage {
   std::optional<std::string> error();
   // Drains the queue and joins; images still open are failed and their partial files removed.
   void finish();
+  // After finish(): what the stage wrote, and its images' results ([{id, status, error, non_finite}]) for
+  // rank 0's report.
+  const OutputStats& stats() const { return stats_; }
+  std::string ownedResults() const;
+  // Applies another rank's ownedResults() to the catalog.
+  static void applyResults(WindowCatalog& catalog, const std::string& results);
 
  private:
   struct ImageOutputs {
@@ -87,13 +107,18 @@ class OutputStage {
   void finishImage(int image_id, const std::string& error);
   void commit(ImageOutputs& out);
   int labelClasses() const { return labelClassCount(options_.classes); }
+  bool owns(int image_id) const {
+    return options_.owners.empty() || options_.owners[size_t(image_id)] == options_.rank;
+  }
 
   WindowCatalog& catalog_;
   OutputOptions options_;
   std::shared_ptr<WorkPool> pool_;  // compresses the tiles of every writer of the stage
   BoundedQueue<StepResult> steps_;
   std::map<int, ImageOutputs> open_;  // stage thread only
-  std::set<int> write_faults_;        // stage thread only
+  int64_t stitched_windows_ = 0;      // stage thread only (the write fault's count)
+  int write_fault_image_ = -1;        // stage thread only
+  OutputStats stats_;                 // stage thread only, until finish() joined it
   std::mutex error_mutex_;
   std::optional<std::string> error_;  // guarded by error_mutex_
   std::thread thread_;                // last: starts once the members above exist

@@ -18,6 +18,9 @@ struct RankStats {
   int64_t windows = 0;
   double read_seconds = 0, forward_seconds = 0, gather_seconds = 0, peak_rss_mb = 0;
   int64_t tiles_decoded = 0;  // TIFF tiles or strips (tiffChunksDecoded)
+  // The rank's output stage (OutputStats): its busy seconds, the bytes it committed, the images it owns.
+  double write_seconds = 0;
+  int64_t bytes_written = 0, images_owned = 0;
   std::vector<double> pack() const;
   static RankStats unpack(const std::vector<double>& values);
 };
@@ -33,7 +36,7 @@ struct RunSummary {
   int read_threads = 1;           // threads reading each batch's windows
   int64_t shard_run = 1;          // the most windows one rank takes in a row (RowDeal::longest_part)
   std::string cpu_blas;           // cpuBlasName()
-  std::string gather = "none";    // how predictions reached rank 0 (DistContext::gatherTransport)
+  std::string gather = "none";    // how predictions reached their owners (DistContext::gatherTransport)
 };
 
 // The report of an infer run: statuses as the catalog holds them after the output stage finished ("done"

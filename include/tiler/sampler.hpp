@@ -3,8 +3,8 @@
 // positions r, r+N, r+2N, ... of the (optionally shuffled) order, padded by repeating its head so that every
 // rank gets the same count (or truncated with drop_last).
 // Promise (inference, dealRows): every rank takes contiguous parts of each grid row of windows, so that
-// neighbouring windows, which share input tiles, stay on one rank, while rank 0, which stitches in global
-// order, holds a bounded number of windows that arrive before their turn.
+// neighbouring windows, which share input tiles, stay on one rank, while an image's owner, which stitches in
+// global order, holds a bounded number of windows that arrive before their turn.
 // Padded slots are flagged so that nothing downstream uses a duplicate twice.
 #pragma once
 
@@ -41,6 +41,11 @@ RowDeal dealRows(const std::vector<int64_t>& rows, int world_size, int rank, int
 // The longest piece for which rank 0 holds at most `early_windows` windows before their turn, but never
 // under one batch a rank (the memory of a step's gather); one rank: no limit (nothing arrives early).
 int64_t maxPiece(int world_size, int64_t batch, int64_t early_windows);
+
+// Output owners (inference): image i is stitched and written by rank owners[i]. Longest first: images by
+// weight (their windows; ties by index), each to the rank with the least weight so far (ties: the lowest),
+// so that the ranks write near-equal shares. Identical on every rank.
+std::vector<int> assignOwners(const std::vector<int64_t>& weights, int world_size);
 
 class DistributedSampler {
  public:

@@ -285,10 +285,10 @@ int gather(double mib, int gathers, bool shared_memory) {
   o.shared_memory = shared_memory;
   tiler::DistContext dist(world, o, torch::Device(torch::kCPU));
   auto t = torch::full({int64_t(mib * 262144)}, float(world.rank));
-  dist.gather(t, "the first gather");
+  dist.gather(t, 0, "the first gather");
   dist.barrier("the start");
   const auto t0 = Clock::now();
-  for (int k = 0; k < gathers; ++k) dist.gather(t, "gather " + std::to_string(k));
+  for (int k = 0; k < gathers; ++k) dist.gather(t, 0, "gather " + std::to_string(k));
   const double s = since(t0);
   if (world.rank == 0)
     std::cout << nlohmann::json{{"ranks", world.world_size},
