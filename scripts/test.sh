@@ -16,8 +16,8 @@ tsan_filter=()
 if [ "${1:-}" = "--sanitize" ]; then sanitize="address,undefined"; shift; fi
 if [ "${1:-}" = "--tsan" ]; then
   sanitize="thread"
-  targets=(--target loader_test outputs_test image_io_test)
-  tsan_filter=(-R "^(Loader|Outputs)\\.|LoaderThreads|Pyramid|ImageReader\\.(Concurrent|ACorruptTileFails)|ImageWriter\\.Pooled")
+  targets=(--target queue_test loader_test outputs_test image_io_test)
+  tsan_filter=(-R "^(Queue|Loader|Outputs)\\.|LoaderThreads|Pyramid|ImageReader\\.(Concurrent|ACorruptTileFails)|ImageWriter\\.Pooled")
   shift
 fi
 bash scripts/setup-deps.sh

@@ -103,24 +103,6 @@ TEST(Loader, PaletteIndicesBecomeTheirColours) {
   EXPECT_THROW(windowToModelInput(indices, ChannelAdapt::kPalette, out.data(), nullptr), IoError);
 }
 
-TEST(Loader, ClosedQueueReleasesABlockedProducer) {
-  BoundedQueue<int> q(1);
-  ASSERT_TRUE(q.push(1));
-  std::atomic<bool> returned{false};
-  bool accepted = true;
-  std::thread producer([&] {
-    accepted = q.push(2);  // blocks: the queue is full
-    returned = true;
-  });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  EXPECT_FALSE(returned);
-  q.close();
-  producer.join();
-  EXPECT_FALSE(accepted);
-  EXPECT_EQ(q.pop(), 1) << "what was queued is still delivered";
-  EXPECT_EQ(q.pop(), std::nullopt);
-}
-
 TEST(Loader, ReadAheadDeliversInOrderAndRethrows) {
   ReadAhead<int> ahead(5, 2, [](int64_t i) {
     if (i == 3) throw std::runtime_error("tile 3 is corrupt");
