@@ -1100,8 +1100,9 @@ ImageWriter::ImageWriter(const std::string& path, int64_t width, int64_t height,
     buffer_ = cv::Mat(options_.tile, int(width), cv_type);
     if (options_.background) {
       if (!options_.pool) options_.pool = std::make_shared<WorkPool>(1);
-      // One row per pool thread in flight (two at least), so that every thread has tiles to compress.
-      tile_queue_ = std::make_unique<BoundedQueue<TileRow>>(size_t(std::max(2, options_.pool->threads())));
+      // One row queued while the tile thread writes the one before: both rows' tiles are in the pool, a row
+      // of tiles each (32 at 8192 px), which keeps the pool's threads busy without holding more rows.
+      tile_queue_ = std::make_unique<BoundedQueue<TileRow>>(1);
       tile_thread_ = std::thread([this] {
         while (auto row = tile_queue_->pop()) {
           if (tileError()) continue;  // keep draining: the caller must never block on a dead thread
@@ -1180,7 +1181,7 @@ void ImageWriter::abandon() noexcept {
 
 size_t ImageWriter::bufferedBytes() const {
   // The row being filled, the rows queued, and the one the tile thread writes.
-  const size_t rows = tile_queue_ ? 2 + size_t(std::max(2, options_.pool->threads())) : 1;
+  const size_t rows = tile_queue_ ? 3 : 1;
   return buffer_.total() * buffer_.elemSize() * rows;
 }
 
@@ -1210,7 +1211,7 @@ void ImageWriter::writeRows(const cv::Mat& band) {
 
 void ImageWriter::flushTileRow(int64_t rows) {
   TileRow row = encodeTileRow(buffer_, rows_written_, rows);
-  buffer_ = cv::Mat(options_.tile, int(width_), cv_type_);  // the pool's tasks hold the last one
+  buffer_ = spareRow();  // the pool's tasks hold the last one
   if (tile_queue_) {
     if (!tile_queue_->push(std::move(row)) || tileError()) failOnTileError();
   } else {
@@ -1236,6 +1237,7 @@ ImageWriter::TileRow ImageWriter::encodeTileRow(cv::Mat buffer, int64_t first_ro
   encoding->options.pool.reset();
   TileRow row;
   row.first_row = first_row;
+  row.buffer = buffer;
   for (int64_t x0 = 0; x0 < width_; x0 += tile) {
     auto task = [buffer, x0, encoding, width = width_, fault = tile_fault_, path = path_] {
       if (fault->load())
@@ -1260,6 +1262,14 @@ ImageWriter::TileRow ImageWriter::encodeTileRow(cv::Mat buffer, int64_t first_ro
   return row;
 }
 
+cv::Mat ImageWriter::spareRow() {
+  std::lock_guard<std::mutex> lock(spare_mutex_);
+  if (spare_rows_.empty()) return cv::Mat(options_.tile, int(width_), cv_type_);
+  cv::Mat row = spare_rows_.back();
+  spare_rows_.pop_back();
+  return row;
+}
+
 void ImageWriter::writeTileRow(TileRow& row) {
   TIFF* tif = static_cast<TIFF*>(tiff_);
   for (size_t k = 0; k < row.tiles.size(); ++k) {
@@ -1280,6 +1290,9 @@ void ImageWriter::writeTileRow(TileRow& row) {
                                << (write_errno ? std::strerror(write_errno) : err) << " (" << err << ")");
     }
   }
+  // Every tile was taken from its future, so no task refers to the buffer any more.
+  std::lock_guard<std::mutex> lock(spare_mutex_);
+  spare_rows_.push_back(std::move(row.buffer));
 }
 
 void ImageWriter::stopTileThread() noexcept {

@@ -138,9 +138,9 @@ struct WriterOptions {
   // predictor in a one-tile TIFF in memory, so its bytes are what TIFFWriteEncodedTile writes, then copied
   // into the file in order with TIFFWriteRawTile.
   std::shared_ptr<WorkPool> pool;
-  // TIFF: full rows of tiles are handed to the pool and written on a thread of the writer's own (up to one
-  // row in flight per pool thread, at least two), so that writeRows() only copies rows in; errors surface
-  // at the next writeRows() or finish().
+  // TIFF: full rows of tiles are handed to the pool and written on a thread of the writer's own (three rows
+  // in memory: the one filled, one queued, the one written), so that writeRows() only copies rows in; errors
+  // surface at the next writeRows() or finish().
   bool background = false;
 };
 
@@ -166,7 +166,7 @@ class ImageWriter {
   void commit();
   const std::string& path() const { return path_; }
   std::string partialPath() const { return path_ + ".partial"; }
-  // Bytes this writer holds in memory (one row of tiles for TIFF; the image for PNG/JPEG).
+  // Bytes this writer holds in memory (rows of tiles for TIFF; the image for PNG/JPEG).
   size_t bufferedBytes() const;
   // Fault injection (TILER_FAULT stage:write): every tile compressed from now on throws in the pool.
   void injectTileFault() { tile_fault_->store(true); }
@@ -176,12 +176,14 @@ class ImageWriter {
   struct TileRow {
     std::vector<std::future<std::vector<uint8_t>>> tiles;
     int64_t first_row = 0;
+    cv::Mat buffer;  // the rows the tiles are cut from: free again once every tile is written
   };
   void flushTileRow(int64_t rows);
   // Hands the tiles of `rows` rows of `buffer` (a row of tiles; the rest zeroed) to the pool.
   TileRow encodeTileRow(cv::Mat buffer, int64_t first_row, int64_t rows);
-  // Writes a row's compressed tiles in order (waiting for each).
+  // Writes a row's compressed tiles in order (waiting for each), then keeps its buffer for a later row.
   void writeTileRow(TileRow& row);
+  cv::Mat spareRow();  // a written row's buffer, or a new one
   void stopTileThread() noexcept;
   [[noreturn]] void failOnTileError();  // abandons the file and throws the tile thread's error
   void abandon() noexcept;
@@ -217,6 +219,8 @@ class ImageWriter {
   // options_.background: rows of tiles being compressed, for the tile thread to write in order.
   std::unique_ptr<BoundedQueue<TileRow>> tile_queue_;
   std::thread tile_thread_;
+  std::mutex spare_mutex_;
+  std::vector<cv::Mat> spare_rows_;  // guarded by spare_mutex_; no task refers to them
   std::mutex tile_error_mutex_;
   std::exception_ptr tile_error_;  // the tile thread's first error, guarded by tile_error_mutex_
   std::exception_ptr tileError();
