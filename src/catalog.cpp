@@ -10,17 +10,6 @@ namespace fs = std::filesystem;
 
 namespace tiler {
 
-std::string bundledSamplesDir() {
-  // Installed: <prefix>/bin/tiler finds <prefix>/share/tiler/samples; in the build tree, the source tree's.
-  std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
-    const fs::path installed = exe.parent_path().parent_path() / "share" / "tiler" / "samples";
-    if (fs::is_directory(installed / "models", ec)) return installed.string();
-  }
-  return TILER_SOURCE_DIR "/samples";
-}
-
 std::vector<std::string> listImages(const std::vector<std::string>& inputs, bool recursive) {
   std::vector<std::string> files;
   for (const auto& in : inputs) {

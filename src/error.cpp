@@ -67,16 +67,6 @@ int reportFatal(const std::string& tool, const std::exception& e) {
   return kExitFatal;
 }
 
-bool removeTree(const std::string& path) {
-  struct stat st;
-  if (::lstat(path.c_str(), &st) != 0) return errno == ENOENT;
-  // Depth first (contents before their directory), physical (a link is removed, not followed).
-  auto remove_one = [](const char* p, const struct stat*, int, struct FTW*) {
-    return ::remove(p) == 0 ? 0 : -1;
-  };
-  return ::nftw(path.c_str(), remove_one, 16, FTW_DEPTH | FTW_PHYS) == 0;
-}
-
 std::string describeException(const std::exception_ptr& e) {
   try {
     std::rethrow_exception(e);

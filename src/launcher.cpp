@@ -689,58 +689,6 @@ int countNvidiaGpus() {
   return n;
 }
 
-int cgroupCpuQuota(const std::string& proc_cgroup, const std::string& root) {
-  // Quota and period in microseconds from one cgroup directory: v2 "QUOTA PERIOD" or "max PERIOD" in cpu.max,
-  // v1 cpu.cfs_quota_us (-1: none) and cpu.cfs_period_us.
-  const auto quotaOf = [](const fs::path& dir, bool v2) -> std::pair<double, double> {
-    double quota = -1, period = 0;
-    if (v2) {
-      std::ifstream in(dir / "cpu.max");
-      std::string q;
-      if (in >> q >> period && q != "max") quota = std::atof(q.c_str());
-    } else {
-      std::ifstream q(dir / "cpu.cfs_quota_us"), p(dir / "cpu.cfs_period_us");
-      if (!(q >> quota && p >> period)) quota = -1;
-    }
-    return {quota, period};
-  };
-  double cpus = 0;  // the tightest quota seen, in CPUs; 0: none
-  std::istringstream lines(proc_cgroup);
-  for (std::string line; std::getline(lines, line);) {
-    // "ID:CONTROLLERS:PATH": v2 is "0::PATH"; v1 names its controllers, "cpu" among them for the quota.
-    const size_t a = line.find(':'), b = a == std::string::npos ? a : line.find(':', a + 1);
-    if (b == std::string::npos) continue;
-    const std::string controllers = line.substr(a + 1, b - a - 1);
-    const bool v2 = line.compare(0, a, "0") == 0 && controllers.empty();
-    bool has_cpu = false;
-    std::istringstream names(controllers);
-    for (std::string n; std::getline(names, n, ',');) has_cpu = has_cpu || n == "cpu";
-    if (!v2 && !has_cpu) continue;
-    const fs::path mount = v2 ? fs::path(root) : fs::path(root) / controllers;
-    // From the cgroup up to the mount's root: a parent's quota binds its children; inside a container the
-    // path may not exist under the mount (its root is the container's own cgroup), which the walk reaches.
-    for (fs::path rel = fs::path(line.substr(b + 1)).relative_path();; rel = rel.parent_path()) {
-      const auto [quota, period] = quotaOf(mount / rel, v2);
-      if (quota > 0 && period > 0) cpus = cpus > 0 ? std::min(cpus, quota / period) : quota / period;
-      if (rel.empty()) break;
-    }
-  }
-  return cpus > 0 ? std::max(1, int(std::ceil(cpus - 1e-9))) : 0;
-}
-
-int usableCpus() {
-  int cpus = int(std::max(1u, std::thread::hardware_concurrency()));
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  // Fails only on machines of more CPUs than a cpu_set_t holds (1024).
-  if (sched_getaffinity(0, sizeof set, &set) == 0) cpus = std::max(1, CPU_COUNT(&set));
-  std::ifstream self("/proc/self/cgroup");
-  std::stringstream text;
-  text << self.rdbuf();
-  const int quota = cgroupCpuQuota(text.str(), "/sys/fs/cgroup");
-  return quota > 0 ? std::min(cpus, quota) : cpus;
-}
-
 int resolveNprocPerNode(const std::string& spec) {
   const int cores = usableCpus();
   if (spec == "cpu") return cores;

@@ -23,6 +23,7 @@
 #include "tiler/catalog.hpp"
 #include "tiler/error.hpp"
 #include "tiler/launcher.hpp"
+#include "tiler/platform.hpp"
 #include "tiler/torch_compat.hpp"
 
 namespace fs = std::filesystem;

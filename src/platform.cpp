@@ -1,15 +1,26 @@
 #include "tiler/platform.hpp"
 
 #include <fcntl.h>
+#include <ftw.h>
+#include <sched.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <ext/stdio_filebuf.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
+#include <thread>
+
+namespace fs = std::filesystem;
 
 namespace tiler {
 
@@ -103,6 +114,85 @@ DirectoryLock::~DirectoryLock() {
   // Unlinked while still held, so that no run can lock this inode after it is gone from the directory.
   ::unlink(path_.c_str());
   ::close(fd_);
+}
+
+bool removeTree(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return errno == ENOENT;
+  // Depth first (contents before their directory), physical (a link is removed, not followed).
+  auto remove_one = [](const char* p, const struct stat*, int, struct FTW*) {
+    return ::remove(p) == 0 ? 0 : -1;
+  };
+  return ::nftw(path.c_str(), remove_one, 16, FTW_DEPTH | FTW_PHYS) == 0;
+}
+
+int cgroupCpuQuota(const std::string& proc_cgroup, const std::string& root) {
+  // Quota and period in microseconds from one cgroup directory: v2 "QUOTA PERIOD" or "max PERIOD" in cpu.max,
+  // v1 cpu.cfs_quota_us (-1: none) and cpu.cfs_period_us.
+  const auto quotaOf = [](const fs::path& dir, bool v2) -> std::pair<double, double> {
+    double quota = -1, period = 0;
+    if (v2) {
+      std::ifstream in(dir / "cpu.max");
+      std::string q;
+      if (in >> q >> period && q != "max") quota = std::atof(q.c_str());
+    } else {
+      std::ifstream q(dir / "cpu.cfs_quota_us"), p(dir / "cpu.cfs_period_us");
+      if (!(q >> quota && p >> period)) quota = -1;
+    }
+    return {quota, period};
+  };
+  double cpus = 0;  // the tightest quota seen, in CPUs; 0: none
+  std::istringstream lines(proc_cgroup);
+  for (std::string line; std::getline(lines, line);) {
+    // "ID:CONTROLLERS:PATH": v2 is "0::PATH"; v1 names its controllers, "cpu" among them for the quota.
+    const size_t a = line.find(':'), b = a == std::string::npos ? a : line.find(':', a + 1);
+    if (b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1);
+    const bool v2 = line.compare(0, a, "0") == 0 && controllers.empty();
+    bool has_cpu = false;
+    std::istringstream names(controllers);
+    for (std::string n; std::getline(names, n, ',');) has_cpu = has_cpu || n == "cpu";
+    if (!v2 && !has_cpu) continue;
+    const fs::path mount = v2 ? fs::path(root) : fs::path(root) / controllers;
+    // From the cgroup up to the mount's root: a parent's quota binds its children; inside a container the
+    // path may not exist under the mount (its root is the container's own cgroup), which the walk reaches.
+    for (fs::path rel = fs::path(line.substr(b + 1)).relative_path();; rel = rel.parent_path()) {
+      const auto [quota, period] = quotaOf(mount / rel, v2);
+      if (quota > 0 && period > 0) cpus = cpus > 0 ? std::min(cpus, quota / period) : quota / period;
+      if (rel.empty()) break;
+    }
+  }
+  return cpus > 0 ? std::max(1, int(std::ceil(cpus - 1e-9))) : 0;
+}
+
+int usableCpus() {
+  int cpus = int(std::max(1u, std::thread::hardware_concurrency()));
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  // Fails only on machines of more CPUs than a cpu_set_t holds (1024).
+  if (sched_getaffinity(0, sizeof set, &set) == 0) cpus = std::max(1, CPU_COUNT(&set));
+  std::ifstream self("/proc/self/cgroup");
+  std::stringstream text;
+  text << self.rdbuf();
+  const int quota = cgroupCpuQuota(text.str(), "/sys/fs/cgroup");
+  return quota > 0 ? std::min(cpus, quota) : cpus;
+}
+
+double peakRssMegabytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return double(usage.ru_maxrss) / 1024.0;  // Linux reports kilobytes
+}
+
+std::string bundledSamplesDir() {
+  // Installed: <prefix>/bin/tiler finds <prefix>/share/tiler/samples; in the build tree, the source tree's.
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const fs::path installed = exe.parent_path().parent_path() / "share" / "tiler" / "samples";
+    if (fs::is_directory(installed / "models", ec)) return installed.string();
+  }
+  return TILER_SOURCE_DIR "/samples";
 }
 
 }  // namespace tiler

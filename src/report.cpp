@@ -101,12 +101,6 @@ void writeJsonAtomically(const std::string& path, const nlohmann::json& j) {
   TILER_CHECK(error.empty(), IoError, error);
 }
 
-double peakRssMegabytes() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return double(usage.ru_maxrss) / 1024.0;  // Linux reports kilobytes
-}
-
 Progress::Progress(int64_t total, std::string unit, bool enabled)
     : total_(total),
       unit_(std::move(unit)),

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "tiler/catalog.hpp"
+#include "tiler/platform.hpp"
 #include "tiler/torch_compat.hpp"
 
 namespace tiler {

@@ -75,25 +75,6 @@ TEST(Error, ReportFatalDropsLibTorchsBacktrace) {
   EXPECT_EQ(withoutBacktrace("a\nException raised from x\n"), "a");
 }
 
-TEST(Files, RemoveTreeRemovesContentsAndLinksButNotWhatTheyPointTo) {
-  namespace fs = std::filesystem;
-  const std::string root = test::scratchDir("remove_tree");
-  const std::string keep = root + "/keep", tree = root + "/tree";
-  fs::create_directories(keep);
-  std::ofstream(keep + "/precious") << "x";
-  fs::create_directories(tree + "/a/b/c");
-  std::ofstream(tree + "/a/b/c/file") << "y";
-  std::ofstream(tree + "/top") << "z";
-  fs::create_directory_symlink(keep, tree + "/a/link");
-  EXPECT_TRUE(removeTree(tree));
-  EXPECT_FALSE(fs::exists(tree));
-  EXPECT_TRUE(fs::exists(keep + "/precious")) << "a link is removed, not followed";
-  EXPECT_TRUE(removeTree(tree)) << "a missing path counts as removed";
-  std::ofstream(root + "/plain") << "w";
-  EXPECT_TRUE(removeTree(root + "/plain"));
-  EXPECT_FALSE(fs::exists(root + "/plain"));
-}
-
 TEST(Error, ExitCodesAreTheContract) {
   EXPECT_EQ(kExitOk, 0);
   EXPECT_EQ(kExitFatal, 1);

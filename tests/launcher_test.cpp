@@ -1,6 +1,7 @@
 #include "tiler/launcher.hpp"
 
 #include "test_util.hpp"
+#include "tiler/platform.hpp"
 #include "tiler/rendezvous.hpp"
 
 #include <arpa/inet.h>
@@ -115,37 +116,6 @@ TEST(Launcher, CountsOnlyTheCpusItMayRunOn) {
   EXPECT_NE(slurp(per_cpu + "/env_0").find("LOCAL_WORLD_SIZE=1\n"), std::string::npos)
       << slurp(per_cpu + "/env_0");
   EXPECT_FALSE(fs::exists(per_cpu + "/env_1")) << "one worker for the one CPU";
-}
-
-void writeFile(const fs::path& file, const std::string& text) {
-  fs::create_directories(file.parent_path());
-  std::ofstream(file) << text;
-}
-
-TEST(Launcher, ReadsTheTightestCgroupCpuQuota) {
-  const fs::path root = tempDir("cgroups");
-  // cgroup v2: the job's cgroup is unlimited, its parent 1.5 CPUs (rounded up), the root 4.
-  writeFile(root / "v2/job.slice/step/cpu.max", "max 100000\n");
-  writeFile(root / "v2/job.slice/cpu.max", "150000 100000\n");
-  writeFile(root / "v2/cpu.max", "400000 100000\n");
-  EXPECT_EQ(cgroupCpuQuota("0::/job.slice/step\n", (root / "v2").string()), 2);
-  EXPECT_EQ(cgroupCpuQuota("0::/\n", (root / "v2").string()), 4);
-  writeFile(root / "open/cpu.max", "max 100000\n");
-  EXPECT_EQ(cgroupCpuQuota("0::/\n", (root / "open").string()), 0) << "no quota";
-  // cgroup v1 with cpu and cpuacct mounted together; other controllers' lines are ignored.
-  const std::string v1 = "5:memory:/docker/abc\n4:cpu,cpuacct:/docker/abc\n0::/\n";
-  writeFile(root / "v1/cpu,cpuacct/docker/abc/cpu.cfs_quota_us", "300000\n");
-  writeFile(root / "v1/cpu,cpuacct/docker/abc/cpu.cfs_period_us", "100000\n");
-  EXPECT_EQ(cgroupCpuQuota(v1, (root / "v1").string()), 3);
-  // Inside a container the cgroup's path does not exist under the mount, whose root is the container's own.
-  writeFile(root / "ns/cpu,cpuacct/cpu.cfs_quota_us", "50000\n");
-  writeFile(root / "ns/cpu,cpuacct/cpu.cfs_period_us", "100000\n");
-  EXPECT_EQ(cgroupCpuQuota(v1, (root / "ns").string()), 1) << "half a CPU is one";
-  writeFile(root / "none/cpu,cpuacct/cpu.cfs_quota_us", "-1\n");
-  writeFile(root / "none/cpu,cpuacct/cpu.cfs_period_us", "100000\n");
-  EXPECT_EQ(cgroupCpuQuota(v1, (root / "none").string()), 0);
-  EXPECT_EQ(cgroupCpuQuota(v1, (root / "missing").string()), 0);
-  EXPECT_EQ(cgroupCpuQuota("", root.string()), 0);
 }
 
 // ctrun in a cgroup of one CPU's quota (as `docker --cpus 1` makes) on a machine of more: one worker of one

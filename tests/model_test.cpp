@@ -21,6 +21,7 @@
 #include "test_util.hpp"
 #include "tiler/error.hpp"
 #include "tiler/launcher.hpp"
+#include "tiler/platform.hpp"
 
 namespace fs = std::filesystem;
 

@@ -12,6 +12,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "test_util.hpp"
+
 namespace tiler {
 namespace {
 
@@ -119,6 +121,55 @@ TEST(Platform, ALockFileThatIsALinkIsRefused) {
   EXPECT_FALSE(lock.locked());
   EXPECT_NE(lock.error().find(".tiler.lock"), std::string::npos) << lock.error();
   EXPECT_EQ(slurp(dir + "/victim"), "precious");
+}
+
+TEST(Platform, RemoveTreeRemovesContentsAndLinksButNotWhatTheyPointTo) {
+  const std::string root = test::scratchDir("remove_tree");
+  const std::string keep = root + "/keep", tree = root + "/tree";
+  fs::create_directories(keep);
+  std::ofstream(keep + "/precious") << "x";
+  fs::create_directories(tree + "/a/b/c");
+  std::ofstream(tree + "/a/b/c/file") << "y";
+  std::ofstream(tree + "/top") << "z";
+  fs::create_directory_symlink(keep, tree + "/a/link");
+  EXPECT_TRUE(removeTree(tree));
+  EXPECT_FALSE(fs::exists(tree));
+  EXPECT_TRUE(fs::exists(keep + "/precious")) << "a link is removed, not followed";
+  EXPECT_TRUE(removeTree(tree)) << "a missing path counts as removed";
+  std::ofstream(root + "/plain") << "w";
+  EXPECT_TRUE(removeTree(root + "/plain"));
+  EXPECT_FALSE(fs::exists(root + "/plain"));
+}
+
+TEST(Platform, ReadsTheTightestCgroupCpuQuota) {
+  const fs::path root = test::scratchDir("cgroups");
+  const auto writeFile = [](const fs::path& file, const std::string& text) {
+    fs::create_directories(file.parent_path());
+    std::ofstream(file) << text;
+  };
+  // cgroup v2: the job's cgroup is unlimited, its parent 1.5 CPUs (rounded up), the root 4.
+  writeFile(root / "v2/job.slice/step/cpu.max", "max 100000\n");
+  writeFile(root / "v2/job.slice/cpu.max", "150000 100000\n");
+  writeFile(root / "v2/cpu.max", "400000 100000\n");
+  EXPECT_EQ(cgroupCpuQuota("0::/job.slice/step\n", (root / "v2").string()), 2);
+  EXPECT_EQ(cgroupCpuQuota("0::/\n", (root / "v2").string()), 4);
+  writeFile(root / "open/cpu.max", "max 100000\n");
+  EXPECT_EQ(cgroupCpuQuota("0::/\n", (root / "open").string()), 0) << "no quota";
+  // cgroup v1 with cpu and cpuacct mounted together; other controllers' lines are ignored.
+  const std::string v1 = "5:memory:/docker/abc\n4:cpu,cpuacct:/docker/abc\n0::/\n";
+  writeFile(root / "v1/cpu,cpuacct/docker/abc/cpu.cfs_quota_us", "300000\n");
+  writeFile(root / "v1/cpu,cpuacct/docker/abc/cpu.cfs_period_us", "100000\n");
+  EXPECT_EQ(cgroupCpuQuota(v1, (root / "v1").string()), 3);
+  // Inside a container the cgroup's path does not exist under the mount, whose root is the container's own.
+  writeFile(root / "ns/cpu,cpuacct/cpu.cfs_quota_us", "50000\n");
+  writeFile(root / "ns/cpu,cpuacct/cpu.cfs_period_us", "100000\n");
+  EXPECT_EQ(cgroupCpuQuota(v1, (root / "ns").string()), 1) << "half a CPU is one";
+  writeFile(root / "none/cpu,cpuacct/cpu.cfs_quota_us", "-1\n");
+  writeFile(root / "none/cpu,cpuacct/cpu.cfs_period_us", "100000\n");
+  EXPECT_EQ(cgroupCpuQuota(v1, (root / "none").string()), 0);
+  EXPECT_EQ(cgroupCpuQuota(v1, (root / "missing").string()), 0);
+  EXPECT_EQ(cgroupCpuQuota("", root.string()), 0);
+  removeTree(root.string());
 }
 
 }  // namespace

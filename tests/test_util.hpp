@@ -23,6 +23,7 @@
 
 #include "tiler/error.hpp"
 #include "tiler/launcher.hpp"
+#include "tiler/platform.hpp"
 
 namespace tiler::test {
 

@@ -20,8 +20,6 @@
 
 namespace tiler {
 
-// The bundled samples (images, models, training pairs).
-std::string bundledSamplesDir();
 // Files under `inputs` (directories walked, recursive when asked) with image extensions, sorted; a named
 // file is taken as it is (if it is missing, its error is the image's).
 std::vector<std::string> listImages(const std::vector<std::string>& inputs, bool recursive);

@@ -69,12 +69,6 @@ int reportFatal(const std::string& tool, const std::exception& e);
 // Writes {"message": ..., "rank": ..., "time": ...} to TORCHELASTIC_ERROR_FILE if set (atomically).
 void writeElasticErrorFile(const std::string& message);
 
-// Removes `path` and everything under it, not following symbolic links; a missing path counts as removed.
-// Returns false if something could not be removed. Not std::filesystem::remove_all: LibTorch's pip and
-// pytorch.org builds carry (and export) a static copy of std::filesystem, a program linking them binds its
-// own remove_all calls to that copy, and it crashes there (a call through a null pointer; seen with 2.11).
-bool removeTree(const std::string& path);
-
 // `what` without the "\nException raised from ..." backtrace LibTorch's c10::Error appends to its message
 // (a message wrapped with it would keep the backtrace in the middle, and lose what follows when cut).
 std::string withoutBacktrace(std::string what);

@@ -44,15 +44,6 @@ struct LaunchOptions {
 
 // Number of NVIDIA GPUs visible, found without CUDA (CUDA_VISIBLE_DEVICES, /dev/nvidiaN, nvidia-smi -L).
 int countNvidiaGpus();
-// The CPUs this process may use, at least 1: its affinity mask (a Slurm or cgroup cpuset, taskset), capped
-// by its cgroup's CPU quota (a container's --cpus, a Kubernetes CPU limit), not every CPU of the machine; all
-// online CPUs only where neither can be read. ctrun sizes --nproc_per_node cpu and the workers'
-// OMP_NUM_THREADS by it, tiler its default threads.
-int usableCpus();
-// The CPU quota of the cgroup whose /proc/<pid>/cgroup text is `proc_cgroup`, with the cgroup filesystems
-// mounted under `root`, in whole CPUs (rounded up): the tightest of cgroup v2's cpu.max and v1's
-// cpu.cfs_quota_us / cpu.cfs_period_us over the cgroup and its ancestors; 0 where none is set.
-int cgroupCpuQuota(const std::string& proc_cgroup, const std::string& root);
 // Resolves --nproc_per_node (cpu, and auto without a GPU: usableCpus()); throws ConfigError on nonsense.
 int resolveNprocPerNode(const std::string& spec);
 // A free TCP port on 127.0.0.1 (bound and released).

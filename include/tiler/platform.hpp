@@ -1,5 +1,6 @@
-// platform: the ground floor of file handling that every output and report goes through, so that no write
-// of tiler's can be redirected and no reader ever sees half a file.
+// platform: the ground floor: file handling that every output and report goes through, so that no write of
+// tiler's can be redirected and no reader ever sees half a file; and the facts of the machine a process
+// runs on (its CPUs, its memory, where the bundled samples are).
 // Promise: a file tiler creates is created anew (O_CREAT|O_EXCL|O_NOFOLLOW after unlinking what was there),
 // so a symbolic link planted under a temporary name is replaced, never followed; a file written "atomically"
 // appears under its final name whole or not at all; an output directory is held by one run at a time.
@@ -54,4 +55,26 @@ class DirectoryLock {
   int fd_ = -1;  // owned; -1 when not locked
 };
 
+// Removes `path` and everything under it, not following symbolic links; a missing path counts as removed.
+// Returns false if something could not be removed. Not std::filesystem::remove_all: LibTorch's pip and
+// pytorch.org builds carry (and export) a static copy of std::filesystem, a program linking them binds its
+// own remove_all calls to that copy, and it crashes there (a call through a null pointer; seen with 2.11).
+bool removeTree(const std::string& path);
+
+// ---- the machine ----
+
+// The CPUs this process may use, at least 1: its affinity mask (a Slurm or cgroup cpuset, taskset), capped
+// by its cgroup's CPU quota (a container's --cpus, a Kubernetes CPU limit), not every CPU of the machine; all
+// online CPUs only where neither can be read. ctrun sizes --nproc_per_node cpu and the workers'
+// OMP_NUM_THREADS by it, tiler its default threads.
+int usableCpus();
+// The CPU quota of the cgroup whose /proc/<pid>/cgroup text is `proc_cgroup`, with the cgroup filesystems
+// mounted under `root`, in whole CPUs (rounded up): the tightest of cgroup v2's cpu.max and v1's
+// cpu.cfs_quota_us / cpu.cfs_period_us over the cgroup and its ancestors; 0 where none is set.
+int cgroupCpuQuota(const std::string& proc_cgroup, const std::string& root);
+// Peak resident memory of this process so far, in MiB.
+double peakRssMegabytes();
+
+// The bundled samples (images, models, training pairs).
+std::string bundledSamplesDir();
 }  // namespace tiler

@@ -1,5 +1,5 @@
 // report: what a run tells its user. The report JSON of `tiler infer` (fields in the README), written
-// atomically by rank 0 also when images failed; the exit code it implies; the progress line; peak memory.
+// atomically by rank 0 also when images failed; the exit code it implies; the progress line.
 // No LibTorch.
 #pragma once
 
@@ -47,9 +47,6 @@ nlohmann::json inferReport(const RunSummary& run, const WindowCatalog& catalog,
 int exitCodeOf(const nlohmann::json& report);
 // Writes `j` to "<path>.partial" and renames it into place; throws IoError.
 void writeJsonAtomically(const std::string& path, const nlohmann::json& j);
-
-// Peak resident memory of this process so far, in MiB.
-double peakRssMegabytes();
 
 // Rank 0's progress display: a bar with rate and ETA on a terminal, a plain line every 5 s otherwise.
 class Progress {

@@ -25,6 +25,7 @@
 #include "tiler/loader.hpp"
 #include "tiler/model.hpp"
 #include "tiler/pipeline.hpp"
+#include "tiler/platform.hpp"
 #include "tiler/report.hpp"
 
 namespace {
