@@ -169,22 +169,22 @@ WindowBatch WindowLoader::assemble(int64_t step) {
   batch.pixels =
       torch::empty({B, C, H, W}, torch::TensorOptions(torch::kFloat32).pinned_memory(options_.pinned));
   batch.scales = torch::ones({B}, torch::kFloat32);
-  batch.meta = torch::full({B, 2}, int64_t(-1), torch::kInt64);
-  auto meta = batch.meta.accessor<int64_t, 2>();
+  batch.slots.assign(size_t(B), WindowSlot{});
   // Serial: which slots to read, with which reader (in slot order, as the fault hook counts them).
   std::vector<std::optional<SlotRead>> reads(static_cast<size_t>(B));
   std::map<int, std::exception_ptr> open_failures;
   bool dropped = false;
   for (int64_t j = 0; j < B; ++j) {
     const int64_t pos = step * B + j;
-    meta[j][1] = kSlotPadded;
+    WindowSlot& slot = batch.slots[size_t(j)];
     if (pos >= int64_t(slots_.size()) || slots_[size_t(pos)].padded) continue;
     if (stopping_) break;  // the consumer is gone: stop within the batch
     const int64_t global = slots_[size_t(pos)].index;
-    meta[j][0] = global;
     const auto [image_id, local] = catalog_.locate(global);
+    slot.image = image_id;
+    slot.window = global;
     if (skipped(image_id)) {
-      meta[j][1] = kSlotSkipped;
+      slot.status = SlotStatus::kSkipped;
       continue;
     }
     const CatalogImage& img = catalog_.image(image_id);
@@ -230,10 +230,11 @@ WindowBatch WindowLoader::assemble(int64_t step) {
     auto& read = reads[size_t(j)];
     if (!read) continue;
     const CatalogImage& img = catalog_.image(read->image_id);
+    WindowSlot& slot = batch.slots[size_t(j)];
     if (skipped(read->image_id)) {
-      meta[j][1] = kSlotSkipped;
+      slot.status = SlotStatus::kSkipped;
     } else if (read->error) {
-      meta[j][1] = kSlotFailed;
+      slot.status = SlotStatus::kFailed;
       batch.failures.emplace_back(read->image_id,
                                   errorRankPrefix() + describeImageException(read->error, img.input));
       skipImage(read->image_id);
@@ -241,13 +242,13 @@ WindowBatch WindowLoader::assemble(int64_t step) {
       readers_.drop(img.input);
     } else {
       batch.scales[j] = float(img.scale);
-      meta[j][1] = kSlotOk;
+      slot.status = SlotStatus::kOk;
       ++batch.valid;
     }
   }
   // Every slot but the windows read holds zeros: padding, skips, whatever a failed read left.
   for (int64_t j = 0; j < B; ++j)
-    if (meta[j][1] != kSlotOk) batch.pixels[j].zero_();
+    if (!batch.slots[size_t(j)].ok()) batch.pixels[j].zero_();
   batch.read_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return batch;
 }

@@ -94,6 +94,10 @@ std::string cpuBlasName() {
 }
 
 int defaultIntraOpThreads() {
+  return defaultIntraOpThreads(usableCpus());
+}
+
+int defaultIntraOpThreads(int cpus) {
   // OMP_NUM_THREADS (ctrun sets cores / local workers) is the user's or the launcher's word.
   if (const char* omp = std::getenv("OMP_NUM_THREADS")) {
     const int n = std::atoi(omp);
@@ -101,7 +105,6 @@ int defaultIntraOpThreads() {
   }
   // LibTorch's own default guesses physical cores as half the logical ones (1 on a 2-vCPU machine); tiler
   // gives each rank on this node its share of the CPUs it may run on.
-  const int cpus = usableCpus();
   // Slurm says a task's CPUs itself, and a task it bound to CPUs of its own (a mask smaller than the job's
   // CPUs on this node) has them alone: dividing them again by the tasks would leave most of them idle.
   const auto slurm = [](const char* name) {

@@ -280,16 +280,17 @@ void OutputStage::finishImage(int image_id, const std::string& error) {
 void OutputStage::stitchStep(StepResult& step) {
   for (auto& [image_id, message] : step.failures) finishImage(image_id, message);
   if (!step.preds.defined()) return;  // none of this step's windows are this rank's to write
-  auto meta = step.meta.accessor<int64_t, 2>();
+  const StepSlots& slots = step.slots;
   std::vector<int64_t> order;
-  for (int64_t k = 0; k < step.meta.size(0); ++k)
-    if (meta[k][1] == kSlotOk) order.push_back(k);
+  for (size_t k = 0; k < slots.size(); ++k)
+    if (slots[k].ok()) order.push_back(int64_t(k));
   // Accumulate in global window order whatever rank produced each slot.
-  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return meta[a][0] < meta[b][0]; });
+  std::sort(order.begin(), order.end(),
+            [&](int64_t a, int64_t b) { return slots[size_t(a)].window < slots[size_t(b)].window; });
   const int64_t per_window = step.preds.numel() / std::max<int64_t>(step.preds.size(0), 1);
   const float* base = step.preds.data_ptr<float>();
   for (int64_t k : order) {
-    const auto [image_id, local] = catalog_.locate(meta[k][0]);
+    const auto [image_id, local] = catalog_.locate(slots[size_t(k)].window);
     if (catalog_.image(image_id).status != "ok") continue;
     try {
       ImageOutputs& out = outputsFor(image_id);

@@ -73,7 +73,7 @@ class InferJob {
                OutputStage& outputs);
   // Every rank's predictions of a step to the owners of their images: one gather per owner that has windows
   // in the step. Returns this rank's slots (preds undefined when it owns none of the step's windows).
-  StepResult routePredictions(const std::vector<torch::Tensor>& metas, const torch::Tensor& preds,
+  StepResult routePredictions(const std::vector<StepSlots>& every_rank, const torch::Tensor& preds,
                               const std::string& what);
   torch::Tensor forward(ModelRunner& model, WindowBatch& batch, int64_t fault_slot);
   std::vector<int64_t> predictionSizes(int64_t windows) const;  // a forward's output for this many windows
@@ -219,10 +219,10 @@ std::future<InferJob::ForwardedBatch> InferJob::startStep(WindowLoader& loader, 
   if (f.batch) {
     const bool faults = fault_ && fault_->rank == world_.rank && fault_->stage == "forward" &&
                         (fault_->kind == "throw" || fault_->kind == "oom");
-    auto meta = f.batch->meta.accessor<int64_t, 2>();
-    for (int64_t j = 0; j < meta.size(0); ++j) {
-      if (meta[j][1] != kSlotOk) continue;
-      if (++windows_started_ == (faults ? fault_->after_windows : -1)) fault_slot = j;
+    const StepSlots& slots = f.batch->slots;
+    for (size_t j = 0; j < slots.size(); ++j) {
+      if (!slots[j].ok()) continue;
+      if (++windows_started_ == (faults ? fault_->after_windows : -1)) fault_slot = int64_t(j);
     }
   }
   if (f.fatal) {
@@ -259,9 +259,9 @@ std::vector<int64_t> InferJob::predictionSizes(int64_t windows) const {
 
 void InferJob::forwardSlots(ModelRunner& model, WindowBatch& batch, int64_t first, int64_t count,
                             int64_t fault_slot, torch::Tensor& out) {
-  auto meta = batch.meta.accessor<int64_t, 2>();
+  StepSlots& slots = batch.slots;
   bool any = false;
-  for (int64_t j = first; j < first + count; ++j) any = any || meta[j][1] == kSlotOk;
+  for (int64_t j = first; j < first + count; ++j) any = any || slots[size_t(j)].ok();
   if (!any) return;
   std::string message;
   try {
@@ -302,12 +302,12 @@ void InferJob::forwardSlots(ModelRunner& model, WindowBatch& batch, int64_t firs
   // The images of these slots fail, wherever their other windows are; the run goes on.
   std::set<int> images;
   for (int64_t j = first; j < first + count; ++j) {
-    if (meta[j][1] != kSlotOk) continue;
-    const int image_id = catalog_.locate(meta[j][0]).first;
-    meta[j][1] = kSlotFailed;
-    if (images.insert(image_id).second)
-      batch.failures.emplace_back(image_id, errorRankPrefix() + "'" + catalog_.image(image_id).input +
-                                                "': the model's forward failed: " + message);
+    WindowSlot& slot = slots[size_t(j)];
+    if (!slot.ok()) continue;
+    slot.status = SlotStatus::kFailed;
+    if (images.insert(slot.image).second)
+      batch.failures.emplace_back(slot.image, errorRankPrefix() + "'" + catalog_.image(slot.image).input +
+                                                  "': the model's forward failed: " + message);
   }
 }
 
@@ -332,31 +332,27 @@ void InferJob::runStep(int64_t step, int64_t steps, ForwardedBatch forwarded, Wi
   if (!batch || fatal) {
     // Still take part in the step, with an empty window list, so that the status reaches everyone.
     batch = WindowBatch{};
-    batch->meta = torch::full({B, 2}, int64_t(-1), torch::kInt64);
+    batch->slots.assign(size_t(B), WindowSlot{});
   }
   const auto t1 = Clock::now();
   // The window lists carry every rank's status: a fatal error anywhere throws here on every rank.
-  auto metas = exchange_->share(batch->meta, fatal, "the window list of " + what);
-  StepResult result = routePredictions(metas, preds, what);
+  const auto every_rank = exchange_->shareSlots(batch->slots, fatal, "the window list of " + what);
+  StepResult result = routePredictions(every_rank, preds, what);
   stats_.gather_seconds += secondsSince(t1);
   stats_.windows += batch->valid;
-  for (auto& m : metas) {
-    auto a = m.accessor<int64_t, 2>();
-    for (int64_t k = 0; k < m.size(0); ++k) {
-      if (a[k][1] != kSlotFailed) continue;
-      const int image_id = catalog_.locate(a[k][0]).first;
-      if (failed_.insert(image_id).second) {
-        loader.skipImage(image_id);
-        result.failures.emplace(
-            image_id, exchange_->imageFailure(
-                          image_id, "'" + catalog_.image(image_id).input + "': failed on another rank"));
-      }
+  for (const StepSlots& slots : every_rank) {
+    for (const WindowSlot& slot : slots) {
+      if (slot.status != SlotStatus::kFailed || !failed_.insert(slot.image).second) continue;
+      loader.skipImage(slot.image);
+      result.failures.emplace(
+          slot.image, exchange_->imageFailure(
+                          slot.image, "'" + catalog_.image(slot.image).input + "': failed on another rank"));
     }
   }
   outputs.submit(std::move(result));  // a stopped stage says why at the next step
 }
 
-StepResult InferJob::routePredictions(const std::vector<torch::Tensor>& metas, const torch::Tensor& preds,
+StepResult InferJob::routePredictions(const std::vector<StepSlots>& every_rank, const torch::Tensor& preds,
                                       const std::string& what) {
   const int W = world_.world_size;
   // routes[owner][rank]: the slots of `rank` whose images `owner` writes, in slot order.
@@ -364,11 +360,11 @@ StepResult InferJob::routePredictions(const std::vector<torch::Tensor>& metas, c
       std::vector<std::vector<std::vector<int64_t>>>(size_t(W), std::vector<std::vector<int64_t>>(size_t(W)));
   std::vector<int64_t> ok(size_t(W), 0);
   for (int r = 0; r < W; ++r) {
-    auto a = metas[size_t(r)].accessor<int64_t, 2>();
-    for (int64_t k = 0; k < a.size(0); ++k) {
-      if (a[k][1] != kSlotOk) continue;
+    const StepSlots& slots = every_rank[size_t(r)];
+    for (size_t k = 0; k < slots.size(); ++k) {
+      if (!slots[k].ok()) continue;
       ++ok[size_t(r)];
-      routes[size_t(owners_[size_t(catalog_.locate(a[k][0]).first)])][size_t(r)].push_back(k);
+      routes[size_t(owners_[size_t(slots[k].image)])][size_t(r)].push_back(int64_t(k));
     }
   }
   StepResult result;
@@ -398,27 +394,20 @@ StepResult InferJob::routePredictions(const std::vector<torch::Tensor>& metas, c
     }
     auto gathered = exchange_->gather(part, owner, of);
     if (owner != world_.rank) continue;
-    const int64_t per_rank = part.size(0);
-    auto meta = torch::full({per_rank * W, 2}, int64_t(-1), torch::kInt64);
-    auto m = meta.accessor<int64_t, 2>();
+    // The gathered slots: each rank's part in rank order, padded to the longest part.
+    const size_t per_rank = size_t(part.size(0));
+    result.slots.assign(per_rank * size_t(W), WindowSlot{});
     for (int r = 0; r < W; ++r) {
-      auto a = metas[size_t(r)].accessor<int64_t, 2>();
+      const StepSlots& theirs = every_rank[size_t(r)];
+      auto into = result.slots.begin() + std::ptrdiff_t(size_t(r) * per_rank);
       if (everything) {
-        for (int64_t k = 0; k < per_rank; ++k) {
-          m[r * per_rank + k][0] = a[k][0];
-          m[r * per_rank + k][1] = a[k][1];
-        }
+        std::copy(theirs.begin(), theirs.begin() + std::ptrdiff_t(per_rank), into);
       } else {
-        const auto& slots = mine[size_t(r)];
-        for (size_t j = 0; j < slots.size(); ++j) {
-          m[r * per_rank + int64_t(j)][0] = a[slots[j]][0];
-          m[r * per_rank + int64_t(j)][1] = kSlotOk;
-        }
+        for (int64_t k : mine[size_t(r)]) *into++ = theirs[size_t(k)];
       }
     }
     // One rank: its own tensors, not a copy (8 MB a step for two channels of 16 windows of 256 px).
     result.preds = gathered.contiguous();
-    result.meta = meta;
   }
   return result;
 }

@@ -222,25 +222,30 @@ TEST(Dist, GarbageOnTheStorePortDoesNotCrashRankZero) {
 }
 
 // c10d's own client sleeps a whole second after a refused connection; a rank that arrives before rank 0
-// listens joins a few 20 ms polls after the store is up instead.
+// listens joins a few 20 ms polls after the store is up instead (0.7 s or more later with c10d's retry).
+// The best of three tries is judged, so that one slow moment of a busy machine does not fail it.
 TEST(Dist, ARankArrivingBeforeTheStoreJoinsSoonAfterItListens) {
   using Clock = std::chrono::steady_clock;
   DistOptions o;
   o.timeout = std::chrono::seconds(20);
-  WorldInfo w0 = worldOf(0, 2), w1 = worldOf(1, 2);
-  w0.master_port = w1.master_port = test::freePort();
-  Clock::time_point joined;
-  std::thread early([&] {
-    DistContext ctx(w1, o, torch::Device(torch::kCPU));
-    joined = Clock::now();
+  auto best = Clock::duration::max();
+  for (int attempt = 0; attempt < 3 && best >= std::chrono::milliseconds(500); ++attempt) {
+    WorldInfo w0 = worldOf(0, 2), w1 = worldOf(1, 2);
+    w0.master_port = w1.master_port = test::freePort();
+    Clock::time_point joined;
+    std::thread early([&] {
+      DistContext ctx(w1, o, torch::Device(torch::kCPU));
+      joined = Clock::now();
+      ctx.barrier("after joining");
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const auto listening = Clock::now();
+    DistContext ctx(w0, o, torch::Device(torch::kCPU));
     ctx.barrier("after joining");
-  });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  const auto listening = Clock::now();
-  DistContext ctx(w0, o, torch::Device(torch::kCPU));
-  ctx.barrier("after joining");
-  early.join();
-  EXPECT_LT(joined - listening, std::chrono::milliseconds(500)) << "rank 1 waited out c10d's 1 s retry";
+    early.join();
+    best = std::min(best, joined - listening);
+  }
+  EXPECT_LT(best, std::chrono::milliseconds(500)) << "rank 1 waited out c10d's 1 s retry";
 }
 
 }  // namespace

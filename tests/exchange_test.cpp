@@ -33,6 +33,31 @@ TEST_P(ExchangeWorlds, ShareReturnsEveryRanksRowsInRankOrder) {
   });
 }
 
+// The window slots of a step reach every rank with their image, window and status as each rank sent them.
+TEST_P(ExchangeWorlds, ShareSlotsReturnsEveryRanksSlotsAsSent) {
+  const int size = GetParam();
+  test::runRanks(size, [size](DistContext& ctx) {
+    StepExchange ex(ctx);
+    const int r = ctx.rank();
+    const StepSlots mine = {WindowSlot{r, 1000 + r, SlotStatus::kOk}, WindowSlot{},
+                            WindowSlot{7, int64_t(1) << 40, SlotStatus(r % 4)}};
+    auto all = ex.shareSlots(mine, std::nullopt, "slots");
+    ASSERT_EQ(int(all.size()), size);
+    for (int q = 0; q < size; ++q) {
+      const StepSlots& theirs = all[size_t(q)];
+      ASSERT_EQ(theirs.size(), 3u);
+      EXPECT_EQ(theirs[0].image, q);
+      EXPECT_EQ(theirs[0].window, 1000 + q);
+      EXPECT_TRUE(theirs[0].ok());
+      EXPECT_EQ(theirs[1].image, -1);
+      EXPECT_EQ(theirs[1].window, -1);
+      EXPECT_EQ(theirs[1].status, SlotStatus::kPadded);
+      EXPECT_EQ(theirs[2].window, int64_t(1) << 40);
+      EXPECT_EQ(theirs[2].status, SlotStatus(q % 4));
+    }
+  });
+}
+
 // Rank `bad` fails at step 2 of 5: every rank must leave at step 2 with the failing rank's message, the
 // failing rank with its own, the others naming it.
 TEST_P(ExchangeWorlds, AFailingRankEndsEveryRankAtTheSameStep) {

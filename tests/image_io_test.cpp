@@ -405,7 +405,8 @@ TEST(ImageReader, AbsurdHeaderFailsFastWithoutAllocating) {
   test::writeAbsurdTiff(path);
   auto t0 = std::chrono::steady_clock::now();
   expectIoError(path, "too large to decode");
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
+  // A no-hang guard (allocating and decoding it took 31 s): the error itself is the claim.
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
 }
 
 // 320 bytes claiming 30000 x 30000 in one deflate strip (under the 1 GiB chunk bound) took 31 s and 1 GB to
@@ -416,7 +417,7 @@ TEST(ImageReader, AChunkClaimingMoreThanItsCodecCanExpandFailsAtTheHeader) {
   auto t0 = std::chrono::steady_clock::now();
   expectIoError(path,
                 "strip (0,0) claims 900000000 decoded bytes from 16 stored, more than deflate can expand");
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0) << "no hang";
 }
 
 // The same bound on every chunk as it is decoded: a middle strip the header check does not look at.

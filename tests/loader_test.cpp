@@ -161,10 +161,16 @@ TEST_P(LoaderThreads, AFailingImageFailsItsSlotsOnly) {
   WindowLoader loader(catalog, spec, lo, slots, 1);
   auto batch = loader.next();
   ASSERT_TRUE(batch);
-  auto meta = batch->meta.accessor<int64_t, 2>();
-  EXPECT_EQ(meta[0][1], kSlotFailed);
-  for (int j = 1; j < 4; ++j) EXPECT_EQ(meta[j][1], kSlotSkipped) << "one failure per image, then skipped";
-  for (int j = 4; j < 8; ++j) EXPECT_EQ(meta[j][1], kSlotOk);
+  const StepSlots& got = batch->slots;
+  ASSERT_EQ(got.size(), 8u);
+  EXPECT_EQ(got[0].status, SlotStatus::kFailed);
+  for (int j = 1; j < 4; ++j)
+    EXPECT_EQ(got[size_t(j)].status, SlotStatus::kSkipped) << "one failure per image, then skipped";
+  for (int j = 4; j < 8; ++j) EXPECT_TRUE(got[size_t(j)].ok());
+  for (int j = 0; j < 8; ++j) {
+    EXPECT_EQ(got[size_t(j)].window, j) << "the slot names its global window";
+    EXPECT_EQ(got[size_t(j)].image, j / 4) << "and its image";
+  }
   EXPECT_EQ(batch->valid, 4);
   ASSERT_EQ(batch->failures.size(), 1u);
   EXPECT_EQ(batch->failures[0].first, 0);

@@ -266,26 +266,27 @@ TEST(Model, Fp16OnCpuIsRefusedClearly) {
 }
 
 TEST(Model, DefaultThreadsAreThisRanksShareOfTheCpus) {
-  const int cpus = usableCpus();
   unsetenv("OMP_NUM_THREADS");
   unsetenv("LOCAL_WORLD_SIZE");
   ModelRunner all(cpuOptions(saveModule("threads", 3, 2, kConv)));
-  EXPECT_EQ(at::get_num_threads(), cpus) << "LibTorch's own default is half the logical CPUs";
+  EXPECT_EQ(at::get_num_threads(), defaultIntraOpThreads()) << "LibTorch's own default is half the CPUs";
+  // A process that may use 12 CPUs, whatever this machine has.
+  EXPECT_EQ(defaultIntraOpThreads(12), 12);
   setenv("LOCAL_WORLD_SIZE", "2", 1);
-  EXPECT_EQ(defaultIntraOpThreads(), std::max(1, cpus / 2));
+  EXPECT_EQ(defaultIntraOpThreads(12), 6);
+  EXPECT_EQ(defaultIntraOpThreads(1), 1) << "never none";
   setenv("OMP_NUM_THREADS", "3", 1);
-  EXPECT_EQ(defaultIntraOpThreads(), 3);
+  EXPECT_EQ(defaultIntraOpThreads(12), 3);
   unsetenv("OMP_NUM_THREADS");
   unsetenv("LOCAL_WORLD_SIZE");
-  // srun: 4 tasks on a node of the job's 4 x cpus CPUs. Bound to its own CPUs (all this process has), a task
-  // takes them all; unbound (its mask is the job's), its share; --cpus-per-task says it outright.
+  // srun: 4 tasks on a node of the job's 48 CPUs. Bound to its own 12 CPUs (all this process has), a task
+  // takes them all; unbound (its mask is the job's 48), its share; --cpus-per-task says it outright.
   setenv("SLURM_NTASKS_PER_NODE", "4", 1);
-  setenv("SLURM_CPUS_ON_NODE", std::to_string(4 * cpus).c_str(), 1);
-  EXPECT_EQ(defaultIntraOpThreads(), cpus) << "a bound task's CPUs are its own";
-  setenv("SLURM_CPUS_ON_NODE", std::to_string(cpus).c_str(), 1);
-  EXPECT_EQ(defaultIntraOpThreads(), std::max(1, cpus / 4)) << "unbound tasks share the job's CPUs";
+  setenv("SLURM_CPUS_ON_NODE", "48", 1);
+  EXPECT_EQ(defaultIntraOpThreads(12), 12) << "a bound task's CPUs are its own";
+  EXPECT_EQ(defaultIntraOpThreads(48), 12) << "unbound tasks share the job's CPUs";
   setenv("SLURM_CPUS_PER_TASK", "1", 1);
-  EXPECT_EQ(defaultIntraOpThreads(), 1);
+  EXPECT_EQ(defaultIntraOpThreads(48), 1);
   for (const char* name : {"SLURM_NTASKS_PER_NODE", "SLURM_CPUS_ON_NODE", "SLURM_CPUS_PER_TASK"})
     unsetenv(name);
   auto pinned = cpuOptions(saveModule("threads1", 3, 2, kConv));
@@ -389,7 +390,10 @@ TEST(Model, SecondsPerWindowCountsThisThreadsCpuTimeNotTheMachinesLoad) {
   stop = true;
   for (auto& t : busy) t.join();
   pthread_setaffinity_np(pthread_self(), sizeof before, &before);
-  EXPECT_LT(seconds, bar) << "wall " << wall << " s";
+  // Relative, not absolute: a busier machine stretches the wall time more, this thread's CPU time hardly.
+  if (wall < 4 * bar) GTEST_SKIP() << "the load did not slow the measurement (" << wall << " s)";
+  EXPECT_LT(4 * seconds, wall) << "judged by the wall clock: " << seconds << " s a window in " << wall
+                               << " s";
   EXPECT_EQ(at::get_num_threads(), 2) << "the caller's intra-op threads are restored";
 }
 

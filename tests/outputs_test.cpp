@@ -65,8 +65,7 @@ WindowCatalog smallCatalog(const std::string& dir, int n) {
 StepResult stepOf(int n) {
   StepResult s;
   s.preds = torch::rand({n, 3, 8, 8});
-  s.meta = torch::zeros({n, 2}, torch::kInt64);
-  for (int i = 0; i < n; ++i) s.meta[i][0] = i;
+  for (int i = 0; i < n; ++i) s.slots.push_back(WindowSlot{i, i, SlotStatus::kOk});
   return s;
 }
 
@@ -111,7 +110,7 @@ TEST(Outputs, AStageWritesOnlyItsOwnImagesAndReportsThem) {
   o.rank = 1;
   OutputStage stage(mine, o);
   StepResult step = stepOf(3);
-  step.meta[1][1] = -1;  // image 1's slot goes to rank 0: never sent here
+  step.slots[1] = WindowSlot{};  // image 1's slot goes to rank 0: never sent here
   step.failures[1] = "'in1.png': failed on rank 0";
   ASSERT_TRUE(stage.submit(std::move(step)));
   ASSERT_TRUE(stage.submit(StepResult{}));  // a step with none of this rank's windows

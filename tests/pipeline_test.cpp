@@ -1396,5 +1396,81 @@ def forward(self, x):
   EXPECT_EQ(imageEntry(ref, "c_small.png")->count("non_finite_values"), 0u);
 }
 
+// A fixture of known values, independent of tiler's own code: a 3x3 convolution of explicit weights over an
+// image of integer formulas. Where every window that covers a pixel sees its whole 3x3 neighbourhood, the
+// stitched value is the convolution of the whole image, computed here; on a window's edge (its zero padding
+// blended with the neighbour's view by the Gaussian weights) the values are pinned as recorded.
+TEST_F(Pipeline, PinnedPixelsOfAKnownModelAndImage) {
+  const int W = 96, H = 80;
+  cv::Mat img(H, W, CV_8UC3);
+  for (int y = 0; y < H; ++y)
+    for (int x = 0; x < W; ++x)
+      img.at<cv::Vec3b>(y, x) = cv::Vec3b(uint8_t((7 * x + 3 * y) % 256), uint8_t((x * x + y) % 256),
+                                          uint8_t((x ^ y) & 255));  // R, G, B as the writer takes them
+  const std::string dir = root_ + "/pinned", out = root_ + "/out_pinned", model = root_ + "/pinned.pt";
+  fs::create_directories(dir);
+  writeImage(dir + "/pinned.tif", img, SampleType::kU8);
+  // Class 0: the 3x3 mean of the three channels; class 1: the Laplacian of the first.
+  const float lap[9] = {0, -1, 0, -1, 4, -1, 0, -1, 0};
+  auto w = torch::zeros({2, 3, 3, 3});
+  w[0].fill_(1.0 / 27);
+  for (int k = 0; k < 9; ++k) w[1][0][k / 3][k % 3] = lap[k];
+  torch::jit::Module m("Pinned");
+  m.register_parameter("w", w, false);
+  m.define(R"JIT(
+def forward(self, x):
+    return torch.conv2d(x, self.w, padding=1)
+)JIT");
+  m.save(model);
+  auto r = run(kTiler + " -i " + dir + " -m " + model + " -o " + out +
+               " --window 32 --overlap 0.25 --batch_size 4 --threads 1 --save probs --no_progress");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const cv::Mat probs = ImageReader::open(out + "/pinned_probs.tif")->readRegion({0, 0, W, H});
+  ASSERT_EQ(probs.type(), CV_32FC2);
+  auto at = [&](int x, int y, int c) { return probs.ptr<float>(y)[x * 2 + c]; };
+  auto sample = [&](int x, int y, int c) {
+    if (x < 0 || y < 0 || x >= W || y >= H) return 0.0;  // --pad constant --cval 0
+    return img.at<cv::Vec3b>(y, x)[c] / 255.0;
+  };
+  auto conv = [&](int x, int y, int cls) {
+    double v = 0;
+    for (int dy = -1; dy <= 1; ++dy)
+      for (int dx = -1; dx <= 1; ++dx)
+        for (int c = 0; c < 3; ++c)
+          v += double(w[cls][c][dy + 1][dx + 1].item<float>()) * sample(x + dx, y + dy, c);
+    return v;
+  };
+  // Windows start every 24 px; a window's first and last columns and rows see its padding.
+  const auto window_edge = [](int v, int size) {
+    std::vector<int> starts;
+    for (int s = 0; s + 32 < size; s += 24) starts.push_back(s);
+    starts.push_back(size - 32);
+    for (int s : starts)
+      if (v >= s && v < s + 32 && (v == s || v == s + 31) && v != 0 && v != size - 1) return true;
+    return false;
+  };
+  int compared = 0;
+  for (int y = 0; y < H; ++y)
+    for (int x = 0; x < W; ++x) {
+      if (window_edge(x, W) || window_edge(y, H)) continue;
+      for (int cls = 0; cls < 2; ++cls) ASSERT_NEAR(at(x, y, cls), conv(x, y, cls), 1e-5) << x << "," << y;
+      ++compared;
+    }
+  EXPECT_GT(compared, W * H / 2);
+  // Recorded (window edges, where the blend decides): the left window's last column, the right's first.
+  const struct {
+    int x, y, cls;
+    float value;
+  } pinned[] = {{31, 10, 0, 0.474814862f},
+                {31, 10, 1, 0.0239240564f},
+                {24, 10, 1, 0.0179902539f},
+                {31, 31, 1, 0.0664063841f}};
+  for (const auto& p : pinned) {
+    EXPECT_NEAR(at(p.x, p.y, p.cls), p.value, 1e-5) << p.x << "," << p.y;
+    EXPECT_GT(std::abs(p.value - conv(p.x, p.y, p.cls)), 1e-3)
+        << "a window edge differs from the whole image's";
+  }
+}
+
 }  // namespace
 }  // namespace tiler

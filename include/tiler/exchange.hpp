@@ -18,6 +18,7 @@
 
 #include "tiler/dist.hpp"
 #include "tiler/error.hpp"
+#include "tiler/slots.hpp"
 
 namespace tiler {
 
@@ -45,6 +46,9 @@ class StepExchange {
   // Throws RankFailure on every rank when any rank passed a `fatal` message.
   std::vector<torch::Tensor> share(const torch::Tensor& rows, const std::optional<std::string>& fatal,
                                    const std::string& what);
+  // Every rank's window slots of a step (the same count everywhere), through share().
+  std::vector<StepSlots> shareSlots(const StepSlots& slots, const std::optional<std::string>& fatal,
+                                    const std::string& what);
   // share() with nothing but the status.
   void check(const std::optional<std::string>& fatal, const std::string& what);
 

@@ -5,7 +5,7 @@
 // Promise: ReadAhead produces items in order on its own thread; stop() (or the destructor) returns within
 // one item, and an exception in the producer reaches the consumer at next(). WindowLoader reads only this
 // rank's windows, turns any exception while reading one window (libtiff, OpenCV, bad_alloc, ...) into a
-// failure of that window's image (slot kSlotFailed, message naming the file) and reads nothing more of it.
+// failure of that window's image (slot kFailed, message naming the file) and reads nothing more of it.
 // Memory: `depth` batches, plus the open readers' caches.
 #pragma once
 
@@ -30,6 +30,7 @@
 #include "tiler/error.hpp"
 #include "tiler/queue.hpp"
 #include "tiler/sampler.hpp"
+#include "tiler/slots.hpp"
 
 namespace tiler {
 
@@ -142,16 +143,13 @@ class ReaderCache {
   }
 };
 
-// A slot's fate, sent with the step's window list.
-enum SlotStatus : int64_t { kSlotOk = 0, kSlotPadded = 1, kSlotFailed = 2, kSlotSkipped = 3 };
-
 // One step's batch as this rank read it. Tensors are owned CPU tensors.
 struct WindowBatch {
-  torch::Tensor pixels;  // float32 [B,C,H,W] raw sample values
-  torch::Tensor scales;  // float32 [B]
-  torch::Tensor meta;    // int64 [B,2]: global window index (-1 for padding), SlotStatus
+  torch::Tensor pixels;                               // float32 [B,C,H,W] raw sample values
+  torch::Tensor scales;                               // float32 [B]
+  StepSlots slots;                                    // [B]: the window each slot holds and its fate
   std::vector<std::pair<int, std::string>> failures;  // (image id, message) found while reading
-  int64_t valid = 0;                                  // slots with kSlotOk
+  int64_t valid = 0;                                  // slots with kOk
   double read_seconds = 0;
 };
 
@@ -177,7 +175,7 @@ class WindowLoader {
                std::vector<SampleSlot> slots, int64_t steps);
   // The next step's batch; rethrows a failure of the loader itself; nullopt after stop().
   std::optional<WindowBatch> next() { return ahead_->next(); }
-  // No window of `image_id` is read from now on (its slots become kSlotSkipped). Thread safe.
+  // No window of `image_id` is read from now on (its slots become kSkipped). Thread safe.
   void skipImage(int image_id);
   void stop() {
     stopping_ = true;

@@ -35,6 +35,8 @@ Activation parseActivation(const std::string& name);
 // node; else those CPUs divided by the ranks on this node (LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE,
 // SLURM_NTASKS_PER_NODE), which share them.
 int defaultIntraOpThreads();
+// The same for a process that may use `cpus` CPUs.
+int defaultIntraOpThreads(int cpus);
 // The BLAS that LibTorch's CPU kernels call (convolutions it lowers to matrix products), as the process
 // loaded it: "OpenBLAS <its config>", "Intel MKL", "BLIS", or kReferenceBlas, the reference BLAS of
 // Debian's libblas3, which makes the sample UNet's forward 1.5-1.8x slower than OpenBLAS does.

@@ -25,8 +25,9 @@
 #include "tiler/catalog.hpp"
 #include "tiler/error.hpp"
 #include "tiler/image_io.hpp"
-#include "tiler/loader.hpp"
 #include "tiler/polygons.hpp"
+#include "tiler/queue.hpp"
+#include "tiler/slots.hpp"
 
 namespace tiler {
 
@@ -68,7 +69,7 @@ SampleType parseProbsType(const std::string& name);
 // One step's slots for this rank's images, as it gathered them from every rank.
 struct StepResult {
   torch::Tensor preds;                  // float32 [slots, C, h, w], CPU, contiguous (undefined: no slots)
-  torch::Tensor meta;                   // int64 [slots, 2]: global window, SlotStatus
+  StepSlots slots;                      // [slots]: what each slot of preds holds
   std::map<int, std::string> failures;  // images failed elsewhere this step: id -> message
 };
 
