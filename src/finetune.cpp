@@ -25,6 +25,7 @@
 #include "tiler/platform.hpp"
 #include "tiler/report.hpp"
 #include "tiler/sampler.hpp"
+#include "tiler/session.hpp"
 #include "tiler/torch_compat.hpp"
 
 namespace fs = std::filesystem;
@@ -65,6 +66,23 @@ class Trainer {
   int run();
 
  private:
+  // The phases of run(), in order.
+  void validateOptions();
+  void loadModel();  // the model in training mode, its parameters and the optimiser
+  void connect();    // the process group, the checkpoint directory's lock and the data, on every rank
+  int resumeEpoch(nlohmann::json& history);  // the last epoch done (0: none), its state loaded everywhere
+  void planSteps();
+  void trainEpoch(int epoch, nlohmann::json& history, Progress& progress);
+  // One optimiser step: `micros` micro-batches' gradients summed, synchronised and applied (or skipped on
+  // an fp16 overflow). Adds the micro-batches' losses to `loss_sum`, their count to `counted`.
+  void trainStep(int epoch, int64_t s, const std::vector<WindowRef>& mine, ReadAhead<TrainBatch>& ahead,
+                 double& loss_sum, int64_t& counted);
+  int finishRun(const nlohmann::json& history);
+  // Micro-batch `micro` of this rank's windows of an epoch.
+  std::vector<WindowRef> microBatch(const std::vector<WindowRef>& mine, int64_t micro) const;
+  int rank() const { return session_->rank(); }
+  StepExchange& exchange() { return session_->exchange(); }
+
   void loadData();
   void checkLabels(const CatalogImage& t);
   void splitValidation();
@@ -89,16 +107,13 @@ class Trainer {
   std::string epochDir(int epoch) const;
 
   FinetuneOptions o_;
-  WorldInfo world_;
+  std::unique_ptr<RankSession> session_;  // from run() on
   GridSpec spec_;
   PadMode pad_ = PadMode::kReflect;
   Loss loss_ = Loss::kCe;
   std::optional<Fault> fault_;
   std::atomic<int64_t> windows_read_{0};  // this rank's training windows read (read-ahead thread)
   std::unique_ptr<ModelRunner> runner_;
-  std::unique_ptr<DistContext> dist_;
-  std::unique_ptr<StepExchange> exchange_;
-  std::unique_ptr<DirectoryLock> checkpoint_lock_;  // rank 0, with --checkpoint_dir
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::vector<torch::Tensor> params_;
   ModelProbe probe_;
@@ -110,6 +125,8 @@ class Trainer {
   double loss_scale_ = 65536.0;  // fp16 dynamic loss scaling
   int64_t good_steps_ = 0;
   int64_t total_steps_ = 0, step_ = 0;
+  int64_t micro_per_epoch_ = 0, steps_per_epoch_ = 0;  // this rank's micro-batches, the optimiser's steps
+  double sync_seconds_ = 0, step_seconds_ = 0;         // for the report
 };
 
 void Trainer::checkLabels(const CatalogImage& t) {
@@ -216,8 +233,7 @@ TrainBatch Trainer::readBatch(const std::vector<WindowRef>& refs, ReaderCache& r
     const int64_t local = refs[size_t(j)].local;
     if (count_for_fault) {
       const int64_t n = ++windows_read_;
-      if (fault_ && fault_->kind == "throw" && fault_->hits(world_.rank, "read", n) &&
-          n == fault_->after_windows)
+      if (fault_ && fault_->kind == "throw" && fault_->hits(rank(), "read", n) && n == fault_->after_windows)
         fault_->trigger("while reading '" + img.label + "'");
     }
     windowToModelInput(readWindow(readers.get(img), img.grid, local, pad_, 0.0), img.adapt,
@@ -303,20 +319,20 @@ void Trainer::broadcastState() {
   torch::NoGradGuard ng;
   for (auto& t : params_) {
     auto c = t.detach().clone();
-    exchange_->broadcast(c, 0, "the initial parameters");
+    exchange().broadcast(c, 0, "the initial parameters");
     t.detach().copy_(c);
   }
   for (const auto& b : runner_->module().buffers(true)) {
     if (!b.is_floating_point() && b.scalar_type() != torch::kLong) continue;
     auto c = b.detach().clone();
-    exchange_->broadcast(c, 0, "the initial buffers");
+    exchange().broadcast(c, 0, "the initial buffers");
     b.detach().copy_(c);
   }
 }
 
 bool Trainer::syncGradients() {
   torch::NoGradGuard ng;
-  const double world = double(world_.world_size);
+  const double world = double(session_->world().world_size);
   bool finite = true;
   size_t start = 0;
   while (start < params_.size()) {
@@ -331,7 +347,7 @@ bool Trainer::syncGradients() {
       ++end;
     }
     auto bucket = torch::cat(flat);
-    exchange_->allreduceSum(bucket, "the gradient all-reduce");
+    exchange().allreduceSum(bucket, "the gradient all-reduce");
     bucket = bucket / world;
     finite = finite && bucket.isfinite().all().item<bool>();
     int64_t offset = 0;
@@ -347,7 +363,7 @@ bool Trainer::syncGradients() {
 
 std::vector<WindowRef> Trainer::epochWindows(const std::vector<WindowRef>& pool, int64_t epoch, bool shuffle,
                                              std::vector<bool>* padded) {
-  SamplerOptions so{world_.world_size, world_.rank, shuffle, o_.seed, shuffle && o_.drop_last};
+  SamplerOptions so{session_->world().world_size, rank(), shuffle, o_.seed, shuffle && o_.drop_last};
   DistributedSampler sampler(int64_t(pool.size()), so);
   std::vector<WindowRef> out;
   for (const auto& s : sampler.slots(epoch)) {
@@ -411,8 +427,8 @@ nlohmann::json Trainer::validate() {
       }
     }
   });
-  exchange_->check(failure, "the validation status");
-  exchange_->allreduceSum(stats, "the validation metrics");
+  exchange().check(failure, "the validation status");
+  exchange().allreduceSum(stats, "the validation metrics");
   auto a = stats.accessor<double, 1>();
   const double pixels = std::max(a[1], 1.0);
   j["val_loss"] = a[0] / pixels;
@@ -455,7 +471,7 @@ std::string Trainer::epochDir(int epoch) const {
 }
 
 void Trainer::saveCheckpoint(int epoch, const nlohmann::json& history) {
-  if (o_.checkpoint_dir.empty() || world_.rank != 0) return;
+  if (o_.checkpoint_dir.empty() || rank() != 0) return;
   // Everything goes into a fresh directory that one rename makes current: a crash at any point leaves the
   // previous checkpoint whole, never new weights beside old state.
   const std::string final_dir = epochDir(epoch), dir = final_dir + ".partial";
@@ -463,7 +479,7 @@ void Trainer::saveCheckpoint(int epoch, const nlohmann::json& history) {
   removeTree(dir);
   fs::create_directories(dir);
   saveModule(runner_->module(), dir + "/model.pt");
-  if (fault_ && fault_->stage == "checkpoint" && fault_->hits(world_.rank, "checkpoint", windows_read_))
+  if (fault_ && fault_->stage == "checkpoint" && fault_->hits(rank(), "checkpoint", windows_read_))
     fault_->trigger("while writing checkpoint '" + dir + "'");
   const std::string optimizer_error =
       writeFileAtomically(dir + "/optimizer.pt", [&](std::ostream& out) { torch::save(*optimizer_, out); });
@@ -535,12 +551,24 @@ void Trainer::loadCheckpoint(int epoch, nlohmann::json& history) {
   good_steps_ = state["good_steps"].get<int64_t>();
   step_ = state["step"].get<int64_t>();
   history = state["history"];
-  if (world_.rank == 0) spdlog::info("resuming after epoch {} from '{}'", epoch, dir.string());
+  if (rank() == 0) spdlog::info("resuming after epoch {} from '{}'", epoch, dir.string());
 }
 
 int Trainer::run() {
-  const auto start = Clock::now();
-  world_ = joinWorld();
+  session_ = std::make_unique<RankSession>(joinWorld());
+  validateOptions();
+  loadModel();
+  connect();
+  nlohmann::json history = nlohmann::json::array();
+  const int first_epoch = resumeEpoch(history);
+  broadcastState();
+  planSteps();
+  Progress progress(total_steps_, "steps", !o_.no_progress && rank() == 0);
+  for (int epoch = first_epoch + 1; epoch <= o_.epochs; ++epoch) trainEpoch(epoch, history, progress);
+  return finishRun(history);
+}
+
+void Trainer::validateOptions() {
   spec_ = parseGridSpec(o_.window, o_.overlap);
   pad_ = parsePadMode(o_.pad);
   loss_ = parseLoss(o_.loss);
@@ -552,10 +580,14 @@ int Trainer::run() {
   TILER_CHECK(o_.val_fraction >= 0 && o_.val_fraction < 1, ConfigError, "--val_fraction must be in [0,1)");
   TILER_CHECK(o_.schedule == "constant" || o_.schedule == "cosine", ConfigError,
               "--schedule: constant or cosine");
+  TILER_CHECK(o_.optimizer == "adam" || o_.optimizer == "sgd", ConfigError,
+              "--optimizer must be adam or sgd; got '" << o_.optimizer << "'");
   TILER_CHECK(!o_.resume || !o_.checkpoint_dir.empty(), ConfigError, "--resume needs --checkpoint_dir");
   if (o_.report.empty()) o_.report = o_.output + ".report.json";
+}
 
-  runner_ = std::make_unique<ModelRunner>(modelOptionsFor(o_, world_.local_rank));
+void Trainer::loadModel() {
+  runner_ = std::make_unique<ModelRunner>(modelOptionsFor(o_, session_->world().local_rank));
   probe_ = runner_->probe(spec_.window_w, spec_.window_h);
   runner_->module().train();
   for (const auto& p : runner_->module().parameters(true)) {
@@ -563,162 +595,157 @@ int Trainer::run() {
     params_.push_back(p);
   }
   TILER_CHECK(!params_.empty(), ModelError, "'" << o_.model << "': the model has no parameters to train");
-  if (o_.optimizer == "adam") {
+  if (o_.optimizer == "adam")
     optimizer_ = std::make_unique<torch::optim::Adam>(
         params_, torch::optim::AdamOptions(o_.lr).weight_decay(o_.weight_decay));
-  } else if (o_.optimizer == "sgd") {
+  else
     optimizer_ = std::make_unique<torch::optim::SGD>(
         params_, torch::optim::SGDOptions(o_.lr).momentum(o_.momentum).weight_decay(o_.weight_decay));
-  } else {
-    TILER_THROW(ConfigError, "--optimizer must be adam or sgd; got '" << o_.optimizer << "'");
-  }
+}
 
-  DistOptions dopts;
-  dopts.backend = o_.backend;
-  dopts.timeout = std::chrono::milliseconds(int64_t(o_.timeout * 1000));
-  dist_ = std::make_unique<DistContext>(world_, dopts, runner_->device());
-  exchange_ = std::make_unique<StepExchange>(*dist_);
-  exchange_->check(captureFailure([&] {
-                     // Two runs into one checkpoint directory would remove each other's epochs.
-                     if (world_.rank == 0 && !o_.checkpoint_dir.empty()) {
-                       fs::create_directories(o_.checkpoint_dir);
-                       checkpoint_lock_ = std::make_unique<DirectoryLock>(o_.checkpoint_dir);
-                       TILER_CHECK(
-                           checkpoint_lock_->locked(), ConfigError,
-                           "--checkpoint_dir '" << o_.checkpoint_dir << "': " << checkpoint_lock_->error());
-                     }
-                     loadData();
-                   }),
-                   "the data check");
+void Trainer::connect() {
+  session_->connect(distOptionsFor(o_), runner_->device());
+  session_->setup("the data check", [&] {
+    // Two runs into one checkpoint directory would remove each other's epochs.
+    if (rank() == 0 && !o_.checkpoint_dir.empty())
+      session_->lockDirectory(o_.checkpoint_dir, "--checkpoint_dir");
+    loadData();
+  });
+}
 
+int Trainer::resumeEpoch(nlohmann::json& history) {
   // Rank 0 decides where training resumes; every rank loads that checkpoint (or fails, on every rank).
-  nlohmann::json history = nlohmann::json::array();
-  auto resume =
-      torch::tensor({int64_t(o_.resume && world_.rank == 0 ? latestCheckpoint() : 0)}, torch::kInt64);
-  exchange_->broadcast(resume, 0, "the resume epoch");
+  auto resume = torch::tensor({int64_t(o_.resume && rank() == 0 ? latestCheckpoint() : 0)}, torch::kInt64);
+  exchange().broadcast(resume, 0, "the resume epoch");
   const int first_epoch = int(resume.item<int64_t>());
-  if (o_.resume && first_epoch == 0 && world_.rank == 0)
+  if (o_.resume && first_epoch == 0 && rank() == 0)
     spdlog::info("no checkpoint in '{}': starting fresh", o_.checkpoint_dir);
-  if (first_epoch > 0)
-    exchange_->check(captureFailure([&] { loadCheckpoint(first_epoch, history); }), "the checkpoint load");
-  broadcastState();
+  if (first_epoch > 0) session_->setup("the checkpoint load", [&] { loadCheckpoint(first_epoch, history); });
+  return first_epoch;
+}
 
-  const bool fp16 = runner_->precision() == Precision::kFp16;
+void Trainer::planSteps() {
   const int64_t B = o_.batch_size, K = o_.grad_accum_steps;
   const int64_t per_rank = int64_t(epochWindows(train_, 0, true, nullptr).size());
-  const int64_t micro_per_epoch = o_.drop_last ? std::max<int64_t>(1, per_rank / B) : (per_rank + B - 1) / B;
-  const int64_t steps_per_epoch = (micro_per_epoch + K - 1) / K;
-  total_steps_ = steps_per_epoch * o_.epochs;
-  if (world_.rank == 0)
+  micro_per_epoch_ = o_.drop_last ? std::max<int64_t>(1, per_rank / B) : (per_rank + B - 1) / B;
+  steps_per_epoch_ = (micro_per_epoch_ + K - 1) / K;
+  total_steps_ = steps_per_epoch_ * o_.epochs;
+  if (rank() == 0)
     spdlog::info(
         "finetune: {} train / {} val windows of {}x{}, {} rank(s), {} step(s) of {} micro-batch(es) per "
-        "epoch, "
-        "loss {}, {} {}",
-        train_.size(), val_.size(), spec_.window_w, spec_.window_h, world_.world_size, steps_per_epoch, K,
-        o_.loss, o_.optimizer, precisionName(runner_->precision()));
+        "epoch, loss {}, {} {}",
+        train_.size(), val_.size(), spec_.window_w, spec_.window_h, session_->world().world_size,
+        steps_per_epoch_, K, o_.loss, o_.optimizer, precisionName(runner_->precision()));
+}
 
-  double sync_seconds = 0, step_seconds = 0;
-  Progress progress(total_steps_, "steps", !o_.no_progress && world_.rank == 0);
-  for (int epoch = first_epoch + 1; epoch <= o_.epochs; ++epoch) {
-    const auto t0 = Clock::now();
-    const auto mine = epochWindows(train_, epoch, true, nullptr);
-    auto refsOf = [&](int64_t micro) {
-      const size_t lo = size_t(micro * B), hi = std::min(mine.size(), size_t((micro + 1) * B));
-      return std::vector<WindowRef>(mine.begin() + long(lo), mine.begin() + long(hi));
-    };
-    ReadAhead<TrainBatch> ahead(micro_per_epoch, size_t(o_.prefetch), [&](int64_t micro) {
-      const c10::DeviceGuard device(runner_->device());
-      return readBatch(refsOf(micro), train_readers_, true);
-    });
-    double loss_sum = 0;
-    int64_t counted = 0;
-    for (int64_t s = 0; s < steps_per_epoch; ++s) {
-      const auto ts = Clock::now();
-      const int64_t first = s * K, micros = std::min(K, micro_per_epoch - first);
-      for (auto& g : optimizer_->param_groups())
-        static_cast<torch::optim::OptimizerOptions&>(g.options())
-            .set_lr(lrAt(double(step_) / double(total_steps_)));
-      optimizer_->zero_grad();
-      // Gradients of `micros` micro-batches summed, each loss weighted 1/micros: the same step as one batch
-      // of them all (and as `micros` ranks each taking one).
-      auto failure = captureFailure([&] {
-        for (int64_t m = 0; m < micros; ++m) {
-          auto batch = ahead.next();
-          TILER_CHECK(batch.has_value(), DistError, "the read-ahead stopped early");
-          const auto refs = refsOf(first + m);
-          torch::Tensor x, target, mask;
-          toDevice(*batch, refs, epoch, x, target, mask);
-          torch::Tensor loss = lossOf(runner_->apply(x), target, mask);
-          ((fp16 ? loss * loss_scale_ : loss) / double(micros)).backward();
-          loss_sum += loss.item<double>();
-          ++counted;
-        }
-      });
-      const auto tsync = Clock::now();
-      exchange_->check(failure, "step " + std::to_string(s + 1) + " of epoch " + std::to_string(epoch));
-      const bool finite = syncGradients();
-      sync_seconds += std::chrono::duration<double>(Clock::now() - tsync).count();
-      if (fp16) {
-        torch::NoGradGuard ng;
-        if (!finite) {
-          loss_scale_ /= 2;
-          good_steps_ = 0;
-          if (world_.rank == 0) spdlog::warn("fp16 overflow: step skipped, loss scale now {}", loss_scale_);
-          ++step_;
-          continue;
-        }
-        for (auto& p : params_) p.mutable_grad().div_(loss_scale_);
-        if (++good_steps_ % 2000 == 0) loss_scale_ *= 2;
-      }
-      optimizer_->step();
-      ++step_;
-      progress.update(step_);
-      step_seconds += std::chrono::duration<double>(Clock::now() - ts).count();
-    }
-    auto train_loss = torch::tensor({loss_sum, double(counted)}, torch::kDouble);
-    exchange_->allreduceSum(train_loss, "the training loss");
-    nlohmann::json e = {
-        {"epoch", epoch},
-        {"train_loss", train_loss[0].item<double>() / std::max(1.0, train_loss[1].item<double>())}};
-    e.update(validate());
-    e["seconds"] = std::chrono::duration<double>(Clock::now() - t0).count();
-    history.push_back(e);
-    if (world_.rank == 0) {
-      std::string metrics;
-      for (const char* k : {"val_loss", "val_iou", "val_dice", "val_psnr"})
-        if (e.contains(k)) metrics += fmt::format(", {} {:.4f}", k, e[k].get<double>());
-      if (!o_.no_progress)
-        std::cout << fmt::format("epoch {}/{}: train_loss {:.4f}{} ({:.1f} s)", epoch, o_.epochs,
-                                 e["train_loss"].get<double>(), metrics, e["seconds"].get<double>())
-                  << std::endl;
-    }
-    exchange_->check(captureFailure([&] { saveCheckpoint(epoch, history); }),
-                     "the checkpoint of epoch " + std::to_string(epoch));
+std::vector<WindowRef> Trainer::microBatch(const std::vector<WindowRef>& mine, int64_t micro) const {
+  const size_t lo = size_t(micro * o_.batch_size),
+               hi = std::min(mine.size(), size_t((micro + 1) * o_.batch_size));
+  return std::vector<WindowRef>(mine.begin() + long(lo), mine.begin() + long(hi));
+}
+
+void Trainer::trainEpoch(int epoch, nlohmann::json& history, Progress& progress) {
+  const auto t0 = Clock::now();
+  const auto mine = epochWindows(train_, epoch, true, nullptr);
+  ReadAhead<TrainBatch> ahead(micro_per_epoch_, size_t(o_.prefetch), [&](int64_t micro) {
+    const c10::DeviceGuard device(runner_->device());
+    return readBatch(microBatch(mine, micro), train_readers_, true);
+  });
+  double loss_sum = 0;
+  int64_t counted = 0;
+  for (int64_t s = 0; s < steps_per_epoch_; ++s) {
+    trainStep(epoch, s, mine, ahead, loss_sum, counted);
+    progress.update(step_);
   }
+  auto train_loss = torch::tensor({loss_sum, double(counted)}, torch::kDouble);
+  exchange().allreduceSum(train_loss, "the training loss");
+  nlohmann::json e = {
+      {"epoch", epoch},
+      {"train_loss", train_loss[0].item<double>() / std::max(1.0, train_loss[1].item<double>())}};
+  e.update(validate());
+  e["seconds"] = std::chrono::duration<double>(Clock::now() - t0).count();
+  history.push_back(e);
+  if (rank() == 0 && !o_.no_progress) {
+    std::string metrics;
+    for (const char* k : {"val_loss", "val_iou", "val_dice", "val_psnr"})
+      if (e.contains(k)) metrics += fmt::format(", {} {:.4f}", k, e[k].get<double>());
+    std::cout << fmt::format("epoch {}/{}: train_loss {:.4f}{} ({:.1f} s)", epoch, o_.epochs,
+                             e["train_loss"].get<double>(), metrics, e["seconds"].get<double>())
+              << std::endl;
+  }
+  session_->setup("the checkpoint of epoch " + std::to_string(epoch),
+                  [&] { saveCheckpoint(epoch, history); });
+}
+
+void Trainer::trainStep(int epoch, int64_t s, const std::vector<WindowRef>& mine,
+                        ReadAhead<TrainBatch>& ahead, double& loss_sum, int64_t& counted) {
+  const auto ts = Clock::now();
+  const bool fp16 = runner_->precision() == Precision::kFp16;
+  const int64_t K = o_.grad_accum_steps;
+  const int64_t first = s * K, micros = std::min(K, micro_per_epoch_ - first);
+  for (auto& g : optimizer_->param_groups())
+    static_cast<torch::optim::OptimizerOptions&>(g.options())
+        .set_lr(lrAt(double(step_) / double(total_steps_)));
+  optimizer_->zero_grad();
+  // Gradients of `micros` micro-batches summed, each loss weighted 1/micros: the same step as one batch
+  // of them all (and as `micros` ranks each taking one).
+  auto failure = captureFailure([&] {
+    for (int64_t m = 0; m < micros; ++m) {
+      auto batch = ahead.next();
+      TILER_CHECK(batch.has_value(), DistError, "the read-ahead stopped early");
+      torch::Tensor x, target, mask;
+      toDevice(*batch, microBatch(mine, first + m), epoch, x, target, mask);
+      torch::Tensor loss = lossOf(runner_->apply(x), target, mask);
+      ((fp16 ? loss * loss_scale_ : loss) / double(micros)).backward();
+      loss_sum += loss.item<double>();
+      ++counted;
+    }
+  });
+  const auto tsync = Clock::now();
+  exchange().check(failure, "step " + std::to_string(s + 1) + " of epoch " + std::to_string(epoch));
+  const bool finite = syncGradients();
+  sync_seconds_ += std::chrono::duration<double>(Clock::now() - tsync).count();
+  if (fp16) {
+    torch::NoGradGuard ng;
+    if (!finite) {
+      loss_scale_ /= 2;
+      good_steps_ = 0;
+      if (rank() == 0) spdlog::warn("fp16 overflow: step skipped, loss scale now {}", loss_scale_);
+      ++step_;
+      return;
+    }
+    for (auto& p : params_) p.mutable_grad().div_(loss_scale_);
+    if (++good_steps_ % 2000 == 0) loss_scale_ *= 2;
+  }
+  optimizer_->step();
+  ++step_;
+  step_seconds_ += std::chrono::duration<double>(Clock::now() - ts).count();
+}
+
+int Trainer::finishRun(const nlohmann::json& history) {
   // Data parallelism promises identical parameters on every rank: check it rather than trust it.
   double checksum = 0;
   for (const auto& p : params_) checksum += p.detach().to(torch::kDouble).abs().sum().item<double>();
-  auto sums = exchange_->allgather(torch::tensor({checksum}, torch::kDouble), "the parameter checksum");
+  auto sums = exchange().allgather(torch::tensor({checksum}, torch::kDouble), "the parameter checksum");
   for (size_t r = 0; r < sums.size(); ++r)
     TILER_CHECK(sums[r].item<double>() == checksum, DistError,
                 "rank " << r << " holds different parameters after training (checksum "
                         << sums[r].item<double>() << " vs " << checksum << ")");
-  auto written = captureFailure([&] {
-    if (world_.rank != 0) return;
+  return session_->finish([&] {
     saveModule(runner_->module(), o_.output);
-    nlohmann::json report = {{"world_size", world_.world_size},
+    nlohmann::json report = {{"world_size", session_->world().world_size},
                              {"epochs", history},
                              {"output", o_.output},
-                             {"seconds", std::chrono::duration<double>(Clock::now() - start).count()},
-                             {"step_seconds", step_seconds},
-                             {"sync_seconds", sync_seconds},
+                             {"seconds", session_->seconds()},
+                             {"step_seconds", step_seconds_},
+                             {"sync_seconds", sync_seconds_},
                              {"steps", step_},
-                             {"grad_accum_steps", K},
+                             {"grad_accum_steps", o_.grad_accum_steps},
                              {"parameter_checksum", checksum}};
     writeJsonAtomically(o_.report, report);
     spdlog::info("finetune: wrote '{}' and '{}'", o_.output, o_.report);
+    return kExitOk;
   });
-  return exchange_->agreeOnExitCode(kExitOk, written);
 }
 
 }  // namespace

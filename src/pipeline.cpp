@@ -27,6 +27,7 @@
 #include "tiler/platform.hpp"
 #include "tiler/report.hpp"
 #include "tiler/sampler.hpp"
+#include "tiler/session.hpp"
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -53,11 +54,25 @@ class InferJob {
   int run();
 
  private:
+  // The phases of run(), in order.
   void validateOptions();
-  // Creates the output directory and locks it for this run (rank 0): a setup error when it cannot be written
-  // or another run holds it.
-  void lockOutputDirectory();
+  void loadModel();  // the model, its probe, the forward layout and the read threads
+  void connect();    // the process group, on the model's device
+  // The images and their windows, the same on every rank (or every rank stops with the reason).
+  void planImages();
+  // This rank's share of the windows (parts of every row) and the images it writes.
+  struct Deal {
+    std::vector<SampleSlot> slots;
+    int64_t steps = 0;
+  };
+  Deal dealWindows();
+  int runSteps(Deal deal);
+
   OutputOptions outputOptions() const;
+  LoaderOptions loaderOptions() const;
+  StepExchange& exchange() { return session_->exchange(); }
+  int rank() const { return session_->rank(); }
+  int worldSize() const { return session_->world().world_size; }
   // A step's batch on its way through a model replica. A fatal message ends every rank at that step.
   struct ForwardedBatch {
     std::optional<WindowBatch> batch;
@@ -84,7 +99,7 @@ class InferJob {
   int finishRun(OutputStage& outputs);
 
   InferOptions o_;
-  WorldInfo world_;
+  std::unique_ptr<RankSession> session_;  // from run() on
   GridSpec spec_;
   PadMode pad_ = PadMode::kConstant;
   StitchOptions stitch_;
@@ -94,22 +109,21 @@ class InferJob {
   Activation activation_ = Activation::kNone;
   Tta tta_ = Tta::kNone;
   bool save_labels_ = true, save_probs_ = false, save_polygons_ = false;
+  bool abort_on_error_ = false;  // --on_error abort
+  Compression compression_ = Compression::kDeflate;
+  SampleType probs_type_ = SampleType::kF32;
   std::optional<Fault> fault_;
-  std::unique_ptr<DirectoryLock> output_lock_;  // rank 0, held until the report is written
   std::unique_ptr<ModelRunner> model_;
   ForwardLayout layout_;
   int read_threads_ = 1;
   int64_t shard_run_ = 1;  // the most windows one rank takes in a row (RowDeal::longest_part)
   std::string cpu_blas_;   // cpuBlasName(), asked once
-  std::unique_ptr<DistContext> dist_;
-  std::unique_ptr<StepExchange> exchange_;
   ModelProbe probe_;
   WindowCatalog catalog_;
   std::set<int> failed_;                 // images this rank knows to have failed (main thread)
   std::vector<int> owners_;              // the rank that stitches and writes each image (assignOwners)
   int64_t windows_started_ = 0;          // valid windows of the steps handed to the replicas (main thread)
   std::atomic<bool> oom_logged_{false};  // replica threads
-  Clock::time_point start_;
   RankStats stats_;
 };
 
@@ -137,10 +151,11 @@ void InferJob::validateOptions() {
               "--scale must be a finite number >= 0 (0: by sample type); got " << o_.scale);
   TILER_CHECK(o_.on_error == "skip" || o_.on_error == "abort", ConfigError,
               "--on_error must be skip or abort");
+  abort_on_error_ = o_.on_error == "abort";
   TILER_CHECK(o_.format == "tif" || o_.format == "png", ConfigError, "--format must be tif or png");
   TILER_CHECK(!(o_.resume && o_.overwrite), ConfigError, "--resume and --overwrite exclude each other");
-  parseCompression(o_.compression);
-  parseProbsType(o_.probs_dtype);
+  compression_ = parseCompression(o_.compression);
+  probs_type_ = parseProbsType(o_.probs_dtype);
   TILER_CHECK(o_.write_threads >= 0, ConfigError,
               "--write_threads must be >= 0 (0: the CPUs this rank may use)");
   save_labels_ = save_probs_ = save_polygons_ = false;
@@ -168,44 +183,48 @@ void InferJob::validateOptions() {
   resolution_ = ResolutionSpec{o_.level, o_.mpp, o_.magnification, o_.input_mpp};
   classes_ = parseClasses(o_.classes);
   TILER_CHECK(o_.simplify >= 0, ConfigError, "--simplify must be >= 0");
+  TILER_CHECK(o_.replicas >= 0, ConfigError,
+              "--replicas must be >= 0 (0: one per CPU core, up to " << kMaxAutoReplicas << ")");
   if (o_.inputs.empty()) o_.inputs = {bundledSamplesDir() + "/images"};
   if (o_.report.empty()) o_.report = (fs::path(o_.output_dir) / "report.json").string();
-}
-
-void InferJob::lockOutputDirectory() {
-  // An unwritable output directory is a setup error: say so before any work, not once per image. Two runs
-  // into one directory would remove each other's partial files and rename each other's half-written outputs:
-  // the second one stops here, before it touches anything.
-  std::error_code ec;
-  fs::create_directories(o_.output_dir, ec);
-  TILER_CHECK(!ec, ConfigError,
-              "cannot write to the output directory '" << o_.output_dir << "': " << ec.message());
-  output_lock_ = std::make_unique<DirectoryLock>(o_.output_dir);
-  TILER_CHECK(output_lock_->locked(), ConfigError,
-              "output directory '" << o_.output_dir << "': " << output_lock_->error());
 }
 
 OutputOptions InferJob::outputOptions() const {
   OutputOptions oo;
   oo.format = o_.format;
-  oo.compression = parseCompression(o_.compression);
+  oo.compression = compression_;
   oo.save_labels = save_labels_;
   oo.save_probs = save_probs_;
   oo.classes = probe_.output_channels;
   oo.scale = probe_.scale;
   oo.stitch = stitch_;
   oo.label_threshold = activation_ == Activation::kSigmoid ? 0.5f : 0.0f;
-  oo.abort_on_error = o_.on_error == "abort";
+  oo.abort_on_error = abort_on_error_;
   oo.pyramid = o_.pyramid;
   oo.save_polygons = save_polygons_;
   oo.simplify = o_.simplify;
   oo.classes_named = classes_;
-  oo.probs_type = parseProbsType(o_.probs_dtype);
+  oo.probs_type = probs_type_;
   oo.write_threads = o_.write_threads > 0 ? o_.write_threads : usableCpus();
   oo.owners = owners_;
-  oo.rank = world_.rank;
+  oo.rank = session_->rank();
   oo.fault = fault_;
   return oo;
+}
+
+LoaderOptions InferJob::loaderOptions() const {
+  LoaderOptions lo;
+  lo.batch_size = o_.batch_size;
+  lo.input_channels = probe_.input_channels;
+  lo.pad = pad_;
+  lo.cval = o_.cval;
+  lo.depth = size_t(o_.prefetch);
+  lo.read_threads = read_threads_;
+  lo.pinned = model_->device().is_cuda();
+  lo.device = model_->device();
+  lo.rank = session_->rank();
+  lo.fault = fault_;
+  return lo;
 }
 
 std::future<InferJob::ForwardedBatch> InferJob::startStep(WindowLoader& loader, ForwardPool& pool) {
@@ -217,7 +236,7 @@ std::future<InferJob::ForwardedBatch> InferJob::startStep(WindowLoader& loader, 
   // TILER_FAULT in the forward: the slot holding this rank's K-th window.
   int64_t fault_slot = -1;
   if (f.batch) {
-    const bool faults = fault_ && fault_->rank == world_.rank && fault_->stage == "forward" &&
+    const bool faults = fault_ && fault_->rank == rank() && fault_->stage == "forward" &&
                         (fault_->kind == "throw" || fault_->kind == "oom");
     const StepSlots& slots = f.batch->slots;
     for (size_t j = 0; j < slots.size(); ++j) {
@@ -249,7 +268,7 @@ torch::Tensor InferJob::forward(ModelRunner& model, WindowBatch& batch, int64_t 
 }
 
 torch::Tensor InferJob::zeroPredictions() const {
-  return torch::zeros(predictionSizes(o_.batch_size), torch::TensorOptions(dist_->commDevice()));
+  return torch::zeros(predictionSizes(o_.batch_size), torch::TensorOptions(session_->dist().commDevice()));
 }
 
 std::vector<int64_t> InferJob::predictionSizes(int64_t windows) const {
@@ -278,7 +297,7 @@ void InferJob::forwardSlots(ModelRunner& model, WindowBatch& batch, int64_t firs
                                          << torch::IntArrayRef(predictionSizes(count))
                                          << " as for the first");
     if (!out.defined() && count == o_.batch_size) {
-      out = preds.to(dist_->commDevice()).contiguous();
+      out = preds.to(session_->dist().commDevice()).contiguous();
       return;
     }
     out.narrow(0, first, count).copy_(preds);
@@ -287,8 +306,7 @@ void InferJob::forwardSlots(ModelRunner& model, WindowBatch& batch, int64_t firs
     if (count > 1 && isOutOfMemory(e)) {
       // Out of memory: the same windows in halves, down to one at a time; the outputs do not change.
       if (!oom_logged_.exchange(true))
-        spdlog::warn("[rank {}] out of memory in a forward of {} windows: retrying in halves", world_.rank,
-                     count);
+        spdlog::warn("[rank {}] out of memory in a forward of {} windows: retrying in halves", rank(), count);
       const int64_t half = count / 2;
       if (!out.defined()) out = zeroPredictions();
       forwardSlots(model, batch, first, half, fault_slot, out);
@@ -315,7 +333,7 @@ void InferJob::runStep(int64_t step, int64_t steps, ForwardedBatch forwarded, Wi
                        OutputStage& outputs) {
   const int64_t B = o_.batch_size;
   const std::string what = "step " + std::to_string(step) + " of " + std::to_string(steps);
-  exchange_->markStep(step);
+  exchange().markStep(step);
   std::optional<std::string> fatal = forwarded.fatal;
   std::optional<WindowBatch>& batch = forwarded.batch;
   torch::Tensor& preds = forwarded.preds;
@@ -324,8 +342,8 @@ void InferJob::runStep(int64_t step, int64_t steps, ForwardedBatch forwarded, Wi
       if (auto e = outputs.error()) throw std::runtime_error(*e);
       stats_.read_seconds += batch->read_seconds;
       stats_.forward_seconds += forwarded.forward_seconds;
-      for (auto& [image_id, message] : batch->failures) exchange_->reportImageFailure(image_id, message);
-      if (o_.on_error == "abort" && !batch->failures.empty())
+      for (auto& [image_id, message] : batch->failures) exchange().reportImageFailure(image_id, message);
+      if (abort_on_error_ && !batch->failures.empty())
         throw IoError(batch->failures.front().second + " (--on_error abort)");
     });
   }
@@ -336,7 +354,7 @@ void InferJob::runStep(int64_t step, int64_t steps, ForwardedBatch forwarded, Wi
   }
   const auto t1 = Clock::now();
   // The window lists carry every rank's status: a fatal error anywhere throws here on every rank.
-  const auto every_rank = exchange_->shareSlots(batch->slots, fatal, "the window list of " + what);
+  const auto every_rank = exchange().shareSlots(batch->slots, fatal, "the window list of " + what);
   StepResult result = routePredictions(every_rank, preds, what);
   stats_.gather_seconds += secondsSince(t1);
   stats_.windows += batch->valid;
@@ -345,7 +363,7 @@ void InferJob::runStep(int64_t step, int64_t steps, ForwardedBatch forwarded, Wi
       if (slot.status != SlotStatus::kFailed || !failed_.insert(slot.image).second) continue;
       loader.skipImage(slot.image);
       result.failures.emplace(
-          slot.image, exchange_->imageFailure(
+          slot.image, exchange().imageFailure(
                           slot.image, "'" + catalog_.image(slot.image).input + "': failed on another rank"));
     }
   }
@@ -354,7 +372,7 @@ void InferJob::runStep(int64_t step, int64_t steps, ForwardedBatch forwarded, Wi
 
 StepResult InferJob::routePredictions(const std::vector<StepSlots>& every_rank, const torch::Tensor& preds,
                                       const std::string& what) {
-  const int W = world_.world_size;
+  const int W = worldSize();
   // routes[owner][rank]: the slots of `rank` whose images `owner` writes, in slot order.
   auto routes =
       std::vector<std::vector<std::vector<int64_t>>>(size_t(W), std::vector<std::vector<int64_t>>(size_t(W)));
@@ -378,7 +396,7 @@ StepResult InferJob::routePredictions(const std::vector<StepSlots>& every_rank, 
     }
     if (most == 0) continue;
     const std::string of = "the predictions of " + what + (W > 1 ? " for rank " + std::to_string(owner) : "");
-    const auto& own = mine[size_t(world_.rank)];
+    const auto& own = mine[size_t(rank())];
     torch::Tensor part;
     if (everything) {
       // The usual step (its windows in images of one owner): the whole batch as it is, no copy.
@@ -392,8 +410,8 @@ StepResult InferJob::routePredictions(const std::vector<StepSlots>& every_rank, 
         part.narrow(0, 0, int64_t(own.size())).copy_(preds.index_select(0, index));
       }
     }
-    auto gathered = exchange_->gather(part, owner, of);
-    if (owner != world_.rank) continue;
+    auto gathered = exchange().gather(part, owner, of);
+    if (owner != rank()) continue;
     // The gathered slots: each rank's part in rank order, padded to the longest part.
     const size_t per_rank = size_t(part.size(0));
     result.slots.assign(per_rank * size_t(W), WindowSlot{});
@@ -420,70 +438,69 @@ int InferJob::finishRun(OutputStage& outputs) {
     if (auto e = outputs.error()) throw std::runtime_error(*e);
     owned = outputs.ownedResults();
   });
-  exchange_->check(drained, "the end of the output stages");
-  int code = kExitOk;
+  exchange().check(drained, "the end of the output stages");
   stats_.peak_rss_mb = peakRssMegabytes();
   stats_.tiles_decoded = tiffChunksDecoded();
   stats_.write_seconds = outputs.stats().write_seconds;
   stats_.bytes_written = outputs.stats().bytes_written;
   stats_.images_owned = outputs.stats().images_owned;
-  auto packed = exchange_->allgather(torch::tensor(stats_.pack(), torch::kDouble), "the final statistics");
-  const std::vector<std::string> results = exchange_->allgatherStrings(owned, "the images' results");
-  std::optional<std::string> fatal;
-  if (world_.rank == 0) {
-    fatal = captureFailure([&] {
-      for (int r = 1; r < world_.world_size; ++r) OutputStage::applyResults(catalog_, results[size_t(r)]);
-      std::vector<RankStats> per_rank;
-      for (const auto& t : packed)
-        per_rank.push_back(
-            RankStats::unpack(std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel())));
-      RunSummary run{world_.world_size,
-                     dist_->backendName(),
-                     model_->device().str(),
-                     precisionName(model_->precision()),
-                     o_.model,
-                     secondsSince(start_),
-                     spec_,
-                     probe_.scale.value(),
-                     ttaName(tta_),
-                     layout_.replicas,
-                     layout_.threads,
-                     read_threads_,
-                     shard_run_,
-                     cpu_blas_,
-                     dist_->gatherTransport()};
-      nlohmann::json j = inferReport(run, catalog_, per_rank);
-      writeJsonAtomically(o_.report, j);
-      code = exitCodeOf(j);
-      int failed = 0, ok = 0, skipped = 0;
-      for (const auto& e : j["images"]) {
-        failed += e["status"] == "error";
-        ok += e["status"] == "ok";
-        skipped += e["status"] == "skipped";
-      }
-      spdlog::info("{} image(s) done, {} skipped, {} failed in {:.1f} s ({:.1f} windows/s); report: {}", ok,
-                   skipped, failed, run.seconds, j["windows_per_second"].get<double>(), o_.report);
-      for (const auto& e : j["images"])
-        if (e["status"] == "error") spdlog::error("{}", e["error"].get<std::string>());
-    });
-  }
+  auto packed = exchange().allgather(torch::tensor(stats_.pack(), torch::kDouble), "the final statistics");
+  const std::vector<std::string> results = exchange().allgatherStrings(owned, "the images' results");
   // Rank 0's verdict (or its fatal error) reaches every rank, so ctrun sees one code from all of them.
-  return exchange_->agreeOnExitCode(code, fatal);
+  return session_->finish([&] {
+    for (int r = 1; r < worldSize(); ++r) OutputStage::applyResults(catalog_, results[size_t(r)]);
+    std::vector<RankStats> per_rank;
+    for (const auto& t : packed)
+      per_rank.push_back(
+          RankStats::unpack(std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel())));
+    RunSummary run{worldSize(),
+                   session_->dist().backendName(),
+                   model_->device().str(),
+                   precisionName(model_->precision()),
+                   o_.model,
+                   session_->seconds(),
+                   spec_,
+                   probe_.scale.value(),
+                   ttaName(tta_),
+                   layout_.replicas,
+                   layout_.threads,
+                   read_threads_,
+                   shard_run_,
+                   cpu_blas_,
+                   session_->dist().gatherTransport()};
+    nlohmann::json j = inferReport(run, catalog_, per_rank);
+    writeJsonAtomically(o_.report, j);
+    int failed = 0, ok = 0, skipped = 0;
+    for (const auto& e : j["images"]) {
+      failed += e["status"] == "error";
+      ok += e["status"] == "ok";
+      skipped += e["status"] == "skipped";
+    }
+    spdlog::info("{} image(s) done, {} skipped, {} failed in {:.1f} s ({:.1f} windows/s); report: {}", ok,
+                 skipped, failed, run.seconds, j["windows_per_second"].get<double>(), o_.report);
+    for (const auto& e : j["images"])
+      if (e["status"] == "error") spdlog::error("{}", e["error"].get<std::string>());
+    return exitCodeOf(j);
+  });
 }
 
 int InferJob::run() {
-  start_ = Clock::now();
+  session_ = std::make_unique<RankSession>(joinWorld());
   cpu_blas_ = cpuBlasName();
-  world_ = joinWorld();
   validateOptions();
   fault_ = Fault::fromEnvironment();
-  ModelOptions mo = modelOptionsFor(o_, world_.local_rank);
+  loadModel();
+  connect();
+  planImages();
+  return runSteps(dealWindows());
+}
+
+void InferJob::loadModel() {
+  ModelOptions mo = modelOptionsFor(o_, session_->world().local_rank);
   o_.model = mo.path;  // the report names the model that ran
-  TILER_CHECK(o_.replicas >= 0, ConfigError,
-              "--replicas must be >= 0 (0: one per CPU core, up to " << kMaxAutoReplicas << ")");
-  layout_ =
-      chooseForwardLayout(o_.threads, o_.replicas, resolveDevice(mo.device, world_.local_rank).is_cuda(),
-                          defaultIntraOpThreads());
+  layout_ = chooseForwardLayout(o_.threads, o_.replicas,
+                                resolveDevice(mo.device, session_->world().local_rank).is_cuda(),
+                                defaultIntraOpThreads());
   mo.threads = layout_.threads;
   mo.activation = activation_;
   mo.tta = tta_;
@@ -507,17 +524,18 @@ int InferJob::run() {
   const int label_classes = labelClassCount(probe_.output_channels);
   TILER_CHECK(named == 0 || int(named) == label_classes, ConfigError,
               "--classes names " << named << " class(es), the model's labels have " << label_classes);
+}
 
-  DistOptions dopts;
-  dopts.backend = o_.backend;
-  dopts.timeout = std::chrono::milliseconds(int64_t(o_.timeout * 1000));
+void InferJob::connect() {
+  DistOptions dopts = distOptionsFor(o_);
   dopts.shared_memory = !o_.no_shared_memory;
-  dist_ = std::make_unique<DistContext>(world_, dopts, model_->device());
-  exchange_ = std::make_unique<StepExchange>(*dist_);
+  session_->connect(dopts, model_->device());
+}
 
+void InferJob::planImages() {
   // Setup that one rank can fail alone goes through the exchange, so that every rank stops with its message.
   auto setup = captureFailure([&] {
-    if (world_.rank == 0) lockOutputDirectory();
+    if (rank() == 0) session_->lockDirectory(o_.output_dir, "output directory");
     InferCatalogOptions co;
     co.inputs = o_.inputs;
     co.recursive = o_.recursive;
@@ -528,10 +546,10 @@ int InferJob::run() {
     co.save_polygons = save_polygons_;
     co.resume = o_.resume;
     co.overwrite = o_.overwrite;
-    co.remove_stale_partials = world_.rank == 0;
+    co.remove_stale_partials = rank() == 0;
     catalog_ = buildInferCatalog(
         co, CatalogSpec{spec_, probe_.input_channels, probe_.scale, o_.scale, mask_, resolution_});
-    if (o_.on_error == "abort") {
+    if (abort_on_error_) {
       for (const auto& img : catalog_.images())
         TILER_CHECK(img.status != "error", IoError, img.error << " (--on_error abort)");
     }
@@ -549,63 +567,57 @@ int InferJob::run() {
   });
   // Every rank must hold the same plan, or the shards would not fit together.
   auto agree = torch::tensor({{catalog_.totalWindows(), int64_t(catalog_.plannedImages())}}, torch::kInt64);
-  auto plans = exchange_->share(agree, setup, "the plan check");
+  auto plans = exchange().share(agree, setup, "the plan check");
   for (size_t r = 0; r < plans.size(); ++r) {
     TILER_CHECK(torch::equal(plans[r], agree), DistError,
-                "rank " << r << " planned " << plans[r][0][0].item<int64_t>() << " windows, rank "
-                        << world_.rank << " planned " << catalog_.totalWindows()
-                        << ": the ranks see different inputs");
+                "rank " << r << " planned " << plans[r][0][0].item<int64_t>() << " windows, rank " << rank()
+                        << " planned " << catalog_.totalWindows() << ": the ranks see different inputs");
   }
+}
 
+InferJob::Deal InferJob::dealWindows() {
   const int64_t B = o_.batch_size;
   // Each rank takes parts of every grid row of windows (they share input tiles), in pieces short enough that
-  // the windows of the other ranks' parts, which reach rank 0 before their turn, fit in --shard_buffer.
+  // the windows of the other ranks' parts, which reach their owner before their turn, fit in --shard_buffer.
   const int64_t window_bytes = int64_t(probe_.output_channels) * probe_.scale.apply(spec_.window_h) *
                                probe_.scale.apply(spec_.window_w) * int64_t(sizeof(float));
   const int64_t early_windows = (int64_t(o_.shard_buffer) << 20) / window_bytes;
-  RowDeal deal = dealRows(catalog_.rowLengths(), world_.world_size, world_.rank,
-                          maxPiece(world_.world_size, B, early_windows));
+  RowDeal deal =
+      dealRows(catalog_.rowLengths(), worldSize(), rank(), maxPiece(worldSize(), B, early_windows));
   shard_run_ = deal.longest_part;
-  dist_->reserveGather(size_t(B * window_bytes));
+  session_->dist().reserveGather(size_t(B * window_bytes));
   // Each image's stitching and writing belong to one rank, balanced by windows (an image with none still
   // weighs one: it is written all the same).
   std::vector<int64_t> weights;
   for (const auto& img : catalog_.images())
     weights.push_back(img.status == "ok" && img.first_window >= 0 ? img.plannedWindows() + 1 : 0);
-  owners_ = assignOwners(weights, world_.world_size);
+  owners_ = assignOwners(weights, worldSize());
   const int64_t steps = (int64_t(deal.slots.size()) + B - 1) / B;
-  if (world_.rank == 0) {
+  if (rank() == 0) {
     const bool cpu = model_->device().is_cpu();
     spdlog::info(
         "{} image(s), {} windows of {}x{} on {} rank(s), {} step(s) of batch {}, {} {} on {}{}, {} "
         "replica(s) x {} thread(s), {} read thread(s), parts of up to {} window(s) a row per rank",
-        catalog_.images().size(), catalog_.totalWindows(), spec_.window_w, spec_.window_h, world_.world_size,
-        steps, B, dist_->backendName(), precisionName(model_->precision()), model_->device().str(),
+        catalog_.images().size(), catalog_.totalWindows(), spec_.window_w, spec_.window_h, worldSize(), steps,
+        B, session_->dist().backendName(), precisionName(model_->precision()), model_->device().str(),
         cpu ? " with " + cpu_blas_ : "", layout_.replicas, layout_.threads, read_threads_, shard_run_);
     if (cpu && cpu_blas_ == kReferenceBlas)
       spdlog::warn(
           "LibTorch calls the reference BLAS: convolutions lowered to matrix products run up to 1.8x slower "
           "than with OpenBLAS (Debian/Ubuntu: apt install libopenblas0-openmp)");
   }
+  return Deal{std::move(deal.slots), steps};
+}
 
-  LoaderOptions lo;
-  lo.batch_size = B;
-  lo.input_channels = probe_.input_channels;
-  lo.pad = pad_;
-  lo.cval = o_.cval;
-  lo.depth = size_t(o_.prefetch);
-  lo.read_threads = read_threads_;
-  lo.pinned = model_->device().is_cuda();
-  lo.device = model_->device();
-  lo.rank = world_.rank;
-  lo.fault = fault_;
+int InferJob::runSteps(Deal deal) {
+  const int64_t B = o_.batch_size, steps = deal.steps;
   OutputStage outputs(catalog_, outputOptions());
-  WindowLoader loader(catalog_, spec_, lo, std::move(deal.slots), steps);
+  WindowLoader loader(catalog_, spec_, loaderOptions(), std::move(deal.slots), steps);
   ForwardPool pool(*model_, layout_);
   // Every replica busy and one more batch queued, so that none waits while this thread exchanges.
   const int64_t ahead = pool.replicas() + 1;
   std::deque<std::future<ForwardedBatch>> started;
-  Progress progress(catalog_.totalWindows(), "windows", !o_.no_progress && world_.rank == 0);
+  Progress progress(catalog_.totalWindows(), "windows", !o_.no_progress && rank() == 0);
   int64_t step = 0;
   try {
     for (; step < steps; ++step) {
@@ -614,13 +626,13 @@ int InferJob::run() {
       ForwardedBatch forwarded = started.front().get();
       started.pop_front();
       runStep(step, steps, std::move(forwarded), loader, outputs);
-      progress.update(std::min(catalog_.totalWindows(), (step + 1) * B * world_.world_size));
+      progress.update(std::min(catalog_.totalWindows(), (step + 1) * B * worldSize()));
       if (fault_ && (fault_->kind == "crash" || fault_->kind == "hang" || fault_->kind == "exit") &&
-          fault_->hits(world_.rank, "", stats_.windows))
+          fault_->hits(rank(), "", stats_.windows))
         fault_->trigger("after " + std::to_string(stats_.windows) + " windows");
     }
   } catch (const TimeoutError& e) {
-    throw TimeoutError(e.message() + exchange_->laggards(step), __FILE__, __LINE__);
+    throw TimeoutError(e.message() + exchange().laggards(step), __FILE__, __LINE__);
   }
   loader.stop();
   return finishRun(outputs);
