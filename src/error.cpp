@@ -1,17 +1,11 @@
 #include "tiler/error.hpp"
 
-#include <ftw.h>
-#include <signal.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <new>
 #include <nlohmann/json.hpp>
-#include <thread>
 
 #include "tiler/platform.hpp"
 
@@ -86,57 +80,6 @@ std::string describeImageException(const std::exception_ptr& e, const std::strin
   std::string message = describeException(e);
   if (message.find(path) == std::string::npos) message = "'" + path + "': " + message;
   return message;
-}
-
-std::optional<Fault> Fault::fromEnvironment() {
-  const char* spec = std::getenv("TILER_FAULT");
-  if (spec == nullptr || *spec == '\0') return std::nullopt;
-  // Only the first attempt faults, so that a restarted group (ctrun --max_restarts) can finish.
-  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
-  if (restart != nullptr && std::string(restart) != "0") return std::nullopt;
-  Fault f;
-  std::stringstream ss(spec);
-  std::string part;
-  while (std::getline(ss, part, ',')) {
-    auto colon = part.find(':');
-    TILER_CHECK(colon != std::string::npos, ConfigError, "TILER_FAULT: bad item '" << part << "'");
-    std::string key = part.substr(0, colon), value = part.substr(colon + 1);
-    try {
-      if (key == "rank")
-        f.rank = std::stoi(value);
-      else if (key == "after_windows")
-        f.after_windows = std::stoll(value);
-      else if (key == "kind")
-        f.kind = value;
-      else if (key == "stage")
-        f.stage = value;
-      else
-        TILER_THROW(ConfigError, "TILER_FAULT: unknown key '" << key << "'");
-    } catch (const std::logic_error&) {
-      TILER_THROW(ConfigError, "TILER_FAULT: '" << value << "' is not a number");
-    }
-  }
-  TILER_CHECK(
-      f.kind == "crash" || f.kind == "hang" || f.kind == "exit" || f.kind == "throw" || f.kind == "oom",
-      ConfigError, "TILER_FAULT: kind must be crash, hang, exit, throw or oom");
-  if (f.kind == "oom") f.stage = "forward";
-  if (f.kind == "throw") {
-    TILER_CHECK(f.stage == "read" || f.stage == "forward" || f.stage == "write" || f.stage == "checkpoint",
-                ConfigError, "TILER_FAULT: kind:throw needs stage:read|forward|write|checkpoint");
-  }
-  return f;
-}
-
-bool Fault::hits(int rank_, const std::string& stage_, int64_t windows) const {
-  return rank == rank_ && stage == stage_ && windows >= after_windows;
-}
-
-void Fault::trigger(const std::string& what) const {
-  std::cerr << "tiler: TILER_FAULT: injecting '" << kind << "' " << what << std::endl;
-  if (kind == "crash") raise(SIGSEGV);
-  if (kind == "exit") std::_Exit(3);
-  if (kind == "throw") throw std::runtime_error("TILER_FAULT: injected failure " + what);
-  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
 }
 
 }  // namespace tiler

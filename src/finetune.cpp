@@ -20,6 +20,7 @@
 #include "tiler/dist.hpp"
 #include "tiler/error.hpp"
 #include "tiler/exchange.hpp"
+#include "tiler/fault.hpp"
 #include "tiler/loader.hpp"
 #include "tiler/model.hpp"
 #include "tiler/platform.hpp"
@@ -111,8 +112,7 @@ class Trainer {
   GridSpec spec_;
   PadMode pad_ = PadMode::kReflect;
   Loss loss_ = Loss::kCe;
-  std::optional<Fault> fault_;
-  std::atomic<int64_t> windows_read_{0};  // this rank's training windows read (read-ahead thread)
+  FaultHooks faults_;  // TILER_FAULT, this rank's
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::vector<torch::Tensor> params_;
@@ -231,11 +231,7 @@ TrainBatch Trainer::readBatch(const std::vector<WindowRef>& refs, ReaderCache& r
   for (int64_t j = 0; j < B; ++j) {
     const CatalogImage& img = catalog_.image(refs[size_t(j)].image);
     const int64_t local = refs[size_t(j)].local;
-    if (count_for_fault) {
-      const int64_t n = ++windows_read_;
-      if (fault_ && fault_->kind == "throw" && fault_->hits(rank(), "read", n) && n == fault_->after_windows)
-        fault_->trigger("while reading '" + img.label + "'");
-    }
+    if (count_for_fault && faults_.before_read) faults_.before_read(img.label);
     windowToModelInput(readWindow(readers.get(img), img.grid, local, pad_, 0.0), img.adapt,
                        b.pixels[j].data_ptr<float>(), img.info.colormap.get());
     b.scales[j] = float(img.scale);
@@ -479,8 +475,7 @@ void Trainer::saveCheckpoint(int epoch, const nlohmann::json& history) {
   removeTree(dir);
   fs::create_directories(dir);
   saveModule(runner_->module(), dir + "/model.pt");
-  if (fault_ && fault_->stage == "checkpoint" && fault_->hits(rank(), "checkpoint", windows_read_))
-    fault_->trigger("while writing checkpoint '" + dir + "'");
+  if (faults_.before_checkpoint) faults_.before_checkpoint(dir);
   const std::string optimizer_error =
       writeFileAtomically(dir + "/optimizer.pt", [&](std::ostream& out) { torch::save(*optimizer_, out); });
   TILER_CHECK(optimizer_error.empty(), IoError, "cannot save the optimizer state: " << optimizer_error);
@@ -557,6 +552,7 @@ void Trainer::loadCheckpoint(int epoch, nlohmann::json& history) {
 int Trainer::run() {
   session_ = std::make_unique<RankSession>(joinWorld());
   validateOptions();
+  faults_ = faultHooks(Fault::fromEnvironment(), rank());
   loadModel();
   connect();
   nlohmann::json history = nlohmann::json::array();
@@ -572,7 +568,6 @@ void Trainer::validateOptions() {
   spec_ = parseGridSpec(o_.window, o_.overlap);
   pad_ = parsePadMode(o_.pad);
   loss_ = parseLoss(o_.loss);
-  fault_ = Fault::fromEnvironment();
   TILER_CHECK(o_.epochs >= 1 && o_.batch_size >= 1 && o_.lr > 0, ConfigError,
               "--epochs, --batch_size and --lr must be positive");
   TILER_CHECK(o_.grad_accum_steps >= 1, ConfigError, "--grad_accum_steps must be >= 1");

@@ -170,7 +170,7 @@ WindowBatch WindowLoader::assemble(int64_t step) {
       torch::empty({B, C, H, W}, torch::TensorOptions(torch::kFloat32).pinned_memory(options_.pinned));
   batch.scales = torch::ones({B}, torch::kFloat32);
   batch.slots.assign(size_t(B), WindowSlot{});
-  // Serial: which slots to read, with which reader (in slot order, as the fault hook counts them).
+  // Serial: which slots to read, with which reader (in slot order, as before_read counts them).
   std::vector<std::optional<SlotRead>> reads(static_cast<size_t>(B));
   std::map<int, std::exception_ptr> open_failures;
   bool dropped = false;
@@ -200,12 +200,7 @@ WindowBatch WindowLoader::assemble(int64_t step) {
       continue;
     }
     try {
-      ++windows_read_;
-      if (options_.fault && !fault_fired_ && options_.fault->kind == "throw" &&
-          options_.fault->hits(options_.rank, "read", windows_read_)) {
-        fault_fired_ = true;
-        options_.fault->trigger("while reading '" + img.input + "'");
-      }
+      if (options_.before_read) options_.before_read(img.input);
       read.reader = readers_.shared(img.input, img.resolution);
     } catch (...) {
       read.error = std::current_exception();

@@ -294,10 +294,7 @@ void OutputStage::stitchStep(StepResult& step) {
     if (catalog_.image(image_id).status != "ok") continue;
     try {
       ImageOutputs& out = outputsFor(image_id);
-      const Fault* fault = options_.fault ? &*options_.fault : nullptr;
-      if (fault && fault->kind == "throw" && write_fault_image_ < 0 &&
-          fault->hits(options_.rank, "write", ++stitched_windows_)) {
-        write_fault_image_ = image_id;
+      if (options_.stitched_window && options_.stitched_window()) {
         if (out.labels) out.labels->injectTileFault();
         if (out.probs) out.probs->injectTileFault();
       }

@@ -20,6 +20,7 @@
 #include "tiler/dist.hpp"
 #include "tiler/error.hpp"
 #include "tiler/exchange.hpp"
+#include "tiler/fault.hpp"
 #include "tiler/launcher.hpp"
 #include "tiler/loader.hpp"
 #include "tiler/model.hpp"
@@ -112,7 +113,7 @@ class InferJob {
   bool abort_on_error_ = false;  // --on_error abort
   Compression compression_ = Compression::kDeflate;
   SampleType probs_type_ = SampleType::kF32;
-  std::optional<Fault> fault_;
+  FaultHooks faults_;  // TILER_FAULT, this rank's
   std::unique_ptr<ModelRunner> model_;
   ForwardLayout layout_;
   int read_threads_ = 1;
@@ -122,7 +123,6 @@ class InferJob {
   WindowCatalog catalog_;
   std::set<int> failed_;                 // images this rank knows to have failed (main thread)
   std::vector<int> owners_;              // the rank that stitches and writes each image (assignOwners)
-  int64_t windows_started_ = 0;          // valid windows of the steps handed to the replicas (main thread)
   std::atomic<bool> oom_logged_{false};  // replica threads
   RankStats stats_;
 };
@@ -208,7 +208,7 @@ OutputOptions InferJob::outputOptions() const {
   oo.write_threads = o_.write_threads > 0 ? o_.write_threads : usableCpus();
   oo.owners = owners_;
   oo.rank = session_->rank();
-  oo.fault = fault_;
+  oo.stitched_window = faults_.stitched_window;
   return oo;
 }
 
@@ -222,8 +222,7 @@ LoaderOptions InferJob::loaderOptions() const {
   lo.read_threads = read_threads_;
   lo.pinned = model_->device().is_cuda();
   lo.device = model_->device();
-  lo.rank = session_->rank();
-  lo.fault = fault_;
+  lo.before_read = faults_.before_read;
   return lo;
 }
 
@@ -234,16 +233,7 @@ std::future<InferJob::ForwardedBatch> InferJob::startStep(WindowLoader& loader, 
     TILER_CHECK(f.batch.has_value(), DistError, "the loader stopped early");
   });
   // TILER_FAULT in the forward: the slot holding this rank's K-th window.
-  int64_t fault_slot = -1;
-  if (f.batch) {
-    const bool faults = fault_ && fault_->rank == rank() && fault_->stage == "forward" &&
-                        (fault_->kind == "throw" || fault_->kind == "oom");
-    const StepSlots& slots = f.batch->slots;
-    for (size_t j = 0; j < slots.size(); ++j) {
-      if (!slots[j].ok()) continue;
-      if (++windows_started_ == (faults ? fault_->after_windows : -1)) fault_slot = int64_t(j);
-    }
-  }
+  const int64_t fault_slot = f.batch && faults_.forward_slot ? faults_.forward_slot(f.batch->slots) : -1;
   if (f.fatal) {
     std::promise<ForwardedBatch> ready;
     ready.set_value(std::move(f));
@@ -284,13 +274,7 @@ void InferJob::forwardSlots(ModelRunner& model, WindowBatch& batch, int64_t firs
   if (!any) return;
   std::string message;
   try {
-    if (fault_slot >= first && fault_slot < first + count) {
-      // oom: every forward holding that window runs out of memory; throw: once.
-      if (fault_->kind == "oom")
-        throw c10::OutOfMemoryError({__func__, __FILE__, uint32_t(__LINE__)},
-                                    "TILER_FAULT: injected out of memory in the forward");
-      fault_->trigger("in the forward");
-    }
+    if (fault_slot >= first && fault_slot < first + count) faults_.in_forward();
     auto preds = model.forward(batch.pixels.narrow(0, first, count), batch.scales.narrow(0, first, count));
     TILER_CHECK(preds.sizes() == torch::IntArrayRef(predictionSizes(count)), ModelError,
                 "the model's output is " << preds.sizes() << " for " << count << " windows, not "
@@ -488,7 +472,10 @@ int InferJob::run() {
   session_ = std::make_unique<RankSession>(joinWorld());
   cpu_blas_ = cpuBlasName();
   validateOptions();
-  fault_ = Fault::fromEnvironment();
+  faults_ = faultHooks(Fault::fromEnvironment(), rank(), [] {
+    throw c10::OutOfMemoryError({__func__, __FILE__, uint32_t(__LINE__)},
+                                "TILER_FAULT: injected out of memory in the forward");
+  });
   loadModel();
   connect();
   planImages();
@@ -627,9 +614,7 @@ int InferJob::runSteps(Deal deal) {
       started.pop_front();
       runStep(step, steps, std::move(forwarded), loader, outputs);
       progress.update(std::min(catalog_.totalWindows(), (step + 1) * B * worldSize()));
-      if (fault_ && (fault_->kind == "crash" || fault_->kind == "hang" || fault_->kind == "exit") &&
-          fault_->hits(rank(), "", stats_.windows))
-        fault_->trigger("after " + std::to_string(stats_.windows) + " windows");
+      if (faults_.after_windows) faults_.after_windows(stats_.windows);
     }
   } catch (const TimeoutError& e) {
     throw TimeoutError(e.message() + exchange().laggards(step), __FILE__, __LINE__);

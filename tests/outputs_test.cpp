@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "test_util.hpp"
+#include "tiler/fault.hpp"
 
 namespace fs = std::filesystem;
 
@@ -82,7 +83,7 @@ TEST(Outputs, AWriteFailureFailsThatImageAloneAndLeavesNoFinalFile) {
   WindowCatalog c = smallCatalog(dir, 3);
   OutputOptions o = threeClasses();
   o.write_threads = 2;
-  o.fault = Fault{0, 2, "throw", "write"};
+  o.stitched_window = faultHooks(Fault{0, 2, "throw", "write"}, 0).stitched_window;
   OutputStage stage(c, o);
   ASSERT_TRUE(stage.submit(stepOf(3)));
   stage.finish();

@@ -79,23 +79,4 @@ std::string describeException(const std::exception_ptr& e);
 // describeException, prefixed with "'<path>': " unless the message names the path already.
 std::string describeImageException(const std::exception_ptr& e, const std::string& path);
 
-// The testing hook TILER_FAULT=rank:R,after_windows:K,kind:KIND[,stage:STAGE], read only from the
-// environment and only on a first attempt (TORCHELASTIC_RESTART_COUNT unset or 0). KIND crash | hang | exit
-// acts once rank R has processed K windows; throw (a std::runtime_error, not a tiler error) acts in STAGE
-// read | forward | write | checkpoint for the image of rank R's K-th window; oom is LibTorch's
-// out-of-memory error from every forward of rank R that holds that window.
-struct Fault {
-  int rank = -1;
-  int64_t after_windows = 0;
-  std::string kind;   // crash | hang | exit | throw | oom
-  std::string stage;  // read | forward | write | checkpoint (throw and oom: forward)
-
-  // nullopt when unset or on a restarted attempt; throws ConfigError on a malformed value.
-  static std::optional<Fault> fromEnvironment();
-  // True when this is rank `rank`'s fault for `stage` and `windows` (1-based count) reached K.
-  bool hits(int rank_, const std::string& stage_, int64_t windows) const;
-  // crash: SIGSEGV; exit: _exit(3); hang: sleeps forever; throw: std::runtime_error naming `what`.
-  [[noreturn]] void trigger(const std::string& what) const;
-};
-
 }  // namespace tiler

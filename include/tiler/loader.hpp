@@ -163,8 +163,9 @@ struct LoaderOptions {
   bool pinned = false;   // page-locked pixels, for asynchronous copies to a GPU
   // The model's device, made current on the read-ahead thread (pinned buffers belong to its context).
   torch::Device device = torch::kCPU;
-  int rank = 0;
-  std::optional<Fault> fault;  // TILER_FAULT (stage read)
+  // Called before each window is read, with its file, in slot order on the read-ahead thread; what it
+  // throws fails that window's image (the job installs TILER_FAULT's read hook here).
+  std::function<void(const std::string& input)> before_read;
 };
 
 // Reads this rank's shard (`slots`, `steps` batches of batch_size) of `catalog`, ahead of the consumer.
@@ -185,7 +186,7 @@ class WindowLoader {
  private:
   WindowBatch assemble(int64_t step);
   bool skipped(int image_id);
-  // The reader of slot j's window, or the exception that stops it (opening it, the fault hook).
+  // The reader of slot j's window, or the exception that stops it (opening it, the before_read hook).
   struct SlotRead {
     int image_id = -1;
     int64_t local = 0;
@@ -199,8 +200,6 @@ class WindowLoader {
   std::vector<SampleSlot> slots_;
   ReaderCache readers_{8};  // loader thread only
   ParallelFor reads_;       // the loader thread and its helpers
-  int64_t windows_read_ = 0;
-  bool fault_fired_ = false;
   std::atomic<bool> stopping_{false};
   std::mutex skip_mutex_;
   std::set<int> skip_;

@@ -12,6 +12,7 @@
 #include <torch/types.h>
 
 #include <array>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -51,9 +52,9 @@ struct OutputOptions {
   // The images this stage writes: those whose owners[i] is `rank` (every image when owners is empty).
   std::vector<int> owners;
   int rank = 0;
-  // TILER_FAULT stage:write for this rank: once it has stitched K windows, the tiles of the image of the
-  // K-th throw as they are compressed.
-  std::optional<Fault> fault;
+  // Called for each window stitched, in the stage's order: when it returns true, the tiles of that window's
+  // image throw as they are compressed (the job installs TILER_FAULT's write hook here).
+  std::function<bool()> stitched_window;
 };
 
 // What one stage wrote, for the report.
@@ -117,8 +118,6 @@ class OutputStage {
   std::shared_ptr<WorkPool> pool_;  // compresses the tiles of every writer of the stage
   BoundedQueue<StepResult> steps_;
   std::map<int, ImageOutputs> open_;  // stage thread only
-  int64_t stitched_windows_ = 0;      // stage thread only (the write fault's count)
-  int write_fault_image_ = -1;        // stage thread only
   OutputStats stats_;                 // stage thread only, until finish() joined it
   std::mutex error_mutex_;
   std::optional<std::string> error_;  // guarded by error_mutex_
