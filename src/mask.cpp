@@ -5,7 +5,7 @@
 #include <opencv2/imgproc.hpp>
 
 #include "tiler/error.hpp"
-#include "tiler/slide.hpp"
+#include "tiler/resolution.hpp"
 
 namespace tiler {
 

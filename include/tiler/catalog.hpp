@@ -16,7 +16,7 @@
 #include "tiler/grid.hpp"
 #include "tiler/image_io.hpp"
 #include "tiler/mask.hpp"
-#include "tiler/slide.hpp"
+#include "tiler/resolution.hpp"
 
 namespace tiler {
 

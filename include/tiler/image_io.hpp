@@ -1,14 +1,14 @@
 // image_io: region reads of huge images and streaming, atomic writes. No LibTorch.
 //
-// ImageReader: TIFF through libtiff decodes only the tiles or strips a region touches; a bounded LRU cache of
-// decoded tiles/strips (2.5 rows of tiles across the image, at least 16 MiB, at most 512 MiB) keeps
-// neighbouring windows from decoding the same tile twice; reduced-resolution pages and SubIFDs are levels,
-// each opened (its own handle and cache) on first read. Whole-slide files and TIFFs that OpenSlide knows as a
-// vendor format go through OpenSlide (slide.hpp). Other formats go through OpenCV, decoded once at open and
-// shared by all regions. Thread safety: readRegion() may be called from several threads at once;
-// each reader serialises its libtiff handle behind one internal mutex (the copy out of cached tiles happens
-// under it too). Pixels are HWC in the file's native type (u8, u16, i16, u32, f32); colour is RGB(A), never
-// BGR.
+// ImageReader: the interface every backend implements (readers.hpp says which backend reads a file, each
+// in a file of its own). TIFF through libtiff decodes only the tiles or strips a region touches; a bounded
+// LRU cache of decoded tiles/strips (2.5 rows of tiles across the image, at least 16 MiB, at most 512 MiB)
+// keeps neighbouring windows from decoding the same tile twice; reduced-resolution pages and SubIFDs are
+// levels, each opened (its own handles and cache) on first read. Whole-slide files and TIFFs that OpenSlide
+// knows as a vendor format go through OpenSlide. Other formats go through OpenCV, decoded once at open and
+// shared by all regions. Thread safety: readRegion() may be called from several threads at once; each
+// thread reads on a libtiff or OpenSlide handle of its own (handle_pool.hpp). Pixels are HWC in the file's
+// native type (u8, u16, i16, u32, f32); colour is RGB(A), never BGR.
 //
 // ImageWriter: takes row bands top to bottom. TIFF output is tiled (256 px), deflate by default, horizontal
 // predictor for integers and floating-point predictor for f32, BigTIFF when the raw data exceeds 2 GiB;

@@ -7,7 +7,7 @@
 
 #include "tiler/grid.hpp"
 #include "tiler/mask.hpp"
-#include "tiler/slide.hpp"
+#include "tiler/resolution.hpp"
 
 namespace tiler::tools {
 

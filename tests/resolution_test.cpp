@@ -1,5 +1,5 @@
 // slide: resolution choice, resampling that tiles exactly, TIFF levels (pages and SubIFDs) and OpenSlide.
-#include "tiler/slide.hpp"
+#include "tiler/resolution.hpp"
 
 #include <gtest/gtest.h>
 

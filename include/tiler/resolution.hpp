@@ -1,9 +1,9 @@
-// slide: images at the resolution a model was trained for. Whole-slide files through OpenSlide; the choice
-// of level and target resolution (--level, --mpp, --magnification, --input_mpp); and the reader that shows
-// an image at its processing resolution: a level as it is, or a level resampled by area averaging.
+// resolution: images at the resolution a model was trained for: the choice of level and target resolution
+// (--level, --mpp, --magnification, --input_mpp), and the reader that shows an image (any backend's, see
+// readers.hpp) at its processing resolution: a level as it is, or a level resampled by area averaging.
 // Promise: a region read at the processing resolution holds the same pixels wherever it lies (each
 // processing pixel's weights depend on its own position only), so resampled windows tile exactly and every
-// world size writes the same bytes. OpenSlide handles come from a pool: one per reading thread at a time.
+// world size writes the same bytes.
 // No LibTorch.
 #pragma once
 
@@ -15,13 +15,6 @@
 #include "tiler/image_io.hpp"
 
 namespace tiler {
-
-// OpenSlide's vendor for `path` ("aperio", "hamamatsu", ...), or "" when OpenSlide does not know the file or
-// knows it only as "generic-tiff" (plain TIFFs stay with tiler's libtiff reader).
-std::string slideVendor(const std::string& path);
-// A whole-slide reader: levels, µm/px, objective power and vendor from OpenSlide's properties; RGB u8, with
-// transparent regions (outside the scanned area) composited on white. Throws IoError naming the file.
-std::unique_ptr<ImageReader> openWholeSlide(const std::string& path);
 
 struct ResolutionSpec {
   int level = -1;            // --level: this level as it is

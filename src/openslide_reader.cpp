@@ -1,0 +1,141 @@
+// The OpenSlide backend of the reader registry (readers.hpp): whole-slide formats (Aperio, Hamamatsu,
+// MIRAX, Leica, Ventana, ...), read region by region, each reading thread on an OpenSlide handle of its own.
+#include <openslide.h>
+
+#include <cmath>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tiler/error.hpp"
+#include "tiler/handle_pool.hpp"
+#include "tiler/image_io.hpp"
+#include "tiler/readers.hpp"
+
+namespace tiler {
+namespace {
+
+std::optional<double> numericProperty(openslide_t* osr, const char* name) {
+  const char* value = openslide_get_property_value(osr, name);
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  try {
+    const double v = std::stod(value);
+    if (v > 0 && std::isfinite(v)) return v;
+  } catch (const std::exception&) {
+  }
+  return std::nullopt;
+}
+
+class SlideReader final : public ImageReader {
+ public:
+  explicit SlideReader(const std::string& path) {
+    info_.path = path;
+    info_.format = "openslide";
+    info_.reader = "openslide";
+    openslide_t* osr = openHandle();
+    handles_.adopt(osr);  // the pool closes it, whatever happens below; it reads regions later
+    info_.vendor = openslide_get_property_value(osr, OPENSLIDE_PROPERTY_NAME_VENDOR)
+                       ? openslide_get_property_value(osr, OPENSLIDE_PROPERTY_NAME_VENDOR)
+                       : "";
+    const int32_t count = openslide_get_level_count(osr);
+    for (int32_t l = 0; l < count; ++l) {
+      int64_t w = 0, h = 0;
+      openslide_get_level_dimensions(osr, l, &w, &h);
+      info_.levels.push_back({w, h, openslide_get_level_downsample(osr, l)});
+    }
+    if (const char* error = openslide_get_error(osr)) throwSlideError("", error);
+    TILER_CHECK(count > 0 && info_.levels[0].width > 0 && info_.levels[0].height > 0, IoError,
+                "'" << path << "': OpenSlide reports no image data");
+    info_.width = info_.levels[0].width;
+    info_.height = info_.levels[0].height;
+    info_.channels = 3;
+    info_.type = SampleType::kU8;
+    info_.tiled = true;
+    info_.tile_width = int64_t(numericProperty(osr, "openslide.level[0].tile-width").value_or(0));
+    info_.tile_height = int64_t(numericProperty(osr, "openslide.level[0].tile-height").value_or(0));
+    info_.pages = int(count);
+    info_.mpp = numericProperty(osr, OPENSLIDE_PROPERTY_NAME_MPP_X);
+    info_.objective_power = numericProperty(osr, OPENSLIDE_PROPERTY_NAME_OBJECTIVE_POWER);
+    if (const char* c = openslide_get_property_value(osr, "tiff.Compression")) info_.compression = c;
+  }
+
+  const ImageInfo& info() const override { return info_; }
+  size_t cachedBytes() const override { return 0; }  // OpenSlide's own tile cache, bounded by OpenSlide
+
+  cv::Mat readRegion(const Rect& r, int level) override {
+    TILER_CHECK(
+        level >= 0 && size_t(level) < info_.levels.size(), IoError,
+        "'" << info_.path << "': no resolution level " << level << " (it has " << info_.levels.size() << ")");
+    const ImageInfo::Level& l = info_.levels[size_t(level)];
+    TILER_CHECK(r.x >= 0 && r.y >= 0 && r.w > 0 && r.h > 0 && r.right() <= l.width && r.bottom() <= l.height,
+                IoError,
+                "'" << info_.path << "': region " << r.x << "," << r.y << " " << r.w << "x" << r.h
+                    << " outside level " << level << " (" << l.width << "x" << l.height << ")");
+    std::vector<uint32_t> argb(size_t(r.w) * size_t(r.h));
+    {
+      // A handle of this thread's own for the read (OpenSlide serialises reads per handle).
+      HandlePool<openslide_t>::Lease osr(handles_, [this] { return openHandle(); });
+      // OpenSlide takes the region's corner in level-0 pixels.
+      openslide_read_region(osr.get(), argb.data(), std::llround(double(r.x) * l.downsample),
+                            std::llround(double(r.y) * l.downsample), level, r.w, r.h);
+      // A handle in OpenSlide's error state stays so: it is closed, not reused.
+      if (const char* error = openslide_get_error(osr.get())) {
+        const std::string message = error;
+        osr.discard();
+        throwSlideError("cannot read region " + std::to_string(r.x) + "," + std::to_string(r.y) + " " +
+                            std::to_string(r.w) + "x" + std::to_string(r.h) + " of level " +
+                            std::to_string(level),
+                        message);
+      }
+    }
+    // Premultiplied ARGB over white: c + (255 - a).
+    cv::Mat out(int(r.h), int(r.w), CV_8UC3);
+    const uint32_t* src = argb.data();
+    for (int y = 0; y < out.rows; ++y) {
+      uint8_t* dst = out.ptr<uint8_t>(y);
+      for (int x = 0; x < out.cols; ++x, ++src, dst += 3) {
+        const uint32_t p = *src, white = 255 - (p >> 24);
+        dst[0] = uint8_t(((p >> 16) & 0xff) + white);
+        dst[1] = uint8_t(((p >> 8) & 0xff) + white);
+        dst[2] = uint8_t((p & 0xff) + white);
+      }
+    }
+    return out;
+  }
+
+ private:
+  // A new handle, or an IoError naming the file (a handle OpenSlide opened in its error state is closed).
+  openslide_t* openHandle() const {
+    openslide_t* osr = openslide_open(info_.path.c_str());
+    TILER_CHECK(osr != nullptr, IoError,
+                "'" << info_.path << "': not a whole-slide image OpenSlide can read (format not recognised)");
+    if (const char* error = openslide_get_error(osr)) {
+      const std::string message = error;
+      openslide_close(osr);
+      throwSlideError("", message);
+    }
+    return osr;
+  }
+  // OpenSlide's error `message` as an IoError naming the file and what failed (`failed`, when said).
+  [[noreturn]] void throwSlideError(const std::string& failed, const std::string& message) const {
+    TILER_THROW(IoError, "'" << info_.path << "': OpenSlide" << (failed.empty() ? "" : " " + failed) << ": "
+                             << message);
+  }
+
+  ImageInfo info_;
+  HandlePool<openslide_t> handles_{openslide_close};
+};
+
+}  // namespace
+
+std::string slideVendor(const std::string& path) {
+  const char* vendor = openslide_detect_vendor(path.c_str());
+  if (vendor == nullptr || std::string(vendor) == "generic-tiff") return "";
+  return vendor;
+}
+
+std::unique_ptr<ImageReader> openWholeSlide(const std::string& path) {
+  return std::make_unique<SlideReader>(path);
+}
+
+}  // namespace tiler

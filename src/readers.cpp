@@ -1,0 +1,49 @@
+#include "tiler/readers.hpp"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "tiff_support.hpp"
+#include "tiler/error.hpp"
+
+namespace fs = std::filesystem;
+
+namespace tiler {
+
+FileProbe probeFile(const std::string& path) {
+  FileProbe p;
+  p.path = path;
+  p.extension = lowerExtension(path);
+  p.tiff = looksLikeTiff(path);
+  if (p.tiff || isWholeSlideExtension(path)) p.slide_vendor = slideVendor(path);
+  return p;
+}
+
+const std::vector<ReaderBackend>& readerBackends() {
+  static const std::vector<ReaderBackend> backends = {
+      {"openslide", [](const FileProbe& p) { return !p.slide_vendor.empty(); }, openWholeSlide},
+      {"tiff", [](const FileProbe& p) { return p.tiff; }, openTiff},
+      // A slide extension that neither knows: OpenSlide's own error names the problem.
+      {"openslide", [](const FileProbe& p) { return isWholeSlideExtension(p.path); }, openWholeSlide},
+      {"opencv", [](const FileProbe& p) { return p.extension != ".tif" && p.extension != ".tiff"; },
+       openWithOpenCv},
+  };
+  return backends;
+}
+
+std::unique_ptr<ImageReader> ImageReader::open(const std::string& path) {
+  std::error_code ec;
+  TILER_CHECK(fs::exists(path, ec), IoError, "'" << path << "': no such file");
+  TILER_CHECK(!fs::is_directory(path, ec), IoError, "'" << path << "': is a directory");
+  TILER_CHECK(access(path.c_str(), R_OK) == 0, IoError,
+              "'" << path << "': cannot read: " << std::strerror(errno));
+  const FileProbe probe = probeFile(path);
+  for (const ReaderBackend& backend : readerBackends())
+    if (backend.claims(probe)) return backend.open(path);
+  TILER_THROW(IoError, "'" << path << "': not a TIFF (the file does not start with a TIFF header)");
+}
+
+}  // namespace tiler
