@@ -3,6 +3,7 @@
 #include <openslide.h>
 
 #include <cmath>
+#include <exception>
 #include <optional>
 #include <string>
 #include <vector>
