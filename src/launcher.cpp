@@ -26,6 +26,7 @@
 #include <random>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -759,12 +760,21 @@ std::map<std::string, std::string> workerEnvironment(const LaunchOptions& o, int
   return env;
 }
 
-Launcher::Launcher(LaunchOptions options) : options_(std::move(options)) {}
+namespace {
 
-int Launcher::run() {
-  LaunchOptions& o = options_;
+// What ctrun's flags settle: the nodes the world may have and the workers of this node.
+struct LaunchPlan {
+  int min_nodes = 1, max_nodes = 1;
+  int nproc = 1;
+  bool multi() const { return max_nodes > 1; }
+};
+
+// Checks ctrun's flags and fills in what they leave to it: one node's rank, a static world's endpoint, a
+// free port and a run id for one node.
+LaunchPlan settleOptions(LaunchOptions& o) {
   TILER_CHECK(!o.command.empty(), ConfigError, "ctrun: no program to run");
-  const auto [min_nodes, max_nodes] =
+  LaunchPlan plan;
+  std::tie(plan.min_nodes, plan.max_nodes) =
       parseNodeRange(o.nnodes_range.empty() ? std::to_string(o.nnodes) : o.nnodes_range);
   TILER_CHECK(o.rdzv_backend == "static" || o.rdzv_backend == "c10d", ConfigError,
               "ctrun: --rdzv_backend must be static or c10d; got '" << o.rdzv_backend << "'");
@@ -772,16 +782,15 @@ int Launcher::run() {
   TILER_CHECK(o.monitor_interval > 0, ConfigError, "ctrun: --monitor_interval must be > 0");
   TILER_CHECK(o.heartbeat_interval > 0 && o.heartbeat_timeout > o.heartbeat_interval, ConfigError,
               "ctrun: --heartbeat_timeout must be longer than --heartbeat_interval (> 0)");
-  const bool multi = max_nodes > 1;
-  o.nnodes = max_nodes;
-  if (!multi) {
+  o.nnodes = plan.max_nodes;
+  if (!plan.multi()) {
     if (o.node_rank < 0) o.node_rank = 0;
     TILER_CHECK(o.node_rank == 0, ConfigError, "ctrun: --node_rank " << o.node_rank << " outside --nnodes 1");
   } else if (o.rdzv_backend == "static") {
-    TILER_CHECK(min_nodes == max_nodes, ConfigError,
+    TILER_CHECK(plan.min_nodes == plan.max_nodes, ConfigError,
                 "ctrun: --nnodes MIN:MAX needs --rdzv_backend c10d (static worlds have a fixed size)");
-    TILER_CHECK(o.node_rank >= 0 && o.node_rank < max_nodes, ConfigError,
-                "ctrun: --node_rank " << o.node_rank << " outside --nnodes " << max_nodes
+    TILER_CHECK(o.node_rank >= 0 && o.node_rank < plan.max_nodes, ConfigError,
+                "ctrun: --node_rank " << o.node_rank << " outside --nnodes " << plan.max_nodes
                                       << " (static rendezvous needs each node's rank; c10d assigns them)");
     TILER_CHECK(o.master_port > 0 && o.master_port < 65535, ConfigError,
                 "ctrun: several nodes need one --master_port (1..65534), the same on every node");
@@ -792,13 +801,13 @@ int Launcher::run() {
     TILER_CHECK(o.run_id != "none", ConfigError,
                 "ctrun: --rdzv_backend c10d needs --rdzv_id, the same on every node of the job");
   }
-  const int nproc = resolveNprocPerNode(o.nproc_per_node);
+  plan.nproc = resolveNprocPerNode(o.nproc_per_node);
   if (o.standalone) {
     o.master_addr = "127.0.0.1";
     o.master_port = 0;
-    TILER_CHECK(!multi, ConfigError, "ctrun: --standalone runs one node; drop --nnodes");
+    TILER_CHECK(!plan.multi(), ConfigError, "ctrun: --standalone runs one node; drop --nnodes");
   }
-  if (!multi && o.master_port == 0) {
+  if (!plan.multi() && o.master_port == 0) {
     o.master_port = findFreePort();
     if (o.run_id == "none") o.run_id = randomRunId();
   }
@@ -810,8 +819,11 @@ int Launcher::run() {
                                         << " is already in use on this host (rank 0 hosts the "
                                         << "store there); pick another or use --master_port 0");
   }
+  return plan;
+}
 
-  // Signals arrive on a self-pipe so the monitor loop handles them in order, outside handler context.
+// Signals arrive on a self-pipe so the monitor loop handles them in order, outside handler context.
+void installSignalPipe() {
   TILER_CHECK(pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) == 0, ConfigError, "ctrun: pipe failed");
   struct sigaction sa {};
   sa.sa_handler = onSignal;
@@ -819,92 +831,139 @@ int Launcher::run() {
   sa.sa_flags = SA_RESTART;
   for (int s : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigaction(s, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
+}
 
-  // Error files (and logs) live under one directory per run; without --log_dir, a temporary one.
-  std::string base_dir;
-  bool temp_dir = o.log_dir.empty();
-  if (temp_dir) {
+// Where error files (and logs) live, one directory per run; without --log_dir a temporary one, removed at
+// the end.
+struct RunDirectory {
+  std::string path;
+  bool temporary = false;
+  explicit RunDirectory(const LaunchOptions& o) : temporary(o.log_dir.empty()) {
+    if (!temporary) {
+      path = o.log_dir + "/" + o.run_id;
+      return;
+    }
     std::string tmpl = (fs::temp_directory_path() / "ctrun-XXXXXX").string();
     std::vector<char> buf(tmpl.begin(), tmpl.end());
     buf.push_back('\0');
     TILER_CHECK(mkdtemp(buf.data()) != nullptr, ConfigError, "ctrun: mkdtemp failed");
-    base_dir = buf.data();
-  } else {
-    base_dir = o.log_dir + "/" + o.run_id;
+    path = buf.data();
   }
+  ~RunDirectory() {
+    if (temporary) removeTree(path);
+  }
+  RunDirectory(const RunDirectory&) = delete;
+  RunDirectory& operator=(const RunDirectory&) = delete;
+};
+
+// How one attempt of the worker group ended.
+struct RoundEnd {
+  int signal = 0;                            // ctrun itself was interrupted
+  bool marked_done = false;                  // several nodes: this node's workers all succeeded
+  std::vector<WorkerFailure> link_failures;  // a lost node or store, noticed here
+  bool link_lost = false;                    // the store is gone: no restart can be agreed on
+};
+
+// Watches the group (and, with several nodes, the other nodes through `link`) until it succeeds or fails,
+// another node fails or is lost, the store is lost, or a signal arrives.
+RoundEnd superviseRound(WorkerGroup& group, NodeLink* link, double monitor_interval) {
+  RoundEnd end;
+  const int interval_ms = std::max(1, int(monitor_interval * 1000));
+  for (;;) {
+    end.signal = group.monitor(interval_ms);
+    if (end.signal != 0) return end;
+    if (!link) {
+      if (group.state() != GroupState::kHealthy) return end;
+      continue;
+    }
+    try {
+      if (group.state() == GroupState::kFailed) {
+        link->publish(group.failures());
+        return end;
+      }
+      if (group.state() == GroupState::kSucceeded && !end.marked_done) {
+        link->markDone();
+        end.marked_done = true;
+      }
+      if (link->failureCount() > 0) return end;  // a node failed: every node stops
+      if (auto lost = link->heartbeat()) {
+        link->publish({*lost});
+        return end;
+      }
+      if (end.marked_done && link->allDone()) return end;
+    } catch (const DistError& e) {
+      end.link_failures.push_back(link->storeLost(e.message()));
+      end.link_lost = true;
+      return end;
+    }
+  }
+}
+
+// ctrun was interrupted by `sig`: the other nodes hear of it (when the store is still there) and this
+// node's workers stop.
+void stopOnSignal(WorkerGroup& group, NodeLink* link, bool link_lost, int node_rank, int sig) {
+  std::cerr << "ctrun: received " << signalName(sig) << ", stopping workers" << std::endl;
+  if (link && !link_lost) {
+    WorkerFailure f;
+    f.node = node_rank;
+    f.host = hostName();
+    f.time = nowSeconds();
+    f.exit_code = 128 + sig;
+    f.error_message = "ctrun on this node received " + signalName(sig);
+    try {
+      link->publish({f});
+    } catch (const DistError&) {
+    }
+  }
+  group.stop(sig == SIGINT ? SIGINT : SIGTERM);
+}
+
+void announceRestart(const WorkerFailure& f, int attempt, int max_restarts) {
+  std::cerr << "ctrun: "
+            << (f.lost ? "node " + std::to_string(f.node) + " lost"
+                       : "rank " + std::to_string(f.rank) + " failed (" +
+                             (f.signal ? signalName(f.signal) : "exit code " + std::to_string(f.exit_code)) +
+                             ")")
+            << "; restarting worker group (" << attempt + 1 << " of " << max_restarts << ")" << std::endl;
+}
+
+}  // namespace
+
+Launcher::Launcher(LaunchOptions options) : options_(std::move(options)) {}
+
+int Launcher::run() {
+  LaunchOptions& o = options_;
+  const LaunchPlan plan = settleOptions(o);
+  installSignalPipe();
+  const RunDirectory run_dir(o);
   // Several nodes: the agents' link (the store is hosted here when the endpoint is this host).
-  std::unique_ptr<NodeLink> link = multi ? std::make_unique<NodeLink>(o) : nullptr;
+  std::unique_ptr<NodeLink> link = plan.multi() ? std::make_unique<NodeLink>(o) : nullptr;
 
   int exit_code = 0;
-  int interrupted_by = 0;
   bool link_lost = false;  // the store is gone: no restart can be agreed on
   std::vector<WorkerFailure> last_failures;
   int attempt = 0;
   for (;; ++attempt) {
     LaunchOptions round = o;
     if (link) {
-      const NodeLink::Round r = link->join(attempt, min_nodes, max_nodes);
+      const NodeLink::Round r = link->join(attempt, plan.min_nodes, plan.max_nodes);
       round.node_rank = r.node_rank;
       round.nnodes = r.nodes;
       round.master_addr = r.master_addr;
       round.master_port = r.master_port;
     }
-    WorkerGroup group(round, nproc, base_dir + "/attempt_" + std::to_string(attempt), attempt);
+    WorkerGroup group(round, plan.nproc, run_dir.path + "/attempt_" + std::to_string(attempt), attempt);
     group.start();
-    const int interval_ms = std::max(1, int(o.monitor_interval * 1000));
-    bool marked_done = false;
-    std::vector<WorkerFailure> link_failures;  // a lost node or store, noticed here
-    for (;;) {
-      const int sig = group.monitor(interval_ms);
-      if (sig != 0) {
-        interrupted_by = sig;
-        break;
-      }
-      if (!link) {
-        if (group.state() != GroupState::kHealthy) break;
-        continue;
-      }
-      try {
-        if (group.state() == GroupState::kFailed) {
-          link->publish(group.failures());
-          break;
-        }
-        if (group.state() == GroupState::kSucceeded && !marked_done) {
-          link->markDone();
-          marked_done = true;
-        }
-        if (link->failureCount() > 0) break;  // a node failed: every node stops
-        if (auto lost = link->heartbeat()) {
-          link->publish({*lost});
-          break;
-        }
-        if (marked_done && link->allDone()) break;
-      } catch (const DistError& e) {
-        link_failures.push_back(link->storeLost(e.message()));
-        link_lost = true;
-        break;
-      }
-    }
-    if (interrupted_by != 0) {
-      std::cerr << "ctrun: received " << signalName(interrupted_by) << ", stopping workers" << std::endl;
-      if (link && !link_lost) {
-        WorkerFailure f;
-        f.node = round.node_rank;
-        f.host = hostName();
-        f.time = nowSeconds();
-        f.exit_code = 128 + interrupted_by;
-        f.error_message = "ctrun on this node received " + signalName(interrupted_by);
-        try {
-          link->publish({f});
-        } catch (const DistError&) {
-        }
-      }
-      group.stop(interrupted_by == SIGINT ? SIGINT : SIGTERM);
-      exit_code = 128 + interrupted_by;
+    const RoundEnd end = superviseRound(group, link.get(), o.monitor_interval);
+    link_lost = link_lost || end.link_lost;
+    if (end.signal != 0) {
+      stopOnSignal(group, link.get(), link_lost, round.node_rank, end.signal);
+      exit_code = 128 + end.signal;
       break;
     }
-    const bool succeeded = link ? marked_done && link_failures.empty() && !link_lost && link->allDone()
-                                : group.state() == GroupState::kSucceeded;
+    const bool succeeded = link
+                               ? end.marked_done && end.link_failures.empty() && !link_lost && link->allDone()
+                               : group.state() == GroupState::kSucceeded;
     if (succeeded) {
       group.closeStreams();
       exit_code = 0;
@@ -913,7 +972,7 @@ int Launcher::run() {
     }
     // The first failure, on any node, fails the group.
     group.stop(SIGTERM);
-    last_failures = link_failures;
+    last_failures = end.link_failures;
     if (link && !link_lost) {
       try {
         last_failures = link->failures();
@@ -928,23 +987,11 @@ int Launcher::run() {
       break;
     }
     exit_code = last_failures.front().exit_code;
-    if (attempt < o.max_restarts && !link_lost) {
-      const auto& f = last_failures.front();
-      std::cerr << "ctrun: "
-                << (f.lost
-                        ? "node " + std::to_string(f.node) + " lost"
-                        : "rank " + std::to_string(f.rank) + " failed (" +
-                              (f.signal ? signalName(f.signal) : "exit code " + std::to_string(f.exit_code)) +
-                              ")")
-                << "; restarting worker group (" << attempt + 1 << " of " << o.max_restarts << ")"
-                << std::endl;
-      continue;
-    }
-    break;
+    if (attempt >= o.max_restarts || link_lost) break;
+    announceRestart(last_failures.front(), attempt, o.max_restarts);
   }
   if (!last_failures.empty()) printSummary(last_failures, o, attempt + 1);
   if (link && !link_lost) link->leave();
-  if (temp_dir) removeTree(base_dir);
   return exit_code;
 }
 
