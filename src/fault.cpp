@@ -51,10 +51,6 @@ std::optional<Fault> Fault::fromEnvironment() {
   return f;
 }
 
-bool Fault::hits(int rank_, const std::string& stage_, int64_t windows) const {
-  return rank == rank_ && stage == stage_ && windows >= after_windows;
-}
-
 void Fault::trigger(const std::string& what) const {
   std::cerr << "tiler: TILER_FAULT: injecting '" << kind << "' " << what << std::endl;
   if (kind == "crash") raise(SIGSEGV);
@@ -68,20 +64,20 @@ FaultHooks faultHooks(const std::optional<Fault>& fault, int rank, std::function
   if (!fault || fault->rank != rank) return hooks;
   const Fault f = *fault;
   const int64_t k = f.after_windows;
-  // The windows read: the read fault's count, and the checkpoint fault's (the reads of the read-ahead
-  // thread, looked at by the main thread).
-  auto reads = std::make_shared<std::atomic<int64_t>>(0);
   if (f.stage == "read" || f.stage == "checkpoint") {
+    // The windows read: the read fault's count, and the checkpoint fault's (the reads of the read-ahead
+    // thread, looked at by the main thread).
+    auto reads = std::make_shared<std::atomic<int64_t>>(0);
     auto fired = std::make_shared<std::atomic<bool>>(false);
     const bool throws = f.stage == "read" && f.kind == "throw";
     hooks.before_read = [f, k, reads, fired, throws](const std::string& input) {
       if (++*reads >= k && throws && !fired->exchange(true)) f.trigger("while reading '" + input + "'");
     };
-  }
-  if (f.stage == "checkpoint") {
-    hooks.before_checkpoint = [f, k, reads](const std::string& dir) {
-      if (*reads >= k) f.trigger("while writing checkpoint '" + dir + "'");
-    };
+    if (f.stage == "checkpoint") {
+      hooks.before_checkpoint = [f, k, reads](const std::string& dir) {
+        if (*reads >= k) f.trigger("while writing checkpoint '" + dir + "'");
+      };
+    }
   }
   if (f.stage == "forward" && (f.kind == "throw" || f.kind == "oom")) {
     auto started = std::make_shared<int64_t>(0);  // the caller's thread, in step order

@@ -1,27 +1,19 @@
 #include "tiler/image_io.hpp"
 
-#include <spdlog/spdlog.h>
-#include <sys/stat.h>
 #include <tiffio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <condition_variable>
-#include <cstdarg>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <limits>
-#include <list>
 #include <memory>
 #include <mutex>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 #include <sstream>
 #include <thread>
-#include <unordered_map>
 
 #include "tiff_support.hpp"
 #include "tiler/error.hpp"

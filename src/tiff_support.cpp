@@ -8,8 +8,6 @@
 #include <fstream>
 #include <mutex>
 
-#include "tiler/image_io.hpp"
-
 namespace tiler {
 namespace {
 

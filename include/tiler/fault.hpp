@@ -28,8 +28,6 @@ struct Fault {
 
   // nullopt when unset or on a restarted attempt; throws ConfigError on a malformed value.
   static std::optional<Fault> fromEnvironment();
-  // True when this is rank `rank`'s fault for `stage` and `windows` (1-based count) reached K.
-  bool hits(int rank_, const std::string& stage_, int64_t windows) const;
   // crash: SIGSEGV; exit: _exit(3); hang: sleeps forever; throw: std::runtime_error naming `what`.
   [[noreturn]] void trigger(const std::string& what) const;
 };
