@@ -8,13 +8,18 @@ Images show bright round blobs ("cells") on a smooth textured background; labels
   samples/train/{images,labels}/train_NN.png  8 pairs of 384 x 384 RGB / u8 class maps {0: background, 1: blob}
   samples/models/init.pt          the untrained fixed-seed UNet (3 -> 2 channels, 16 base channels)
   samples/models/state_dict.pt    a torch.save()'d state_dict: the wrong kind of file, for error tests
+  samples/models/encoder.pt       a fixed-seed patch encoder: 3 channels -> 128 features per window ([B, 128]),
+                                  four strided convolutions and a global mean (`tiler --task embed`)
+  samples/models/classifier.pt    encoder.pt with a linear head: 2 class logits per window (`--task classify`)
 samples/models/sample.pt is init.pt fine-tuned on samples/train by `tiler finetune` (scripts/make_sample_model.sh).
 
 Needs Debian's python3-torch, python3-numpy, python3-pil and libtiff-tools (tiffcp). Run from the repo root:
-  /usr/bin/python3 samples/make_samples.py
+  /usr/bin/python3 samples/make_samples.py              (everything)
+  /usr/bin/python3 samples/make_samples.py --encoders   (encoder.pt and classifier.pt only)
 """
 import os
 import subprocess
+import sys
 import tempfile
 
 import numpy as np
@@ -89,7 +94,44 @@ class UNet(torch.nn.Module):
         return self.head(d)
 
 
+class Encoder(torch.nn.Module):
+    """A small patch encoder: any window size in, one 128-value feature vector per window out ([B, 128])."""
+
+    def __init__(self, cin=3, dim=128):
+        super().__init__()
+        c = torch.nn.Conv2d
+        self.body = torch.nn.Sequential(c(cin, 32, 3, stride=2, padding=1), torch.nn.ReLU(),
+                                        c(32, 64, 3, stride=2, padding=1), torch.nn.ReLU(),
+                                        c(64, dim, 3, stride=2, padding=1), torch.nn.ReLU(),
+                                        c(dim, dim, 3, padding=1), torch.nn.ReLU())
+
+    def forward(self, x):
+        return self.body(x).mean(dim=(2, 3))
+
+
+class Classifier(torch.nn.Module):
+    """Encoder with a linear head: K class logits per window ([B, K])."""
+
+    def __init__(self, encoder, classes=2):
+        super().__init__()
+        self.encoder = encoder
+        self.head = torch.nn.Linear(128, classes)
+
+    def forward(self, x):
+        return self.head(self.encoder(x))
+
+
+def make_encoders():
+    torch.manual_seed(0)
+    encoder = Encoder().eval()
+    torch.jit.script(encoder).save(os.path.join(ROOT, "models/encoder.pt"))
+    torch.jit.script(Classifier(encoder).eval()).save(os.path.join(ROOT, "models/classifier.pt"))
+
+
 def main():
+    if "--encoders" in sys.argv[1:]:
+        make_encoders()
+        return
     rng = np.random.default_rng(1234)
     img, _ = rgb_image(4096, 4096, 900, rng)
     tiff_via_tiffcp(img, os.path.join(ROOT, "images/blobs_4096.tif"),
@@ -109,6 +151,7 @@ def main():
     model.save(os.path.join(ROOT, "models/init.pt"))
     # What users often hand over by mistake: a pickled state_dict, not TorchScript (tests check the message).
     torch.save(torch.nn.Conv2d(3, 2, 1).state_dict(), os.path.join(ROOT, "models/state_dict.pt"))
+    make_encoders()
 
 
 if __name__ == "__main__":

@@ -467,5 +467,34 @@ if want outputs; then
   done
 fi
 
+if want embed; then
+  # Per-window encoders (issue 32): tiler --task embed over an 8192 px slide (1024 windows of 256 px, no overlap)
+  # against the pure batched forward of the same encoder, the same windows, in the layout tiler chose (its
+  # report's replicas x threads). The bundled encoder (four 3x3 convolutions, 3 of stride 2: ~23 ms a window on
+  # one core) is a model whose forward dominates, as a real encoder's does.
+  encoder="$PWD/samples/models/encoder.pt"
+  n=8192
+  [ $quick = 1 ] && n=2048
+  img=$(image "$n")
+  windows=$(((n / 256) * (n / 256)))
+  for _ in $(seq "$runs"); do
+    rm -rf "$cache/out_embed"
+    t0=$(now)
+    "$bin/tiler" -i "$img" -m "$encoder" -o "$cache/out_embed" --no_progress >/dev/null 2>&1
+    wall=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { print b - a }')
+    r="$cache/out_embed/report.json"
+    job=$(report_field "$r" seconds)
+    out=$("$bin/tiler_bench" forward -m "$encoder" --windows "$windows" --batch_size 8 \
+      --replicas "$(report_field "$r" replicas)" --threads "$(report_field "$r" threads)")
+    pure=$(json "$out" seconds)
+    emit "embed: ${n}px, $windows windows, pure forward in tiler's layout" seconds "$pure"
+    emit "embed: ${n}px, tiler --task embed (job, report)" seconds "$job"
+    emit "embed: ${n}px, tiler --task embed (process, wall)" seconds "$wall"
+    emit "embed: tiler job / pure forward" overhead_ratio "$(ratio "$job" "$pure")"
+    emit "embed: tiler process / pure forward" overhead_ratio "$(ratio "$wall" "$pure")"
+    emit "embed: ${n}px, tiler --task embed" windows_per_second "$(report_field "$r" windows_per_second)"
+  done
+fi
+
 "$bin/tiler_bench" summarize -o "$results/bench.json" <"$lines"
 echo "wrote $results/bench.json"

@@ -128,6 +128,17 @@ std::vector<int64_t> WindowCatalog::rowLengths() const {
   return rows;
 }
 
+std::string outputFileName(const std::string& kind, const std::string& stem, const std::string& format) {
+  if (kind == "labels") return stem + "_labels." + format;
+  if (kind == "probs") return stem + "_probs.tif";
+  if (kind == "polygons") return stem + "_polygons.geojson";
+  if (kind == "features") return stem + ".h5";
+  if (kind == "csv") return stem + ".csv";
+  if (kind == "tiles") return stem + "_tiles.geojson";
+  if (kind == "heatmap") return stem + "_heatmap.tif";
+  TILER_THROW(ConfigError, "no output kind '" << kind << "'");
+}
+
 WindowCatalog buildInferCatalog(const InferCatalogOptions& o, const CatalogSpec& spec) {
   std::vector<std::string> files = listImages(o.inputs, o.recursive);
   TILER_CHECK(!files.empty(), ConfigError, "no input images found in the given --input paths");
@@ -146,12 +157,9 @@ WindowCatalog buildInferCatalog(const InferCatalogOptions& o, const CatalogSpec&
       img.error =
           "'" + path + "': its outputs would overwrite those of '" + first->second + "' (same file stem)";
     }
-    if (o.save_labels)
-      img.outputs["labels"] = (fs::path(o.output_dir) / (stem + "_labels." + o.format)).string();
-    if (o.save_probs) img.outputs["probs"] = (fs::path(o.output_dir) / (stem + "_probs.tif")).string();
-    if (o.save_polygons)
-      img.outputs["polygons"] = (fs::path(o.output_dir) / (stem + "_polygons.geojson")).string();
-    if (img.status == "ok" && o.format == "png" && o.save_labels) {
+    for (const auto& kind : o.kinds)
+      img.outputs[kind] = (fs::path(o.output_dir) / outputFileName(kind, stem, o.format)).string();
+    if (img.status == "ok" && o.format == "png" && img.outputs.count("labels")) {
       const int64_t pixels =
           spec.output_scale.apply(img.info.width) * spec.output_scale.apply(img.info.height);
       if (pixels > ImageWriter::kMaxInMemoryPixels) {

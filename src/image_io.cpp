@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -268,6 +269,12 @@ ImageWriter::ImageWriter(const std::string& path, int64_t width, int64_t height,
               << "</Item><Item name=\"OFFSET\" sample=\"" << band << "\" role=\"offset\">0</Item>";
       items << "</GDALMetadata>";
       TIFFSetField(tif, kGdalMetadata, items.str().c_str());
+    }
+    if (options_.nodata) {
+      std::ostringstream text;
+      text.precision(17);
+      text << *options_.nodata;
+      TIFFSetField(tif, kGdalNodata, std::isnan(*options_.nodata) ? "nan" : text.str().c_str());
     }
     writeMetadata(tif, readMetadata(options_.metadata_from), options_.metadata_scale, options_.mpp);
     buffer_ = cv::Mat(options_.tile, int(width), cv_type);

@@ -25,6 +25,7 @@
 #include "tiler/launcher.hpp"
 #include "tiler/platform.hpp"
 #include "tiler/torch_compat.hpp"
+#include "tiler/window_outputs.hpp"
 
 namespace fs = std::filesystem;
 
@@ -459,6 +460,29 @@ torch::Tensor ModelRunner::apply(const torch::Tensor& nchw) {
   return extractTensor(out).to(torch::kFloat32);
 }
 
+ModelTask resolveTask(ModelTask requested, const std::vector<int64_t>& sizes, Activation activation,
+                      bool classes_named, const std::string& path) {
+  const std::string shape = c10::str(torch::IntArrayRef(sizes));
+  const bool vector = sizes.size() == 2 || (sizes.size() == 4 && requested != ModelTask::kSegment &&
+                                            requested != ModelTask::kAuto && sizes[2] == 1 && sizes[3] == 1);
+  const char* choices =
+      "tiler takes NCHW maps (--task segment) or one vector per window, [batch, D] (--task classify | embed)";
+  if (sizes.size() == 4 && !vector) {
+    TILER_CHECK(requested == ModelTask::kAuto || requested == ModelTask::kSegment, ModelError,
+                "'" << path << "': --task " << taskName(requested)
+                    << " needs one vector per window, but the output " << shape << " is a map; " << choices);
+    return ModelTask::kSegment;
+  }
+  TILER_CHECK(
+      vector, ModelError,
+      "'" << path << "': output " << shape << " has " << sizes.size() << " dimension(s); " << choices);
+  TILER_CHECK(requested != ModelTask::kSegment, ModelError,
+              "'" << path << "': --task segment needs NCHW maps, but the output " << shape
+                  << " is one vector per window; " << choices);
+  if (requested != ModelTask::kAuto) return requested;
+  return activation != Activation::kNone || classes_named ? ModelTask::kClassify : ModelTask::kEmbed;
+}
+
 const ModelProbe& ModelRunner::probe(int64_t window_w, int64_t window_h) {
   if (probe_.output_channels > 0) return probe_;
   c10::InferenceMode guard;
@@ -480,23 +504,26 @@ const ModelProbe& ModelRunner::probe(int64_t window_w, int64_t window_h) {
       if (first_error.empty()) first_error = firstLine(e.what());
       continue;
     }
-    TILER_CHECK(out.dim() == 4, ModelError,
-                "'" << path << "': output has " << out.dim() << " dimensions " << out.sizes()
-                    << "; tiler needs NCHW (batch, channels, height, width)");
+    probe_.task =
+        resolveTask(options_.task, out.sizes().vec(), options_.activation, options_.classes_named, path);
     TILER_CHECK(out.size(0) == 1, ModelError,
                 "'" << path << "': output batch " << out.size(0) << " for input batch 1");
-    const int64_t oh = out.size(2), ow = out.size(3);
     Scale s;
-    if (oh >= window_h && oh % window_h == 0) {
-      s = Scale{oh / window_h, 1};
-    } else if (oh > 0 && oh < window_h && window_h % oh == 0) {
-      s = Scale{1, window_h / oh};
+    if (probe_.perWindow()) {
+      out = out.flatten(1);
     } else {
-      s = Scale{1, 0};
+      const int64_t oh = out.size(2), ow = out.size(3);
+      if (oh >= window_h && oh % window_h == 0) {
+        s = Scale{oh / window_h, 1};
+      } else if (oh > 0 && oh < window_h && window_h % oh == 0) {
+        s = Scale{1, window_h / oh};
+      } else {
+        s = Scale{1, 0};
+      }
+      TILER_CHECK(s.den > 0 && s.apply(window_h) == oh && s.apply(window_w) == ow, ModelError,
+                  "'" << path << "': output " << ow << "x" << oh << " for a " << window_w << "x" << window_h
+                      << " window is not an exact integer multiple or fraction of it");
     }
-    TILER_CHECK(s.den > 0 && s.apply(window_h) == oh && s.apply(window_w) == ow, ModelError,
-                "'" << path << "': output " << ow << "x" << oh << " for a " << window_w << "x" << window_h
-                    << " window is not an exact integer multiple or fraction of it");
     probe_.input_channels = c;
     probe_.output_channels = int(out.size(1));
     probe_.scale = s;
@@ -519,8 +546,8 @@ const ModelProbe& ModelRunner::probe(int64_t window_w, int64_t window_h) {
     for (double s : options_.std) TILER_CHECK(s != 0, ConfigError, "--std values must be non-zero");
     inv_std_ = 1.0 / per_channel(options_.std, "std");
   }
-  spdlog::debug("model '{}': {} -> {} channels, scale {}/{}", path, c, probe_.output_channels,
-                probe_.scale.num, probe_.scale.den);
+  spdlog::debug("model '{}': {} -> {} channels, scale {}/{}, task {}", path, c, probe_.output_channels,
+                probe_.scale.num, probe_.scale.den, taskName(probe_.task));
   return probe_;
 }
 
@@ -587,8 +614,13 @@ torch::Tensor ModelRunner::forward(const torch::Tensor& batch, const torch::Tens
     if (options_.activation == Activation::kSigmoid) return torch::sigmoid(t);
     return t;
   };
+  // A per-window model's [B, D, 1, 1] as [B, D].
+  auto outputOf = [this](const torch::Tensor& in) {
+    torch::Tensor out = apply(in);
+    return probe_.perWindow() ? out.flatten(1) : out;
+  };
   const torch::Tensor x = normalize(batch, scales);
-  if (options_.tta == Tta::kNone) return activate(apply(x)).contiguous();
+  if (options_.tta == Tta::kNone) return activate(outputOf(x)).contiguous();
   // (quarter turns, mirrored): the copies of the batch, all in one forward.
   std::vector<std::pair<int64_t, bool>> views = {{0, false}, {0, true}};
   if (options_.tta == Tta::kD4)
@@ -598,12 +630,14 @@ torch::Tensor ModelRunner::forward(const torch::Tensor& batch, const torch::Tens
     const torch::Tensor v = mirrored ? x.flip({3}) : x;
     copies.push_back(turns ? torch::rot90(v, turns, {2, 3}) : v);
   }
-  const auto parts = activate(apply(torch::cat(copies, 0))).chunk(int64_t(views.size()), 0);
+  const auto parts = activate(outputOf(torch::cat(copies, 0))).chunk(int64_t(views.size()), 0);
   torch::Tensor sum;
   for (size_t i = 0; i < views.size(); ++i) {
     const auto& [turns, mirrored] = views[i];
-    torch::Tensor back = turns ? torch::rot90(parts[i], -turns, {2, 3}) : parts[i];
-    if (mirrored) back = back.flip({3});
+    // A map goes back to the window's orientation; a vector belongs to the whole window as it is.
+    torch::Tensor back = parts[i];
+    if (!probe_.perWindow() && turns) back = torch::rot90(back, -turns, {2, 3});
+    if (!probe_.perWindow() && mirrored) back = back.flip({3});
     sum = sum.defined() ? sum + back : back;
   }
   return (sum / double(views.size())).contiguous();

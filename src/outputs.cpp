@@ -105,7 +105,8 @@ void OutputStage::loop() {
     const CatalogImage& img = catalog_.image(id);
     if (!owns(id) || img.status != "ok" || img.first_window < 0 || img.plannedWindows() > 0) continue;
     try {
-      outputsFor(id).stitcher->finishEmpty();
+      ImageOutputs& out = outputsFor(id);
+      if (out.stitcher) out.stitcher->finishEmpty();
       finishImage(id, "");
     } catch (...) {
       finishImage(id, describeImageException(std::current_exception(), img.input));
@@ -147,6 +148,10 @@ OutputStage::ImageOutputs& OutputStage::outputsFor(int image_id) {
   if (it != open_.end()) return it->second;
   CatalogImage& img = catalog_.image(image_id);
   ImageOutputs out;
+  if (options_.per_window) {
+    out.vectors = std::make_unique<WindowOutputs>(img, *options_.per_window);
+    return open_.emplace(image_id, std::move(out)).first->second;
+  }
   fs::create_directories(fs::path(img.outputs.begin()->second).parent_path());
   const int64_t out_w = options_.scale.apply(img.info.width), out_h = options_.scale.apply(img.info.height);
   WriterOptions wo;
@@ -204,6 +209,11 @@ OutputStage::ImageOutputs& OutputStage::outputsFor(int image_id) {
 }
 
 void OutputStage::commit(ImageOutputs& out) {
+  if (out.vectors) {
+    std::error_code ec;
+    for (const auto& path : out.vectors->commit()) stats_.bytes_written += int64_t(fs::file_size(path, ec));
+    return;
+  }
   // Phase one: every file closed under its partial name. Phase two: all renamed.
   if (out.labels) out.labels->finish();
   if (out.probs) out.probs->finish();
@@ -256,8 +266,8 @@ void OutputStage::finishImage(int image_id, const std::string& error) {
   if (it != open_.end() && err.empty()) {
     if (img.non_finite_values > 0)
       spdlog::warn(
-          "'{}': {} value(s) of the stitched predictions are not finite (the model gave NaN or Inf); "
-          "those pixels mean nothing (their labels come out 0)",
+          "'{}': {} value(s) of the predictions are not finite (the model gave NaN or Inf); those values "
+          "mean nothing (a label, a class or a feature made of them neither)",
           img.input, img.non_finite_values);
     try {
       commit(it->second);
@@ -294,12 +304,19 @@ void OutputStage::stitchStep(StepResult& step) {
     if (catalog_.image(image_id).status != "ok") continue;
     try {
       ImageOutputs& out = outputsFor(image_id);
-      if (options_.stitched_window && options_.stitched_window()) {
-        if (out.labels) out.labels->injectTileFault();
-        if (out.probs) out.probs->injectTileFault();
+      const bool fault = options_.stitched_window && options_.stitched_window();
+      if (fault && out.labels) out.labels->injectTileFault();
+      if (fault && out.probs) out.probs->injectTileFault();
+      const float* values = base + k * per_window;
+      if (out.vectors) {
+        TILER_CHECK(!fault, IoError,
+                    "'" << catalog_.image(image_id).input << "': TILER_FAULT: injected write failure");
+        catalog_.image(image_id).non_finite_values += countNonFinite(values, per_window);
+        out.vectors->add(local, values);
+      } else {
+        out.stitcher->add(local, values);
       }
-      out.stitcher->add(local, base + k * per_window);
-      if (out.stitcher->done()) finishImage(image_id, "");
+      if (out.vectors ? out.vectors->done() : out.stitcher->done()) finishImage(image_id, "");
     } catch (...) {
       finishImage(image_id, describeImageException(std::current_exception(), catalog_.image(image_id).input));
     }

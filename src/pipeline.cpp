@@ -29,6 +29,7 @@
 #include "tiler/report.hpp"
 #include "tiler/sampler.hpp"
 #include "tiler/session.hpp"
+#include "tiler/window_outputs.hpp"
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -57,8 +58,10 @@ class InferJob {
  private:
   // The phases of run(), in order.
   void validateOptions();
-  void loadModel();  // the model, its probe, the forward layout and the read threads
-  void connect();    // the process group, on the model's device
+  void parseSaveKinds();  // --save's kinds, checked against --task when it is given
+  void settleTask();      // after the probe: the task, its outputs and (per window) the overlap
+  void loadModel();       // the model, its probe, the forward layout and the read threads
+  void connect();         // the process group, on the model's device
   // The images and their windows, the same on every rank (or every rank stops with the reason).
   void planImages();
   // This rank's share of the windows (parts of every row) and the images it writes.
@@ -109,6 +112,8 @@ class InferJob {
   std::vector<ClassInfo> classes_;  // --classes
   Activation activation_ = Activation::kNone;
   Tta tta_ = Tta::kNone;
+  ModelTask task_ = ModelTask::kAuto;    // --task; probe_.task says what it became
+  std::vector<std::string> save_kinds_;  // --save, or the task's default
   bool save_labels_ = true, save_probs_ = false, save_polygons_ = false;
   bool abort_on_error_ = false;  // --on_error abort
   Compression compression_ = Compression::kDeflate;
@@ -158,23 +163,8 @@ void InferJob::validateOptions() {
   probs_type_ = parseProbsType(o_.probs_dtype);
   TILER_CHECK(o_.write_threads >= 0, ConfigError,
               "--write_threads must be >= 0 (0: the CPUs this rank may use)");
-  save_labels_ = save_probs_ = save_polygons_ = false;
-  const std::string bad_save =
-      "--save takes labels, probs and polygons, comma-separated; got '" + o_.save + "'";
-  // "" and "labels," name nothing (or end in nothing), which getline would not return.
-  TILER_CHECK(!o_.save.empty() && o_.save.back() != ',', ConfigError, bad_save);
-  std::stringstream ss(o_.save);
-  std::string part;
-  while (std::getline(ss, part, ',')) {
-    if (part == "labels")
-      save_labels_ = true;
-    else if (part == "probs")
-      save_probs_ = true;
-    else if (part == "polygons")
-      save_polygons_ = true;
-    else
-      TILER_THROW(ConfigError, bad_save);
-  }
+  task_ = parseTask(o_.task);
+  parseSaveKinds();
   mask_ = parseMaskSpec(o_.mask, o_.mask_fraction);
   TILER_CHECK((o_.level >= 0) + (o_.mpp > 0) + (o_.magnification > 0) <= 1, ConfigError,
               "--level, --mpp and --magnification choose the same thing; give at most one");
@@ -187,6 +177,66 @@ void InferJob::validateOptions() {
               "--replicas must be >= 0 (0: one per CPU core, up to " << kMaxAutoReplicas << ")");
   if (o_.inputs.empty()) o_.inputs = {bundledSamplesDir() + "/images"};
   if (o_.report.empty()) o_.report = (fs::path(o_.output_dir) / "report.json").string();
+}
+
+void InferJob::parseSaveKinds() {
+  save_kinds_.clear();
+  if (!o_.save) return;  // the task's default, once the model says which task it is
+  const std::string& save = *o_.save;
+  const std::string bad_save =
+      "--save takes labels, probs and polygons (segment), features (embed), or csv, tiles and heatmap "
+      "(classify), comma-separated; got '" +
+      save + "'";
+  // "" and "labels," name nothing (or end in nothing), which getline would not return.
+  TILER_CHECK(!save.empty() && save.back() != ',', ConfigError, bad_save);
+  std::stringstream ss(save);
+  std::string part;
+  while (std::getline(ss, part, ',')) {
+    const ModelTask task = taskOfOutputKind(part);
+    TILER_CHECK(task != ModelTask::kAuto, ConfigError, bad_save);
+    TILER_CHECK(taskOfOutputKind(save_kinds_.empty() ? part : save_kinds_.front()) == task, ConfigError,
+                "--save " << save << " mixes the outputs of two tasks ("
+                          << taskName(taskOfOutputKind(save_kinds_.front())) << " and " << taskName(task)
+                          << ")");
+    TILER_CHECK(task_ == ModelTask::kAuto || task_ == task, ConfigError,
+                "--save " << part << " is an output of --task " << taskName(task) << ", not of --task "
+                          << taskName(task_));
+    if (std::find(save_kinds_.begin(), save_kinds_.end(), part) == save_kinds_.end())
+      save_kinds_.push_back(part);
+  }
+}
+
+void InferJob::settleTask() {
+  const ModelTask task = probe_.task;
+  const std::string shape =
+      probe_.perWindow() ? "one vector of " + std::to_string(probe_.output_channels) + " values per window"
+                         : "NCHW maps";
+  if (save_kinds_.empty()) save_kinds_ = defaultOutputKinds(task);
+  TILER_CHECK(taskOfOutputKind(save_kinds_.front()) == task, ConfigError,
+              "--save " << *o_.save << " is an output of --task "
+                        << taskName(taskOfOutputKind(save_kinds_.front())) << ", but '" << o_.model
+                        << "' gives " << shape << " (--task " << taskName(task) << ")");
+  const auto saved = [&](const char* kind) {
+    return std::find(save_kinds_.begin(), save_kinds_.end(), kind) != save_kinds_.end();
+  };
+  save_labels_ = saved("labels");
+  save_probs_ = saved("probs");
+  save_polygons_ = saved("polygons");
+  if (task == ModelTask::kSegment) {
+    const int label_classes = labelClassCount(probe_.output_channels);
+    TILER_CHECK(
+        classes_.empty() || int(classes_.size()) == label_classes, ConfigError,
+        "--classes names " << classes_.size() << " class(es), the model's labels have " << label_classes);
+    return;
+  }
+  TILER_CHECK(task == ModelTask::kClassify || classes_.empty(), ConfigError,
+              "--classes names classes, but '" << o_.model
+                                               << "' is an encoder (--task embed): its features have none");
+  TILER_CHECK(classes_.empty() || int64_t(classes_.size()) == probe_.output_channels, ConfigError,
+              "--classes names " << classes_.size() << " class(es), the model gives "
+                                 << probe_.output_channels << " scores per window");
+  // Per-window outputs describe whole windows: without --overlap they tile the image without overlap.
+  if (!o_.overlap_given) spec_.overlap_x = spec_.overlap_y = 0.0;
 }
 
 OutputOptions InferJob::outputOptions() const {
@@ -209,6 +259,17 @@ OutputOptions InferJob::outputOptions() const {
   oo.owners = owners_;
   oo.rank = session_->rank();
   oo.stitched_window = faults_.stitched_window;
+  if (probe_.perWindow()) {
+    WindowOutputOptions wo;
+    wo.task = probe_.task;
+    wo.kinds = save_kinds_;
+    wo.dim = probe_.output_channels;
+    wo.encoder = o_.encoder_name.empty() ? fs::path(o_.model).stem().string() : o_.encoder_name;
+    wo.overlap = spec_.overlap_x;
+    wo.classes = classes_;
+    wo.compression = compression_;
+    oo.per_window = wo;
+  }
   return oo;
 }
 
@@ -262,6 +323,7 @@ torch::Tensor InferJob::zeroPredictions() const {
 }
 
 std::vector<int64_t> InferJob::predictionSizes(int64_t windows) const {
+  if (probe_.perWindow()) return {windows, probe_.output_channels};
   return {windows, probe_.output_channels, probe_.scale.apply(spec_.window_h),
           probe_.scale.apply(spec_.window_w)};
 }
@@ -451,7 +513,9 @@ int InferJob::finishRun(OutputStage& outputs) {
                    read_threads_,
                    shard_run_,
                    cpu_blas_,
-                   session_->dist().gatherTransport()};
+                   session_->dist().gatherTransport(),
+                   taskName(probe_.task),
+                   probe_.perWindow() ? int64_t(probe_.output_channels) : 0};
     nlohmann::json j = inferReport(run, catalog_, per_rank);
     writeJsonAtomically(o_.report, j);
     int failed = 0, ok = 0, skipped = 0;
@@ -492,8 +556,11 @@ void InferJob::loadModel() {
   mo.activation = activation_;
   mo.tta = tta_;
   mo.jit_optimize = o_.jit_optimize;
+  mo.task = task_;
+  mo.classes_named = !classes_.empty();
   model_ = std::make_unique<ModelRunner>(mo);
   probe_ = model_->probe(spec_.window_w, spec_.window_h);
+  settleTask();
   if (o_.threads == 0 && o_.replicas == 0 && model_->device().is_cpu() && layout_.replicas > 1) {
     const double bar = lightModelSeconds(spec_);
     const double per_window = model_->secondsPerWindow(spec_.window_w, spec_.window_h, o_.batch_size, bar);
@@ -507,10 +574,6 @@ void InferJob::loadModel() {
   }
   read_threads_ =
       chooseReadThreads(o_.read_threads, layout_, model_->device().is_cuda(), defaultIntraOpThreads());
-  const size_t named = classes_.size();
-  const int label_classes = labelClassCount(probe_.output_channels);
-  TILER_CHECK(named == 0 || int(named) == label_classes, ConfigError,
-              "--classes names " << named << " class(es), the model's labels have " << label_classes);
 }
 
 void InferJob::connect() {
@@ -528,9 +591,7 @@ void InferJob::planImages() {
     co.recursive = o_.recursive;
     co.output_dir = o_.output_dir;
     co.format = o_.format;
-    co.save_labels = save_labels_;
-    co.save_probs = save_probs_;
-    co.save_polygons = save_polygons_;
+    co.kinds = save_kinds_;
     co.resume = o_.resume;
     co.overwrite = o_.overwrite;
     co.remove_stale_partials = rank() == 0;
@@ -566,8 +627,8 @@ InferJob::Deal InferJob::dealWindows() {
   const int64_t B = o_.batch_size;
   // Each rank takes parts of every grid row of windows (they share input tiles), in pieces short enough that
   // the windows of the other ranks' parts, which reach their owner before their turn, fit in --shard_buffer.
-  const int64_t window_bytes = int64_t(probe_.output_channels) * probe_.scale.apply(spec_.window_h) *
-                               probe_.scale.apply(spec_.window_w) * int64_t(sizeof(float));
+  int64_t window_bytes = int64_t(sizeof(float));
+  for (int64_t size : predictionSizes(1)) window_bytes *= size;
   const int64_t early_windows = (int64_t(o_.shard_buffer) << 20) / window_bytes;
   RowDeal deal =
       dealRows(catalog_.rowLengths(), worldSize(), rank(), maxPiece(worldSize(), B, early_windows));

@@ -41,6 +41,8 @@ nlohmann::json inferReport(const RunSummary& run, const WindowCatalog& catalog,
   j["window"] = {run.window.window_w, run.window.window_h};
   j["output_scale"] = run.output_scale;
   j["tta"] = run.tta;
+  j["task"] = run.task;
+  j["feature_dim"] = run.feature_dim;
   j["replicas"] = run.replicas;
   j["read_threads"] = run.read_threads;
   j["shard_run"] = run.shard_run;

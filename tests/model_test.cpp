@@ -79,6 +79,50 @@ TEST(Model, ProbeFindsChannelsAndScale) {
   EXPECT_EQ(gray.probe(32, 32).input_channels, 1);
 }
 
+TEST(Model, TheOutputShapeAndTaskDecideWhatAModelIs) {
+  const auto none = Activation::kNone, softmax = Activation::kSoftmax;
+  const std::vector<int64_t> map = {1, 2, 32, 32}, vector = {1, 7}, pooled = {1, 7, 1, 1};
+  EXPECT_EQ(resolveTask(ModelTask::kAuto, map, none, false, "m"), ModelTask::kSegment);
+  EXPECT_EQ(resolveTask(ModelTask::kAuto, vector, none, false, "m"), ModelTask::kEmbed);
+  EXPECT_EQ(resolveTask(ModelTask::kAuto, vector, softmax, false, "m"), ModelTask::kClassify);
+  EXPECT_EQ(resolveTask(ModelTask::kAuto, vector, Activation::kSigmoid, false, "m"), ModelTask::kClassify);
+  EXPECT_EQ(resolveTask(ModelTask::kAuto, vector, none, true, "m"), ModelTask::kClassify) << "--classes";
+  EXPECT_EQ(resolveTask(ModelTask::kClassify, vector, none, false, "m"), ModelTask::kClassify);
+  EXPECT_EQ(resolveTask(ModelTask::kEmbed, vector, softmax, false, "m"), ModelTask::kEmbed);
+  EXPECT_EQ(resolveTask(ModelTask::kEmbed, pooled, none, false, "m"), ModelTask::kEmbed);
+  EXPECT_EQ(resolveTask(ModelTask::kAuto, pooled, none, false, "m"), ModelTask::kSegment)
+      << "a 1x1 map of a window is a valid segmentation at 1/window scale unless a task says otherwise";
+  EXPECT_THROW(resolveTask(ModelTask::kSegment, vector, none, false, "m"), ModelError);
+  EXPECT_THROW(resolveTask(ModelTask::kEmbed, map, none, false, "m"), ModelError);
+  for (const auto& bad : std::vector<std::vector<int64_t>>{{}, {1}, {1, 7, 3}, {1, 2, 3, 4, 5}})
+    for (ModelTask task : {ModelTask::kAuto, ModelTask::kEmbed, ModelTask::kClassify})
+      EXPECT_THROW(resolveTask(task, bad, none, false, "m"), ModelError) << bad.size();
+}
+
+TEST(Model, APooledClassifierIsFlattenedAndItsFlipsAveragedAsTheyAre) {
+  // A [B, K, 1, 1] head (a 1x1 convolution after global pooling) asked for as a classifier: [B, K].
+  auto pooled = saveModule("pooled", 3, 2, R"JIT(
+def forward(self, x):
+    return torch.conv2d(torch.mean(x * torch.arange(x.size(3), dtype=x.dtype), [2, 3], True), self.w, self.b)
+)JIT");
+  auto o = cpuOptions(pooled);
+  o.task = ModelTask::kClassify;
+  ModelRunner r(o);
+  const auto& p = r.probe(8, 8);
+  EXPECT_EQ(p.task, ModelTask::kClassify);
+  EXPECT_EQ(p.output_channels, 2);
+  auto x = torch::rand({3, 3, 8, 8});
+  auto plain = r.forward(x, torch::ones({3}));
+  EXPECT_EQ(plain.sizes(), torch::IntArrayRef({3, 2}));
+  // flip: the window and its mirror, averaged; a vector is not mirrored back.
+  o.tta = Tta::kFlip;
+  ModelRunner flipped(o);
+  flipped.probe(8, 8);
+  auto expected = (plain + r.forward(x.flip({3}), torch::ones({3}))) / 2;
+  EXPECT_TRUE(torch::allclose(flipped.forward(x, torch::ones({3})), expected, 1e-5, 1e-6));
+  EXPECT_FALSE(torch::allclose(plain, expected, 1e-3, 1e-3)) << "the weights make the mirror differ";
+}
+
 TEST(Model, OutputScaleTwoAndHalfDetected) {
   auto up = saveModule("up", 3, 1, R"JIT(
 def forward(self, x):
@@ -140,7 +184,8 @@ def forward(self, x: List[Tensor]):
 def forward(self, x):
     return torch.conv2d(x, self.w, self.b).sum(1)
 )JIT"),
-                   "needs NCHW");
+                   "output [1, 32, 32] has 3 dimension(s); tiler takes NCHW maps (--task segment) or one "
+                   "vector per window, [batch, D] (--task classify | embed)");
   expectModelError(saveModule("odd_size", 3, 2, R"JIT(
 def forward(self, x):
     return torch.conv2d(x, self.w, self.b)[:, :, :10, :10]

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <limits>
 
 #include "test_util.hpp"
 #include "tiler/fault.hpp"
@@ -126,6 +127,43 @@ TEST(Outputs, AStageWritesOnlyItsOwnImagesAndReportsThem) {
   EXPECT_EQ(rank0.image(0).status, "done");
   EXPECT_EQ(rank0.image(1).status, "ok") << "not rank 1's to report";
   EXPECT_EQ(rank0.image(2).status, "done");
+  removeTree(dir);
+}
+
+// A per-window model's stage: vectors, not maps, go to window_outputs; a write fault fails its image alone.
+TEST(Outputs, PerWindowVectorsAreWrittenByTheStageAndAFaultFailsOneImage) {
+  const std::string dir = test::scratchDir("stage_vectors");
+  WindowCatalog c = smallCatalog(dir, 3);
+  for (int i = 0; i < 3; ++i) {
+    c.image(i).outputs.clear();
+    c.image(i).outputs["features"] = dir + "/img" + std::to_string(i) + ".h5";
+  }
+  OutputOptions o;
+  WindowOutputOptions wo;
+  wo.task = ModelTask::kEmbed;
+  wo.kinds = {"features"};
+  wo.dim = 5;
+  o.per_window = wo;
+  o.stitched_window = faultHooks(Fault{0, 2, "throw", "write"}, 0).stitched_window;
+  OutputStage stage(c, o);
+  StepResult step;
+  step.preds = torch::rand({3, 5});
+  step.preds[2][4] = std::numeric_limits<float>::quiet_NaN();
+  for (int i = 0; i < 3; ++i) step.slots.push_back(WindowSlot{i, i, SlotStatus::kOk});
+  ASSERT_TRUE(stage.submit(std::move(step)));
+  stage.finish();
+  EXPECT_FALSE(stage.error());
+  EXPECT_EQ(c.image(0).status, "done");
+  EXPECT_EQ(c.image(1).status, "error");
+  EXPECT_NE(c.image(1).error.find("in1.png': TILER_FAULT: injected write failure"), std::string::npos)
+      << c.image(1).error;
+  EXPECT_EQ(c.image(2).status, "done");
+  EXPECT_EQ(c.image(2).non_finite_values, 1);
+  EXPECT_TRUE(fs::exists(dir + "/img0.h5"));
+  EXPECT_FALSE(fs::exists(dir + "/img1.h5"));
+  EXPECT_EQ(stage.stats().bytes_written,
+            int64_t(fs::file_size(dir + "/img0.h5") + fs::file_size(dir + "/img2.h5")));
+  for (const auto& e : fs::directory_iterator(dir)) EXPECT_NE(e.path().extension(), ".partial") << e.path();
   removeTree(dir);
 }
 

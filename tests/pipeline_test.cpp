@@ -1386,8 +1386,7 @@ def forward(self, x):
   auto r = run(kTiler + " -i " + root_ + "/images/c_small.png -m " + model + " -o " + out +
                " --window 32 --batch_size 4 --threads 1 --no_progress");
   EXPECT_EQ(r.code, 0) << r.output;
-  EXPECT_NE(r.output.find("of the stitched predictions are not finite (the model gave NaN or Inf)"),
-            std::string::npos)
+  EXPECT_NE(r.output.find("of the predictions are not finite (the model gave NaN or Inf)"), std::string::npos)
       << r.output;
   const nlohmann::json j = report(out), ref = report(reference());
   const auto& e = *imageEntry(j, "c_small.png");
@@ -1470,6 +1469,192 @@ def forward(self, x):
     EXPECT_GT(std::abs(p.value - conv(p.x, p.y, p.cls)), 1e-3)
         << "a window edge differs from the whole image's";
   }
+}
+
+// Per-window models: a tiny encoder ([B, 8]: 3x3 stride-2 convolution, relu, mean over the window) and a
+// classifier (its features through a linear head, [B, 3]), saved under `root`.
+std::string perWindowModel(const std::string& root, const std::string& name, const std::string& forward) {
+  torch::jit::Module m("PerWindow");
+  torch::manual_seed(3);
+  m.register_parameter("w", torch::randn({8, 3, 3, 3}) * 0.5, false);
+  m.register_parameter("head", torch::randn({3, 8}), false);
+  m.define(
+      "def forward(self, x):\n    f = torch.mean(torch.relu(torch.conv2d(x, self.w, stride=2)), [2, 3])\n" +
+      forward);
+  const std::string path = root + "/" + name + ".pt";
+  m.save(path);
+  return path;
+}
+
+TEST_F(Pipeline, EmbedWritesTheGridsFeaturesByteIdenticalForOneToThreeRanks) {
+  const std::string encoder = perWindowModel(root_, "encoder", "    return f\n");
+  const std::string args = " -i " + root_ + "/images -m " + encoder +
+                           " --window 64 --batch_size 4 --threads 1 --no_progress --encoder_name tiny -o ";
+  const std::string ref = root_ + "/out_embed1";
+  auto r = run(kTiler + args + ref);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto rep = report(ref);
+  EXPECT_EQ(rep["task"], "embed") << "a [B, D] output without an activation is an encoder";
+  EXPECT_EQ(rep["feature_dim"], 8);
+  // No overlap by default: a_large.tif (700 x 500) in 64 px windows is 11 x 8 (MONAI's last window flush
+  // with the edge).
+  const WindowGrid grid(700, 500, GridSpec{64, 64, 0.0, 0.0});
+  EXPECT_EQ(grid.count(), 88);
+  const std::string h5 = ref + "/a_large.h5";
+  const auto coords = test::h5dumpValues(h5, "coords");
+  ASSERT_EQ(coords.size(), size_t(2 * grid.count()));
+  for (int64_t w = 0; w < grid.count(); ++w) {
+    EXPECT_EQ(coords[size_t(2 * w)], grid.imageWindow(w).x) << w;
+    EXPECT_EQ(coords[size_t(2 * w + 1)], grid.imageWindow(w).y) << w;
+  }
+  // The features are the model's forward of each window (window 13: column 2, row 1), values / 255.
+  cv::Mat pixels;
+  cv::cvtColor(cv::imread(root_ + "/images/a_large.tif", cv::IMREAD_UNCHANGED), pixels, cv::COLOR_BGR2RGB);
+  const Rect w13 = grid.imageWindow(13);
+  cv::Mat window;
+  pixels(cv::Rect(int(w13.x), int(w13.y), 64, 64)).convertTo(window, CV_32FC3, 1.0 / 255);
+  auto x = torch::from_blob(window.data, {1, 64, 64, 3}).permute({0, 3, 1, 2}).contiguous();
+  auto module = torch::jit::load(encoder);
+  const auto expected = module.forward({x}).toTensor();
+  const auto row = test::h5dumpValues(h5, "features", "-s 13,0 -c 1,8");
+  ASSERT_EQ(row.size(), 8u);
+  for (int d = 0; d < 8; ++d) EXPECT_NEAR(row[size_t(d)], expected[0][d].item<float>(), 1e-5) << d;
+  auto attrs = run("h5dump -a /coords/encoder -a /coords/patch_size " + h5);
+  EXPECT_NE(attrs.output.find("\"tiny\""), std::string::npos) << attrs.output;
+  EXPECT_NE(attrs.output.find("(0): 64"), std::string::npos) << attrs.output;
+  // CLAM's and TRIDENT's reader, where Python has h5py.
+  if (run("/usr/bin/python3 -c 'import h5py'").code == 0) {
+    auto py = run("/usr/bin/python3 -c \"import h5py; f = h5py.File('" + h5 +
+                  "', 'r'); print(f['features'][:].shape, f['features'].dtype, f['coords'][:].shape, "
+                  "f['coords'].dtype, f['coords'].attrs['name'])\"");
+    EXPECT_NE(py.output.find("(88, 8) float32 (88, 2) int64 a_large"), std::string::npos) << py.output;
+  }
+  for (int n : {2, 3}) {
+    const std::string out = root_ + "/out_embed" + std::to_string(n);
+    r = run(kCtrun + " --nproc_per_node " + std::to_string(n) + " --master_port 0 " + kTiler + args + out);
+    ASSERT_EQ(r.code, 0) << r.output;
+    int files = 0;
+    for (const auto& e : fs::directory_iterator(ref)) {
+      if (e.path().extension() != ".h5") continue;
+      ++files;
+      EXPECT_TRUE(slurp(e.path().string()) == slurp(out + "/" + e.path().filename().string()))
+          << e.path().filename() << " with " << n << " ranks";
+    }
+    EXPECT_EQ(files, 5);
+  }
+}
+
+TEST_F(Pipeline, ClassifyWritesCsvTilesAndHeatmapThatGdalReads) {
+  const std::string classifier =
+      perWindowModel(root_, "classifier", "    return torch.matmul(f, self.head.t())\n");
+  const std::string out = root_ + "/out_classify";
+  auto r = run(kTiler + " -i " + root_ + "/images/a_large.tif -m " + classifier + " -o " + out +
+               " --window 64 --batch_size 4 --threads 1 --no_progress --activation softmax "
+               "--classes stroma,tumor:#ff0000,fat --save csv,tiles,heatmap");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(report(out)["task"], "classify") << "softmax over a [B, K] output: a classifier";
+  EXPECT_EQ(report(out)["feature_dim"], 3);
+  std::istringstream csv(slurp(out + "/a_large.csv"));
+  std::string line;
+  std::getline(csv, line);
+  EXPECT_EQ(line, "minx,miny,width,height,prob_stroma,prob_tumor,prob_fat");
+  int rows = 0;
+  while (std::getline(csv, line)) {
+    std::replace(line.begin(), line.end(), ',', ' ');
+    std::istringstream in(line);
+    double x, y, w, h, p0, p1, p2;
+    in >> x >> y >> w >> h >> p0 >> p1 >> p2;
+    EXPECT_NEAR(p0 + p1 + p2, 1.0, 1e-5) << line;
+    EXPECT_EQ(w, 64);
+    ++rows;
+  }
+  EXPECT_EQ(rows, 88);
+  const auto tiles = nlohmann::json::parse(slurp(out + "/a_large_tiles.geojson"));
+  ASSERT_EQ(tiles["features"].size(), 88u);
+  EXPECT_EQ(tiles["features"][0]["properties"]["objectType"], "tile");
+  if (have("ogrinfo")) {
+    for (const char* file : {"a_large.csv", "a_large_tiles.geojson"}) {
+      auto info = run("ogrinfo -ro -so -al " + out + "/" + file);
+      EXPECT_NE(info.output.find("Feature Count: 88"), std::string::npos) << file << "\n" << info.output;
+    }
+  }
+  if (have("gdalinfo")) {
+    auto info = run("gdalinfo " + out + "/a_large_heatmap.tif");
+    EXPECT_NE(info.output.find("Size is 11, 8"), std::string::npos) << info.output;
+    EXPECT_NE(info.output.find("Band 3 Block"), std::string::npos) << info.output;
+    EXPECT_NE(info.output.find("NoData Value=nan"), std::string::npos) << info.output;
+  }
+}
+
+TEST_F(Pipeline, EmbedUnderAMaskAndAtAnotherResolution) {
+  const std::string encoder = perWindowModel(root_, "encoder_mask", "    return f\n");
+  // The mask keeps the left 128 columns of a_large.tif (700 x 500): 2 of 11 window columns, 8 rows.
+  cv::Mat mask(500, 700, CV_8UC1, cv::Scalar(0));
+  mask(cv::Rect(0, 0, 128, 500)).setTo(255);
+  cv::imwrite(root_ + "/mask.png", mask);
+  const std::string out = root_ + "/out_embed_mask";
+  auto r = run(kTiler + " -i " + root_ + "/images/a_large.tif -m " + encoder + " -o " + out + " --mask " +
+               root_ + "/mask.png --window 64 --threads 1 --no_progress");
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto coords = test::h5dumpValues(out + "/a_large.h5", "coords");
+  ASSERT_EQ(coords.size(), 2u * 16) << "the masked windows are absent";
+  for (size_t k = 0; k < 16; ++k) EXPECT_LT(coords[2 * k], 128) << k;
+  // At twice the source's um/px: windows of 64 processing pixels are 128 level-0 pixels apart.
+  const std::string half = root_ + "/out_embed_mpp";
+  r = run(kTiler + " -i " + root_ + "/images/a_large.tif -m " + encoder + " -o " + half +
+          " --input_mpp 0.25 --mpp 0.5 --window 64 --threads 1 --no_progress");
+  ASSERT_EQ(r.code, 0) << r.output;
+  coords = test::h5dumpValues(half + "/a_large.h5", "coords");
+  const WindowGrid grid(350, 250, GridSpec{64, 64, 0.0, 0.0});
+  ASSERT_EQ(coords.size(), size_t(2 * grid.count()));
+  EXPECT_EQ(coords[2], 128);
+  EXPECT_EQ(coords[2 * 5], 2 * grid.imageWindow(5).x) << "the last column, flush with the edge";
+  auto attrs = run("h5dump -a /coords/patch_size_level0 -a /coords/mpp " + half + "/a_large.h5");
+  EXPECT_NE(attrs.output.find("(0): 128"), std::string::npos) << attrs.output;
+  EXPECT_NE(attrs.output.find("(0): 0.5"), std::string::npos) << attrs.output;
+}
+
+TEST_F(Pipeline, AnOutputThatIsNeitherMapNorVectorFailsNamingItsShapeAndTheTasks) {
+  const std::string base = " -i " + root_ + "/images/c_small.png --window 64 --threads 1 --no_progress -o ";
+  struct Case {
+    std::string forward, flags, message;
+  };
+  const std::vector<Case> cases = {
+      {"    return torch.mean(f, [1])\n", "", "output [1] has 1 dimension(s)"},
+      {"    return torch.stack([f, f], 2)\n", "", "output [1, 8, 2] has 3 dimension(s)"},
+      {"    return f\n", "--task segment", "--task segment needs NCHW maps, but the output [1, 8]"},
+      {"    return f\n", "--save labels", "--save labels is an output of --task segment"},
+      {"    return f\n", "--task embed --classes a,b", "--classes names classes"},
+  };
+  int k = 0;
+  for (const auto& c : cases) {
+    const std::string model = perWindowModel(root_, "bad" + std::to_string(k), c.forward);
+    const std::string out = root_ + "/out_bad" + std::to_string(k++);
+    auto r = run(kTiler + base + out + " -m " + model + " " + c.flags);
+    EXPECT_EQ(r.code, 1) << c.forward << c.flags << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.message), std::string::npos) << c.forward << c.flags << "\n" << r.output;
+    if (c.flags.empty()) {
+      EXPECT_NE(r.output.find("--task classify | embed"), std::string::npos) << r.output;
+    }
+    EXPECT_FALSE(fs::exists(out + "/report.json"));
+  }
+  // --task and --save that disagree are refused before the model loads.
+  auto r = run(kTiler + base + root_ + "/out_bad_save --task embed --save csv -m /nonexistent.pt");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("--save csv is an output of --task classify, not of --task embed"),
+            std::string::npos)
+      << r.output;
+  // A feature size that changes between batches fails the images of that batch, clearly.
+  const std::string varying = perWindowModel(root_, "varying", "    return f.repeat(1, x.size(0))\n");
+  const std::string out = root_ + "/out_varying";
+  r = run(kTiler + " -i " + root_ + "/images/a_large.tif -m " + varying + " -o " + out +
+          " --window 64 --batch_size 4 --threads 1 --no_progress");
+  EXPECT_EQ(r.code, 2) << r.output;
+  const std::string error = (*imageEntry(report(out), "a_large.tif"))["error"];
+  EXPECT_NE(error.find("the model's output is [4, 32] for 4 windows, not [4, 8]"), std::string::npos)
+      << error;
+  EXPECT_FALSE(fs::exists(out + "/a_large.h5"));
+  EXPECT_FALSE(fs::exists(out + "/a_large.h5.partial"));
 }
 
 }  // namespace

@@ -65,6 +65,22 @@ inline std::vector<int> runConcurrently(const std::vector<std::string>& commands
   return codes;
 }
 
+// The numbers h5dump prints for dataset `name` of an HDF5 `file` (with `select`: h5dump's -s/-c), row-major.
+inline std::vector<double> h5dumpValues(const std::string& file, const std::string& name,
+                                        const std::string& select = "") {
+  auto r = runCommand("h5dump -y -w 0 -d " + name + " " + select + " " + file);
+  EXPECT_EQ(r.code, 0) << r.output;
+  const auto open = r.output.find("DATA {"), close = r.output.find('}', open);
+  if (open == std::string::npos) return {};
+  std::string data = r.output.substr(open + 6, close - open - 6);
+  for (char& c : data)
+    if (c == ',') c = ' ';
+  std::istringstream in(data);
+  std::vector<double> values;
+  for (double v; in >> v;) values.push_back(v);
+  return values;
+}
+
 inline std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream ss;

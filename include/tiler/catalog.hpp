@@ -98,7 +98,12 @@ class WindowCatalog {
   int64_t total_windows_ = 0;
 };
 
-// `tiler infer`'s catalog: outputs named <output_dir>/<stem>_labels.<format> and <stem>_probs.tif; images
+// An output's file name for an image's stem, by kind: <stem>_labels.<format>, <stem>_probs.tif,
+// <stem>_polygons.geojson (segment); <stem>.h5 (embed: features); <stem>.csv, <stem>_tiles.geojson,
+// <stem>_heatmap.tif (classify: csv, tiles, heatmap).
+std::string outputFileName(const std::string& kind, const std::string& stem, const std::string& format);
+
+// `tiler infer`'s catalog: outputs named <output_dir>/outputFileName(kind, stem, format) by kind; images
 // whose outputs all exist are skipped with `resume`; existing outputs without resume/overwrite are a
 // ConfigError listing them; two inputs with one stem are an error for the second.
 struct InferCatalogOptions {
@@ -106,7 +111,7 @@ struct InferCatalogOptions {
   bool recursive = false;
   std::string output_dir;
   std::string format = "tif";
-  bool save_labels = true, save_probs = false, save_polygons = false;
+  std::vector<std::string> kinds = {"labels"};  // the outputs saved (--save)
   bool resume = false, overwrite = false;
   bool remove_stale_partials = false;  // one rank (0) removes the .partial files a killed run left
 };

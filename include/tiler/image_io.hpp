@@ -131,6 +131,8 @@ struct WriterOptions {
   std::string description;  // TIFF ImageDescription (e.g. class names as JSON)
   // TIFF: what a stored value means, as GDAL's per-band scale (GDAL_METADATA): value = stored x scale.
   std::optional<double> value_scale;
+  // TIFF: the value of a pixel that holds no data (GDAL_NODATA; NaN allowed), for every band.
+  std::optional<double> nodata;
   // TIFF: micrometres per output pixel, written as X/YResolution in centimetres (over those copied).
   std::optional<double> mpp;
   // TIFF: each tile is compressed by a task of `pool` (shared by every writer of a process; null: the

@@ -80,9 +80,11 @@ struct ModelOptions {
   std::string output_key;          // dict output key or tuple index; empty: the first tensor
   std::vector<double> mean, std;   // per channel (1 or C values), applied after scaling
   Activation activation = Activation::kNone;
-  bool jit_optimize = false;  // freeze + optimize_for_inference
-  Tta tta = Tta::kNone;       // forward() only
-  int local_rank = 0;         // for device auto/cuda
+  bool jit_optimize = false;             // freeze + optimize_for_inference
+  Tta tta = Tta::kNone;                  // forward() only
+  int local_rank = 0;                    // for device auto/cuda
+  ModelTask task = ModelTask::kSegment;  // what probe() expects (kAuto: the output's shape decides)
+  bool classes_named = false;            // --classes given: a [B, K] output of kAuto is a classifier
 };
 
 // The model flags of a job (path, default: the bundled sample model; device, precision, threads, output
@@ -90,10 +92,19 @@ struct ModelOptions {
 ModelOptions modelOptionsFor(const JobOptions& job, int local_rank);
 
 struct ModelProbe {
-  int input_channels = 0;  // what the model takes
-  int output_channels = 0;
-  Scale scale;  // output size / window size
+  int input_channels = 0;   // what the model takes
+  int output_channels = 0;  // segment: channels C; classify: classes K; embed: features D
+  Scale scale;              // output size / window size (segment)
+  ModelTask task = ModelTask::kSegment;
+  bool perWindow() const { return task == ModelTask::kClassify || task == ModelTask::kEmbed; }
 };
+
+// The task of a model whose output for one window has `sizes`, when `requested` (--task): NCHW maps are
+// segment; [1, D] vectors (or [1, D, 1, 1] when classify or embed is asked for) are classify when asked,
+// or when auto and the outputs are activated (softmax, sigmoid) or classes are named, else embed. Throws
+// ModelError naming `path`, the shape and the --task choices for any other shape or a mismatch.
+ModelTask resolveTask(ModelTask requested, const std::vector<int64_t>& sizes, Activation activation,
+                      bool classes_named, const std::string& path);
 
 // LibTorch's CPU allocator for tiler's processes: tensors of kMinBlockBytes and more come from mapped blocks
 // that are kept for reuse (at most as many bytes as were ever live at once, or `min_cached_bytes`), smaller

@@ -1,12 +1,13 @@
 // outputs: the image outputs a rank owns (assignOwners). A thread of its own takes each step's predictions
 // for them, stitches them per image (blend) in global window order and streams finished bands to the image's
 // writers, whose tiles a pool of write_threads compresses.
-// Promise: an image's outputs (labels, probs, polygons) are written as .partial files and renamed together,
-// only once every one of them is closed (two-phase commit): a failed image never leaves a file under a final
-// name. Any exception while stitching or writing one image fails that image (catalog status "error" with a
-// message naming the file) and the stage goes on; with abort_on_error the first failed image stops the
-// stage. A stopped stage refuses submit() at once, so its producer never blocks on it. The stage alone
-// writes image statuses while it runs; read them after finish().
+// A per-window model's vectors skip the stitcher: window_outputs writes them in window order.
+// Promise: an image's outputs (labels, probs, polygons; features; csv, tiles, heatmap) are written as
+// .partial files and renamed together, only once every one of them is closed (two-phase commit): a failed
+// image never leaves a file under a final name. Any exception while stitching or writing one image fails that
+// image (catalog status "error" with a message naming the file) and the stage goes on; with abort_on_error
+// the first failed image stops the stage. A stopped stage refuses submit() at once, so its producer never
+// blocks on it. The stage alone writes image statuses while it runs; read them after finish().
 #pragma once
 
 #include <torch/types.h>
@@ -29,6 +30,7 @@
 #include "tiler/polygons.hpp"
 #include "tiler/queue.hpp"
 #include "tiler/slots.hpp"
+#include "tiler/window_outputs.hpp"
 
 namespace tiler {
 
@@ -52,6 +54,9 @@ struct OutputOptions {
   // The images this stage writes: those whose owners[i] is `rank` (every image when owners is empty).
   std::vector<int> owners;
   int rank = 0;
+  // A per-window model (classify, embed): its vectors go to window_outputs (options.dim = classes above),
+  // not to a stitcher.
+  std::optional<WindowOutputOptions> per_window;
   // Called for each window stitched, in the stage's order: when it returns true, the tiles of that window's
   // image throw as they are compressed (the job installs TILER_FAULT's write hook here).
   std::function<bool()> stitched_window;
@@ -69,7 +74,8 @@ SampleType parseProbsType(const std::string& name);
 
 // One step's slots for this rank's images, as it gathered them from every rank.
 struct StepResult {
-  torch::Tensor preds;                  // float32 [slots, C, h, w], CPU, contiguous (undefined: no slots)
+  // float32 [slots, C, h, w] (per window: [slots, D]), CPU, contiguous (undefined: no slots)
+  torch::Tensor preds;
   StepSlots slots;                      // [slots]: what each slot of preds holds
   std::map<int, std::string> failures;  // images failed elsewhere this step: id -> message
 };
@@ -98,7 +104,8 @@ class OutputStage {
  private:
   struct ImageOutputs {
     std::unique_ptr<ImageWriter> labels, probs;
-    std::unique_ptr<Stitcher> stitcher;
+    std::unique_ptr<Stitcher> stitcher;         // segment
+    std::unique_ptr<WindowOutputs> vectors;     // classify, embed
     std::string polygons;                       // final path of the GeoJSON, when asked
     double input_pixels_per_label_pixel = 1.0;  // level-0 input pixels per output pixel (polygons)
     bool keep_labels = true;                    // false: the labels only feed the polygons

@@ -9,6 +9,7 @@
 // readers' caches; on rank 0 also the stitcher rows and one row of output tiles per open image.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,7 +26,13 @@ struct InferOptions : JobOptions {
   double cval = 0.0;
   std::string activation = "none";
   std::string tta = "none";  // none | flip | d4
-  std::string save = "labels";
+  // Outputs, comma-separated: labels, probs, polygons (segment); features (embed); csv, tiles, heatmap
+  // (classify). Unset: the task's default (labels; features; csv,tiles).
+  std::optional<std::string> save;
+  std::string task = "auto";  // auto | segment | classify | embed (ModelTask)
+  std::string encoder_name;   // embed: the HDF5 attribute `encoder`; empty: the model file's stem
+  // --overlap given: a per-window task (classify, embed) uses it; else its windows do not overlap (0).
+  bool overlap_given = false;
   std::string format = "tif";
   std::string compression = "deflate";
   bool resume = false;

@@ -37,6 +37,8 @@ struct RunSummary {
   int64_t shard_run = 1;          // the most windows one rank takes in a row (RowDeal::longest_part)
   std::string cpu_blas;           // cpuBlasName()
   std::string gather = "none";    // how predictions reached their owners (DistContext::gatherTransport)
+  std::string task = "segment";   // segment | classify | embed
+  int64_t feature_dim = 0;        // classify: classes K; embed: features D; segment: 0
 };
 
 // The report of an infer run: statuses as the catalog holds them after the output stage finished ("done"

@@ -109,8 +109,16 @@ int runInferCli(int argc, char** argv) {
          flagNames("--tta"), o.tta,
          "none | flip | d4: also run each window mirrored (d4: rotated too, square windows), averaged")
       ->capture_default_str();
-  app.add_option(flagNames("--save"), o.save, "labels, probs, polygons, comma-separated")
+  std::string save;
+  auto* save_option = app.add_option(flagNames("--save"), save,
+                                     "comma-separated: labels, probs, polygons (segment; default labels), "
+                                     "features (embed), csv, tiles, heatmap (classify; default csv,tiles)");
+  app.add_option(flagNames("--task"), o.task,
+                 "auto | segment | classify | embed (auto: NCHW output segment; [B,D] classify with "
+                 "--activation softmax|sigmoid or --classes, else embed)")
       ->capture_default_str();
+  app.add_option(flagNames("--encoder_name"), o.encoder_name,
+                 "embed: the encoder named in the features file (default: the model file's stem)");
   app.add_option(flagNames("--format"), o.format, "tif | png (labels)")->capture_default_str();
   app.add_option(flagNames("--compression"), o.compression, "deflate | zstd | lzw | none")
       ->capture_default_str();
@@ -160,6 +168,8 @@ int runInferCli(int argc, char** argv) {
   app.add_flag(flagNames("--no_shared_memory"), o.no_shared_memory,
                "ranks of one host gather predictions through gloo's sockets, not shared memory");
   if (const int code = tiler::parseCommandLine(app, argc, argv, "tiler"); code >= 0) return code;
+  if (save_option->count() > 0) o.save = save;
+  o.overlap_given = app.count("--overlap") > 0;
   return tiler::runInfer(o);
 }
 

@@ -1,0 +1,92 @@
+// window_outputs: the outputs of a model that gives one vector per window instead of a map: an encoder's
+// features (embed) or a classifier's class scores (classify). No LibTorch, no blending.
+// Promise: an image's vectors are written in its window order (the catalog's, whatever order they arrive
+// in: early ones wait in memory, as the stitcher's rows do), each window with its level-0 rectangle.
+// Every file is written as "<name>.partial" and renamed by commit() together with the image's others; a
+// writer destroyed before commit removes its partial files. Bytes depend only on the vectors and the
+// options: the HDF5 file is written in whole chunks in a fixed order with no timestamps, so any world size
+// gives the same file. Every failure is an IoError naming the file.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tiler/catalog.hpp"
+#include "tiler/image_io.hpp"
+#include "tiler/job_options.hpp"
+#include "tiler/polygons.hpp"
+
+namespace tiler {
+
+ModelTask parseTask(const std::string& name);  // auto | segment | classify | embed
+const char* taskName(ModelTask task);
+
+// The output kinds (--save) a task writes, in the order they are listed; the first are the default.
+//   segment: labels, probs, polygons      (default labels)
+//   embed: features                       (<stem>.h5)
+//   classify: csv, tiles, heatmap         (default csv,tiles)
+const std::vector<std::string>& outputKindsOf(ModelTask task);
+std::vector<std::string> defaultOutputKinds(ModelTask task);
+// The task an output kind belongs to (kAuto: no such kind).
+ModelTask taskOfOutputKind(const std::string& kind);
+
+// A window where the level-0 image has it (pixels; the window may reach past an image smaller than it), and
+// its cell in the grid.
+struct WindowPlace {
+  int64_t x = 0, y = 0, width = 0, height = 0;
+  int64_t column = 0, row = 0;
+};
+// Grid window `window` of `image` in level-0 pixels: processing pixels x the processing downsample, rounded.
+WindowPlace placeWindow(const CatalogImage& image, int64_t window);
+
+struct WindowOutputOptions {
+  ModelTask task = ModelTask::kEmbed;  // kEmbed or kClassify
+  std::vector<std::string> kinds;      // what to write (outputKindsOf(task))
+  int64_t dim = 0;                     // features D, or classes K
+  std::string encoder;                 // embed: the HDF5 attribute `encoder`
+  double overlap = 0.0;                // the grid's overlap (x), for the HDF5 attribute
+  std::vector<ClassInfo> classes;      // classify: names and colours of classes 0..K-1 (classNames)
+  Compression compression = Compression::kDeflate;  // the heatmap's
+};
+
+// Class names for K classes: --classes as given, else class_0, class_1, ... (CSV column prob_<name>).
+std::vector<ClassInfo> classNames(int64_t classes, const std::vector<ClassInfo>& named);
+
+// The outputs of one image. Not thread safe (the output stage's thread).
+class WindowOutputs {
+ public:
+  // Creates the partial files of `image`'s outputs (image.outputs names them, by kind).
+  WindowOutputs(const CatalogImage& image, WindowOutputOptions options);
+  ~WindowOutputs();
+  WindowOutputs(const WindowOutputs&) = delete;
+  WindowOutputs& operator=(const WindowOutputs&) = delete;
+
+  // The vector (dim floats) of grid window `window`, one of the image's planned windows, in any order.
+  void add(int64_t window, const float* values);
+  // Every planned window added (true at once for an image without any).
+  bool done() const { return next_ == image_.plannedWindows(); }
+  // Vectors held because they arrived before their turn.
+  size_t heldVectors() const { return early_.size(); }
+  // Closes every file under its partial name (throws IoError; nothing is renamed then), then renames them
+  // all; a failed rename takes back those already renamed. Returns the final paths.
+  std::vector<std::string> commit();
+
+ private:
+  class FeatureFile;
+  class ClassFiles;
+  void write(int64_t window, const float* values);
+
+  const CatalogImage& image_;  // the catalog's, which outlives the stage
+  WindowOutputOptions options_;
+  int64_t next_ = 0;                             // planned windows written, in order
+  std::map<int64_t, std::vector<float>> early_;  // grid window -> vector, until its turn
+  std::unique_ptr<FeatureFile> features_;        // owned; null unless saved
+  std::unique_ptr<ClassFiles> classes_;          // owned; null unless csv, tiles or heatmap
+};
+
+}  // namespace tiler

@@ -1,0 +1,526 @@
+#include "tiler/window_outputs.hpp"
+
+#include <fcntl.h>
+#include <hdf5.h>
+#include <spdlog/fmt/fmt.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "tiler/error.hpp"
+#include "tiler/platform.hpp"
+
+namespace fs = std::filesystem;
+
+namespace tiler {
+
+ModelTask parseTask(const std::string& name) {
+  if (name == "auto") return ModelTask::kAuto;
+  if (name == "segment") return ModelTask::kSegment;
+  if (name == "classify") return ModelTask::kClassify;
+  if (name == "embed") return ModelTask::kEmbed;
+  TILER_THROW(ConfigError, "--task must be auto, segment, classify or embed; got '" << name << "'");
+}
+
+const char* taskName(ModelTask task) {
+  switch (task) {
+    case ModelTask::kSegment:
+      return "segment";
+    case ModelTask::kClassify:
+      return "classify";
+    case ModelTask::kEmbed:
+      return "embed";
+    case ModelTask::kAuto:
+      break;
+  }
+  return "auto";
+}
+
+const std::vector<std::string>& outputKindsOf(ModelTask task) {
+  static const std::vector<std::string> segment = {"labels", "probs", "polygons"}, embed = {"features"},
+                                        classify = {"csv", "tiles", "heatmap"}, none;
+  if (task == ModelTask::kSegment) return segment;
+  if (task == ModelTask::kEmbed) return embed;
+  if (task == ModelTask::kClassify) return classify;
+  return none;
+}
+
+std::vector<std::string> defaultOutputKinds(ModelTask task) {
+  const auto& kinds = outputKindsOf(task);
+  return {kinds.begin(),
+          kinds.begin() + (task == ModelTask::kClassify ? 2 : std::min<size_t>(1, kinds.size()))};
+}
+
+ModelTask taskOfOutputKind(const std::string& kind) {
+  for (ModelTask task : {ModelTask::kSegment, ModelTask::kEmbed, ModelTask::kClassify}) {
+    const auto& kinds = outputKindsOf(task);
+    if (std::find(kinds.begin(), kinds.end(), kind) != kinds.end()) return task;
+  }
+  return ModelTask::kAuto;
+}
+
+WindowPlace placeWindow(const CatalogImage& image, int64_t window) {
+  const Rect r = image.grid.imageWindow(window);
+  const double d = image.resolution.downsample;
+  const auto level0 = [d](int64_t v) { return int64_t(std::llround(double(v) * d)); };
+  WindowPlace p;
+  p.x = level0(r.x);
+  p.y = level0(r.y);
+  p.width = level0(r.x + r.w) - p.x;
+  p.height = level0(r.y + r.h) - p.y;
+  p.column = window % image.grid.columns();
+  p.row = window / image.grid.columns();
+  return p;
+}
+
+std::vector<ClassInfo> classNames(int64_t classes, const std::vector<ClassInfo>& named) {
+  if (!named.empty()) return named;
+  const auto palette = labelPalette(int(classes), {});
+  std::vector<ClassInfo> out;
+  for (int64_t k = 0; k < classes; ++k) out.push_back({"class_" + std::to_string(k), palette[size_t(k)]});
+  return out;
+}
+
+namespace {
+
+// Serial libhdf5 (Debian's) is not thread safe: every call of this process goes through one lock (ranks run
+// as threads in the tests; one output thread per process otherwise).
+std::mutex& hdf5Mutex() {
+  static std::mutex m;
+  return m;
+}
+
+// The outermost and innermost messages of HDF5's error stack ("unable to create file: file exists").
+std::string hdf5Error() {
+  struct Walk {
+    std::string outer, inner;
+  } walk;
+  H5Ewalk2(
+      H5E_DEFAULT, H5E_WALK_DOWNWARD,
+      [](unsigned n, const H5E_error2_t* e, void* data) -> herr_t {
+        auto* w = static_cast<Walk*>(data);
+        const std::string desc = e->desc ? e->desc : "";
+        if (n == 0) w->outer = desc;
+        w->inner = desc;
+        return 0;
+      },
+      &walk);
+  H5Eclear2(H5E_DEFAULT);
+  if (walk.outer.empty()) return "unknown HDF5 error";
+  return walk.inner == walk.outer ? walk.outer : walk.outer + ": " + walk.inner;
+}
+
+// One write of a text output under its partial name, created anew.
+class TextFile {
+ public:
+  explicit TextFile(std::string path) : path_(std::move(path)) {
+    const int fd = createFileExclusively(partial());
+    TILER_CHECK(fd >= 0, IoError, "'" << partial() << "': cannot create: " << std::strerror(errno));
+    file_ = fdopen(fd, "w");
+    if (file_ == nullptr) {
+      ::close(fd);
+      TILER_THROW(IoError, "'" << partial() << "': cannot open: " << std::strerror(errno));
+    }
+  }
+  ~TextFile() {
+    if (file_) std::fclose(file_);
+    std::error_code ec;
+    if (!committed_) fs::remove(partial(), ec);
+  }
+  void write(const std::string& text) {
+    TILER_CHECK(std::fwrite(text.data(), 1, text.size(), file_) == text.size(), IoError,
+                "'" << partial() << "': write failed: " << std::strerror(errno));
+  }
+  void finish() {
+    const bool ok = std::fflush(file_) == 0 && ::fsync(fileno(file_)) == 0;
+    const int err = errno;
+    const bool closed = std::fclose(file_) == 0;
+    file_ = nullptr;
+    TILER_CHECK(ok && closed, IoError, "'" << partial() << "': write failed: " << std::strerror(err));
+  }
+  std::string partial() const { return path_ + ".partial"; }
+  const std::string& path() const { return path_; }
+  void committed() { committed_ = true; }
+
+ private:
+  std::string path_;
+  FILE* file_ = nullptr;  // owned
+  bool committed_ = false;
+};
+
+// Renames `path`.partial to `path`.
+void renameFromPartial(const std::string& path) {
+  const std::string partial = path + ".partial";
+  TILER_CHECK(std::rename(partial.c_str(), path.c_str()) == 0, IoError,
+              "'" << path << "': rename from .partial failed: " << std::strerror(errno));
+}
+
+// A float as JSON: the shortest text that reads back as the same float; NaN and Inf (no JSON) as null.
+std::string jsonNumber(float v) {
+  return std::isfinite(v) ? fmt::format("{}", v) : "null";
+}
+
+}  // namespace
+
+// <stem>.h5: `features` float32 (N, D) and `coords` int64 (N, 2), chunked along N and extended a chunk at a
+// time (the last one at finish), attributes on the file and on `coords` (TRIDENT and CLAM read the latter).
+class WindowOutputs::FeatureFile {
+ public:
+  FeatureFile(std::string path, const CatalogImage& image, const WindowOutputOptions& o)
+      : path_(std::move(path)), dim_(o.dim) {
+    // About 1 MiB of features a chunk: h5py reads a slide's features in a few calls, a row costs no seek.
+    // Never more rows than the image has: a whole chunk is allocated in the file, used or not.
+    rows_per_chunk_ = std::min(std::clamp<int64_t>((int64_t(1) << 20) / (dim_ * 4), 16, 4096),
+                               std::max<int64_t>(1, image.plannedWindows()));
+    std::lock_guard<std::mutex> lock(hdf5Mutex());
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+    // HDF5 creates the file itself (O_EXCL): a link planted at the partial name is refused, as elsewhere.
+    const hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
+    H5Pset_obj_track_times(fcpl, 0);  // no timestamps: the same vectors give the same bytes
+    file_ = H5Fcreate(partial().c_str(), H5F_ACC_EXCL, fcpl, H5P_DEFAULT);
+    H5Pclose(fcpl);
+    TILER_CHECK(file_ >= 0, IoError, "'" << partial() << "': cannot create: " << hdf5Error());
+    try {
+      features_ = createDataset("features", H5T_IEEE_F32LE, dim_);
+      coords_ = createDataset("coords", H5T_STD_I64LE, 2);
+      for (hid_t target : {file_, coords_}) writeAttributes(target, image, o);
+    } catch (...) {
+      closeAll();
+      std::error_code ec;
+      fs::remove(partial(), ec);
+      throw;
+    }
+    features_buffer_.reserve(size_t(rows_per_chunk_ * dim_));
+    coords_buffer_.reserve(size_t(rows_per_chunk_ * 2));
+  }
+  ~FeatureFile() {
+    std::lock_guard<std::mutex> lock(hdf5Mutex());
+    closeAll();
+    std::error_code ec;
+    if (!committed_) fs::remove(partial(), ec);
+  }
+
+  void append(const WindowPlace& place, const float* values) {
+    features_buffer_.insert(features_buffer_.end(), values, values + dim_);
+    coords_buffer_.push_back(place.x);
+    coords_buffer_.push_back(place.y);
+    if (int64_t(coords_buffer_.size() / 2) == rows_per_chunk_) flush();
+  }
+  void finish() {
+    flush();
+    std::lock_guard<std::mutex> lock(hdf5Mutex());
+    const bool flushed = H5Fflush(file_, H5F_SCOPE_LOCAL) >= 0;
+    const std::string why = flushed ? "" : hdf5Error();
+    const bool closed = closeAll();
+    TILER_CHECK(flushed && closed, IoError,
+                "'" << partial() << "': cannot close: " << (why.empty() ? hdf5Error() : why));
+  }
+  std::string partial() const { return path_ + ".partial"; }
+  const std::string& path() const { return path_; }
+  void committed() { committed_ = true; }
+
+ private:
+  hid_t createDataset(const char* name, hid_t type, int64_t columns) {
+    const hsize_t dims[2] = {0, hsize_t(columns)}, max_dims[2] = {H5S_UNLIMITED, hsize_t(columns)};
+    const hsize_t chunk[2] = {hsize_t(rows_per_chunk_), hsize_t(columns)};
+    const hid_t space = H5Screate_simple(2, dims, max_dims);
+    const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_chunk(dcpl, 2, chunk);
+    H5Pset_obj_track_times(dcpl, 0);
+    const hid_t ds = H5Dcreate2(file_, name, type, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    H5Pclose(dcpl);
+    H5Sclose(space);
+    TILER_CHECK(ds >= 0, IoError,
+                "'" << partial() << "': cannot create dataset " << name << ": " << hdf5Error());
+    return ds;
+  }
+  void attribute(hid_t target, const char* name, hid_t file_type, hid_t memory_type, const void* value) {
+    const hid_t space = H5Screate(H5S_SCALAR);
+    const hid_t attr = H5Acreate2(target, name, file_type, space, H5P_DEFAULT, H5P_DEFAULT);
+    const bool ok = attr >= 0 && H5Awrite(attr, memory_type, value) >= 0;
+    if (attr >= 0) H5Aclose(attr);
+    H5Sclose(space);
+    TILER_CHECK(ok, IoError, "'" << partial() << "': cannot write attribute " << name << ": " << hdf5Error());
+  }
+  void attribute(hid_t target, const char* name, int64_t v) {
+    attribute(target, name, H5T_STD_I64LE, H5T_NATIVE_INT64, &v);
+  }
+  void attribute(hid_t target, const char* name, double v) {
+    attribute(target, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &v);
+  }
+  void attribute(hid_t target, const char* name, const std::string& v) {
+    // Variable-length UTF-8, as h5py writes a Python str (it reads back as str, not bytes).
+    const hid_t type = H5Tcopy(H5T_C_S1);
+    H5Tset_size(type, H5T_VARIABLE);
+    H5Tset_cset(type, H5T_CSET_UTF8);
+    const char* text = v.c_str();
+    try {
+      attribute(target, name, type, type, &text);
+    } catch (...) {
+      H5Tclose(type);
+      throw;
+    }
+    H5Tclose(type);
+  }
+  void writeAttributes(hid_t target, const CatalogImage& image, const WindowOutputOptions& o) {
+    const double d = image.resolution.downsample;
+    const int64_t window = image.grid.windowWidth();
+    attribute(target, "patch_size", window);
+    attribute(target, "patch_size_level0", int64_t(std::llround(double(window) * d)));
+    attribute(target, "patch_level", int64_t(image.resolution.level));
+    // Overlap in pixels of the processing resolution, as TRIDENT states it, and as the grid's fraction.
+    attribute(
+        target, "overlap",
+        window - (image.grid.columns() > 1 ? image.grid.startsX()[1] - image.grid.startsX()[0] : window));
+    attribute(target, "overlap_fraction", o.overlap);
+    if (image.info.objective_power) {
+      attribute(target, "level0_magnification", *image.info.objective_power);
+      attribute(target, "target_magnification", *image.info.objective_power / d);
+    }
+    if (image.resolution.mpp) attribute(target, "mpp", *image.resolution.mpp);
+    if (image.resolution.source_mpp) attribute(target, "level0_mpp", *image.resolution.source_mpp);
+    const auto& level0 = image.info.levels.empty()
+                             ? ImageInfo::Level{image.info.width, image.info.height, 1.0}
+                             : image.info.levels.front();
+    attribute(target, "level0_width", level0.width);
+    attribute(target, "level0_height", level0.height);
+    attribute(target, "name", fs::path(image.input).stem().string());
+    attribute(target, "encoder", o.encoder);
+  }
+  // The buffered rows onto the end of both datasets.
+  void flush() {
+    const int64_t n = int64_t(coords_buffer_.size() / 2);
+    if (n == 0) return;
+    std::lock_guard<std::mutex> lock(hdf5Mutex());
+    extend(features_, "features", H5T_NATIVE_FLOAT, dim_, features_buffer_.data(), n);
+    extend(coords_, "coords", H5T_NATIVE_INT64, 2, coords_buffer_.data(), n);
+    rows_ += n;
+    features_buffer_.clear();
+    coords_buffer_.clear();
+  }
+  void extend(hid_t ds, const char* name, hid_t memory_type, int64_t columns, const void* data, int64_t n) {
+    const hsize_t size[2] = {hsize_t(rows_ + n), hsize_t(columns)};
+    const hsize_t start[2] = {hsize_t(rows_), 0}, count[2] = {hsize_t(n), hsize_t(columns)};
+    bool ok = H5Dset_extent(ds, size) >= 0;
+    const hid_t file_space = ok ? H5Dget_space(ds) : -1;
+    const hid_t memory_space = H5Screate_simple(2, count, nullptr);
+    ok = ok && file_space >= 0 &&
+         H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start, nullptr, count, nullptr) >= 0 &&
+         H5Dwrite(ds, memory_type, memory_space, file_space, H5P_DEFAULT, data) >= 0;
+    if (file_space >= 0) H5Sclose(file_space);
+    H5Sclose(memory_space);
+    TILER_CHECK(ok, IoError, "'" << partial() << "': cannot append to " << name << ": " << hdf5Error());
+  }
+  // Caller holds hdf5Mutex(). False when closing the file failed.
+  bool closeAll() {
+    if (features_ >= 0) H5Dclose(features_);
+    if (coords_ >= 0) H5Dclose(coords_);
+    features_ = coords_ = -1;
+    bool ok = true;
+    if (file_ >= 0) ok = H5Fclose(file_) >= 0;
+    file_ = -1;
+    return ok;
+  }
+
+  std::string path_;
+  int64_t dim_;
+  int64_t rows_per_chunk_ = 0;
+  int64_t rows_ = 0;                               // rows in the datasets
+  hid_t file_ = -1, features_ = -1, coords_ = -1;  // owned HDF5 handles
+  std::vector<float> features_buffer_;             // rows not yet written, a chunk at most
+  std::vector<int64_t> coords_buffer_;
+  bool committed_ = false;
+};
+
+// Classify: <stem>.csv (WSInfer's columns), <stem>_tiles.geojson (QuPath's tile objects) and
+// <stem>_heatmap.tif (K float bands, one pixel per window: the grid's column and row).
+class WindowOutputs::ClassFiles {
+ public:
+  ClassFiles(const CatalogImage& image, const WindowOutputOptions& o)
+      : image_(image), classes_(classNames(o.dim, o.classes)), compression_(o.compression) {
+    TILER_CHECK(int64_t(classes_.size()) == o.dim, ConfigError,
+                "--classes names " << classes_.size() << " class(es), the model gives " << o.dim);
+    const auto saved = [&](const char* kind) {
+      return std::find(o.kinds.begin(), o.kinds.end(), kind) != o.kinds.end();
+    };
+    if (saved("csv")) {
+      csv_ = std::make_unique<TextFile>(image.outputs.at("csv"));
+      std::string header = "minx,miny,width,height";
+      for (const auto& c : classes_) header += ",prob_" + c.name;
+      csv_->write(header + "\n");
+    }
+    if (saved("tiles")) {
+      tiles_ = std::make_unique<TextFile>(image.outputs.at("tiles"));
+      tiles_->write("{\"type\": \"FeatureCollection\", \"features\": [");
+    }
+    if (saved("heatmap")) {
+      heatmap_path_ = image.outputs.at("heatmap");
+      TILER_CHECK(
+          o.dim <= CV_CN_MAX, ConfigError,
+          "'" << heatmap_path_ << "': a heatmap holds at most " << CV_CN_MAX << " classes, not " << o.dim);
+      const int64_t rows = int64_t(image.grid.startsY().size()), columns = image.grid.columns();
+      heatmap_ = cv::Mat(int(rows), int(columns), CV_32FC(int(o.dim)),
+                         cv::Scalar::all(std::numeric_limits<double>::quiet_NaN()));
+    }
+  }
+
+  void append(const WindowPlace& place, const float* p) {
+    const size_t K = classes_.size();
+    if (csv_) {
+      std::string line = fmt::format("{},{},{},{}", place.x, place.y, place.width, place.height);
+      for (size_t k = 0; k < K; ++k) line += "," + fmt::format("{}", p[k]);
+      csv_->write(line + "\n");
+    }
+    if (tiles_) {
+      // The argmax names the tile's class (the first of equals; NaN never wins).
+      size_t best = 0;
+      for (size_t k = 1; k < K; ++k)
+        if (p[k] > p[best] || std::isnan(p[best])) best = k;
+      const ClassInfo& c = classes_[best];
+      const int64_t x0 = place.x, y0 = place.y, x1 = place.x + place.width, y1 = place.y + place.height;
+      std::string f = fmt::format(
+          "{}\n{{\"type\": \"Feature\", \"geometry\": {{\"type\": \"Polygon\", \"coordinates\": "
+          "[[[{},{}],[{},{}],[{},{}],[{},{}],[{},{}]]]}}, \"properties\": {{\"objectType\": \"tile\", "
+          "\"classification\": {{\"name\": {}, \"color\": [{},{},{}]}}, \"measurements\": {{",
+          tiles_written_ ? "," : "", x0, y0, x1, y0, x1, y1, x0, y1, x0, y0, nlohmann::json(c.name).dump(),
+          c.color[0], c.color[1], c.color[2]);
+      for (size_t k = 0; k < K; ++k)
+        f += fmt::format("{}{}: {}", k ? ", " : "", nlohmann::json("prob_" + classes_[k].name).dump(),
+                         jsonNumber(p[k]));
+      tiles_->write(f + "}}}");
+      ++tiles_written_;
+    }
+    if (!heatmap_.empty())
+      std::memcpy(heatmap_.ptr<float>(int(place.row)) + place.column * int64_t(K), p, K * sizeof(float));
+  }
+
+  void finish() {
+    if (csv_) csv_->finish();
+    if (tiles_) {
+      tiles_->write("\n]}\n");
+      tiles_->finish();
+    }
+    if (!heatmap_.empty()) writeHeatmap();
+  }
+  // Renames every file; a failure takes back those already renamed. Returns the final paths.
+  std::vector<std::string> commit(std::vector<std::string>& renamed) {
+    const auto rename = [&](TextFile& f) {
+      renameFromPartial(f.path());
+      f.committed();
+      renamed.push_back(f.path());
+    };
+    if (csv_) rename(*csv_);
+    if (tiles_) rename(*tiles_);
+    if (heatmap_writer_) {
+      heatmap_writer_->commit();
+      renamed.push_back(heatmap_writer_->path());
+    }
+    return renamed;
+  }
+
+ private:
+  void writeHeatmap() {
+    const int64_t stride_x = image_.grid.columns() > 1 ? image_.grid.startsX()[1] - image_.grid.startsX()[0]
+                                                       : image_.grid.windowWidth();
+    const int64_t stride_y = image_.grid.startsY().size() > 1
+                                 ? image_.grid.startsY()[1] - image_.grid.startsY()[0]
+                                 : image_.grid.windowHeight();
+    WriterOptions wo;
+    wo.compression = compression_;
+    // A heatmap pixel spans a stride of processing pixels: its geotransform and resolution are the input's
+    // scaled by that (exact for square strides; a non-square one takes x's).
+    wo.metadata_from = image_.info.format == "tiff" ? image_.input : "";
+    wo.metadata_scale = 1.0 / (double(stride_x) * image_.resolution.downsample);
+    if (image_.resolution.mpp) wo.mpp = *image_.resolution.mpp * double(stride_x);
+    wo.nodata = std::numeric_limits<double>::quiet_NaN();
+    nlohmann::json names = nlohmann::json::array();
+    for (const auto& c : classes_) names.push_back(c.name);
+    wo.description =
+        nlohmann::json{{"heatmap",
+                        {{"classes", names},
+                         {"stride", {stride_x, stride_y}},
+                         {"window", {image_.grid.windowWidth(), image_.grid.windowHeight()}},
+                         {"meaning", "pixel (column, row) = the scores of grid window (column, row)"}}}}
+            .dump();
+    heatmap_writer_ = std::make_unique<ImageWriter>(heatmap_path_, heatmap_.cols, heatmap_.rows,
+                                                    heatmap_.channels(), SampleType::kF32, wo);
+    heatmap_writer_->writeRows(heatmap_);
+    heatmap_writer_->finish();
+  }
+
+  const CatalogImage& image_;
+  std::vector<ClassInfo> classes_;
+  Compression compression_;
+  std::unique_ptr<TextFile> csv_, tiles_;  // owned; null unless saved
+  int64_t tiles_written_ = 0;
+  std::string heatmap_path_;
+  cv::Mat heatmap_;                              // [grid rows, grid columns] x K floats, NaN where no window
+  std::unique_ptr<ImageWriter> heatmap_writer_;  // from finish() on
+};
+
+WindowOutputs::WindowOutputs(const CatalogImage& image, WindowOutputOptions options)
+    : image_(image), options_(std::move(options)) {
+  TILER_CHECK(options_.dim > 0, ConfigError, "a per-window output needs a vector of at least one value");
+  fs::create_directories(fs::path(image.outputs.begin()->second).parent_path());
+  for (const auto& kind : options_.kinds) {
+    if (kind == "features")
+      features_ = std::make_unique<FeatureFile>(image.outputs.at("features"), image, options_);
+    else if (!classes_ && taskOfOutputKind(kind) == ModelTask::kClassify)
+      classes_ = std::make_unique<ClassFiles>(image, options_);
+  }
+}
+
+WindowOutputs::~WindowOutputs() = default;
+
+void WindowOutputs::add(int64_t window, const float* values) {
+  TILER_CHECK(!done(), IoError, "'" << image_.input << "': window " << window << " arrived after the last");
+  if (window != image_.gridWindow(next_)) {
+    early_.emplace(window, std::vector<float>(values, values + options_.dim));
+    return;
+  }
+  write(window, values);
+  // Those that waited for this one.
+  for (auto it = early_.begin(); !done() && it != early_.end() && it->first == image_.gridWindow(next_);
+       it = early_.erase(it))
+    write(it->first, it->second.data());
+}
+
+void WindowOutputs::write(int64_t window, const float* values) {
+  const WindowPlace place = placeWindow(image_, window);
+  if (features_) features_->append(place, values);
+  if (classes_) classes_->append(place, values);
+  ++next_;
+}
+
+std::vector<std::string> WindowOutputs::commit() {
+  TILER_CHECK(
+      done(), IoError,
+      "'" << image_.input << "': " << next_ << " of " << image_.plannedWindows() << " windows written");
+  // Phase one: every file closed under its partial name. Phase two: all renamed.
+  if (features_) features_->finish();
+  if (classes_) classes_->finish();
+  std::vector<std::string> renamed;
+  try {
+    if (features_) {
+      renameFromPartial(features_->path());
+      features_->committed();
+      renamed.push_back(features_->path());
+    }
+    if (classes_) classes_->commit(renamed);
+  } catch (...) {
+    std::error_code ec;
+    for (const auto& path : renamed) fs::remove(path, ec);
+    throw;
+  }
+  return renamed;
+}
+
+}  // namespace tiler

@@ -1,0 +1,254 @@
+// Per-window outputs: features (HDF5, read back by h5dump) and class scores (CSV, QuPath tiles, heatmap) in
+// window order whatever order the vectors arrive in, level-0 coordinates, masked windows absent, the same
+// bytes for any arrival order, and nothing left behind by an image that is not committed.
+#include "tiler/window_outputs.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
+#include <sstream>
+
+#include "test_util.hpp"
+#include "tiler/error.hpp"
+
+namespace fs = std::filesystem;
+
+namespace tiler {
+namespace {
+
+// A 40x30 image of 10x10 windows without overlap (4 x 3), at `downsample` level-0 pixels per pixel.
+CatalogImage image(const std::string& dir, double downsample = 1.0) {
+  CatalogImage img;
+  img.input = dir + "/slide.png";
+  img.info.width = 40;
+  img.info.height = 30;
+  img.info.format = "png";
+  img.info.levels = {{int64_t(40 * downsample), int64_t(30 * downsample), 1.0}};
+  img.info.objective_power = 40.0;
+  img.resolution.downsample = downsample;
+  img.resolution.mpp = 0.25 * downsample;
+  img.resolution.source_mpp = 0.25;
+  img.grid = WindowGrid(40, 30, GridSpec{10, 10, 0.0, 0.0});
+  img.outputs["features"] = dir + "/slide.h5";
+  img.outputs["csv"] = dir + "/slide.csv";
+  img.outputs["tiles"] = dir + "/slide_tiles.geojson";
+  img.outputs["heatmap"] = dir + "/slide_heatmap.tif";
+  return img;
+}
+
+// Window w's vector: dim values w * 100 + d.
+std::vector<float> vectorOf(int64_t w, int64_t dim) {
+  std::vector<float> v(static_cast<size_t>(dim));
+  for (int64_t d = 0; d < dim; ++d) v[size_t(d)] = float(w * 100 + d);
+  return v;
+}
+
+// Adds the planned windows of `img` in the order `order` gives (indices into its planned windows).
+std::vector<std::string> writeAll(const CatalogImage& img, const WindowOutputOptions& o,
+                                  const std::vector<int64_t>& order) {
+  WindowOutputs out(img, o);
+  for (int64_t k : order) {
+    EXPECT_FALSE(out.done());
+    out.add(img.gridWindow(k), vectorOf(img.gridWindow(k), o.dim).data());
+  }
+  EXPECT_TRUE(out.done());
+  EXPECT_EQ(out.heldVectors(), 0u);
+  return out.commit();
+}
+
+std::vector<int64_t> inOrder(int64_t n) {
+  std::vector<int64_t> v(static_cast<size_t>(n));
+  std::iota(v.begin(), v.end(), 0);
+  return v;
+}
+
+WindowOutputOptions embed(int64_t dim) {
+  WindowOutputOptions o;
+  o.task = ModelTask::kEmbed;
+  o.kinds = {"features"};
+  o.dim = dim;
+  o.encoder = "tiny_encoder";
+  return o;
+}
+
+TEST(WindowOutputs, TasksAndTheirOutputKinds) {
+  EXPECT_EQ(parseTask("embed"), ModelTask::kEmbed);
+  EXPECT_EQ(parseTask("auto"), ModelTask::kAuto);
+  EXPECT_THROW(parseTask("detect"), ConfigError);
+  EXPECT_THROW(parseTask(""), ConfigError);
+  EXPECT_EQ(defaultOutputKinds(ModelTask::kSegment), std::vector<std::string>{"labels"});
+  EXPECT_EQ(defaultOutputKinds(ModelTask::kEmbed), std::vector<std::string>{"features"});
+  EXPECT_EQ(defaultOutputKinds(ModelTask::kClassify), (std::vector<std::string>{"csv", "tiles"}));
+  EXPECT_EQ(taskOfOutputKind("heatmap"), ModelTask::kClassify);
+  EXPECT_EQ(taskOfOutputKind("probs"), ModelTask::kSegment);
+  EXPECT_EQ(taskOfOutputKind("features"), ModelTask::kEmbed);
+  EXPECT_EQ(taskOfOutputKind("feature"), ModelTask::kAuto);
+  EXPECT_EQ(outputFileName("features", "a", "tif"), "a.h5");
+  EXPECT_EQ(outputFileName("tiles", "a", "tif"), "a_tiles.geojson");
+  EXPECT_EQ(outputFileName("heatmap", "a", "png"), "a_heatmap.tif");
+  EXPECT_EQ(classNames(3, {})[2].name, "class_2");
+}
+
+TEST(WindowOutputs, FeaturesInWindowOrderWithLevelZeroCoordinates) {
+  const std::string dir = test::scratchDir("features");
+  const CatalogImage img = image(dir, 4.0);
+  std::vector<int64_t> order = inOrder(12);
+  std::shuffle(order.begin(), order.end(), std::mt19937(7));
+  const auto paths = writeAll(img, embed(3), order);
+  ASSERT_EQ(paths, std::vector<std::string>{dir + "/slide.h5"});
+  EXPECT_FALSE(fs::exists(dir + "/slide.h5.partial"));
+  const auto features = test::h5dumpValues(paths[0], "features"),
+             coords = test::h5dumpValues(paths[0], "coords");
+  ASSERT_EQ(features.size(), 36u);
+  ASSERT_EQ(coords.size(), 24u);
+  for (int64_t w = 0; w < 12; ++w) {
+    EXPECT_EQ(features[size_t(w * 3 + 2)], double(w * 100 + 2)) << w;
+    EXPECT_EQ(coords[size_t(w * 2)], double((w % 4) * 10 * 4)) << "level-0 x of window " << w;
+    EXPECT_EQ(coords[size_t(w * 2 + 1)], double((w / 4) * 10 * 4)) << "level-0 y of window " << w;
+  }
+  auto r = test::runCommand("h5dump -H -A " + paths[0]);
+  for (const char* attribute :
+       {"patch_size", "patch_size_level0", "level0_magnification", "target_magnification", "mpp", "overlap",
+        "level0_width", "level0_height", "name", "encoder"})
+    EXPECT_NE(r.output.find("ATTRIBUTE \"" + std::string(attribute) + "\""), std::string::npos) << attribute;
+  EXPECT_NE(r.output.find("H5T_IEEE_F32LE"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("H5T_STD_I64LE"), std::string::npos) << r.output;
+  r = test::runCommand("h5dump -a /coords/patch_size_level0 -a /coords/encoder -a /target_magnification " +
+                       paths[0]);
+  EXPECT_NE(r.output.find("(0): 40"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\"tiny_encoder\""), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(0): 10"), std::string::npos) << "40x at 4 level-0 pixels per pixel\n" << r.output;
+  removeTree(dir);
+}
+
+TEST(WindowOutputs, TheSameVectorsInAnyOrderGiveTheSameBytes) {
+  // Several chunks (a chunk holds 16 rows at least): 3 x 40 windows of 20 features.
+  const std::string dir = test::scratchDir("features_bytes");
+  CatalogImage img = image(dir);
+  img.grid = WindowGrid(400, 30, GridSpec{10, 10, 0.0, 0.0});
+  std::string first;
+  for (unsigned seed : {0u, 1u, 2u}) {
+    std::vector<int64_t> order = inOrder(img.plannedWindows());
+    if (seed) std::shuffle(order.begin(), order.end(), std::mt19937(seed));
+    writeAll(img, embed(20), order);
+    const std::string bytes = test::slurp(dir + "/slide.h5");
+    if (seed == 0) first = bytes;
+    EXPECT_EQ(bytes, first) << "arrival order " << seed << " changed the file";
+    fs::remove(dir + "/slide.h5");
+  }
+  EXPECT_EQ(test::h5dumpValues(
+                [&] {
+                  writeAll(img, embed(20), inOrder(img.plannedWindows()));
+                  return dir + "/slide.h5";
+                }(),
+                "coords")
+                .size(),
+            size_t(img.plannedWindows() * 2));
+  removeTree(dir);
+}
+
+TEST(WindowOutputs, MaskedWindowsAreAbsentAndAnEmptyImageGivesAnEmptyFile) {
+  const std::string dir = test::scratchDir("features_masked");
+  CatalogImage img = image(dir);
+  img.masked = true;
+  img.kept = {1, 6, 11};
+  writeAll(img, embed(2), {2, 0, 1});
+  EXPECT_EQ(test::h5dumpValues(dir + "/slide.h5", "features"),
+            (std::vector<double>{100, 101, 600, 601, 1100, 1101}));
+  EXPECT_EQ(test::h5dumpValues(dir + "/slide.h5", "coords"), (std::vector<double>{10, 0, 20, 10, 30, 20}));
+  fs::remove(dir + "/slide.h5");
+  img.kept.clear();
+  writeAll(img, embed(2), {});
+  auto r = test::runCommand("h5dump -H " + dir + "/slide.h5");
+  EXPECT_NE(r.output.find("( 0, 2 ) / ( H5S_UNLIMITED, 2 )"), std::string::npos) << r.output;
+  removeTree(dir);
+}
+
+TEST(WindowOutputs, AnImageNotCommittedLeavesNothingAndAPlantedLinkIsRefused) {
+  const std::string dir = test::scratchDir("features_fail");
+  const CatalogImage img = image(dir);
+  WindowOutputOptions o = embed(2);
+  o.kinds = {"features"};
+  {
+    WindowOutputs out(img, o);
+    out.add(0, vectorOf(0, 2).data());
+    EXPECT_TRUE(fs::exists(dir + "/slide.h5.partial"));
+    EXPECT_THROW(out.commit(), IoError) << "11 windows missing";
+  }
+  EXPECT_TRUE(fs::is_empty(dir)) << "nothing left behind";
+  std::ofstream(dir + "/victim") << "precious";
+  fs::create_symlink(dir + "/victim", dir + "/slide.h5.partial");
+  EXPECT_THROW(WindowOutputs(img, o), IoError);
+  EXPECT_EQ(test::slurp(dir + "/victim"), "precious");
+  removeTree(dir);
+}
+
+TEST(WindowOutputs, ClassScoresAsCsvQuPathTilesAndAHeatmap) {
+  const std::string dir = test::scratchDir("classify");
+  CatalogImage img = image(dir, 2.0);
+  img.masked = true;
+  img.kept = {0, 1, 2, 3, 5, 6, 7, 8, 9, 10, 11};  // window 4 (column 0, row 1) masked out
+  WindowOutputOptions o;
+  o.task = ModelTask::kClassify;
+  o.kinds = {"csv", "tiles", "heatmap"};
+  o.dim = 2;
+  o.classes = parseClasses("stroma,tumor:#ff0000");
+  std::vector<int64_t> order = inOrder(img.plannedWindows());
+  std::reverse(order.begin(), order.end());
+  const auto paths = writeAll(img, o, order);
+  EXPECT_EQ(paths.size(), 3u);
+  // CSV: WSInfer's columns, level-0 pixels, one row per window in order.
+  std::istringstream csv(test::slurp(dir + "/slide.csv"));
+  std::string line;
+  std::getline(csv, line);
+  EXPECT_EQ(line, "minx,miny,width,height,prob_stroma,prob_tumor");
+  std::getline(csv, line);
+  EXPECT_EQ(line, "0,0,20,20,0,1");
+  std::getline(csv, line);
+  EXPECT_EQ(line, "20,0,20,20,100,101");
+  int rows = 2;
+  while (std::getline(csv, line)) ++rows;
+  EXPECT_EQ(rows, 11);
+  // QuPath tiles: argmax class (tumor: 101 > 100), its colour, every probability as a measurement.
+  const auto tiles = nlohmann::json::parse(test::slurp(dir + "/slide_tiles.geojson"));
+  ASSERT_EQ(tiles["features"].size(), 11u);
+  const auto& t = tiles["features"][4];  // window 5: column 1, row 1
+  EXPECT_EQ(t["properties"]["objectType"], "tile");
+  EXPECT_EQ(t["properties"]["classification"]["name"], "tumor");
+  EXPECT_EQ(t["properties"]["classification"]["color"], (nlohmann::json{255, 0, 0}));
+  EXPECT_EQ(t["properties"]["measurements"]["prob_stroma"], 500);
+  EXPECT_EQ(t["geometry"]["coordinates"][0][2], (nlohmann::json{40, 40}));
+  // Heatmap: a pixel per window, the scores as bands, NaN (GDAL's nodata) where no window ran.
+  auto reader = ImageReader::open(dir + "/slide_heatmap.tif");
+  EXPECT_EQ(reader->info().width, 4);
+  EXPECT_EQ(reader->info().height, 3);
+  EXPECT_EQ(reader->info().channels, 2);
+  ASSERT_TRUE(reader->info().nodata.has_value());
+  EXPECT_TRUE(std::isnan(*reader->info().nodata));
+  cv::Mat heat = reader->readRegion(Rect{0, 0, 4, 3});
+  EXPECT_EQ(heat.at<cv::Vec2f>(2, 3)[1], 1101.f);
+  EXPECT_TRUE(std::isnan(heat.at<cv::Vec2f>(1, 0)[0])) << "the masked window";
+  ASSERT_TRUE(reader->info().mpp.has_value());
+  EXPECT_NEAR(*reader->info().mpp, 0.5 * 10, 1e-9) << "a pixel spans a stride of 10 pixels of 0.5 um";
+  removeTree(dir);
+}
+
+TEST(WindowOutputs, NamedClassesMustMatchTheScores) {
+  const std::string dir = test::scratchDir("classify_names");
+  WindowOutputOptions o;
+  o.task = ModelTask::kClassify;
+  o.kinds = {"csv"};
+  o.dim = 3;
+  o.classes = parseClasses("a,b");
+  EXPECT_THROW(WindowOutputs(image(dir), o), ConfigError);
+  removeTree(dir);
+}
+
+}  // namespace
+}  // namespace tiler
