@@ -468,31 +468,48 @@ if want outputs; then
 fi
 
 if want embed; then
-  # Per-window encoders (issue 32): tiler --task embed over an 8192 px slide (1024 windows of 256 px, no overlap)
-  # against the pure batched forward of the same encoder, the same windows, in the layout tiler chose (its
-  # report's replicas x threads). The bundled encoder (four 3x3 convolutions, 3 of stride 2: ~23 ms a window on
-  # one core) is a model whose forward dominates, as a real encoder's does.
-  encoder="$PWD/samples/models/encoder.pt"
+  # Per-window encoders (issue 32): tiler --task embed over an 8192 px slide (no overlap) against the pure batched
+  # forward of the same encoder, the same windows, in the layout tiler chose (its report's replicas x threads),
+  # and against Python's forward on 2 threads (python3-torch, the same LibTorch) when installed. Two encoders:
+  # the bundled one (four 3x3 convolutions, 3 of stride 2: ~13 ms a 256 px window on one core) and, when
+  # python3-torchvision is installed, torchvision's ResNet-18 exported by scripts/export_torchscript.py
+  # (224 px windows, 512 features): models whose forward dominates, as a real encoder's does.
   n=8192
   [ $quick = 1 ] && n=2048
   img=$(image "$n")
-  windows=$(((n / 256) * (n / 256)))
-  for _ in $(seq "$runs"); do
-    rm -rf "$cache/out_embed"
-    t0=$(now)
-    "$bin/tiler" -i "$img" -m "$encoder" -o "$cache/out_embed" --no_progress >/dev/null 2>&1
-    wall=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { print b - a }')
-    r="$cache/out_embed/report.json"
-    job=$(report_field "$r" seconds)
-    out=$("$bin/tiler_bench" forward -m "$encoder" --windows "$windows" --batch_size 8 \
-      --replicas "$(report_field "$r" replicas)" --threads "$(report_field "$r" threads)")
-    pure=$(json "$out" seconds)
-    emit "embed: ${n}px, $windows windows, pure forward in tiler's layout" seconds "$pure"
-    emit "embed: ${n}px, tiler --task embed (job, report)" seconds "$job"
-    emit "embed: ${n}px, tiler --task embed (process, wall)" seconds "$wall"
-    emit "embed: tiler job / pure forward" overhead_ratio "$(ratio "$job" "$pure")"
-    emit "embed: tiler process / pure forward" overhead_ratio "$(ratio "$wall" "$pure")"
-    emit "embed: ${n}px, tiler --task embed" windows_per_second "$(report_field "$r" windows_per_second)"
+  encoders="bundled:$PWD/samples/models/encoder.pt:256"
+  if /usr/bin/python3 -c "import torchvision" 2>/dev/null; then
+    r18="$cache/resnet18.pt"
+    [ -f "$r18" ] || /usr/bin/python3 scripts/export_torchscript.py --encoder torchvision:resnet18 --out "$r18" \
+      --window 224 >/dev/null
+    encoders="$encoders resnet18:$r18:224"
+  fi
+  for spec in $encoders; do
+    IFS=: read -r name encoder window <<<"$spec"
+    for _ in $(seq "$runs"); do
+      rm -rf "$cache/out_embed"
+      t0=$(now)
+      "$bin/tiler" -i "$img" -m "$encoder" -o "$cache/out_embed" --window "$window" --no_progress >/dev/null 2>&1
+      wall=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { print b - a }')
+      r="$cache/out_embed/report.json"
+      job=$(report_field "$r" seconds)
+      windows=$(report_field "$r" windows_total)
+      out=$("$bin/tiler_bench" forward -m "$encoder" --window "$window" --windows "$windows" --batch_size 8 \
+        --replicas "$(report_field "$r" replicas)" --threads "$(report_field "$r" threads)")
+      pure=$(json "$out" seconds)
+      emit "embed $name: ${n}px, $windows windows, pure forward in tiler's layout" seconds "$pure"
+      emit "embed $name: tiler --task embed (job, report)" seconds "$job"
+      emit "embed $name: tiler --task embed (process, wall)" seconds "$wall"
+      emit "embed $name: tiler job / pure forward" overhead_ratio "$(ratio "$job" "$pure")"
+      emit "embed $name: tiler process / pure forward" overhead_ratio "$(ratio "$wall" "$pure")"
+      emit "embed $name: tiler --task embed" windows_per_second "$(report_field "$r" windows_per_second)"
+      if /usr/bin/python3 -c "import torch" 2>/dev/null; then
+        out=$(/usr/bin/python3 scripts/python_forward.py -m "$encoder" --window "$window" --windows "$windows" \
+          --threads 2)
+        emit "embed $name: pure forward in Python, 2 threads" seconds "$(json "$out" seconds)"
+        emit "embed $name: tiler process / Python forward" overhead_ratio "$(ratio "$wall" "$(json "$out" seconds)")"
+      fi
+    done
   done
 fi
 

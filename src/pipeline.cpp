@@ -45,9 +45,11 @@ double secondsSince(Clock::time_point t0) {
 // core (null model, 8192 px RGB tiled deflate TIFF, 2 channels out: 0.36 ms read + 0.57 ms output per 256 px
 // window). On 2 cores a null model (1x1 convolution, 0.4-2 ms per 256 px window on one thread) runs 1.56x
 // faster as one replica of one thread than as two replicas of one thread, and the sample UNet (33 ms) 1.41x
-// faster as two: the bar sits between the two (8 ms at 256 px), far from both.
-double lightModelSeconds(const GridSpec& spec) {
-  return 8 * 15e-9 * double(spec.window_w) * double(spec.window_h);
+// faster as two: the bar sits between the two (8 ms at 256 px), far from both. A per-window model's output
+// (a vector) costs next to nothing, so its bar is 8x the read alone (6 ns a pixel, 3 ms at 256 px): the
+// bundled encoder (7 ms) under the map bar ran as one replica of one thread, 0.51x the windows/s of two.
+double lightModelSeconds(const GridSpec& spec, bool per_window) {
+  return 8 * (per_window ? 6e-9 : 15e-9) * double(spec.window_w) * double(spec.window_h);
 }
 
 class InferJob {
@@ -562,7 +564,7 @@ void InferJob::loadModel() {
   probe_ = model_->probe(spec_.window_w, spec_.window_h);
   settleTask();
   if (o_.threads == 0 && o_.replicas == 0 && model_->device().is_cpu() && layout_.replicas > 1) {
-    const double bar = lightModelSeconds(spec_);
+    const double bar = lightModelSeconds(spec_, probe_.perWindow());
     const double per_window = model_->secondsPerWindow(spec_.window_w, spec_.window_h, o_.batch_size, bar);
     const bool light = per_window < bar;
     spdlog::debug("a window's forward takes {:.2f} ms: {}", per_window * 1e3,
