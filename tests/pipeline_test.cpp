@@ -1583,6 +1583,22 @@ TEST_F(Pipeline, ClassifyWritesCsvTilesAndHeatmapThatGdalReads) {
     EXPECT_NE(info.output.find("Size is 11, 8"), std::string::npos) << info.output;
     EXPECT_NE(info.output.find("Band 3 Block"), std::string::npos) << info.output;
     EXPECT_NE(info.output.find("NoData Value=nan"), std::string::npos) << info.output;
+    // A GeoTIFF's heatmap is georeferenced: a pixel spans a stride (64 px of 10 m), from the same origin.
+    const std::string geo = root_ + "/geo_in";
+    fs::create_directories(geo);
+    auto t = run("gdal_translate -q -a_srs EPSG:32633 -a_ullr 500000 6000000 507000 5995000 " + root_ +
+                 "/images/a_large.tif " + geo + "/scene.tif");
+    ASSERT_EQ(t.code, 0) << t.output;
+    r = run(kTiler + " -i " + geo + " -m " + classifier + " -o " + out +
+            "_geo --window 64 --threads 1 --no_progress --task classify --save heatmap");
+    ASSERT_EQ(r.code, 0) << r.output;
+    info = run("gdalinfo " + out + "_geo/scene_heatmap.tif");
+    EXPECT_NE(info.output.find("Pixel Size = (640.000000000000000,-640.000000000000000)"), std::string::npos)
+        << info.output;
+    EXPECT_NE(info.output.find("Origin = (500000.000000000000000,6000000.000000000000000)"),
+              std::string::npos)
+        << info.output;
+    EXPECT_NE(info.output.find("32633"), std::string::npos) << info.output;
   }
 }
 
