@@ -1,6 +1,5 @@
 #include "tiler/window_outputs.hpp"
 
-#include <fcntl.h>
 #include <hdf5.h>
 #include <spdlog/fmt/fmt.h>
 #include <unistd.h>

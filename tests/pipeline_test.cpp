@@ -1332,6 +1332,8 @@ TEST_F(Pipeline, NonsenseFlagsFailInOneLineBeforeAnyWork) {
   const std::vector<Case> cases = {
       {"--save ''", "--save takes labels, probs and polygons"},
       {"--save labels,", "--save takes labels, probs and polygons"},
+      {"--save labels,features", "--save labels,features mixes the outputs of two tasks (segment and embed)"},
+      {"--task detect", "--task must be auto, segment, classify or embed; got 'detect'"},
       {"--threads -3", "must be > 0; got -3"},
       {"--replicas 0", "must be > 0; got 0"},
       {"--scale nan", "must be >= 0; got nan"},
