@@ -116,8 +116,7 @@ class InferJob {
   Tta tta_ = Tta::kNone;
   ModelTask task_ = ModelTask::kAuto;    // --task; probe_.task says what it became
   std::vector<std::string> save_kinds_;  // --save, or the task's default
-  bool save_labels_ = true, save_probs_ = false, save_polygons_ = false;
-  bool abort_on_error_ = false;  // --on_error abort
+  bool abort_on_error_ = false;          // --on_error abort
   Compression compression_ = Compression::kDeflate;
   SampleType probs_type_ = SampleType::kF32;
   FaultHooks faults_;  // TILER_FAULT, this rank's
@@ -196,10 +195,10 @@ void InferJob::parseSaveKinds() {
   while (std::getline(ss, part, ',')) {
     const ModelTask task = taskOfOutputKind(part);
     TILER_CHECK(task != ModelTask::kAuto, ConfigError, bad_save);
-    TILER_CHECK(taskOfOutputKind(save_kinds_.empty() ? part : save_kinds_.front()) == task, ConfigError,
-                "--save " << save << " mixes the outputs of two tasks ("
-                          << taskName(taskOfOutputKind(save_kinds_.front())) << " and " << taskName(task)
-                          << ")");
+    const ModelTask first = save_kinds_.empty() ? task : taskOfOutputKind(save_kinds_.front());
+    TILER_CHECK(first == task, ConfigError,
+                "--save " << save << " mixes the outputs of two tasks (" << taskName(first) << " and "
+                          << taskName(task) << ")");
     TILER_CHECK(task_ == ModelTask::kAuto || task_ == task, ConfigError,
                 "--save " << part << " is an output of --task " << taskName(task) << ", not of --task "
                           << taskName(task_));
@@ -218,12 +217,6 @@ void InferJob::settleTask() {
               "--save " << *o_.save << " is an output of --task "
                         << taskName(taskOfOutputKind(save_kinds_.front())) << ", but '" << o_.model
                         << "' gives " << shape << " (--task " << taskName(task) << ")");
-  const auto saved = [&](const char* kind) {
-    return std::find(save_kinds_.begin(), save_kinds_.end(), kind) != save_kinds_.end();
-  };
-  save_labels_ = saved("labels");
-  save_probs_ = saved("probs");
-  save_polygons_ = saved("polygons");
   if (task == ModelTask::kSegment) {
     const int label_classes = labelClassCount(probe_.output_channels);
     TILER_CHECK(
@@ -242,18 +235,21 @@ void InferJob::settleTask() {
 }
 
 OutputOptions InferJob::outputOptions() const {
+  const auto saved = [&](const char* kind) {
+    return std::find(save_kinds_.begin(), save_kinds_.end(), kind) != save_kinds_.end();
+  };
   OutputOptions oo;
   oo.format = o_.format;
   oo.compression = compression_;
-  oo.save_labels = save_labels_;
-  oo.save_probs = save_probs_;
+  oo.save_labels = saved("labels");
+  oo.save_probs = saved("probs");
   oo.classes = probe_.output_channels;
   oo.scale = probe_.scale;
   oo.stitch = stitch_;
   oo.label_threshold = activation_ == Activation::kSigmoid ? 0.5f : 0.0f;
   oo.abort_on_error = abort_on_error_;
   oo.pyramid = o_.pyramid;
-  oo.save_polygons = save_polygons_;
+  oo.save_polygons = saved("polygons");
   oo.simplify = o_.simplify;
   oo.classes_named = classes_;
   oo.probs_type = probs_type_;

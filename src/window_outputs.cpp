@@ -53,9 +53,9 @@ const std::vector<std::string>& outputKindsOf(ModelTask task) {
 }
 
 std::vector<std::string> defaultOutputKinds(ModelTask task) {
-  const auto& kinds = outputKindsOf(task);
-  return {kinds.begin(),
-          kinds.begin() + (task == ModelTask::kClassify ? 2 : std::min<size_t>(1, kinds.size()))};
+  if (task == ModelTask::kClassify) return {"csv", "tiles"};
+  if (task == ModelTask::kAuto) return {};
+  return {outputKindsOf(task).front()};
 }
 
 ModelTask taskOfOutputKind(const std::string& kind) {
@@ -65,6 +65,15 @@ ModelTask taskOfOutputKind(const std::string& kind) {
   }
   return ModelTask::kAuto;
 }
+
+namespace {
+
+// The distance between a grid's first two window starts along one axis (its window when it has one).
+int64_t gridStride(const std::vector<int64_t>& starts, int64_t window) {
+  return starts.size() > 1 ? starts[1] - starts[0] : window;
+}
+
+}  // namespace
 
 WindowPlace placeWindow(const CatalogImage& image, int64_t window) {
   const Rect r = image.grid.imageWindow(window);
@@ -276,9 +285,7 @@ class WindowOutputs::FeatureFile {
     attribute(target, "patch_size_level0", int64_t(std::llround(double(window) * d)));
     attribute(target, "patch_level", int64_t(image.resolution.level));
     // Overlap in pixels of the processing resolution, as TRIDENT states it, and as the grid's fraction.
-    attribute(
-        target, "overlap",
-        window - (image.grid.columns() > 1 ? image.grid.startsX()[1] - image.grid.startsX()[0] : window));
+    attribute(target, "overlap", window - gridStride(image.grid.startsX(), window));
     attribute(target, "overlap_fraction", o.overlap);
     if (image.info.objective_power) {
       attribute(target, "level0_magnification", *image.info.objective_power);
@@ -427,11 +434,8 @@ class WindowOutputs::ClassFiles {
 
  private:
   void writeHeatmap() {
-    const int64_t stride_x = image_.grid.columns() > 1 ? image_.grid.startsX()[1] - image_.grid.startsX()[0]
-                                                       : image_.grid.windowWidth();
-    const int64_t stride_y = image_.grid.startsY().size() > 1
-                                 ? image_.grid.startsY()[1] - image_.grid.startsY()[0]
-                                 : image_.grid.windowHeight();
+    const int64_t stride_x = gridStride(image_.grid.startsX(), image_.grid.windowWidth());
+    const int64_t stride_y = gridStride(image_.grid.startsY(), image_.grid.windowHeight());
     WriterOptions wo;
     wo.compression = compression_;
     // A heatmap pixel spans a stride of processing pixels: its geotransform and resolution are the input's
