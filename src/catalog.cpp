@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <filesystem>
 
+#include <spdlog/spdlog.h>
+
 #include "tiler/error.hpp"
 #include "tiler/platform.hpp"
 
@@ -10,22 +12,46 @@ namespace fs = std::filesystem;
 
 namespace tiler {
 
+namespace {
+
+// Adds the entry when it looks like an image: a regular file, or a link that leads nowhere (dangling, or a
+// loop), which is listed so that opening it fails that image alone and the report names it. FIFOs, sockets
+// and devices are passed over (reading one could wait for ever).
+void addListedImage(const fs::directory_entry& e, std::vector<std::string>& files) {
+  if (!hasImageExtension(e.path().string())) return;
+  std::error_code ec;
+  const fs::file_status target = e.status(ec);
+  const bool broken_link = e.is_symlink(ec) && (target.type() == fs::file_type::not_found || ec);
+  if (fs::is_regular_file(target) || broken_link) files.push_back(e.path().string());
+}
+
+// The entries under `dir`, one level or all; an entry that cannot be read is passed over, not the listing.
+template <typename Iterator>
+void listDirectory(const std::string& dir, std::vector<std::string>& files) {
+  std::error_code ec;
+  Iterator it(dir, fs::directory_options::skip_permission_denied, ec);
+  TILER_CHECK(!ec, IoError, "'" << dir << "': cannot list directory: " << ec.message());
+  for (; it != Iterator(); it.increment(ec)) {
+    if (ec) {
+      spdlog::warn("'{}': listing stopped early: {}", dir, ec.message());
+      break;
+    }
+    addListedImage(*it, files);
+  }
+}
+
+}  // namespace
+
 std::vector<std::string> listImages(const std::vector<std::string>& inputs, bool recursive) {
   std::vector<std::string> files;
   for (const auto& in : inputs) {
     std::error_code ec;
-    if (fs::is_directory(in, ec)) {
-      auto add = [&](const fs::directory_entry& e) {
-        if (e.is_regular_file(ec) && hasImageExtension(e.path().string())) files.push_back(e.path().string());
-      };
-      if (recursive) {
-        for (const auto& e : fs::recursive_directory_iterator(in, ec)) add(e);
-      } else {
-        for (const auto& e : fs::directory_iterator(in, ec)) add(e);
-      }
-      TILER_CHECK(!ec, IoError, "'" << in << "': cannot list directory: " << ec.message());
-    } else {
+    if (!fs::is_directory(in, ec)) {
       files.push_back(in);
+    } else if (recursive) {
+      listDirectory<fs::recursive_directory_iterator>(in, files);
+    } else {
+      listDirectory<fs::directory_iterator>(in, files);
     }
   }
   std::sort(files.begin(), files.end());

@@ -40,7 +40,7 @@ void writeElasticErrorFile(const std::string& message) {
   if (path == nullptr || *path == '\0') return;
   const char* rank = std::getenv("RANK");
   nlohmann::json j = {
-      {"message", message},
+      {"message", utf8Safe(message)},
       {"rank", rank ? std::atoi(rank) : 0},
       {"time", std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()}};
   // Best effort: the error is on its way to stderr already.
@@ -80,6 +80,65 @@ std::string describeImageException(const std::exception_ptr& e, const std::strin
   std::string message = describeException(e);
   if (message.find(path) == std::string::npos) message = "'" + path + "': " + message;
   return message;
+}
+
+namespace {
+
+// The length of the valid UTF-8 sequence that starts text[i] (RFC 3629: no overlongs, no surrogates, at
+// most U+10FFFF), or 0.
+size_t utf8SequenceAt(const std::string& text, size_t i) {
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char c = byte(i);
+  if (c < 0x80) return 1;
+  size_t n = 0;
+  unsigned char low = 0x80, high = 0xBF;  // the allowed range of the second byte
+  if (c >= 0xC2 && c <= 0xDF) {
+    n = 2;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    n = 3;
+    if (c == 0xE0) low = 0xA0;
+    if (c == 0xED) high = 0x9F;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    n = 4;
+    if (c == 0xF0) low = 0x90;
+    if (c == 0xF4) high = 0x8F;
+  } else {
+    return 0;
+  }
+  if (i + n > text.size() || byte(i + 1) < low || byte(i + 1) > high) return 0;
+  for (size_t k = 2; k < n; ++k)
+    if ((byte(i + k) & 0xC0) != 0x80) return 0;
+  return n;
+}
+
+}  // namespace
+
+bool isUtf8(const std::string& text) {
+  for (size_t i = 0; i < text.size();) {
+    const size_t n = utf8SequenceAt(text, i);
+    if (n == 0) return false;
+    i += n;
+  }
+  return true;
+}
+
+std::string utf8Safe(const std::string& text) {
+  if (isUtf8(text)) return text;
+  std::string out;
+  static const char* hex = "0123456789abcdef";
+  for (size_t i = 0; i < text.size();) {
+    const size_t n = utf8SequenceAt(text, i);
+    if (n > 0) {
+      out.append(text, i, n);
+      i += n;
+      continue;
+    }
+    const auto c = static_cast<unsigned char>(text[i++]);
+    out += "\\x";
+    out += hex[c >> 4];
+    out += hex[c & 15];
+  }
+  return out;
 }
 
 }  // namespace tiler

@@ -722,6 +722,11 @@ int Trainer::finishRun(const nlohmann::json& history) {
   double checksum = 0;
   for (const auto& p : params_) checksum += p.detach().to(torch::kDouble).abs().sum().item<double>();
   auto sums = exchange().allgather(torch::tensor({checksum}, torch::kDouble), "the parameter checksum");
+  // NaN is never equal to itself: parameters that are not numbers mean the training diverged, on every rank.
+  for (size_t r = 0; r < sums.size(); ++r)
+    TILER_CHECK(std::isfinite(sums[r].item<double>()), ModelError,
+                "training diverged: rank " << r << "'s parameters are no longer finite (NaN or Inf) after "
+                                           << step_ << " steps; lower --lr, or check the labels");
   for (size_t r = 0; r < sums.size(); ++r)
     TILER_CHECK(sums[r].item<double>() == checksum, DistError,
                 "rank " << r << " holds different parameters after training (checksum "

@@ -279,8 +279,7 @@ class WorkerGroup {
   int openLog(const std::string& dir, const char* name) {
     // Created anew: a --log_dir others can write must not redirect a worker's log through a planted link.
     const int fd = createFileExclusively(dir + "/" + name);
-    TILER_CHECK(fd >= 0, ConfigError,
-                "ctrun: cannot write " << dir << "/" << name << ": " << std::strerror(errno));
+    TILER_CHECK(fd >= 0, ConfigError, "cannot write " << dir << "/" << name << ": " << std::strerror(errno));
     return fd;
   }
 
@@ -300,12 +299,12 @@ class WorkerGroup {
     int out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1};
     if (pipe_output) {
       TILER_CHECK(pipe2(out_pipe, O_CLOEXEC) == 0 && pipe2(err_pipe, O_CLOEXEC) == 0, ConfigError,
-                  "ctrun: pipe: " << std::strerror(errno));
+                  "pipe: " << std::strerror(errno));
     }
     auto env = workerEnvironment(options_, nproc_, local_rank, restart_count_, w.error_file);
     pid_t parent = getpid();
     pid_t pid = fork();
-    TILER_CHECK(pid >= 0, ConfigError, "ctrun: fork: " << std::strerror(errno));
+    TILER_CHECK(pid >= 0, ConfigError, "fork: " << std::strerror(errno));
     if (pid == 0) {
       setpgid(0, 0);
       prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -409,7 +408,7 @@ nlohmann::json failureToJson(const WorkerFailure& f) {
           {"signal", f.signal},
           {"time", f.time},
           {"error_file", f.error_file},
-          {"error_message", f.error_message}};
+          {"error_message", utf8Safe(f.error_message)}};
 }
 
 WorkerFailure failureFromJson(const nlohmann::json& j) {
@@ -461,7 +460,7 @@ class NodeLink {
         break;
       } catch (const TimeoutError&) {
         if (last)
-          TILER_THROW(TimeoutError, "ctrun: cannot reach the rendezvous store at "
+          TILER_THROW(TimeoutError, "cannot reach the rendezvous store at "
                                         << o.rdzv_endpoint << " within " << o.rdzv_timeout
                                         << " s (--rdzv_timeout): no agent hosts it");
       }
@@ -488,7 +487,7 @@ class NodeLink {
       r.node_rank = o_.node_rank;
       r.nodes = max_nodes;
       TILER_CHECK(client_->add(prefix_ + "rank/" + std::to_string(r.node_rank), 1) == 1, ConfigError,
-                  "ctrun: two nodes joined with --node_rank " << r.node_rank);
+                  "two nodes joined with --node_rank " << r.node_rank);
       pollJoined(round, std::to_string(max_nodes), elapsed, [&](int64_t n) { return n >= max_nodes; });
     } else {
       r.node_rank = int(joined - 1);
@@ -505,8 +504,8 @@ class NodeLink {
         r.nodes = int(
             parseStoreInteger(client_->wait(prefix_ + "size", timeout), prefix_ + "size", o_.rdzv_endpoint));
         TILER_CHECK(r.node_rank < r.nodes, DistError,
-                    "ctrun: rendezvous " << round << " closed with " << r.nodes
-                                         << " nodes before this one joined; start it again for the next run");
+                    "rendezvous " << round << " closed with " << r.nodes
+                                  << " nodes before this one joined; start it again for the next run");
       }
     }
     if (r.node_rank == 0) {
@@ -548,8 +547,8 @@ class NodeLink {
       const int64_t n = client_->add(prefix_ + "joined", 0);
       if (enough(n)) return n;
       TILER_CHECK(elapsed() < o_.rdzv_timeout, TimeoutError,
-                  "ctrun: rendezvous " << round << ": " << n << " of " << wanted << " nodes joined within "
-                                       << o_.rdzv_timeout << " s (--rdzv_timeout)");
+                  "rendezvous " << round << ": " << n << " of " << wanted << " nodes joined within "
+                                << o_.rdzv_timeout << " s (--rdzv_timeout)");
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   }
@@ -600,7 +599,7 @@ class NodeLink {
         try {
           all.push_back(failureFromJson(nlohmann::json::parse(*text)));
         } catch (const nlohmann::json::exception& e) {
-          TILER_THROW(DistError, "ctrun: malformed rendezvous data at "
+          TILER_THROW(DistError, "malformed rendezvous data at "
                                      << o_.rdzv_endpoint << ": '" << key
                                      << "' is not a failure record: " << e.what());
         }
@@ -696,7 +695,7 @@ int resolveNprocPerNode(const std::string& spec) {
   if (spec == "auto" || spec == "gpu") {
     int gpus = countNvidiaGpus();
     if (gpus > 0) return gpus;
-    TILER_CHECK(spec == "auto", ConfigError, "ctrun: --nproc_per_node=gpu but no NVIDIA GPU is visible");
+    TILER_CHECK(spec == "auto", ConfigError, "--nproc_per_node=gpu but no NVIDIA GPU is visible");
     return cores;
   }
   try {
@@ -706,12 +705,12 @@ int resolveNprocPerNode(const std::string& spec) {
   } catch (const std::exception&) {
   }
   TILER_THROW(ConfigError,
-              "ctrun: --nproc_per_node must be a positive integer, auto, gpu or cpu; got '" << spec << "'");
+              "--nproc_per_node must be a positive integer, auto, gpu or cpu; got '" << spec << "'");
 }
 
 int findFreePort() {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  TILER_CHECK(fd >= 0, ConfigError, "ctrun: socket: " << std::strerror(errno));
+  TILER_CHECK(fd >= 0, ConfigError, "socket: " << std::strerror(errno));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -720,7 +719,7 @@ int findFreePort() {
   int ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
            getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
   close(fd);
-  TILER_CHECK(ok, ConfigError, "ctrun: cannot find a free port: " << std::strerror(errno));
+  TILER_CHECK(ok, ConfigError, "cannot find a free port: " << std::strerror(errno));
   return ntohs(addr.sin_port);
 }
 
@@ -772,59 +771,58 @@ struct LaunchPlan {
 // Checks ctrun's flags and fills in what they leave to it: one node's rank, a static world's endpoint, a
 // free port and a run id for one node.
 LaunchPlan settleOptions(LaunchOptions& o) {
-  TILER_CHECK(!o.command.empty(), ConfigError, "ctrun: no program to run");
+  TILER_CHECK(!o.command.empty(), ConfigError, "no program to run");
   LaunchPlan plan;
   std::tie(plan.min_nodes, plan.max_nodes) =
       parseNodeRange(o.nnodes_range.empty() ? std::to_string(o.nnodes) : o.nnodes_range);
   TILER_CHECK(o.rdzv_backend == "static" || o.rdzv_backend == "c10d", ConfigError,
-              "ctrun: --rdzv_backend must be static or c10d; got '" << o.rdzv_backend << "'");
-  TILER_CHECK(o.max_restarts >= 0, ConfigError, "ctrun: --max_restarts must be >= 0");
-  TILER_CHECK(o.monitor_interval > 0, ConfigError, "ctrun: --monitor_interval must be > 0");
+              "--rdzv_backend must be static or c10d; got '" << o.rdzv_backend << "'");
+  TILER_CHECK(o.max_restarts >= 0, ConfigError, "--max_restarts must be >= 0");
+  TILER_CHECK(o.monitor_interval > 0, ConfigError, "--monitor_interval must be > 0");
   TILER_CHECK(o.heartbeat_interval > 0 && o.heartbeat_timeout > o.heartbeat_interval, ConfigError,
-              "ctrun: --heartbeat_timeout must be longer than --heartbeat_interval (> 0)");
+              "--heartbeat_timeout must be longer than --heartbeat_interval (> 0)");
   o.nnodes = plan.max_nodes;
   if (!plan.multi()) {
     if (o.node_rank < 0) o.node_rank = 0;
-    TILER_CHECK(o.node_rank == 0, ConfigError, "ctrun: --node_rank " << o.node_rank << " outside --nnodes 1");
+    TILER_CHECK(o.node_rank == 0, ConfigError, "--node_rank " << o.node_rank << " outside --nnodes 1");
   } else if (o.rdzv_backend == "static") {
     TILER_CHECK(plan.min_nodes == plan.max_nodes, ConfigError,
-                "ctrun: --nnodes MIN:MAX needs --rdzv_backend c10d (static worlds have a fixed size)");
+                "--nnodes MIN:MAX needs --rdzv_backend c10d (static worlds have a fixed size)");
     TILER_CHECK(o.node_rank >= 0 && o.node_rank < plan.max_nodes, ConfigError,
-                "ctrun: --node_rank " << o.node_rank << " outside --nnodes " << plan.max_nodes
-                                      << " (static rendezvous needs each node's rank; c10d assigns them)");
+                "--node_rank " << o.node_rank << " outside --nnodes " << plan.max_nodes
+                               << " (static rendezvous needs each node's rank; c10d assigns them)");
     TILER_CHECK(o.master_port > 0 && o.master_port < 65535, ConfigError,
-                "ctrun: several nodes need one --master_port (1..65534), the same on every node");
+                "several nodes need one --master_port (1..65534), the same on every node");
     if (o.rdzv_endpoint.empty()) o.rdzv_endpoint = o.master_addr + ":" + std::to_string(o.master_port + 1);
   } else {
     TILER_CHECK(!o.rdzv_endpoint.empty(), ConfigError,
-                "ctrun: --rdzv_backend c10d needs --rdzv_endpoint HOST:PORT (the same on every node)");
+                "--rdzv_backend c10d needs --rdzv_endpoint HOST:PORT (the same on every node)");
     TILER_CHECK(o.run_id != "none", ConfigError,
-                "ctrun: --rdzv_backend c10d needs --rdzv_id, the same on every node of the job");
+                "--rdzv_backend c10d needs --rdzv_id, the same on every node of the job");
   }
   plan.nproc = resolveNprocPerNode(o.nproc_per_node);
   if (o.standalone) {
     o.master_addr = "127.0.0.1";
     o.master_port = 0;
-    TILER_CHECK(!plan.multi(), ConfigError, "ctrun: --standalone runs one node; drop --nnodes");
+    TILER_CHECK(!plan.multi(), ConfigError, "--standalone runs one node; drop --nnodes");
   }
   if (!plan.multi() && o.master_port == 0) {
     o.master_port = findFreePort();
     if (o.run_id == "none") o.run_id = randomRunId();
   }
   TILER_CHECK(o.master_port >= 0 && o.master_port < 65536, ConfigError,
-              "ctrun: --master_port must be in 0..65535, got " << o.master_port);
+              "--master_port must be in 0..65535, got " << o.master_port);
   if (o.rdzv_backend == "static" && o.node_rank == 0) {
     TILER_CHECK(portIsFree(o.master_port), ConfigError,
-                "ctrun: --master_port " << o.master_port
-                                        << " is already in use on this host (rank 0 hosts the "
-                                        << "store there); pick another or use --master_port 0");
+                "--master_port " << o.master_port << " is already in use on this host (rank 0 hosts the "
+                                 << "store there); pick another or use --master_port 0");
   }
   return plan;
 }
 
 // Signals arrive on a self-pipe so the monitor loop handles them in order, outside handler context.
 void installSignalPipe() {
-  TILER_CHECK(pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) == 0, ConfigError, "ctrun: pipe failed");
+  TILER_CHECK(pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) == 0, ConfigError, "pipe failed");
   struct sigaction sa {};
   sa.sa_handler = onSignal;
   sigemptyset(&sa.sa_mask);
@@ -846,7 +844,7 @@ struct RunDirectory {
     std::string tmpl = (fs::temp_directory_path() / "ctrun-XXXXXX").string();
     std::vector<char> buf(tmpl.begin(), tmpl.end());
     buf.push_back('\0');
-    TILER_CHECK(mkdtemp(buf.data()) != nullptr, ConfigError, "ctrun: mkdtemp failed");
+    TILER_CHECK(mkdtemp(buf.data()) != nullptr, ConfigError, "mkdtemp failed");
     path = buf.data();
   }
   ~RunDirectory() {

@@ -337,6 +337,8 @@ Precision resolvePrecision(const std::string& spec, const torch::Device& device)
 
 torch::jit::Module loadTorchScript(const std::string& path, const torch::Device& device) {
   std::error_code ec;
+  TILER_CHECK(!fs::is_directory(path, ec), ModelError,
+              "'" << path << "': is a directory; -m takes a model file (.pt, from torch.jit.save)");
   TILER_CHECK(fs::is_regular_file(path, ec), ModelError, "'" << path << "': model file not found");
   try {
     return torch::jit::load(path, device);
@@ -508,6 +510,10 @@ const ModelProbe& ModelRunner::probe(int64_t window_w, int64_t window_h) {
         resolveTask(options_.task, out.sizes().vec(), options_.activation, options_.classes_named, path);
     TILER_CHECK(out.size(0) == 1, ModelError,
                 "'" << path << "': output batch " << out.size(0) << " for input batch 1");
+    TILER_CHECK(
+        out.numel() > 0, ModelError,
+        "'" << path << "': output " << c10::str(out.sizes())
+            << " is empty; tiler needs at least one channel (a map) or one value (a vector) a window");
     Scale s;
     if (probe_.perWindow()) {
       out = out.flatten(1);

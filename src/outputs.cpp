@@ -83,8 +83,10 @@ std::string OutputStage::ownedResults() const {
   for (int id = 0; id < int(catalog_.images().size()); ++id) {
     const CatalogImage& img = catalog_.image(id);
     if (owns(id))
-      results.push_back(
-          {{"id", id}, {"status", img.status}, {"error", img.error}, {"non_finite", img.non_finite_values}});
+      results.push_back({{"id", id},
+                         {"status", img.status},
+                         {"error", utf8Safe(img.error)},
+                         {"non_finite", img.non_finite_values}});
   }
   return results.dump();
 }

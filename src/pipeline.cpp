@@ -11,6 +11,7 @@
 #include <deque>
 #include <filesystem>
 #include <future>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -50,6 +51,19 @@ double secondsSince(Clock::time_point t0) {
 // bundled encoder (7 ms) under the map bar ran as one replica of one thread, 0.51x the windows/s of two.
 double lightModelSeconds(const GridSpec& spec, bool per_window) {
   return 8 * (per_window ? 6e-9 : 15e-9) * double(spec.window_w) * double(spec.window_h);
+}
+
+// A window's forward cost is timed at this batch at most: as much as at any larger batch, without its memory.
+constexpr int kTimingBatch = 64;
+
+// Threads past what can be busy only cost memory (--write_threads 100000 took 3.7 GB and aborted): a flag's
+// count is capped at 4 a CPU this rank may use and at `useful`, with a warning.
+int usefulThreads(const char* flag, int requested, int useful) {
+  const int cap = std::max(1, std::min(useful, 4 * usableCpus()));
+  if (requested <= cap) return requested;
+  spdlog::warn("{} {}: capped at {} (4 threads a usable CPU, and no more than can be busy)", flag, requested,
+               cap);
+  return cap;
 }
 
 class InferJob {
@@ -164,6 +178,8 @@ void InferJob::validateOptions() {
   probs_type_ = parseProbsType(o_.probs_dtype);
   TILER_CHECK(o_.write_threads >= 0, ConfigError,
               "--write_threads must be >= 0 (0: the CPUs this rank may use)");
+  o_.read_threads = usefulThreads("--read_threads", o_.read_threads, o_.batch_size);
+  o_.write_threads = usefulThreads("--write_threads", o_.write_threads, std::numeric_limits<int>::max());
   task_ = parseTask(o_.task);
   parseSaveKinds();
   mask_ = parseMaskSpec(o_.mask, o_.mask_fraction);
@@ -561,7 +577,8 @@ void InferJob::loadModel() {
   settleTask();
   if (o_.threads == 0 && o_.replicas == 0 && model_->device().is_cpu() && layout_.replicas > 1) {
     const double bar = lightModelSeconds(spec_, probe_.perWindow());
-    const double per_window = model_->secondsPerWindow(spec_.window_w, spec_.window_h, o_.batch_size, bar);
+    const int timing_batch = std::min(o_.batch_size, kTimingBatch);
+    const double per_window = model_->secondsPerWindow(spec_.window_w, spec_.window_h, timing_batch, bar);
     const bool light = per_window < bar;
     spdlog::debug("a window's forward takes {:.2f} ms: {}", per_window * 1e3,
                   light ? "light, one replica of one thread" : "replicas");

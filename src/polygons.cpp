@@ -6,13 +6,18 @@
 #include <ogr_api.h>
 #include <ogr_srs_api.h>
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <cmath>
-#include <fstream>
+#include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "tiler/error.hpp"
+#include "tiler/platform.hpp"
 
 namespace tiler {
 
@@ -26,10 +31,14 @@ constexpr std::array<std::array<uint8_t, 3>, 20> kPalette{
      {196, 156, 148}, {247, 182, 210}, {199, 199, 199}, {219, 219, 141}, {158, 218, 229}}};
 
 std::array<uint8_t, 3> defaultColor(int k) {
-  return k == 0 ? std::array<uint8_t, 3>{0, 0, 0} : kPalette[size_t(k - 1) % kPalette.size()];
+  return k == 0 ? std::array<uint8_t, 3>{0, 0, 0} : distinctColor(k - 1);
 }
 
 }  // namespace
+
+std::array<uint8_t, 3> distinctColor(int k) {
+  return kPalette[size_t(k) % kPalette.size()];
+}
 
 std::vector<ClassInfo> parseClasses(const std::string& text) {
   std::vector<ClassInfo> out;
@@ -53,8 +62,17 @@ std::vector<ClassInfo> parseClasses(const std::string& text) {
       TILER_CHECK(hex.size() == 6 && used == 6, ConfigError,
                   "--classes: '" << part << "': a colour is #rrggbb (six hex digits)");
       c.color = {uint8_t(v >> 16), uint8_t(v >> 8), uint8_t(v)};
+      c.colored = true;
     }
-    TILER_CHECK(!c.name.empty(), ConfigError, "--classes: empty class name in '" << text << "'");
+    TILER_CHECK(!c.name.empty(), ConfigError, "--classes: empty class name in '" << utf8Safe(text) << "'");
+    TILER_CHECK(isUtf8(c.name), ConfigError, "--classes: '" << utf8Safe(c.name) << "' is not UTF-8 text");
+    TILER_CHECK(std::none_of(c.name.begin(), c.name.end(),
+                             [](char ch) { return static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f; }),
+                ConfigError,
+                "--classes: class " << out.size() << " holds a control character (a line break?)");
+    for (const auto& earlier : out)
+      TILER_CHECK(earlier.name != c.name, ConfigError,
+                  "--classes: '" << c.name << "' is named twice (each class needs a name of its own)");
     out.push_back(c);
   }
   return out;
@@ -88,6 +106,11 @@ struct DatasetCloser {
   void operator()(void* ds) const { GDALClose(ds); }
 };
 
+struct OwnedFd {
+  int fd;
+  ~OwnedFd() { ::close(fd); }
+};
+
 }  // namespace
 
 int64_t writePolygons(const std::string& labels_path, const std::string& geojson_path,
@@ -118,19 +141,28 @@ int64_t writePolygons(const std::string& labels_path, const std::string& geojson
   if (GDALPolygonize(band, band, layer, 0, nullptr, nullptr, nullptr) != CE_None)
     TILER_THROW(IoError, "'" << labels_path << "': polygonizing failed: " << CPLGetLastErrorMsg());
 
-  std::ofstream out(geojson_path, std::ios::trunc);
-  TILER_CHECK(out, IoError, "'" << geojson_path << "': cannot create");
-  out << "{\"type\": \"FeatureCollection\",\n";
+  // Created anew like every output (a link planted at the name is replaced, never followed).
+  const int fd = createFileExclusively(geojson_path);
+  TILER_CHECK(fd >= 0, IoError, "'" << geojson_path << "': cannot create: " << std::strerror(errno));
+  const OwnedFd owned{fd};
+  std::string out = "{\"type\": \"FeatureCollection\",\n";
+  // Written a few features at a time, so that memory holds the polygons, not their text.
+  const auto drain = [&](size_t above) {
+    if (out.size() <= above) return;
+    TILER_CHECK(writeAll(fd, out), IoError,
+                "'" << geojson_path << "': writing failed: " << std::strerror(errno));
+    out.clear();
+  };
   if (georeferenced) {
     OGRSpatialReferenceH srs = const_cast<OGRSpatialReferenceH>(GDALGetSpatialRef(raster.get()));
     OSRAutoIdentifyEPSG(srs);
     const char* authority = OSRGetAuthorityName(srs, nullptr);
     const char* code = OSRGetAuthorityCode(srs, nullptr);
     if (authority && code)
-      out << "\"crs\": {\"type\": \"name\", \"properties\": {\"name\": \"urn:ogc:def:crs:" << authority
-          << "::" << code << "\"}},\n";
+      out += std::string("\"crs\": {\"type\": \"name\", \"properties\": {\"name\": \"urn:ogc:def:crs:") +
+             authority + "::" + code + "\"}},\n";
   }
-  out << "\"features\": [";
+  out += "\"features\": [";
   // Plain images: polygonize's coordinates are label pixels; users want the input's level-0 pixels.
   const double factor = georeferenced ? 1.0 : o.input_pixels_per_label_pixel;
   const double tolerance =
@@ -156,11 +188,13 @@ int64_t writePolygons(const std::string& labels_path, const std::string& geojson
          {{"class", k},
           {"name", name},
           {"classification", {{"name", name}, {"color", {color[0], color[1], color[2]}}}}}}};
-    out << (written++ ? ",\n" : "\n") << feature.dump();
+    out += (written++ ? ",\n" : "\n") + feature.dump();
+    drain(1 << 20);
   }
-  out << "\n]}\n";
-  out.flush();
-  TILER_CHECK(out.good(), IoError, "'" << geojson_path << "': writing failed: " << std::strerror(errno));
+  out += "\n]}\n";
+  drain(0);
+  TILER_CHECK(::fsync(fd) == 0, IoError,
+              "'" << geojson_path << "': writing failed: " << std::strerror(errno));
   return written;
 }
 

@@ -36,8 +36,17 @@ const std::vector<ReaderBackend>& readerBackends() {
 
 std::unique_ptr<ImageReader> ImageReader::open(const std::string& path) {
   std::error_code ec;
-  TILER_CHECK(fs::exists(path, ec), IoError, "'" << path << "': no such file");
-  TILER_CHECK(!fs::is_directory(path, ec), IoError, "'" << path << "': is a directory");
+  const fs::file_status target = fs::status(path, ec);
+  if (!fs::exists(target) || (ec && target.type() == fs::file_type::none)) {
+    std::error_code link_ec;
+    TILER_CHECK(!fs::is_symlink(fs::symlink_status(path, link_ec)), IoError,
+                "'" << path << "': a symbolic link that leads nowhere (dangling, or a loop)");
+    TILER_THROW(IoError, "'" << path << "': no such file");
+  }
+  TILER_CHECK(!fs::is_directory(target), IoError, "'" << path << "': is a directory");
+  // A FIFO would block the first read for ever; a device or socket is no image either.
+  TILER_CHECK(fs::is_regular_file(target), IoError,
+              "'" << path << "': not a regular file (a FIFO, socket or device); refused");
   TILER_CHECK(access(path.c_str(), R_OK) == 0, IoError,
               "'" << path << "': cannot read: " << std::strerror(errno));
   const FileProbe probe = probeFile(path);

@@ -50,7 +50,7 @@ in_addr_t bindAddressFor(const std::string& host) {
   addrinfo* found = nullptr;
   const int rc = getaddrinfo(host.c_str(), nullptr, &hints, &found);
   TILER_CHECK(rc == 0 && found != nullptr, DistError,
-              "ctrun: cannot host the rendezvous store at '" << host << "': " << gai_strerror(rc));
+              "cannot host the rendezvous store at '" << host << "': " << gai_strerror(rc));
   const in_addr_t addr = reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr.s_addr;
   freeaddrinfo(found);
   const bool loopback = (ntohl(addr) >> 24) == 127;
@@ -73,7 +73,7 @@ struct StoreServer::Client {
 StoreServer::StoreServer(const std::string& bind_host, int port, StoreLimits limits) : limits_(limits) {
   const in_addr_t address = bindAddressFor(bind_host);
   listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  TILER_CHECK(listen_fd_ >= 0, DistError, "ctrun: rendezvous store: socket: " << std::strerror(errno));
+  TILER_CHECK(listen_fd_ >= 0, DistError, "rendezvous store: socket: " << std::strerror(errno));
   int one = 1;
   setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   sockaddr_in addr{};
@@ -86,10 +86,9 @@ StoreServer::StoreServer(const std::string& bind_host, int port, StoreLimits lim
     const int err = errno;
     ::close(listen_fd_);
     // Waiting cannot help: the endpoint names another machine.
-    TILER_CHECK(
-        err != EADDRNOTAVAIL, ConfigError,
-        "ctrun: cannot host the rendezvous store at " << bind_host << ": not an address of this machine");
-    TILER_THROW(DistError, "ctrun: cannot host the rendezvous store on "
+    TILER_CHECK(err != EADDRNOTAVAIL, ConfigError,
+                "cannot host the rendezvous store at " << bind_host << ": not an address of this machine");
+    TILER_THROW(DistError, "cannot host the rendezvous store on "
                                << (bind_host.empty() ? "port " : bind_host + ":") << port << ": "
                                << std::strerror(err));
   }
@@ -98,7 +97,7 @@ StoreServer::StoreServer(const std::string& bind_host, int port, StoreLimits lim
   inet_ntop(AF_INET, &addr.sin_addr, text, sizeof text);
   bound_address_ = text;
   spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-  TILER_CHECK(pipe2(wake_, O_CLOEXEC) == 0, DistError, "ctrun: pipe: " << std::strerror(errno));
+  TILER_CHECK(pipe2(wake_, O_CLOEXEC) == 0, DistError, "pipe: " << std::strerror(errno));
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -298,7 +297,7 @@ int connectTcp(const std::string& host, int port, std::chrono::milliseconds time
 
 StoreClient::StoreClient(const std::string& host, int port, std::chrono::milliseconds timeout)
     : endpoint_(host + ":" + std::to_string(port)), timeout_(timeout) {
-  fd_ = connectTcp(host, port, timeout, "ctrun: cannot reach the rendezvous store");
+  fd_ = connectTcp(host, port, timeout, "cannot reach the rendezvous store");
   int one = 1;
   setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
@@ -308,11 +307,11 @@ StoreClient::~StoreClient() {
 }
 
 std::string StoreClient::request(const std::string& line) {
-  TILER_CHECK(fd_ >= 0, DistError, "ctrun: the rendezvous store at " << endpoint_ << " is gone");
+  TILER_CHECK(fd_ >= 0, DistError, "the rendezvous store at " << endpoint_ << " is gone");
   if (!writeAllTo(fd_, line + "\n")) {
     ::close(fd_);
     fd_ = -1;
-    TILER_THROW(DistError, "ctrun: the rendezvous store at " << endpoint_ << " is gone (send failed)");
+    TILER_THROW(DistError, "the rendezvous store at " << endpoint_ << " is gone (send failed)");
   }
   const auto deadline = Clock::now() + timeout_;
   size_t nl;
@@ -321,21 +320,20 @@ std::string StoreClient::request(const std::string& line) {
     pollfd p{fd_, POLLIN, 0};
     const int r = left > 0 ? poll(&p, 1, int(left)) : 0;
     if (r < 0 && errno == EINTR) continue;
-    if (r == 0)
-      TILER_THROW(TimeoutError, "ctrun: the rendezvous store at " << endpoint_ << " did not answer");
+    if (r == 0) TILER_THROW(TimeoutError, "the rendezvous store at " << endpoint_ << " did not answer");
     char buf[4096];
     const ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
     if (n <= 0) {
       ::close(fd_);
       fd_ = -1;
-      TILER_THROW(DistError, "ctrun: the rendezvous store at " << endpoint_ << " closed the connection");
+      TILER_THROW(DistError, "the rendezvous store at " << endpoint_ << " closed the connection");
     }
     pending_.append(buf, size_t(n));
   }
   std::string reply = pending_.substr(0, nl);
   pending_.erase(0, nl + 1);
   TILER_CHECK(reply.rfind("ERR", 0) != 0, DistError,
-              "ctrun: the rendezvous store at " << endpoint_ << " refused '" << line << "': " << reply);
+              "the rendezvous store at " << endpoint_ << " refused '" << line << "': " << reply);
   return reply;
 }
 
@@ -355,8 +353,8 @@ int64_t StoreClient::add(const std::string& key, int64_t delta) {
 
 std::string StoreClient::valueOf(const std::string& reply, const std::string& key) const {
   TILER_CHECK(reply.rfind("VAL ", 0) == 0, DistError,
-              "ctrun: malformed reply from the rendezvous store at " << endpoint_ << " for '" << key << "': '"
-                                                                     << reply.substr(0, 64) << "'");
+              "malformed reply from the rendezvous store at " << endpoint_ << " for '" << key << "': '"
+                                                              << reply.substr(0, 64) << "'");
   return reply.substr(4);
 }
 
@@ -369,9 +367,8 @@ int64_t parseStoreInteger(const std::string& text, const std::string& key, const
     used = 0;
   }
   TILER_CHECK(used > 0 && used == text.size(), DistError,
-              "ctrun: malformed rendezvous data at " << endpoint << ": '" << key << "' holds '"
-                                                     << text.substr(0, 64) << (text.size() > 64 ? "..." : "")
-                                                     << "', not an integer");
+              "malformed rendezvous data at " << endpoint << ": '" << key << "' holds '" << text.substr(0, 64)
+                                              << (text.size() > 64 ? "..." : "") << "', not an integer");
   return value;
 }
 
@@ -380,8 +377,8 @@ std::string StoreClient::wait(const std::string& key, std::chrono::milliseconds 
   for (;;) {
     if (auto v = get(key)) return *v;
     TILER_CHECK(Clock::now() < deadline, TimeoutError,
-                "ctrun: waited " << timeout.count() / 1000.0 << " s for '" << key
-                                 << "' at the rendezvous store " << endpoint_);
+                "waited " << timeout.count() / 1000.0 << " s for '" << key << "' at the rendezvous store "
+                          << endpoint_);
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
 }
@@ -407,7 +404,7 @@ std::pair<std::string, int> parseEndpoint(const std::string& endpoint, const std
     }
   }
   TILER_CHECK(port > 0 && port < 65536, ConfigError,
-              "ctrun: " << flag << " must be HOST:PORT with a port in 1..65535; got '" << endpoint << "'");
+              "" << flag << " must be HOST:PORT with a port in 1..65535; got '" << endpoint << "'");
   return {endpoint.substr(0, colon), port};
 }
 
@@ -422,7 +419,7 @@ std::pair<int, int> parseNodeRange(const std::string& spec) {
     if (whole && lo >= 1 && hi >= lo) return {lo, hi};
   } catch (const std::exception&) {
   }
-  TILER_THROW(ConfigError, "ctrun: --nnodes must be N or MIN:MAX with 1 <= MIN <= MAX; got '" << spec << "'");
+  TILER_THROW(ConfigError, "--nnodes must be N or MIN:MAX with 1 <= MIN <= MAX; got '" << spec << "'");
 }
 
 bool isLocalHost(const std::string& host) {

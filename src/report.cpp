@@ -97,9 +97,30 @@ int exitCodeOf(const nlohmann::json& report) {
   return kExitOk;
 }
 
+namespace {
+
+// Every string of `j` (names of inputs and outputs, messages) as valid UTF-8: JSON has no other strings, and
+// a report that cannot be written loses the run.
+nlohmann::json utf8SafeJson(const nlohmann::json& j) {
+  if (j.is_string()) return utf8Safe(j.get<std::string>());
+  if (!j.is_structured()) return j;
+  nlohmann::json out = j.is_array() ? nlohmann::json::array() : nlohmann::json::object();
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (j.is_array())
+      out.push_back(utf8SafeJson(*it));
+    else
+      out[utf8Safe(it.key())] = utf8SafeJson(it.value());
+  }
+  return out;
+}
+
+}  // namespace
+
 void writeJsonAtomically(const std::string& path, const nlohmann::json& j) {
   if (fs::path(path).has_parent_path()) fs::create_directories(fs::path(path).parent_path());
-  const std::string error = writeFileAtomically(path, [&](std::ostream& out) { out << j.dump(2) << "\n"; });
+  const nlohmann::json safe = utf8SafeJson(j);
+  const std::string error =
+      writeFileAtomically(path, [&](std::ostream& out) { out << safe.dump(2) << "\n"; });
   TILER_CHECK(error.empty(), IoError, error);
 }
 

@@ -149,6 +149,12 @@ ProcessingResolution chooseResolution(const ImageInfo& info, const ResolutionSpe
                     << "); tiler does not upsample");
     for (size_t l = 0; l < levels.size(); ++l)
       if (levels[l].downsample <= target * (1.0 + kResolutionTolerance)) r.level = int(l);
+    // Coarser than one pixel of the whole image would be no image at all (and --mpp 1e308 overflows a
+    // region).
+    const double coarsest = double(std::min(levels[0].width, levels[0].height));
+    TILER_CHECK(target <= coarsest, IoError,
+                "'" << p << "': " << wanted << " is coarser than the whole image (" << levels[0].width << "x"
+                    << levels[0].height << " level-0 pixels would make less than one pixel)");
     const ImageInfo::Level& l = levels[size_t(r.level)];
     r.factor = target / l.downsample;
     if (std::abs(r.factor - 1.0) <= kResolutionTolerance) r.factor = 1.0;

@@ -90,11 +90,32 @@ WindowPlace placeWindow(const CatalogImage& image, int64_t window) {
 }
 
 std::vector<ClassInfo> classNames(int64_t classes, const std::vector<ClassInfo>& named) {
-  if (!named.empty()) return named;
-  const auto palette = labelPalette(int(classes), {});
-  std::vector<ClassInfo> out;
-  for (int64_t k = 0; k < classes; ++k) out.push_back({"class_" + std::to_string(k), palette[size_t(k)]});
+  std::vector<ClassInfo> out = named;
+  for (int64_t k = int64_t(out.size()); k < classes && named.empty(); ++k)
+    out.push_back({"class_" + std::to_string(k), {}, false});
+  // Every class of a classifier is a real class (none is background): those without a colour get the
+  // palette's distinct colours, never black.
+  for (size_t k = 0; k < out.size(); ++k)
+    if (!out[k].colored) out[k].color = distinctColor(int(k));
   return out;
+}
+
+std::optional<double> level0Magnification(const CatalogImage& image) {
+  if (image.info.objective_power) return image.info.objective_power;
+  if (!image.resolution.source_mpp) return std::nullopt;
+  // TRIDENT's buckets (mpp -> magnification) for a slide that states only its pixel size.
+  const double mpp = *image.resolution.source_mpp;
+  for (const auto& [below, power] :
+       {std::pair{0.16, 80.0}, {0.3, 40.0}, {0.6, 20.0}, {1.2, 10.0}, {2.4, 5.0}})
+    if (mpp < below) return power;
+  return std::nullopt;
+}
+
+std::string csvField(const std::string& text) {
+  if (text.find_first_of(",\"\r\n") == std::string::npos) return text;
+  std::string quoted = "\"";
+  for (char c : text) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return quoted + "\"";
 }
 
 namespace {
@@ -171,11 +192,6 @@ void renameFromPartial(const std::string& path) {
               "'" << path << "': rename from .partial failed: " << std::strerror(errno));
 }
 
-// A float as JSON: the shortest text that reads back as the same float; NaN and Inf (no JSON) as null.
-std::string jsonNumber(float v) {
-  return std::isfinite(v) ? fmt::format("{}", v) : "null";
-}
-
 }  // namespace
 
 // <stem>.h5: `features` float32 (N, D) and `coords` int64 (N, 2), chunked along N and extended a chunk at a
@@ -200,6 +216,9 @@ class WindowOutputs::FeatureFile {
       features_ = createDataset("features", H5T_IEEE_F32LE, dim_);
       coords_ = createDataset("coords", H5T_STD_I64LE, 2);
       for (hid_t target : {file_, coords_}) writeAttributes(target, image, o);
+      // TRIDENT reads these two on the features themselves.
+      attribute(features_, "name", utf8Safe(fs::path(image.input).stem().string()));
+      attribute(features_, "encoder", utf8Safe(o.encoder));
     } catch (...) {
       closeAll();
       std::error_code ec;
@@ -287,9 +306,9 @@ class WindowOutputs::FeatureFile {
     // Overlap in pixels of the processing resolution, as TRIDENT states it, and as the grid's fraction.
     attribute(target, "overlap", window - gridStride(image.grid.startsX(), window));
     attribute(target, "overlap_fraction", o.overlap);
-    if (image.info.objective_power) {
-      attribute(target, "level0_magnification", *image.info.objective_power);
-      attribute(target, "target_magnification", *image.info.objective_power / d);
+    if (const auto power = level0Magnification(image)) {
+      attribute(target, "level0_magnification", *power);
+      attribute(target, "target_magnification", *power / d);
     }
     if (image.resolution.mpp) attribute(target, "mpp", *image.resolution.mpp);
     if (image.resolution.source_mpp) attribute(target, "level0_mpp", *image.resolution.source_mpp);
@@ -298,8 +317,8 @@ class WindowOutputs::FeatureFile {
                              : image.info.levels.front();
     attribute(target, "level0_width", level0.width);
     attribute(target, "level0_height", level0.height);
-    attribute(target, "name", fs::path(image.input).stem().string());
-    attribute(target, "encoder", o.encoder);
+    attribute(target, "name", utf8Safe(fs::path(image.input).stem().string()));
+    attribute(target, "encoder", utf8Safe(o.encoder));
   }
   // The buffered rows onto the end of both datasets.
   void flush() {
@@ -360,7 +379,7 @@ class WindowOutputs::ClassFiles {
     if (saved("csv")) {
       csv_ = std::make_unique<TextFile>(image.outputs.at("csv"));
       std::string header = "minx,miny,width,height";
-      for (const auto& c : classes_) header += ",prob_" + c.name;
+      for (const auto& c : classes_) header += "," + csvField("prob_" + c.name);
       csv_->write(header + "\n");
     }
     if (saved("tiles")) {
@@ -373,8 +392,10 @@ class WindowOutputs::ClassFiles {
           o.dim <= CV_CN_MAX, ConfigError,
           "'" << heatmap_path_ << "': a heatmap holds at most " << CV_CN_MAX << " classes, not " << o.dim);
       const int64_t rows = int64_t(image.grid.startsY().size()), columns = image.grid.columns();
-      heatmap_ = cv::Mat(int(rows), int(columns), CV_32FC(int(o.dim)),
-                         cv::Scalar::all(std::numeric_limits<double>::quiet_NaN()));
+      // Filled by hand: cv::Scalar fills at most 4 channels.
+      heatmap_.create(int(rows), int(columns), CV_32FC(int(o.dim)));
+      std::fill_n(heatmap_.ptr<float>(), heatmap_.total() * size_t(o.dim),
+                  std::numeric_limits<float>::quiet_NaN());
     }
   }
 
@@ -398,9 +419,15 @@ class WindowOutputs::ClassFiles {
           "\"classification\": {{\"name\": {}, \"color\": [{},{},{}]}}, \"measurements\": {{",
           tiles_written_ ? "," : "", x0, y0, x1, y0, x1, y1, x0, y1, x0, y0, nlohmann::json(c.name).dump(),
           c.color[0], c.color[1], c.color[2]);
-      for (size_t k = 0; k < K; ++k)
-        f += fmt::format("{}{}: {}", k ? ", " : "", nlohmann::json("prob_" + classes_[k].name).dump(),
-                         jsonNumber(p[k]));
+      // A score that is not a number is left out: QuPath reads a missing measurement as NaN, and JSON has
+      // no NaN for other readers.
+      bool first = true;
+      for (size_t k = 0; k < K; ++k) {
+        if (!std::isfinite(p[k])) continue;
+        f += fmt::format("{}{}: {}", first ? "" : ", ", nlohmann::json("prob_" + classes_[k].name).dump(),
+                         fmt::format("{}", p[k]));
+        first = false;
+      }
       tiles_->write(f + "}}}");
       ++tiles_written_;
     }

@@ -2,9 +2,11 @@
 #include "tiler/catalog.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "test_util.hpp"
 #include "tiler/error.hpp"
@@ -30,6 +32,39 @@ TEST(Catalog, ListImagesSortsAndFilters) {
   ASSERT_EQ(flat.size(), 2u);
   EXPECT_EQ(fs::path(flat[0]).filename(), "a.PNG");
   EXPECT_EQ(listImages({dir}, true).size(), 3u);
+  removeTree(dir);
+}
+
+// Links that lead nowhere are listed (opening one fails that image alone, and the report names it) whatever
+// the directory's order; a FIFO is passed over in a directory and refused when named, never waited on.
+TEST(Catalog, DanglingLinksLoopsAndFifos) {
+  const std::string dir = test::scratchDir("list_links");
+  writeRgb(dir + "/good.tif", 64, 64);
+  fs::create_symlink(dir + "/nowhere.tif", dir + "/a_dangling.tif");
+  fs::create_symlink(dir + "/z_loop.tif", dir + "/z_loop.tif");
+  ASSERT_EQ(mkfifo((dir + "/m_fifo.tif").c_str(), 0600), 0);
+  for (bool recursive : {false, true}) {
+    const auto files = listImages({dir}, recursive);
+    ASSERT_EQ(files.size(), 3u) << recursive;
+    EXPECT_EQ(fs::path(files[0]).filename(), "a_dangling.tif");
+    EXPECT_EQ(fs::path(files[1]).filename(), "good.tif");
+    EXPECT_EQ(fs::path(files[2]).filename(), "z_loop.tif");
+  }
+  InferCatalogOptions o;
+  o.inputs = {dir, dir + "/m_fifo.tif"};
+  o.output_dir = dir + "/out";
+  o.kinds = {"labels"};
+  CatalogSpec spec;
+  spec.grid = GridSpec{32, 32, 0.0, 0.0};
+  spec.input_channels = 3;
+  const auto catalog = buildInferCatalog(o, spec);
+  ASSERT_EQ(catalog.images().size(), 4u);
+  std::map<std::string, std::string> errors;
+  for (const auto& img : catalog.images()) errors[fs::path(img.input).filename()] = img.error;
+  EXPECT_NE(errors["a_dangling.tif"].find("leads nowhere"), std::string::npos) << errors["a_dangling.tif"];
+  EXPECT_NE(errors["z_loop.tif"].find("leads nowhere"), std::string::npos) << errors["z_loop.tif"];
+  EXPECT_NE(errors["m_fifo.tif"].find("not a regular file"), std::string::npos) << errors["m_fifo.tif"];
+  EXPECT_EQ(errors["good.tif"], "");
   removeTree(dir);
 }
 

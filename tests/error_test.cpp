@@ -81,5 +81,20 @@ TEST(Error, ExitCodesAreTheContract) {
   EXPECT_EQ(kExitSomeFailed, 2);
 }
 
+TEST(Error, Utf8CheckAndEscape) {
+  EXPECT_TRUE(isUtf8(""));
+  EXPECT_TRUE(isUtf8("plain"));
+  EXPECT_TRUE(isUtf8("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x94\xac"));
+  EXPECT_FALSE(isUtf8("\xff"));
+  EXPECT_FALSE(isUtf8("\xc3"));              // cut short
+  EXPECT_FALSE(isUtf8("\xc0\xaf"));          // overlong
+  EXPECT_FALSE(isUtf8("\xed\xa0\x80"));      // a surrogate
+  EXPECT_FALSE(isUtf8("\xf4\x90\x80\x80"));  // past U+10FFFF
+  EXPECT_EQ(utf8Safe("a\xc3\xa9"), "a\xc3\xa9");
+  EXPECT_EQ(utf8Safe("bad\xff\xfe.tif"), "bad\\xff\\xfe.tif");
+  EXPECT_EQ(utf8Safe("\xe2\x82"), "\\xe2\\x82");
+  EXPECT_TRUE(isUtf8(utf8Safe("\xc0\xaf\xf4\x90\x80\x80x")));
+}
+
 }  // namespace
 }  // namespace tiler

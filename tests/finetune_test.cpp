@@ -194,6 +194,15 @@ TEST_F(Finetune, ResumeEndsWhereAnUninterruptedRunEnds) {
   EXPECT_EQ(readJson(dir_ + "/resumed.pt.report.json")["epochs"].size(), 2u) << "history carried over";
 }
 
+// Parameters that became NaN are a diverged training, not ranks that disagree (NaN != NaN).
+TEST_F(Finetune, ADivergedTrainingSaysSo) {
+  auto r = run(kTiler + common("x.pt", data() + " --epochs 1 --lr 1e30"));
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("training diverged"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("holds different parameters"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir_ + "/x.pt"));
+}
+
 TEST_F(Finetune, BadDataIsNamed) {
   const std::string d = data();
   fs::remove(dir_ + "/data/labels/train_02.png");

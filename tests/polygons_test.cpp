@@ -5,11 +5,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "test_util.hpp"
 #include "tiler/error.hpp"
 #include "tiler/image_io.hpp"
+
+namespace fs = std::filesystem;
 
 namespace tiler {
 namespace {
@@ -22,6 +26,14 @@ TEST(Polygons, ClassesAndPalette) {
   EXPECT_EQ(classes[0].color, (std::array<uint8_t, 3>{0, 0, 0})) << "class 0 black";
   EXPECT_THROW(parseClasses("a,b:#12"), ConfigError);
   EXPECT_THROW(parseClasses("a,,b"), ConfigError);
+  // Names key the scores (CSV columns, GeoJSON measurements): no repeats, nothing that breaks a line.
+  EXPECT_THROW(parseClasses("a,b,a"), ConfigError);
+  EXPECT_THROW(parseClasses("a,b\nc"), ConfigError);
+  EXPECT_THROW(parseClasses("a\tb"), ConfigError);
+  EXPECT_THROW(parseClasses("caf\xe9"), ConfigError) << "Latin-1, not UTF-8";
+  EXPECT_EQ(parseClasses("caf\xc3\xa9,\"quoted\"")[1].name, "\"quoted\"");
+  EXPECT_FALSE(classes[0].colored);
+  EXPECT_TRUE(classes[1].colored);
   auto palette = labelPalette(300, classes);
   ASSERT_EQ(palette.size(), 300u);
   EXPECT_EQ(palette[1], classes[1].color);
@@ -68,6 +80,14 @@ TEST(Polygons, RegionsAreExactPixelOutlinesWithHoles) {
     }
   }
   EXPECT_THROW(writePolygons(dir + "/missing.tif", dir + "/x.geojson", o), IoError);
+  // A link planted at the output's name is replaced, never written through.
+  std::ofstream(dir + "/victim") << "precious";
+  fs::create_symlink(dir + "/victim", dir + "/linked.geojson");
+  EXPECT_EQ(writePolygons(dir + "/l.tif", dir + "/linked.geojson", o), 2);
+  EXPECT_EQ(test::slurp(dir + "/victim"), "precious");
+  EXPECT_FALSE(fs::is_symlink(dir + "/linked.geojson"));
+  EXPECT_EQ(nlohmann::json::parse(test::slurp(dir + "/linked.geojson"))["features"].size(), 2u);
+  removeTree(dir);
 }
 
 }  // namespace

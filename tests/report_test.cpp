@@ -72,5 +72,21 @@ TEST(Report, JsonIsWrittenAtomically) {
   removeTree(dir);
 }
 
+// An input whose name is not UTF-8 (bytes ff fe) must not cost the report: JSON holds only UTF-8, so such
+// bytes are written as \xNN and the name still says which file it was.
+TEST(Report, NamesThatAreNotUtf8AreEscapedNotFatal) {
+  const std::string dir = test::scratchDir("report_utf8");
+  auto catalog = catalogWith({"error", "done"});
+  catalog.image(0).input = "bad\xff\xfe.tif";
+  catalog.image(0).error = "'bad\xff\xfe.tif': broken";
+  catalog.image(1).outputs["labels"] = "out/caf\xc3\xa9\xe9_labels.tif";
+  writeJsonAtomically(dir + "/r.json", inferReport(RunSummary{}, catalog, {}));
+  const auto j = nlohmann::json::parse(test::slurp(dir + "/r.json"));
+  EXPECT_EQ(j["images"][0]["input"], "bad\\xff\\xfe.tif");
+  EXPECT_EQ(j["images"][0]["error"], "'bad\\xff\\xfe.tif': broken");
+  EXPECT_EQ(j["images"][1]["outputs"]["labels"], "out/caf\xc3\xa9\\xe9_labels.tif") << "valid UTF-8 kept";
+  removeTree(dir);
+}
+
 }  // namespace
 }  // namespace tiler

@@ -97,6 +97,11 @@ TEST(Slide, TargetsThatCannotBeMetNameTheImageAndWhy) {
       << finer;
   EXPECT_NE(errorOf(slideInfo(0.25, 40), ResolutionSpec{-1, 0, 80}).find("finer than the scan"),
             std::string::npos);
+  // A target coarser than the whole image is refused in words, not as an overflowed region.
+  const std::string coarse = errorOf(slideInfo(0.25, 40), ResolutionSpec{-1, 1e308});
+  EXPECT_NE(coarse.find("--mpp 1e+308 is coarser than the whole image"), std::string::npos) << coarse;
+  EXPECT_NE(errorOf(slideInfo(0.25, 40), ResolutionSpec{-1, 0, 1e-300}).find("coarser than the whole image"),
+            std::string::npos);
   EXPECT_NE(
       errorOf(slideInfo(0.25, 40), ResolutionSpec{4}).find("--level 4 does not exist (it has 4 level(s)"),
       std::string::npos);

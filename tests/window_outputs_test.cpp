@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
+#include <set>
 #include <sstream>
 
 #include "test_util.hpp"
@@ -124,6 +125,10 @@ TEST(WindowOutputs, FeaturesInWindowOrderWithLevelZeroCoordinates) {
   EXPECT_NE(r.output.find("(0): 40"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("\"tiny_encoder\""), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("(0): 10"), std::string::npos) << "40x at 4 level-0 pixels per pixel\n" << r.output;
+  // TRIDENT reads the encoder and the slide's name on the features dataset too.
+  r = test::runCommand("h5dump -a /features/encoder -a /features/name " + paths[0]);
+  EXPECT_NE(r.output.find("\"tiny_encoder\""), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\"slide\""), std::string::npos) << r.output;
   removeTree(dir);
 }
 
@@ -237,6 +242,64 @@ TEST(WindowOutputs, ClassScoresAsCsvQuPathTilesAndAHeatmap) {
   ASSERT_TRUE(reader->info().mpp.has_value());
   EXPECT_NEAR(*reader->info().mpp, 0.5 * 10, 1e-9) << "a pixel spans a stride of 10 pixels of 0.5 um";
   removeTree(dir);
+}
+
+// Six classes (a heatmap of more than cv::Scalar's four channels), names a CSV must quote, no colours given,
+// a NaN score, and a slide that states only its µm/px.
+TEST(WindowOutputs, ManyClassesQuotedNamesDistinctColoursAndNaN) {
+  const std::string dir = test::scratchDir("classify_six");
+  CatalogImage img = image(dir);
+  WindowOutputOptions o;
+  o.task = ModelTask::kClassify;
+  o.kinds = {"csv", "tiles", "heatmap"};
+  o.dim = 6;
+  o.classes = parseClasses("a,\"b\",c,d,e,f");
+  {
+    WindowOutputs out(img, o);
+    for (int64_t w = 0; w < img.plannedWindows(); ++w) {
+      std::vector<float> v = vectorOf(w, o.dim);
+      if (w == 1) v[2] = std::numeric_limits<float>::quiet_NaN();
+      out.add(w, v.data());
+    }
+    out.commit();
+  }
+  std::istringstream csv(test::slurp(dir + "/slide.csv"));
+  std::string line;
+  std::getline(csv, line);
+  EXPECT_EQ(line, "minx,miny,width,height,prob_a,\"prob_\"\"b\"\"\",prob_c,prob_d,prob_e,prob_f");
+  const auto tiles = nlohmann::json::parse(test::slurp(dir + "/slide_tiles.geojson"));
+  std::set<std::vector<int>> colours;
+  for (const auto& t : tiles["features"]) colours.insert(t["properties"]["classification"]["color"]);
+  EXPECT_EQ(colours.size(), 1u) << "every window's argmax is class f";
+  EXPECT_NE(*colours.begin(), (std::vector<int>{0, 0, 0})) << "a classifier's classes are never black";
+  const auto& m = tiles["features"][1]["properties"]["measurements"];
+  EXPECT_FALSE(m.contains("prob_c")) << "a NaN score is left out (QuPath reads it as NaN)";
+  EXPECT_EQ(m["prob_d"], 103);
+  std::set<std::array<uint8_t, 3>> distinct;
+  for (const auto& c : classNames(6, {})) distinct.insert(c.color);
+  EXPECT_EQ(distinct.size(), 6u);
+  auto reader = ImageReader::open(dir + "/slide_heatmap.tif");
+  EXPECT_EQ(reader->info().channels, 6);
+  cv::Mat heat = reader->readRegion(Rect{0, 0, 4, 3});
+  EXPECT_EQ(heat.ptr<float>(0)[5], 5.f);
+  EXPECT_TRUE(std::isnan(heat.ptr<float>(0)[6 + 2]));
+  EXPECT_EQ(heat.ptr<float>(2)[3 * 6 + 5], 1105.f);
+  removeTree(dir);
+}
+
+TEST(WindowOutputs, MagnificationFromMicronsPerPixel) {
+  CatalogImage img = image("/nonexistent");
+  EXPECT_EQ(level0Magnification(img), 40.0) << "the slide's own power first";
+  img.info.objective_power.reset();
+  for (const auto& [mpp, power] :
+       {std::pair{0.25, 40.0}, {0.5, 20.0}, {1.0, 10.0}, {0.12, 80.0}, {2.0, 5.0}}) {
+    img.resolution.source_mpp = mpp;
+    EXPECT_EQ(level0Magnification(img), power) << mpp;
+  }
+  img.resolution.source_mpp = 8.0;
+  EXPECT_FALSE(level0Magnification(img).has_value());
+  img.resolution.source_mpp.reset();
+  EXPECT_FALSE(level0Magnification(img).has_value());
 }
 
 TEST(WindowOutputs, NamedClassesMustMatchTheScores) {

@@ -79,4 +79,9 @@ std::string describeException(const std::exception_ptr& e);
 // describeException, prefixed with "'<path>': " unless the message names the path already.
 std::string describeImageException(const std::exception_ptr& e, const std::string& path);
 
+// `text` made valid UTF-8 for JSON and HDF5's UTF-8 strings: valid sequences kept, every other byte written
+// as the four characters \xNN, so that a file name that is not UTF-8 still names its file in a report.
+std::string utf8Safe(const std::string& text);
+bool isUtf8(const std::string& text);
+
 }  // namespace tiler

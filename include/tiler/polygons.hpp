@@ -18,9 +18,14 @@ namespace tiler {
 struct ClassInfo {
   std::string name;
   std::array<uint8_t, 3> color{0, 0, 0};
+  bool colored = false;  // the colour was given (name:#rrggbb)
 };
-// Parses --classes; classes without a colour get the default palette's (class 0: black).
+// Parses --classes; classes without a colour get the default palette's (class 0: black). Refuses
+// (ConfigError) an empty name, a repeated one (the scores are keyed by name), control characters (they break
+// the CSV) and text that is not UTF-8 (the report and GeoJSON are JSON).
 std::vector<ClassInfo> parseClasses(const std::string& text);
+// The k-th of 20 colours far apart (k = 0, 1, ...), for classes that are all real (no background).
+std::array<uint8_t, 3> distinctColor(int k);
 // The labels palette for `classes` classes: class 0 black, then 20 distinct colours in turn, with --classes'
 // colours where given.
 std::vector<std::array<uint8_t, 3>> labelPalette(int classes, const std::vector<ClassInfo>& named);

@@ -54,8 +54,14 @@ struct WindowOutputOptions {
   Compression compression = Compression::kDeflate;  // the heatmap's
 };
 
-// Class names for K classes: --classes as given, else class_0, class_1, ... (CSV column prob_<name>).
+// Class names for K classes: --classes as given, else class_0, class_1, ... (CSV column prob_<name>);
+// classes without a colour of their own get distinct palette colours (none black).
 std::vector<ClassInfo> classNames(int64_t classes, const std::vector<ClassInfo>& named);
+// The objective power of `image`'s level 0: the slide's own, else TRIDENT's bucket of its µm/px (0.25 -> 40x,
+// 0.5 -> 20x, 1.0 -> 10x); none when neither is known.
+std::optional<double> level0Magnification(const CatalogImage& image);
+// A CSV field per RFC 4180: quoted (inner quotes doubled) when it holds a comma, a quote or a line break.
+std::string csvField(const std::string& text);
 
 // The outputs of one image. Not thread safe (the output stage's thread).
 class WindowOutputs {

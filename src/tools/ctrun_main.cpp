@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
   if (!o.command.empty() && o.command.front() == "--") o.command.erase(o.command.begin());
   try {
     if (o.command.empty())
-      throw tiler::ConfigError("ctrun: no program given (usage: ctrun [OPTIONS] PROGRAM [ARGS...])");
+      throw tiler::ConfigError("no program given (usage: ctrun [OPTIONS] PROGRAM [ARGS...])");
     return tiler::Launcher(o).run();
   } catch (const std::exception& e) {
     std::cerr << "ctrun: error: " << e.what() << std::endl;
