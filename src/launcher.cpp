@@ -49,6 +49,19 @@ void onSignal(int signo) {
   errno = saved;
 }
 
+// A termination signal (SIGINT, SIGTERM, SIGHUP) that reached ctrun while it waited at the rendezvous.
+struct Interrupted {
+  int signal;
+};
+
+// Throws Interrupted when a termination signal waits on the self-pipe. SIGCHLD is dropped: no worker of
+// this node runs while it waits for the others.
+void throwIfInterrupted() {
+  unsigned char b;
+  while (read(g_signal_pipe[0], &b, 1) == 1)
+    if (b != SIGCHLD) throw Interrupted{b};
+}
+
 double nowSeconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -442,6 +455,7 @@ class NodeLink {
     const bool must_host = o.rdzv_backend == "static" && o.node_rank == 0;
     const bool may_host = must_host || (o.rdzv_backend != "static" && isLocalHost(host));
     for (;;) {
+      throwIfInterrupted();
       const bool last = std::chrono::steady_clock::now() >= deadline;
       if (may_host && !server_) {
         try {
@@ -501,8 +515,8 @@ class NodeLink {
         r.nodes = int(std::min<int64_t>(n, max_nodes));
         client_->set(prefix_ + "size", std::to_string(r.nodes));
       } else {
-        r.nodes = int(
-            parseStoreInteger(client_->wait(prefix_ + "size", timeout), prefix_ + "size", o_.rdzv_endpoint));
+        r.nodes = int(parseStoreInteger(client_->wait(prefix_ + "size", timeout, throwIfInterrupted),
+                                        prefix_ + "size", o_.rdzv_endpoint));
         TILER_CHECK(r.node_rank < r.nodes, DistError,
                     "rendezvous " << round << " closed with " << r.nodes
                                   << " nodes before this one joined; start it again for the next run");
@@ -520,13 +534,13 @@ class NodeLink {
       client_->set(prefix_ + "master", addr + ":" + std::to_string(port));
     }
     if (server_) client_->set(prefix_ + "store_host", std::to_string(r.node_rank) + " " + hostName());
-    auto [addr, port] = parseEndpoint(client_->wait(prefix_ + "master", timeout),
+    auto [addr, port] = parseEndpoint(client_->wait(prefix_ + "master", timeout, throwIfInterrupted),
                                       "the master address at the rendezvous store " + o_.rdzv_endpoint);
     r.master_addr = addr;
     r.master_port = port;
     // Which node hosts the store, so that losing it names that node (every round has the host among its
     // nodes).
-    const std::string store_host = client_->wait(prefix_ + "store_host", timeout);
+    const std::string store_host = client_->wait(prefix_ + "store_host", timeout, throwIfInterrupted);
     const size_t space = store_host.find(' ');
     store_node_ =
         int(parseStoreInteger(store_host.substr(0, space), prefix_ + "store_host", o_.rdzv_endpoint));
@@ -544,6 +558,7 @@ class NodeLink {
   int64_t pollJoined(int round, const std::string& wanted, const std::function<double()>& elapsed,
                      const std::function<bool(int64_t)>& enough) {
     for (;;) {
+      throwIfInterrupted();
       const int64_t n = client_->add(prefix_ + "joined", 0);
       if (enough(n)) return n;
       TILER_CHECK(elapsed() < o_.rdzv_timeout, TimeoutError,
@@ -778,9 +793,22 @@ LaunchPlan settleOptions(LaunchOptions& o) {
   TILER_CHECK(o.rdzv_backend == "static" || o.rdzv_backend == "c10d", ConfigError,
               "--rdzv_backend must be static or c10d; got '" << o.rdzv_backend << "'");
   TILER_CHECK(o.max_restarts >= 0, ConfigError, "--max_restarts must be >= 0");
-  TILER_CHECK(o.monitor_interval > 0, ConfigError, "--monitor_interval must be > 0");
-  TILER_CHECK(o.heartbeat_interval > 0 && o.heartbeat_timeout > o.heartbeat_interval, ConfigError,
-              "--heartbeat_timeout must be longer than --heartbeat_interval (> 0)");
+  // Durations become milliseconds in int64: NaN, infinities and negatives are refused by name, and a year
+  // is long enough for any of them.
+  const auto seconds = [](const char* flag, double v, bool zero_allowed) {
+    constexpr double kYear = 365.0 * 24 * 3600;
+    TILER_CHECK(std::isfinite(v) && (v > 0 || (zero_allowed && v == 0)) && v <= kYear, ConfigError,
+                flag << " must be a number of seconds " << (zero_allowed ? ">= 0" : "> 0")
+                     << " and at most a year; got " << v);
+  };
+  seconds("--monitor_interval", o.monitor_interval, false);
+  seconds("--grace_period", o.grace_period, true);
+  seconds("--rdzv_timeout", o.rdzv_timeout, false);
+  seconds("--rdzv_last_call", o.rdzv_last_call, true);
+  seconds("--heartbeat_interval", o.heartbeat_interval, false);
+  seconds("--heartbeat_timeout", o.heartbeat_timeout, false);
+  TILER_CHECK(o.heartbeat_timeout > o.heartbeat_interval, ConfigError,
+              "--heartbeat_timeout must be longer than --heartbeat_interval");
   o.nnodes = plan.max_nodes;
   if (!plan.multi()) {
     if (o.node_rank < 0) o.node_rank = 0;
@@ -925,15 +953,9 @@ void announceRestart(const WorkerFailure& f, int attempt, int max_restarts) {
             << "; restarting worker group (" << attempt + 1 << " of " << max_restarts << ")" << std::endl;
 }
 
-}  // namespace
-
-Launcher::Launcher(LaunchOptions options) : options_(std::move(options)) {}
-
-int Launcher::run() {
-  LaunchOptions& o = options_;
-  const LaunchPlan plan = settleOptions(o);
-  installSignalPipe();
-  const RunDirectory run_dir(o);
+// The rounds of one job: join (several nodes), start the group, supervise it, restart within bounds.
+// Returns ctrun's exit code.
+int superviseRounds(LaunchOptions& o, const LaunchPlan& plan, const RunDirectory& run_dir) {
   // Several nodes: the agents' link (the store is hosted here when the endpoint is this host).
   std::unique_ptr<NodeLink> link = plan.multi() ? std::make_unique<NodeLink>(o) : nullptr;
 
@@ -991,6 +1013,25 @@ int Launcher::run() {
   if (!last_failures.empty()) printSummary(last_failures, o, attempt + 1);
   if (link && !link_lost) link->leave();
   return exit_code;
+}
+
+}  // namespace
+
+Launcher::Launcher(LaunchOptions options) : options_(std::move(options)) {}
+
+int Launcher::run() {
+  LaunchOptions& o = options_;
+  const LaunchPlan plan = settleOptions(o);
+  installSignalPipe();
+  const RunDirectory run_dir(o);
+  try {
+    return superviseRounds(o, plan, run_dir);
+  } catch (const Interrupted& i) {
+    // Waiting at the rendezvous: no worker of this node runs yet, nothing to stop.
+    std::cerr << "ctrun: received " << signalName(i.signal) << " while waiting at the rendezvous; stopping"
+              << std::endl;
+    return 128 + i.signal;
+  }
 }
 
 }  // namespace tiler

@@ -372,10 +372,12 @@ int64_t parseStoreInteger(const std::string& text, const std::string& key, const
   return value;
 }
 
-std::string StoreClient::wait(const std::string& key, std::chrono::milliseconds timeout) {
+std::string StoreClient::wait(const std::string& key, std::chrono::milliseconds timeout,
+                              const std::function<void()>& between) {
   const auto deadline = Clock::now() + timeout;
   for (;;) {
     if (auto v = get(key)) return *v;
+    if (between) between();
     TILER_CHECK(Clock::now() < deadline, TimeoutError,
                 "waited " << timeout.count() / 1000.0 << " s for '" << key << "' at the rendezvous store "
                           << endpoint_);

@@ -329,6 +329,17 @@ TEST(Launcher, ResolvesNprocAndRejectsNonsense) {
   auto r = run(kCtrun + " --nproc_per_node banana " + kHelper + " env /tmp");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.output.find("--nproc_per_node must be"), std::string::npos);
+  // Durations: NaN, infinities and negatives are refused by name, in one line without "ctrun: ctrun:".
+  for (const std::string bad : {"--grace_period nan", "--grace_period -1", "--grace_period inf",
+                                "--rdzv_timeout nan", "--monitor_interval 0", "--heartbeat_timeout 1e300"}) {
+    auto refused = run(kCtrun + " " + bad + " " + kHelper + " env /tmp");
+    EXPECT_EQ(refused.code, 1) << bad << "\n" << refused.output;
+    EXPECT_NE(refused.output.find(bad.substr(0, bad.find(' ')) + " must be a number of seconds"),
+              std::string::npos)
+        << bad << "\n"
+        << refused.output;
+    EXPECT_EQ(refused.output.find("ctrun: error: ctrun:"), std::string::npos) << refused.output;
+  }
   auto missing = run(kCtrun + " --master_port 0 /no/such/program");
   EXPECT_EQ(missing.code, 127) << missing.output;
   EXPECT_NE(missing.output.find("cannot run '/no/such/program'"), std::string::npos);
@@ -567,6 +578,40 @@ TEST(Rendezvous, StaticNodeZeroHostsTheStoreAndLosingItNamesThatNode) {
       out.find("node:        0 LOST (it hosted the rendezvous store at 127.0.0.1:" + std::to_string(rdzv)),
       std::string::npos)
       << out;
+}
+
+// An agent waiting at the rendezvous for nodes that never come (or for a store no one hosts yet) stops at
+// once on SIGTERM or SIGINT with 128 + the signal, as it does while workers run.
+TEST(Rendezvous, ASignalStopsAnAgentWaitingForTheOthers) {
+  const std::string dir = tempDir("rdzv_signal");
+  const int port = test::freePort(), rdzv = test::freePort();
+  const std::string static_world =
+      "--nnodes 2 --nproc_per_node 1 --master_addr 127.0.0.1 --master_port " + std::to_string(port) +
+      " --rdzv_endpoint 127.0.0.1:" + std::to_string(rdzv) + " --rdzv_timeout 120 ";
+  struct Case {
+    std::string args;
+    int signal;
+  };
+  const std::vector<Case> cases = {
+      {static_world + "--node_rank 0", SIGTERM},  // hosts the store, waits for node 1
+      {static_world + "--node_rank 1", SIGINT},   // waits for node 0 to host the store
+      {c10d(port, "signal"), SIGTERM},            // hosts the store, waits for a second agent
+  };
+  int k = 0;
+  for (const auto& c : cases) {
+    const std::string log = dir + "/agent" + std::to_string(k++) + ".log";
+    const pid_t agent = startAgent(c.args + " " + kHelper + " env " + dir, log, "exec ");
+    usleep(1500000);
+    ASSERT_TRUE(alive(agent)) << c.args << "\n" << test::slurp(log);
+    const auto t0 = Clock::now();
+    kill(agent, c.signal);
+    const int code = waitAgent(agent);
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    EXPECT_EQ(code, 128 + c.signal) << c.args << "\n" << test::slurp(log);
+    EXPECT_LT(seconds, 5.0) << c.args;
+    EXPECT_NE(test::slurp(log).find("while waiting at the rendezvous"), std::string::npos)
+        << test::slurp(log);
+  }
 }
 
 TEST(Rendezvous, AgentsInTwoNetworkNamespacesFormOneWorld) {

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -80,8 +81,10 @@ class StoreClient {
   std::optional<std::string> get(const std::string& key);
   // Adds `delta` to the integer at `key` (0 when absent) and returns the sum.
   int64_t add(const std::string& key, int64_t delta);
-  // The value of `key` once it is set; TimeoutError after `timeout`.
-  std::string wait(const std::string& key, std::chrono::milliseconds timeout);
+  // The value of `key` once it is set; TimeoutError after `timeout`. `between` runs between polls (it may
+  // throw to stop waiting: ctrun's signals).
+  std::string wait(const std::string& key, std::chrono::milliseconds timeout,
+                   const std::function<void()>& between = {});
   // The address this side of the connection has (what other nodes may reach this host by).
   std::string localAddress() const;
   const std::string& endpoint() const { return endpoint_; }
