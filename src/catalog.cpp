@@ -1,7 +1,11 @@
 #include "tiler/catalog.hpp"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <filesystem>
+#include <set>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 
@@ -165,9 +169,58 @@ std::string outputFileName(const std::string& kind, const std::string& stem, con
   TILER_THROW(ConfigError, "no output kind '" << kind << "'");
 }
 
+namespace {
+
+// The files a run reads, as (device, inode): an output that is one of them must never be written.
+class InputFiles {
+ public:
+  explicit InputFiles(const std::vector<std::string>& files) {
+    for (const auto& f : files) {
+      struct stat st {};
+      if (::stat(f.c_str(), &st) == 0) ids_.emplace(st.st_dev, st.st_ino);
+    }
+  }
+  bool contains(const std::string& path) const {
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0 && ids_.count({st.st_dev, st.st_ino}) > 0;
+  }
+
+ private:
+  std::set<std::pair<dev_t, ino_t>> ids_;
+};
+
+// The listed files less tiler's own outputs found in the input directories (a re-run into the same
+// directory must not take x_labels.tif as an input and write x_labels_labels.tif); files named on the
+// command line are kept whatever wrote them.
+std::vector<std::string> withoutTilerOutputs(std::vector<std::string> files,
+                                             const std::vector<std::string>& named) {
+  std::vector<std::string> skipped;
+  const auto ours = [&](const std::string& f) {
+    if (std::find(named.begin(), named.end(), f) != named.end() || !isTilerOutputFile(f)) return false;
+    skipped.push_back(fs::path(f).filename().string());
+    return true;
+  };
+  files.erase(std::remove_if(files.begin(), files.end(), ours), files.end());
+  if (!skipped.empty()) {
+    std::string list;
+    for (size_t i = 0; i < skipped.size() && i < 3; ++i) list += (i ? ", " : "") + skipped[i];
+    spdlog::info(
+        "{} file(s) of the input directories are tiler's own outputs (their TIFF Software tag) and "
+        "not taken as inputs: {}{}",
+        skipped.size(), list, skipped.size() > 3 ? ", ..." : "");
+  }
+  return files;
+}
+
+}  // namespace
+
 WindowCatalog buildInferCatalog(const InferCatalogOptions& o, const CatalogSpec& spec) {
-  std::vector<std::string> files = listImages(o.inputs, o.recursive);
-  TILER_CHECK(!files.empty(), ConfigError, "no input images found in the given --input paths");
+  const std::vector<std::string> listed = listImages(o.inputs, o.recursive);
+  TILER_CHECK(!listed.empty(), ConfigError, "no input images found in the given --input paths");
+  const std::vector<std::string> files = withoutTilerOutputs(listed, o.inputs);
+  TILER_CHECK(!files.empty(), ConfigError,
+              "no input images found in the given --input paths (only tiler's own outputs)");
+  const InputFiles inputs(files);
   WindowCatalog catalog;
   std::map<std::string, std::string> stems;  // output stem -> input, to catch collisions
   std::vector<std::string> existing;
@@ -185,6 +238,14 @@ WindowCatalog buildInferCatalog(const InferCatalogOptions& o, const CatalogSpec&
     }
     for (const auto& kind : o.kinds)
       img.outputs[kind] = (fs::path(o.output_dir) / outputFileName(kind, stem, o.format)).string();
+    for (const auto& [kind, out] : img.outputs) {
+      if (img.status != "error" && inputs.contains(out)) {
+        img.status = "error";
+        img.error = "'" + path + "': its " + kind + " output '" + out +
+                    "' is an input of this run (a file tiler did not write); it is never overwritten: " +
+                    "rename it or choose another --output";
+      }
+    }
     if (img.status == "ok" && o.format == "png" && img.outputs.count("labels")) {
       const int64_t pixels =
           spec.output_scale.apply(img.info.width) * spec.output_scale.apply(img.info.height);

@@ -200,6 +200,20 @@ std::string lowerExtension(const std::string& path) {
   return ext;
 }
 
+const char* const kTilerSoftware = "tiler " TILER_VERSION;
+
+bool isTilerOutputFile(const std::string& path) {
+  if (!looksLikeTiff(path)) return false;
+  installTiffHandlers();
+  TIFF* tif = TIFFOpen(path.c_str(), "r");  // reads the first directory only
+  if (tif == nullptr) return false;
+  char* software = nullptr;
+  const bool ours = TIFFGetField(tif, TIFFTAG_SOFTWARE, &software) && software != nullptr &&
+                    std::string(software).rfind("tiler ", 0) == 0;
+  TIFFClose(tif);
+  return ours;
+}
+
 bool hasImageExtension(const std::string& path) {
   static const char* kExts[] = {".tif", ".tiff", ".png", ".jpg", ".jpeg", ".bmp", ".webp", ".jp2", ".pbm",
                                 ".pgm", ".ppm",  ".pnm", ".exr", ".hdr",  ".pic", ".sr",   ".ras", ".pxm"};
@@ -260,6 +274,7 @@ ImageWriter::ImageWriter(const std::string& path, int64_t width, int64_t height,
     setTiffFields(tif, width, height, channels, type, options_, false);
     if (!options_.description.empty())
       TIFFSetField(tif, TIFFTAG_IMAGEDESCRIPTION, options_.description.c_str());
+    if (!options_.software.empty()) TIFFSetField(tif, TIFFTAG_SOFTWARE, options_.software.c_str());
     if (options_.value_scale) {
       std::ostringstream items;
       items.precision(17);

@@ -158,6 +158,7 @@ OutputStage::ImageOutputs& OutputStage::outputsFor(int image_id) {
   const int64_t out_w = options_.scale.apply(img.info.width), out_h = options_.scale.apply(img.info.height);
   WriterOptions wo;
   wo.compression = options_.compression;
+  wo.software = kTilerSoftware;  // a later run over this directory knows these for outputs
   // Output pixels per level-0 input pixel: the model's scale over the processing downsample.
   const double output_per_input = options_.scale.value() / img.resolution.downsample;
   wo.metadata_from = img.info.format == "tiff" ? img.input : "";

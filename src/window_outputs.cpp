@@ -465,6 +465,7 @@ class WindowOutputs::ClassFiles {
     const int64_t stride_y = gridStride(image_.grid.startsY(), image_.grid.windowHeight());
     WriterOptions wo;
     wo.compression = compression_;
+    wo.software = kTilerSoftware;
     // A heatmap pixel spans a stride of processing pixels: its geotransform and resolution are the input's
     // scaled by that (exact for square strides; a non-square one takes x's).
     wo.metadata_from = image_.info.format == "tiff" ? image_.input : "";

@@ -315,6 +315,39 @@ const nlohmann::json* imageEntry(const nlohmann::json& report, const std::string
   return nullptr;
 }
 
+// -i D -o D: a re-run never takes tiler's own outputs as inputs (x_labels_labels.tif), and never writes over
+// a file of the user's that is an input of the run, with or without --resume.
+TEST_F(Pipeline, AnInputDirectoryThatIsAlsoTheOutputDirectory) {
+  const std::string dir = root_ + "/same_dir";
+  fs::create_directories(dir);
+  fs::copy_file(root_ + "/images/c_small.png", dir + "/c_small.png");
+  fs::copy_file(root_ + "/images/e_float.tif", dir + "/e_float.tif");
+  writeImage(dir + "/u.tif", pattern(60, 70, CV_8UC3, 255), SampleType::kU8);
+  // The user's own file where u's labels would go (a ground truth, say): an input of the run.
+  writeImage(dir + "/u_labels.tif", pattern(60, 70, CV_8UC3, 200), SampleType::kU8);
+  const std::string users = slurp(dir + "/u_labels.tif");
+  const std::string args = kTiler + " -i " + dir + " -m " + model_ + " -o " + dir +
+                           " --window 64 --batch_size 4 --threads 1 --save labels --no_progress ";
+  for (const std::string flags : {"", "--resume", "--overwrite"}) {
+    auto r = run(args + flags);
+    EXPECT_EQ(r.code, 2) << flags << "\n" << r.output;
+    EXPECT_EQ(slurp(dir + "/u_labels.tif"), users) << flags << ": the user's file was overwritten";
+    const auto j = report(dir);
+    const auto* u = imageEntry(j, "u.tif");
+    ASSERT_NE(u, nullptr);
+    EXPECT_EQ((*u)["status"], "error");
+    EXPECT_NE((*u)["error"].get<std::string>().find("is an input of this run"), std::string::npos) << *u;
+    EXPECT_EQ((*imageEntry(j, "u_labels.tif"))["status"], flags == "--resume" ? "skipped" : "ok") << flags;
+    EXPECT_EQ(imageEntry(j, "c_small_labels.tif"), nullptr) << flags << ": tiler's own output taken as input";
+    EXPECT_EQ(imageEntry(j, "u_labels_labels.tif"), nullptr) << flags;
+    EXPECT_FALSE(fs::exists(dir + "/c_small_labels_labels.tif")) << flags;
+    if (!flags.empty()) {
+      EXPECT_NE(r.output.find("tiler's own outputs"), std::string::npos) << r.output;
+    }
+    fs::remove(dir + "/report.json");
+  }
+}
+
 TEST_F(Pipeline, BadInputsAreReportedAndTheRestGoesOn) {
   const std::string in = root_ + "/bad_in", out = root_ + "/bad_out";
   fs::create_directories(in);

@@ -78,6 +78,11 @@ struct ImageInfo {
   std::string description;  // TIFF: the first page's ImageDescription ("" when none)
 };
 
+// The Software tag of the TIFF outputs of a run ("tiler <version>"): how a later run knows its own outputs.
+extern const char* const kTilerSoftware;
+// True for a TIFF that tiler wrote (its first page's Software tag); reads the first directory only.
+bool isTilerOutputFile(const std::string& path);
+
 class ImageReader {
  public:
   // Opens and validates the header; throws IoError naming the file and the problem.
@@ -129,6 +134,7 @@ struct WriterOptions {
   // TIFF, one u8/u16 channel: a palette (Photometric 3); entry k is class k's RGB. Padded with black.
   std::vector<std::array<uint8_t, 3>> colormap;
   std::string description;  // TIFF ImageDescription (e.g. class names as JSON)
+  std::string software;     // TIFF Software tag: kTilerSoftware on tiler's outputs, none on other files
   // TIFF: what a stored value means, as GDAL's per-band scale (GDAL_METADATA): value = stored x scale.
   std::optional<double> value_scale;
   // TIFF: the value of a pixel that holds no data (GDAL_NODATA; NaN allowed), for every band.
