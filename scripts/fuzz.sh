@@ -13,11 +13,14 @@ if [ ${#need[@]} -gt 0 ]; then
   $sudo apt-get install -y -qq --no-install-recommends "${need[@]}"
 fi
 mkdir -p build-fuzz tests/fuzz/regressions
+# The readers and what they stand on (the registry, each backend, the shared libtiff support), no LibTorch.
 clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-omit-frame-pointer \
-  -Iinclude -Itests/fuzz -I/usr/include/opencv4 \
-  tests/fuzz/image_reader_fuzzer.cpp src/image_io.cpp src/error.cpp src/grid.cpp \
+  -Iinclude -Isrc -Itests/fuzz -I/usr/include/opencv4 $(pkg-config --cflags openslide) \
+  tests/fuzz/image_reader_fuzzer.cpp src/readers.cpp src/tiff_reader.cpp src/tiff_support.cpp \
+  src/opencv_reader.cpp src/jpeg_reader.cpp src/openslide_reader.cpp src/image_io.cpp src/platform.cpp \
+  src/error.cpp src/grid.cpp \
   -o build-fuzz/image_reader_fuzzer \
-  -ltiff -lopencv_imgcodecs -lopencv_imgproc -lopencv_core -lspdlog -lfmt
+  -ltiff -ljpeg $(pkg-config --libs openslide) -lopencv_imgcodecs -lopencv_imgproc -lopencv_core -lspdlog -lfmt
 work=build-fuzz/corpus
 mkdir -p "$work"
 ./build-fuzz/image_reader_fuzzer -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 \

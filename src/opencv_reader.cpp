@@ -1,5 +1,6 @@
-// The OpenCV backend of the reader registry (readers.hpp): PNG, JPEG, BMP, WebP and OpenCV's other formats,
-// decoded whole at open (OpenCV has no region reads) and shared by every region.
+// The OpenCV backend of the reader registry (readers.hpp): PNG, BMP, WebP and OpenCV's other formats,
+// decoded whole at open (OpenCV has no region reads) and shared by every region; the image held whole that
+// the JPEG backend decodes too.
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -7,6 +8,7 @@
 #include <fstream>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
+#include <utility>
 
 #include "tiler/error.hpp"
 #include "tiler/image_io.hpp"
@@ -17,30 +19,15 @@ namespace fs = std::filesystem;
 namespace tiler {
 namespace {
 
-class OpenCvReader final : public ImageReader {
+// An image decoded whole (RGB(A) or grey), shared by every region.
+class DecodedImageReader final : public ImageReader {
  public:
-  explicit OpenCvReader(const std::string& path) {
+  DecodedImageReader(const std::string& path, cv::Mat pixels, const std::string& reader)
+      : image_(std::move(pixels)) {
     info_.path = path;
     std::string ext = fs::path(path).extension().string();
     info_.format = ext.empty() ? "unknown" : ext.substr(1);
     std::transform(info_.format.begin(), info_.format.end(), info_.format.begin(), ::tolower);
-    errno = 0;
-    std::ifstream probe(path, std::ios::binary);
-    TILER_CHECK(probe.good(), IoError,
-                "'" << path << "': cannot open: " << std::strerror(errno ? errno : ENOENT));
-    probe.seekg(0, std::ios::end);
-    TILER_CHECK(probe.tellg() > 0, IoError, "'" << path << "': empty file (0 bytes)");
-    try {
-      image_ = cv::imread(path, cv::IMREAD_UNCHANGED);
-    } catch (const cv::Exception& e) {
-      TILER_THROW(IoError, "'" << path << "': OpenCV cannot decode it: " << e.what());
-    }
-    TILER_CHECK(!image_.empty(), IoError,
-                "'" << path
-                    << "': OpenCV cannot decode it (not an image, corrupt, or larger than OpenCV's limit of "
-                    << "2^30 pixels; convert large images to tiled TIFF)");
-    if (image_.channels() == 3) cv::cvtColor(image_, image_, cv::COLOR_BGR2RGB);
-    if (image_.channels() == 4) cv::cvtColor(image_, image_, cv::COLOR_BGRA2RGBA);
     info_.width = image_.cols;
     info_.height = image_.rows;
     info_.channels = image_.channels();
@@ -61,7 +48,7 @@ class OpenCvReader final : public ImageReader {
         TILER_THROW(IoError, "'" << path << "': unsupported pixel depth " << image_.depth());
     }
     info_.compression = info_.format;
-    info_.reader = "opencv";
+    info_.reader = reader;
     info_.levels = {{info_.width, info_.height, 1.0}};
   }
   const ImageInfo& info() const override { return info_; }
@@ -82,8 +69,31 @@ class OpenCvReader final : public ImageReader {
 
 }  // namespace
 
+std::unique_ptr<ImageReader> decodedImage(const std::string& path, cv::Mat pixels,
+                                          const std::string& reader) {
+  return std::make_unique<DecodedImageReader>(path, std::move(pixels), reader);
+}
+
 std::unique_ptr<ImageReader> openWithOpenCv(const std::string& path) {
-  return std::make_unique<OpenCvReader>(path);
+  errno = 0;
+  std::ifstream probe(path, std::ios::binary);
+  TILER_CHECK(probe.good(), IoError,
+              "'" << path << "': cannot open: " << std::strerror(errno ? errno : ENOENT));
+  probe.seekg(0, std::ios::end);
+  TILER_CHECK(probe.tellg() > 0, IoError, "'" << path << "': empty file (0 bytes)");
+  cv::Mat image;
+  try {
+    image = cv::imread(path, cv::IMREAD_UNCHANGED);
+  } catch (const cv::Exception& e) {
+    TILER_THROW(IoError, "'" << path << "': OpenCV cannot decode it: " << e.what());
+  }
+  TILER_CHECK(!image.empty(), IoError,
+              "'" << path
+                  << "': OpenCV cannot decode it (not an image, corrupt, or larger than OpenCV's limit of "
+                  << "2^30 pixels; convert large images to tiled TIFF)");
+  if (image.channels() == 3) cv::cvtColor(image, image, cv::COLOR_BGR2RGB);
+  if (image.channels() == 4) cv::cvtColor(image, image, cv::COLOR_BGRA2RGBA);
+  return decodedImage(path, std::move(image), "opencv");
 }
 
 }  // namespace tiler

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "tiff_support.hpp"
 #include "tiler/error.hpp"
 #include "tiler/handle_pool.hpp"
 #include "tiler/image_io.hpp"
@@ -30,6 +31,9 @@ std::optional<double> numericProperty(openslide_t* osr, const char* name) {
 class SlideReader final : public ImageReader {
  public:
   explicit SlideReader(const std::string& path) {
+    // OpenSlide trusts a TIFF's chunk tables and aborts the whole process on an absurd one (GLib's failed
+    // allocation): a TIFF-based slide's tables are checked first, so a corrupt one fails this image alone.
+    if (looksLikeTiff(path)) checkTiffChunkTables(path);
     info_.path = path;
     info_.format = "openslide";
     info_.reader = "openslide";

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "tiff_support.hpp"
 #include "tiler/error.hpp"
@@ -18,6 +19,10 @@ FileProbe probeFile(const std::string& path) {
   p.path = path;
   p.extension = lowerExtension(path);
   p.tiff = looksLikeTiff(path);
+  std::ifstream in(path, std::ios::binary);
+  unsigned char magic[3] = {0, 0, 0};
+  in.read(reinterpret_cast<char*>(magic), 3);
+  p.jpeg = in.gcount() == 3 && magic[0] == 0xFF && magic[1] == 0xD8 && magic[2] == 0xFF;
   if (p.tiff || isWholeSlideExtension(path)) p.slide_vendor = slideVendor(path);
   return p;
 }
@@ -28,6 +33,8 @@ const std::vector<ReaderBackend>& readerBackends() {
       {"tiff", [](const FileProbe& p) { return p.tiff; }, openTiff},
       // A slide extension that neither knows: OpenSlide's own error names the problem.
       {"openslide", [](const FileProbe& p) { return isWholeSlideExtension(p.path); }, openWholeSlide},
+      {"jpeg", [](const FileProbe& p) { return p.jpeg && p.extension != ".tif" && p.extension != ".tiff"; },
+       openJpeg},
       {"opencv", [](const FileProbe& p) { return p.extension != ".tif" && p.extension != ".tiff"; },
        openWithOpenCv},
   };

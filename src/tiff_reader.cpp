@@ -477,6 +477,10 @@ class TiffReader final : public ImageReader {
                                << " failed at " << (info_.tiled ? "tile (" : "strip (") << cx << "," << cy
                                << "): " << takeTiffError());
     }
+    const std::string corruption = takeTiffCorruptionWarning();
+    TILER_CHECK(corruption.empty(), IoError,
+                "'" << info_.path << "': " << (info_.tiled ? "tile (" : "strip (") << cx << "," << cy
+                    << ") is corrupt: " << corruption);
     countDecodedChunk();
     return data;
   }

@@ -5,8 +5,13 @@
 #include <atomic>
 #include <cstdarg>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <memory>
 #include <mutex>
+#include <utility>
+
+#include "tiler/error.hpp"
 
 namespace tiler {
 namespace {
@@ -23,10 +28,18 @@ void tiffErrorHandler(const char* module, const char* fmt, va_list ap) {
   t_tiff_error += module ? std::string(module) + ": " + buf : std::string(buf);
 }
 
+thread_local std::string t_tiff_corruption;  // takeTiffCorruptionWarning()
+
 void tiffWarningHandler(const char* module, const char* fmt, va_list ap) {
   char buf[1024];
   vsnprintf(buf, sizeof buf, fmt, ap);
   spdlog::debug("libtiff warning: {}: {}", module ? module : "", buf);
+  // libjpeg's warnings about the data (JWRN_HIT_MARKER, JWRN_JPEG_EOF, JWRN_EXTRANEOUS_DATA, ...): libjpeg
+  // filled the rest of the tile with grey and went on.
+  const std::string text = buf;
+  if (text.find("Corrupt JPEG data") != std::string::npos ||
+      text.find("Premature end of JPEG") != std::string::npos)
+    t_tiff_corruption = text;
 }
 
 const TIFFFieldInfo kGeoFields[] = {
@@ -76,6 +89,7 @@ void installTiffHandlers() {
 
 void clearTiffError() {
   t_tiff_error.clear();
+  t_tiff_corruption.clear();
 }
 
 std::string takeTiffError() {
@@ -219,6 +233,42 @@ uint64_t maxExpansion(uint16_t compression) {
     default:
       return uint64_t(1) << 16;
   }
+}
+
+std::string takeTiffCorruptionWarning() {
+  return std::exchange(t_tiff_corruption, std::string());
+}
+
+void checkTiffChunkTables(const std::string& path) {
+  installTiffHandlers();
+  std::error_code ec;
+  const uint64_t file_size = std::filesystem::file_size(path, ec);
+  TILER_CHECK(!ec, IoError, "'" << path << "': " << ec.message());
+  clearTiffError();
+  std::unique_ptr<TIFF, void (*)(TIFF*)> tif(TIFFOpen(path.c_str(), kTiffReadMode), TIFFClose);
+  TILER_CHECK(tif, IoError, "'" << path << "': not a readable TIFF: " << takeTiffError());
+  int page = 0;
+  do {
+    const bool tiled = TIFFIsTiled(tif.get()) != 0;
+    const uint32_t chunks = tiled ? TIFFNumberOfTiles(tif.get()) : TIFFNumberOfStrips(tif.get());
+    uint64_t *offsets = nullptr, *counts = nullptr;
+    const bool have =
+        TIFFGetField(tif.get(), tiled ? TIFFTAG_TILEOFFSETS : TIFFTAG_STRIPOFFSETS, &offsets) &&
+        TIFFGetField(tif.get(), tiled ? TIFFTAG_TILEBYTECOUNTS : TIFFTAG_STRIPBYTECOUNTS, &counts) &&
+        offsets != nullptr && counts != nullptr;
+    TILER_CHECK(have, IoError,
+                "'" << path << "': page " << page << " has no " << (tiled ? "tile" : "strip")
+                    << " table: " << takeTiffError());
+    for (uint32_t k = 0; k < chunks; ++k)
+      TILER_CHECK(offsets[k] <= file_size && counts[k] <= file_size - offsets[k], IoError,
+                  "'" << path << "': page " << page << ", " << (tiled ? "tile " : "strip ") << k << " claims "
+                      << counts[k] << " bytes at offset " << offsets[k] << ", past the end of the "
+                      << file_size << "-byte file: the file is corrupt");
+    ++page;
+  } while (TIFFReadDirectory(tif.get()) == 1);
+  // The chain ends with no error, or at a page libtiff could not read.
+  TILER_CHECK(t_tiff_error.empty(), IoError,
+              "'" << path << "': page " << page << " cannot be read: " << takeTiffError());
 }
 
 void countDecodedChunk() {

@@ -50,10 +50,20 @@ std::optional<double> micrometresPerPixel(const TiffMetadata& m);
 // s), or at `mpp` when given.
 void writeMetadata(TIFF* tif, TiffMetadata m, double s, std::optional<double> mpp);
 
+// Checks every page of the TIFF at `path` the way a third-party decoder (OpenSlide) would trust it: each
+// page's tile or strip table must have one entry per chunk, and every chunk must lie inside the file (a
+// TileByteCounts retyped LONG8 made OpenSlide ask GLib for 63 TB and abort the process). Throws IoError
+// naming the file, the page and the chunk.
+void checkTiffChunkTables(const std::string& path);
+
 // Largest decoded tile or strip we agree to hold; a header claiming more is absurd or needs re-saving.
 constexpr uint64_t kMaxChunkBytes = uint64_t(1) << 30;
 // The most `compression` can expand its stored bytes (see tiff_support.cpp).
 uint64_t maxExpansion(uint16_t compression);
+// The libjpeg messages about corrupt data (premature end, corrupt segments) that libtiff's JPEG codec passed
+// on as warnings on this thread since the last clearTiffError(), cleared; "" when none. A tile they concern
+// decoded to wrong pixels, so its read fails like any other corrupt chunk.
+std::string takeTiffCorruptionWarning();
 // Counts one decoded tile or strip for tiffChunksDecoded(). Thread safe.
 void countDecodedChunk();
 

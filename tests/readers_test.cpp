@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
 
 #include "slide_util.hpp"
 #include "test_util.hpp"
@@ -30,7 +31,7 @@ std::string claimant(const std::string& path) {
 TEST(Readers, TheBackendsAreAskedInTheirOrder) {
   std::vector<std::string> names;
   for (const ReaderBackend& b : readerBackends()) names.push_back(b.name);
-  EXPECT_EQ(names, (std::vector<std::string>{"openslide", "tiff", "openslide", "opencv"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"openslide", "tiff", "openslide", "jpeg", "opencv"}));
 }
 
 TEST(Readers, EachFileGoesToTheBackendThatClaimsItFirst) {
@@ -69,6 +70,62 @@ TEST(Readers, EachFileGoesToTheBackendThatClaimsItFirst) {
     FAIL() << "opened a PNG named .tif";
   } catch (const IoError& e) {
     EXPECT_NE(e.message().find("png_named.tif': not a TIFF"), std::string::npos) << e.message();
+  }
+  removeTree(dir);
+}
+
+// JPEGs go to libjpeg: the same pixels OpenCV decodes, but a file cut short or a header that claims more
+// pixels than its bytes can hold fails the image instead of reading as grey.
+TEST(Readers, JpegsAreDecodedByLibjpegAndTruncatedOrForgedOnesFail) {
+  const std::string dir = test::scratchDir("readers_jpeg");
+  cv::Mat img(120, 160, CV_8UC3);
+  cv::randu(img, 0, 255);
+  cv::GaussianBlur(img, img, cv::Size(5, 5), 2);
+  ASSERT_TRUE(cv::imwrite(dir + "/a.jpg", img));
+  cv::Mat grey;
+  cv::cvtColor(img, grey, cv::COLOR_BGR2GRAY);
+  ASSERT_TRUE(cv::imwrite(dir + "/g.jpeg", grey));
+  EXPECT_TRUE(probeFile(dir + "/a.jpg").jpeg);
+  EXPECT_EQ(claimant(dir + "/a.jpg"), "jpeg");
+  auto reader = ImageReader::open(dir + "/a.jpg");
+  EXPECT_EQ(reader->info().reader, "jpeg");
+  EXPECT_EQ(reader->info().channels, 3);
+  cv::Mat rgb, by_opencv = cv::imread(dir + "/a.jpg");
+  cv::cvtColor(by_opencv, rgb, cv::COLOR_BGR2RGB);
+  EXPECT_EQ(cv::norm(reader->readRegion({0, 0, 160, 120}), rgb, cv::NORM_INF), 0) << "OpenCV's pixels";
+  EXPECT_EQ(ImageReader::open(dir + "/g.jpeg")->info().channels, 1);
+  // Cut to a third of its bytes: libjpeg warns "Premature end of JPEG file" and fills with grey.
+  const std::string bytes = test::slurp(dir + "/a.jpg");
+  std::ofstream(dir + "/cut.jpg", std::ios::binary) << bytes.substr(0, bytes.size() / 3);
+  try {
+    ImageReader::open(dir + "/cut.jpg");
+    FAIL() << "a truncated JPEG read as ok";
+  } catch (const IoError& e) {
+    EXPECT_NE(e.message().find("cut.jpg': not a readable JPEG: Premature end of JPEG file"),
+              std::string::npos)
+        << e.message();
+  }
+  // A header claiming 20000x20000 in a few hundred bytes (SOF0's height and width patched).
+  cv::Mat small(16, 16, CV_8UC3, cv::Scalar(128, 128, 128));
+  std::vector<uchar> encoded;
+  ASSERT_TRUE(cv::imencode(".jpg", small, encoded));
+  bool patched = false;
+  for (size_t i = 0; i + 8 < encoded.size() && !patched; ++i) {
+    if (encoded[i] == 0xFF && encoded[i + 1] == 0xC0) {  // SOF0: length(2) precision(1) height(2) width(2)
+      encoded[i + 5] = encoded[i + 7] = 20000 >> 8;
+      encoded[i + 6] = encoded[i + 8] = 20000 & 0xFF;
+      patched = true;
+    }
+  }
+  ASSERT_TRUE(patched);
+  std::ofstream(dir + "/forged.jpg", std::ios::binary)
+      .write(reinterpret_cast<const char*>(encoded.data()), std::streamsize(encoded.size()));
+  try {
+    ImageReader::open(dir + "/forged.jpg");
+    FAIL() << "decoded a forged 20000x20000 header";
+  } catch (const IoError& e) {
+    EXPECT_NE(e.message().find("claims 20000x20000 pixels, more than its bytes can hold"), std::string::npos)
+        << e.message();
   }
   removeTree(dir);
 }

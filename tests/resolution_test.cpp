@@ -2,6 +2,7 @@
 #include "tiler/resolution.hpp"
 
 #include <gtest/gtest.h>
+#include <tiffio.h>
 
 #include <filesystem>
 #include <fstream>
@@ -286,6 +287,67 @@ TEST_F(SlideFiles, BrokenAndMisnamedSlidesAreClearErrorsOrPlainTiffs) {
   } catch (const IoError& e) {
     EXPECT_NE(e.message().find("cut.svs'"), std::string::npos) << e.message();
   }
+}
+
+// The bytes of `path`, for editing a slide's structure in place.
+std::vector<char> bytesOf(const std::string& path) {
+  const std::string text = test::slurp(path);
+  return {text.begin(), text.end()};
+}
+void writeBytes(const std::string& path, const std::vector<char>& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), std::streamsize(bytes.size()));
+}
+uint16_t u16At(const std::vector<char>& b, size_t at) {
+  return uint16_t(uint8_t(b[at]) | uint8_t(b[at + 1]) << 8);
+}
+uint32_t u32At(const std::vector<char>& b, size_t at) {
+  return uint32_t(u16At(b, at)) | uint32_t(u16At(b, at + 2)) << 16;
+}
+
+// An Aperio slide whose first TileByteCounts is retyped LONG -> LONG8 (two bytes changed): OpenSlide took
+// the offsets for 64-bit counts, asked GLib for 63 TB and aborted the process. It is this image's error now.
+TEST_F(SlideFiles, ASlideWithAnAbsurdTileTableFailsAloneInsteadOfAbortingTheProcess) {
+  std::vector<char> b = bytesOf(dir_ + "/aperio.svs");
+  ASSERT_EQ(b[0], 'I') << "libvips writes little-endian classic TIFF";
+  const size_t ifd = u32At(b, 4);
+  bool retyped = false;
+  for (size_t e = 0; e < u16At(b, ifd); ++e) {
+    const size_t entry = ifd + 2 + 12 * e;
+    if (u16At(b, entry) == 325) {  // TileByteCounts
+      b[entry + 2] = 16;           // TIFF_LONG8
+      b[entry + 3] = 0;
+      retyped = true;
+    }
+  }
+  ASSERT_TRUE(retyped);
+  writeBytes(dir_ + "/retyped.svs", b);
+  EXPECT_THROW(ImageReader::open(dir_ + "/retyped.svs"), IoError);
+  // Every tile of every page inside the file: the intact slide passes the same check.
+  EXPECT_NO_THROW(ImageReader::open(dir_ + "/aperio.svs"));
+}
+
+// A JPEG tile with a marker in the middle of its scan: libjpeg warns ("Corrupt JPEG data") and fills the rest
+// with grey; libtiff passed that on as a warning and the tile read as ok. The read fails now.
+TEST_F(SlideFiles, ACorruptJpegTileInATiffFailsItsRead) {
+  std::vector<char> b = bytesOf(dir_ + "/plain.tif");
+  TIFF* tif = TIFFOpen((dir_ + "/plain.tif").c_str(), "r");
+  ASSERT_NE(tif, nullptr);
+  uint64_t *offsets = nullptr, *counts = nullptr;
+  ASSERT_TRUE(TIFFGetField(tif, TIFFTAG_TILEOFFSETS, &offsets) &&
+              TIFFGetField(tif, TIFFTAG_TILEBYTECOUNTS, &counts));
+  const uint64_t at = offsets[0] + counts[0] / 2;
+  TIFFClose(tif);
+  b[at] = char(0xFF);
+  b[at + 1] = char(0xD9);  // EOI in the middle of the entropy-coded data
+  writeBytes(dir_ + "/corrupt_tile.tif", b);
+  auto reader = ImageReader::open(dir_ + "/corrupt_tile.tif");
+  try {
+    reader->readRegion({0, 0, 64, 64});
+    FAIL() << "a corrupt JPEG tile read as ok";
+  } catch (const IoError& e) {
+    EXPECT_NE(e.message().find("tile (0,0) is corrupt: "), std::string::npos) << e.message();
+  }
+  EXPECT_NO_THROW(reader->readRegion({512, 512, 64, 64})) << "the other tiles are fine";
 }
 
 }  // namespace

@@ -28,7 +28,7 @@ int runInfo(const InfoOptions& o) {
                           : ", striped (" + std::to_string(s.rows_per_strip) + " rows/strip)")
                   << ", " << s.compression << (s.planar_separate ? ", planar separate" : "")
                   << (s.bigtiff ? ", BigTIFF" : "") << ", " << s.pages << " page(s)";
-      } else if (s.reader == "opencv") {
+      } else if (s.reader == "opencv" || s.reader == "jpeg") {
         std::cout << ", " << s.format;
       }
       std::cout << "\n";

@@ -1,5 +1,6 @@
-// libFuzzer target for ImageReader: the input bytes become a .tif or .png file (by their first byte) that the
-// reader opens and reads from. Build and run with scripts/fuzz.sh SECONDS.
+// libFuzzer target for ImageReader: the input bytes become a .png, .jpg or .tif file (by their first bytes)
+// that the readers open and read from: OpenCV, libjpeg, libtiff, and OpenSlide for a TIFF that says it is a
+// vendor's slide (the corpus holds an Aperio one). Build and run with scripts/fuzz.sh SECONDS.
 #include <unistd.h>
 
 #include <cstdint>
@@ -16,7 +17,8 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::string base = "/tmp/tiler-fuzz-" + std::to_string(getpid());
-  const std::string path = base + (size > 0 && data[0] == 0x89 ? ".png" : ".tif");
+  const bool png = size > 0 && data[0] == 0x89, jpeg = size > 1 && data[0] == 0xFF && data[1] == 0xD8;
+  const std::string path = base + (png ? ".png" : jpeg ? ".jpg" : ".tif");
   {
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     out.write(reinterpret_cast<const char*>(data), std::streamsize(size));
