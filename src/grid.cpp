@@ -76,10 +76,29 @@ std::vector<int64_t> axisStarts(int64_t size, int64_t window, double overlap) {
   return starts;
 }
 
+std::vector<int64_t> latticeStarts(int64_t size, int64_t window, double overlap) {
+  TILER_CHECK(window > 0 && size > 0, ConfigError, "grid: axis of " << size << " px, window of " << window);
+  TILER_CHECK(overlap >= 0.0 && overlap < 1.0, ConfigError, "overlap must be in [0,1), got " << overlap);
+  const int64_t stride = axisInterval(window + 1, window, overlap);
+  std::vector<int64_t> starts;
+  for (int64_t start = 0; start < size; start += stride) starts.push_back(start);
+  return starts;
+}
+
 WindowGrid::WindowGrid(int64_t image_w, int64_t image_h, const GridSpec& spec, Scale scale)
     : image_w_(image_w), image_h_(image_h), spec_(spec), scale_(scale) {
   TILER_CHECK(image_w > 0 && image_h > 0, ConfigError, "grid: empty image " << image_w << "x" << image_h);
   TILER_CHECK(spec.window_w > 0 && spec.window_h > 0, ConfigError, "grid: window must be positive");
+  if (spec.lattice) {
+    TILER_CHECK(scale.den == 1 && scale.num == 1, ConfigError,
+                "grid: a lattice grid is for per-window models, which have no output scale");
+    // No padding before the image: window starts are image coordinates; the last ones reach past its end.
+    starts_x_ = latticeStarts(image_w, spec.window_w, spec.overlap_x);
+    starts_y_ = latticeStarts(image_h, spec.window_h, spec.overlap_y);
+    padded_w_ = starts_x_.back() + spec.window_w;
+    padded_h_ = starts_y_.back() + spec.window_h;
+    return;
+  }
   padded_w_ = std::max(image_w, spec.window_w);
   padded_h_ = std::max(image_h, spec.window_h);
   pad_left_ = (padded_w_ - image_w) / 2;

@@ -4,19 +4,20 @@
 // size a header claims is checked against the file's bytes before a pixel is allocated (a 629-byte JPEG
 // claiming 20000x20000 took 33 s and 3 GB to decode to grey).
 // setjmp/longjmp, as libjpeg wants: nothing between the setjmp and a longjmp owns a resource but the caller.
-// jpeglib.h needs size_t and FILE declared before it.
-#include <jpeglib.h>
 #include <cerrno>
 #include <csetjmp>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
-// After jpeglib.h: its configuration says which warnings exist (arithmetic coding's).
-#include <jerror.h>
-
 #include <filesystem>
 #include <memory>
 #include <opencv2/core.hpp>
+
+// After <cstddef> and <cstdio>: jpeglib.h uses size_t and FILE without including them.
+#include <jpeglib.h>
+
+// After jpeglib.h: its configuration says which warnings exist (arithmetic coding's).
+#include <jerror.h>
 
 #include "tiler/error.hpp"
 #include "tiler/readers.hpp"

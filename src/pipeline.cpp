@@ -178,6 +178,8 @@ void InferJob::validateOptions() {
   probs_type_ = parseProbsType(o_.probs_dtype);
   TILER_CHECK(o_.write_threads >= 0, ConfigError,
               "--write_threads must be >= 0 (0: the CPUs this rank may use)");
+  TILER_CHECK(o_.edge == "auto" || o_.edge == "lattice" || o_.edge == "shift", ConfigError,
+              "--edge must be auto, lattice or shift; got '" << o_.edge << "'");
   o_.read_threads = usefulThreads("--read_threads", o_.read_threads, o_.batch_size);
   o_.write_threads = usefulThreads("--write_threads", o_.write_threads, std::numeric_limits<int>::max());
   task_ = parseTask(o_.task);
@@ -234,6 +236,9 @@ void InferJob::settleTask() {
                         << taskName(taskOfOutputKind(save_kinds_.front())) << ", but '" << o_.model
                         << "' gives " << shape << " (--task " << taskName(task) << ")");
   if (task == ModelTask::kSegment) {
+    TILER_CHECK(o_.edge != "lattice", ConfigError,
+                "--edge lattice is for per-window tasks (classify, embed); a segmentation's stitched map "
+                "keeps MONAI's grid (--edge shift)");
     const int label_classes = labelClassCount(probe_.output_channels);
     TILER_CHECK(
         classes_.empty() || int(classes_.size()) == label_classes, ConfigError,
@@ -246,8 +251,10 @@ void InferJob::settleTask() {
   TILER_CHECK(classes_.empty() || int64_t(classes_.size()) == probe_.output_channels, ConfigError,
               "--classes names " << classes_.size() << " class(es), the model gives "
                                  << probe_.output_channels << " scores per window");
-  // Per-window outputs describe whole windows: without --overlap they tile the image without overlap.
+  // Per-window outputs describe whole windows: without --overlap they tile the image without overlap, on the
+  // patch lattice TRIDENT, CLAM and WSInfer cut (coordinates / patch size name distinct cells).
   if (!o_.overlap_given) spec_.overlap_x = spec_.overlap_y = 0.0;
+  spec_.lattice = o_.edge != "shift";
 }
 
 OutputOptions InferJob::outputOptions() const {

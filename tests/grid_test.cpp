@@ -56,6 +56,32 @@ TEST(Grid, SmallImageIsPaddedSymmetrically) {
   EXPECT_EQ(g.imageWindow(0), (Rect{-28, -52, 256, 256}));
 }
 
+// TRIDENT's and CLAM's patch lattice: starts at whole strides, the last window past the edge, no padding
+// before the image; a coordinate divided by the stride names a cell of its own (255/256/257 px axes).
+TEST(Grid, LatticeStartsAtWholeStridesAndReachesPastTheEdge) {
+  EXPECT_EQ(latticeStarts(255, 256, 0.0), (V{0}));
+  EXPECT_EQ(latticeStarts(256, 256, 0.0), (V{0}));
+  EXPECT_EQ(latticeStarts(257, 256, 0.0), (V{0, 256}));
+  EXPECT_EQ(latticeStarts(300, 224, 0.5), (V{0, 112, 224}));
+  EXPECT_EQ(latticeStarts(1, 224, 0.0), (V{0}));
+  WindowGrid g(600, 257, GridSpec{256, 256, 0.0, 0.0, /*lattice=*/true});
+  EXPECT_EQ(g.startsX(), (V{0, 256, 512}));
+  EXPECT_EQ(g.startsY(), (V{0, 256}));
+  EXPECT_EQ(g.padLeft(), 0);
+  EXPECT_EQ(g.padTop(), 0);
+  EXPECT_EQ(g.paddedWidth(), 768);
+  EXPECT_EQ(g.paddedHeight(), 512);
+  EXPECT_EQ(g.imageWindow(5), (Rect{512, 256, 256, 256})) << "past both edges, padded there";
+  for (int64_t i = 0; i < g.count(); ++i) {
+    const Rect r = g.imageWindow(i);
+    EXPECT_EQ(r.x % 256, 0);
+    EXPECT_EQ(r.y % 256, 0);
+  }
+  const WindowGrid small(100, 80, GridSpec{256, 256, 0.0, 0.0, true});
+  EXPECT_EQ(small.imageWindow(0), (Rect{0, 0, 256, 256})) << "padded after the image, not around it";
+  EXPECT_THROW(WindowGrid(100, 100, GridSpec{64, 64, 0.0, 0.0, true}, Scale{1, 2}), ConfigError);
+}
+
 TEST(Grid, OneAxisPaddedOnly) {
   WindowGrid g(1000, 100, GridSpec{256, 256, 0.25, 0.25});
   EXPECT_EQ(g.paddedWidth(), 1000);

@@ -1541,10 +1541,11 @@ TEST_F(Pipeline, EmbedWritesTheGridsFeaturesByteIdenticalForOneToThreeRanks) {
   const auto rep = report(ref);
   EXPECT_EQ(rep["task"], "embed") << "a [B, D] output without an activation is an encoder";
   EXPECT_EQ(rep["feature_dim"], 8);
-  // No overlap by default: a_large.tif (700 x 500) in 64 px windows is 11 x 8 (MONAI's last window flush
-  // with the edge).
-  const WindowGrid grid(700, 500, GridSpec{64, 64, 0.0, 0.0});
+  // No overlap by default: a_large.tif (700 x 500) in 64 px windows is 11 x 8 on TRIDENT's and CLAM's patch
+  // lattice: the last column starts at 640 and reaches past the edge (padded), so that x / 64 names a cell.
+  const WindowGrid grid(700, 500, GridSpec{64, 64, 0.0, 0.0, /*lattice=*/true});
   EXPECT_EQ(grid.count(), 88);
+  EXPECT_EQ(grid.imageWindow(10).x, 640);
   const std::string h5 = ref + "/a_large.h5";
   const auto coords = test::h5dumpValues(h5, "coords");
   ASSERT_EQ(coords.size(), size_t(2 * grid.count()));
@@ -1587,6 +1588,14 @@ TEST_F(Pipeline, EmbedWritesTheGridsFeaturesByteIdenticalForOneToThreeRanks) {
     }
     EXPECT_EQ(files, 5);
   }
+  // --edge shift: MONAI's grid, the last column shifted back to end at the edge.
+  const std::string shifted = root_ + "/out_embed_shift";
+  r = run(kTiler + args + shifted + " --edge shift");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(test::h5dumpValues(shifted + "/a_large.h5", "coords")[2 * 10], 700 - 64);
+  r = run(kTiler + args + root_ + "/out_embed_bad_edge --edge diagonal");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("--edge must be auto, lattice or shift"), std::string::npos) << r.output;
 }
 
 TEST_F(Pipeline, ClassifyWritesCsvTilesAndHeatmapThatGdalReads) {
@@ -1666,10 +1675,10 @@ TEST_F(Pipeline, EmbedUnderAMaskAndAtAnotherResolution) {
           " --input_mpp 0.25 --mpp 0.5 --window 64 --threads 1 --no_progress");
   ASSERT_EQ(r.code, 0) << r.output;
   coords = test::h5dumpValues(half + "/a_large.h5", "coords");
-  const WindowGrid grid(350, 250, GridSpec{64, 64, 0.0, 0.0});
+  const WindowGrid grid(350, 250, GridSpec{64, 64, 0.0, 0.0, /*lattice=*/true});
   ASSERT_EQ(coords.size(), size_t(2 * grid.count()));
   EXPECT_EQ(coords[2], 128);
-  EXPECT_EQ(coords[2 * 5], 2 * grid.imageWindow(5).x) << "the last column, flush with the edge";
+  EXPECT_EQ(coords[2 * 5], 2 * 320) << "the last column, on the lattice past the edge";
   auto attrs = run("h5dump -a /coords/patch_size_level0 -a /coords/mpp " + half + "/a_large.h5");
   EXPECT_NE(attrs.output.find("(0): 128"), std::string::npos) << attrs.output;
   EXPECT_NE(attrs.output.find("(0): 0.5"), std::string::npos) << attrs.output;

@@ -18,10 +18,14 @@ struct Rect {
   bool operator==(const Rect& o) const { return x == o.x && y == o.y && w == o.w && h == o.h; }
 };
 
-// Window size and overlap, per axis.
+// Window size and overlap, per axis. `lattice`: windows start at whole multiples of the stride only, and the
+// last column and row reach past the image's right and bottom edges (padded there), as TRIDENT, CLAM and
+// WSInfer cut patches, so that level-0 coordinates // patch size name distinct cells; otherwise (MONAI's
+// grid) the last window is shifted back to end at the edge.
 struct GridSpec {
   int64_t window_w = 256, window_h = 256;
   double overlap_x = 0.25, overlap_y = 0.25;
+  bool lattice = false;
 };
 
 // Parses "N" or "W,H" (also "WxH"); throws ConfigError.
@@ -36,6 +40,9 @@ GridSpec parseGridSpec(const std::string& window, const std::string& overlap);
 int64_t axisInterval(int64_t size, int64_t window, double overlap);
 // Start offsets along one axis of length `size` (>= window).
 std::vector<int64_t> axisStarts(int64_t size, int64_t window, double overlap);
+// Lattice starts along one axis of length `size` (any >= 1): 0, stride, 2 stride, ... below `size`, the
+// stride being MONAI's interval for an axis longer than the window.
+std::vector<int64_t> latticeStarts(int64_t size, int64_t window, double overlap);
 
 // Output scale of a model as an exact ratio num/den with one of them 1 (2 = 2/1, 1/2, 1/4 ...).
 struct Scale {

@@ -33,6 +33,10 @@ struct InferOptions : JobOptions {
   std::string encoder_name;   // embed: the HDF5 attribute `encoder`; empty: the model file's stem
   // --overlap given: a per-window task (classify, embed) uses it; else its windows do not overlap (0).
   bool overlap_given = false;
+  // Where the last column and row of windows go: lattice (whole strides, padded past the edge: TRIDENT's
+  // and CLAM's patches), shift (back to end at the edge: MONAI's grid); auto: lattice for per-window tasks,
+  // shift for segment (the only one it allows).
+  std::string edge = "auto";
   std::string format = "tif";
   std::string compression = "deflate";
   bool resume = false;

@@ -117,6 +117,11 @@ int runInferCli(int argc, char** argv) {
                  "auto | segment | classify | embed (auto: NCHW output segment; [B,D] classify with "
                  "--activation softmax|sigmoid or --classes, else embed)")
       ->capture_default_str();
+  app.add_option(flagNames("--edge"), o.edge,
+                 "auto | lattice | shift: the last windows on whole strides past the edge (lattice, as "
+                 "TRIDENT/CLAM patches; classify and embed) or shifted back to end at it (shift, MONAI's "
+                 "grid); auto: lattice for classify/embed, shift for segment")
+      ->capture_default_str();
   app.add_option(flagNames("--encoder_name"), o.encoder_name,
                  "embed: the encoder named in the features file (default: the model file's stem)");
   app.add_option(flagNames("--format"), o.format, "tif | png (labels)")->capture_default_str();
