@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
 # Fuzzes ImageReader with libFuzzer for SECONDS (default 60): scripts/fuzz.sh [SECONDS]
+#   scripts/fuzz.sh --ci   what CI runs: a fixed seed and run count from the committed corpus alone, so
+#                          that a run is repeatable (about a minute here)
 # Builds the reader (no LibTorch) with clang, ASan and UBSan into build-fuzz/, starts from tests/fuzz/corpus/
 # and writes any crashing input to tests/fuzz/regressions/, which image_io_test replays in CI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-60}"
+limits=(-max_total_time="$seconds")
+if [ "$seconds" = "--ci" ]; then
+  seconds=120
+  limits=(-seed=1 -runs=20000 -max_total_time=300)
+  rm -rf build-fuzz/corpus
+fi
 bash scripts/setup-deps.sh
 need=()
 for p in clang libclang-rt-14-dev; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need+=("$p"); done
@@ -24,6 +32,6 @@ clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-omit-frame-po
   -ltiff -ljpeg $(pkg-config --libs openslide) -lopencv_imgcodecs -lopencv_imgproc -lopencv_core -lspdlog -lfmt
 work=build-fuzz/corpus
 mkdir -p "$work"
-./build-fuzz/image_reader_fuzzer -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 \
+./build-fuzz/image_reader_fuzzer "${limits[@]}" -rss_limit_mb=2048 -timeout=10 \
   -artifact_prefix=tests/fuzz/regressions/ "$work" tests/fuzz/corpus
-echo "fuzzed for ${seconds}s; crashes (if any) are in tests/fuzz/regressions/ and replayed by image_io_test"
+echo "fuzzed (${limits[*]}); crashes (if any) are in tests/fuzz/regressions/ and replayed by image_io_test"

@@ -20,9 +20,7 @@
 #include <filesystem>
 #include <mutex>
 
-#include "tiler/catalog.hpp"
 #include "tiler/error.hpp"
-#include "tiler/launcher.hpp"
 #include "tiler/platform.hpp"
 #include "tiler/torch_compat.hpp"
 #include "tiler/window_outputs.hpp"
