@@ -9,6 +9,7 @@
 #include <string>
 
 #include "read_everything.hpp"
+#include "tiler/readers.hpp"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   setenv("OPENCV_IO_MAX_IMAGE_PIXELS", "1048576", 1);  // keep OpenCV's own allocations small
@@ -23,6 +24,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     out.write(reinterpret_cast<const char*>(data), std::streamsize(size));
   }
+  // CI's repeatable run leaves OpenSlide out: it allocates what a JPEG tile's header claims (a fuzzed Aperio
+  // tile of 65279x65279 asked malloc for 17 GB), which tiler cannot check without decoding every tile.
+  if (std::getenv("TILER_FUZZ_SKIP_OPENSLIDE") && !tiler::probeFile(path).slide_vendor.empty()) return 0;
   tiler::fuzz::readEverything(path);
   return 0;
 }
