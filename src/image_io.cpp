@@ -267,8 +267,11 @@ ImageWriter::ImageWriter(const std::string& path, int64_t width, int64_t height,
     TILER_CHECK(fd >= 0, IoError, "'" << partialPath() << "': cannot create: " << std::strerror(errno));
     TIFF* tif = TIFFFdOpen(fd, partialPath().c_str(), big ? "w8" : "w");
     if (tif == nullptr) {
+      // TIFFFdOpen writes the header at once: on a full disk the file exists, empty. Nothing is left behind.
+      const std::string why = takeTiffError();
       ::close(fd);
-      TILER_THROW(IoError, "'" << partialPath() << "': cannot create: " << takeTiffError());
+      ::unlink(partialPath().c_str());
+      TILER_THROW(IoError, "'" << partialPath() << "': cannot create: " << why);
     }
     tiff_ = tif;
     setTiffFields(tif, width, height, channels, type, options_, false);

@@ -459,7 +459,11 @@ class NodeLink {
       const bool last = std::chrono::steady_clock::now() >= deadline;
       if (may_host && !server_) {
         try {
-          server_ = std::make_unique<StoreServer>(host, port);
+          StoreLimits limits;
+          // An agent talks at least every heartbeat; a silent connection is dropped well after that.
+          limits.idle_timeout =
+              std::max(limits.idle_timeout, std::chrono::milliseconds(int64_t(4000 * o.heartbeat_interval)));
+          server_ = std::make_unique<StoreServer>(host, port, limits);
         } catch (const DistError&) {
           // c10d: another agent on this host holds it (several agents on one machine, as in tests).
           if (must_host && last) throw;

@@ -68,6 +68,7 @@ struct StoreServer::Client {
   std::string out;  // replies not yet sent, from out_sent on
   size_t out_sent = 0;
   Clock::time_point waiting_since{};  // when `out` last became non-empty or last drained a byte
+  Clock::time_point heard_from{};     // when it last sent a byte (or connected)
 };
 
 StoreServer::StoreServer(const std::string& bind_host, int port, StoreLimits limits) : limits_(limits) {
@@ -172,7 +173,7 @@ void StoreServer::acceptClients(std::vector<Client>& clients) {
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    clients.push_back(Client{fd, "", "", 0, {}});
+    clients.push_back(Client{fd, "", "", 0, {}, Clock::now()});
   }
 }
 
@@ -196,18 +197,23 @@ void StoreServer::loop() {
     ::close(c.fd);
     c.fd = -1;
   };
+  size_t total = 0;  // reply bytes not read by any client
+  const auto unread = [](const Client& c) { return c.out.size() - c.out_sent; };
   for (;;) {
     std::vector<pollfd> fds{{wake_[0], POLLIN, 0}, {listen_fd_, POLLIN, 0}};
-    bool any_waiting = false;
+    total = 0;
+    for (const auto& c : clients) total += unread(c);
+    unread_total_ = total;
     for (const auto& c : clients) {
-      const size_t unread = c.out.size() - c.out_sent;
-      short events = unread > 0 ? POLLOUT : 0;
-      // Back-pressure: a client that does not read its replies gets no more of its requests handled.
-      if (unread <= limits_.max_unread_reply_bytes) events |= POLLIN;
-      any_waiting = any_waiting || unread > 0;
+      short events = unread(c) > 0 ? POLLOUT : 0;
+      // Back-pressure: a client that does not read its replies gets no more of its requests handled, nor
+      // does any client while all of them together hold the store's bound.
+      if (unread(c) <= limits_.max_unread_reply_bytes && total <= limits_.max_total_unread_reply_bytes)
+        events |= POLLIN;
       fds.push_back({c.fd, events, 0});
     }
-    const int timeout_ms = any_waiting ? 250 : -1;
+    // Wake up for the stall and idle timeouts of connected clients.
+    const int timeout_ms = clients.empty() ? -1 : 250;
     if (poll(fds.data(), fds.size(), timeout_ms) < 0) {
       if (errno == EINTR) continue;
       break;
@@ -228,19 +234,24 @@ void StoreServer::loop() {
           drop(c);
           continue;
         }
-        if (n > 0) c.in.append(buf, size_t(n));
+        if (n > 0) {
+          c.in.append(buf, size_t(n));
+          c.heard_from = now;
+        }
       }
       // Requests are answered while the client reads its replies; what it sends meanwhile waits in `in`.
       for (;;) {
         size_t begin = 0, nl;
-        while (c.out.size() - c.out_sent <= limits_.max_unread_reply_bytes &&
+        while (unread(c) <= limits_.max_unread_reply_bytes && total <= limits_.max_total_unread_reply_bytes &&
                (nl = c.in.find('\n', begin)) != std::string::npos) {
           if (c.out.size() == c.out_sent) {
             c.out.clear();
             c.out_sent = 0;
             c.waiting_since = now;
           }
+          const size_t before = c.out.size();
           c.out += handle(c.in.substr(begin, nl - begin)) + "\n";
+          total += c.out.size() - before;
           begin = nl + 1;
         }
         c.in.erase(0, begin);
@@ -249,13 +260,17 @@ void StoreServer::loop() {
           drop(c);
           break;
         }
+        const size_t waiting = unread(c);
         if (!sendReplies(c, now)) {
           drop(c);
           break;
         }
-        if (c.out_sent < c.out.size() || c.in.find('\n') == std::string::npos) break;
+        total -= waiting - unread(c);
+        // Again while it takes replies and asks more, unless the store's bound stopped it (handled none).
+        if (begin == 0 || c.out_sent < c.out.size() || c.in.find('\n') == std::string::npos) break;
       }
       if (c.fd >= 0 && c.out_sent < c.out.size() && now - c.waiting_since > limits_.stall_timeout) drop(c);
+      if (c.fd >= 0 && now - c.heard_from > limits_.idle_timeout) drop(c);
     }
     clients.erase(std::remove_if(clients.begin(), clients.end(), [](const Client& c) { return c.fd < 0; }),
                   clients.end());

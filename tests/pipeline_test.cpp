@@ -482,7 +482,18 @@ TEST_F(Pipeline, DiskFullIsAClearErrorAndEarlierOutputsSurvive) {
   }
   const bool partial_left = !partialFiles(mnt).empty();
   const bool noise_out = fs::exists(mnt + "/out/b_noise_probs.tif");
+  // No byte left at all: not even the report can be written (exit 1), and no empty .partial stays behind
+  // (libtiff writes a TIFF's header as it opens it; that failure left a 0-byte labels file).
+  removeTree(mnt + "/out");
+  fs::create_directories(mnt + "/out_full");
+  std::system(("dd if=/dev/zero of=" + mnt + "/filler bs=4k 2>/dev/null").c_str());
+  auto full = run(kTiler + " -i " + in + "/a_small.png -m " + model_ + " -o " + mnt +
+                  "/out_full --window 128 --threads 1 --no_progress");
+  const std::vector<std::string> left_when_full = partialFiles(mnt);
   std::system(("umount " + mnt).c_str());
+  EXPECT_EQ(full.code, 1) << full.output;
+  EXPECT_NE(full.output.find("No space left on device"), std::string::npos) << full.output;
+  EXPECT_TRUE(left_when_full.empty()) << left_when_full.front();
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("b_noise_probs.tif"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("No space left on device"), std::string::npos) << r.output;

@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <fstream>
 #include <sstream>
@@ -117,6 +118,53 @@ TEST(Store, AClientThatNeverReadsStallsOnlyItself) {
   EXPECT_TRUE(closedByServer(hog, milliseconds(5000))) << "a client that does not read is dropped";
   ::close(hog);
   EXPECT_EQ(other.get("k"), "19");
+}
+
+// Many clients that pipeline GETs and read nothing: each stays under its own bound, and all of them
+// together under the store's (100 such clients grew it by 750 MiB); a client that reads is served once the
+// hogs are dropped.
+TEST(Store, RepliesUnreadByAllClientsTogetherAreBounded) {
+  StoreLimits limits;
+  limits.max_total_unread_reply_bytes = 8 << 20;
+  limits.stall_timeout = milliseconds(1500);
+  StoreServer server("127.0.0.1", 0, limits);
+  StoreClient writer("127.0.0.1", server.port(), milliseconds(5000));
+  const std::string big(1 << 20, 'x');
+  writer.set("big", big);
+  std::string gets;
+  for (int i = 0; i < 20; ++i) gets += "GET big\n";
+  std::vector<int> hogs;
+  size_t most = 0;
+  for (int k = 0; k < 10; ++k) {
+    hogs.push_back(rawClient(server.port()));
+    sendAll(hogs.back(), gets);
+    usleep(50000);
+    most = std::max(most, server.unreadReplyBytes());
+  }
+  usleep(300000);
+  most = std::max(most, server.unreadReplyBytes());
+  // One reply past the bound at most: the bound is checked before each request is answered.
+  EXPECT_LE(most, limits.max_total_unread_reply_bytes + big.size() + 64) << most;
+  EXPECT_GT(most, size_t(4) << 20) << "the hogs did hold replies (the test measures something)";
+  StoreClient reader("127.0.0.1", server.port(), milliseconds(10000));
+  EXPECT_EQ(reader.get("big"), big) << "served once the hogs are dropped";
+  for (int fd : hogs) ::close(fd);
+}
+
+// A connection that says nothing is dropped after the idle timeout; one that keeps talking is not.
+TEST(Store, ASilentClientIsDroppedAfterTheIdleTimeout) {
+  StoreLimits limits;
+  limits.idle_timeout = milliseconds(400);
+  StoreServer server("127.0.0.1", 0, limits);
+  const int silent = rawClient(server.port());
+  StoreClient talker("127.0.0.1", server.port(), milliseconds(2000));
+  for (int i = 0; i < 12; ++i) {
+    talker.set("beat", std::to_string(i));
+    usleep(100000);
+  }
+  EXPECT_TRUE(closedByServer(silent, milliseconds(3000)));
+  ::close(silent);
+  EXPECT_EQ(talker.get("beat"), "11") << "the talking client is still connected";
 }
 
 TEST(Store, ValuesKeysAndTheWholeStoreAreBounded) {

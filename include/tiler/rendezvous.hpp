@@ -9,6 +9,7 @@
 // No LibTorch.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -29,8 +30,13 @@ struct StoreLimits {
   size_t max_store_bytes = size_t(64) << 20;  // every key and value held
   // Replies a client has not read yet: beyond this its further requests wait in the kernel, unread.
   size_t max_unread_reply_bytes = size_t(4) << 20;
+  // The same over every client together (100 clients pipelining 1 MB GETs grew the store by 750 MiB):
+  // beyond it no client's requests are handled until replies are read or their clients dropped.
+  size_t max_total_unread_reply_bytes = size_t(64) << 20;
   // A client with replies waiting that reads none of them for this long is dropped.
   std::chrono::milliseconds stall_timeout{30000};
+  // A client that sends nothing for this long is dropped (an agent polls or beats far more often).
+  std::chrono::milliseconds idle_timeout{600000};
   size_t max_clients = 4096;
 };
 
@@ -49,6 +55,8 @@ class StoreServer {
   int port() const { return port_; }
   // The IPv4 address it listens on ("0.0.0.0": every interface).
   const std::string& boundAddress() const { return bound_address_; }
+  // Reply bytes its clients have not read, all together (for tests and logs).
+  size_t unreadReplyBytes() const { return unread_total_.load(); }
 
  private:
   struct Client;
@@ -66,6 +74,7 @@ class StoreServer {
   int wake_[2] = {-1, -1};                   // a byte here stops the loop
   std::map<std::string, std::string> data_;  // the server thread's only
   size_t data_bytes_ = 0;                    // keys and values in data_
+  std::atomic<size_t> unread_total_{0};      // written by the server thread each turn
   std::thread thread_;
 };
 
