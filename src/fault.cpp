@@ -51,11 +51,15 @@ std::optional<Fault> Fault::fromEnvironment() {
   return f;
 }
 
+std::string injectedFailure(const std::string& what) {
+  return "TILER_FAULT: injected " + what;
+}
+
 void Fault::trigger(const std::string& what) const {
   std::cerr << "tiler: TILER_FAULT: injecting '" << kind << "' " << what << std::endl;
   if (kind == "crash") raise(SIGSEGV);
   if (kind == "exit") std::_Exit(3);
-  if (kind == "throw") throw std::runtime_error("TILER_FAULT: injected failure " + what);
+  if (kind == "throw") throw std::runtime_error(injectedFailure("failure " + what));
   for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
 }
 

@@ -18,6 +18,7 @@
 
 #include "tiff_support.hpp"
 #include "tiler/error.hpp"
+#include "tiler/fault.hpp"
 #include "tiler/platform.hpp"
 
 namespace fs = std::filesystem;
@@ -439,7 +440,7 @@ ImageWriter::TileRow ImageWriter::encodeTileRow(cv::Mat buffer, int64_t first_ro
   for (int64_t x0 = 0; x0 < width_; x0 += tile) {
     auto task = [buffer, x0, encoding, width = width_, fault = tile_fault_, path = path_] {
       if (fault->load())
-        throw std::runtime_error("TILER_FAULT: injected failure while compressing a tile of '" + path + "'");
+        throw std::runtime_error(injectedFailure("failure while compressing a tile of '" + path + "'"));
       const int edge = encoding->options.tile;
       const size_t pixel = buffer.elemSize();
       std::vector<uint8_t> samples(size_t(edge) * size_t(edge) * pixel, 0);

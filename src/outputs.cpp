@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "tiler/error.hpp"
+#include "tiler/fault.hpp"
 
 namespace fs = std::filesystem;
 
@@ -313,7 +314,7 @@ void OutputStage::stitchStep(StepResult& step) {
       const float* values = base + k * per_window;
       if (out.vectors) {
         TILER_CHECK(!fault, IoError,
-                    "'" << catalog_.image(image_id).input << "': TILER_FAULT: injected write failure");
+                    "'" << catalog_.image(image_id).input << "': " << injectedFailure("write failure"));
         catalog_.image(image_id).non_finite_values += countNonFinite(values, per_window);
         out.vectors->add(local, values);
       } else {

@@ -559,7 +559,7 @@ int InferJob::run() {
   validateOptions();
   faults_ = faultHooks(Fault::fromEnvironment(), rank(), [] {
     throw c10::OutOfMemoryError({__func__, __FILE__, uint32_t(__LINE__)},
-                                "TILER_FAULT: injected out of memory in the forward");
+                                injectedFailure("out of memory in the forward"));
   });
   loadModel();
   connect();

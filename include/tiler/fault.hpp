@@ -20,6 +20,10 @@
 
 namespace tiler {
 
+// The message of an injected failure, "TILER_FAULT: injected <what>": the one spelling tests look for, so
+// that no stage writes the variable's name itself.
+std::string injectedFailure(const std::string& what);
+
 struct Fault {
   int rank = -1;
   int64_t after_windows = 0;
