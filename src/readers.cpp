@@ -18,11 +18,13 @@ FileProbe probeFile(const std::string& path) {
   FileProbe p;
   p.path = path;
   p.extension = lowerExtension(path);
-  p.tiff = looksLikeTiff(path);
+  // The first bytes, read once for every format's magic.
   std::ifstream in(path, std::ios::binary);
-  unsigned char magic[3] = {0, 0, 0};
-  in.read(reinterpret_cast<char*>(magic), 3);
-  p.jpeg = in.gcount() == 3 && magic[0] == 0xFF && magic[1] == 0xD8 && magic[2] == 0xFF;
+  unsigned char magic[4] = {0, 0, 0, 0};
+  in.read(reinterpret_cast<char*>(magic), 4);
+  const std::streamsize got = in.gcount();
+  p.tiff = got == 4 && isTiffMagic(magic);
+  p.jpeg = got >= 3 && magic[0] == 0xFF && magic[1] == 0xD8 && magic[2] == 0xFF;
   if (p.tiff || isWholeSlideExtension(path)) p.slide_vendor = slideVendor(path);
   return p;
 }

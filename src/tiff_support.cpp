@@ -134,7 +134,10 @@ bool looksLikeTiff(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   unsigned char magic[4] = {0, 0, 0, 0};
   in.read(reinterpret_cast<char*>(magic), 4);
-  if (in.gcount() < 4) return false;
+  return in.gcount() == 4 && isTiffMagic(magic);
+}
+
+bool isTiffMagic(const unsigned char (&magic)[4]) {
   return (magic[0] == 'I' && magic[1] == 'I' && (magic[2] == 42 || magic[2] == 43) && magic[3] == 0) ||
          (magic[0] == 'M' && magic[1] == 'M' && magic[2] == 0 && (magic[3] == 42 || magic[3] == 43));
 }
