@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmarks: scripts/bench.sh [--quick] [io|slide|tta|model|light|pipeline|blas|ceiling|gather|memory|scaling|ctrun|finetune|naive|mask|outputs|all]
+# Benchmarks: scripts/bench.sh [--quick] [io|slide|tta|model|light|pipeline|blas|ceiling|gather|memory|scaling|ctrun|finetune|naive|mask|outputs|gpu|all]
 # Generates its own deterministic inputs (cached in $TILER_BENCH_CACHE, default ~/.cache/tiler-bench), runs each
 # scenario $RUNS times (3; --quick: 1 run on small inputs), writes bench-results/bench.json and a table of
 # medians (min-max). fp32 on the CPU. Never part of CI's test run.
@@ -13,10 +13,15 @@ runs=${RUNS:-3}
 cache="${TILER_BENCH_CACHE:-$HOME/.cache/tiler-bench}"
 results="${BENCH_RESULTS:-bench-results}"
 mkdir -p "$cache" "$results"
-bash scripts/setup-deps.sh
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >/dev/null
-cmake --build build --target tiler ctrun tiler_bench >/dev/null
-bin="$PWD/build"
+# TILER_BUILD_DIR: an existing build (scripts/gpu-build.sh's, on a machine without Debian's packages).
+if [ -n "${TILER_BUILD_DIR:-}" ]; then
+  bin=$(realpath "$TILER_BUILD_DIR")
+else
+  bash scripts/setup-deps.sh
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >/dev/null
+  cmake --build build --target tiler ctrun tiler_bench >/dev/null
+  bin="$PWD/build"
+fi
 model="$PWD/samples/models/sample.pt"
 lines="$results/lines.jsonl"
 : >"$lines"
@@ -510,6 +515,57 @@ if want embed; then
         emit "embed $name: tiler process / Python forward" overhead_ratio "$(ratio "$wall" "$(json "$out" seconds)")"
       fi
     done
+  done
+fi
+
+# The GPU (not part of `all`): the whole process against the pure forward of the same windows in Python on the
+# same LibTorch (python3 with torch; torchvision for the FCN), per model, batch, outputs and precision.
+# GPU_BENCH_IMAGES (2) images of GPU_BENCH_SIZE (16384) px; RUNS as elsewhere.
+if [ "$what" = gpu ]; then
+  py=python3
+  size=${GPU_BENCH_SIZE:-16384}
+  [ $quick = 1 ] && size=4096
+  gpu_in="$cache/gpu_in_$size"
+  mkdir -p "$gpu_in"
+  for k in $(seq "${GPU_BENCH_IMAGES:-2}"); do
+    [ -f "$gpu_in/img$k.tif" ] || { [ $k -gt 1 ] && cp "$gpu_in/img1.tif" "$gpu_in/img$k.tif"; } ||
+      "$bin/tiler_bench" make "$gpu_in/img$k.tif" --size "$size" >/dev/null
+  done
+  fcn="$cache/fcn_resnet50.pt"
+  [ -f "$fcn" ] || $py -c "
+import torch, torchvision
+m = torchvision.models.segmentation.fcn_resnet50(weights=None, weights_backbone=None, num_classes=2, aux_loss=False).eval()
+class Out(torch.nn.Module):
+    def __init__(self, m): super().__init__(); self.m = m
+    def forward(self, x): return self.m(x)['out']
+torch.jit.trace(Out(m), torch.rand(1, 3, 512, 512)).save('$fcn')"
+  # case NAME MODEL WINDOW BATCH PRECISION SAVE
+  gpu_case() {
+    local name=$1 m=$2 w=$3 b=$4 p=$5 save=$6 t0 wall r windows pyout
+    rm -rf "$cache/out_gpu"
+    t0=$(now)
+    "$bin/tiler" -i "$gpu_in" -m "$m" -o "$cache/out_gpu" --device cuda --precision "$p" --window "$w" \
+      --batch_size "$b" --save "$save" --probs_dtype u8 --no_progress >"$cache/out_gpu.log" 2>&1 ||
+      { tail -5 "$cache/out_gpu.log"; return 1; }
+    wall=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { print b - a }')
+    r="$cache/out_gpu/report.json"
+    windows=$(sum_field "$r" windows_total)
+    pyout=$($py scripts/python_forward.py -m "$m" --device cuda --precision "$p" --window "$w" --batch_size "$b" \
+      --windows "$windows" --threads "$(nproc)")
+    emit "gpu $name: tiler whole process" seconds "$wall"
+    emit "gpu $name: tiler forward (report)" seconds "$(sum_field "$r" forward_seconds)"
+    emit "gpu $name: tiler read (report)" seconds "$(sum_field "$r" read_seconds)"
+    emit "gpu $name: tiler write (report)" seconds "$(sum_field "$r" write_seconds)"
+    emit "gpu $name: pure forward in Python ($windows windows)" seconds "$(json "$pyout" seconds)"
+    emit "gpu $name: whole process / pure forward" overhead_ratio "$(ratio "$wall" "$(json "$pyout" seconds)")"
+  }
+  for _ in $(seq "$runs"); do
+    gpu_case "unet 256px b64 fp16 labels" "$model" 256 64 fp16 labels
+    gpu_case "unet 256px b64 fp16 labels+u8 probs" "$model" 256 64 fp16 labels,probs
+    gpu_case "unet 256px b8 fp16 labels" "$model" 256 8 fp16 labels
+    gpu_case "unet 256px b64 bf16 labels" "$model" 256 64 bf16 labels
+    gpu_case "fcn_resnet50 512px b16 fp16 labels" "$fcn" 512 16 fp16 labels
+    gpu_case "fcn_resnet50 512px b16 fp16 labels+u8 probs" "$fcn" 512 16 fp16 labels,probs
   done
 fi
 

@@ -8,6 +8,10 @@
 #                                and the pyramid's level thread
 #                                (LibTorch and gloo are not built with TSan, so the dist and exchange
 #                                tests drown in their false reports)
+#   scripts/test.sh --features-off  tiler and the suites that see the optional features, built without GDAL,
+#                                OpenSlide and HDF5 (build-nofeatures/): what needs one says so and skips
+#   scripts/test.sh --bundle DIR the unit tests built against a dependency bundle (scripts/build-deps.sh's
+#                                prefix DIR) instead of the system's libraries (build-bundle/)
 #   scripts/test.sh -L unit      extra arguments go to ctest
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,14 +25,30 @@ if [ "${1:-}" = "--tsan" ]; then
   tsan_filter=(-R "^(Queue|HandlePool|Loader|Outputs)\\.|LoaderThreads|Pyramid|ImageReader\\.(Concurrent|ACorruptTileFails)|ImageWriter\\.Pooled")
   shift
 fi
+features=()
+bundle=()
+filter=()
+if [ "${1:-}" = "--features-off" ]; then
+  features=(-DTILER_WITH_GDAL=OFF -DTILER_WITH_OPENSLIDE=OFF -DTILER_WITH_HDF5=OFF)
+  targets=(--target tiler ctrun version_test readers_test window_outputs_test polygons_test pipeline_test)
+  filter=(-R "^(Version|Readers|WindowOutputs|Polygons)\\.|AFeatureThisBuildLacks|PolygonsOutline|EmbedWrites")
+  shift
+fi
+if [ "${1:-}" = "--bundle" ]; then
+  bundle=(-DTILER_DEPS="$(realpath "$2")")
+  filter=(-L unit)
+  shift 2
+fi
 bash scripts/setup-deps.sh
 # One cache for every clone on this machine (CI builds a fresh clone each time): paths relative to the clone.
 export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
 build=build
 [ "$sanitize" = "address,undefined" ] && build=build-asan
 [ "$sanitize" = "thread" ] && build=build-tsan
+[ ${#features[@]} -gt 0 ] && build=build-nofeatures
+[ ${#bundle[@]} -gt 0 ] && build=build-bundle
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
-  -DTILER_SANITIZE="$sanitize" >/dev/null
+  -DTILER_SANITIZE="$sanitize" "${features[@]}" "${bundle[@]}" >/dev/null
 cmake --build "$build" -j "$(nproc)" "${targets[@]}"
 
 echo "== clang-format check"
@@ -43,4 +63,4 @@ export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0:handle_segv=0}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 cd "$build"
 export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1}"
-ctest --output-on-failure -j "$(nproc)" "${tsan_filter[@]}" "$@"
+ctest --output-on-failure -j "$(nproc)" "${tsan_filter[@]}" "${filter[@]}" "$@"

@@ -77,6 +77,10 @@ std::string cpuBlasName() {
   Dl_info where{};
   void* sgemm = dlsym(RTLD_DEFAULT, "sgemm_");
   if (!sgemm || !dladdr(sgemm, &where) || !where.dli_fname) return "none (no sgemm_ loaded)";
+  // pip's and pytorch.org's LibTorch carry their BLAS (MKL) inside libtorch_cpu: no libblas.so.3 to choose.
+  const std::string file = where.dli_fname;
+  const std::string base = file.substr(file.rfind('/') + 1);
+  if (base.rfind("libtorch", 0) == 0) return "built into LibTorch (" + base + ")";
   void* blas = dlopen(where.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
   if (!blas) return kReferenceBlas;
   std::string name = kReferenceBlas;

@@ -1,6 +1,8 @@
 // The OpenSlide backend of the reader registry (readers.hpp): whole-slide formats (Aperio, Hamamatsu,
 // MIRAX, Leica, Ventana, ...), read region by region, each reading thread on an OpenSlide handle of its own.
+#if TILER_WITH_OPENSLIDE
 #include <openslide.h>
+#endif
 
 #include <cmath>
 #include <exception>
@@ -13,8 +15,11 @@
 #include "tiler/handle_pool.hpp"
 #include "tiler/image_io.hpp"
 #include "tiler/readers.hpp"
+#include "tiler/version.hpp"
 
 namespace tiler {
+
+#if TILER_WITH_OPENSLIDE
 namespace {
 
 std::optional<double> numericProperty(openslide_t* osr, const char* name) {
@@ -142,5 +147,19 @@ std::string slideVendor(const std::string& path) {
 std::unique_ptr<ImageReader> openWholeSlide(const std::string& path) {
   return std::make_unique<SlideReader>(path);
 }
+
+#else
+// Without OpenSlide a file with a whole-slide extension (.svs, .ndpi, .mrxs, ...) is claimed here and fails
+// its image, saying what this build lacks: libtiff would read some of them, but not their resolution, and
+// not their label and macro pages apart from the pyramid. Other TIFFs stay with libtiff's reader.
+std::string slideVendor(const std::string& path) {
+  return isWholeSlideExtension(path) ? "unknown (no OpenSlide)" : "";
+}
+
+std::unique_ptr<ImageReader> openWholeSlide(const std::string& path) {
+  requireFeature("openslide", "'" + path + "' (a whole-slide format)");
+  return nullptr;
+}
+#endif
 
 }  // namespace tiler

@@ -30,6 +30,7 @@
 #include "tiler/report.hpp"
 #include "tiler/sampler.hpp"
 #include "tiler/session.hpp"
+#include "tiler/version.hpp"
 #include "tiler/window_outputs.hpp"
 
 namespace fs = std::filesystem;
@@ -231,6 +232,10 @@ void InferJob::settleTask() {
       probe_.perWindow() ? "one vector of " + std::to_string(probe_.output_channels) + " values per window"
                          : "NCHW maps";
   if (save_kinds_.empty()) save_kinds_ = defaultOutputKinds(task);
+  for (const std::string& kind : save_kinds_) {
+    if (kind == "polygons") requireFeature("gdal", "--save polygons");
+    if (kind == "features") requireFeature("hdf5", "--save features");
+  }
   TILER_CHECK(taskOfOutputKind(save_kinds_.front()) == task, ConfigError,
               "--save " << *o_.save << " is an output of --task "
                         << taskName(taskOfOutputKind(save_kinds_.front())) << ", but '" << o_.model

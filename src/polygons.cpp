@@ -1,10 +1,12 @@
 #include "tiler/polygons.hpp"
 
+#if TILER_WITH_GDAL
 #include <cpl_conv.h>
 #include <gdal.h>
 #include <gdal_alg.h>
 #include <ogr_api.h>
 #include <ogr_srs_api.h>
+#endif
 
 #include <unistd.h>
 
@@ -18,6 +20,7 @@
 
 #include "tiler/error.hpp"
 #include "tiler/platform.hpp"
+#include "tiler/version.hpp"
 
 namespace tiler {
 
@@ -85,6 +88,7 @@ std::vector<std::array<uint8_t, 3>> labelPalette(int classes, const std::vector<
   return palette;
 }
 
+#if TILER_WITH_GDAL
 namespace {
 
 // Multiplies every coordinate of a GeoJSON geometry's "coordinates" (nested arrays of [x, y]) by `factor`.
@@ -197,5 +201,12 @@ int64_t writePolygons(const std::string& labels_path, const std::string& geojson
               "'" << geojson_path << "': writing failed: " << std::strerror(errno));
   return written;
 }
+
+#else
+int64_t writePolygons(const std::string&, const std::string& geojson_path, const PolygonOptions&) {
+  requireFeature("gdal", "'" + geojson_path + "' (--save polygons)");
+  return 0;
+}
+#endif
 
 }  // namespace tiler

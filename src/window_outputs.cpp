@@ -1,6 +1,8 @@
 #include "tiler/window_outputs.hpp"
 
+#if TILER_WITH_HDF5
 #include <hdf5.h>
+#endif
 #include <spdlog/fmt/fmt.h>
 #include <unistd.h>
 
@@ -16,6 +18,7 @@
 
 #include "tiler/error.hpp"
 #include "tiler/platform.hpp"
+#include "tiler/version.hpp"
 
 namespace fs = std::filesystem;
 
@@ -120,6 +123,7 @@ std::string csvField(const std::string& text) {
 
 namespace {
 
+#if TILER_WITH_HDF5
 // Serial libhdf5 (Debian's) is not thread safe: every call of this process goes through one lock (ranks run
 // as threads in the tests; one output thread per process otherwise).
 std::mutex& hdf5Mutex() {
@@ -146,6 +150,8 @@ std::string hdf5Error() {
   if (walk.outer.empty()) return "unknown HDF5 error";
   return walk.inner == walk.outer ? walk.outer : walk.outer + ": " + walk.inner;
 }
+
+#endif
 
 // One write of a text output under its partial name, created anew.
 class TextFile {
@@ -194,6 +200,7 @@ void renameFromPartial(const std::string& path) {
 
 }  // namespace
 
+#if TILER_WITH_HDF5
 // <stem>.h5: `features` float32 (N, D) and `coords` int64 (N, 2), chunked along N and extended a chunk at a
 // time (the last one at finish), attributes on the file and on `coords` (TRIDENT and CLAM read the latter).
 class WindowOutputs::FeatureFile {
@@ -364,6 +371,23 @@ class WindowOutputs::FeatureFile {
   std::vector<int64_t> coords_buffer_;
   bool committed_ = false;
 };
+
+#else
+// Without HDF5 the job stops before any work (settleTask); this only keeps the interface.
+class WindowOutputs::FeatureFile {
+ public:
+  FeatureFile(const std::string& path, const CatalogImage&, const WindowOutputOptions&) {
+    requireFeature("hdf5", "'" + path + "' (--save features)");
+  }
+  void append(const WindowPlace&, const float*) {}
+  void finish() {}
+  const std::string& path() const { return path_; }
+  void committed() {}
+
+ private:
+  std::string path_;
+};
+#endif
 
 // Classify: <stem>.csv (WSInfer's columns), <stem>_tiles.geojson (QuPath's tile objects) and
 // <stem>_heatmap.tif (K float bands, one pixel per window: the grid's column and row).

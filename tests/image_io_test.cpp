@@ -654,6 +654,7 @@ TEST(ImageWriter, RefusesBadUseClearly) {
 }
 
 TEST(ImageWriter, OutputsAreReadableByTiffinfoAndOpenCv) {
+  TILER_SKIP_WITHOUT_TOOL("tiffinfo");
   cv::Mat img = randomImage(300, 700, CV_8UC3, 4);
   auto path = tempPath("tools.tif");
   writeWithWriter(path, img, SampleType::kU8, {});

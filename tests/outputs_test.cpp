@@ -132,6 +132,7 @@ TEST(Outputs, AStageWritesOnlyItsOwnImagesAndReportsThem) {
 
 // A per-window model's stage: vectors, not maps, go to window_outputs; a write fault fails its image alone.
 TEST(Outputs, PerWindowVectorsAreWrittenByTheStageAndAFaultFailsOneImage) {
+  TILER_SKIP_WITHOUT_FEATURE("hdf5");
   const std::string dir = test::scratchDir("stage_vectors");
   WindowCatalog c = smallCatalog(dir, 3);
   for (int i = 0; i < 3; ++i) {

@@ -982,6 +982,7 @@ float xResolutionPerCentimetre(const std::string& path) {
 }
 
 TEST_F(Pipeline, WholeSlideAtMppIsItsLevelPixelForPixel) {
+  TILER_SKIP_WITHOUT_FEATURE("openslide");
   if (!test::haveSlideTools()) GTEST_SKIP() << "vips/openslide-tools not installed (scripts/setup-deps.sh)";
   const std::string dir = root_ + "/wsi";
   fs::create_directories(dir + "/slides");
@@ -1031,6 +1032,7 @@ TEST_F(Pipeline, WholeSlideAtMppIsItsLevelPixelForPixel) {
 }
 
 TEST_F(Pipeline, ResampledSlideTilesExactlyAndIsTheSameOnOneAndTwoRanks) {
+  TILER_SKIP_WITHOUT_FEATURE("openslide");
   if (!test::haveSlideTools()) GTEST_SKIP() << "vips/openslide-tools not installed (scripts/setup-deps.sh)";
   const std::string dir = root_ + "/wsi_resampled";
   fs::create_directories(dir + "/slides");
@@ -1055,6 +1057,7 @@ TEST_F(Pipeline, ResampledSlideTilesExactlyAndIsTheSameOnOneAndTwoRanks) {
 }
 
 TEST_F(Pipeline, SlidesThatCannotBeReadAtTheResolutionFailAlone) {
+  TILER_SKIP_WITHOUT_FEATURE("openslide");
   if (!test::haveSlideTools()) GTEST_SKIP() << "vips/openslide-tools not installed (scripts/setup-deps.sh)";
   const std::string dir = root_ + "/wsi_bad";
   fs::create_directories(dir + "/slides");
@@ -1191,6 +1194,7 @@ cv::Mat knownShapes() {
 }
 
 TEST_F(Pipeline, PolygonsOutlineEachRegionExactlyWithItsHoles) {
+  TILER_SKIP_WITHOUT_FEATURE("gdal");
   const std::string in = root_ + "/shapes_in", out = root_ + "/shapes_out";
   fs::create_directories(in);
   writeImage(in + "/shapes.png", knownShapes(), SampleType::kU8);
@@ -1224,6 +1228,8 @@ TEST_F(Pipeline, PolygonsOutlineEachRegionExactlyWithItsHoles) {
 }
 
 TEST_F(Pipeline, GeoreferencedPolygonsAreInTheInputsCrs) {
+  TILER_SKIP_WITHOUT_FEATURE("gdal");
+  TILER_SKIP_WITHOUT_TOOL("gdalinfo");
   if (!have("gdal_translate")) GTEST_SKIP() << "gdal-bin is not installed";
   const std::string in = root_ + "/geo_in", out = root_ + "/geo_out";
   fs::create_directories(in);
@@ -1543,6 +1549,8 @@ std::string perWindowModel(const std::string& root, const std::string& name, con
 }
 
 TEST_F(Pipeline, EmbedWritesTheGridsFeaturesByteIdenticalForOneToThreeRanks) {
+  TILER_SKIP_WITHOUT_FEATURE("hdf5");
+  TILER_SKIP_WITHOUT_TOOL("h5dump");
   const std::string encoder = perWindowModel(root_, "encoder", "    return f\n");
   const std::string args = " -i " + root_ + "/images -m " + encoder +
                            " --window 64 --batch_size 4 --threads 1 --no_progress --encoder_name tiny -o ";
@@ -1668,6 +1676,8 @@ TEST_F(Pipeline, ClassifyWritesCsvTilesAndHeatmapThatGdalReads) {
 }
 
 TEST_F(Pipeline, EmbedUnderAMaskAndAtAnotherResolution) {
+  TILER_SKIP_WITHOUT_FEATURE("hdf5");
+  TILER_SKIP_WITHOUT_TOOL("h5dump");
   const std::string encoder = perWindowModel(root_, "encoder_mask", "    return f\n");
   // The mask keeps the left 128 columns of a_large.tif (700 x 500): 2 of 11 window columns, 8 rows.
   cv::Mat mask(500, 700, CV_8UC1, cv::Scalar(0));
@@ -1693,6 +1703,44 @@ TEST_F(Pipeline, EmbedUnderAMaskAndAtAnotherResolution) {
   auto attrs = run("h5dump -a /coords/patch_size_level0 -a /coords/mpp " + half + "/a_large.h5");
   EXPECT_NE(attrs.output.find("(0): 128"), std::string::npos) << attrs.output;
   EXPECT_NE(attrs.output.find("(0): 0.5"), std::string::npos) << attrs.output;
+}
+
+// A build without GDAL or HDF5 stops a job whose --save needs one before any work, in one line that says how
+// to build it in; without OpenSlide a whole-slide file fails alone and the rest of the batch goes on. CI's
+// build with the optional features off runs this; a build with all of them skips it.
+TEST_F(Pipeline, AFeatureThisBuildLacksStopsWhatNeedsIt) {
+  if (test::featureBuilt("gdal") && test::featureBuilt("hdf5") && test::featureBuilt("openslide"))
+    GTEST_SKIP() << "this build has every optional feature";
+  const std::string base = " -i " + root_ + "/images/c_small.png --window 64 --threads 1 --no_progress -o ";
+  if (!test::featureBuilt("gdal")) {
+    const std::string out = root_ + "/out_no_gdal";
+    auto r = run(kTiler + base + out + " -m " + model_ + " --save labels,polygons");
+    EXPECT_EQ(r.code, 1) << r.output;
+    EXPECT_NE(r.output.find("--save polygons needs gdal, which this tiler was built without"),
+              std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("-DTILER_WITH_GDAL=ON"), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(out + "/c_small_labels.tif")) << "stopped before any work";
+  }
+  if (!test::featureBuilt("hdf5")) {
+    const std::string out = root_ + "/out_no_hdf5";
+    const std::string encoder = perWindowModel(root_, "encoder_nohdf5", "    return f\n");
+    auto r = run(kTiler + base + out + " -m " + encoder + " --task embed");
+    EXPECT_EQ(r.code, 1) << r.output;
+    EXPECT_NE(r.output.find("--save features needs hdf5"), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(out + "/c_small.h5"));
+  }
+  if (!test::featureBuilt("openslide")) {
+    const std::string in = root_ + "/in_no_openslide", out = root_ + "/out_no_openslide";
+    fs::create_directories(in);
+    fs::copy_file(root_ + "/images/c_small.png", in + "/c_small.png");
+    test::writeAbsurdTiff(in + "/slide.svs", 3, 1000);
+    auto r = run(kTiler + " -i " + in + " --window 64 --threads 1 --no_progress -o " + out + " -m " + model_);
+    EXPECT_EQ(r.code, 1) << r.output;
+    EXPECT_NE(r.output.find("slide.svs' (a whole-slide format) needs openslide"), std::string::npos)
+        << r.output;
+    EXPECT_TRUE(fs::exists(out + "/c_small_labels.tif")) << "the rest of the batch goes on";
+  }
 }
 
 TEST_F(Pipeline, AnOutputThatIsNeitherMapNorVectorFailsNamingItsShapeAndTheTasks) {

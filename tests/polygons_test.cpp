@@ -43,6 +43,7 @@ TEST(Polygons, ClassesAndPalette) {
 
 // Two classes: a 10x10 square of class 2 with a 4x4 hole, and an L of class 1 touching it diagonally only.
 TEST(Polygons, RegionsAreExactPixelOutlinesWithHoles) {
+  TILER_SKIP_WITHOUT_FEATURE("gdal");
   const std::string dir = test::scratchDir("polygons");
   cv::Mat labels = cv::Mat::zeros(40, 50, CV_8U);
   labels(cv::Rect(5, 5, 10, 10)).setTo(2);

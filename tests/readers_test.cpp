@@ -35,6 +35,7 @@ TEST(Readers, TheBackendsAreAskedInTheirOrder) {
 }
 
 TEST(Readers, EachFileGoesToTheBackendThatClaimsItFirst) {
+  TILER_SKIP_WITHOUT_FEATURE("openslide");
   const std::string dir = test::scratchDir("readers");
   const cv::Mat img(40, 50, CV_8UC3, cv::Scalar(10, 20, 30));
   ASSERT_TRUE(cv::imwrite(dir + "/a.png", img));
@@ -131,6 +132,7 @@ TEST(Readers, JpegsAreDecodedByLibjpegAndTruncatedOrForgedOnesFail) {
 }
 
 TEST(Readers, AVendorSlideGoesToOpenSlideWhateverItsName) {
+  TILER_SKIP_WITHOUT_FEATURE("openslide");
   if (!test::haveSlideTools()) GTEST_SKIP() << "vips/openslide-tools not installed (scripts/setup-deps.sh)";
   const std::string dir = test::scratchDir("readers_slide");
   cv::Mat rgb(300, 400, CV_8UC3, cv::Scalar(200, 120, 180));

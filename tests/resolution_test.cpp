@@ -169,6 +169,7 @@ TEST(Slide, ResampledWindowsHoldTheSamePixelsWhereverTheyLie) {
 }
 
 TEST(Slide, TiffReaderReadsReducedPagesAndSubIfdsAsLevels) {
+  TILER_SKIP_WITHOUT_TOOL("tiffcp");
   const std::string dir = test::scratchDir("slide_tiff_levels");
   const cv::Mat img = randomImage(300, 520, CV_8UC3, 11);
   writeTiff(dir + "/pyramid.tif", img, true);  // NewSubfileType 1 pages: 260x150 ... 33x19 (one tile)
@@ -212,6 +213,7 @@ TEST(Slide, TiffReaderReadsReducedPagesAndSubIfdsAsLevels) {
 class SlideFiles : public ::testing::Test {
  protected:
   void SetUp() override {
+    TILER_SKIP_WITHOUT_FEATURE("openslide");
     if (!test::haveSlideTools()) GTEST_SKIP() << "vips/openslide-tools not installed (scripts/setup-deps.sh)";
     dir_ = test::scratchDir("slide_files");
     image_ = randomImage(768, 1024, CV_8UC3, 5);

@@ -24,8 +24,22 @@
 #include "tiler/error.hpp"
 #include "tiler/launcher.hpp"
 #include "tiler/platform.hpp"
+#include "tiler/version.hpp"
 
 namespace tiler::test {
+
+// Whether this build has optional feature `name` (gdal, openslide, hdf5: CMake's TILER_WITH_*).
+inline bool featureBuilt(const std::string& name) {
+  for (const OptionalFeature& f : optionalFeatures())
+    if (f.name == name) return f.built;
+  return false;
+}
+// A test that needs an optional feature, or a command-line tool, skips without it, saying which.
+#define TILER_SKIP_WITHOUT_FEATURE(name) \
+  if (!::tiler::test::featureBuilt(name)) GTEST_SKIP() << "this build has no " name " (TILER_WITH_*)"
+#define TILER_SKIP_WITHOUT_TOOL(tool)                                             \
+  if (::tiler::test::runCommand("command -v " tool " >/dev/null 2>&1").code != 0) \
+  GTEST_SKIP() << tool " is not installed (scripts/setup-deps.sh)"
 
 struct CommandResult {
   int code = -1;       // exit code, or 128 + signal

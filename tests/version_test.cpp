@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tiler/error.hpp"
+
 #include <array>
 #include <cstdio>
 #include <string>
@@ -27,6 +29,32 @@ TEST(Version, TilerReportsVersionsCudaNcclAndBackends) {
   EXPECT_NE(out.find("NCCL usable: "), std::string::npos) << out;
   EXPECT_NE(out.find("c10d backends: gloo"), std::string::npos) << out;
   EXPECT_EQ(out, tiler::runtimeInfo("tiler"));
+}
+
+// Each optional feature is listed by --version as built or not; a feature this build lacks stops what needs
+// it with one line naming it and the CMake option, and one it has lets it pass. (CI builds both ways.)
+TEST(Version, OptionalFeaturesAreListedAndAMissingOneNamesHowToBuildItIn) {
+  int status = 0;
+  const std::string out = run(std::string(TILER_BIN_DIR) + "/tiler --version", &status);
+  ASSERT_EQ(tiler::optionalFeatures().size(), 3u);
+  for (const tiler::OptionalFeature& f : tiler::optionalFeatures()) {
+    EXPECT_NE(out.find(" " + f.name + (f.built ? " yes" : " no")), std::string::npos) << out;
+    if (f.built) {
+      EXPECT_NO_THROW(tiler::requireFeature(f.name, "--save x"));
+      continue;
+    }
+    try {
+      tiler::requireFeature(f.name, "--save x");
+      ADD_FAILURE() << f.name << " is not built in, yet required without an error";
+    } catch (const tiler::ConfigError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("--save x needs " + f.name + ", which this tiler was built without"),
+                std::string::npos)
+          << what;
+      EXPECT_NE(what.find(f.option), std::string::npos) << what;
+    }
+  }
+  EXPECT_THROW(tiler::requireFeature("vulkan", "x"), tiler::ConfigError);
 }
 
 TEST(Version, CtrunReportsTheSameBuildWithoutLoadingLibTorch) {

@@ -97,6 +97,8 @@ TEST(WindowOutputs, TasksAndTheirOutputKinds) {
 }
 
 TEST(WindowOutputs, FeaturesInWindowOrderWithLevelZeroCoordinates) {
+  TILER_SKIP_WITHOUT_FEATURE("hdf5");
+  TILER_SKIP_WITHOUT_TOOL("h5dump");
   const std::string dir = test::scratchDir("features");
   const CatalogImage img = image(dir, 4.0);
   std::vector<int64_t> order = inOrder(12);
@@ -133,6 +135,8 @@ TEST(WindowOutputs, FeaturesInWindowOrderWithLevelZeroCoordinates) {
 }
 
 TEST(WindowOutputs, TheSameVectorsInAnyOrderGiveTheSameBytes) {
+  TILER_SKIP_WITHOUT_FEATURE("hdf5");
+  TILER_SKIP_WITHOUT_TOOL("h5dump");
   // Several chunks (a chunk holds 16 rows at least): 3 x 40 windows of 20 features.
   const std::string dir = test::scratchDir("features_bytes");
   CatalogImage img = image(dir);
@@ -159,6 +163,8 @@ TEST(WindowOutputs, TheSameVectorsInAnyOrderGiveTheSameBytes) {
 }
 
 TEST(WindowOutputs, MaskedWindowsAreAbsentAndAnEmptyImageGivesAnEmptyFile) {
+  TILER_SKIP_WITHOUT_FEATURE("hdf5");
+  TILER_SKIP_WITHOUT_TOOL("h5dump");
   const std::string dir = test::scratchDir("features_masked");
   CatalogImage img = image(dir);
   img.masked = true;
@@ -176,6 +182,8 @@ TEST(WindowOutputs, MaskedWindowsAreAbsentAndAnEmptyImageGivesAnEmptyFile) {
 }
 
 TEST(WindowOutputs, AnImageNotCommittedLeavesNothingAndAPlantedLinkIsRefused) {
+  TILER_SKIP_WITHOUT_FEATURE("hdf5");
+  TILER_SKIP_WITHOUT_TOOL("h5dump");
   const std::string dir = test::scratchDir("features_fail");
   const CatalogImage img = image(dir);
   WindowOutputOptions o = embed(2);
