@@ -4,7 +4,8 @@
 #   scripts/test.sh --sanitize   the same, built with TILER_SANITIZE=address,undefined in build-asan/
 #   scripts/test.sh --tsan       ThreadSanitizer (build-tsan/) over the suites of tiler's own threads: the
 #                                loader's read-ahead and read threads, the TIFF reader's shared tile cache,
-#                                the output stage, the tile compression pool, the readers' handle pools
+#                                the output stage, the tile compression pool, the stitcher's row pieces,
+#                                the readers' handle pools
 #                                and the pyramid's level thread
 #                                (LibTorch and gloo are not built with TSan, so the dist and exchange
 #                                tests drown in their false reports)
@@ -21,8 +22,8 @@ tsan_filter=()
 if [ "${1:-}" = "--sanitize" ]; then sanitize="address,undefined"; shift; fi
 if [ "${1:-}" = "--tsan" ]; then
   sanitize="thread"
-  targets=(--target queue_test handle_pool_test loader_test outputs_test image_io_test)
-  tsan_filter=(-R "^(Queue|HandlePool|Loader|Outputs)\\.|LoaderThreads|Pyramid|ImageReader\\.(Concurrent|ACorruptTileFails)|ImageWriter\\.Pooled")
+  targets=(--target queue_test handle_pool_test loader_test outputs_test image_io_test blend_test)
+  tsan_filter=(-R "^(Queue|HandlePool|Loader|Outputs)\\.|LoaderThreads|Pyramid|ImageReader\\.(Concurrent|ACorruptTileFails)|ImageWriter\\.Pooled|Stitcher\\.RowPieces")
   shift
 fi
 features=()

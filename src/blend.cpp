@@ -70,9 +70,14 @@ std::vector<int64_t> cropCores(const std::vector<int64_t>& starts, int64_t windo
 }
 
 cv::Mat labelsFromProbabilities(const cv::Mat& band, float threshold) {
+  cv::Mat labels(band.rows, band.cols, labelSampleType(band.channels()) == SampleType::kU16 ? CV_16U : CV_8U);
+  labelsInto(band, threshold, labels);
+  return labels;
+}
+
+void labelsInto(const cv::Mat& band, float threshold, cv::Mat labels) {
   const int c = band.channels();
-  const bool wide = labelSampleType(c) == SampleType::kU16;
-  cv::Mat labels(band.rows, band.cols, wide ? CV_16U : CV_8U);
+  const bool wide = labels.depth() == CV_16U;
   for (int y = 0; y < band.rows; ++y) {
     const float* p = band.ptr<float>(y);
     for (int x = 0; x < band.cols; ++x, p += c) {
@@ -88,7 +93,6 @@ cv::Mat labelsFromProbabilities(const cv::Mat& band, float threshold) {
         labels.ptr<uint8_t>(y)[x] = uint8_t(best);
     }
   }
-  return labels;
 }
 
 Stitcher::Stitcher(const WindowGrid& grid, int channels, StitchOptions options, BandSink sink,
@@ -138,38 +142,73 @@ size_t Stitcher::bytesHeld() const {
   return (acc_.size() + weight_.size() + importance_.size()) * sizeof(float) + pending;
 }
 
+namespace {
+
+// Rows of the ring a task of the pool takes at least: 16 rows of 8192 px and 3 channels are 1.5 MB.
+constexpr int64_t kMinRowsPerPiece = 16;
+
+}  // namespace
+
+int64_t Stitcher::positionOf(int64_t index) const {
+  if (all_windows_) return index;
+  auto it = std::lower_bound(windows_.begin(), windows_.end(), index);
+  return it != windows_.end() && *it == index ? int64_t(it - windows_.begin()) : -1;
+}
+
 void Stitcher::add(int64_t index, const float* chw) {
-  int64_t position = index;
-  if (!all_windows_) {
-    auto it = std::lower_bound(windows_.begin(), windows_.end(), index);
-    position = it != windows_.end() && *it == index ? int64_t(it - windows_.begin()) : -1;
-  }
-  TILER_CHECK(position >= next_ && position < count_ && !pending_.count(position), ConfigError,
-              "stitcher: window " << index << " added twice, out of range (0.." << grid_.count() - 1
-                                  << ") or not among the windows to expect");
-  if (position != next_) {
-    const size_t n = size_t(channels_ * win_w_ * win_h_);
-    std::vector<float> copy;
-    if (!spare_.empty()) {
-      copy = std::move(spare_.back());
-      spare_.pop_back();
-    } else {
-      ++early_buffers_made_;
+  addMany({{index, chw}});
+}
+
+void Stitcher::addMany(const std::vector<std::pair<int64_t, const float*>>& windows) {
+  std::vector<std::pair<int64_t, const float*>> run;  // the windows to accumulate now, in order
+  std::vector<std::vector<float>> used;               // early copies among them (moving keeps their data)
+  for (const auto& [index, chw] : windows) {
+    const int64_t position = positionOf(index);
+    TILER_CHECK(position >= next_ && position < count_ && !pending_.count(position), ConfigError,
+                "stitcher: window " << index << " added twice, out of range (0.." << grid_.count() - 1
+                                    << ") or not among the windows to expect");
+    if (position != next_) {
+      const size_t n = size_t(channels_ * win_w_ * win_h_);
+      std::vector<float> copy;
+      if (!spare_.empty()) {
+        copy = std::move(spare_.back());
+        spare_.pop_back();
+      } else {
+        ++early_buffers_made_;
+      }
+      copy.assign(chw, chw + n);
+      pending_.emplace(position, std::move(copy));
+      continue;
     }
-    copy.assign(chw, chw + n);
-    pending_.emplace(position, std::move(copy));
-    return;
-  }
-  accumulate(index, chw);
-  ++next_;
-  for (auto it = pending_.begin(); it != pending_.end() && it->first == next_; it = pending_.erase(it)) {
-    accumulate(windowAt(it->first), it->second.data());
-    spare_.push_back(std::move(it->second));
+    run.emplace_back(index, chw);
     ++next_;
+    for (auto it = pending_.begin(); it != pending_.end() && it->first == next_; it = pending_.erase(it)) {
+      used.push_back(std::move(it->second));
+      run.emplace_back(windowAt(it->first), used.back().data());
+      ++next_;
+    }
   }
-  if (next_ == count_) {
+  accumulateRun(run);
+  for (auto& buffer : used) spare_.push_back(std::move(buffer));
+  if (next_ == count_ && !run.empty()) {
     spare_.clear();
     flushUpTo(padded_h_);
+  }
+}
+
+void Stitcher::accumulateRun(const std::vector<std::pair<int64_t, const float*>>& run) {
+  // Windows arrive in row-major order: those of one grid row share their top row, and no later window
+  // reaches above it, so the rows above are flushed first. A grid row's windows are then accumulated
+  // together, each piece of rows going through all of them in window order.
+  for (size_t first = 0; first < run.size();) {
+    const int64_t y0 = scale_.apply(grid_.window(run[first].first).y);
+    size_t last = first + 1;
+    while (last < run.size() && scale_.apply(grid_.window(run[last].first).y) == y0) ++last;
+    flushUpTo(y0);
+    parallelRows(options_.pool, win_h_, kMinRowsPerPiece, [&](int64_t y_first, int64_t y_last) {
+      for (size_t k = first; k < last; ++k) accumulateRows(run[k].first, run[k].second, y_first, y_last);
+    });
+    first = last;
   }
 }
 
@@ -178,11 +217,9 @@ void Stitcher::finishEmpty() {
   flushUpTo(padded_h_);
 }
 
-void Stitcher::accumulate(int64_t index, const float* chw) {
+void Stitcher::accumulateRows(int64_t index, const float* chw, int64_t y_first, int64_t y_last) {
   const Rect r = grid_.window(index);
   const int64_t x0 = scale_.apply(r.x), y0 = scale_.apply(r.y);
-  // Windows arrive in row-major order, so no later window reaches above this one's top row.
-  flushUpTo(y0);
   int64_t cx0 = 0, cx1 = win_w_, cy0 = 0, cy1 = win_h_;
   if (options_.mode == BlendMode::kCrop) {
     const int64_t col = index % grid_.columns(), row = index / grid_.columns();
@@ -191,6 +228,8 @@ void Stitcher::accumulate(int64_t index, const float* chw) {
     cy0 = cores_y_[size_t(row)] - y0;
     cy1 = cores_y_[size_t(row) + 1] - y0;
   }
+  cy0 = std::max(cy0, y_first);
+  cy1 = std::min(cy1, y_last);
   const int64_t plane = win_w_ * win_h_;
   for (int64_t y = cy0; y < cy1; ++y) {
     const int64_t ring_row = (y0 + y) % win_h_;
@@ -226,22 +265,28 @@ void Stitcher::flushUpTo(int64_t padded_row) {
       // threshold, a band made per flush would be mapped and faulted in each time).
       if (band_buffer_.empty()) band_buffer_.create(int(win_h_), int(out_w_), CV_MAKETYPE(CV_32F, channels_));
       cv::Mat band = band_buffer_.rowRange(0, int(last - first));
-      for (int64_t row = first; row < last; ++row) {
-        const int64_t ring_row = row % win_h_;
-        const float* wsum = weight_.data() + size_t(ring_row * padded_w_ + crop_x_);
-        float* out = band.ptr<float>(int(row - first));
-        for (int c = 0; c < channels_; ++c) {
-          const float* acc = acc_.data() + size_t((ring_row * channels_ + c) * padded_w_ + crop_x_);
-          for (int64_t x = 0; x < out_w_; ++x) out[x * channels_ + c] = wsum[x] > 0 ? acc[x] / wsum[x] : 0.0f;
+      parallelRows(options_.pool, last - first, kMinRowsPerPiece, [&](int64_t a, int64_t b) {
+        for (int64_t row = first + a; row < first + b; ++row) {
+          const int64_t ring_row = row % win_h_;
+          const float* wsum = weight_.data() + size_t(ring_row * padded_w_ + crop_x_);
+          float* out = band.ptr<float>(int(row - first));
+          for (int c = 0; c < channels_; ++c) {
+            const float* acc = acc_.data() + size_t((ring_row * channels_ + c) * padded_w_ + crop_x_);
+            for (int64_t x = 0; x < out_w_; ++x)
+              out[x * channels_ + c] = wsum[x] > 0 ? acc[x] / wsum[x] : 0.0f;
+          }
         }
-      }
+      });
       sink_(band, first - crop_y_);
     }
-    for (int64_t row = flushed_; row < end; ++row) {
-      const int64_t ring_row = row % win_h_;
-      std::fill_n(acc_.begin() + ring_row * padded_w_ * channels_, padded_w_ * channels_, 0.0f);
-      std::fill_n(weight_.begin() + ring_row * padded_w_, padded_w_, 0.0f);
-    }
+    const int64_t from = flushed_;
+    parallelRows(options_.pool, end - from, kMinRowsPerPiece, [&](int64_t a, int64_t b) {
+      for (int64_t row = from + a; row < from + b; ++row) {
+        const int64_t ring_row = row % win_h_;
+        std::fill_n(acc_.begin() + ring_row * padded_w_ * channels_, padded_w_ * channels_, 0.0f);
+        std::fill_n(weight_.begin() + ring_row * padded_w_, padded_w_, 0.0f);
+      }
+    });
     flushed_ = end;
   }
 }

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -39,15 +40,18 @@ std::string probsDescription(SampleType type, const std::vector<ClassInfo>& name
   return j.dump();
 }
 
-// A band of probabilities as stored: u8 = round(p x 255) after clamping to [0, 1] (NaN to 0).
-cv::Mat storedProbabilities(const cv::Mat& band, SampleType type) {
+// Where a band of probabilities goes as stored: the band itself for f32, else a matrix of the stored type.
+cv::Mat storedProbabilitiesBuffer(const cv::Mat& band, SampleType type) {
   if (type == SampleType::kF32) return band;
-  cv::Mat out;
-  band.convertTo(
-      out,
-      type == SampleType::kU8 ? CV_MAKETYPE(CV_8U, band.channels()) : CV_MAKETYPE(CV_16F, band.channels()),
-      type == SampleType::kU8 ? 255.0 : 1.0);
-  return out;
+  return cv::Mat(
+      band.rows, band.cols,
+      type == SampleType::kU8 ? CV_MAKETYPE(CV_8U, band.channels()) : CV_MAKETYPE(CV_16F, band.channels()));
+}
+
+// Rows of probabilities as stored, into `out` (its rows, of the stored type): u8 = round(p x 255) after
+// clamping to [0, 1] (NaN to 0); f16 as converted.
+void storeProbabilities(const cv::Mat& rows, SampleType type, cv::Mat out) {
+  rows.convertTo(out, out.type(), type == SampleType::kU8 ? 255.0 : 1.0);
 }
 
 }  // namespace
@@ -198,15 +202,32 @@ OutputStage::ImageOutputs& OutputStage::outputsFor(int image_id) {
   ImageWriter* labels = out.labels.get();
   ImageWriter* probs = out.probs.get();
   const float threshold = options_.label_threshold;
+  StitchOptions stitch = options_.stitch;
+  stitch.pool = pool_.get();
   out.stitcher = std::make_unique<Stitcher>(
-      img.grid, options_.classes, options_.stitch,
+      img.grid, options_.classes, stitch,
       [this, image_id, labels, probs, threshold](const cv::Mat& band, int64_t) {
-        // Each output value once, while the band is at hand: non-finite predictions stay so through blending.
-        int64_t& non_finite = catalog_.image(image_id).non_finite_values;
-        for (int y = 0; y < band.rows; ++y)
-          non_finite += countNonFinite(band.ptr<float>(y), int64_t(band.cols) * band.channels());
-        if (probs) probs->writeRows(storedProbabilities(band, options_.probs_type));
-        if (labels) labels->writeRows(labelsFromProbabilities(band, threshold));
+        // Each output value once, while the band is at hand, in pieces of rows on the pool: non-finite
+        // predictions (they stay so through blending), the stored probabilities, the labels.
+        cv::Mat stored = probs ? storedProbabilitiesBuffer(band, options_.probs_type) : cv::Mat();
+        cv::Mat label_rows;
+        if (labels)
+          label_rows.create(band.rows, band.cols,
+                            labelSampleType(band.channels()) == SampleType::kU16 ? CV_16U : CV_8U);
+        std::atomic<int64_t> non_finite{0};
+        parallelRows(pool_.get(), band.rows, 16, [&](int64_t a, int64_t b) {
+          const cv::Mat rows = band.rowRange(int(a), int(b));
+          int64_t bad = 0;
+          for (int y = 0; y < rows.rows; ++y)
+            bad += countNonFinite(rows.ptr<float>(y), int64_t(rows.cols) * rows.channels());
+          non_finite += bad;
+          if (probs && stored.data != band.data)
+            storeProbabilities(rows, options_.probs_type, stored.rowRange(int(a), int(b)));
+          if (labels) labelsInto(rows, threshold, label_rows.rowRange(int(a), int(b)));
+        });
+        catalog_.image(image_id).non_finite_values += non_finite.load();
+        if (probs) probs->writeRows(stored);
+        if (labels) labels->writeRows(label_rows);
       },
       img.masked ? std::optional<std::vector<int64_t>>(img.kept) : std::nullopt);
   return open_.emplace(image_id, std::move(out)).first->second;
@@ -303,11 +324,28 @@ void OutputStage::stitchStep(StepResult& step) {
             [&](int64_t a, int64_t b) { return slots[size_t(a)].window < slots[size_t(b)].window; });
   const int64_t per_window = step.preds.numel() / std::max<int64_t>(step.preds.size(0), 1);
   const float* base = step.preds.data_ptr<float>();
-  for (int64_t k : order) {
-    const auto [image_id, local] = catalog_.locate(slots[size_t(k)].window);
-    if (catalog_.image(image_id).status != "ok") continue;
-    try {
-      ImageOutputs& out = outputsFor(image_id);
+  // Global order keeps an image's windows together: each image's run goes to its stitcher at once, which
+  // accumulates the windows of one grid row together.
+  for (size_t first = 0; first < order.size();) {
+    const int image_id = catalog_.locate(slots[size_t(order[first])].window).first;
+    size_t last = first + 1;
+    while (last < order.size() && catalog_.locate(slots[size_t(order[last])].window).first == image_id)
+      ++last;
+    if (catalog_.image(image_id).status == "ok")
+      stitchImageWindows(image_id, order, first, last, base, per_window, slots);
+    first = last;
+  }
+}
+
+void OutputStage::stitchImageWindows(int image_id, const std::vector<int64_t>& order, size_t first,
+                                     size_t last, const float* base, int64_t per_window,
+                                     const StepSlots& slots) {
+  try {
+    ImageOutputs& out = outputsFor(image_id);
+    std::vector<std::pair<int64_t, const float*>> windows;
+    for (size_t i = first; i < last; ++i) {
+      const int64_t k = order[i];
+      const int64_t local = catalog_.locate(slots[size_t(k)].window).second;
       const bool fault = options_.stitched_window && options_.stitched_window();
       if (fault && out.labels) out.labels->injectTileFault();
       if (fault && out.probs) out.probs->injectTileFault();
@@ -318,12 +356,13 @@ void OutputStage::stitchStep(StepResult& step) {
         catalog_.image(image_id).non_finite_values += countNonFinite(values, per_window);
         out.vectors->add(local, values);
       } else {
-        out.stitcher->add(local, values);
+        windows.emplace_back(local, values);
       }
-      if (out.vectors ? out.vectors->done() : out.stitcher->done()) finishImage(image_id, "");
-    } catch (...) {
-      finishImage(image_id, describeImageException(std::current_exception(), catalog_.image(image_id).input));
     }
+    if (out.stitcher) out.stitcher->addMany(windows);
+    if (out.vectors ? out.vectors->done() : out.stitcher->done()) finishImage(image_id, "");
+  } catch (...) {
+    finishImage(image_id, describeImageException(std::current_exception(), catalog_.image(image_id).input));
   }
 }
 

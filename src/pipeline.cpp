@@ -693,6 +693,7 @@ int InferJob::runSteps(Deal deal) {
   const int64_t ahead = pool.replicas() + 1;
   std::deque<std::future<ForwardedBatch>> started;
   Progress progress(catalog_.totalWindows(), "windows", !o_.no_progress && rank() == 0);
+  stats_.startup_seconds = secondsSinceProcessStart();
   int64_t step = 0;
   try {
     for (; step < steps; ++step) {

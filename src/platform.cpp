@@ -14,8 +14,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -182,6 +184,23 @@ double peakRssMegabytes() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   return double(usage.ru_maxrss) / 1024.0;  // Linux reports kilobytes
+}
+
+double secondsSinceProcessStart() {
+  // Field 22 of /proc/self/stat: the start time in clock ticks since boot; fields are counted after the
+  // command name's closing parenthesis (the name itself may hold spaces and parentheses).
+  std::ifstream stat("/proc/self/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const size_t close = text.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::istringstream fields(text.substr(close + 2));
+  std::string field;
+  for (int k = 3; k <= 22 && fields >> field; ++k) {
+  }
+  timespec now{};
+  if (fields.fail() || clock_gettime(CLOCK_BOOTTIME, &now) != 0) return -1;
+  const double started = std::stod(field) / double(sysconf(_SC_CLK_TCK));
+  return std::max(0.0, double(now.tv_sec) + double(now.tv_nsec) * 1e-9 - started);
 }
 
 std::string bundledSamplesDir() {

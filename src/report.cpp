@@ -18,13 +18,14 @@ namespace fs = std::filesystem;
 namespace tiler {
 
 std::vector<double> RankStats::pack() const {
-  return {double(windows),       read_seconds,  forward_seconds,       gather_seconds,      peak_rss_mb,
-          double(tiles_decoded), write_seconds, double(bytes_written), double(images_owned)};
+  return {double(windows),       read_seconds,  forward_seconds,       gather_seconds,       peak_rss_mb,
+          double(tiles_decoded), write_seconds, double(bytes_written), double(images_owned), startup_seconds};
 }
 
 RankStats RankStats::unpack(const std::vector<double>& v) {
-  TILER_CHECK(v.size() == 9, ConfigError, "rank statistics: expected 9 values, got " << v.size());
-  return RankStats{int64_t(v[0]), v[1], v[2], v[3], v[4], int64_t(v[5]), v[6], int64_t(v[7]), int64_t(v[8])};
+  TILER_CHECK(v.size() == 10, ConfigError, "rank statistics: expected 10 values, got " << v.size());
+  return RankStats{int64_t(v[0]), v[1], v[2],          v[3],          v[4],
+                   int64_t(v[5]), v[6], int64_t(v[7]), int64_t(v[8]), v[9]};
 }
 
 nlohmann::json inferReport(const RunSummary& run, const WindowCatalog& catalog,
@@ -61,8 +62,12 @@ nlohmann::json inferReport(const RunSummary& run, const WindowCatalog& catalog,
                              {"tiles_decoded", s.tiles_decoded},
                              {"write_seconds", s.write_seconds},
                              {"bytes_written", s.bytes_written},
-                             {"images_owned", s.images_owned}});
+                             {"images_owned", s.images_owned},
+                             {"startup_seconds", s.startup_seconds}});
   }
+  double startup = 0;
+  for (const RankStats& s : per_rank) startup = std::max(startup, s.startup_seconds);
+  j["startup_seconds"] = startup;  // the slowest rank's
   j["images"] = nlohmann::json::array();
   for (const auto& img : catalog.images()) {
     nlohmann::json e;

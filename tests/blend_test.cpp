@@ -47,8 +47,9 @@ std::vector<float> identityPrediction(const Synthetic& img, const WindowGrid& g,
 
 // Stitches in the given order (only `order`'s windows, when `expect` lists them); returns the output as HWC
 // rows.
+// `step` > 0: the windows go in through addMany, `step` at a time (as a step's windows of an image do).
 cv::Mat stitch(const WindowGrid& g, int c, StitchOptions o, const std::vector<std::vector<float>>& preds,
-               const std::vector<int64_t>& order, const std::vector<int64_t>& expect = {}) {
+               const std::vector<int64_t>& order, const std::vector<int64_t>& expect = {}, size_t step = 0) {
   cv::Mat out(int(std::max<int64_t>(1, g.scale().apply(g.imageHeight()))),
               int(std::max<int64_t>(1, g.scale().apply(g.imageWidth()))), CV_MAKETYPE(CV_32F, c));
   int64_t next_row = 0;
@@ -61,7 +62,16 @@ cv::Mat stitch(const WindowGrid& g, int c, StitchOptions o, const std::vector<st
         next_row = first + band.rows;
       },
       expect.empty() ? std::nullopt : std::optional<std::vector<int64_t>>(expect));
-  for (int64_t i : order) st.add(i, preds[size_t(i)].data());
+  if (step == 0) {
+    for (int64_t i : order) st.add(i, preds[size_t(i)].data());
+  } else {
+    for (size_t first = 0; first < order.size(); first += step) {
+      std::vector<std::pair<int64_t, const float*>> windows;
+      for (size_t k = first; k < std::min(order.size(), first + step); ++k)
+        windows.emplace_back(order[k], preds[size_t(order[k])].data());
+      st.addMany(windows);
+    }
+  }
   EXPECT_TRUE(st.done());
   EXPECT_EQ(next_row, out.rows);
   return out;
@@ -146,6 +156,42 @@ TEST(Stitcher, ArrivalOrderDoesNotChangeAByte) {
     if (trial == 4) std::reverse(order.begin(), order.end());
     cv::Mat got = stitch(g, 3, o, preds, order);
     ASSERT_EQ(std::memcmp(got.data, ref.data, ref.total() * ref.elemSize()), 0) << "trial " << trial;
+  }
+}
+
+// Windows added a step at a time and blended in row pieces on a pool give the bytes of one window at a time
+// on the caller's thread: every blend mode, shuffled steps, a mask's subset of the windows, and steps that
+// span grid rows.
+TEST(Stitcher, RowPiecesOnAPoolChangeNoByte) {
+  const Synthetic img = makeImage(301, 259, 2, 11);
+  WindowGrid g(301, 259, GridSpec{48, 48, 0.5, 0.5});
+  std::vector<std::vector<float>> preds;
+  std::mt19937 rng(5);
+  for (int64_t i = 0; i < g.count(); ++i) {
+    auto p = identityPrediction(img, g, i);
+    for (auto& v : p) v += float(rng() % 1000) * 1e-4f;
+    preds.push_back(p);
+  }
+  std::vector<int64_t> kept;
+  for (int64_t i = 0; i < g.count(); ++i)
+    if (i % 7 != 3) kept.push_back(i);
+  WorkPool pool(3);
+  for (BlendMode mode : {BlendMode::kGaussian, BlendMode::kConstant, BlendMode::kCrop}) {
+    for (bool masked : {false, true}) {
+      const std::vector<int64_t> windows = masked ? kept : inOrder(g.count());
+      StitchOptions serial{mode, 0.125};
+      const cv::Mat ref = stitch(g, 2, serial, preds, windows, masked ? kept : std::vector<int64_t>{});
+      StitchOptions pooled = serial;
+      pooled.pool = &pool;
+      for (size_t step : {size_t(1), size_t(8), size_t(13), windows.size()}) {
+        auto order = windows;
+        for (size_t s = 0; s < order.size(); s += step)
+          std::shuffle(order.begin() + long(s), order.begin() + long(std::min(order.size(), s + step)), rng);
+        const cv::Mat got = stitch(g, 2, pooled, preds, order, masked ? kept : std::vector<int64_t>{}, step);
+        ASSERT_EQ(std::memcmp(got.data, ref.data, ref.total() * ref.elemSize()), 0)
+            << "mode " << int(mode) << (masked ? ", masked" : "") << ", steps of " << step;
+      }
+    }
   }
 }
 

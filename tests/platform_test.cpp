@@ -2,9 +2,12 @@
 #include "tiler/platform.hpp"
 
 #include <gtest/gtest.h>
+
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <chrono>
+#include <thread>
 
 #include <cstring>
 #include <filesystem>
@@ -170,6 +173,16 @@ TEST(Platform, ReadsTheTightestCgroupCpuQuota) {
   EXPECT_EQ(cgroupCpuQuota(v1, (root / "missing").string()), 0);
   EXPECT_EQ(cgroupCpuQuota("", root.string()), 0);
   removeTree(root.string());
+}
+
+// The process's age from the kernel's start time: it grows with the wall clock, at 10 ms resolution.
+TEST(Platform, SecondsSinceProcessStartFollowTheClock) {
+  const double before = secondsSinceProcessStart();
+  ASSERT_GE(before, 0.0);
+  EXPECT_LT(before, 3600.0) << "a test process is young";
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const double after = secondsSinceProcessStart();
+  EXPECT_NEAR(after - before, 0.2, 0.05);
 }
 
 }  // namespace

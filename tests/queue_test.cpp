@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -67,6 +68,63 @@ TEST(Queue, APoolPassesExceptionsOnAndFinishesItsTasks) {
   } catch (const std::runtime_error& e) {
     EXPECT_STREQ(e.what(), "tile 7 failed");
   }
+}
+
+// Every row in exactly one piece, whatever the pool and the piece size; no pool: one piece on the caller.
+TEST(Queue, ParallelRowsCoverEachRowOnce) {
+  WorkPool pool(3);
+  for (WorkPool* p : {static_cast<WorkPool*>(nullptr), &pool}) {
+    for (int64_t rows : {0, 1, 15, 16, 17, 63, 64, 200}) {
+      std::vector<std::atomic<int>> seen(size_t(rows) + 1);
+      std::atomic<int> pieces{0};
+      parallelRows(p, rows, 16, [&](int64_t first, int64_t last) {
+        ++pieces;
+        for (int64_t r = first; r < last; ++r) ++seen[size_t(r)];
+      });
+      for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(seen[size_t(r)], 1) << rows << " rows, row " << r;
+      const int64_t most = p ? std::max<int64_t>(1, std::min<int64_t>(rows / 16, 4)) : 1;
+      EXPECT_EQ(pieces, rows == 0 ? 0 : most) << rows << " rows";
+    }
+  }
+}
+
+// A piece that throws: the others still finish before the caller sees the first error.
+TEST(Queue, ParallelRowsWaitForEveryPieceAndRethrow) {
+  WorkPool pool(3);
+  std::atomic<int> finished{0};
+  try {
+    parallelRows(&pool, 64, 16, [&](int64_t first, int64_t) {
+      if (first == 16) throw std::runtime_error("piece 2 failed");
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      ++finished;
+    });
+    FAIL() << "the piece's error was lost";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "piece 2 failed");
+  }
+  EXPECT_EQ(finished, 3);
+}
+
+// An urgent task runs before the tasks already queued (the stitcher's rows before queued tiles).
+TEST(Queue, AnUrgentTaskGoesAheadOfTheQueue) {
+  WorkPool pool(1);
+  std::promise<void> gate;
+  std::shared_future<void> open = gate.get_future().share();
+  std::vector<int> order;
+  std::mutex m;
+  pool.submit([open] { open.wait(); });  // holds the one thread while the others queue
+  auto queued = pool.submit([&] {
+    std::lock_guard<std::mutex> lock(m);
+    order.push_back(1);
+  });
+  auto urgent = pool.submitUrgent([&] {
+    std::lock_guard<std::mutex> lock(m);
+    order.push_back(2);
+  });
+  gate.set_value();
+  queued.get();
+  urgent.get();
+  EXPECT_EQ(order, (std::vector<int>{2, 1}));
 }
 
 }  // namespace

@@ -47,13 +47,19 @@ TEST(Report, StatusesAndExitCode) {
   EXPECT_EQ(j["per_rank"][0]["bytes_written"], 0);
   EXPECT_EQ(j["per_rank"][0]["images_owned"], 0);
   EXPECT_EQ(j["shard_run"], 1);
+  EXPECT_EQ(j["startup_seconds"], 0.0);
+  RankStats slow;
+  slow.startup_seconds = 2.5;
+  EXPECT_EQ(inferReport(run, catalogWith({"done"}), {RankStats{}, slow})["startup_seconds"], 2.5)
+      << "the slowest rank's start";
   EXPECT_EQ(exitCodeOf(j), kExitSomeFailed);
   EXPECT_EQ(exitCodeOf(inferReport(run, catalogWith({"done", "skipped"}), {})), kExitOk);
 }
 
 TEST(Report, RankStatsRoundTrip) {
-  RankStats s{7, 0.5, 1.5, 2.5, 100, 4097, 3.25, int64_t(1) << 40, 3};
+  RankStats s{7, 0.5, 1.5, 2.5, 100, 4097, 3.25, int64_t(1) << 40, 3, 1.75};
   RankStats back = RankStats::unpack(s.pack());
+  EXPECT_EQ(back.startup_seconds, 1.75);
   EXPECT_EQ(back.windows, 7);
   EXPECT_EQ(back.gather_seconds, 2.5);
   EXPECT_EQ(back.tiles_decoded, 4097);

@@ -6,7 +6,8 @@
 // the importance map and early arrivals: bytesHeld() <= wh*PW*(C+1)*4 + ww*wh*4 + the most pending at once.
 // Rows are divided by the summed weights (0 where no window reached) and handed to the sink, top to bottom,
 // in bands of at most one window's height, as soon as no later window can touch them. Not thread safe: one
-// thread feeds a Stitcher.
+// thread feeds a Stitcher. With a pool, accumulating, dividing and clearing run in pieces of rows on it as
+// well (each pixel still sums its windows in window order): the same bytes as without.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "tiler/grid.hpp"
+#include "tiler/queue.hpp"
 
 namespace tiler {
 
@@ -41,9 +43,13 @@ cv::Mat labelsFromProbabilities(const cv::Mat& band, float threshold);
 // 2x256x256 window's floats on this machine, a pass over memory.
 int64_t countNonFinite(const float* values, int64_t count);
 
+// Labels of `band` (as labelsFromProbabilities) into `labels`, a CV_8U or CV_16U matrix of its size.
+void labelsInto(const cv::Mat& band, float threshold, cv::Mat labels);
+
 struct StitchOptions {
   BlendMode mode = BlendMode::kGaussian;
   double sigma_scale = 0.125;
+  WorkPool* pool = nullptr;  // not owned; rows are blended in pieces on it too (null: the caller's thread)
 };
 
 class Stitcher {
@@ -60,6 +66,9 @@ class Stitcher {
 
   // Adds grid window `index` (one of `windows`) as CHW float32. Any order; each index once.
   void add(int64_t index, const float* chw);
+  // Adds several (a step's windows of this image), each as add() would: windows that follow one another
+  // are accumulated together, in row pieces on the pool. The arrays need to live during the call only.
+  void addMany(const std::vector<std::pair<int64_t, const float*>>& windows);
   // True once every window was added and every row handed to the sink.
   bool done() const { return next_ == count_ && flushed_ == padded_h_; }
   // With no window to add at all, hands every (zero) row to the sink.
@@ -71,7 +80,11 @@ class Stitcher {
   int64_t earlyBuffersMade() const { return early_buffers_made_; }
 
  private:
-  void accumulate(int64_t index, const float* chw);
+  // Accumulates `run` (consecutive windows, in order): those of one grid row together.
+  void accumulateRun(const std::vector<std::pair<int64_t, const float*>>& run);
+  // Window-local rows [y_first, y_last) of window `index` (clipped to its crop core in crop mode).
+  void accumulateRows(int64_t index, const float* chw, int64_t y_first, int64_t y_last);
+  int64_t positionOf(int64_t index) const;
   int64_t windowAt(int64_t position) const {
     return windows_.empty() ? position : windows_[size_t(position)];
   }

@@ -112,6 +112,10 @@ class OutputStage {
   };
   void loop();
   void stitchStep(StepResult& step);
+  // Slots order[first..last) of the step (one image's, in window order) into that image's outputs; a failure
+  // fails the image.
+  void stitchImageWindows(int image_id, const std::vector<int64_t>& order, size_t first, size_t last,
+                          const float* base, int64_t per_window, const StepSlots& slots);
   ImageOutputs& outputsFor(int image_id);
   void finishImage(int image_id, const std::string& error);
   void commit(ImageOutputs& out);

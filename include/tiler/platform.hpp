@@ -74,6 +74,9 @@ int usableCpus();
 int cgroupCpuQuota(const std::string& proc_cgroup, const std::string& root);
 // Peak resident memory of this process so far, in MiB.
 double peakRssMegabytes();
+// Seconds since the kernel started this process (its loading of shared libraries included: LibTorch's take
+// a large part of a run's start), at the kernel's 10 ms resolution; -1 when /proc cannot say.
+double secondsSinceProcessStart();
 
 // The bundled samples (images, models, training pairs).
 std::string bundledSamplesDir();

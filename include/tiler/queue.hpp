@@ -1,12 +1,15 @@
-// queue: the bounded FIFO between tiler's threads (read-ahead, output stage, pyramid levels), and the work
-// pool that compresses output tiles. No LibTorch.
+// queue: the bounded FIFO between tiler's threads (read-ahead, output stage, pyramid levels), the work pool
+// that compresses output tiles and blends rows, and parallelRows over it. No LibTorch.
 // Promise: push() blocks while full, pop() while empty; close() releases both sides at once. A pool runs
 // every task it was given before its destructor returns; a task's exception reaches its future.
+// parallelRows returns once every piece is done, so its body may use the caller's locals.
 #pragma once
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <future>
 #include <memory>
@@ -81,18 +84,31 @@ class WorkPool {
 
   template <typename F>
   auto submit(F task) -> std::future<decltype(task())> {
+    return enqueue(std::move(task), false);
+  }
+  // Runs before every task queued so far: for a thread that waits on it (the stitcher's row pieces, which
+  // the output stage waits for, go ahead of the tiles it has queued for compression).
+  template <typename F>
+  auto submitUrgent(F task) -> std::future<decltype(task())> {
+    return enqueue(std::move(task), true);
+  }
+
+ private:
+  template <typename F>
+  auto enqueue(F task, bool urgent) -> std::future<decltype(task())> {
     // std::function needs a copyable callable: the task lives behind a shared pointer.
     auto packaged = std::make_shared<std::packaged_task<decltype(task())()>>(std::move(task));
     auto result = packaged->get_future();
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      tasks_.emplace_back([packaged] { (*packaged)(); });
+      if (urgent)
+        tasks_.emplace_front([packaged] { (*packaged)(); });
+      else
+        tasks_.emplace_back([packaged] { (*packaged)(); });
     }
     ready_.notify_one();
     return result;
   }
-
- private:
   void work() {
     for (;;) {
       std::function<void()> task;
@@ -113,5 +129,38 @@ class WorkPool {
   bool stopping_ = false;                    // guarded by mutex_
   std::vector<std::thread> threads_;         // last: started once the members above exist
 };
+
+// Runs body(first, last) over the rows [0, rows) in pieces of at least `min_rows` rows, up to one per pool
+// thread plus one on the calling thread (the others as urgent tasks of `pool`; null: all on the calling
+// thread), and returns when all are done, rethrowing the first exception of any. For rows that do not depend
+// on each other: the result is the same however they are split.
+template <typename F>
+void parallelRows(WorkPool* pool, int64_t rows, int64_t min_rows, const F& body) {
+  const int64_t pieces =
+      pool ? std::clamp<int64_t>(rows / std::max<int64_t>(min_rows, 1), 1, pool->threads() + 1) : 1;
+  if (pieces <= 1) {
+    if (rows > 0) body(int64_t(0), rows);
+    return;
+  }
+  const auto bound = [rows, pieces](int64_t k) { return rows * k / pieces; };
+  std::vector<std::future<void>> others;
+  for (int64_t k = 1; k < pieces; ++k)
+    others.push_back(
+        pool->submitUrgent([&body, first = bound(k), last = bound(k + 1)] { body(first, last); }));
+  std::exception_ptr failure;
+  try {
+    body(int64_t(0), bound(1));
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  for (auto& piece : others) {
+    try {
+      piece.get();
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+}
 
 }  // namespace tiler

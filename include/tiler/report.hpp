@@ -21,6 +21,8 @@ struct RankStats {
   // The rank's output stage (OutputStats): its busy seconds, the bytes it committed, the images it owns.
   double write_seconds = 0;
   int64_t bytes_written = 0, images_owned = 0;
+  // From the process's start (loading LibTorch included) to its first step: model load, probe, planning.
+  double startup_seconds = 0;
   std::vector<double> pack() const;
   static RankStats unpack(const std::vector<double>& values);
 };
