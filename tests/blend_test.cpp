@@ -47,6 +47,19 @@ std::vector<float> identityPrediction(const Synthetic& img, const WindowGrid& g,
 
 // Stitches in the given order (only `order`'s windows, when `expect` lists them); returns the output as HWC
 // rows.
+// Every window's identity prediction with a little noise of its own: windows disagree, as real predictions
+// do.
+std::vector<std::vector<float>> disagreeingPredictions(const Synthetic& img, const WindowGrid& g,
+                                                       std::mt19937& rng) {
+  std::vector<std::vector<float>> preds;
+  for (int64_t i = 0; i < g.count(); ++i) {
+    auto p = identityPrediction(img, g, i);
+    for (auto& v : p) v += float(rng() % 1000) * 1e-4f;
+    preds.push_back(p);
+  }
+  return preds;
+}
+
 // `step` > 0: the windows go in through addMany, `step` at a time (as a step's windows of an image do).
 cv::Mat stitch(const WindowGrid& g, int c, StitchOptions o, const std::vector<std::vector<float>>& preds,
                const std::vector<int64_t>& order, const std::vector<int64_t>& expect = {}, size_t step = 0) {
@@ -139,13 +152,8 @@ INSTANTIATE_TEST_SUITE_P(Modes, IdentityBlend,
 TEST(Stitcher, ArrivalOrderDoesNotChangeAByte) {
   const Synthetic img = makeImage(333, 277, 3, 7);
   WindowGrid g(333, 277, GridSpec{64, 64, 0.4, 0.4});
-  std::vector<std::vector<float>> preds;
   std::mt19937 rng(3);
-  for (int64_t i = 0; i < g.count(); ++i) {
-    auto p = identityPrediction(img, g, i);
-    for (auto& v : p) v += float(rng() % 1000) * 1e-4f;  // windows disagree, as real predictions do
-    preds.push_back(p);
-  }
+  const std::vector<std::vector<float>> preds = disagreeingPredictions(img, g, rng);
   StitchOptions o{BlendMode::kGaussian, 0.125};
   cv::Mat ref = stitch(g, 3, o, preds, inOrder(g.count()));
   for (int trial = 0; trial < 5; ++trial) {
@@ -165,13 +173,8 @@ TEST(Stitcher, ArrivalOrderDoesNotChangeAByte) {
 TEST(Stitcher, RowPiecesOnAPoolChangeNoByte) {
   const Synthetic img = makeImage(301, 259, 2, 11);
   WindowGrid g(301, 259, GridSpec{48, 48, 0.5, 0.5});
-  std::vector<std::vector<float>> preds;
   std::mt19937 rng(5);
-  for (int64_t i = 0; i < g.count(); ++i) {
-    auto p = identityPrediction(img, g, i);
-    for (auto& v : p) v += float(rng() % 1000) * 1e-4f;
-    preds.push_back(p);
-  }
+  const std::vector<std::vector<float>> preds = disagreeingPredictions(img, g, rng);
   std::vector<int64_t> kept;
   for (int64_t i = 0; i < g.count(); ++i)
     if (i % 7 != 3) kept.push_back(i);
