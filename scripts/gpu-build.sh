@@ -68,7 +68,7 @@ torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
 nvidia-smi >>"$log" 2>&1
 configure() {
   # The wheel's CUDA: CMake's CUDA language is not used, but LibTorch's config looks for the toolkit.
-  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTILER_DEPS="$deps/tiler-deps" \
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTILER_DEPS="$deps/tiler-deps" -DTILER_REQUIRE_CUDA=ON \
     -DCMAKE_PREFIX_PATH="$torch_prefix" ${CUDA_HOME:+-DCUDAToolkit_ROOT="$CUDA_HOME"}
 }
 stage configure configure || finish

@@ -3,7 +3,9 @@
 // flag with exit 1 and says where the help is.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "test_util.hpp"
@@ -29,6 +31,52 @@ void expectBundledJobRuns(const std::string& bin_dir, const std::string& share, 
   EXPECT_EQ(report["model"], share + "/tiler/samples/models/sample.pt")
       << "the installed model, not the source tree's";
   EXPECT_EQ(report["images"][0]["status"], "ok");
+}
+
+// Configure-time refusals, each one line before any compiling: a dependency bundle built for another
+// architecture or C++ ABI than LibTorch's, and (scripts/gpu-build.sh's TILER_REQUIRE_CUDA) a LibTorch without
+// CUDA. The bundles here are only their config files, which is all configure reads before refusing.
+TEST(Install, ConfigureRefusesAForeignBundleAndACpuLibTorchWhenCudaIsRequired) {
+  const std::string dir = test::scratchDir("configure_refusals");
+  std::string arch = test::runCommand("uname -m").output;
+  arch.erase(arch.find_last_not_of(" \n") + 1);
+  const auto bundle = [&](const std::string& name, const std::string& bundle_arch, int abi) {
+    const std::string root = dir + "/" + name;
+    fs::create_directories(root + "/lib/cmake/TilerDeps");
+    std::ofstream(root + "/lib/cmake/TilerDeps/TilerDepsConfig.cmake")
+        << "set(TilerDeps_ARCH \"" << bundle_arch << "\")\nset(TilerDeps_CXX11_ABI " << abi << ")\n";
+    return root;
+  };
+  const auto configure = [&](const std::string& name, const std::string& args) {
+    test::CommandResult r = test::runCommand("cmake -S " TILER_TEST_SOURCE_DIR " -B " + dir + "/build_" +
+                                             name + " -G Ninja -DTILER_BUILD_TESTS=OFF " + args);
+    // CMake wraps a message's lines at 80 columns: one space for every run of blanks and line breaks.
+    std::string flat;
+    for (char c : r.output)
+      if (!std::isspace(static_cast<unsigned char>(c)) || (!flat.empty() && flat.back() != ' '))
+        flat += std::isspace(static_cast<unsigned char>(c)) ? ' ' : c;
+    r.output = flat;
+    return r;
+  };
+  const std::string other = arch == "aarch64" ? "x86_64" : "aarch64";
+  auto r = configure("arch", "-DTILER_DEPS=" + bundle("arch", other, 1));
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("was built for " + other + "; this machine is " + arch), std::string::npos)
+      << r.output;
+  // Of the two ABIs, the one LibTorch does not use is refused as such.
+  int abi_refusals = 0;
+  for (int abi : {0, 1}) {
+    const std::string name = "abi" + std::to_string(abi);
+    r = configure(name, "-DTILER_DEPS=" + bundle(name, arch, abi));
+    EXPECT_NE(r.code, 0) << "a bundle of config files only cannot build: " << r.output;
+    abi_refusals += r.output.find("uses _GLIBCXX_USE_CXX11_ABI=" + std::to_string(abi) + " but LibTorch") !=
+                    std::string::npos;
+  }
+  EXPECT_EQ(abi_refusals, 1);
+  if (TILER_WITH_CUDA) return;  // this LibTorch has CUDA: nothing to refuse
+  r = configure("cuda", "-DTILER_REQUIRE_CUDA=ON");
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("has no CUDA"), std::string::npos) << r.output;
 }
 
 TEST(Install, PrefixHoldsABinaryThatFindsItsSamples) {
