@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Benchmarks: scripts/bench.sh [--quick] [io|slide|tta|model|light|pipeline|blas|ceiling|gather|memory|scaling|ctrun|finetune|naive|mask|outputs|gpu|all]
+# Benchmarks: scripts/bench.sh [--quick] [io|slide|tta|model|light|pipeline|blas|ceiling|gather|memory|scaling|ctrun|finetune|naive|mask|outputs|codecs|gpu|all]
 # Generates its own deterministic inputs (cached in $TILER_BENCH_CACHE, default ~/.cache/tiler-bench), runs each
 # scenario $RUNS times (3; --quick: 1 run on small inputs), writes bench-results/bench.json and a table of
 # medians (min-max). fp32 on the CPU. Never part of CI's test run.
+# CODECS: the --compression values `codecs` tries (default: deflate 1/3/6/9, zstd 1/3/9, lzw, none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=0
@@ -468,6 +469,50 @@ if want outputs; then
       total=$(sum_field "$cache/out_many/report.json" bytes_written)
       emit "outputs: 8 x ${m}px null model, $nproc rank(s)" largest_byte_share \
         "$(ratio "$(max_field "$cache/out_many/report.json" bytes_written)" "$total")"
+    done
+  done
+fi
+
+if want codecs; then
+  # The output codecs (issue 43): every codec x level, with and without the predictor, over probabilities and
+  # labels as tiler writes them: textured (the null model over the textured image: 2 and 5 classes), smooth
+  # (the sample UNet over the blobs), and as noisy as they get (the null model over random pixels). File size
+  # and MB/s of raw samples one thread compresses.
+  n=4096
+  [ $quick = 1 ] && n=1024
+  img=$(image "$n")
+  noise="$cache/noise_$n.tif"
+  [ -f "$noise" ] || "$bin/tiler_bench" make "$noise" --size "$n" --noise
+  tiny5="$cache/tiny5.pt"
+  [ -f "$tiny5" ] || "$bin/tiler_bench" tiny-model "$tiny5" --classes 5
+  list="deflate:1,deflate:3,deflate:6,deflate:9,zstd:1,zstd:3,zstd:9,lzw,none"
+  [ -n "${CODECS:-}" ] && list=$CODECS
+  for spec in "random 2 classes:$tiny:$noise" "textured 2 classes:$tiny:$img" "textured 5 classes:$tiny5:$img" \
+    "smooth (UNet):$model:$PWD/samples/images/blobs_4096.tif"; do
+    IFS=: read -r name net input <<<"$spec"
+    for dtype in f32 f16 u8; do
+      out="$cache/out_codecs_$dtype"
+      if [ ! -f "$out/done" ] || [ "$(cat "$out/done")" != "$spec" ]; then
+        rm -rf "$out"
+        "$bin/tiler" -i "$input" -m "$net" -o "$out" --save labels,probs --probs_dtype $dtype --compression none \
+          --no_progress >/dev/null 2>&1
+        echo "$spec" >"$out/done"
+      fi
+      files="$(ls "$out"/*_probs.tif)"
+      [ $dtype = u8 ] && files="$files $(ls "$out"/*_labels.tif)"
+      for f in $files; do
+        kind="probs $dtype"
+        [[ $f == *_labels.tif ]] && kind=labels
+        for _ in $(seq "$runs"); do
+          "$bin/tiler_bench" codecs "$f" --codecs "$list" --scratch "$cache/codecs-scratch.tif" |
+            while read -r line; do
+              codec=$(sed -n 's/.*"codec":"\([^"]*\)".*/\1/p' <<<"$line")
+              [[ $line == *'"predictor":false'* ]] && codec="$codec, no predictor"
+              emit "codecs: $name, $kind, $codec" ratio "$(json "$line" ratio)"
+              emit "codecs: $name, $kind, $codec" mb_per_s "$(json "$line" mb_per_s)"
+            done
+        done
+      done
     done
   done
 fi

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds tiler against Debian trixie's LibTorch 2.x (CPU, gloo) and runs the whole test suite there.
-# The root (build-torch2/root, ignored) is made once from Debian's archive with mmdebstrap and reused.
+# The root is made once from Debian's archive with mmdebstrap and kept where every clone on this machine finds
+# it, as ccache and the dependency bundle are (~/.cache/tiler-torch2/root; TILER_TORCH2_ROOT): a fresh clone,
+# CI's, reuses its packages, its compiler cache and its build tree. One run at a time uses it (a lock).
 #   scripts/test-torch2.sh            build + all tests against LibTorch 2.x
 #   scripts/test-torch2.sh -L unit    extra arguments go to ctest
 # Exit 0 only when every test passes; 3 when Debian's archive cannot be reached to make the root.
@@ -8,7 +10,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/trixie-root.sh
-root=${TILER_TORCH2_ROOT:-$(pwd)/build-torch2/root}
+root=${TILER_TORCH2_ROOT:-${XDG_CACHE_HOME:-$HOME/.cache}/tiler-torch2/root}
+mkdir -p "$(dirname "$root")"
+exec 9>"$root.lock"
+flock 9
 trixie_root "$root" $(bash scripts/setup-deps.sh --print) || exit $?
 trixie_copy_source "$root"
 trixie_run "$root" "$@" <<'BUILD'

@@ -40,6 +40,8 @@ if [ "${1:-}" = "--bundle" ]; then
   filter=(-L unit)
   shift 2
 fi
+# Only the unit tests asked for (the bundle stage, `-L unit`): build just what they need.
+if [ ${#targets[@]} -eq 0 ] && [[ " ${filter[*]} $* " == *" -L unit "* ]]; then targets=(--target unit_tests); fi
 bash scripts/setup-deps.sh
 # One cache for every clone on this machine (CI builds a fresh clone each time): paths relative to the clone.
 export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1

@@ -70,7 +70,7 @@ std::vector<int64_t> cropCores(const std::vector<int64_t>& starts, int64_t windo
 }
 
 cv::Mat labelsFromProbabilities(const cv::Mat& band, float threshold) {
-  cv::Mat labels(band.rows, band.cols, labelSampleType(band.channels()) == SampleType::kU16 ? CV_16U : CV_8U);
+  cv::Mat labels(band.rows, band.cols, cvDepthOf(labelSampleType(band.channels())));
   labelsInto(band, threshold, labels);
   return labels;
 }

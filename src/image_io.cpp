@@ -26,6 +26,25 @@ namespace fs = std::filesystem;
 namespace tiler {
 namespace {
 
+// The codec, its level and the predictor; throws ConfigError when this libtiff refuses one of them.
+void setCompressionFields(TIFF* tif, const Compression& c, bool floats) {
+  static const uint16_t kCodes[] = {COMPRESSION_ADOBE_DEFLATE, COMPRESSION_ZSTD, COMPRESSION_LZW,
+                                    COMPRESSION_NONE};
+  const uint16_t code = kCodes[int(c.codec)];
+  TILER_CHECK(TIFFIsCODECConfigured(code), ConfigError,
+              "this libtiff cannot write --compression " << compressionName(c));
+  TIFFSetField(tif, TIFFTAG_COMPRESSION, code);
+  if (c.level > 0) {
+    clearTiffError();
+    const int ok =
+        TIFFSetField(tif, c.codec == Codec::kZstd ? TIFFTAG_ZSTD_LEVEL : TIFFTAG_ZIPQUALITY, c.level);
+    TILER_CHECK(ok == 1, ConfigError,
+                "this libtiff cannot write --compression " << compressionName(c) << ": " << takeTiffError());
+  }
+  if (c.codec != Codec::kNone && c.predictor)
+    TIFFSetField(tif, TIFFTAG_PREDICTOR, floats ? PREDICTOR_FLOATINGPOINT : PREDICTOR_HORIZONTAL);
+}
+
 void setTiffFields(TIFF* tif, int64_t width, int64_t height, int channels, SampleType type,
                    const WriterOptions& o, bool reduced) {
   if (reduced) TIFFSetField(tif, TIFFTAG_SUBFILETYPE, FILETYPE_REDUCEDIMAGE);
@@ -57,15 +76,7 @@ void setTiffFields(TIFF* tif, int64_t width, int64_t height, int channels, Sampl
   }
   TIFFSetField(tif, TIFFTAG_TILEWIDTH, uint32_t(o.tile));
   TIFFSetField(tif, TIFFTAG_TILELENGTH, uint32_t(o.tile));
-  uint16_t comp = COMPRESSION_ADOBE_DEFLATE;
-  if (o.compression == Compression::kZstd) comp = COMPRESSION_ZSTD;
-  if (o.compression == Compression::kLzw) comp = COMPRESSION_LZW;
-  if (o.compression == Compression::kNone) comp = COMPRESSION_NONE;
-  TILER_CHECK(TIFFIsCODECConfigured(comp), ConfigError,
-              "this libtiff cannot write the requested compression");
-  TIFFSetField(tif, TIFFTAG_COMPRESSION, comp);
-  if (comp != COMPRESSION_NONE)
-    TIFFSetField(tif, TIFFTAG_PREDICTOR, floats ? PREDICTOR_FLOATINGPOINT : PREDICTOR_HORIZONTAL);
+  setCompressionFields(tif, *o.compression, floats);
 }
 
 // A TIFF in memory, the tile encoder's scratch file: libtiff's client procedures over a byte vector.
@@ -120,26 +131,64 @@ struct TileEncoding {
   WriterOptions options;  // without the pool: a queued task must not keep its own pool alive
 };
 
-// One tile (tile x tile samples, zero padded) compressed exactly as TIFFWriteEncodedTile would into the
-// output: the same fields, codec and predictor, written into a one-tile TIFF in memory and cut out of it.
-std::vector<uint8_t> encodeTile(std::vector<uint8_t>& samples, const TileEncoding& e) {
+// A one-tile TIFF in memory that a thread keeps from tile to tile while the encoding stays the same: opening
+// one per tile set up the codec's context (zstd's is over a megabyte) and libtiff's buffers every time, and
+// the page faults of those fresh buffers took a sixth of a write-bound job's time. libtiff starts its codec
+// afresh on each tile (PreEncode), so the bytes do not depend on what the handle encoded before.
+struct TileEncoder {
+  int channels = 0, tile = 0;
+  SampleType type = SampleType::kU8;
+  Compression compression;
   MemoryFile file;
-  clearTiffError();
-  TIFF* tif = TIFFClientOpen("tile", "w", &file, memoryRead, memoryWrite, memorySeek, memoryClose, memorySize,
-                             memoryMap, memoryUnmap);
-  TILER_CHECK(tif != nullptr, IoError, "cannot open a TIFF in memory: " << takeTiffError());
-  setTiffFields(tif, e.options.tile, e.options.tile, e.channels, e.type, e.options, false);
+  size_t header_bytes = 0;  // what TIFFClientOpen wrote; each tile is written right after it
+  TIFF* tif = nullptr;
+  ~TileEncoder() {
+    if (tif != nullptr) TIFFCleanup(tif);  // frees it without writing a directory nobody reads
+  }
+  bool encodes(const TileEncoding& e) const {
+    return tif != nullptr && channels == e.channels && tile == e.options.tile && type == e.type &&
+           compression == *e.options.compression;
+  }
+};
+
+// One tile (tile x tile samples, zero padded) compressed exactly as TIFFWriteEncodedTile would into the
+// output: the same fields, codec and predictor, written as tile 0 of a one-tile TIFF in memory and cut out.
+std::vector<uint8_t> encodeTile(std::vector<uint8_t>& samples, const TileEncoding& e) {
+  thread_local std::unique_ptr<TileEncoder> encoder;
+  if (!encoder || !encoder->encodes(e)) {
+    encoder.reset();
+    auto fresh = std::make_unique<TileEncoder>();
+    clearTiffError();
+    fresh->tif = TIFFClientOpen("tile", "w", &fresh->file, memoryRead, memoryWrite, memorySeek, memoryClose,
+                                memorySize, memoryMap, memoryUnmap);
+    TILER_CHECK(fresh->tif != nullptr, IoError, "cannot open a TIFF in memory: " << takeTiffError());
+    setTiffFields(fresh->tif, e.options.tile, e.options.tile, e.channels, e.type, e.options, false);
+    fresh->channels = e.channels;
+    fresh->tile = e.options.tile;
+    fresh->type = e.type;
+    fresh->compression = *e.options.compression;
+    fresh->header_bytes = fresh->file.bytes.size();
+    encoder = std::move(fresh);
+  }
+  // A tile written before has a byte count, so libtiff appends this one at the end of the file: cut the file
+  // back to its header first, and it lands where the last one did, in memory the thread already has.
+  encoder->file.bytes.resize(encoder->header_bytes);
+  encoder->file.pos = encoder->header_bytes;
+  TIFF* tif = encoder->tif;
+  const std::vector<uint8_t>& bytes = encoder->file.bytes;
   uint64_t* offsets = nullptr;
   uint64_t* counts = nullptr;
+  clearTiffError();
   const bool ok = TIFFWriteEncodedTile(tif, 0, samples.data(), tmsize_t(samples.size())) >= 0 &&
                   TIFFGetField(tif, TIFFTAG_TILEOFFSETS, &offsets) &&
                   TIFFGetField(tif, TIFFTAG_TILEBYTECOUNTS, &counts) && offsets != nullptr &&
-                  counts != nullptr && offsets[0] + counts[0] <= file.bytes.size();
-  const uint64_t offset = ok ? offsets[0] : 0, count = ok ? counts[0] : 0;
-  TIFFCleanup(tif);  // frees it without writing a directory nobody reads
-  TILER_CHECK(ok, IoError, "compressing a tile failed: " << takeTiffError());
-  return std::vector<uint8_t>(file.bytes.begin() + std::ptrdiff_t(offset),
-                              file.bytes.begin() + std::ptrdiff_t(offset + count));
+                  counts != nullptr && offsets[0] + counts[0] <= bytes.size();
+  if (!ok) {
+    encoder.reset();  // a codec that failed may have left its state half way
+    TILER_THROW(IoError, "compressing a tile failed: " << takeTiffError());
+  }
+  return std::vector<uint8_t>(bytes.begin() + std::ptrdiff_t(offsets[0]),
+                              bytes.begin() + std::ptrdiff_t(offsets[0] + counts[0]));
 }
 
 }  // namespace
@@ -229,12 +278,71 @@ bool isWholeSlideExtension(const std::string& path) {
   return std::any_of(std::begin(kExts), std::end(kExts), [&](const char* e) { return ext == e; });
 }
 
-Compression parseCompression(const std::string& name) {
-  if (name == "deflate" || name == "zip") return Compression::kDeflate;
-  if (name == "zstd") return Compression::kZstd;
-  if (name == "lzw") return Compression::kLzw;
-  if (name == "none") return Compression::kNone;
-  TILER_THROW(ConfigError, "compression must be deflate, zstd, lzw or none; got '" << name << "'");
+Compression parseCompression(const std::string& text) {
+  const size_t colon = text.find(':');
+  const std::string name = text.substr(0, colon);
+  Compression c;
+  int max_level = 0;
+  if (name == "deflate" || name == "zip") {
+    c.codec = Codec::kDeflate;
+    max_level = 12;
+  } else if (name == "zstd") {
+    c.codec = Codec::kZstd;
+    max_level = 22;
+  } else if (name == "lzw") {
+    c.codec = Codec::kLzw;
+  } else if (name == "none") {
+    c.codec = Codec::kNone;
+  } else {
+    TILER_THROW(ConfigError,
+                "--compression must be deflate[:LEVEL], zstd[:LEVEL], lzw or none; got '" << text << "'");
+  }
+  if (colon == std::string::npos) return c;
+  const std::string level = text.substr(colon + 1);
+  TILER_CHECK(max_level > 0, ConfigError,
+              "--compression " << name << " takes no level; got '" << text << "'");
+  const bool digits = !level.empty() && level.size() <= 2 &&
+                      std::all_of(level.begin(), level.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+  c.level = digits ? std::stoi(level) : 0;
+  TILER_CHECK(
+      c.level >= 1 && c.level <= max_level, ConfigError,
+      "--compression " << name << " takes a level from 1 to " << max_level << "; got '" << text << "'");
+  return c;
+}
+
+std::string compressionName(const Compression& c) {
+  static const char* kNames[] = {"deflate", "zstd", "lzw", "none"};
+  std::string name = kNames[int(c.codec)];
+  if (c.level > 0) name += ":" + std::to_string(c.level);
+  if (!c.predictor && c.codec != Codec::kNone) name += " without predictor";
+  return name;
+}
+
+void checkCompression(const Compression& c) {
+  MemoryFile file;
+  TIFF* tif = TIFFClientOpen("check", "w", &file, memoryRead, memoryWrite, memorySeek, memoryClose,
+                             memorySize, memoryMap, memoryUnmap);
+  TILER_CHECK(tif != nullptr, IoError, "cannot open a TIFF in memory: " << takeTiffError());
+  try {
+    setCompressionFields(tif, c, false);
+  } catch (...) {
+    TIFFCleanup(tif);
+    throw;
+  }
+  TIFFCleanup(tif);
+}
+
+// Measured by scripts/bench.sh codecs (docs/performance.md, "Output codecs"): over random, textured and
+// smooth model outputs, zstd level 1 with the floating-point predictor compresses floats 2.3-3.7x faster than
+// deflate at its default level, to files within a few percent of its size or smaller; integers stay deflate
+// (every TIFF reader has it, Debian's tifffile without imagecodecs included), at level 1 and without
+// differencing, which only helps smooth integers and costs speed (labels are categories): 1.2-3x faster than
+// level 6 with it.
+Compression defaultCompression(SampleType type) {
+  const bool floats = type == SampleType::kF32 || type == SampleType::kF16;
+  if (floats && TIFFIsCODECConfigured(COMPRESSION_ZSTD)) return {Codec::kZstd, 1, true};
+  if (floats) return {Codec::kDeflate, 1, true};  // a libtiff without zstd
+  return {Codec::kDeflate, 1, false};
 }
 
 // ---- writer ---------------------------------------------------------------------------------------------
@@ -251,6 +359,7 @@ ImageWriter::ImageWriter(const std::string& path, int64_t width, int64_t height,
               "'" << path << "': cannot write an image of " << width << "x" << height << "x" << channels);
   const int cv_type = CV_MAKETYPE(cvDepthOf(type), channels);
   cv_type_ = cv_type;
+  if (!options_.compression) options_.compression = defaultCompression(type);
   if (options_.format == "tif" || options_.format == "tiff") {
     TILER_CHECK(type != SampleType::kI16 && type != SampleType::kU32, IoError,
                 "'" << path << "': writer takes u8, u16, f16 or f32 samples");
@@ -443,11 +552,15 @@ ImageWriter::TileRow ImageWriter::encodeTileRow(cv::Mat buffer, int64_t first_ro
         throw std::runtime_error(injectedFailure("failure while compressing a tile of '" + path + "'"));
       const int edge = encoding->options.tile;
       const size_t pixel = buffer.elemSize();
-      std::vector<uint8_t> samples(size_t(edge) * size_t(edge) * pixel, 0);
-      const int64_t w = std::min<int64_t>(edge, width - x0);
-      for (int y = 0; y < edge; ++y)
-        std::memcpy(samples.data() + size_t(y) * size_t(edge) * pixel,
-                    buffer.ptr<uint8_t>(y) + size_t(x0) * pixel, size_t(w) * pixel);
+      const size_t w = size_t(std::min<int64_t>(edge, width - x0)), row_bytes = size_t(edge) * pixel;
+      // The thread's own buffer, as the encoder (the predictor differences it in place).
+      thread_local std::vector<uint8_t> samples;
+      samples.resize(size_t(edge) * row_bytes);
+      for (int y = 0; y < edge; ++y) {
+        uint8_t* to = samples.data() + size_t(y) * row_bytes;
+        std::memcpy(to, buffer.ptr<uint8_t>(y) + size_t(x0) * pixel, w * pixel);
+        std::memset(to + w * pixel, 0, row_bytes - w * pixel);
+      }
       return encodeTile(samples, *encoding);
     };
     if (options_.pool) {

@@ -211,9 +211,7 @@ OutputStage::ImageOutputs& OutputStage::outputsFor(int image_id) {
         // predictions (they stay so through blending), the stored probabilities, the labels.
         cv::Mat stored = probs ? storedProbabilitiesBuffer(band, options_.probs_type) : cv::Mat();
         cv::Mat label_rows;
-        if (labels)
-          label_rows.create(band.rows, band.cols,
-                            labelSampleType(band.channels()) == SampleType::kU16 ? CV_16U : CV_8U);
+        if (labels) label_rows.create(band.rows, band.cols, cvDepthOf(labelSampleType(band.channels())));
         std::atomic<int64_t> non_finite{0};
         parallelRows(pool_.get(), band.rows, 16, [&](int64_t a, int64_t b) {
           const cv::Mat rows = band.rowRange(int(a), int(b));

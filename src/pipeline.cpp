@@ -129,10 +129,10 @@ class InferJob {
   std::vector<ClassInfo> classes_;  // --classes
   Activation activation_ = Activation::kNone;
   Tta tta_ = Tta::kNone;
-  ModelTask task_ = ModelTask::kAuto;    // --task; probe_.task says what it became
-  std::vector<std::string> save_kinds_;  // --save, or the task's default
-  bool abort_on_error_ = false;          // --on_error abort
-  Compression compression_ = Compression::kDeflate;
+  ModelTask task_ = ModelTask::kAuto;       // --task; probe_.task says what it became
+  std::vector<std::string> save_kinds_;     // --save, or the task's default
+  bool abort_on_error_ = false;             // --on_error abort
+  std::optional<Compression> compression_;  // unset: each output's default
   SampleType probs_type_ = SampleType::kF32;
   FaultHooks faults_;  // TILER_FAULT, this rank's
   std::unique_ptr<ModelRunner> model_;
@@ -175,7 +175,10 @@ void InferJob::validateOptions() {
   abort_on_error_ = o_.on_error == "abort";
   TILER_CHECK(o_.format == "tif" || o_.format == "png", ConfigError, "--format must be tif or png");
   TILER_CHECK(!(o_.resume && o_.overwrite), ConfigError, "--resume and --overwrite exclude each other");
-  compression_ = parseCompression(o_.compression);
+  if (!o_.compression.empty()) {
+    compression_ = parseCompression(o_.compression);
+    checkCompression(*compression_);
+  }
   probs_type_ = parseProbsType(o_.probs_dtype);
   TILER_CHECK(o_.write_threads >= 0, ConfigError,
               "--write_threads must be >= 0 (0: the CPUs this rank may use)");

@@ -488,7 +488,8 @@ class WindowOutputs::ClassFiles {
     const int64_t stride_x = gridStride(image_.grid.startsX(), image_.grid.windowWidth());
     const int64_t stride_y = gridStride(image_.grid.startsY(), image_.grid.windowHeight());
     WriterOptions wo;
-    wo.compression = compression_;
+    // One pixel a window: too small for speed to matter, so the codec every reader knows, as it always was.
+    wo.compression = compression_ ? *compression_ : Compression{Codec::kDeflate};
     wo.software = kTilerSoftware;
     // A heatmap pixel spans a stride of processing pixels: its geotransform and resolution are the input's
     // scaled by that (exact for square strides; a non-square one takes x's).
@@ -513,7 +514,7 @@ class WindowOutputs::ClassFiles {
 
   const CatalogImage& image_;
   std::vector<ClassInfo> classes_;
-  Compression compression_;
+  std::optional<Compression> compression_;
   std::unique_ptr<TextFile> csv_, tiles_;  // owned; null unless saved
   int64_t tiles_written_ = 0;
   std::string heatmap_path_;

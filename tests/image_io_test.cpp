@@ -4,7 +4,9 @@
 #include <tiffio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -131,7 +133,8 @@ class WriterRoundTrip : public ::testing::TestWithParam<RoundTrip> {};
 TEST_P(WriterRoundTrip, TiledTiffReadsBackExactly) {
   const auto p = GetParam();
   cv::Mat img = randomImage(301, 517, p.cv_type, 11);
-  auto path = tempPath("rt_" + std::to_string(p.cv_type) + "_" + std::to_string(int(p.compression)) + ".tif");
+  auto path = tempPath("rt_" + std::to_string(p.cv_type) + "_" + std::to_string(int(p.compression.codec)) +
+                       "_" + std::to_string(p.compression.level) + ".tif");
   WriterOptions o;
   o.compression = p.compression;
   writeWithWriter(path, img, p.type, o);
@@ -145,22 +148,24 @@ TEST_P(WriterRoundTrip, TiledTiffReadsBackExactly) {
 }
 
 std::string roundTripName(const ::testing::TestParamInfo<RoundTrip>& info) {
-  static const char* kCompressions[] = {"deflate", "zstd", "lzw", "none"};
+  std::string codec = compressionName(info.param.compression);
+  std::replace_if(
+      codec.begin(), codec.end(), [](char c) { return !std::isalnum(static_cast<unsigned char>(c)); }, '_');
   return std::string(sampleTypeName(info.param.type)) + "x" + std::to_string(CV_MAT_CN(info.param.cv_type)) +
-         "_" + kCompressions[int(info.param.compression)];
+         "_" + codec;
 }
 
 INSTANTIATE_TEST_SUITE_P(TypesChannelsCompressions, WriterRoundTrip,
-                         ::testing::Values(RoundTrip{CV_8UC1, SampleType::kU8, Compression::kDeflate},
-                                           RoundTrip{CV_8UC3, SampleType::kU8, Compression::kZstd},
-                                           RoundTrip{CV_8UC(5), SampleType::kU8, Compression::kNone},
-                                           RoundTrip{CV_16UC1, SampleType::kU16, Compression::kDeflate},
-                                           RoundTrip{CV_16UC3, SampleType::kU16, Compression::kLzw},
-                                           RoundTrip{CV_32FC1, SampleType::kF32, Compression::kDeflate},
-                                           RoundTrip{CV_32FC(4), SampleType::kF32, Compression::kZstd},
-                                           RoundTrip{CV_32FC2, SampleType::kF32, Compression::kNone},
-                                           RoundTrip{CV_16FC2, SampleType::kF16, Compression::kDeflate},
-                                           RoundTrip{CV_16FC1, SampleType::kF16, Compression::kZstd}),
+                         ::testing::Values(RoundTrip{CV_8UC1, SampleType::kU8, {Codec::kDeflate}},
+                                           RoundTrip{CV_8UC3, SampleType::kU8, {Codec::kZstd}},
+                                           RoundTrip{CV_8UC(5), SampleType::kU8, {Codec::kNone}},
+                                           RoundTrip{CV_16UC1, SampleType::kU16, {Codec::kDeflate, 12}},
+                                           RoundTrip{CV_16UC3, SampleType::kU16, {Codec::kLzw}},
+                                           RoundTrip{CV_32FC1, SampleType::kF32, {Codec::kDeflate, 1}},
+                                           RoundTrip{CV_32FC(4), SampleType::kF32, {Codec::kZstd, 1}},
+                                           RoundTrip{CV_32FC2, SampleType::kF32, {Codec::kNone}},
+                                           RoundTrip{CV_16FC2, SampleType::kF16, {Codec::kDeflate, 3, false}},
+                                           RoundTrip{CV_16FC1, SampleType::kF16, {Codec::kZstd, 19}}),
                          roundTripName);
 
 struct Layout {
@@ -512,7 +517,7 @@ TEST(ImageReader, UnsupportedSampleFormatIsNamed) {
 
 // The image as plain libtiff writes it (TIFFWriteEncodedTile on each zero-padded tile): the yardstick for
 // the writer's own tile compression.
-void writeWithLibtiff(const std::string& path, const cv::Mat& img, Compression compression) {
+void writeWithLibtiff(const std::string& path, const cv::Mat& img, const Compression& compression) {
   TIFF* t = TIFFOpen(path.c_str(), "w");
   ASSERT_NE(t, nullptr);
   const int depth = img.depth(), channels = img.channels();
@@ -532,8 +537,11 @@ void writeWithLibtiff(const std::string& path, const cv::Mat& img, Compression c
   TIFFSetField(t, TIFFTAG_TILEWIDTH, 256u);
   TIFFSetField(t, TIFFTAG_TILELENGTH, 256u);
   const uint16_t codes[] = {COMPRESSION_ADOBE_DEFLATE, COMPRESSION_ZSTD, COMPRESSION_LZW, COMPRESSION_NONE};
-  TIFFSetField(t, TIFFTAG_COMPRESSION, codes[int(compression)]);
-  if (compression != Compression::kNone)
+  TIFFSetField(t, TIFFTAG_COMPRESSION, codes[int(compression.codec)]);
+  if (compression.level > 0)
+    TIFFSetField(t, compression.codec == Codec::kZstd ? TIFFTAG_ZSTD_LEVEL : TIFFTAG_ZIPQUALITY,
+                 compression.level);
+  if (compression.codec != Codec::kNone && compression.predictor)
     TIFFSetField(t, TIFFTAG_PREDICTOR, floats ? PREDICTOR_FLOATINGPOINT : PREDICTOR_HORIZONTAL);
   for (int y = 0; y < img.rows; y += 256) {
     for (int x = 0; x < img.cols; x += 256) {
@@ -567,7 +575,8 @@ std::vector<std::vector<uint8_t>> rawTiles(const std::string& path) {
 // Tiles compressed by a pool of threads (each through libtiff's codec and predictor in a TIFF in memory,
 // copied in raw) are, byte for byte, what libtiff's TIFFWriteEncodedTile stores; the file is the same
 // whether the caller's thread compresses, the writer's own thread, or a pool shared by two writers at once
-// (odd sizes, bands that straddle rows of tiles, pyramids, every codec, u8/u16/f16/f32).
+// (odd sizes, bands that straddle rows of tiles, pyramids, every codec, u8/u16/f16/f32; levels and the
+// predictor off on two of the cases).
 TEST(ImageWriter, PooledCompressionStoresWhatLibtiffStores) {
   struct Case {
     int width, height, type;
@@ -575,15 +584,19 @@ TEST(ImageWriter, PooledCompressionStoresWhatLibtiffStores) {
     bool pyramid;
   };
   auto pool = std::make_shared<WorkPool>(3);
-  for (Compression compression :
-       {Compression::kDeflate, Compression::kZstd, Compression::kLzw, Compression::kNone}) {
-    for (const Case& c :
-         {Case{700, 530, CV_8UC1, SampleType::kU8, false}, Case{517, 301, CV_8UC3, SampleType::kU8, false},
-          Case{300, 260, CV_16UC1, SampleType::kU16, false}, Case{613, 401, CV_32FC2, SampleType::kF32, true},
-          Case{520, 300, CV_16FC2, SampleType::kF16, false}}) {
+  const std::vector<Case> cases = {
+      Case{700, 530, CV_8UC1, SampleType::kU8, false}, Case{613, 401, CV_32FC2, SampleType::kF32, true},
+      Case{517, 301, CV_8UC3, SampleType::kU8, false}, Case{300, 260, CV_16UC1, SampleType::kU16, false},
+      Case{520, 300, CV_16FC2, SampleType::kF16, false}};
+  const Compression codecs[] = {
+      {Codec::kDeflate},    {Codec::kZstd},        {Codec::kLzw},      {Codec::kNone},
+      {Codec::kDeflate, 1}, {Codec::kDeflate, 12}, {Codec::kZstd, 19}, {Codec::kDeflate, 0, false}};
+  for (const Compression& compression : codecs) {
+    const bool codec_default = compression.level == 0 && compression.predictor;
+    for (const Case& c : std::vector<Case>(cases.begin(), cases.begin() + (codec_default ? 5 : 2))) {
       const std::string name = std::string(sampleTypeName(c.sample)) + "x" +
                                std::to_string(CV_MAT_CN(c.type)) + " compression " +
-                               std::to_string(int(compression));
+                               compressionName(compression);
       cv::Mat img = randomImage(c.height, c.width, c.type, 11);
       const std::string reference = tempPath("pooled_libtiff.tif");
       writeWithLibtiff(reference, img, compression);
@@ -804,8 +817,55 @@ TEST(ImageIo, ExtensionsAndCompressionNames) {
   EXPECT_TRUE(hasImageExtension("a/b.TIF"));
   EXPECT_TRUE(hasImageExtension("x.webp"));
   EXPECT_FALSE(hasImageExtension("notes.txt"));
-  EXPECT_EQ(parseCompression("zstd"), Compression::kZstd);
-  EXPECT_THROW(parseCompression("rar"), ConfigError);
+}
+
+TEST(ImageIo, CompressionTakesLibtiffsLevelsAndRefusesTheRest) {
+  EXPECT_EQ(parseCompression("zstd"), (Compression{Codec::kZstd, 0}));
+  EXPECT_EQ(parseCompression("deflate:1"), (Compression{Codec::kDeflate, 1}));
+  EXPECT_EQ(parseCompression("zip:12"), (Compression{Codec::kDeflate, 12}));
+  EXPECT_EQ(parseCompression("zstd:22"), (Compression{Codec::kZstd, 22}));
+  EXPECT_EQ(parseCompression("none"), (Compression{Codec::kNone}));
+  for (const char* bad : {"rar", "", "deflate:0", "deflate:13", "deflate:", "deflate:x", "deflate:-1",
+                          "deflate:007", "zstd:23", "lzw:1", "none:0", "deflate:1:2"})
+    EXPECT_THROW(parseCompression(bad), ConfigError) << bad;
+  for (const char* text : {"deflate", "deflate:9", "zstd:3", "lzw", "none"})
+    EXPECT_EQ(compressionName(parseCompression(text)), text);
+  // Every level parseCompression takes, this libtiff (with libdeflate, as Debian's and the bundle's) writes.
+  EXPECT_NO_THROW(checkCompression(parseCompression("deflate:12")));
+  EXPECT_NO_THROW(checkCompression(parseCompression("zstd:22")));
+}
+
+// Without --compression each output gets the measured default of its sample type (docs/performance.md):
+// integers deflate without a predictor, floats zstd with the floating-point predictor; an asked codec wins.
+TEST(ImageWriter, EachSampleTypeGetsTheMeasuredDefaultCodec) {
+  struct Case {
+    int cv_type;
+    SampleType type;
+    uint16_t codec, predictor;
+  };
+  for (const Case& c : {Case{CV_8UC1, SampleType::kU8, COMPRESSION_ADOBE_DEFLATE, PREDICTOR_NONE},
+                        Case{CV_16UC1, SampleType::kU16, COMPRESSION_ADOBE_DEFLATE, PREDICTOR_NONE},
+                        Case{CV_16FC2, SampleType::kF16, COMPRESSION_ZSTD, PREDICTOR_FLOATINGPOINT},
+                        Case{CV_32FC2, SampleType::kF32, COMPRESSION_ZSTD, PREDICTOR_FLOATINGPOINT}}) {
+    for (bool asked : {false, true}) {
+      const std::string path = tempPath("default_codec.tif");
+      WriterOptions o;
+      if (asked) o.compression = Compression{Codec::kLzw};
+      const cv::Mat img = randomImage(40, 50, c.cv_type, 3);
+      writeWithWriter(path, img, c.type, o);
+      TIFF* t = TIFFOpen(path.c_str(), "r");
+      ASSERT_NE(t, nullptr);
+      uint16_t codec = 0, predictor = 0;
+      TIFFGetField(t, TIFFTAG_COMPRESSION, &codec);
+      TIFFGetFieldDefaulted(t, TIFFTAG_PREDICTOR, &predictor);
+      TIFFClose(t);
+      EXPECT_EQ(codec, asked ? COMPRESSION_LZW : c.codec) << sampleTypeName(c.type);
+      const bool floats = c.type == SampleType::kF32 || c.type == SampleType::kF16;
+      EXPECT_EQ(predictor, asked ? (floats ? PREDICTOR_FLOATINGPOINT : PREDICTOR_HORIZONTAL) : c.predictor)
+          << sampleTypeName(c.type);
+      expectRegionsMatch(*ImageReader::open(path), img, 3, 5);
+    }
+  }
 }
 
 }  // namespace

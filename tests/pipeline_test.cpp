@@ -1391,6 +1391,11 @@ TEST_F(Pipeline, NonsenseFlagsFailInOneLineBeforeAnyWork) {
       {"--timeout inf", "must be > 0; got inf"},
       {"--mpp -1", "must be > 0; got -1"},
       {"--level -2", "must be >= 0; got -2"},
+      {"--compression deflate:13", "--compression deflate takes a level from 1 to 12; got 'deflate:13'"},
+      {"--compression zstd:", "--compression zstd takes a level from 1 to 22; got 'zstd:'"},
+      {"--compression lzw:5", "--compression lzw takes no level; got 'lzw:5'"},
+      {"--compression brotli",
+       "--compression must be deflate[:LEVEL], zstd[:LEVEL], lzw or none; got 'brotli'"},
   };
   // Without the suite's --save and --threads, which the cases set themselves.
   const std::string base = kTiler + " -i " + root_ + "/images/c_small.png -m " + model_ + " -o " + out +

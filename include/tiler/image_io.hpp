@@ -10,13 +10,13 @@
 // thread reads on a libtiff or OpenSlide handle of its own (handle_pool.hpp). Pixels are HWC in the file's
 // native type (u8, u16, i16, u32, f32); colour is RGB(A), never BGR.
 //
-// ImageWriter: takes row bands top to bottom. TIFF output is tiled (256 px), deflate by default, horizontal
-// predictor for integers and floating-point predictor for f32, BigTIFF when the raw data exceeds 2 GiB;
-// memory is one row of tiles (two, compressing on a thread of its own). PNG/JPEG are assembled in memory and
-// refused above kMaxInMemoryPixels. Files are written as "<name>.partial" and renamed by close() (or finish()
-// then commit(), so that several outputs of one image appear together); a writer destroyed before commit
-// removes its partial file; a partial file is created anew (platform.hpp), never opened through a link
-// planted at its name. Every failure is an IoError naming the file.
+// ImageWriter: takes row bands top to bottom. TIFF output is tiled (256 px), defaultCompression() unless
+// asked, horizontal predictor for integers and floating-point predictor for f32, BigTIFF when the raw data
+// exceeds 2 GiB; memory is one row of tiles (two, compressing on a thread of its own). PNG/JPEG are assembled
+// in memory and refused above kMaxInMemoryPixels. Files are written as "<name>.partial" and renamed by
+// close() (or finish() then commit(), so that several outputs of one image appear together); a writer
+// destroyed before commit removes its partial file; a partial file is created anew (platform.hpp), never
+// opened through a link planted at its name. Every failure is an IoError naming the file.
 //
 // Hostile or corrupt TIFFs fail fast, before their pixels are allocated: a chunk over 1 GiB, chunk tables
 // outside the file, and a chunk that claims more decoded bytes than its codec can expand its stored bytes to.
@@ -118,12 +118,32 @@ inline int labelClassCount(int channels) {
   return channels == 1 ? 2 : channels;
 }
 
-enum class Compression { kDeflate, kZstd, kLzw, kNone };
-Compression parseCompression(const std::string& name);
+// A TIFF output's codec at one of libtiff's own levels, so that the bytes are what libtiff writes: deflate
+// 1-12 (libdeflate's scale; 10-12 need a libtiff built with libdeflate), zstd 1-22, lzw, none.
+enum class Codec { kDeflate, kZstd, kLzw, kNone };
+struct Compression {
+  Codec codec = Codec::kDeflate;
+  int level = 0;          // 0: libtiff's default (deflate 6, zstd 9)
+  bool predictor = true;  // horizontal differencing for integers, the floating-point predictor for floats
+  bool operator==(const Compression& o) const {
+    return codec == o.codec && level == o.level && predictor == o.predictor;
+  }
+};
+// "deflate[:LEVEL]", "zstd[:LEVEL]", "lzw", "none" ("zip" is deflate). Throws ConfigError naming the ranges.
+Compression parseCompression(const std::string& text);
+// The same syntax back ("deflate:1"; "deflate" for libtiff's default level).
+std::string compressionName(const Compression& compression);
+// Throws ConfigError when this libtiff cannot write `compression` (a codec left out of it, a deflate level
+// above 9 without libdeflate): checked on a TIFF in memory, so that a run refuses before any image.
+void checkCompression(const Compression& compression);
+// The codec of an output of sample type `type` when none is asked for: the measured trade of file size for
+// the write stage's pace (docs/performance.md, "Output codecs").
+Compression defaultCompression(SampleType type);
 
 struct WriterOptions {
   std::string format = "tif";  // tif | png | jpg
-  Compression compression = Compression::kDeflate;
+  // Unset: defaultCompression(the writer's sample type).
+  std::optional<Compression> compression;
   int tile = 256;               // TIFF tile edge (multiple of 16)
   std::string metadata_from;    // input TIFF whose resolution and GeoTIFF tags are copied
   double metadata_scale = 1.0;  // output pixels per input pixel, to adjust those tags

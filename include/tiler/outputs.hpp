@@ -35,8 +35,8 @@
 namespace tiler {
 
 struct OutputOptions {
-  std::string format = "tif";  // labels: tif | png; probs are always tif
-  Compression compression = Compression::kDeflate;
+  std::string format = "tif";              // labels: tif | png; probs are always tif
+  std::optional<Compression> compression;  // unset: defaultCompression of each output's sample type
   bool save_labels = true, save_probs = false;
   int classes = 2;  // the model's output channels
   Scale scale;      // output size / input size

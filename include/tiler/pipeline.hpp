@@ -38,7 +38,7 @@ struct InferOptions : JobOptions {
   // shift for segment (the only one it allows).
   std::string edge = "auto";
   std::string format = "tif";
-  std::string compression = "deflate";
+  std::string compression;  // --compression; "": each output's defaultCompression
   bool resume = false;
   bool overwrite = false;
   std::string on_error = "skip";

@@ -45,13 +45,13 @@ struct WindowPlace {
 WindowPlace placeWindow(const CatalogImage& image, int64_t window);
 
 struct WindowOutputOptions {
-  ModelTask task = ModelTask::kEmbed;  // kEmbed or kClassify
-  std::vector<std::string> kinds;      // what to write (outputKindsOf(task))
-  int64_t dim = 0;                     // features D, or classes K
-  std::string encoder;                 // embed: the HDF5 attribute `encoder`
-  double overlap = 0.0;                // the grid's overlap (x), for the HDF5 attribute
-  std::vector<ClassInfo> classes;      // classify: names and colours of classes 0..K-1 (classNames)
-  Compression compression = Compression::kDeflate;  // the heatmap's
+  ModelTask task = ModelTask::kEmbed;      // kEmbed or kClassify
+  std::vector<std::string> kinds;          // what to write (outputKindsOf(task))
+  int64_t dim = 0;                         // features D, or classes K
+  std::string encoder;                     // embed: the HDF5 attribute `encoder`
+  double overlap = 0.0;                    // the grid's overlap (x), for the HDF5 attribute
+  std::vector<ClassInfo> classes;          // classify: names and colours of classes 0..K-1 (classNames)
+  std::optional<Compression> compression;  // the heatmap's (unset: defaultCompression)
 };
 
 // Class names for K classes: --classes as given, else class_0, class_1, ... (CSV column prob_<name>);

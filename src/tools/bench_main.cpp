@@ -3,18 +3,21 @@
 //   io        every window of an image read through ImageReader: MB/s of decoded pixels, peak RSS
 //   naive     what a user writes without tiler: whole image in memory, full-size float accumulators
 //   make      a deterministic square RGB tiled TIFF of any size, written in bands
+//   codecs    one TIFF's pixels through each output codec x level, with and without the predictor
 //   gather    the step gather alone: ranks started by ctrun gather a batch of predictions K times
 //   summarize JSON lines on stdin -> medians, min, max per scenario (JSON file + table)
 #include <unistd.h>
 #include <CLI/CLI.hpp>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <future>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <opencv2/imgproc.hpp>
+#include <sstream>
 #include <thread>
 
 #include "tiler/blend.hpp"
@@ -183,7 +186,9 @@ int naive(const std::string& path, const std::string& model, int64_t window, int
 // Writes a size x size RGB tiled TIFF band by band; pixel(x, y, rgb) fills one pixel.
 template <typename PixelFn>
 void writeSyntheticRgb(const std::string& path, int64_t size, PixelFn pixel) {
-  tiler::ImageWriter writer(path, size, size, 3, tiler::SampleType::kU8);
+  tiler::WriterOptions o;
+  o.compression = tiler::Compression{tiler::Codec::kDeflate};  // the inputs as measured since wave 1
+  tiler::ImageWriter writer(path, size, size, 3, tiler::SampleType::kU8, o);
   const int band = 256;
   for (int64_t y0 = 0; y0 < size; y0 += band) {
     const int rows = int(std::min<int64_t>(band, size - y0));
@@ -197,9 +202,20 @@ void writeSyntheticRgb(const std::string& path, int64_t size, PixelFn pixel) {
   writer.close();
 }
 
-// tissue > 0: a slide, light glass with stained discs covering about that share of it; else coloured blobs on
+// tissue > 0: a slide, light glass with stained discs covering about that share of it; noise: every sample
+// drawn at random (a model's outputs over it are as incompressible as real ones get); else coloured blobs on
 // a dark textured background.
-int make(const std::string& path, int64_t size, double tissue) {
+int make(const std::string& path, int64_t size, double tissue, bool noise) {
+  if (noise) {
+    writeSyntheticRgb(path, size, [](int64_t x, int64_t y, uint8_t* rgb) {
+      uint64_t h = (uint64_t(y) << 32 | uint64_t(x)) * 0x9E3779B97F4A7C15ull;  // a fixed hash: the same image
+      h ^= h >> 29;
+      h *= 0xBF58476D1CE4E5B9ull;
+      h ^= h >> 32;
+      for (int c = 0; c < 3; ++c) rgb[c] = uint8_t(h >> (8 * c));
+    });
+    return 0;
+  }
   if (tissue <= 0) {
     writeSyntheticRgb(path, size, [](int64_t x, int64_t y, uint8_t* rgb) {
       const bool blob = ((x / 97) + (y / 89)) % 7 == 0 &&
@@ -229,7 +245,7 @@ int make(const std::string& path, int64_t size, double tissue) {
 }
 
 // threshold: class 1 where red is above half (the blobs of `make`'s image), so that outputs have regions.
-int tinyModel(const std::string& path, bool threshold) {
+int tinyModel(const std::string& path, bool threshold, int classes) {
   torch::jit::Module m("Tiny");
   torch::manual_seed(0);
   if (threshold) {
@@ -237,10 +253,57 @@ int tinyModel(const std::string& path, bool threshold) {
         "def forward(self, x):\n    r = x[:, 0:1]\n    return torch.cat([torch.zeros_like(r), r - 0.5], "
         "1)\n");
   } else {
-    m.register_parameter("w", torch::randn({2, 3, 1, 1}), false);
+    m.register_parameter("w", torch::randn({classes, 3, 1, 1}), false);
     m.define("def forward(self, x):\n    return torch.conv2d(x, self.w)\n");
   }
   m.save(path);
+  return 0;
+}
+
+// Each codec of `list` (parseCompression's syntax, comma separated), with and without the predictor, over the
+// pixels of `input`: the file size and the MB/s of raw samples one thread compresses (no pool: the writer
+// compresses on the calling thread; reading the bands is not timed). The file goes to `scratch`, then away.
+int codecs(const std::string& input, const std::string& list, const std::string& scratch) {
+  auto reader = tiler::ImageReader::open(input);
+  const tiler::ImageInfo& info = reader->info();
+  const double raw_mb = double(info.width) * double(info.height) * info.channels *
+                        double(tiler::bytesPerSample(info.type)) / 1e6;
+  std::stringstream specs(list);
+  for (std::string spec; std::getline(specs, spec, ',');) {
+    for (bool predictor : {true, false}) {
+      tiler::Compression c = tiler::parseCompression(spec);
+      if (!predictor && c.codec == tiler::Codec::kNone) continue;
+      c.predictor = predictor;
+      tiler::WriterOptions o;
+      o.compression = c;
+      double seconds = 0;
+      {
+        tiler::ImageWriter writer(scratch, info.width, info.height, info.channels, info.type, o);
+        for (int64_t y = 0; y < info.height; y += o.tile) {
+          const cv::Mat band =
+              reader->readRegion({0, y, info.width, std::min<int64_t>(o.tile, info.height - y)});
+          const auto t0 = Clock::now();
+          writer.writeRows(band);
+          seconds += since(t0);
+        }
+        const auto t0 = Clock::now();
+        writer.close();
+        seconds += since(t0);
+      }
+      const double mb = double(std::filesystem::file_size(scratch)) / 1e6;
+      std::filesystem::remove(scratch);
+      std::cout << nlohmann::json{{"type", tiler::sampleTypeName(info.type)},
+                                  {"channels", info.channels},
+                                  {"codec", spec},
+                                  {"predictor", predictor},
+                                  {"raw_mb", raw_mb},
+                                  {"mb", mb},
+                                  {"ratio", raw_mb / mb},
+                                  {"mb_per_s", raw_mb / seconds}}
+                       .dump()
+                << std::endl;
+    }
+  }
   return 0;
 }
 
@@ -340,10 +403,21 @@ int main(int argc, char** argv) {
   mk->add_option(flagNames("--size"), size);
   double tissue = 0;
   mk->add_option(flagNames("--tissue"), tissue, "a slide with this share of stained discs on glass");
+  bool noise = false;
+  mk->add_flag(flagNames("--noise"), noise, "every sample at random (deterministic)");
   auto* t = app.add_subcommand("tiny-model", "a 1x1 convolution TorchScript model");
   t->add_option("output", path)->required();
   bool threshold = false;
   t->add_flag("--threshold", threshold, "class 1 where red > 0.5 instead (regions for polygon runs)");
+  int classes = 2;
+  t->add_option(flagNames("--classes"), classes, "output channels of the convolution");
+  auto* cd =
+      app.add_subcommand("codecs", "an image's pixels through each codec: size and MB/s of one thread");
+  cd->add_option("image", path)->required();
+  std::string codec_list = "deflate:1,deflate:6,zstd:1,zstd:9,lzw,none";
+  cd->add_option(flagNames("--codecs"), codec_list, "--compression values, comma separated");
+  std::string scratch = "codecs-scratch.tif";
+  cd->add_option(flagNames("--scratch"), scratch, "where each trial file is written (then removed)");
   auto* g = app.add_subcommand("gather", "the step gather alone (start the ranks with ctrun)");
   double mib = 4;
   int gathers = 100;
@@ -358,8 +432,9 @@ int main(int argc, char** argv) {
     if (*f) return forward(model, window, batch, windows, threads, replicas, precision, jit_optimize);
     if (*i) return io(path, window, overlap, read_threads);
     if (*n) return naive(path, model, window, batch, threads);
-    if (*mk) return make(path, size, tissue);
-    if (*t) return tinyModel(path, threshold);
+    if (*mk) return make(path, size, tissue, noise);
+    if (*t) return tinyModel(path, threshold, classes);
+    if (*cd) return codecs(path, codec_list, scratch);
     if (*g) return gather(mib, gathers, !no_shared_memory);
     return summarize(out);
   } catch (const std::exception& e) {

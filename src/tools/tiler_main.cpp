@@ -125,8 +125,9 @@ int runInferCli(int argc, char** argv) {
   app.add_option(flagNames("--encoder_name"), o.encoder_name,
                  "embed: the encoder named in the features file (default: the model file's stem)");
   app.add_option(flagNames("--format"), o.format, "tif | png (labels)")->capture_default_str();
-  app.add_option(flagNames("--compression"), o.compression, "deflate | zstd | lzw | none")
-      ->capture_default_str();
+  app.add_option(
+      flagNames("--compression"), o.compression,
+      "TIFF outputs: deflate[:1-12] | zstd[:1-22] | lzw | none (default: per output, docs/cli.md)");
   app.add_flag(flagNames("--resume"), o.resume, "skip images whose outputs exist");
   app.add_flag(flagNames("--overwrite"), o.overwrite, "redo images whose outputs exist");
   app.add_option(flagNames("--on_error"), o.on_error, "skip | abort")->capture_default_str();
