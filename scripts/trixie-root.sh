@@ -33,10 +33,10 @@ trixie_root() {
 }
 
 # trixie_copy_source ROOT: the tracked and unignored files into ROOT/src/tiler, in place of the last copy's
-# (whose build-torch2 stays: ninja and ccache then rebuild only what changed; mtimes are kept).
+# (whose build trees, build-*, stay: ninja and ccache then rebuild only what changed; mtimes are kept).
 trixie_copy_source() {
   mkdir -p "$1/src/tiler"
-  find "$1/src/tiler" -mindepth 1 -maxdepth 1 ! -name build-torch2 -exec rm -rf {} +
+  find "$1/src/tiler" -mindepth 1 -maxdepth 1 ! -name 'build-*' -exec rm -rf {} +
   git ls-files -co --exclude-standard -z | tar --null -T - -cf - | tar -xpf - -C "$1/src/tiler"
 }
 

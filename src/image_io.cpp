@@ -333,11 +333,11 @@ void checkCompression(const Compression& c) {
 }
 
 // Measured by scripts/bench.sh codecs (docs/performance.md, "Output codecs"): over random, textured and
-// smooth model outputs, zstd level 1 with the floating-point predictor compresses floats 2.3-3.7x faster than
-// deflate at its default level, to files within a few percent of its size or smaller; integers stay deflate
-// (every TIFF reader has it, Debian's tifffile without imagecodecs included), at level 1 and without
-// differencing, which only helps smooth integers and costs speed (labels are categories): 1.2-3x faster than
-// level 6 with it.
+// smooth model outputs, zstd level 1 with the floating-point predictor compresses floats 2.1-4.1x faster than
+// deflate at its default level, to files of about its size (the predictor matters on smooth outputs);
+// integers stay deflate (every TIFF reader has it, Debian's tifffile without imagecodecs included), at level
+// 1 and without differencing (labels are categories): 1.4-5.6x faster than level 6 with it, or as fast where
+// labels shrink 100x or more.
 Compression defaultCompression(SampleType type) {
   const bool floats = type == SampleType::kF32 || type == SampleType::kF16;
   if (floats && TIFFIsCODECConfigured(COMPRESSION_ZSTD)) return {Codec::kZstd, 1, true};
