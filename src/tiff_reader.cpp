@@ -155,10 +155,26 @@ class TiffReader final : public ImageReader {
     return rgb;
   }
 
-  void readHeader() {
+  // The first page's tags that the three steps of readHeader share.
+  struct HeaderTags {
     uint32_t w = 0, h = 0;
-    uint16_t spp = 1, bps = 1, fmt = SAMPLEFORMAT_UINT, planar = PLANARCONFIG_CONTIG, comp = COMPRESSION_NONE,
-             photometric = PHOTOMETRIC_MINISBLACK;
+    uint16_t spp = 1, bps = 1, comp = COMPRESSION_NONE, photometric = PHOTOMETRIC_MINISBLACK;
+  };
+
+  // Size, samples, sample type and metadata; then the photometric interpretation; then the tile or strip
+  // layout, with the checks that a hostile file fails before any pixel is allocated.
+  void readHeader() {
+    const HeaderTags t = readSamples();
+    readPhotometric(t);
+    readChunkLayout(t);
+  }
+
+  HeaderTags readSamples() {
+    HeaderTags t;
+    uint32_t& w = t.w;
+    uint32_t& h = t.h;
+    uint16_t &spp = t.spp, &bps = t.bps, &comp = t.comp, &photometric = t.photometric;
+    uint16_t fmt = SAMPLEFORMAT_UINT, planar = PLANARCONFIG_CONTIG;
     TIFFGetField(tif_, TIFFTAG_IMAGEWIDTH, &w);
     TIFFGetField(tif_, TIFFTAG_IMAGELENGTH, &h);
     TIFFGetFieldDefaulted(tif_, TIFFTAG_SAMPLESPERPIXEL, &spp);
@@ -211,6 +227,12 @@ class TiffReader final : public ImageReader {
                                    : fmt == SAMPLEFORMAT_INT  ? "signed"
                                                               : "unsigned")
                                << "); tiler reads 8/16/32-bit unsigned, 16-bit signed and 16/32-bit float");
+    return t;
+  }
+
+  void readPhotometric(const HeaderTags& t) {
+    const std::string& p = info_.path;
+    const uint16_t spp = t.spp, bps = t.bps, comp = t.comp, photometric = t.photometric;
     // A palette image is read as its indices (a labels output of tiler is one, and so is a mask); its colour
     // map goes with it, so that a model that takes RGB gets the colours (channelAdaptation).
     if (photometric == PHOTOMETRIC_PALETTE) {
@@ -246,6 +268,12 @@ class TiffReader final : public ImageReader {
       ycbcr_jpeg_ = true;
       TIFFSetField(tif_, TIFFTAG_JPEGCOLORMODE, JPEGCOLORMODE_RGB);
     }
+  }
+
+  void readChunkLayout(const HeaderTags& t) {
+    const std::string& p = info_.path;
+    const uint32_t w = t.w, h = t.h;
+    const uint16_t spp = t.spp, comp = t.comp;
     const uint64_t px = bytesPerSample(info_.type) * (info_.planar_separate ? 1 : spp);
     info_.tiled = TIFFIsTiled(tif_) != 0;
     if (info_.tiled) {
