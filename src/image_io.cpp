@@ -124,6 +124,15 @@ int memoryMap(thandle_t, void**, toff_t*) {
 
 void memoryUnmap(thandle_t, void*, toff_t) {}
 
+// A TIFF in memory over `file`, for writing; throws IoError when libtiff cannot open one.
+TIFF* openTiffInMemory(MemoryFile& file, const char* name) {
+  clearTiffError();
+  TIFF* tif = TIFFClientOpen(name, "w", &file, memoryRead, memoryWrite, memorySeek, memoryClose, memorySize,
+                             memoryMap, memoryUnmap);
+  TILER_CHECK(tif != nullptr, IoError, "cannot open a TIFF in memory: " << takeTiffError());
+  return tif;
+}
+
 // How a writer's tiles are encoded; shared by the pool's tasks of one writer.
 struct TileEncoding {
   int channels = 1;
@@ -156,12 +165,8 @@ struct TileEncoder {
 std::vector<uint8_t> encodeTile(std::vector<uint8_t>& samples, const TileEncoding& e) {
   thread_local std::unique_ptr<TileEncoder> encoder;
   if (!encoder || !encoder->encodes(e)) {
-    encoder.reset();
     auto fresh = std::make_unique<TileEncoder>();
-    clearTiffError();
-    fresh->tif = TIFFClientOpen("tile", "w", &fresh->file, memoryRead, memoryWrite, memorySeek, memoryClose,
-                                memorySize, memoryMap, memoryUnmap);
-    TILER_CHECK(fresh->tif != nullptr, IoError, "cannot open a TIFF in memory: " << takeTiffError());
+    fresh->tif = openTiffInMemory(fresh->file, "tile");
     setTiffFields(fresh->tif, e.options.tile, e.options.tile, e.channels, e.type, e.options, false);
     fresh->channels = e.channels;
     fresh->tile = e.options.tile;
@@ -320,16 +325,8 @@ std::string compressionName(const Compression& c) {
 
 void checkCompression(const Compression& c) {
   MemoryFile file;
-  TIFF* tif = TIFFClientOpen("check", "w", &file, memoryRead, memoryWrite, memorySeek, memoryClose,
-                             memorySize, memoryMap, memoryUnmap);
-  TILER_CHECK(tif != nullptr, IoError, "cannot open a TIFF in memory: " << takeTiffError());
-  try {
-    setCompressionFields(tif, c, false);
-  } catch (...) {
-    TIFFCleanup(tif);
-    throw;
-  }
-  TIFFCleanup(tif);
+  const std::unique_ptr<TIFF, void (*)(TIFF*)> tif(openTiffInMemory(file, "check"), TIFFCleanup);
+  setCompressionFields(tif.get(), c, false);
 }
 
 // Measured by scripts/bench.sh codecs (docs/performance.md, "Output codecs"): over random, textured and

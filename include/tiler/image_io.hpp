@@ -10,11 +10,11 @@
 // thread reads on a libtiff or OpenSlide handle of its own (handle_pool.hpp). Pixels are HWC in the file's
 // native type (u8, u16, i16, u32, f32); colour is RGB(A), never BGR.
 //
-// ImageWriter: takes row bands top to bottom. TIFF output is tiled (256 px), defaultCompression() unless
-// asked, horizontal predictor for integers and floating-point predictor for f32, BigTIFF when the raw data
-// exceeds 2 GiB; memory is one row of tiles (two, compressing on a thread of its own). PNG/JPEG are assembled
-// in memory and refused above kMaxInMemoryPixels. Files are written as "<name>.partial" and renamed by
-// close() (or finish() then commit(), so that several outputs of one image appear together); a writer
+// ImageWriter: takes row bands top to bottom. TIFF output is tiled (256 px), compressed as WriterOptions ask
+// (a Compression: codec, level, predictor) or by defaultCompression of its sample type, BigTIFF when the raw
+// data exceeds 2 GiB; memory is one row of tiles (two, compressing on a thread of its own). PNG/JPEG are
+// assembled in memory and refused above kMaxInMemoryPixels. Files are written as "<name>.partial" and renamed
+// by close() (or finish() then commit(), so that several outputs of one image appear together); a writer
 // destroyed before commit removes its partial file; a partial file is created anew (platform.hpp), never
 // opened through a link planted at its name. Every failure is an IoError naming the file.
 //
