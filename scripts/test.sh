@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds (RelWithDebInfo, ccache, all cores), checks formatting, runs every test.
 #   scripts/test.sh              unit + e2e tests (gpu tests skip without a GPU)
-#   scripts/test.sh --sanitize   the same, built with TILER_SANITIZE=address,undefined in build-asan/
+#   scripts/test.sh --sanitize   the same, built with TILER_SANITIZE=address,undefined in build-asan/, each
+#                                test executable one ctest test (TILER_TEST_PER_SUITE)
 #   scripts/test.sh --tsan       ThreadSanitizer (build-tsan/) over the suites of tiler's own threads: the
 #                                loader's read-ahead and read threads, the TIFF reader's shared tile cache,
 #                                the output stage, the tile compression pool, the stitcher's row pieces,
@@ -19,7 +20,13 @@ cd "$(dirname "$0")/.."
 sanitize=""
 targets=()
 tsan_filter=()
-if [ "${1:-}" = "--sanitize" ]; then sanitize="address,undefined"; shift; fi
+per_suite=OFF
+# Under ASan each test process spends seconds starting: one process per test executable instead.
+if [ "${1:-}" = "--sanitize" ]; then
+  sanitize="address,undefined"
+  per_suite=ON
+  shift
+fi
 if [ "${1:-}" = "--tsan" ]; then
   sanitize="thread"
   targets=(--target queue_test handle_pool_test loader_test outputs_test image_io_test blend_test)
@@ -51,7 +58,7 @@ build=build
 [ ${#features[@]} -gt 0 ] && build=build-nofeatures
 [ ${#bundle[@]} -gt 0 ] && build=build-bundle
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
-  -DTILER_SANITIZE="$sanitize" "${features[@]}" "${bundle[@]}" >/dev/null
+  -DTILER_SANITIZE="$sanitize" -DTILER_TEST_PER_SUITE=$per_suite "${features[@]}" "${bundle[@]}" >/dev/null
 cmake --build "$build" -j "$(nproc)" "${targets[@]}"
 
 echo "== clang-format check"

@@ -32,12 +32,26 @@ trixie_root() {
   echo "$packages" >"$stamp"
 }
 
-# trixie_copy_source ROOT: the tracked and unignored files into ROOT/src/tiler, in place of the last copy's
-# (whose build trees, build-*, stay: ninja and ccache then rebuild only what changed; mtimes are kept).
+# trixie_copy_source ROOT: the tracked and unignored files into ROOT/src/tiler, where the last copy and its build
+# trees (build-*) stay. A file whose bytes did not change keeps the last copy's mtime, so a fresh clone (whose
+# files are all new to make) rebuilds only what changed since the last run here, even with an empty compiler
+# cache; a changed or new file comes with the clone's mtime, a file gone from the tree goes.
 trixie_copy_source() {
-  mkdir -p "$1/src/tiler"
-  find "$1/src/tiler" -mindepth 1 -maxdepth 1 ! -name 'build-*' -exec rm -rf {} +
-  git ls-files -co --exclude-standard -z | tar --null -T - -cf - | tar -xpf - -C "$1/src/tiler"
+  local dest="$1/src/tiler" incoming="$1/src/incoming"
+  rm -rf "$incoming"
+  mkdir -p "$dest" "$incoming"
+  git ls-files -co --exclude-standard -z | tar --null -T - -cf - | tar -xpf - -C "$incoming"
+  (cd "$dest" && find . -path './build-*' -prune -o \( -type f -o -type l \) -print0) |
+    while IFS= read -r -d '' f; do [ -e "$incoming/$f" ] || [ -L "$incoming/$f" ] || rm -f "$dest/$f"; done
+  (cd "$incoming" && find . \( -type f -o -type l \) -print0) |
+    while IFS= read -r -d '' f; do
+      if [ -L "$incoming/$f" ] || [ -L "$dest/$f" ] || ! cmp -s "$incoming/$f" "$dest/$f"; then
+        mkdir -p "$(dirname "$dest/$f")"
+        rm -f "$dest/$f"
+        cp -pP "$incoming/$f" "$dest/$f"
+      fi
+    done
+  rm -rf "$incoming"
 }
 
 # trixie_run ROOT ARGS... < SCRIPT: runs the bash SCRIPT from stdin in ROOT's /src/tiler with ARGS, in a

@@ -98,9 +98,11 @@ CatalogImage WindowCatalog::describe(const std::string& path, const CatalogSpec&
     img.resolution = chooseResolution(source->info(), spec.resolution);
     auto reader = viewAtResolution(*source, img.resolution);
     img.info = reader->info();
-    img.adapt = channelAdaptation(img.info.channels, spec.input_channels, path, img.info.colormap != nullptr);
+    if (spec.input_channels > 0)
+      img.adapt =
+          channelAdaptation(img.info.channels, spec.input_channels, path, img.info.colormap != nullptr);
     img.scale = spec.scale > 0 ? spec.scale : defaultScale(img.info.type);
-    img.grid = WindowGrid(img.info.width, img.info.height, spec.grid, spec.output_scale);
+    if (spec.with_grid) img.grid = WindowGrid(img.info.width, img.info.height, spec.grid, spec.output_scale);
     const int64_t out_w = spec.output_scale.apply(img.info.width);
     const int64_t out_h = spec.output_scale.apply(img.info.height);
     TILER_CHECK(out_w >= 1 && out_h >= 1, IoError,
@@ -163,6 +165,7 @@ std::string outputFileName(const std::string& kind, const std::string& stem, con
   if (kind == "probs") return stem + "_probs.tif";
   if (kind == "polygons") return stem + "_polygons.geojson";
   if (kind == "features") return stem + ".h5";
+  if (kind == "features_pt") return stem + ".pt";
   if (kind == "csv") return stem + ".csv";
   if (kind == "tiles") return stem + "_tiles.geojson";
   if (kind == "heatmap") return stem + "_heatmap.tif";
@@ -220,7 +223,9 @@ WindowCatalog buildInferCatalog(const InferCatalogOptions& o, const CatalogSpec&
   const std::vector<std::string> files = withoutTilerOutputs(listed, o.inputs);
   TILER_CHECK(!files.empty(), ConfigError,
               "no input images found in the given --input paths (only tiler's own outputs)");
-  const InputFiles inputs(files);
+  std::vector<std::string> read = files;
+  read.insert(read.end(), o.also_read.begin(), o.also_read.end());
+  const InputFiles inputs(read);
   WindowCatalog catalog;
   std::map<std::string, std::string> stems;  // output stem -> input, to catch collisions
   std::vector<std::string> existing;
@@ -242,7 +247,7 @@ WindowCatalog buildInferCatalog(const InferCatalogOptions& o, const CatalogSpec&
       if (img.status != "error" && inputs.contains(out)) {
         img.status = "error";
         img.error = "'" + path + "': its " + kind + " output '" + out +
-                    "' is an input of this run (a file tiler did not write); it is never overwritten: " +
+                    "' is read by this run (an input or the model); it is never overwritten: " +
                     "rename it or choose another --output";
       }
     }
@@ -262,6 +267,7 @@ WindowCatalog buildInferCatalog(const InferCatalogOptions& o, const CatalogSpec&
         if (o.remove_stale_partials) {
           fs::remove(out + ".partial", ec);
           fs::remove(out + ".labels.tif.partial", ec);
+          fs::remove(out + ".rows.partial", ec);  // features_pt's scratch rows
           for (int level = 1; level <= 32; ++level)
             fs::remove(out + ".level" + std::to_string(level) + ".partial", ec);
         }

@@ -207,8 +207,9 @@ void InferJob::parseSaveKinds() {
   if (!o_.save) return;  // the task's default, once the model says which task it is
   const std::string& save = *o_.save;
   const std::string bad_save =
-      "--save takes labels, probs and polygons (segment), features (embed), or csv, tiles and heatmap "
-      "(classify), comma-separated; got '" +
+      "--save takes labels, probs and polygons (segment), features and features_pt (embed), or csv, tiles "
+      "and "
+      "heatmap (classify), comma-separated; got '" +
       save + "'";
   // "" and "labels," name nothing (or end in nothing), which getline would not return.
   TILER_CHECK(!save.empty() && save.back() != ',', ConfigError, bad_save);
@@ -625,6 +626,7 @@ void InferJob::planImages() {
     co.resume = o_.resume;
     co.overwrite = o_.overwrite;
     co.remove_stale_partials = rank() == 0;
+    co.also_read = {o_.model};
     catalog_ = buildInferCatalog(
         co, CatalogSpec{spec_, probe_.input_channels, probe_.scale, o_.scale, mask_, resolution_});
     if (abort_on_error_) {

@@ -3,7 +3,11 @@
 #if TILER_WITH_HDF5
 #include <hdf5.h>
 #endif
+#include <caffe2/serialize/inline_container.h>
+#include <fcntl.h>
 #include <spdlog/fmt/fmt.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -47,7 +51,8 @@ const char* taskName(ModelTask task) {
 }
 
 const std::vector<std::string>& outputKindsOf(ModelTask task) {
-  static const std::vector<std::string> segment = {"labels", "probs", "polygons"}, embed = {"features"},
+  static const std::vector<std::string> segment = {"labels", "probs", "polygons"},
+                                        embed = {"features", "features_pt"},
                                         classify = {"csv", "tiles", "heatmap"}, none;
   if (task == ModelTask::kSegment) return segment;
   if (task == ModelTask::kEmbed) return embed;
@@ -170,8 +175,9 @@ class TextFile {
     std::error_code ec;
     if (!committed_) fs::remove(partial(), ec);
   }
-  void write(const std::string& text) {
-    TILER_CHECK(std::fwrite(text.data(), 1, text.size(), file_) == text.size(), IoError,
+  void write(const std::string& text) { write(text.data(), text.size()); }
+  void write(const void* data, size_t bytes) {
+    TILER_CHECK(std::fwrite(data, 1, bytes, file_) == bytes, IoError,
                 "'" << partial() << "': write failed: " << std::strerror(errno));
   }
   void finish() {
@@ -389,6 +395,119 @@ class WindowOutputs::FeatureFile {
 };
 #endif
 
+// <stem>.pt: the features as one float32 tensor (N, D) in the layout torch.save writes (a zip of data.pkl,
+// the storage as data/0, byteorder and version; LibTorch's own zip writer), which torch.load reads,
+// weights_only or not: CLAM's pt_files/<slide>.pt. The rows go to a scratch file (<stem>.pt.rows.partial) as
+// they come and are stored from a mapping of it at finish, so the features are never all in memory.
+class WindowOutputs::TensorFile {
+ public:
+  TensorFile(const std::string& path, int64_t dim) : dim_(dim), rows_(path + ".rows"), file_(path) {}
+
+  void append(const float* values) {
+    rows_.write(values, size_t(dim_) * sizeof(float));
+    ++count_;
+  }
+  void finish() {
+    rows_.finish();
+    const std::string rows = rows_.partial();
+    const int fd = ::open(rows.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    TILER_CHECK(fd >= 0, IoError, "'" << rows << "': cannot reopen: " << std::strerror(errno));
+    const size_t bytes = size_t(count_ * dim_) * sizeof(float);
+    void* data = bytes == 0 ? nullptr : mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+    const int map_errno = errno;
+    ::close(fd);
+    TILER_CHECK(data != MAP_FAILED, IoError, "'" << rows << "': cannot map: " << std::strerror(map_errno));
+    try {
+      store(data, bytes);
+    } catch (...) {
+      if (data) munmap(data, bytes);
+      throw;
+    }
+    if (data) munmap(data, bytes);
+    file_.finish();
+  }
+  const std::string& path() const { return file_.path(); }
+  void committed() { file_.committed(); }
+
+ private:
+  // The archive through LibTorch's writer. Its writes never fail from its side (it would throw from its
+  // destructor): the first failed write is kept, the rest skipped, and thrown after.
+  void store(const void* data, size_t bytes) {
+    std::optional<IoError> failed;
+    const auto write = [&](const void* buffer, size_t n) -> size_t {
+      if (!failed) {
+        try {
+          file_.write(buffer, n);
+        } catch (const IoError& e) {
+          failed = e;
+        }
+      }
+      return n;
+    };
+    try {
+      caffe2::serialize::PyTorchStreamWriter writer(write);
+      const std::string pickle = tensorPickle(count_, dim_);
+      writer.writeRecord("data.pkl", pickle.data(), pickle.size());
+      writer.writeRecord("byteorder", "little", 6);
+      writer.writeRecord("data/0", data, bytes);
+      writer.writeEndOfFile();
+    } catch (const std::exception& e) {
+      TILER_THROW(IoError, "'" << file_.partial() << "': cannot write the tensor archive: " << e.what());
+    }
+    if (failed) throw *failed;
+  }
+
+  // The pickle (protocol 2) torch.save writes for a contiguous float32 CPU tensor (rows, dim) whose storage
+  // is record "0": torch._utils._rebuild_tensor_v2(storage, offset, size, stride, requires_grad, hooks).
+  static std::string tensorPickle(int64_t rows, int64_t dim) {
+    std::string p = "\x80\x02";                    // PROTO 2
+    const auto text = [&](const std::string& s) {  // BINUNICODE
+      p += 'X';
+      for (int i = 0; i < 4; ++i) p += char((s.size() >> (8 * i)) & 0xff);
+      p += s;
+    };
+    const auto integer = [&](int64_t v) {  // as Python's pickle writes ints: BININT1, BININT2, BININT, LONG1
+      if (v >= 0 && v <= 0xff) {
+        p += 'K';
+        p += char(v);
+      } else if (v >= 0 && v <= 0xffff) {
+        p += 'M';
+        p += char(v & 0xff);
+        p += char(v >> 8);
+      } else if (v >= INT32_MIN && v <= INT32_MAX) {
+        p += 'J';
+        for (int i = 0; i < 4; ++i) p += char((uint64_t(v) >> (8 * i)) & 0xff);
+      } else {
+        p += "\x8a\x08";  // eight bytes, little-endian two's complement
+        for (int i = 0; i < 8; ++i) p += char((uint64_t(v) >> (8 * i)) & 0xff);
+      }
+    };
+    p += "ctorch._utils\n_rebuild_tensor_v2\n((";
+    text("storage");
+    p += "ctorch\nFloatStorage\n";
+    text("0");
+    text("cpu");
+    integer(rows * dim);
+    p += "tQ";   // TUPLE, BINPERSID: the storage record
+    integer(0);  // storage offset
+    p += '(';
+    integer(rows);
+    integer(dim);
+    p += "t(";
+    integer(dim);
+    integer(1);
+    p += "t\x89";                          // requires_grad False
+    p += "ccollections\nOrderedDict\n)R";  // no backward hooks
+    p += "tR.";
+    return p;
+  }
+
+  int64_t dim_;
+  int64_t count_ = 0;  // rows appended
+  TextFile rows_;      // scratch, never committed: removed with this object
+  TextFile file_;      // the archive
+};
+
 // Classify: <stem>.csv (WSInfer's columns), <stem>_tiles.geojson (QuPath's tile objects) and
 // <stem>_heatmap.tif (K float bands, one pixel per window: the grid's column and row).
 class WindowOutputs::ClassFiles {
@@ -529,6 +648,8 @@ WindowOutputs::WindowOutputs(const CatalogImage& image, WindowOutputOptions opti
   for (const auto& kind : options_.kinds) {
     if (kind == "features")
       features_ = std::make_unique<FeatureFile>(image.outputs.at("features"), image, options_);
+    else if (kind == "features_pt")
+      tensor_ = std::make_unique<TensorFile>(image.outputs.at("features_pt"), options_.dim);
     else if (!classes_ && taskOfOutputKind(kind) == ModelTask::kClassify)
       classes_ = std::make_unique<ClassFiles>(image, options_);
   }
@@ -552,6 +673,7 @@ void WindowOutputs::add(int64_t window, const float* values) {
 void WindowOutputs::write(int64_t window, const float* values) {
   const WindowPlace place = placeWindow(image_, window);
   if (features_) features_->append(place, values);
+  if (tensor_) tensor_->append(values);
   if (classes_) classes_->append(place, values);
   ++next_;
 }
@@ -562,14 +684,17 @@ std::vector<std::string> WindowOutputs::commit() {
       "'" << image_.input << "': " << next_ << " of " << image_.plannedWindows() << " windows written");
   // Phase one: every file closed under its partial name. Phase two: all renamed.
   if (features_) features_->finish();
+  if (tensor_) tensor_->finish();
   if (classes_) classes_->finish();
   std::vector<std::string> renamed;
+  const auto rename = [&](auto& file) {
+    renameFromPartial(file.path());
+    file.committed();
+    renamed.push_back(file.path());
+  };
   try {
-    if (features_) {
-      renameFromPartial(features_->path());
-      features_->committed();
-      renamed.push_back(features_->path());
-    }
+    if (features_) rename(*features_);
+    if (tensor_) rename(*tensor_);
     if (classes_) classes_->commit(renamed);
   } catch (...) {
     std::error_code ec;

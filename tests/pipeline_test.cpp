@@ -336,7 +336,7 @@ TEST_F(Pipeline, AnInputDirectoryThatIsAlsoTheOutputDirectory) {
     const auto* u = imageEntry(j, "u.tif");
     ASSERT_NE(u, nullptr);
     EXPECT_EQ((*u)["status"], "error");
-    EXPECT_NE((*u)["error"].get<std::string>().find("is an input of this run"), std::string::npos) << *u;
+    EXPECT_NE((*u)["error"].get<std::string>().find("is read by this run"), std::string::npos) << *u;
     EXPECT_EQ((*imageEntry(j, "u_labels.tif"))["status"], flags == "--resume" ? "skipped" : "ok") << flags;
     EXPECT_EQ(imageEntry(j, "c_small_labels.tif"), nullptr) << flags << ": tiler's own output taken as input";
     EXPECT_EQ(imageEntry(j, "u_labels_labels.tif"), nullptr) << flags;
@@ -530,6 +530,17 @@ TEST_F(Pipeline, InfoShowsWhatTheReaderSeesAndTheGrid) {
       << r.output;
   EXPECT_NE(r.output.find("grid: 35 windows (7 x 5) of 128x128"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("b_mixed.png: 300x200, 3 channel(s), u8, reader opencv, png"), std::string::npos)
+      << r.output;
+  // At another resolution: the grid infer would cut there (the catalog's description of the image).
+  r = run(kTiler + " info " + root_ + "/images/a_large.tif --input_mpp 0.25 --mpp 0.5 --window 128");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const WindowGrid half(350, 250, GridSpec{128, 128, 0.25, 0.25});
+  EXPECT_NE(r.output.find("processing: level 0 resampled, 350x250, 0.5 um/px"), std::string::npos)
+      << r.output;
+  EXPECT_NE(
+      r.output.find("grid: " + std::to_string(half.count()) + " windows (" + std::to_string(half.columns()) +
+                    " x " + std::to_string(half.startsY().size()) + ") of 128x128"),
+      std::string::npos)
       << r.output;
   auto bad = run(kTiler + " info " + root_ + "/no_such.tif");
   EXPECT_EQ(bad.code, 2);
@@ -1107,6 +1118,15 @@ TEST_F(Pipeline, TissueMaskSkipsGlassAndKeepsTissueExact) {
   EXPECT_EQ(j["mask"]["method"], "tissue");
   EXPECT_NEAR(j["mask"]["coverage"].get<double>(), M_PI * 300 * 300 / (2400.0 * 1800.0), 0.01);
   EXPECT_EQ(report(one)["windows_total"], j["windows_processed"]);
+  // tiler info plans as infer does (the catalog's description): the same windows kept, the same coverage.
+  auto info = run(kTiler + " info " + in + "/slide.tif --window 128 --mask auto --mask_preview " + root_ +
+                  "/slide_mask.png");
+  ASSERT_EQ(info.code, 0) << info.output;
+  EXPECT_NE(info.output.find("mask: tissue, coverage 6.5%, " + j["windows_processed"].dump() +
+                             " of 475 windows kept at --mask_fraction 0.05"),
+            std::string::npos)
+      << info.output;
+  EXPECT_TRUE(fs::exists(root_ + "/slide_mask.png"));
   cv::Mat masked = ImageReader::open(one + "/slide_probs.tif")->readRegion({0, 0, 2400, 1800});
   cv::Mat unmasked = ImageReader::open(full + "/slide_probs.tif")->readRegion({0, 0, 2400, 1800});
   // Glass far from the disc: no window, zeros. The disc's centre: every covering window kept, exact.
@@ -1558,7 +1578,8 @@ TEST_F(Pipeline, EmbedWritesTheGridsFeaturesByteIdenticalForOneToThreeRanks) {
   TILER_SKIP_WITHOUT_TOOL("h5dump");
   const std::string encoder = perWindowModel(root_, "encoder", "    return f\n");
   const std::string args = " -i " + root_ + "/images -m " + encoder +
-                           " --window 64 --batch_size 4 --threads 1 --no_progress --encoder_name tiny -o ";
+                           " --window 64 --batch_size 4 --threads 1 --no_progress --encoder_name tiny"
+                           " --save features,features_pt -o ";
   const std::string ref = root_ + "/out_embed1";
   auto r = run(kTiler + args + ref);
   ASSERT_EQ(r.code, 0) << r.output;
@@ -1589,6 +1610,12 @@ TEST_F(Pipeline, EmbedWritesTheGridsFeaturesByteIdenticalForOneToThreeRanks) {
   const auto row = test::h5dumpValues(h5, "features", "-s 13,0 -c 1,8");
   ASSERT_EQ(row.size(), 8u);
   for (int d = 0; d < 8; ++d) EXPECT_NEAR(row[size_t(d)], expected[0][d].item<float>(), 1e-5) << d;
+  // CLAM's pt_files/<slide>.pt beside it: the same rows as one tensor.
+  const std::string pt = slurp(ref + "/a_large.pt");
+  const auto tensor = torch::jit::pickle_load(std::vector<char>(pt.begin(), pt.end())).toTensor();
+  ASSERT_EQ(tensor.sizes(), (std::vector<int64_t>{88, 8}));
+  for (int d = 0; d < 8; ++d)
+    EXPECT_NEAR(tensor[13][d].item<float>(), expected[0][d].item<float>(), 1e-5) << d;
   auto attrs = run("h5dump -a /coords/encoder -a /coords/patch_size " + h5);
   EXPECT_NE(attrs.output.find("\"tiny\""), std::string::npos) << attrs.output;
   EXPECT_NE(attrs.output.find("(0): 64"), std::string::npos) << attrs.output;
@@ -1605,12 +1632,12 @@ TEST_F(Pipeline, EmbedWritesTheGridsFeaturesByteIdenticalForOneToThreeRanks) {
     ASSERT_EQ(r.code, 0) << r.output;
     int files = 0;
     for (const auto& e : fs::directory_iterator(ref)) {
-      if (e.path().extension() != ".h5") continue;
+      if (e.path().extension() != ".h5" && e.path().extension() != ".pt") continue;
       ++files;
       EXPECT_TRUE(slurp(e.path().string()) == slurp(out + "/" + e.path().filename().string()))
           << e.path().filename() << " with " << n << " ranks";
     }
-    EXPECT_EQ(files, 5);
+    EXPECT_EQ(files, 10);
   }
   // --edge shift: MONAI's grid, the last column shifted back to end at the edge.
   const std::string shifted = root_ + "/out_embed_shift";
@@ -1620,6 +1647,17 @@ TEST_F(Pipeline, EmbedWritesTheGridsFeaturesByteIdenticalForOneToThreeRanks) {
   r = run(kTiler + args + root_ + "/out_embed_bad_edge --edge diagonal");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.output.find("--edge must be auto, lattice or shift"), std::string::npos) << r.output;
+  // The model is never an output: slide.png's features_pt would be the model itself, slide.pt.
+  const std::string same = root_ + "/embed_model_dir";
+  fs::create_directories(same);
+  fs::copy_file(root_ + "/images/c_small.png", same + "/slide.png");
+  fs::copy_file(encoder, same + "/slide.pt");
+  const std::string model = slurp(same + "/slide.pt");
+  r = run(kTiler + " -i " + same + "/slide.png -m " + same +
+          "/slide.pt --window 64 --threads 1 --no_progress --save features_pt --overwrite -o " + same);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("is read by this run"), std::string::npos) << r.output;
+  EXPECT_TRUE(slurp(same + "/slide.pt") == model) << "the model was overwritten";
 }
 
 TEST_F(Pipeline, ClassifyWritesCsvTilesAndHeatmapThatGdalReads) {
@@ -1734,6 +1772,9 @@ TEST_F(Pipeline, AFeatureThisBuildLacksStopsWhatNeedsIt) {
     EXPECT_EQ(r.code, 1) << r.output;
     EXPECT_NE(r.output.find("--save features needs hdf5"), std::string::npos) << r.output;
     EXPECT_FALSE(fs::exists(out + "/c_small.h5"));
+    r = run(kTiler + base + out + " -m " + encoder + " --task embed --save features_pt");
+    EXPECT_EQ(r.code, 0) << "the tensor file needs no HDF5: " << r.output;
+    EXPECT_TRUE(fs::exists(out + "/c_small.pt"));
   }
   if (!test::featureBuilt("openslide")) {
     const std::string in = root_ + "/in_no_openslide", out = root_ + "/out_no_openslide";

@@ -1,9 +1,11 @@
-// Per-window outputs: features (HDF5, read back by h5dump) and class scores (CSV, QuPath tiles, heatmap) in
-// window order whatever order the vectors arrive in, level-0 coordinates, masked windows absent, the same
-// bytes for any arrival order, and nothing left behind by an image that is not committed.
+// Per-window outputs: features (HDF5, read back by h5dump; the tensor file, read back by LibTorch's and,
+// where installed, Python's torch.load) and class scores (CSV, QuPath tiles, heatmap) in window order
+// whatever order the vectors arrive in, level-0 coordinates, masked windows absent, the same bytes for any
+// arrival order, and nothing left behind by an image that is not committed.
 #include "tiler/window_outputs.hpp"
 
 #include <gtest/gtest.h>
+#include <torch/script.h>
 
 #include <algorithm>
 #include <cmath>
@@ -37,6 +39,7 @@ CatalogImage image(const std::string& dir, double downsample = 1.0) {
   img.resolution.source_mpp = 0.25;
   img.grid = WindowGrid(40, 30, GridSpec{10, 10, 0.0, 0.0});
   img.outputs["features"] = dir + "/slide.h5";
+  img.outputs["features_pt"] = dir + "/slide.pt";
   img.outputs["csv"] = dir + "/slide.csv";
   img.outputs["tiles"] = dir + "/slide_tiles.geojson";
   img.outputs["heatmap"] = dir + "/slide_heatmap.tif";
@@ -91,6 +94,7 @@ TEST(WindowOutputs, TasksAndTheirOutputKinds) {
   EXPECT_EQ(taskOfOutputKind("features"), ModelTask::kEmbed);
   EXPECT_EQ(taskOfOutputKind("feature"), ModelTask::kAuto);
   EXPECT_EQ(outputFileName("features", "a", "tif"), "a.h5");
+  EXPECT_EQ(outputFileName("features_pt", "a", "tif"), "a.pt");
   EXPECT_EQ(outputFileName("tiles", "a", "tif"), "a_tiles.geojson");
   EXPECT_EQ(outputFileName("heatmap", "a", "png"), "a_heatmap.tif");
   EXPECT_EQ(classNames(3, {})[2].name, "class_2");
@@ -159,6 +163,95 @@ TEST(WindowOutputs, TheSameVectorsInAnyOrderGiveTheSameBytes) {
                 "coords")
                 .size(),
             size_t(img.plannedWindows() * 2));
+  removeTree(dir);
+}
+
+// The tensor file as LibTorch's own reader (torch::jit::pickle_load, which reads what Python's torch.save
+// writes) sees it.
+torch::Tensor loadTensorFile(const std::string& path) {
+  const std::string bytes = test::slurp(path);
+  return torch::jit::pickle_load(std::vector<char>(bytes.begin(), bytes.end())).toTensor();
+}
+
+// CLAM's pt_files/<slide>.pt: one float32 tensor (N, D) in window order, which torch.load reads; the same
+// bytes whatever order the rows arrive in, and no scratch file left.
+TEST(WindowOutputs, FeaturesPtIsATensorThatTorchLoadReads) {
+  const std::string dir = test::scratchDir("features_pt");
+  const CatalogImage img = image(dir, 4.0);
+  WindowOutputOptions o = embed(3);
+  o.kinds = {"features_pt"};
+  std::vector<int64_t> order = inOrder(12);
+  std::shuffle(order.begin(), order.end(), std::mt19937(11));
+  EXPECT_EQ(writeAll(img, o, order), std::vector<std::string>{dir + "/slide.pt"});
+  EXPECT_FALSE(fs::exists(dir + "/slide.h5")) << "only what --save names";
+  const std::vector<std::string> left = {"slide.pt"};
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(dir)) files.push_back(e.path().filename().string());
+  EXPECT_EQ(files, left) << "the scratch rows are removed";
+  const torch::Tensor t = loadTensorFile(dir + "/slide.pt");
+  EXPECT_EQ(t.scalar_type(), torch::kFloat32);
+  ASSERT_EQ(t.sizes(), (std::vector<int64_t>{12, 3}));
+  EXPECT_TRUE(t.is_contiguous());
+  for (int64_t w = 0; w < 12; ++w)
+    for (int64_t d = 0; d < 3; ++d) EXPECT_EQ(t[w][d].item<float>(), float(w * 100 + d)) << w << "," << d;
+  const std::string first = test::slurp(dir + "/slide.pt");
+  fs::remove(dir + "/slide.pt");
+  writeAll(img, o, inOrder(12));
+  EXPECT_TRUE(test::slurp(dir + "/slide.pt") == first) << "the same bytes for any arrival order";
+  if (test::runCommand("/usr/bin/python3 -c 'import torch'").code == 0) {
+    // Python's own reader, with weights_only where this torch has it (the default from 2.6).
+    const auto py = test::runCommand(
+        "/usr/bin/python3 -c \"import torch, inspect; f = '" + dir +
+        "/slide.pt'; w = 'weights_only' in inspect.signature(torch.load).parameters; "
+        "t = torch.load(f, weights_only=True) if w else torch.load(f); print(tuple(t.shape), t.dtype, "
+        "float(t[7, 2]), float(t.sum()))\" 2>&1");
+    EXPECT_NE(py.output.find("(12, 3) torch.float32 702.0 19836.0"), std::string::npos) << py.output;
+  }
+  removeTree(dir);
+}
+
+// Sizes whose pickled integers take Python's one-, two- and four-byte encodings (eight would need 2^31
+// values), and an image with no window at all: (0, D).
+TEST(WindowOutputs, FeaturesPtHoldsAnyRowCountAndWidth) {
+  const std::string dir = test::scratchDir("features_pt_sizes");
+  CatalogImage img = image(dir);
+  img.masked = true;
+  img.kept = {};
+  WindowOutputOptions o = embed(300);
+  o.kinds = {"features_pt"};
+  writeAll(img, o, {});
+  EXPECT_EQ(loadTensorFile(dir + "/slide.pt").sizes(), (std::vector<int64_t>{0, 300}));
+  fs::remove(dir + "/slide.pt");
+  img.kept = {4};
+  o.dim = 70000;  // numel 70000: past two bytes
+  writeAll(img, o, {0});
+  const torch::Tensor wide = loadTensorFile(dir + "/slide.pt");
+  ASSERT_EQ(wide.sizes(), (std::vector<int64_t>{1, 70000}));
+  EXPECT_EQ(wide[0][69999].item<float>(), float(4 * 100 + 69999));
+  removeTree(dir);
+}
+
+// A failed image leaves neither the archive nor its scratch rows; a link planted at either partial name is
+// replaced by a file of its own, never written through.
+TEST(WindowOutputs, FeaturesPtLeavesNothingWhenNotCommitted) {
+  const std::string dir = test::scratchDir("features_pt_fail");
+  const CatalogImage img = image(dir);
+  WindowOutputOptions o = embed(2);
+  o.kinds = {"features_pt"};
+  {
+    WindowOutputs out(img, o);
+    out.add(0, vectorOf(0, 2).data());
+    EXPECT_TRUE(fs::exists(dir + "/slide.pt.rows.partial"));
+    EXPECT_THROW(out.commit(), IoError) << "11 windows missing";
+  }
+  EXPECT_TRUE(fs::is_empty(dir)) << "nothing left behind";
+  std::ofstream(dir + "/victim") << "precious";
+  for (const char* planted : {"/slide.pt.partial", "/slide.pt.rows.partial"})
+    fs::create_symlink(dir + "/victim", dir + planted);
+  writeAll(img, o, inOrder(12));
+  EXPECT_EQ(test::slurp(dir + "/victim"), "precious");
+  EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(dir + "/slide.pt")));
+  EXPECT_EQ(loadTensorFile(dir + "/slide.pt").size(0), 12);
   removeTree(dir);
 }
 

@@ -61,6 +61,8 @@ struct CatalogImage {
 };
 
 // What the images are cut for: the model's input channels and output scale, the grid, the input scale.
+// `tiler info` describes images without a model (input_channels 0: no channel adaptation) and, without
+// --window, without a grid (with_grid false: no windows, none kept; the mask's coverage still).
 struct CatalogSpec {
   GridSpec grid;
   int input_channels = 3;
@@ -68,6 +70,7 @@ struct CatalogSpec {
   double scale = 0.0;  // 0: defaultScale of each image's sample type
   MaskSpec mask;       // which windows to keep (infer)
   ResolutionSpec resolution;
+  bool with_grid = true;
 };
 
 class WindowCatalog {
@@ -114,6 +117,7 @@ struct InferCatalogOptions {
   std::vector<std::string> kinds = {"labels"};  // the outputs saved (--save)
   bool resume = false, overwrite = false;
   bool remove_stale_partials = false;  // one rank (0) removes the .partial files a killed run left
+  std::vector<std::string> also_read;  // other files the run reads (the model): never overwritten either
 };
 WindowCatalog buildInferCatalog(const InferCatalogOptions& options, const CatalogSpec& spec);
 

@@ -4,8 +4,9 @@
 // in: early ones wait in memory, as the stitcher's rows do), each window with its level-0 rectangle.
 // Every file is written as "<name>.partial" and renamed by commit() together with the image's others; a
 // writer destroyed before commit removes its partial files. Bytes depend only on the vectors and the
-// options: the HDF5 file is written in whole chunks in a fixed order with no timestamps, so any world size
-// gives the same file. Every failure is an IoError naming the file.
+// options: the HDF5 file is written in whole chunks in a fixed order with no timestamps, and the tensor file
+// is torch.save's zip layout with fixed records, so any world size gives the same files. Every failure is an
+// IoError naming the file. Neither file is ever all in memory: rows are written (or set aside) as they come.
 #pragma once
 
 #include <array>
@@ -28,7 +29,7 @@ const char* taskName(ModelTask task);
 
 // The output kinds (--save) a task writes, in the order they are listed; the first are the default.
 //   segment: labels, probs, polygons      (default labels)
-//   embed: features                       (<stem>.h5)
+//   embed: features, features_pt          (<stem>.h5, <stem>.pt; default features)
 //   classify: csv, tiles, heatmap         (default csv,tiles)
 const std::vector<std::string>& outputKindsOf(ModelTask task);
 std::vector<std::string> defaultOutputKinds(ModelTask task);
@@ -84,6 +85,7 @@ class WindowOutputs {
 
  private:
   class FeatureFile;
+  class TensorFile;
   class ClassFiles;
   void write(int64_t window, const float* values);
 
@@ -92,6 +94,7 @@ class WindowOutputs {
   int64_t next_ = 0;                             // planned windows written, in order
   std::map<int64_t, std::vector<float>> early_;  // grid window -> vector, until its turn
   std::unique_ptr<FeatureFile> features_;        // owned; null unless saved
+  std::unique_ptr<TensorFile> tensor_;           // owned; null unless features_pt is saved
   std::unique_ptr<ClassFiles> classes_;          // owned; null unless csv, tiles or heatmap
 };
 

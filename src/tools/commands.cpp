@@ -12,8 +12,13 @@
 namespace tiler::tools {
 
 int runInfo(const InfoOptions& o) {
-  const std::string& window = o.window;
   const MaskSpec mask = parseMaskSpec(o.mask, o.mask_fraction);
+  CatalogSpec spec;
+  spec.input_channels = 0;  // no model
+  spec.with_grid = !o.window.empty();
+  if (spec.with_grid) spec.grid = parseGridSpec(o.window, o.overlap);
+  spec.mask = mask;
+  spec.resolution = o.resolution;
   int status = kExitOk;
   for (const auto& path : listImages(o.paths, false)) {
     try {
@@ -51,43 +56,40 @@ int runInfo(const InfoOptions& o) {
         if (s.mpp) std::cout << ", " << *s.mpp * s.levels[l].downsample << " um/px";
         std::cout << "\n";
       }
-      const ProcessingResolution res = chooseResolution(s, o.resolution);
-      auto reader = viewAtResolution(*source, res);
-      const ImageInfo& i = reader->info();
+      if (o.window.empty() && mask.mode == MaskMode::kNone && !o.resolution.chosen()) continue;
+      // What `tiler infer` would plan for it: the catalog's own description (resolution, grid, kept windows).
+      const CatalogImage img = WindowCatalog::describe(path, spec);
+      TILER_CHECK(img.status == "ok", IoError, img.error);
+      const ImageInfo& i = img.info;
       if (o.resolution.chosen()) {
-        std::cout << "  processing: level " << res.level << (res.factor != 1.0 ? " resampled" : "") << ", "
-                  << i.width << "x" << i.height;
-        if (res.mpp) std::cout << ", " << *res.mpp << " um/px";
+        std::cout << "  processing: level " << img.resolution.level
+                  << (img.resolution.factor != 1.0 ? " resampled" : "") << ", " << i.width << "x" << i.height;
+        if (img.resolution.mpp) std::cout << ", " << *img.resolution.mpp << " um/px";
         std::cout << "\n";
       }
-      if (!window.empty()) {
-        const GridSpec spec = parseGridSpec(window, o.overlap);
-        WindowGrid grid(i.width, i.height, spec);
+      const WindowGrid& grid = img.grid;
+      if (spec.with_grid) {
         std::cout << "  grid: " << grid.count() << " windows (" << grid.startsX().size() << " x "
-                  << grid.startsY().size() << ") of " << spec.window_w << "x" << spec.window_h << ", overlap "
-                  << spec.overlap_x << "," << spec.overlap_y;
+                  << grid.startsY().size() << ") of " << spec.grid.window_w << "x" << spec.grid.window_h
+                  << ", overlap " << spec.grid.overlap_x << "," << spec.grid.overlap_y;
         if (grid.paddedWidth() != i.width || grid.paddedHeight() != i.height)
           std::cout << ", padded to " << grid.paddedWidth() << "x" << grid.paddedHeight();
         std::cout << "\n  x starts:";
-        for (auto s : grid.startsX()) std::cout << " " << s;
+        for (auto x : grid.startsX()) std::cout << " " << x;
         std::cout << "\n  y starts:";
-        for (auto s : grid.startsY()) std::cout << " " << s;
+        for (auto y : grid.startsY()) std::cout << " " << y;
         std::cout << "\n";
       }
-      if (mask.mode != MaskMode::kNone) {
-        const CoverageMask m = CoverageMask::make(*source, mask, i.width, i.height);
-        std::cout << "  mask: " << m.method() << ", coverage " << std::fixed << std::setprecision(1)
-                  << 100.0 * m.coverage() << "%" << std::defaultfloat;
-        if (!window.empty()) {
-          const WindowGrid grid(i.width, i.height, parseGridSpec(window, o.overlap));
-          int64_t kept = 0;
-          for (int64_t w = 0; w < grid.count(); ++w)
-            kept += m.fractionInside(grid.imageWindow(w)) >= mask.fraction;
-          std::cout << ", " << kept << " of " << grid.count() << " windows kept at --mask_fraction "
-                    << mask.fraction;
-        }
+      if (img.masked) {
+        std::cout << "  mask: " << img.mask_method << ", coverage " << std::fixed << std::setprecision(1)
+                  << 100.0 * img.mask_coverage << "%" << std::defaultfloat;
+        if (spec.with_grid)
+          std::cout << ", " << img.kept.size() << " of " << grid.count()
+                    << " windows kept at --mask_fraction " << mask.fraction;
         std::cout << "\n";
         if (!o.mask_preview.empty()) {
+          // The same mask the catalog made (same reader, spec and size), drawn.
+          const CoverageMask m = CoverageMask::make(*source, mask, i.width, i.height);
           cv::Mat preview;
           m.map().convertTo(preview, CV_8U, 255.0);
           WriterOptions png;

@@ -110,9 +110,11 @@ int runInferCli(int argc, char** argv) {
          "none | flip | d4: also run each window mirrored (d4: rotated too, square windows), averaged")
       ->capture_default_str();
   std::string save;
-  auto* save_option = app.add_option(flagNames("--save"), save,
-                                     "comma-separated: labels, probs, polygons (segment; default labels), "
-                                     "features (embed), csv, tiles, heatmap (classify; default csv,tiles)");
+  auto* save_option = app.add_option(
+      flagNames("--save"), save,
+      "comma-separated: labels, probs, polygons (segment; default labels), "
+      "features, features_pt (embed; default features), csv, tiles, heatmap (classify; default "
+      "csv,tiles)");
   app.add_option(flagNames("--task"), o.task,
                  "auto | segment | classify | embed (auto: NCHW output segment; [B,D] classify with "
                  "--activation softmax|sigmoid or --classes, else embed)")
