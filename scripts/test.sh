@@ -13,15 +13,17 @@
 #   scripts/test.sh --features-off  tiler and the suites that see the optional features, built without GDAL,
 #                                OpenSlide and HDF5 (build-nofeatures/): what needs one says so and skips
 #   scripts/test.sh --bundle DIR the unit tests built against a dependency bundle (scripts/build-deps.sh's
-#                                prefix DIR) instead of the system's libraries (build-bundle/)
+#                                prefix DIR) instead of the system's libraries (build-bundle/), each test
+#                                executable one ctest test
 #   scripts/test.sh -L unit      extra arguments go to ctest
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sanitize=""
 targets=()
 tsan_filter=()
+# Under ASan each test process spends seconds starting (1 s without): the sanitizer and bundle stages run one
+# process per test executable instead of one per test.
 per_suite=OFF
-# Under ASan each test process spends seconds starting: one process per test executable instead.
 if [ "${1:-}" = "--sanitize" ]; then
   sanitize="address,undefined"
   per_suite=ON
@@ -45,6 +47,7 @@ fi
 if [ "${1:-}" = "--bundle" ]; then
   bundle=(-DTILER_DEPS="$(realpath "$2")")
   filter=(-L unit)
+  per_suite=ON
   shift 2
 fi
 # Only the unit tests asked for (the bundle stage, `-L unit`): build just what they need.

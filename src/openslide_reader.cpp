@@ -3,11 +3,24 @@
 #if TILER_WITH_OPENSLIDE
 #include <openslide.h>
 #endif
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cmath>
+#include <cstring>
 #include <exception>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <string>
+#include <thread>
+#include <tuple>
 #include <vector>
 
 #include "tiff_support.hpp"
@@ -37,8 +50,10 @@ class SlideReader final : public ImageReader {
  public:
   explicit SlideReader(const std::string& path) {
     // OpenSlide trusts a TIFF's chunk tables and aborts the whole process on an absurd one (GLib's failed
-    // allocation): a TIFF-based slide's tables are checked first, so a corrupt one fails this image alone.
+    // allocation): a TIFF-based slide's tables are checked first, so a corrupt one fails this image alone
+    // with a precise message; then what the check cannot see (other formats' files) is tried in a child.
     if (looksLikeTiff(path)) checkTiffChunkTables(path);
+    probeSlideInChildProcess(path);
     info_.path = path;
     info_.format = "openslide";
     info_.reader = "openslide";
@@ -138,6 +153,59 @@ class SlideReader final : public ImageReader {
 
 }  // namespace
 
+void probeSlideInChildProcess(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return;  // the open that follows names the problem
+  using Key = std::tuple<dev_t, ino_t, off_t, time_t>;
+  static std::mutex mutex;
+  static std::set<Key> probed;  // guarded by mutex
+  const Key key{st.st_dev, st.st_ino, st.st_size, st.st_mtime};
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (probed.count(key)) return;
+  }
+  const pid_t pid = fork();
+  TILER_CHECK(pid >= 0, IoError,
+              "'" << path << "': cannot start a process to probe it: " << std::strerror(errno));
+  if (pid == 0) {
+    // Only OpenSlide runs here, with the default dispositions of the signals a crash raises, and the child
+    // leaves by _exit: nothing of the parent's (sockets, buffers, exit handlers) is touched.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    for (int s : {SIGSEGV, SIGBUS, SIGABRT, SIGTRAP, SIGFPE, SIGILL}) signal(s, SIG_DFL);
+    if (openslide_t* osr = openslide_open(path.c_str())) {
+      // A corner of every level: each level's tables are read on its first tile.
+      static uint32_t corner[64 * 64];
+      for (int32_t level = 0; level < openslide_get_level_count(osr) && !openslide_get_error(osr); ++level) {
+        int64_t w = 0, h = 0;
+        openslide_get_level_dimensions(osr, level, &w, &h);
+        if (w > 0 && h > 0)
+          openslide_read_region(osr, corner, 0, 0, level, std::min<int64_t>(w, 64), std::min<int64_t>(h, 64));
+      }
+      openslide_close(osr);
+    }
+    _exit(0);
+  }
+  // A slide on a slow disk may take seconds to open; one that takes minutes is as good as hung.
+  constexpr auto kTimeout = std::chrono::seconds(120);
+  const auto start = std::chrono::steady_clock::now();
+  int status = 0;
+  pid_t done = 0;
+  while ((done = waitpid(pid, &status, WNOHANG)) == 0 || (done < 0 && errno == EINTR)) {
+    if (std::chrono::steady_clock::now() - start > kTimeout) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      TILER_THROW(IoError, "'" << path << "': OpenSlide did not open it within " << kTimeout.count()
+                               << " s (in a probe process)");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  TILER_CHECK(done != pid || !WIFSIGNALED(status), IoError,
+              "'" << path << "': OpenSlide crashed on it (" << strsignal(WTERMSIG(status))
+                  << " in a probe process): the slide is corrupt or of a kind OpenSlide mishandles");
+  std::lock_guard<std::mutex> lock(mutex);
+  probed.insert(key);
+}
+
 std::string slideVendor(const std::string& path) {
   const char* vendor = openslide_detect_vendor(path.c_str());
   if (vendor == nullptr || std::string(vendor) == "generic-tiff") return "";
@@ -159,6 +227,10 @@ std::string slideVendor(const std::string& path) {
 std::unique_ptr<ImageReader> openWholeSlide(const std::string& path) {
   requireFeature("openslide", "'" + path + "' (a whole-slide format)");
   return nullptr;
+}
+
+void probeSlideInChildProcess(const std::string& path) {
+  openWholeSlide(path);
 }
 #endif
 

@@ -177,6 +177,7 @@ class TextFile {
   }
   void write(const std::string& text) { write(text.data(), text.size()); }
   void write(const void* data, size_t bytes) {
+    if (bytes == 0) return;  // data may be null then (an empty tensor's storage)
     TILER_CHECK(std::fwrite(data, 1, bytes, file_) == bytes, IoError,
                 "'" << partial() << "': write failed: " << std::strerror(errno));
   }

@@ -12,6 +12,7 @@
 #include "slide_util.hpp"
 #include "test_util.hpp"
 #include "tiler/error.hpp"
+#include "tiler/readers.hpp"
 
 namespace fs = std::filesystem;
 
@@ -326,6 +327,15 @@ TEST_F(SlideFiles, ASlideWithAnAbsurdTileTableFailsAloneInsteadOfAbortingTheProc
   EXPECT_THROW(ImageReader::open(dir_ + "/retyped.svs"), IoError);
   // Every tile of every page inside the file: the intact slide passes the same check.
   EXPECT_NO_THROW(ImageReader::open(dir_ + "/aperio.svs"));
+  // What the check cannot see (another format's files) OpenSlide first meets in a child process: here
+  // OpenSlide itself opens the retyped slide and aborts, and only the child is lost.
+  try {
+    probeSlideInChildProcess(dir_ + "/retyped.svs");
+    FAIL() << "OpenSlide survived the retyped slide";
+  } catch (const IoError& e) {
+    EXPECT_NE(e.message().find("retyped.svs': OpenSlide crashed on it ("), std::string::npos) << e.message();
+  }
+  EXPECT_NO_THROW(probeSlideInChildProcess(dir_ + "/aperio.svs"));
 }
 
 // A JPEG tile with a marker in the middle of its scan: libjpeg warns ("Corrupt JPEG data") and fills the rest

@@ -44,6 +44,11 @@ std::unique_ptr<ImageReader> decodedImage(const std::string& path, cv::Mat pixel
 // openslide_reader.cpp: levels, µm/px, objective power and vendor from OpenSlide's properties; RGB u8, with
 // transparent regions (outside the scanned area) composited on white.
 std::unique_ptr<ImageReader> openWholeSlide(const std::string& path);
+// Opens `path` with OpenSlide and reads a corner of each level in a child process, once per file and
+// process (openWholeSlide does so first): a slide that makes OpenSlide end the process (a GLib abort, a crash
+// in a decoder) throws an IoError naming it and the signal, and only the child is lost. Errors OpenSlide
+// reports are left to the real open.
+void probeSlideInChildProcess(const std::string& path);
 // OpenSlide's vendor for `path` ("aperio", "hamamatsu", ...), or "" when OpenSlide does not know the file or
 // knows it only as "generic-tiff" (plain TIFFs stay with tiler's libtiff reader).
 std::string slideVendor(const std::string& path);
