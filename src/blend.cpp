@@ -142,13 +142,6 @@ size_t Stitcher::bytesHeld() const {
   return (acc_.size() + weight_.size() + importance_.size()) * sizeof(float) + pending;
 }
 
-namespace {
-
-// Rows of the ring a task of the pool takes at least: 16 rows of 8192 px and 3 channels are 1.5 MB.
-constexpr int64_t kMinRowsPerPiece = 16;
-
-}  // namespace
-
 int64_t Stitcher::positionOf(int64_t index) const {
   if (all_windows_) return index;
   auto it = std::lower_bound(windows_.begin(), windows_.end(), index);

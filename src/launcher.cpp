@@ -20,7 +20,6 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <iostream>
 #include <random>
@@ -137,15 +136,8 @@ struct Worker {
   Stream out, err;
 };
 
-std::string readFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 std::string errorMessageFromFile(const std::string& path) {
-  std::string text = readFile(path);
+  std::string text = readWholeFile(path);
   if (text.empty()) return "";
   try {
     auto j = nlohmann::json::parse(text);

@@ -213,7 +213,7 @@ OutputStage::ImageOutputs& OutputStage::outputsFor(int image_id) {
         cv::Mat label_rows;
         if (labels) label_rows.create(band.rows, band.cols, cvDepthOf(labelSampleType(band.channels())));
         std::atomic<int64_t> non_finite{0};
-        parallelRows(pool_.get(), band.rows, 16, [&](int64_t a, int64_t b) {
+        parallelRows(pool_.get(), band.rows, kMinRowsPerPiece, [&](int64_t a, int64_t b) {
           const cv::Mat rows = band.rowRange(int(a), int(b));
           int64_t bad = 0;
           for (int y = 0; y < rows.rows; ++y)
@@ -313,37 +313,37 @@ void OutputStage::finishImage(int image_id, const std::string& error) {
 void OutputStage::stitchStep(StepResult& step) {
   for (auto& [image_id, message] : step.failures) finishImage(image_id, message);
   if (!step.preds.defined()) return;  // none of this step's windows are this rank's to write
-  const StepSlots& slots = step.slots;
-  std::vector<int64_t> order;
-  for (size_t k = 0; k < slots.size(); ++k)
-    if (slots[k].ok()) order.push_back(int64_t(k));
+  std::vector<LocatedSlot> located;
+  for (size_t k = 0; k < step.slots.size(); ++k) {
+    if (!step.slots[k].ok()) continue;
+    const int64_t global = step.slots[k].window;
+    const auto [image, window] = catalog_.locate(global);
+    located.push_back({int64_t(k), global, image, window});
+  }
   // Accumulate in global window order whatever rank produced each slot.
-  std::sort(order.begin(), order.end(),
-            [&](int64_t a, int64_t b) { return slots[size_t(a)].window < slots[size_t(b)].window; });
+  std::sort(located.begin(), located.end(),
+            [](const LocatedSlot& a, const LocatedSlot& b) { return a.global < b.global; });
   const int64_t per_window = step.preds.numel() / std::max<int64_t>(step.preds.size(0), 1);
   const float* base = step.preds.data_ptr<float>();
   // Global order keeps an image's windows together: each image's run goes to its stitcher at once, which
   // accumulates the windows of one grid row together.
-  for (size_t first = 0; first < order.size();) {
-    const int image_id = catalog_.locate(slots[size_t(order[first])].window).first;
+  for (size_t first = 0; first < located.size();) {
+    const int image_id = located[first].image;
     size_t last = first + 1;
-    while (last < order.size() && catalog_.locate(slots[size_t(order[last])].window).first == image_id)
-      ++last;
-    if (catalog_.image(image_id).status == "ok")
-      stitchImageWindows(image_id, order, first, last, base, per_window, slots);
+    while (last < located.size() && located[last].image == image_id) ++last;
+    if (catalog_.image(image_id).status == "ok") stitchImageWindows(located, first, last, base, per_window);
     first = last;
   }
 }
 
-void OutputStage::stitchImageWindows(int image_id, const std::vector<int64_t>& order, size_t first,
-                                     size_t last, const float* base, int64_t per_window,
-                                     const StepSlots& slots) {
+void OutputStage::stitchImageWindows(const std::vector<LocatedSlot>& located, size_t first, size_t last,
+                                     const float* base, int64_t per_window) {
+  const int image_id = located[first].image;
   try {
     ImageOutputs& out = outputsFor(image_id);
     std::vector<std::pair<int64_t, const float*>> windows;
     for (size_t i = first; i < last; ++i) {
-      const int64_t k = order[i];
-      const int64_t local = catalog_.locate(slots[size_t(k)].window).second;
+      const int64_t k = located[i].slot, local = located[i].window;
       const bool fault = options_.stitched_window && options_.stitched_window();
       if (fault && out.labels) out.labels->injectTileFault();
       if (fault && out.probs) out.probs->injectTileFault();

@@ -167,16 +167,31 @@ int cgroupCpuQuota(const std::string& proc_cgroup, const std::string& root) {
   return cpus > 0 ? std::max(1, int(std::ceil(cpus - 1e-9))) : 0;
 }
 
+std::string readWholeFile(const std::string& path) {
+  // read(2) until the end: /proc files report size 0, and a directory fails its first read (EISDIR), where
+  // an ifstream would throw.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  std::string text;
+  char buffer[4096];
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) text.clear();
+    if (n <= 0) break;
+    text.append(buffer, size_t(n));
+  }
+  ::close(fd);
+  return text;
+}
+
 int usableCpus() {
   int cpus = int(std::max(1u, std::thread::hardware_concurrency()));
   cpu_set_t set;
   CPU_ZERO(&set);
   // Fails only on machines of more CPUs than a cpu_set_t holds (1024).
   if (sched_getaffinity(0, sizeof set, &set) == 0) cpus = std::max(1, CPU_COUNT(&set));
-  std::ifstream self("/proc/self/cgroup");
-  std::stringstream text;
-  text << self.rdbuf();
-  const int quota = cgroupCpuQuota(text.str(), "/sys/fs/cgroup");
+  const int quota = cgroupCpuQuota(readWholeFile("/proc/self/cgroup"), "/sys/fs/cgroup");
   return quota > 0 ? std::min(cpus, quota) : cpus;
 }
 
@@ -189,8 +204,7 @@ double peakRssMegabytes() {
 double secondsSinceProcessStart() {
   // Field 22 of /proc/self/stat: the start time in clock ticks since boot; fields are counted after the
   // command name's closing parenthesis (the name itself may hold spaces and parentheses).
-  std::ifstream stat("/proc/self/stat");
-  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const std::string text = readWholeFile("/proc/self/stat");
   const size_t close = text.rfind(')');
   if (close == std::string::npos) return -1;
   std::istringstream fields(text.substr(close + 2));

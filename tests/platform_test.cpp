@@ -73,6 +73,17 @@ TEST(Platform, AtomicWritesGoThroughAFreshPartialFile) {
   EXPECT_NE(writeFileAtomically(dir + "/no/such/dir/r.json", [](std::ostream&) {}), "");
 }
 
+TEST(Platform, ReadWholeFileReadsEveryByteOrNothing) {
+  const std::string dir = freshDir("read_whole");
+  const std::string bytes("a\0b\n\xff", 5);
+  std::ofstream(dir + "/f", std::ios::binary) << bytes;
+  EXPECT_EQ(readWholeFile(dir + "/f"), bytes);
+  EXPECT_EQ(readWholeFile(dir + "/missing"), "");
+  EXPECT_EQ(readWholeFile(dir), "") << "a directory";
+  EXPECT_NE(readWholeFile("/proc/self/stat").find(')'), std::string::npos) << "a /proc file (size 0 in stat)";
+  removeTree(dir);
+}
+
 TEST(Platform, OnlyAPlainFileCountsAsDone) {
   const std::string dir = freshDir("plain");
   std::ofstream(dir + "/a.tif") << "x";

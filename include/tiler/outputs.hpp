@@ -111,11 +111,18 @@ class OutputStage {
     bool keep_labels = true;                    // false: the labels only feed the polygons
   };
   void loop();
+  // A slot of the step to stitch, located once in the catalog.
+  struct LocatedSlot {
+    int64_t slot = 0;    // index into the step's slots and predictions
+    int64_t global = 0;  // its global window
+    int image = 0;       // catalog image id
+    int64_t window = 0;  // grid window of that image
+  };
   void stitchStep(StepResult& step);
-  // Slots order[first..last) of the step (one image's, in window order) into that image's outputs; a failure
-  // fails the image.
-  void stitchImageWindows(int image_id, const std::vector<int64_t>& order, size_t first, size_t last,
-                          const float* base, int64_t per_window, const StepSlots& slots);
+  // Slots located[first..last) of the step (one image's, in window order) into that image's outputs; a
+  // failure fails the image.
+  void stitchImageWindows(const std::vector<LocatedSlot>& located, size_t first, size_t last,
+                          const float* base, int64_t per_window);
   ImageOutputs& outputsFor(int image_id);
   void finishImage(int image_id, const std::string& error);
   void commit(ImageOutputs& out);

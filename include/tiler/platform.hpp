@@ -30,6 +30,9 @@ inline bool writeAll(int fd, const std::string& text) {
   return writeAll(fd, text.data(), text.size());
 }
 
+// The whole of `path` ("" when it cannot be read): small files (/proc entries, error files).
+std::string readWholeFile(const std::string& path);
+
 // True when `path` is a regular file and not a symbolic link (to one): what --resume may count as done.
 bool isPlainFile(const std::string& path);
 

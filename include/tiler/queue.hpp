@@ -130,6 +130,10 @@ class WorkPool {
   std::vector<std::thread> threads_;         // last: started once the members above exist
 };
 
+// The rows a piece of parallelRows over image rows is worth at least: 16 rows of 8192 px and 3 channels are
+// 1.5 MB (the stitcher's rows, the output stage's conversions).
+constexpr int64_t kMinRowsPerPiece = 16;
+
 // Runs body(first, last) over the rows [0, rows) in pieces of at least `min_rows` rows, up to one per pool
 // thread plus one on the calling thread (the others as urgent tasks of `pool`; null: all on the calling
 // thread), and returns when all are done, rethrowing the first exception of any. For rows that do not depend
