@@ -35,7 +35,7 @@ trixie_root() {
 # trixie_copy_source ROOT: the tracked and unignored files into ROOT/src/tiler, where the last copy and its build
 # trees (build-*) stay. A file whose bytes did not change keeps the last copy's mtime, so a fresh clone (whose
 # files are all new to make) rebuilds only what changed since the last run here, even with an empty compiler
-# cache; a changed or new file comes with the clone's mtime, a file gone from the tree goes.
+# cache; a changed or new file (or mode) comes with the clone's mtime, a file gone from the tree goes.
 trixie_copy_source() {
   local dest="$1/src/tiler" incoming="$1/src/incoming"
   rm -rf "$incoming"
@@ -45,7 +45,8 @@ trixie_copy_source() {
     while IFS= read -r -d '' f; do [ -e "$incoming/$f" ] || [ -L "$incoming/$f" ] || rm -f "$dest/$f"; done
   (cd "$incoming" && find . \( -type f -o -type l \) -print0) |
     while IFS= read -r -d '' f; do
-      if [ -L "$incoming/$f" ] || [ -L "$dest/$f" ] || ! cmp -s "$incoming/$f" "$dest/$f"; then
+      if [ -L "$incoming/$f" ] || [ -L "$dest/$f" ] || ! cmp -s "$incoming/$f" "$dest/$f" ||
+        [ "$(stat -c %a "$incoming/$f")" != "$(stat -c %a "$dest/$f")" ]; then
         mkdir -p "$(dirname "$dest/$f")"
         rm -f "$dest/$f"
         cp -pP "$incoming/$f" "$dest/$f"

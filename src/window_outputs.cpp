@@ -399,7 +399,8 @@ class WindowOutputs::FeatureFile {
 // <stem>.pt: the features as one float32 tensor (N, D) in the layout torch.save writes (a zip of data.pkl,
 // the storage as data/0, byteorder and version; LibTorch's own zip writer), which torch.load reads,
 // weights_only or not: CLAM's pt_files/<slide>.pt. The rows go to a scratch file (<stem>.pt.rows.partial) as
-// they come and are stored from a mapping of it at finish, so the features are never all in memory.
+// they come and are stored from a read-only mapping of it at finish: the features are never on tiler's heap,
+// the kernel pages them in from the file as the archive is written.
 class WindowOutputs::TensorFile {
  public:
   TensorFile(const std::string& path, int64_t dim) : dim_(dim), rows_(path + ".rows"), file_(path) {}
