@@ -199,9 +199,14 @@ void probeSlideInChildProcess(const std::string& path) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
+  // The child leaves by _exit(0) or not at all: a signal, or another exit status (a library's exit(), a
+  // sanitizer's abort), is OpenSlide ending the process.
   TILER_CHECK(done != pid || !WIFSIGNALED(status), IoError,
               "'" << path << "': OpenSlide crashed on it (" << strsignal(WTERMSIG(status))
                   << " in a probe process): the slide is corrupt or of a kind OpenSlide mishandles");
+  TILER_CHECK(done != pid || !WIFEXITED(status) || WEXITSTATUS(status) == 0, IoError,
+              "'" << path << "': OpenSlide ended the probe process on it (exit status " << WEXITSTATUS(status)
+                  << "): the slide is corrupt or of a kind OpenSlide mishandles");
   std::lock_guard<std::mutex> lock(mutex);
   probed.insert(key);
 }

@@ -333,7 +333,11 @@ TEST_F(SlideFiles, ASlideWithAnAbsurdTileTableFailsAloneInsteadOfAbortingTheProc
     probeSlideInChildProcess(dir_ + "/retyped.svs");
     FAIL() << "OpenSlide survived the retyped slide";
   } catch (const IoError& e) {
-    EXPECT_NE(e.message().find("retyped.svs': OpenSlide crashed on it ("), std::string::npos) << e.message();
+    // A signal (GLib's abort), or under ASan its own abort, an exit status.
+    EXPECT_TRUE(e.message().find("retyped.svs': OpenSlide crashed on it (") != std::string::npos ||
+                e.message().find("retyped.svs': OpenSlide ended the probe process on it (exit status") !=
+                    std::string::npos)
+        << e.message();
   }
   EXPECT_NO_THROW(probeSlideInChildProcess(dir_ + "/aperio.svs"));
 }
