@@ -18,7 +18,8 @@ trixie_root "$root" $(bash scripts/setup-deps.sh --print) || exit $?
 trixie_copy_source "$root"
 trixie_run "$root" "$@" <<'BUILD'
 set -euo pipefail
-cmake -S . -B build-torch2 -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >/dev/null
+cmake -S . -B build-torch2 -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
+  -DTILER_TEST_PER_SUITE=ON >/dev/null
 cmake --build build-torch2 -j "$(nproc)"
 echo "== built with"
 build-torch2/tiler --version | head -2

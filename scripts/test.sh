@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds (RelWithDebInfo, ccache, all cores), checks formatting, runs every test.
 #   scripts/test.sh              unit + e2e tests (gpu tests skip without a GPU)
-#   scripts/test.sh --sanitize   the same, built with TILER_SANITIZE=address,undefined in build-asan/, each
-#                                test executable one ctest test (TILER_TEST_PER_SUITE)
+#   scripts/test.sh --sanitize   the same, built with TILER_SANITIZE=address,undefined in build-asan/
 #   scripts/test.sh --tsan       ThreadSanitizer (build-tsan/) over the suites of tiler's own threads: the
 #                                loader's read-ahead and read threads, the TIFF reader's shared tile cache,
 #                                the output stage, the tile compression pool, the stitcher's row pieces,
@@ -13,25 +12,23 @@
 #   scripts/test.sh --features-off  tiler and the suites that see the optional features, built without GDAL,
 #                                OpenSlide and HDF5 (build-nofeatures/): what needs one says so and skips
 #   scripts/test.sh --bundle DIR the unit tests built against a dependency bundle (scripts/build-deps.sh's
-#                                prefix DIR) instead of the system's libraries (build-bundle/), each test
-#                                executable one ctest test
-#   scripts/test.sh -L unit      extra arguments go to ctest
+#                                prefix DIR) instead of the system's libraries (build-bundle/)
+#   scripts/test.sh -L unit      extra arguments go to ctest (tests are named by executable: -R pipeline_test;
+#                                GTEST_FILTER=Pipeline.Resume* picks tests inside them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sanitize=""
 targets=()
 tsan_filter=()
-# Under a sanitizer each test process spends seconds starting (1 s without): the sanitizer and bundle stages
-# run one process per test executable instead of one per test (TSan's suites chosen by GTEST_FILTER).
-per_suite=OFF
+# Each test process spends about 1 s starting (2-4 s under a sanitizer), more than most tests take: ctest runs
+# one process per test executable (pipeline_test in 3 shards), each running its tests in turn
+# (TILER_TEST_PER_SUITE); a stage that runs some tests chooses them with GTEST_FILTER.
 if [ "${1:-}" = "--sanitize" ]; then
   sanitize="address,undefined"
-  per_suite=ON
   shift
 fi
 if [ "${1:-}" = "--tsan" ]; then
   sanitize="thread"
-  per_suite=ON
   targets=(--target queue_test handle_pool_test loader_test outputs_test image_io_test blend_test)
   tsan_filter=(-R "^(queue|handle_pool|loader|outputs|image_io|blend)_test$")
   export GTEST_FILTER="Queue.*:HandlePool.*:Loader.*:Outputs.*:*LoaderThreads*:*Pyramid*:ImageReader.Concurrent*:\
@@ -44,13 +41,14 @@ filter=()
 if [ "${1:-}" = "--features-off" ]; then
   features=(-DTILER_WITH_GDAL=OFF -DTILER_WITH_OPENSLIDE=OFF -DTILER_WITH_HDF5=OFF)
   targets=(--target tiler ctrun version_test readers_test window_outputs_test polygons_test pipeline_test)
-  filter=(-R "^(Version|Readers|WindowOutputs|Polygons)\\.|AFeatureThisBuildLacks|PolygonsOutline|EmbedWrites")
+  filter=(-R "^(version|readers|window_outputs|polygons|pipeline)_test")
+  export GTEST_FILTER="Version.*:Readers.*:WindowOutputs.*:Polygons.*:*AFeatureThisBuildLacks*:*PolygonsOutline*:\
+*EmbedWrites*"
   shift
 fi
 if [ "${1:-}" = "--bundle" ]; then
   bundle=(-DTILER_DEPS="$(realpath "$2")")
   filter=(-L unit)
-  per_suite=ON
   shift 2
 fi
 # Only the unit tests asked for (the bundle stage, `-L unit`): build just what they need.
@@ -64,7 +62,7 @@ build=build
 [ ${#features[@]} -gt 0 ] && build=build-nofeatures
 [ ${#bundle[@]} -gt 0 ] && build=build-bundle
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
-  -DTILER_SANITIZE="$sanitize" -DTILER_TEST_PER_SUITE=$per_suite "${features[@]}" "${bundle[@]}" >/dev/null
+  -DTILER_SANITIZE="$sanitize" -DTILER_TEST_PER_SUITE=ON "${features[@]}" "${bundle[@]}" >/dev/null
 cmake --build "$build" -j "$(nproc)" "${targets[@]}"
 
 echo "== clang-format check"
