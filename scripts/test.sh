@@ -19,7 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 sanitize=""
 targets=()
-tsan_filter=()
+filter=()
 # Each test process spends about 1 s starting (2-4 s under a sanitizer), more than most tests take: ctest runs
 # one process per test executable (pipeline_test in 3 shards), each running its tests in turn
 # (TILER_TEST_PER_SUITE); a stage that runs some tests chooses them with GTEST_FILTER.
@@ -30,14 +30,13 @@ fi
 if [ "${1:-}" = "--tsan" ]; then
   sanitize="thread"
   targets=(--target queue_test handle_pool_test loader_test outputs_test image_io_test blend_test)
-  tsan_filter=(-R "^(queue|handle_pool|loader|outputs|image_io|blend)_test$")
+  filter=(-R "^(queue|handle_pool|loader|outputs|image_io|blend)_test$")
   export GTEST_FILTER="Queue.*:HandlePool.*:Loader.*:Outputs.*:*LoaderThreads*:*Pyramid*:ImageReader.Concurrent*:\
 ImageReader.ACorruptTileFails*:ImageWriter.Pooled*:Stitcher.RowPieces*"
   shift
 fi
 features=()
 bundle=()
-filter=()
 if [ "${1:-}" = "--features-off" ]; then
   features=(-DTILER_WITH_GDAL=OFF -DTILER_WITH_OPENSLIDE=OFF -DTILER_WITH_HDF5=OFF)
   targets=(--target tiler ctrun version_test readers_test window_outputs_test polygons_test pipeline_test)
@@ -77,4 +76,4 @@ export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0:handle_segv=0}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 cd "$build"
 export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1}"
-ctest --output-on-failure -j "$(nproc)" "${tsan_filter[@]}" "${filter[@]}" "$@"
+ctest --output-on-failure -j "$(nproc)" "${filter[@]}" "$@"

@@ -208,8 +208,7 @@ void InferJob::parseSaveKinds() {
   const std::string& save = *o_.save;
   const std::string bad_save =
       "--save takes labels, probs and polygons (segment), features and features_pt (embed), or csv, tiles "
-      "and "
-      "heatmap (classify), comma-separated; got '" +
+      "and heatmap (classify), comma-separated; got '" +
       save + "'";
   // "" and "labels," name nothing (or end in nothing), which getline would not return.
   TILER_CHECK(!save.empty() && save.back() != ',', ConfigError, bad_save);

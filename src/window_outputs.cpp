@@ -181,8 +181,9 @@ class TextFile {
     TILER_CHECK(std::fwrite(data, 1, bytes, file_) == bytes, IoError,
                 "'" << partial() << "': write failed: " << std::strerror(errno));
   }
-  void finish() {
-    const bool ok = std::fflush(file_) == 0 && ::fsync(fileno(file_)) == 0;
+  // Flushes and closes; `durable`: synced to disk first (a scratch file, read back and removed, need not be).
+  void finish(bool durable = true) {
+    const bool ok = std::fflush(file_) == 0 && (!durable || ::fsync(fileno(file_)) == 0);
     const int err = errno;
     const bool closed = std::fclose(file_) == 0;
     file_ = nullptr;
@@ -203,6 +204,15 @@ void renameFromPartial(const std::string& path) {
   const std::string partial = path + ".partial";
   TILER_CHECK(std::rename(partial.c_str(), path.c_str()) == 0, IoError,
               "'" << path << "': rename from .partial failed: " << std::strerror(errno));
+}
+
+// Renames a finished file (path(), committed()) into place and adds it to `renamed`, the files a later
+// failure takes back.
+template <typename File>
+void commitFile(File& file, std::vector<std::string>& renamed) {
+  renameFromPartial(file.path());
+  file.committed();
+  renamed.push_back(file.path());
 }
 
 }  // namespace
@@ -410,7 +420,7 @@ class WindowOutputs::TensorFile {
     ++count_;
   }
   void finish() {
-    rows_.finish();
+    rows_.finish(/*durable=*/false);
     const std::string rows = rows_.partial();
     const int fd = ::open(rows.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     TILER_CHECK(fd >= 0, IoError, "'" << rows << "': cannot reopen: " << std::strerror(errno));
@@ -590,13 +600,8 @@ class WindowOutputs::ClassFiles {
   }
   // Renames every file; a failure takes back those already renamed. Returns the final paths.
   std::vector<std::string> commit(std::vector<std::string>& renamed) {
-    const auto rename = [&](TextFile& f) {
-      renameFromPartial(f.path());
-      f.committed();
-      renamed.push_back(f.path());
-    };
-    if (csv_) rename(*csv_);
-    if (tiles_) rename(*tiles_);
+    if (csv_) commitFile(*csv_, renamed);
+    if (tiles_) commitFile(*tiles_, renamed);
     if (heatmap_writer_) {
       heatmap_writer_->commit();
       renamed.push_back(heatmap_writer_->path());
@@ -689,14 +694,9 @@ std::vector<std::string> WindowOutputs::commit() {
   if (tensor_) tensor_->finish();
   if (classes_) classes_->finish();
   std::vector<std::string> renamed;
-  const auto rename = [&](auto& file) {
-    renameFromPartial(file.path());
-    file.committed();
-    renamed.push_back(file.path());
-  };
   try {
-    if (features_) rename(*features_);
-    if (tensor_) rename(*tensor_);
+    if (features_) commitFile(*features_, renamed);
+    if (tensor_) commitFile(*tensor_, renamed);
     if (classes_) classes_->commit(renamed);
   } catch (...) {
     std::error_code ec;

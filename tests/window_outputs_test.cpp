@@ -231,6 +231,19 @@ TEST(WindowOutputs, FeaturesPtHoldsAnyRowCountAndWidth) {
   removeTree(dir);
 }
 
+// An image of `o`'s outputs given one window of 12: `partial` exists while it is written, commit() fails, and
+// nothing is left in `dir` once the writer is gone.
+void expectAnUncommittedImageLeavesNothing(const CatalogImage& img, const WindowOutputOptions& o,
+                                           const std::string& dir, const std::string& partial) {
+  {
+    WindowOutputs out(img, o);
+    out.add(0, vectorOf(0, o.dim).data());
+    EXPECT_TRUE(fs::exists(dir + partial)) << partial;
+    EXPECT_THROW(out.commit(), IoError) << "11 windows missing";
+  }
+  EXPECT_TRUE(fs::is_empty(dir)) << "nothing left behind";
+}
+
 // A failed image leaves neither the archive nor its scratch rows; a link planted at either partial name is
 // replaced by a file of its own, never written through.
 TEST(WindowOutputs, FeaturesPtLeavesNothingWhenNotCommitted) {
@@ -238,13 +251,7 @@ TEST(WindowOutputs, FeaturesPtLeavesNothingWhenNotCommitted) {
   const CatalogImage img = image(dir);
   WindowOutputOptions o = embed(2);
   o.kinds = {"features_pt"};
-  {
-    WindowOutputs out(img, o);
-    out.add(0, vectorOf(0, 2).data());
-    EXPECT_TRUE(fs::exists(dir + "/slide.pt.rows.partial"));
-    EXPECT_THROW(out.commit(), IoError) << "11 windows missing";
-  }
-  EXPECT_TRUE(fs::is_empty(dir)) << "nothing left behind";
+  expectAnUncommittedImageLeavesNothing(img, o, dir, "/slide.pt.rows.partial");
   std::ofstream(dir + "/victim") << "precious";
   for (const char* planted : {"/slide.pt.partial", "/slide.pt.rows.partial"})
     fs::create_symlink(dir + "/victim", dir + planted);
@@ -281,13 +288,7 @@ TEST(WindowOutputs, AnImageNotCommittedLeavesNothingAndAPlantedLinkIsRefused) {
   const CatalogImage img = image(dir);
   WindowOutputOptions o = embed(2);
   o.kinds = {"features"};
-  {
-    WindowOutputs out(img, o);
-    out.add(0, vectorOf(0, 2).data());
-    EXPECT_TRUE(fs::exists(dir + "/slide.h5.partial"));
-    EXPECT_THROW(out.commit(), IoError) << "11 windows missing";
-  }
-  EXPECT_TRUE(fs::is_empty(dir)) << "nothing left behind";
+  expectAnUncommittedImageLeavesNothing(img, o, dir, "/slide.h5.partial");
   std::ofstream(dir + "/victim") << "precious";
   fs::create_symlink(dir + "/victim", dir + "/slide.h5.partial");
   EXPECT_THROW(WindowOutputs(img, o), IoError);

@@ -112,9 +112,8 @@ int runInferCli(int argc, char** argv) {
   std::string save;
   auto* save_option = app.add_option(
       flagNames("--save"), save,
-      "comma-separated: labels, probs, polygons (segment; default labels), "
-      "features, features_pt (embed; default features), csv, tiles, heatmap (classify; default "
-      "csv,tiles)");
+      "comma-separated: labels, probs, polygons (segment; default labels), features, features_pt (embed; "
+      "default features), csv, tiles, heatmap (classify; default csv,tiles)");
   app.add_option(flagNames("--task"), o.task,
                  "auto | segment | classify | embed (auto: NCHW output segment; [B,D] classify with "
                  "--activation softmax|sigmoid or --classes, else embed)")
