@@ -584,13 +584,14 @@ class Out(torch.nn.Module):
     def __init__(self, m): super().__init__(); self.m = m
     def forward(self, x): return self.m(x)['out']
 torch.jit.trace(Out(m), torch.rand(1, 3, 512, 512)).save('$fcn')"
-  # case NAME MODEL WINDOW BATCH PRECISION SAVE
+  # case NAME MODEL WINDOW BATCH PRECISION SAVE [FLAGS...]
   gpu_case() {
     local name=$1 m=$2 w=$3 b=$4 p=$5 save=$6 t0 wall r windows pyout
+    shift 6
     rm -rf "$cache/out_gpu"
     t0=$(now)
     "$bin/tiler" -i "$gpu_in" -m "$m" -o "$cache/out_gpu" --device cuda --precision "$p" --window "$w" \
-      --batch_size "$b" --save "$save" --probs_dtype u8 --no_progress >"$cache/out_gpu.log" 2>&1 ||
+      --batch_size "$b" --save "$save" --probs_dtype u8 --no_progress "$@" >"$cache/out_gpu.log" 2>&1 ||
       { tail -5 "$cache/out_gpu.log"; return 1; }
     wall=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { print b - a }')
     r="$cache/out_gpu/report.json"
@@ -601,11 +602,13 @@ torch.jit.trace(Out(m), torch.rand(1, 3, 512, 512)).save('$fcn')"
     emit "gpu $name: tiler forward (report)" seconds "$(sum_field "$r" forward_seconds)"
     emit "gpu $name: tiler read (report)" seconds "$(sum_field "$r" read_seconds)"
     emit "gpu $name: tiler write (report)" seconds "$(sum_field "$r" write_seconds)"
+    emit "gpu $name: tiler start-up (report)" seconds "$(max_field "$r" startup_seconds)"
     emit "gpu $name: pure forward in Python ($windows windows)" seconds "$(json "$pyout" seconds)"
     emit "gpu $name: whole process / pure forward" overhead_ratio "$(ratio "$wall" "$(json "$pyout" seconds)")"
   }
   for _ in $(seq "$runs"); do
     gpu_case "unet 256px b64 fp16 labels" "$model" 256 64 fp16 labels
+    gpu_case "unet 256px b64 fp16 labels, one stream" "$model" 256 64 fp16 labels --replicas 1
     gpu_case "unet 256px b64 fp16 labels+u8 probs" "$model" 256 64 fp16 labels,probs
     gpu_case "unet 256px b8 fp16 labels" "$model" 256 8 fp16 labels
     gpu_case "unet 256px b64 bf16 labels" "$model" 256 64 bf16 labels

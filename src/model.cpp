@@ -2,6 +2,8 @@
 
 #include <ATen/Parallel.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <spdlog/spdlog.h>
 #include <torch/cuda.h>
 
@@ -131,7 +133,9 @@ ForwardLayout chooseForwardLayout(int threads_flag, int replicas_flag, bool cuda
   if (threads_flag <= 0 && replicas_flag <= 0 && !cuda && light) return layout;
   if (replicas_flag > 0)
     layout.replicas = replicas_flag;
-  else if (threads_flag <= 0 && !cuda)
+  else if (cuda)
+    layout.replicas = kCudaStreams;
+  else if (threads_flag <= 0)
     layout.replicas = std::clamp(cpus, 1, kMaxAutoReplicas);
   layout.threads = threads_flag > 0 ? threads_flag : std::max(1, cpus / layout.replicas);
   return layout;
@@ -405,6 +409,12 @@ ModelRunner::ModelRunner(const ModelRunner& other, torch::jit::Module module)
       mean_(other.mean_),
       inv_std_(other.inv_std_) {}
 
+void ModelRunner::synchronize() const {
+  if (device_.is_cpu()) return;
+  const c10::impl::VirtualGuardImpl device(device_.type());
+  device.synchronizeStream(device.getStream(device_));
+}
+
 std::unique_ptr<ModelRunner> ModelRunner::replicate() const {
   return std::unique_ptr<ModelRunner>(new ModelRunner(*this, module_.clone()));
 }
@@ -593,7 +603,7 @@ double ModelRunner::secondsPerWindow(int64_t window_w, int64_t window_h, int64_t
     const int64_t n = single ? 1 : batch;
     const double t0 = now();
     forward(single ? one : windows, single ? one_scale : scales);
-    if (!cpu) torch::cuda::synchronize(device_.index());
+    synchronize();
     const double seconds = now() - t0;
     best = std::min(best, seconds / double(n));
     if (best < enough) break;
@@ -652,9 +662,12 @@ torch::Tensor ModelRunner::forward(const torch::Tensor& batch, const torch::Tens
 }
 
 ForwardPool::ForwardPool(ModelRunner& model, ForwardLayout layout) {
-  for (int i = 1; i < layout.replicas; ++i) copies_.push_back(model.replicate());
+  const bool shared = !model.device().is_cpu();
+  if (!shared)
+    for (int i = 1; i < layout.replicas; ++i) copies_.push_back(model.replicate());
   threads_.emplace_back([this, &model] { loop(model); });
-  for (auto& copy : copies_) threads_.emplace_back([this, runner = copy.get()] { loop(*runner); });
+  for (int i = 1; i < layout.replicas; ++i)
+    threads_.emplace_back([this, runner = shared ? &model : copies_[size_t(i - 1)].get()] { loop(*runner); });
 }
 
 ForwardPool::~ForwardPool() {
@@ -671,7 +684,13 @@ void ForwardPool::loop(ModelRunner& runner) {
   // The model's device current on this thread, and this thread's OpenMP team sized now: oneDNN's first
   // convolution would otherwise size it from OMP_NUM_THREADS or the CPU count, not from --threads.
   c10::OptionalDeviceGuard device_guard;
-  if (!runner.device().is_cpu()) device_guard.reset_device(runner.device());
+  c10::OptionalStreamGuard stream_guard;
+  if (!runner.device().is_cpu()) {
+    device_guard.reset_device(runner.device());
+    // A stream of its own: another thread's batches are not queued behind this one's copies and waits.
+    const c10::impl::VirtualGuardImpl device(runner.device().type());
+    stream_guard.reset_stream(device.getStreamFromGlobalPool(runner.device()));
+  }
   {
     static std::mutex init_mutex;  // init_num_threads also resets process-wide caches
     std::lock_guard<std::mutex> lock(init_mutex);

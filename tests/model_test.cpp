@@ -2,6 +2,7 @@
 
 #include <ATen/Parallel.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <gtest/gtest.h>
 #include <pthread.h>
 #include <sched.h>
@@ -354,7 +355,8 @@ TEST(Model, ForwardLayoutSplitsTheCpusIntoReplicasUnlessThreadsArePinned) {
   EXPECT_EQ(layout(2, 0, false, 8), P(1, 2)) << "--threads pins one replica: today's bytes";
   EXPECT_EQ(layout(1, 3, false, 2), P(3, 1));
   EXPECT_EQ(layout(0, 3, false, 8), P(3, 2)) << "--replicas alone shares the CPUs";
-  EXPECT_EQ(layout(0, 0, true, 8), P(1, 8)) << "one replica per GPU unless asked";
+  EXPECT_EQ(layout(0, 0, true, 8), P(kCudaStreams, 8 / kCudaStreams)) << "a GPU's streams unless asked";
+  EXPECT_EQ(layout(0, 1, true, 8), P(1, 8));
   EXPECT_EQ(layout(0, 2, true, 8), P(2, 4));
   auto light = [](int threads, int replicas, int cpus) {
     const ForwardLayout l = chooseForwardLayout(threads, replicas, false, cpus, true);
@@ -596,11 +598,17 @@ TEST(Model, JitOptimizeIsRefusedWithMixedPrecision) {
   EXPECT_EQ(fp32.probe(16, 16).output_channels, 2);
 }
 
+// The conv model saved as `name`, on CUDA at `precision`.
+ModelOptions cudaOptions(const std::string& name, const std::string& precision) {
+  auto o = cpuOptions(saveModule(name, 3, 2, kConv));
+  o.device = "cuda";
+  o.precision = precision;
+  return o;
+}
+
 TEST(ModelGpu, Fp16OnCuda) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  auto o = cpuOptions(saveModule("cuda", 3, 2, kConv));
-  o.device = "cuda";
-  o.precision = "fp16";
+  const auto o = cudaOptions("cuda", "fp16");
   ModelRunner r(o);
   EXPECT_TRUE(r.device().is_cuda());
   r.probe(64, 64);
@@ -611,6 +619,56 @@ TEST(ModelGpu, Fp16OnCuda) {
   cpu.probe(64, 64);
   auto ref = cpu.forward(input, torch::ones({4}));
   EXPECT_LT((out.cpu() - ref).abs().max().item<double>(), 1e-2);
+}
+
+// On a GPU the pool's threads share the one model (no copy of its weights), each queueing on a stream of its
+// own, and what they compute equals the model's forward on the main thread's stream.
+TEST(ModelGpu, ForwardPoolThreadsShareTheModelOnStreamsOfTheirOwn) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  ModelRunner model(cudaOptions("cuda_pool", "fp32"));
+  model.probe(64, 64);
+  torch::manual_seed(9);
+  std::vector<torch::Tensor> batches, want;
+  for (int i = 0; i < 16; ++i) {
+    batches.push_back(torch::rand({4, 3, 64, 64}));
+    want.push_back(model.forward(batches.back(), torch::ones({4})).cpu());
+  }
+  ForwardPool pool(model, chooseForwardLayout(0, 0, true, 8));
+  EXPECT_EQ(pool.replicas(), kCudaStreams);
+  struct Done {
+    torch::Tensor out;
+    const ModelRunner* runner;
+    c10::StreamId stream;
+  };
+  std::vector<std::future<Done>> got;
+  std::atomic<int> arrived{0};  // the first two jobs wait for each other: both threads take one
+  for (size_t i = 0; i < batches.size(); ++i)
+    got.push_back(pool.submit<Done>([b = batches[i], first = i < 2, &arrived](ModelRunner& m) {
+      if (first) {
+        ++arrived;
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+        while (arrived < 2 && std::chrono::steady_clock::now() < until)
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      const auto stream = c10::impl::VirtualGuardImpl(m.device().type()).getStream(m.device());
+      // A page-locked copy queued on the stream, whole once synchronize() returns (as the pipeline copies).
+      auto preds = m.forward(b, torch::ones({4}));
+      auto host = torch::empty(preds.sizes(), preds.options().device(torch::kCPU).pinned_memory(true));
+      host.copy_(preds, true);
+      m.synchronize();
+      return Done{host, &m, stream.id()};
+    }));
+  std::set<c10::StreamId> streams;
+  const c10::StreamId main_stream =
+      c10::impl::VirtualGuardImpl(model.device().type()).getStream(model.device()).id();
+  for (size_t i = 0; i < got.size(); ++i) {
+    Done d = got[i].get();
+    EXPECT_EQ(d.runner, &model) << "the weights once";
+    streams.insert(d.stream);
+    EXPECT_TRUE(torch::equal(d.out, want[i])) << "batch " << i;
+  }
+  EXPECT_EQ(streams.count(main_stream), 0u) << "not the main thread's stream";
+  EXPECT_EQ(streams.size(), size_t(kCudaStreams)) << "a stream per thread";
 }
 
 }  // namespace
