@@ -522,7 +522,7 @@ if want embed; then
   # forward of the same encoder, the same windows, in the layout tiler chose (its report's replicas x threads),
   # and against Python's forward on 2 threads (python3-torch, the same LibTorch) when installed. Two encoders:
   # the bundled one (four 3x3 convolutions, 3 of stride 2: ~13 ms a 256 px window on one core) and, when
-  # python3-torchvision is installed, torchvision's ResNet-18 exported by scripts/export_torchscript.py
+  # python3-torchvision is installed, torchvision's ResNet-18 exported by scripts/export_model.py
   # (224 px windows, 512 features): models whose forward dominates, as a real encoder's does.
   n=8192
   [ $quick = 1 ] && n=2048
@@ -530,7 +530,7 @@ if want embed; then
   encoders="bundled:$PWD/samples/models/encoder.pt:256"
   if /usr/bin/python3 -c "import torchvision" 2>/dev/null; then
     r18="$cache/resnet18.pt"
-    [ -f "$r18" ] || /usr/bin/python3 scripts/export_torchscript.py --encoder torchvision:resnet18 --out "$r18" \
+    [ -f "$r18" ] || /usr/bin/python3 scripts/export_model.py --encoder torchvision:resnet18 --out "$r18" \
       --window 224 >/dev/null
     encoders="$encoders resnet18:$r18:224"
   fi

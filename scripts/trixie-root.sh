@@ -67,5 +67,5 @@ trixie_run() {
     mount --rbind /dev "$root/dev"
     mount -t tmpfs tmpfs "$root/tmp"
     exec chroot "$root" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
-      CCACHE_DIR=/src/ccache bash -c "cd /src/tiler && bash -s \"\$@\"" bash "$@"' bash "$root" "$@"
+      CCACHE_DIR=/src/ccache bash -c "cd /src/tiler && bash -s -- \"\$@\"" bash "$@"' bash "$root" "$@"
 }

@@ -54,6 +54,11 @@ std::string withoutBacktrace(std::string what) {
   return what;
 }
 
+std::string firstLine(const std::string& what) {
+  const auto nl = what.find('\n');
+  return nl == std::string::npos ? what : what.substr(0, nl);
+}
+
 int reportFatal(const std::string& tool, const std::exception& e) {
   std::string msg = errorRankPrefix() + withoutBacktrace(e.what());
   std::cerr << tool << ": error: " << msg << std::endl;

@@ -47,11 +47,6 @@ std::string outOfMemoryLine(const std::string& what) {
   return what;
 }
 
-std::string firstLine(const std::string& s) {
-  auto nl = s.find('\n');
-  return nl == std::string::npos ? s : s.substr(0, nl);
-}
-
 // Maps a block of `size` bytes; blocks of 2 MiB and more start on a 2 MiB boundary and are advised to be
 // backed by transparent huge pages, so that a forward's first run faults its activations in 512 times
 // fewer page faults (the sample UNet job: 180 k page faults -> 32 k, 1 s less CPU on a 2-core VM). A
@@ -341,27 +336,6 @@ Precision resolvePrecision(const std::string& spec, const torch::Device& device)
   TILER_THROW(ConfigError, "--precision must be fp32, fp16 or bf16; got '" << spec << "'");
 }
 
-torch::jit::Module loadTorchScript(const std::string& path, const torch::Device& device) {
-  std::error_code ec;
-  TILER_CHECK(!fs::is_directory(path, ec), ModelError,
-              "'" << path << "': is a directory; -m takes a model file (.pt, from torch.jit.save)");
-  TILER_CHECK(fs::is_regular_file(path, ec), ModelError, "'" << path << "': model file not found");
-  try {
-    return torch::jit::load(path, device);
-  } catch (const c10::Error& e) {
-    std::string what = e.what_without_backtrace();
-    if (what.find("constants.pkl") != std::string::npos || what.find("code/") != std::string::npos) {
-      TILER_THROW(ModelError,
-                  "'" << path << "' is not a TorchScript file (it looks like a torch.save() of a "
-                      << "state_dict or a whole model); export it with torch.jit.script(model).save() "
-                      << "or torch.jit.trace(model, example).save()");
-    }
-    TILER_THROW(ModelError, "'" << path << "' is not a TorchScript file or is corrupt: " << firstLine(what));
-  } catch (const std::exception& e) {
-    TILER_THROW(ModelError, "'" << path << "' cannot be loaded: " << firstLine(e.what()));
-  }
-}
-
 ModelRunner::ModelRunner(const ModelOptions& options)
     : options_(options),
       device_(resolveDevice(options.device, options.local_rank)),
@@ -377,34 +351,26 @@ ModelRunner::ModelRunner(const ModelOptions& options)
         "this LibTorch); set ONEDNN_MAX_CPU_ISA to override");
   }
   at::set_num_threads(options.threads > 0 ? options.threads : defaultIntraOpThreads());
-  module_ = loadTorchScript(options.path, device_);
-  module_.eval();
-  auto forward = module_.find_method("forward");
-  TILER_CHECK(forward.has_value(), ModelError,
-              "'" << options.path << "' is not a TorchScript model: it has no forward() (saved tensors or a "
-                  << "state_dict?); export the model with torch.jit.script(model).save()");
-  const auto& args = forward->function().getSchema().arguments();
-  // args[0] is self.
-  TILER_CHECK(args.size() == 2, ModelError,
-              "'" << options.path << "': forward() takes " << args.size() - 1
-                  << " inputs; tiler passes exactly one tensor (NCHW)");
-  TILER_CHECK(args[1].type()->kind() == c10::TypeKind::TensorType, ModelError,
-              "'" << options.path << "': forward() takes a " << args[1].type()->str() << ", not a Tensor");
   // optimize_for_inference fuses ops (conv+bn, conv+add) into ones autocast has no rule for: their inputs
   // would stay fp32 or mix with fp16 weights.
   TILER_CHECK(!options.jit_optimize || precision_ == Precision::kFp32, ConfigError,
               "--jit_optimize fuses ops that mixed precision does not cover; use it with --precision fp32");
-  if (options.jit_optimize) {
-    module_ = torch::jit::optimize_for_inference(module_);
+  runtime_ = openModelRuntime(RuntimeOptions{options.path, device_, options.jit_optimize});
+  if (!runtime_->autocasts()) {
+    TILER_CHECK(options.precision == "auto" || options.precision == "fp32", ConfigError,
+                "'" << options.path << "': --precision " << options.precision
+                    << " runs the model under autocast; a .pt2 package runs in the precision it was compiled "
+                    << "in (leave --precision at auto or fp32)");
+    precision_ = Precision::kFp32;
   }
 }
 
-ModelRunner::ModelRunner(const ModelRunner& other, torch::jit::Module module)
+ModelRunner::ModelRunner(const ModelRunner& other, std::unique_ptr<ModelRuntime> runtime)
     : options_(other.options_),
       device_(other.device_),
       precision_(other.precision_),
       current_device_(device_),
-      module_(std::move(module)),
+      runtime_(std::move(runtime)),
       probe_(other.probe_),
       mean_(other.mean_),
       inv_std_(other.inv_std_) {}
@@ -416,7 +382,15 @@ void ModelRunner::synchronize() const {
 }
 
 std::unique_ptr<ModelRunner> ModelRunner::replicate() const {
-  return std::unique_ptr<ModelRunner>(new ModelRunner(*this, module_.clone()));
+  return std::unique_ptr<ModelRunner>(new ModelRunner(*this, runtime_->replicate()));
+}
+
+torch::jit::Module& ModelRunner::module() {
+  torch::jit::Module* module = runtime_->module();
+  TILER_CHECK(module != nullptr, ConfigError,
+              "'" << options_.path << "': training needs a TorchScript model; a ." << runtime_->name()
+                  << " package is compiled code and has no trainable parameters");
+  return *module;
 }
 
 torch::Tensor ModelRunner::extractTensor(const c10::IValue& out) const {
@@ -470,7 +444,7 @@ torch::Tensor ModelRunner::apply(const torch::Tensor& nchw) {
   const bool autocast = precision_ != Precision::kFp32;
   const auto dtype = precision_ == Precision::kBf16 ? at::kBFloat16 : at::kHalf;
   compat::AutocastScope scope(device_.type(), autocast, dtype);
-  c10::IValue out = module_.forward({nchw});
+  c10::IValue out = runtime_->run(nchw);
   return extractTensor(out).to(torch::kFloat32);
 }
 
@@ -501,9 +475,13 @@ const ModelProbe& ModelRunner::probe(int64_t window_w, int64_t window_h) {
   if (probe_.output_channels > 0) return probe_;
   c10::InferenceMode guard;
   const std::string& path = options_.path;
+  const std::string refused = runtime_->refusesWindow(window_w, window_h);
+  TILER_CHECK(refused.empty(), ModelError, "'" << path << "': " << refused);
   // The model's input channel count is not in a TorchScript file: try the likely ones, then a few more.
+  std::vector<int> counts = {3, 1, 4, 2, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+  if (auto known = runtime_->inputChannels()) counts = {*known};
   std::string first_error;
-  for (int c : {3, 1, 4, 2, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}) {
+  for (int c : counts) {
     torch::Tensor out;
     try {
       out = apply(torch::zeros({1, c, window_h, window_w}, torch::TensorOptions().device(device_)));

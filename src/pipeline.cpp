@@ -561,7 +561,8 @@ int InferJob::finishRun(OutputStage& outputs) {
                    cpu_blas_,
                    session_->dist().gatherTransport(),
                    taskName(probe_.task),
-                   probe_.perWindow() ? int64_t(probe_.output_channels) : 0};
+                   probe_.perWindow() ? int64_t(probe_.output_channels) : 0,
+                   model_->runtimeName()};
     nlohmann::json j = inferReport(run, catalog_, per_rank);
     writeJsonAtomically(o_.report, j);
     int failed = 0, ok = 0, skipped = 0;

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "tiler/catalog.hpp"
+#include "tiler/model_runtime.hpp"
 #include "tiler/platform.hpp"
 #include "tiler/torch_compat.hpp"
 
@@ -18,6 +19,7 @@ std::string runtimeInfo(const std::string& tool) {
      << (cuda ? "yes (" + std::to_string(torch::cuda::device_count()) + " device(s))" : "no") << "\n";
   os << "NCCL usable: " << (compat::kNcclCompiled && cuda ? "yes" : "no") << "\n";
   os << "c10d backends: gloo" << (compat::kNcclCompiled ? ", nccl" : "") << "\n";
+  os << "Model runtimes: torchscript" << (pt2Supported() ? ", pt2 (AOTInductor packages)" : "") << "\n";
   os << "Bundled samples: " << bundledSamplesDir() << "\n";
   return os.str();
 }

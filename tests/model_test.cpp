@@ -598,6 +598,151 @@ TEST(Model, JitOptimizeIsRefusedWithMixedPrecision) {
   EXPECT_EQ(fp32.probe(16, 16).output_channels, 2);
 }
 
+// A zip of stored entries with local headers only (all isPt2Package reads; no central directory).
+void writeStoredZip(const std::string& path,
+                    const std::vector<std::pair<std::string, std::string>>& entries) {
+  std::ofstream out(path, std::ios::binary);
+  const auto u16 = [&out](uint32_t v) { out.put(char(v & 0xff)).put(char(v >> 8 & 0xff)); };
+  for (const auto& [name, data] : entries) {
+    out.write("PK\x03\x04", 4);
+    u16(20), u16(0), u16(0), u16(0), u16(0), u16(0), u16(0);  // version, flags, stored, time, date, crc
+    u16(uint32_t(data.size())), u16(0), u16(uint32_t(data.size())), u16(0);  // sizes
+    u16(uint32_t(name.size())), u16(0);
+    out << name << data;
+  }
+}
+
+TEST(ModelRuntime, Pt2PackagesAreKnownByTheirContentsNotTheirNames) {
+  const std::string sample = std::string(TILER_TEST_SOURCE_DIR) + "/samples/models/sample.pt";
+  writeStoredZip(tempPath("a.bin"), {{"version", "1"}, {"archive_format", "pt2"}, {"data/x", "xyz"}});
+  EXPECT_TRUE(isPt2Package(tempPath("a.bin"))) << "PyTorch 2.6's layout, whatever the name";
+  writeStoredZip(tempPath("b.pt2"), {{"model/version", "1"}, {"model/archive_format", "pt2"}});
+  EXPECT_TRUE(isPt2Package(tempPath("b.pt2"))) << "entries under the archive's folder";
+  writeStoredZip(tempPath("c.pt2"), {{"version", "1"}, {"archive_format", "zip"}});
+  EXPECT_FALSE(isPt2Package(tempPath("c.pt2")));
+  EXPECT_FALSE(isPt2Package(sample)) << "TorchScript";
+  fs::copy_file(sample, tempPath("torchscript.pt2"), fs::copy_options::overwrite_existing);
+  EXPECT_FALSE(isPt2Package(tempPath("torchscript.pt2")));
+  ModelRunner named_pt2(cpuOptions(tempPath("torchscript.pt2")));
+  EXPECT_STREQ(named_pt2.runtimeName(), "torchscript");
+  EXPECT_EQ(named_pt2.probe(32, 32).output_channels, 2);
+  std::ofstream(tempPath("text.pt2")) << "PK not really";
+  EXPECT_FALSE(isPt2Package(tempPath("text.pt2")));
+  EXPECT_FALSE(isPt2Package(tempPath("")));  // the directory
+  EXPECT_FALSE(isPt2Package(tempPath("missing.pt2")));
+}
+
+TEST(ModelRuntime, APackageThisBuildCannotRunIsOneClearError) {
+  writeStoredZip(tempPath("empty.pt2"), {{"version", "1"}, {"archive_format", "pt2"}});
+  expectModelError(tempPath("empty.pt2"),
+                   pt2Supported() ? "not a .pt2 package that LibTorch" : "no AOTInductor package loader");
+}
+
+// The sample UNet as a .pt2 package (exported once per process), where this LibTorch runs packages and a
+// Python here exports them (the LibTorch 2.6 stage of CI).
+class ModelPt2 : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (pt2Supported()) package_ = test::exportSamplePt2(test::scratchDir("pt2_model"), 64, &why_);
+  }
+  void SetUp() override {
+    if (!pt2Supported()) GTEST_SKIP() << pt2Unsupported();
+    if (package_.empty()) GTEST_SKIP() << why_;
+  }
+  static ModelOptions options(const std::string& path) {
+    ModelOptions o = cpuOptions(path);
+    o.threads = 1;
+    return o;
+  }
+  // A copy of the package whose metadata JSON has `key` set to `value` (None: removed).
+  static std::string withMetadata(const std::string& name, const std::string& key, const std::string& value) {
+    const std::string out = tempPath(name + ".pt2");
+    const auto r = test::runCommand(
+        "/usr/bin/python3 -c \"import json, sys, zipfile\n"
+        "src, dst, key, value = sys.argv[1:]\n"
+        "with zipfile.ZipFile(src) as a, zipfile.ZipFile(dst, 'w') as b:\n"
+        "    for e in a.infolist():\n"
+        "        data = a.read(e)\n"
+        "        if e.filename.endswith('_metadata.json'):\n"
+        "            m = json.loads(data)\n"
+        "            m.pop(key) if value == 'None' else m.__setitem__(key, value)\n"
+        "            data = json.dumps(m)\n"
+        "        b.writestr(e, data)\n\" " +
+        package_ + " " + out + " " + key + " '" + value + "'");
+    EXPECT_EQ(r.code, 0) << r.output;
+    return out;
+  }
+  static std::string package_, why_;
+};
+std::string ModelPt2::package_, ModelPt2::why_;
+
+TEST_F(ModelPt2, RunsLikeItsTorchScriptAtAnyBatch) {
+  ModelRunner script(options(std::string(TILER_TEST_SOURCE_DIR) + "/samples/models/sample.pt"));
+  ModelRunner package(options(package_));
+  EXPECT_STREQ(package.runtimeName(), "pt2");
+  const ModelProbe want = script.probe(64, 64), got = package.probe(64, 64);
+  EXPECT_EQ(got.input_channels, want.input_channels);
+  EXPECT_EQ(got.output_channels, want.output_channels);
+  EXPECT_EQ(got.scale.value(), want.scale.value());
+  EXPECT_EQ(got.task, want.task);
+  torch::manual_seed(4);
+  std::vector<torch::Tensor> batches;
+  for (int64_t b : {1, 3, 8}) {
+    batches.push_back(torch::rand({b, 3, 64, 64}) * 255);
+    const auto a = script.forward(batches.back(), torch::full({b}, 1.0f / 255));
+    const auto p = package.forward(batches.back(), torch::full({b}, 1.0f / 255));
+    EXPECT_LT((a - p).abs().max().item<double>(), 1e-5) << "batch " << b;
+  }
+  // Replicas load the package again, each its own.
+  ForwardPool pool(package, ForwardLayout{2, 1});
+  std::vector<std::future<torch::Tensor>> got_back;
+  for (const auto& b : batches)
+    got_back.push_back(pool.submit<torch::Tensor>(
+        [b](ModelRunner& m) { return m.forward(b, torch::full({b.size(0)}, 1.0f / 255)); }));
+  for (size_t i = 0; i < batches.size(); ++i)
+    EXPECT_TRUE(torch::equal(got_back[i].get(),
+                             package.forward(batches[i], torch::full({batches[i].size(0)}, 1.0f / 255))));
+}
+
+TEST_F(ModelPt2, RefusesWhatItWasNotCompiledFor) {
+  expectModelError(package_, "compiled for windows of 64x64, not 32x32 (--window 64", 32);
+  ModelOptions bf16 = options(package_);
+  bf16.precision = "bf16";
+  EXPECT_THROW(ModelRunner{bf16}, ConfigError);
+  ModelOptions optimized = options(package_);
+  optimized.jit_optimize = true;
+  EXPECT_THROW(ModelRunner{optimized}, ConfigError);
+  ModelRunner package(options(package_));
+  try {
+    package.module();
+    FAIL() << "a package has no module to train";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(e.message().find("training needs a TorchScript model"), std::string::npos) << e.message();
+  }
+}
+
+TEST_F(ModelPt2, ItsMetadataDecidesWhatRuns) {
+  expectModelError(withMetadata("unrecorded", "tiler_window", "None"), "does not record the window", 64);
+  expectModelError(withMetadata("bad_window", "tiler_window", "64x"), "tiler_window '64x' is not WxH", 64);
+  expectModelError(withMetadata("bad_batch", "tiler_batch", "0"), "tiler_batch '0' is not a count", 64);
+  expectModelError(withMetadata("cpu_only", "AOTI_DEVICE_KEY", "cuda"), "the package was compiled for cuda",
+                   64);
+  // A package that says its batch is 4: batches of other sizes run as padded runs of 4, same numbers.
+  ModelRunner dynamic(options(package_)), fixed(options(withMetadata("batch4", "tiler_batch", "4")));
+  dynamic.probe(64, 64);
+  fixed.probe(64, 64);
+  torch::manual_seed(6);
+  for (int64_t b : {1, 4, 9}) {
+    const auto x = torch::rand({b, 3, 64, 64});
+    EXPECT_LT((dynamic.forward(x, torch::ones({b})) - fixed.forward(x, torch::ones({b})))
+                  .abs()
+                  .max()
+                  .item<double>(),
+              1e-6)
+        << "batch " << b;
+  }
+}
+
 // The conv model saved as `name`, on CUDA at `precision`.
 ModelOptions cudaOptions(const std::string& name, const std::string& precision) {
   auto o = cpuOptions(saveModule(name, 3, 2, kConv));

@@ -25,6 +25,7 @@
 #include "tiler/error.hpp"
 #include "tiler/image_io.hpp"
 #include "tiler/model.hpp"
+#include "tiler/model_runtime.hpp"
 #include "tiler/platform.hpp"
 
 namespace fs = std::filesystem;
@@ -1835,6 +1836,43 @@ TEST_F(Pipeline, AnOutputThatIsNeitherMapNorVectorFailsNamingItsShapeAndTheTasks
       << error;
   EXPECT_FALSE(fs::exists(out + "/a_large.h5"));
   EXPECT_FALSE(fs::exists(out + "/a_large.h5.partial"));
+}
+
+// A .pt2 package of the sample UNet, where this build runs packages and a Python here exports them (the
+// LibTorch 2.6 stage of CI): the same bytes on 1, 2 and 3 ranks, and what the TorchScript sample gives.
+TEST_F(Pipeline, Pt2PackageIsByteIdenticalAcrossRanksAndRunsLikeItsTorchScript) {
+  if (!pt2Supported()) GTEST_SKIP() << pt2Unsupported();
+  const std::string dir = root_ + "/pt2";
+  fs::create_directories(dir + "/images");
+  std::string why;
+  const std::string package = test::exportSamplePt2(dir, 64, &why);
+  if (package.empty()) GTEST_SKIP() << why;
+  writeImage(dir + "/images/wave.tif", pattern(300, 420, CV_8UC3, 255), SampleType::kU8);
+  const std::string sample = std::string(TILER_TEST_SOURCE_DIR) + "/samples/models/sample.pt";
+  const auto args = [&dir](const std::string& model, const std::string& out) {
+    return kTiler + " -i " + dir + "/images -m " + model + " -o " + dir + "/" + out +
+           " --window 64 --batch_size 4 --threads 1 --save labels,probs --no_progress";
+  };
+  auto one = run(args(package, "one"));
+  ASSERT_EQ(one.code, 0) << one.output;
+  EXPECT_EQ(report(dir + "/one")["runtime"], "pt2");
+  for (int n : {2, 3}) {
+    const std::string out = "ranks" + std::to_string(n);
+    auto r =
+        run(kCtrun + " --nproc_per_node " + std::to_string(n) + " --master_port 0 " + args(package, out));
+    ASSERT_EQ(r.code, 0) << r.output;
+    for (const char* f : {"/wave_labels.tif", "/wave_probs.tif"})
+      EXPECT_TRUE(slurp(dir + "/one" + f) == slurp(dir + "/" + out + f)) << n << " ranks: " << f;
+  }
+  auto script = run(args(sample, "script"));
+  ASSERT_EQ(script.code, 0) << script.output;
+  EXPECT_EQ(report(dir + "/script")["runtime"], "torchscript");
+  const cv::Mat p = ImageReader::open(dir + "/one/wave_probs.tif")->readRegion({0, 0, 420, 300});
+  const cv::Mat q = ImageReader::open(dir + "/script/wave_probs.tif")->readRegion({0, 0, 420, 300});
+  EXPECT_LT(cv::norm(p, q, cv::NORM_INF), 1e-5);
+  const cv::Mat a = ImageReader::open(dir + "/one/wave_labels.tif")->readRegion({0, 0, 420, 300});
+  const cv::Mat b = ImageReader::open(dir + "/script/wave_labels.tif")->readRegion({0, 0, 420, 300});
+  EXPECT_LE(cv::countNonZero(a != b), 420 * 300 / 10000) << "labels differ only where two classes tie";
 }
 
 }  // namespace

@@ -59,6 +59,32 @@ inline CommandResult runCommand(const std::string& cmd) {
   return r;
 }
 
+// A .pt2 package (AOTInductor) of the bundled sample UNet for windows of `window` px, exported into `dir` by
+// scripts/export_model.py from the TorchScript sample's weights; empty, with the reason in `why`, where no
+// Python here exports one (PyTorch 2.6 or later, setuptools and a compiler: Debian trixie's python3-torch).
+// An export that fails where Python could export is a test failure.
+inline std::string exportSamplePt2(const std::string& dir, int window, std::string* why) {
+  const std::string src = TILER_TEST_SOURCE_DIR;
+  const auto can = runCommand(
+      "/usr/bin/python3 -c \"import torch, setuptools.command.build_ext; "
+      "assert tuple(int(v) for v in torch.__version__.split('.')[:2]) >= (2, 6), torch.__version__\"");
+  if (can.code != 0) {
+    *why = "no Python here exports .pt2 packages (PyTorch 2.6+ with setuptools): " +
+           can.output.substr(can.output.rfind('\n', can.output.size() - 2) + 1);
+    return "";
+  }
+  const std::string out = dir + "/sample_" + std::to_string(window) + ".pt2";
+  const auto r = runCommand("PYTHONPATH=" + src + "/samples /usr/bin/python3 " + src +
+                            "/scripts/export_model.py --module make_samples:UNet --weights " + src +
+                            "/samples/models/sample.pt --out " + out + " --window " + std::to_string(window));
+  if (r.code != 0) {
+    ADD_FAILURE() << "exporting the sample UNet to .pt2 failed where Python can: " << r.output;
+    *why = "the export failed";
+    return "";
+  }
+  return out;
+}
+
 // Runs shell commands at the same time (ranks of one world); returns their exit codes, in order.
 inline std::vector<int> runConcurrently(const std::vector<std::string>& commands) {
   std::vector<pid_t> pids;

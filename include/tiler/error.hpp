@@ -72,6 +72,8 @@ void writeElasticErrorFile(const std::string& message);
 // `what` without the "\nException raised from ..." backtrace LibTorch's c10::Error appends to its message
 // (a message wrapped with it would keep the backtrace in the middle, and lose what follows when cut).
 std::string withoutBacktrace(std::string what);
+// The first line of a message (a library's error that goes on with its context or stack).
+std::string firstLine(const std::string& what);
 
 // A one-line message for any exception: tiler's without [file:line], LibTorch's without their backtrace,
 // std::bad_alloc as "out of memory", anything else as "unknown exception".

@@ -1,13 +1,13 @@
-// model: a TorchScript model on one device, probed once, fed normalised batches.
-// Promise: load() and probe() throw ModelError naming the file and what does not fit (missing, corrupt, not
-// TorchScript, wrong forward signature, non-tensor or non-NCHW output, output size not an exact integer
-// multiple or fraction of the window). forward() takes raw sample values (float32 NCHW on the CPU, the
-// model's input channel count) and per-sample scale factors, normalises on the model's device, runs under
-// InferenceMode and autocast (bf16 CPU/CUDA, fp16 CUDA), and returns float32 NCHW predictions on the device
-// with the activation applied. On the CPU one thread calls a runner's forward() and ForwardPool runs replicas
-// of one model on threads of their own; on a GPU ForwardPool's threads share one runner (the weights once),
-// each queueing on a stream of its own: forward() changes nothing in the runner, and TorchScript runs one
-// module on several threads.
+// model: a model (TorchScript or a .pt2 package: model_runtime) on one device, probed once, fed normalised
+// batches. Promise: load() and probe() throw ModelError naming the file and what does not fit (missing,
+// corrupt, not a model, wrong forward signature, a package for another window, non-tensor or non-NCHW output,
+// output size not an exact integer multiple or fraction of the window). forward() takes raw sample values
+// (float32 NCHW on the CPU, the model's input channel count) and per-sample scale factors, normalises on the
+// model's device, runs under InferenceMode and autocast (bf16 CPU/CUDA, fp16 CUDA), and returns float32 NCHW
+// predictions on the device with the activation applied. On the CPU one thread calls a runner's forward() and
+// ForwardPool runs replicas of one model on threads of their own; on a GPU ForwardPool's threads share one
+// runner (the weights once), each queueing on a stream of its own: forward() changes nothing in the runner,
+// and TorchScript runs one module on several threads.
 #pragma once
 
 #include <torch/script.h>
@@ -26,6 +26,7 @@
 
 #include "tiler/grid.hpp"
 #include "tiler/job_options.hpp"
+#include "tiler/model_runtime.hpp"
 
 namespace tiler {
 
@@ -188,12 +189,15 @@ class ModelRunner {
   // Waits for what this thread queued on the model's device (its current stream); nothing on the CPU.
   void synchronize() const;
   Precision precision() const { return precision_; }
-  torch::jit::Module& module() { return module_; }
-  // A copy of this probed runner with its own module (parameters cloned), for another thread.
+  // "torchscript" or "pt2".
+  const char* runtimeName() const { return runtime_->name(); }
+  // The TorchScript module, for training; a ConfigError for a .pt2 package (compiled code).
+  torch::jit::Module& module();
+  // A copy of this probed runner with its own parameters, for another thread.
   std::unique_ptr<ModelRunner> replicate() const;
 
  private:
-  ModelRunner(const ModelRunner& other, torch::jit::Module module);
+  ModelRunner(const ModelRunner& other, std::unique_ptr<ModelRuntime> runtime);
   torch::Tensor extractTensor(const c10::IValue& out) const;
 
   ModelOptions options_;
@@ -202,7 +206,7 @@ class ModelRunner {
   // The model's device made current on the thread that made the runner (restored when it goes): CUDA calls
   // that take the current device (events, pinned memory, cuBLAS handles) then use this rank's GPU, not GPU 0.
   c10::DeviceGuard current_device_;
-  torch::jit::Module module_;
+  std::unique_ptr<ModelRuntime> runtime_;
   ModelProbe probe_;
   torch::Tensor mean_, inv_std_;  // [1,C,1,1] on device, or undefined
 };
@@ -242,8 +246,5 @@ class ForwardPool {
   bool stopping_ = false;                               // guarded by mutex_
   std::vector<std::thread> threads_;                    // last: they use the members above
 };
-
-// Loads a TorchScript module with tiler's error messages (used by infer and finetune).
-torch::jit::Module loadTorchScript(const std::string& path, const torch::Device& device);
 
 }  // namespace tiler

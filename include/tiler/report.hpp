@@ -34,13 +34,14 @@ struct RunSummary {
   GridSpec window;
   double output_scale = 1.0;
   std::string tta = "none";
-  int replicas = 1, threads = 1;  // model replicas of this rank, intra-op threads of each
-  int read_threads = 1;           // threads reading each batch's windows
-  int64_t shard_run = 1;          // the most windows one rank takes in a row (RowDeal::longest_part)
-  std::string cpu_blas;           // cpuBlasName()
-  std::string gather = "none";    // how predictions reached their owners (DistContext::gatherTransport)
-  std::string task = "segment";   // segment | classify | embed
-  int64_t feature_dim = 0;        // classify: classes K; embed: features D; segment: 0
+  int replicas = 1, threads = 1;        // model replicas of this rank, intra-op threads of each
+  int read_threads = 1;                 // threads reading each batch's windows
+  int64_t shard_run = 1;                // the most windows one rank takes in a row (RowDeal::longest_part)
+  std::string cpu_blas;                 // cpuBlasName()
+  std::string gather = "none";          // how predictions reached their owners (DistContext::gatherTransport)
+  std::string task = "segment";         // segment | classify | embed
+  int64_t feature_dim = 0;              // classify: classes K; embed: features D; segment: 0
+  std::string runtime = "torchscript";  // torchscript | pt2 (ModelRuntime::name)
 };
 
 // The report of an infer run: statuses as the catalog holds them after the output stage finished ("done"

@@ -4,7 +4,7 @@
 // Backend in 2.x) and the USE_C10D_* macros the c10d headers need; (3) whether NCCL is compiled in
 // (TILER_WITH_NCCL from CMake: the torch_cuda target's USE_C10D_NCCL); (4) the environment variables
 // that make NCCL's wait(timeout) throw (renamed with a TORCH_ prefix in 2.2); (5) TCPStore's libuv default
-// (2.4+).
+// (2.4+); (6) AOTInductor's package loader for .pt2 files (TILER_HAVE_AOTI: 2.6+).
 // Include only from .cpp files that need c10d or autocast: it pulls in heavy headers.
 #pragma once
 
@@ -28,6 +28,13 @@
 
 #define TILER_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+#if TILER_TORCH_AT_LEAST(2, 6) && __has_include(<torch/csrc/inductor/aoti_package/model_package_loader.h>)
+#define TILER_HAVE_AOTI 1
+#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+#else
+#define TILER_HAVE_AOTI 0
+#endif
 
 namespace tiler::compat {
 

@@ -1,0 +1,64 @@
+// model_runtime: the kinds of model file tiler runs, behind one interface: TorchScript (torch.jit.save) and
+// AOTInductor packages (.pt2: torch.export + aoti_compile_and_package; LibTorch 2.6 and later). Which kind a
+// file is comes from its contents (a registry of probes, as for the image readers), never from its name.
+// Promise: openModelRuntime() throws ModelError naming the file and the problem (missing, a directory,
+// corrupt, not a model, a package for another device, a package this LibTorch cannot run, a package without
+// the shapes tiler must know before running it). A runtime runs one contiguous float32 NCHW tensor on its
+// device and returns the model's output as the model gave it.
+#pragma once
+
+#include <torch/script.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+namespace tiler {
+
+struct RuntimeOptions {
+  std::string path;
+  torch::Device device = torch::kCPU;
+  bool jit_optimize = false;  // TorchScript: freeze + optimize_for_inference
+};
+
+class ModelRuntime {
+ public:
+  virtual ~ModelRuntime() = default;
+  // "torchscript" or "pt2" (the report's `runtime`).
+  virtual const char* name() const = 0;
+  virtual c10::IValue run(const torch::Tensor& nchw) = 0;
+  // Another runtime over the same model with parameters of its own, for another thread.
+  virtual std::unique_ptr<ModelRuntime> replicate() const = 0;
+  // Whether --precision fp16/bf16 can run it under autocast; a compiled package runs as it was compiled.
+  virtual bool autocasts() const = 0;
+  // The TorchScript module (training, checkpoints); null for compiled code.
+  virtual torch::jit::Module* module() { return nullptr; }
+  // The input channels, where the file says (else probe() tries counts until one runs).
+  virtual std::optional<int> inputChannels() const { return std::nullopt; }
+  // Why a window of w x h must not be run (a package compiled for another size does not check its inputs:
+  // garbage or a crash), or empty.
+  virtual std::string refusesWindow(int64_t /*w*/, int64_t /*h*/) const { return {}; }
+};
+
+// The runtime for `options.path`, by what the file holds.
+std::unique_ptr<ModelRuntime> openModelRuntime(const RuntimeOptions& options);
+// Whether this build runs .pt2 packages, and if not, why (for --version and the error).
+bool pt2Supported();
+const char* pt2Unsupported();
+
+// Loads a TorchScript module with tiler's error messages (infer, finetune and its checkpoints).
+torch::jit::Module loadTorchScript(const std::string& path, const torch::Device& device);
+
+// The runtimes, one file each (the registry in model_runtime.cpp lists them).
+std::unique_ptr<ModelRuntime> openTorchScriptRuntime(const RuntimeOptions& options);
+std::unique_ptr<ModelRuntime> openPt2Runtime(const RuntimeOptions& options);
+// Whether a file is an AOTInductor package: a zip whose `archive_format` entry says "pt2".
+bool isPt2Package(const std::string& path);
+// The first entry among the first `max_entries` of a zip written as Python's zipfile writes a file (local
+// headers with the sizes) whose name `matches`: its bytes if stored, empty if compressed; nullopt if none.
+std::optional<std::string> findZipEntry(const std::string& path,
+                                        const std::function<bool(const std::string&)>& matches,
+                                        int max_entries);
+
+}  // namespace tiler
