@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmarks: scripts/bench.sh [--quick] [io|slide|tta|model|light|pipeline|blas|ceiling|gather|memory|scaling|ctrun|finetune|naive|mask|outputs|codecs|gpu|all]
+# Benchmarks: scripts/bench.sh [--quick] [io|slide|tta|model|light|pipeline|blas|ceiling|gather|memory|scaling|ctrun|finetune|naive|mask|outputs|codecs|gpu|runtimes|all]
 # Generates its own deterministic inputs (cached in $TILER_BENCH_CACHE, default ~/.cache/tiler-bench), runs each
 # scenario $RUNS times (3; --quick: 1 run on small inputs), writes bench-results/bench.json and a table of
 # medians (min-max). fp32 on the CPU. Never part of CI's test run.
@@ -559,6 +559,40 @@ if want embed; then
         emit "embed $name: pure forward in Python, 2 threads" seconds "$(json "$out" seconds)"
         emit "embed $name: tiler process / Python forward" overhead_ratio "$(ratio "$wall" "$(json "$out" seconds)")"
       fi
+    done
+  done
+fi
+
+# Model runtimes (not part of `all`: needs a tiler that runs .pt2 packages, LibTorch 2.6+, and a Python that
+# exports them; run it in the LibTorch 2.6 root that scripts/test-torch2.sh keeps, TILER_BUILD_DIR=build-torch2):
+# the same network as TorchScript and as a .pt2 package (scripts/export_model.py from the TorchScript's weights),
+# alternating, over blobs_4096.tif with default flags: the whole process, and the pure forward of as many
+# windows in tiler's layout (tiler_bench forward: the same ModelRunner, either runtime).
+if [ "$what" = runtimes ]; then
+  "$bin/tiler" --version | grep -q "pt2" || { echo "bench runtimes: this tiler runs no .pt2 packages"; exit 1; }
+  for spec in "unet:UNet:sample.pt:" "encoder:Encoder:encoder.pt:--task embed"; do
+    IFS=: read -r name class file flags <<<"$spec"
+    script="$PWD/samples/models/$file" package="$cache/${file%.pt}_256.pt2"
+    [ -f "$package" ] || PYTHONPATH=samples python3 scripts/export_model.py --module "make_samples:$class" \
+      --weights "$script" --out "$package" --window 256 >/dev/null
+    for _ in $(seq "$runs"); do
+      declare -A wall=()
+      for runtime in torchscript pt2; do
+        m=$script
+        [ $runtime = pt2 ] && m=$package
+        rm -rf "$cache/out_runtime"
+        t0=$(now)
+        # shellcheck disable=SC2086 # flags: words
+        "$bin/tiler" -i samples/images/blobs_4096.tif -m "$m" -o "$cache/out_runtime" $flags --no_progress \
+          >/dev/null 2>&1
+        wall[$runtime]=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { print b - a }')
+        r="$cache/out_runtime/report.json"
+        out=$("$bin/tiler_bench" forward -m "$m" --window 256 --windows "$(report_field "$r" windows_total)" \
+          --batch_size 8 --replicas "$(report_field "$r" replicas)" --threads "$(report_field "$r" threads)")
+        emit "runtimes $name: tiler whole process, $runtime" seconds "${wall[$runtime]}"
+        emit "runtimes $name: pure forward in tiler's layout, $runtime" seconds "$(json "$out" seconds)"
+      done
+      emit "runtimes $name: pt2 / torchscript, whole process" ratio "$(ratio "${wall[pt2]}" "${wall[torchscript]}")"
     done
   done
 fi
