@@ -1,15 +1,11 @@
 #include "tiler/model.hpp"
 
 #include <ATen/Parallel.h>
-#include <c10/core/CPUAllocator.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <spdlog/spdlog.h>
 #include <torch/cuda.h>
 
-#include <dlfcn.h>
-#include <malloc.h>
-#include <sys/mman.h>
 #include <time.h>
 
 #include <algorithm>
@@ -19,15 +15,12 @@
 #include <limits>
 #include <thread>
 
-#include <filesystem>
 #include <mutex>
 
 #include "tiler/error.hpp"
 #include "tiler/platform.hpp"
 #include "tiler/torch_compat.hpp"
 #include "tiler/window_outputs.hpp"
-
-namespace fs = std::filesystem;
 
 namespace tiler {
 namespace {
@@ -47,100 +40,7 @@ std::string outOfMemoryLine(const std::string& what) {
   return what;
 }
 
-// Maps a block of `size` bytes; blocks of 2 MiB and more start on a 2 MiB boundary and are advised to be
-// backed by transparent huge pages, so that a forward's first run faults its activations in 512 times
-// fewer page faults (the sample UNet job: 180 k page faults -> 32 k, 1 s less CPU on a 2-core VM). A
-// kernel without them ignores the advice; the bytes computed are the same either way.
-void* mapBlock(size_t size) {
-  constexpr size_t kHugePage = 2 << 20;
-  if (size < kHugePage)
-    return mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  void* raw = mmap(nullptr, size + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (raw == MAP_FAILED) return raw;
-  const uintptr_t start = (uintptr_t(raw) + kHugePage - 1) & ~uintptr_t(kHugePage - 1);
-  const size_t head = start - uintptr_t(raw);  // < kHugePage: the tail below is never empty
-  if (head > 0) munmap(raw, head);
-  munmap(reinterpret_cast<char*>(start) + size, kHugePage - head);
-  madvise(reinterpret_cast<void*>(start), size, MADV_HUGEPAGE);
-  return reinterpret_cast<void*>(start);
-}
-
 }  // namespace
-
-std::string cpuBlasName() {
-  // Debian's alternatives put any of these behind libblas.so.3; only the reference BLAS names nothing. Asked
-  // of the library that LibTorch's sgemm_ resolves to: another BLAS may be loaded beside it (OpenBLAS's
-  // liblapack.so.3 next to a reference libblas.so.3 first on LD_LIBRARY_PATH).
-  Dl_info where{};
-  void* sgemm = dlsym(RTLD_DEFAULT, "sgemm_");
-  if (!sgemm || !dladdr(sgemm, &where) || !where.dli_fname) return "none (no sgemm_ loaded)";
-  // pip's and pytorch.org's LibTorch carry their BLAS (MKL) inside libtorch_cpu: no libblas.so.3 to choose.
-  const std::string file = where.dli_fname;
-  const std::string base = file.substr(file.rfind('/') + 1);
-  if (base.rfind("libtorch", 0) == 0) return "built into LibTorch (" + base + ")";
-  void* blas = dlopen(where.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
-  if (!blas) return kReferenceBlas;
-  std::string name = kReferenceBlas;
-  if (auto config = reinterpret_cast<char* (*)()>(dlsym(blas, "openblas_get_config"))) {
-    const std::string c = config();  // "OpenBLAS 0.3.21 ... USE_OPENMP Haswell MAX_THREADS=64"
-    name = c.rfind("OpenBLAS", 0) == 0 ? c : "OpenBLAS " + c;
-  } else if (dlsym(blas, "mkl_get_version_string")) {
-    name = "Intel MKL";
-  } else if (dlsym(blas, "bli_info_get_version_str")) {
-    name = "BLIS";
-  }
-  dlclose(blas);
-  return name;
-}
-
-int defaultIntraOpThreads() {
-  return defaultIntraOpThreads(usableCpus());
-}
-
-int defaultIntraOpThreads(int cpus) {
-  // OMP_NUM_THREADS (ctrun sets cores / local workers) is the user's or the launcher's word.
-  if (const char* omp = std::getenv("OMP_NUM_THREADS")) {
-    const int n = std::atoi(omp);
-    if (n > 0) return n;
-  }
-  // LibTorch's own default guesses physical cores as half the logical ones (1 on a 2-vCPU machine); tiler
-  // gives each rank on this node its share of the CPUs it may run on.
-  // Slurm says a task's CPUs itself, and a task it bound to CPUs of its own (a mask smaller than the job's
-  // CPUs on this node) has them alone: dividing them again by the tasks would leave most of them idle.
-  const auto slurm = [](const char* name) {
-    const char* v = std::getenv(name);
-    return v ? std::atoi(v) : 0;
-  };
-  if (const int per_task = slurm("SLURM_CPUS_PER_TASK"); per_task > 0) return std::min(cpus, per_task);
-  if (cpus < slurm("SLURM_CPUS_ON_NODE")) return cpus;
-  int local = 1;
-  for (const char* name : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"}) {
-    if (const char* v = std::getenv(name)) {
-      local = std::max(1, std::atoi(v));
-      break;
-    }
-  }
-  return std::max(1, cpus / local);
-}
-
-ForwardLayout chooseForwardLayout(int threads_flag, int replicas_flag, bool cuda, int cpus, bool light) {
-  ForwardLayout layout;
-  if (threads_flag <= 0 && replicas_flag <= 0 && !cuda && light) return layout;
-  if (replicas_flag > 0)
-    layout.replicas = replicas_flag;
-  else if (cuda)
-    layout.replicas = kCudaStreams;
-  else if (threads_flag <= 0)
-    layout.replicas = std::clamp(cpus, 1, kMaxAutoReplicas);
-  layout.threads = threads_flag > 0 ? threads_flag : std::max(1, cpus / layout.replicas);
-  return layout;
-}
-
-int chooseReadThreads(int read_threads_flag, const ForwardLayout& layout, bool cuda, int cpus) {
-  if (read_threads_flag > 0) return read_threads_flag;
-  const int free_cpus = cuda ? cpus : cpus - layout.replicas * layout.threads;
-  return std::clamp(free_cpus, 1, kMaxAutoReadThreads);
-}
 
 Activation parseActivation(const std::string& name) {
   if (name == "none") return Activation::kNone;
@@ -183,116 +83,6 @@ ModelOptions modelOptionsFor(const JobOptions& job, int local_rank) {
   mo.std = job.std;
   mo.local_rank = local_rank;
   return mo;
-}
-
-LargeBlockCache::LargeBlockCache(size_t min_cached_bytes)
-    : fallback_(c10::GetDefaultCPUAllocator()), min_cached_bytes_(min_cached_bytes) {}
-
-LargeBlockCache::~LargeBlockCache() {
-  for (const auto& [size, entry] : free_) munmap(entry.block, size);
-}
-
-size_t LargeBlockCache::blockSize(size_t n) {
-  constexpr size_t kGranule = 64 << 10;
-  return (n + kGranule - 1) / kGranule * kGranule;
-}
-
-c10::DataPtr LargeBlockCache::take(size_t n) const {
-  if (n < kMinBlockBytes) return fallback_->allocate(n);
-  const size_t size = blockSize(n);
-  void* block = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    // The smallest free block that fits, at most twice the size (pages a tensor does not touch cost nothing);
-    // of blocks that size, the last freed (its pages likeliest still in the CPU's caches).
-    auto it = free_.lower_bound(size);
-    if (it != free_.end() && it->first <= 2 * size) {
-      it = std::prev(free_.upper_bound(it->first));
-      block = it->second.block;
-      cached_bytes_ -= it->first;
-      markInUse(block, it->first);
-      free_.erase(it);
-    }
-  }
-  if (block == nullptr) {
-    block = mapBlock(size);
-    if (block == MAP_FAILED) {
-      // As LibTorch's own CPU allocator says it, so that the forward's out-of-memory halving applies.
-      TORCH_CHECK_WITH(OutOfMemoryError, false,
-                       "DefaultCPUAllocator: not enough memory: you tried to allocate ", n, " bytes.");
-    }
-    std::lock_guard<std::mutex> lock(mutex_);
-    markInUse(block, size);
-  }
-  return {block, block, &LargeBlockCache::release, c10::Device(c10::DeviceType::CPU)};
-}
-
-void LargeBlockCache::markInUse(void* block, size_t size) const {
-  live_[block] = size;
-  in_use_bytes_ += size;
-  peak_in_use_bytes_ = std::max(peak_in_use_bytes_, in_use_bytes_);
-}
-
-void LargeBlockCache::release(void* block) {
-  instance().give(block);
-}
-
-void LargeBlockCache::give(void* block) const {
-  std::vector<std::pair<size_t, void*>> unmap;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = live_.find(block);
-    if (it == live_.end()) {
-      // A small block that raw_allocate() took from the default allocator.
-      fallback_->raw_deleter()(block);
-      return;
-    }
-    free_.emplace(it->second, FreeBlock{block, ++frees_});
-    cached_bytes_ += it->second;
-    in_use_bytes_ -= it->second;
-    live_.erase(it);
-    // Free blocks are kept up to the most ever in use at once: a forward reuses the last forward's blocks;
-    // beyond that the least recently freed go back to the system.
-    const size_t keep = std::max(min_cached_bytes_, 2 * peak_in_use_bytes_);
-    while (cached_bytes_ > keep) {
-      auto oldest = std::min_element(free_.begin(), free_.end(), [](const auto& a, const auto& b) {
-        return a.second.freed < b.second.freed;
-      });
-      unmap.emplace_back(oldest->first, oldest->second.block);
-      cached_bytes_ -= oldest->first;
-      free_.erase(oldest);
-    }
-  }
-  for (const auto& [size, b] : unmap) munmap(b, size);
-}
-
-void LargeBlockCache::copy_data(void* dest, const void* src, std::size_t count) const {
-  std::memcpy(dest, src, count);
-}
-
-size_t LargeBlockCache::cachedBytes() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return cached_bytes_;
-}
-
-LargeBlockCache& LargeBlockCache::instance() {
-  static LargeBlockCache* cache =
-      new LargeBlockCache(256 << 20);  // never destroyed: tensors may outlive main
-  return *cache;
-}
-
-// LibTorch's CPU allocator takes every tensor from malloc. Large activations (33 MB at batch 8) sit above
-// glibc's mmap threshold: every forward would map and unmap them and fault their pages in again, which
-// doubles the forward time of a small UNet (README, Performance). Raising glibc's thresholds kept them in the
-// heap but made the heap's high-water mark (and its holes) resident for good: peak RSS 1.3-1.4 GB at 16384 px
-// for 350 MB ever live (heaptrack). Tensors of 1 MiB and more now come from LargeBlockCache instead; glibc
-// keeps its own thresholds for the rest, with one arena, so that every thread reuses what the others freed.
-void installLargeBlockCache() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    c10::SetCPUAllocator(&LargeBlockCache::instance(), /*priority=*/1);
-    if (std::getenv("GLIBC_TUNABLES") == nullptr) mallopt(M_ARENA_MAX, 1);
-  });
 }
 
 bool isOutOfMemory(const std::exception& e) {

@@ -24,6 +24,8 @@
 #include <thread>
 #include <vector>
 
+#include "tiler/block_cache.hpp"
+#include "tiler/cpu_layout.hpp"
 #include "tiler/grid.hpp"
 #include "tiler/job_options.hpp"
 #include "tiler/model_runtime.hpp"
@@ -33,44 +35,6 @@ namespace tiler {
 enum class Precision { kFp32, kFp16, kBf16 };
 enum class Activation { kNone, kSoftmax, kSigmoid };
 Activation parseActivation(const std::string& name);
-// Intra-op threads when --threads is not given: OMP_NUM_THREADS if set; under Slurm SLURM_CPUS_PER_TASK, or
-// all the CPUs this process may use (usableCpus()) where Slurm bound it to fewer than the job's CPUs on the
-// node; else those CPUs divided by the ranks on this node (LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE,
-// SLURM_NTASKS_PER_NODE), which share them.
-int defaultIntraOpThreads();
-// The same for a process that may use `cpus` CPUs.
-int defaultIntraOpThreads(int cpus);
-// The BLAS that LibTorch's CPU kernels call (convolutions it lowers to matrix products), as the process
-// loaded it: "OpenBLAS <its config>", "Intel MKL", "BLIS", or kReferenceBlas, the reference BLAS of
-// Debian's libblas3, which makes the sample UNet's forward 1.5-1.8x slower than OpenBLAS does.
-inline constexpr const char* kReferenceBlas = "reference BLAS (netlib)";
-std::string cpuBlasName();
-
-// How a rank runs its forwards: `replicas` copies of the model, each on a thread of its own with `threads`
-// intra-op threads. On the CPU a batch per core scales better than one intra-op pool over small windows
-// (the sample UNet's pure forward: 2 replicas x 1 thread 1.41x faster than 1 x 2 threads on 2 cores), so
-// without --threads a rank's share of the CPUs becomes replicas (at most kMaxAutoReplicas, each holding a
-// batch's activations). --threads alone pins one replica with that many threads: the outputs of that thread
-// count, bit for bit. On CUDA kCudaStreams forward threads unless --replicas says how many: each queues its
-// batches on a stream of its own, so one batch's copies in and out and its kernel launches overlap another's
-// kernels (the sample UNet on an H200 waited 3.8 ms of a 9.5 ms batch for its results to reach the host).
-struct ForwardLayout {
-  int replicas = 1;
-  int threads = 1;
-};
-constexpr int kMaxAutoReplicas = 4;
-constexpr int kCudaStreams = 2;
-// `threads_flag`, `replicas_flag`: --threads and --replicas (0: not given); `cpus`: defaultIntraOpThreads().
-// `light`: the model's forward costs less than reading and stitching its windows (a threshold, a 1x1
-// convolution): without flags one replica of one thread, the other cores left to the loader and the outputs.
-ForwardLayout chooseForwardLayout(int threads_flag, int replicas_flag, bool cuda, int cpus,
-                                  bool light = false);
-// Threads that read a batch's windows: `read_threads_flag` (--read_threads) when given, else the CPUs of
-// the rank (`cpus`) that the forward leaves free (all of them on CUDA), at least 1, at most
-// kMaxAutoReadThreads. On a CPU rank whose replicas take every core, more read threads only take turns with
-// the forward (null model, 2 cores: 2 read threads 1.12x slower than one).
-constexpr int kMaxAutoReadThreads = 4;
-int chooseReadThreads(int read_threads_flag, const ForwardLayout& layout, bool cuda, int cpus);
 // Test-time augmentation: each window also runs mirrored (flip: left-right; d4: the 8 rotations and
 // mirrors of a square), in the same batch; predictions are mapped back and averaged after the activation.
 enum class Tta { kNone, kFlip, kD4 };
@@ -111,51 +75,6 @@ struct ModelProbe {
 // ModelError naming `path`, the shape and the --task choices for any other shape or a mismatch.
 ModelTask resolveTask(ModelTask requested, const std::vector<int64_t>& sizes, Activation activation,
                       bool classes_named, const std::string& path);
-
-// LibTorch's CPU allocator for tiler's processes: tensors of kMinBlockBytes and more come from mapped blocks
-// that are kept for reuse (at most as many bytes as were ever live at once, or `min_cached_bytes`), smaller
-// ones from LibTorch's default allocator. A forward then reuses the last forward's blocks without faulting
-// their pages in again, and no heap high-water mark stays resident. Thread safe.
-class LargeBlockCache final : public c10::Allocator {
- public:
-  static constexpr size_t kMinBlockBytes = 1 << 20;
-  explicit LargeBlockCache(size_t min_cached_bytes);
-  ~LargeBlockCache() override;
-  // The process's cache, the one installLargeBlockCache() installs.
-  static LargeBlockCache& instance();
-
-  // LibTorch 1.13 declares allocate() const, 2.x not: one of the two overrides, the other is never called.
-  c10::DataPtr allocate(size_t n) const { return take(n); }
-  c10::DataPtr allocate(size_t n) { return take(n); }
-  c10::DeleterFnPtr raw_deleter() const override { return &LargeBlockCache::release; }
-  void copy_data(void* dest, const void* src, std::size_t count) const;  // virtual in LibTorch 2.x
-  // Bytes held in free blocks.
-  size_t cachedBytes() const;
-  // Block size for a request of `n` bytes (64 KiB granules).
-  static size_t blockSize(size_t n);
-
- private:
-  c10::DataPtr take(size_t n) const;
-  void markInUse(void* block, size_t size) const;  // caller holds mutex_
-  static void release(void* block);                // the blocks of instance() only
-  void give(void* block) const;
-
-  c10::Allocator* fallback_;  // LibTorch's default CPU allocator (not owned)
-  size_t min_cached_bytes_;
-  mutable std::mutex mutex_;
-  struct FreeBlock {
-    void* block;
-    uint64_t freed;  // order of freeing, for eviction
-  };
-  mutable std::multimap<size_t, FreeBlock> free_;  // size -> block, guarded by mutex_
-  mutable uint64_t frees_ = 0;                     // guarded by mutex_
-  mutable std::map<void*, size_t> live_;           // block -> size, guarded by mutex_
-  mutable size_t cached_bytes_ = 0, in_use_bytes_ = 0, peak_in_use_bytes_ = 0;  // guarded by mutex_
-};
-
-// Installs LargeBlockCache as LibTorch's CPU allocator and gives glibc one arena (unless GLIBC_TUNABLES is
-// set), once per process. ModelRunner calls it; infer and finetune call it first, before threads make arenas.
-void installLargeBlockCache();
 
 // Whether a forward failed for want of memory: c10's OutOfMemoryError, or that error (or the CPU allocator's)
 // as the TorchScript interpreter rethrows it, as a std::runtime_error that keeps only its text.
