@@ -704,6 +704,24 @@ TEST_F(ModelPt2, RunsLikeItsTorchScriptAtAnyBatch) {
                              package.forward(batches[i], torch::full({batches[i].size(0)}, 1.0f / 255))));
 }
 
+// A per-window model: the bundled encoder as a package gives the TorchScript encoder's features.
+TEST_F(ModelPt2, AnEncoderPackageGivesItsTorchScriptsFeatures) {
+  std::string why;
+  const std::string encoder = test::exportSamplePt2(test::scratchDir("pt2_encoder"), 64, &why, "Encoder");
+  if (encoder.empty()) GTEST_SKIP() << why;
+  ModelOptions o = options(encoder),
+               s = options(std::string(TILER_TEST_SOURCE_DIR) + "/samples/models/encoder.pt");
+  o.task = s.task = ModelTask::kAuto;
+  ModelRunner package(o), script(s);
+  EXPECT_EQ(package.probe(64, 64).task, ModelTask::kEmbed);
+  EXPECT_EQ(package.probed().output_channels, script.probe(64, 64).output_channels);
+  torch::manual_seed(8);
+  const auto x = torch::rand({5, 3, 64, 64});
+  EXPECT_LT(
+      (package.forward(x, torch::ones({5})) - script.forward(x, torch::ones({5}))).abs().max().item<double>(),
+      1e-5);
+}
+
 TEST_F(ModelPt2, RefusesWhatItWasNotCompiledFor) {
   expectModelError(package_, "compiled for windows of 64x64, not 32x32 (--window 64", 32);
   ModelOptions bf16 = options(package_);

@@ -59,11 +59,13 @@ inline CommandResult runCommand(const std::string& cmd) {
   return r;
 }
 
-// A .pt2 package (AOTInductor) of the bundled sample UNet for windows of `window` px, exported into `dir` by
-// scripts/export_model.py from the TorchScript sample's weights; empty, with the reason in `why`, where no
-// Python here exports one (PyTorch 2.6 or later, setuptools and a compiler: Debian trixie's python3-torch).
-// An export that fails where Python could export is a test failure.
-inline std::string exportSamplePt2(const std::string& dir, int window, std::string* why) {
+// A .pt2 package (AOTInductor) of a bundled model for windows of `window` px, exported into `dir` by
+// scripts/export_model.py from the TorchScript model's weights: `network` is its class in
+// samples/make_samples.py (UNet: samples/models/sample.pt; Encoder: encoder.pt). Empty, with the reason in
+// `why`, where no Python here exports one (PyTorch 2.6 or later, setuptools and a compiler: Debian trixie's
+// python3-torch). An export that fails where Python could export is a test failure.
+inline std::string exportSamplePt2(const std::string& dir, int window, std::string* why,
+                                   const std::string& network = "UNet") {
   const std::string src = TILER_TEST_SOURCE_DIR;
   const auto can = runCommand(
       "/usr/bin/python3 -c \"import torch, setuptools.command.build_ext; "
@@ -73,12 +75,14 @@ inline std::string exportSamplePt2(const std::string& dir, int window, std::stri
            can.output.substr(can.output.rfind('\n', can.output.size() - 2) + 1);
     return "";
   }
-  const std::string out = dir + "/sample_" + std::to_string(window) + ".pt2";
-  const auto r = runCommand("PYTHONPATH=" + src + "/samples /usr/bin/python3 " + src +
-                            "/scripts/export_model.py --module make_samples:UNet --weights " + src +
-                            "/samples/models/sample.pt --out " + out + " --window " + std::to_string(window));
+  const std::string weights = network == "UNet" ? "sample.pt" : "encoder.pt";
+  const std::string out = dir + "/" + network + "_" + std::to_string(window) + ".pt2";
+  const auto r =
+      runCommand("PYTHONPATH=" + src + "/samples /usr/bin/python3 " + src +
+                 "/scripts/export_model.py --module make_samples:" + network + " --weights " + src +
+                 "/samples/models/" + weights + " --out " + out + " --window " + std::to_string(window));
   if (r.code != 0) {
-    ADD_FAILURE() << "exporting the sample UNet to .pt2 failed where Python can: " << r.output;
+    ADD_FAILURE() << "exporting the bundled " << network << " to .pt2 failed where Python can: " << r.output;
     *why = "the export failed";
     return "";
   }
