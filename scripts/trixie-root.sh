@@ -35,7 +35,8 @@ trixie_root() {
 # trixie_copy_source ROOT: the tracked and unignored files into ROOT/src/tiler, where the last copy and its build
 # trees (build-*) stay. A file whose bytes did not change keeps the last copy's mtime, so a fresh clone (whose
 # files are all new to make) rebuilds only what changed since the last run here, even with an empty compiler
-# cache; a changed or new file (or mode) comes with the clone's mtime, a file gone from the tree goes.
+# cache; a changed or new file (or mode) gets the time of the copy (not its own mtime, which can be older than
+# a build another tree made here since: ninja would keep the old object), a file gone from the tree goes.
 trixie_copy_source() {
   local dest="$1/src/tiler" incoming="$1/src/incoming"
   rm -rf "$incoming"
@@ -49,7 +50,7 @@ trixie_copy_source() {
         [ "$(stat -c %a "$incoming/$f")" != "$(stat -c %a "$dest/$f")" ]; then
         mkdir -p "$(dirname "$dest/$f")"
         rm -f "$dest/$f"
-        cp -pP "$incoming/$f" "$dest/$f"
+        cp -P --preserve=mode "$incoming/$f" "$dest/$f"
       fi
     done
   rm -rf "$incoming"
