@@ -54,8 +54,7 @@ bool isPt2Package(const std::string& path) {
   const auto format = findZipEntry(
       path,
       [](const std::string& name) {
-        return name == "archive_format" ||
-               (name.size() > 15 && name.compare(name.size() - 15, 15, "/archive_format") == 0);
+        return name == "archive_format" || nameEndsWith(name, "/archive_format");
       },
       8);
   return format && (format->empty() || *format == "pt2");  // empty: compressed, the name says enough

@@ -40,6 +40,7 @@ namespace {
 
 // Where start-up goes (TILER_LOG=debug): the first step waits for all of it.
 void startupMark(const char* what) {
+  if (!spdlog::should_log(spdlog::level::debug)) return;  // no read of /proc/self/stat otherwise
   spdlog::debug("start-up: {} at {:.2f} s", what, secondsSinceProcessStart());
 }
 

@@ -39,7 +39,7 @@ class Pt2Runtime final : public ModelRuntime {
     const auto json = findZipEntry(
         path,
         [](const std::string& name) {
-          return name.size() > 14 && name.compare(name.size() - 14, 14, "_metadata.json") == 0;
+          return name != "_metadata.json" && nameEndsWith(name, "_metadata.json");
         },
         1 << 16);
     const std::string ours = c10::DeviceTypeName(options.device.type(), /*lower_case=*/true);

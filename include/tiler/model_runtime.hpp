@@ -55,6 +55,11 @@ std::unique_ptr<ModelRuntime> openTorchScriptRuntime(const RuntimeOptions& optio
 std::unique_ptr<ModelRuntime> openPt2Runtime(const RuntimeOptions& options);
 // Whether a file is an AOTInductor package: a zip whose `archive_format` entry says "pt2".
 bool isPt2Package(const std::string& path);
+// Whether a zip entry's `name` ends with `suffix` (a package's entries sit under folders of its own naming).
+inline bool nameEndsWith(const std::string& name, const std::string& suffix) {
+  return name.size() >= suffix.size() &&
+         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
 // The first entry among the first `max_entries` of a zip written as Python's zipfile writes a file (local
 // headers with the sizes) whose name `matches`: its bytes if stored, empty if compressed; nullopt if none.
 std::optional<std::string> findZipEntry(const std::string& path,
