@@ -564,17 +564,28 @@ if want embed; then
 fi
 
 # Model runtimes (not part of `all`: needs a tiler that runs .pt2 packages, LibTorch 2.6+, and a Python that
-# exports them; run it in the LibTorch 2.6 root that scripts/test-torch2.sh keeps, TILER_BUILD_DIR=build-torch2):
-# the same network as TorchScript and as a .pt2 package (scripts/export_model.py from the TorchScript's weights),
-# alternating, over blobs_4096.tif with default flags: the whole process, and the pure forward of as many
-# windows in tiler's layout (tiler_bench forward: the same ModelRunner, either runtime).
+# exports them; run it in the LibTorch 2.6 root that scripts/test-torch2.sh keeps, TILER_BUILD_DIR=build-torch2,
+# or on a GPU machine with RUNTIMES_DEVICE=cuda): the same network as TorchScript and as a .pt2 package
+# (scripts/export_model.py from the TorchScript's weights, compiled for that device), alternating, with default
+# flags (on CUDA at fp32, the precision a package runs in, over two 16384² images; on the CPU over
+# blobs_4096.tif): the whole process, and the pure forward of as many windows in tiler's layout (tiler_bench
+# forward, the same ModelRunner, either runtime; on CUDA the report's forward_seconds).
 if [ "$what" = runtimes ]; then
   "$bin/tiler" --version | grep -q "pt2" || { echo "bench runtimes: this tiler runs no .pt2 packages"; exit 1; }
+  device=${RUNTIMES_DEVICE:-cpu}
+  runtimes_in=samples/images/blobs_4096.tif device_flags=(--device "$device")
+  if [ "$device" = cuda ]; then
+    runtimes_in="$cache/runtimes_in"
+    mkdir -p "$runtimes_in"
+    [ -f "$runtimes_in/img1.tif" ] || "$bin/tiler_bench" make "$runtimes_in/img1.tif" --size 16384 >/dev/null
+    [ -f "$runtimes_in/img2.tif" ] || cp "$runtimes_in/img1.tif" "$runtimes_in/img2.tif"
+    device_flags+=(--precision fp32)
+  fi
   for spec in "unet:UNet:sample.pt:" "encoder:Encoder:encoder.pt:--task embed"; do
     IFS=: read -r name class file flags <<<"$spec"
-    script="$PWD/samples/models/$file" package="$cache/${file%.pt}_256.pt2"
+    script="$PWD/samples/models/$file" package="$cache/${file%.pt}_256_$device.pt2"
     [ -f "$package" ] || PYTHONPATH=samples python3 scripts/export_model.py --module "make_samples:$class" \
-      --weights "$script" --out "$package" --window 256 >/dev/null
+      --weights "$script" --out "$package" --window 256 --device "$device" >/dev/null
     for _ in $(seq "$runs"); do
       declare -A wall=()
       for runtime in torchscript pt2; do
@@ -583,16 +594,21 @@ if [ "$what" = runtimes ]; then
         rm -rf "$cache/out_runtime"
         t0=$(now)
         # shellcheck disable=SC2086 # flags: words
-        "$bin/tiler" -i samples/images/blobs_4096.tif -m "$m" -o "$cache/out_runtime" $flags --no_progress \
-          >/dev/null 2>&1
+        "$bin/tiler" -i "$runtimes_in" -m "$m" -o "$cache/out_runtime" "${device_flags[@]}" $flags --no_progress \
+          >"$cache/out_runtime.log" 2>&1 || { tail -5 "$cache/out_runtime.log"; exit 1; }
         wall[$runtime]=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { print b - a }')
         r="$cache/out_runtime/report.json"
-        out=$("$bin/tiler_bench" forward -m "$m" --window 256 --windows "$(report_field "$r" windows_total)" \
-          --batch_size 8 --replicas "$(report_field "$r" replicas)" --threads "$(report_field "$r" threads)")
-        emit "runtimes $name: tiler whole process, $runtime" seconds "${wall[$runtime]}"
-        emit "runtimes $name: pure forward in tiler's layout, $runtime" seconds "$(json "$out" seconds)"
+        emit "runtimes $name ($device): tiler whole process, $runtime" seconds "${wall[$runtime]}"
+        if [ "$device" = cpu ]; then
+          out=$("$bin/tiler_bench" forward -m "$m" --window 256 --windows "$(report_field "$r" windows_total)" \
+            --batch_size 8 --replicas "$(report_field "$r" replicas)" --threads "$(report_field "$r" threads)")
+          emit "runtimes $name ($device): pure forward in tiler's layout, $runtime" seconds "$(json "$out" seconds)"
+        else
+          emit "runtimes $name ($device): tiler forward (report), $runtime" seconds "$(sum_field "$r" forward_seconds)"
+        fi
       done
-      emit "runtimes $name: pt2 / torchscript, whole process" ratio "$(ratio "${wall[pt2]}" "${wall[torchscript]}")"
+      emit "runtimes $name ($device): pt2 / torchscript, whole process" ratio \
+        "$(ratio "${wall[pt2]}" "${wall[torchscript]}")"
     done
   done
 fi

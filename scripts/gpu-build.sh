@@ -65,6 +65,9 @@ stage unpack unpack || finish
 # LibTorch's CMake config looks for the CUDA toolkit (nvcc) of a CUDA wheel.
 [ -x /usr/local/cuda/bin/nvcc ] && ! command -v nvcc >/dev/null && export PATH=/usr/local/cuda/bin:$PATH
 torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
+# The tests that export .pt2 packages use this Python (the wheel's), not the system's.
+TILER_PYTHON=$(command -v python3)
+export TILER_PYTHON
 nvidia-smi >>"$log" 2>&1
 configure() {
   # The wheel's CUDA: CMake's CUDA language is not used, but LibTorch's config looks for the toolkit.

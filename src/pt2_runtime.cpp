@@ -41,7 +41,7 @@ class Pt2Runtime final : public ModelRuntime {
         [](const std::string& name) {
           return name != "_metadata.json" && nameEndsWith(name, "_metadata.json");
         },
-        1 << 16);
+        1 << 20);
     const std::string ours = c10::DeviceTypeName(options.device.type(), /*lower_case=*/true);
     if (json && !json->empty()) {
       const auto metadata = nlohmann::json::parse(*json, nullptr, /*allow_exceptions=*/false);

@@ -598,18 +598,56 @@ TEST(Model, JitOptimizeIsRefusedWithMixedPrecision) {
   EXPECT_EQ(fp32.probe(16, 16).output_channels, 2);
 }
 
-// A zip of stored entries with local headers only (all isPt2Package reads; no central directory).
-void writeStoredZip(const std::string& path,
-                    const std::vector<std::pair<std::string, std::string>>& entries) {
-  std::ofstream out(path, std::ios::binary);
-  const auto u16 = [&out](uint32_t v) { out.put(char(v & 0xff)).put(char(v >> 8 & 0xff)); };
+// How writeStoredZip lays out a zip: as Python's zipfile writes a file; as a streaming writer does (sizes in
+// a descriptor after each entry's data); with zip64 end records and sizes and offsets in zip64 extra fields.
+enum class ZipLayout { kPlain, kStreamed, kZip64 };
+
+// A zip of stored entries with a central directory (CRCs left zero: findZipEntry does not check them).
+void writeStoredZip(const std::string& path, const std::vector<std::pair<std::string, std::string>>& entries,
+                    ZipLayout layout = ZipLayout::kPlain) {
+  std::string zip, dir;
+  const auto put = [](std::string& to, uint64_t v, int bytes) {
+    for (int i = 0; i < bytes; ++i) to.push_back(char(v >> (8 * i) & 0xff));
+  };
+  const bool streamed = layout == ZipLayout::kStreamed, zip64 = layout == ZipLayout::kZip64;
   for (const auto& [name, data] : entries) {
-    out.write("PK\x03\x04", 4);
-    u16(20), u16(0), u16(0), u16(0), u16(0), u16(0), u16(0);  // version, flags, stored, time, date, crc
-    u16(uint32_t(data.size())), u16(0), u16(uint32_t(data.size())), u16(0);  // sizes
-    u16(uint32_t(name.size())), u16(0);
-    out << name << data;
+    const uint64_t local = zip.size(), size = data.size();
+    std::string extra64;  // uncompressed size, compressed size, local header offset
+    if (zip64)
+      put(extra64, 1, 2), put(extra64, 24, 2), put(extra64, size, 8), put(extra64, size, 8),
+          put(extra64, local, 8);
+    zip += "PK\x03\x04";
+    put(zip, 20, 2), put(zip, streamed ? 8 : 0, 2), put(zip, 0, 2), put(zip, 0, 4), put(zip, 0, 4);
+    put(zip, streamed ? 0 : size, 4), put(zip, streamed ? 0 : size, 4);
+    put(zip, name.size(), 2), put(zip, zip64 ? 20 : 0, 2);
+    zip += name;
+    if (zip64) zip += std::string("\x01\x00\x10\x00", 4) + extra64.substr(4, 16);  // sizes only
+    zip += data;
+    if (streamed) zip += "PK\x07\x08", put(zip, 0, 4), put(zip, size, 4), put(zip, size, 4);
+    dir += "PK\x01\x02";
+    put(dir, 20, 2), put(dir, 20, 2), put(dir, streamed ? 8 : 0, 2), put(dir, 0, 2), put(dir, 0, 4),
+        put(dir, 0, 4);
+    put(dir, zip64 ? 0xffffffffu : size, 4), put(dir, zip64 ? 0xffffffffu : size, 4);
+    put(dir, name.size(), 2), put(dir, extra64.size(), 2), put(dir, 0, 2), put(dir, 0, 2), put(dir, 0, 2);
+    put(dir, 0, 4), put(dir, zip64 ? 0xffffffffu : local, 4);
+    dir += name + extra64;
   }
+  const uint64_t dir_offset = zip.size(), count = entries.size();
+  zip += dir;
+  if (zip64) {
+    const uint64_t end64 = zip.size();
+    zip += "PK\x06\x06";
+    put(zip, 44, 8), put(zip, 45, 2), put(zip, 45, 2), put(zip, 0, 4), put(zip, 0, 4);
+    put(zip, count, 8), put(zip, count, 8), put(zip, dir.size(), 8), put(zip, dir_offset, 8);
+    zip += "PK\x06\x07";
+    put(zip, 0, 4), put(zip, end64, 8), put(zip, 1, 4);
+  }
+  zip += "PK\x05\x06";
+  put(zip, 0, 2), put(zip, 0, 2), put(zip, zip64 ? 0xffff : count, 2), put(zip, zip64 ? 0xffff : count, 2);
+  put(zip, zip64 ? 0xffffffffu : dir.size(), 4), put(zip, zip64 ? 0xffffffffu : dir_offset, 4);
+  put(zip, 7, 2);
+  zip += "comment";
+  std::ofstream(path, std::ios::binary) << zip;
 }
 
 TEST(ModelRuntime, Pt2PackagesAreKnownByTheirContentsNotTheirNames) {
@@ -620,6 +658,30 @@ TEST(ModelRuntime, Pt2PackagesAreKnownByTheirContentsNotTheirNames) {
   EXPECT_TRUE(isPt2Package(tempPath("b.pt2"))) << "entries under the archive's folder";
   writeStoredZip(tempPath("c.pt2"), {{"version", "1"}, {"archive_format", "zip"}});
   EXPECT_FALSE(isPt2Package(tempPath("c.pt2")));
+  // PyTorch 2.11's writer: its format entry after the data (a CUDA package: 17 entries), by any zip layout.
+  std::vector<std::pair<std::string, std::string>> late = {{"m/.data/version", "2"},
+                                                           {"m/byteorder", "little"}};
+  for (int i = 0; i < 20; ++i) late.emplace_back("m/data/aotinductor/model/k" + std::to_string(i), "cubin");
+  late.emplace_back("m/archive_format", "pt2");
+  for (const auto layout : {ZipLayout::kPlain, ZipLayout::kStreamed, ZipLayout::kZip64}) {
+    writeStoredZip(tempPath("late.pt2"), late, layout);
+    EXPECT_TRUE(isPt2Package(tempPath("late.pt2"))) << "layout " << int(layout);
+    EXPECT_EQ(findZipEntry(
+                  tempPath("late.pt2"), [](const std::string& n) { return nameEndsWith(n, "/k19"); }, 64),
+              "cubin")
+        << "layout " << int(layout);
+    EXPECT_EQ(findZipEntry(
+                  tempPath("late.pt2"), [](const std::string& n) { return nameEndsWith(n, "/k19"); }, 4),
+              "")
+        << "an entry above the bound is not read";
+  }
+  std::string cut;  // a zip whose end records are lost: not a package, whatever its first entries say
+  {
+    std::ifstream in(tempPath("late.pt2"), std::ios::binary);
+    cut.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  std::ofstream(tempPath("cut.pt2"), std::ios::binary) << cut.substr(0, cut.size() - 40);
+  EXPECT_FALSE(isPt2Package(tempPath("cut.pt2")));
   EXPECT_FALSE(isPt2Package(sample)) << "TorchScript";
   fs::copy_file(sample, tempPath("torchscript.pt2"), fs::copy_options::overwrite_existing);
   EXPECT_FALSE(isPt2Package(tempPath("torchscript.pt2")));
@@ -759,6 +821,34 @@ TEST_F(ModelPt2, ItsMetadataDecidesWhatRuns) {
               1e-6)
         << "batch " << b;
   }
+}
+
+// A package compiled for CUDA (AOTInductor's kernels, not LibTorch's) runs on the GPU and gives the
+// TorchScript model's numbers there: TF32 convolutions on both sides, so the bound is that of float32 sums in
+// other orders.
+TEST(ModelGpu, Pt2PackageCompiledForCudaRunsLikeItsTorchScript) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  if (!pt2Supported()) GTEST_SKIP() << pt2Unsupported();
+  std::string why;
+  const std::string package = test::exportSamplePt2(test::scratchDir("pt2_cuda"), 64, &why, "UNet", "cuda");
+  if (package.empty()) GTEST_SKIP() << why;
+  ModelOptions p = cpuOptions(package),
+               s = cpuOptions(std::string(TILER_TEST_SOURCE_DIR) + "/samples/models/sample.pt");
+  p.device = s.device = "cuda";
+  p.precision = s.precision = "fp32";
+  ModelRunner package_model(p), script(s);
+  EXPECT_TRUE(package_model.device().is_cuda());
+  EXPECT_EQ(package_model.probe(64, 64).output_channels, script.probe(64, 64).output_channels);
+  torch::manual_seed(12);
+  for (int64_t b : {1, 6}) {
+    const auto x = torch::rand({b, 3, 64, 64}) * 255;
+    const auto a = script.forward(x, torch::full({b}, 1.0f / 255)).cpu();
+    const auto got = package_model.forward(x, torch::full({b}, 1.0f / 255)).cpu();
+    EXPECT_LT((a - got).abs().max().item<double>(), 1e-2 * std::max(1.0, a.abs().max().item<double>()))
+        << "batch " << b;
+  }
+  // A CPU run of a CUDA package is refused before any forward, naming the device it was compiled for.
+  expectModelError(package, "the package was compiled for cuda", 64);
 }
 
 // The conv model saved as `name`, on CUDA at `precision`.

@@ -60,10 +60,11 @@ inline bool nameEndsWith(const std::string& name, const std::string& suffix) {
   return name.size() >= suffix.size() &&
          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
-// The first entry among the first `max_entries` of a zip written as Python's zipfile writes a file (local
-// headers with the sizes) whose name `matches`: its bytes if stored, empty if compressed; nullopt if none.
+// The first entry of a zip, by its central directory (any writer: sizes after the data, zip64), whose name
+// `matches`: its bytes if stored and at most `max_bytes`, empty if compressed or larger; nullopt if there is
+// none or the file is not a zip.
 std::optional<std::string> findZipEntry(const std::string& path,
                                         const std::function<bool(const std::string&)>& matches,
-                                        int max_entries);
+                                        size_t max_bytes);
 
 }  // namespace tiler
