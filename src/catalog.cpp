@@ -1,6 +1,8 @@
 #include "tiler/catalog.hpp"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -11,6 +13,7 @@
 
 #include "tiler/error.hpp"
 #include "tiler/platform.hpp"
+#include "tiler/readers.hpp"
 
 namespace fs = std::filesystem;
 
@@ -215,7 +218,38 @@ std::vector<std::string> withoutTilerOutputs(std::vector<std::string> files,
   return files;
 }
 
+// A run died while `img` was being read: a decoder may have ended it. A slide is read whole by OpenSlide in a
+// probe process first, so one that ends a process again fails alone; other readers report what they cannot
+// read as errors, and are read again.
+void readAgainAfterACrash(CatalogImage& img) {
+  if (img.info.reader != "openslide") {
+    spdlog::warn("'{}': a run that ended before finishing it was reading it; reading it again", img.input);
+    return;
+  }
+  spdlog::warn(
+      "'{}': a run that ended before finishing it was reading it; OpenSlide reads it whole in a probe "
+      "process first",
+      img.input);
+  try {
+    probeSlideInChildProcess(img.input, SlideProbe::kEveryTile);
+  } catch (const Error& e) {
+    img.status = "error";
+    img.error = e.message();
+  }
+}
+
 }  // namespace
+
+void markReading(const CatalogImage& img) {
+  if (img.reading_mark.empty()) return;
+  const int fd = ::open(img.reading_mark.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd >= 0) ::close(fd);
+}
+
+void unmarkReading(const CatalogImage& img) {
+  std::error_code ec;
+  if (!img.reading_mark.empty() && isPlainFile(img.reading_mark)) fs::remove(img.reading_mark, ec);
+}
 
 WindowCatalog buildInferCatalog(const InferCatalogOptions& o, const CatalogSpec& spec) {
   const std::vector<std::string> listed = listImages(o.inputs, o.recursive);
@@ -243,6 +277,7 @@ WindowCatalog buildInferCatalog(const InferCatalogOptions& o, const CatalogSpec&
     }
     for (const auto& kind : o.kinds)
       img.outputs[kind] = (fs::path(o.output_dir) / outputFileName(kind, stem, o.format)).string();
+    img.reading_mark = (fs::path(o.output_dir) / ("." + stem + ".tiler-reading")).string();
     for (const auto& [kind, out] : img.outputs) {
       if (img.status != "error" && inputs.contains(out)) {
         img.status = "error";
@@ -279,11 +314,13 @@ WindowCatalog buildInferCatalog(const InferCatalogOptions& o, const CatalogSpec&
       };
       if (present == img.outputs.size() && o.resume) {
         img.status = "skipped";
+        if (o.remove_stale_partials) unmarkReading(img);  // finished: a mark beside it is stale
       } else if (!o.resume && !o.overwrite) {
         for (auto& [kind, out] : img.outputs)
           if (occupied(out)) existing.push_back(out);
       }
     }
+    if (img.status == "ok" && isPlainFile(img.reading_mark)) readAgainAfterACrash(img);
     const bool planned = img.status == "ok";
     catalog.add(std::move(img), planned);
   }

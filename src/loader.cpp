@@ -200,6 +200,7 @@ WindowBatch WindowLoader::assemble(int64_t step) {
       continue;
     }
     try {
+      if (marked_.insert(image_id).second) markReading(img);  // before any of its pixels is decoded here
       if (options_.before_read) options_.before_read(img.input);
       read.reader = readers_.shared(img.input, img.resolution);
     } catch (...) {

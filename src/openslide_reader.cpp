@@ -3,6 +3,7 @@
 #if TILER_WITH_OPENSLIDE
 #include <openslide.h>
 #endif
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -153,57 +154,99 @@ class SlideReader final : public ImageReader {
 
 }  // namespace
 
-void probeSlideInChildProcess(const std::string& path) {
+namespace {
+
+// The child's work: OpenSlide's open and the reads `depth` asks for; the first error OpenSlide reports, or
+// "".
+std::string readInProbe(const std::string& path, SlideProbe depth) {
+  openslide_t* osr = openslide_open(path.c_str());
+  if (osr == nullptr) return "";  // not OpenSlide's: the real open says so
+  // kCorners: a corner of every level (each level's tables are read on its first tile); kEveryTile: all of
+  // every level, in regions of 1024 px.
+  const int64_t region = depth == SlideProbe::kCorners ? 64 : 1024;
+  std::vector<uint32_t> pixels(size_t(region * region));
+  for (int32_t level = 0; level < openslide_get_level_count(osr) && !openslide_get_error(osr); ++level) {
+    int64_t w = 0, h = 0;
+    openslide_get_level_dimensions(osr, level, &w, &h);
+    const double downsample = openslide_get_level_downsample(osr, level);
+    const int64_t last_y = depth == SlideProbe::kCorners ? std::min<int64_t>(h, 1) : h;
+    const int64_t last_x = depth == SlideProbe::kCorners ? std::min<int64_t>(w, 1) : w;
+    for (int64_t y = 0; y < last_y && !openslide_get_error(osr); y += region)
+      for (int64_t x = 0; x < last_x && !openslide_get_error(osr); x += region)
+        openslide_read_region(osr, pixels.data(), int64_t(double(x) * downsample),
+                              int64_t(double(y) * downsample), level, std::min(region, w - x),
+                              std::min(region, h - y));
+  }
+  const char* error = openslide_get_error(osr);
+  std::string message = error ? error : "";
+  openslide_close(osr);
+  return message;
+}
+
+}  // namespace
+
+void probeSlideInChildProcess(const std::string& path, SlideProbe depth) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return;  // the open that follows names the problem
-  using Key = std::tuple<dev_t, ino_t, off_t, time_t>;
+  using Key = std::tuple<dev_t, ino_t, off_t, time_t, SlideProbe>;
   static std::mutex mutex;
   static std::set<Key> probed;  // guarded by mutex
-  const Key key{st.st_dev, st.st_ino, st.st_size, st.st_mtime};
+  const Key key{st.st_dev, st.st_ino, st.st_size, st.st_mtime, depth};
   {
     std::lock_guard<std::mutex> lock(mutex);
     if (probed.count(key)) return;
   }
-  const pid_t pid = fork();
-  TILER_CHECK(pid >= 0, IoError,
+  int report[2];  // the child's OpenSlide error, if any, back to the parent
+  TILER_CHECK(pipe2(report, O_CLOEXEC) == 0, IoError,
               "'" << path << "': cannot start a process to probe it: " << std::strerror(errno));
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(report[0]);
+    close(report[1]);
+    TILER_THROW(IoError, "'" << path << "': cannot start a process to probe it: " << std::strerror(errno));
+  }
   if (pid == 0) {
     // Only OpenSlide runs here, with the default dispositions of the signals a crash raises, and the child
     // leaves by _exit: nothing of the parent's (sockets, buffers, exit handlers) is touched.
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     for (int s : {SIGSEGV, SIGBUS, SIGABRT, SIGTRAP, SIGFPE, SIGILL}) signal(s, SIG_DFL);
-    if (openslide_t* osr = openslide_open(path.c_str())) {
-      // A corner of every level: each level's tables are read on its first tile.
-      static uint32_t corner[64 * 64];
-      for (int32_t level = 0; level < openslide_get_level_count(osr) && !openslide_get_error(osr); ++level) {
-        int64_t w = 0, h = 0;
-        openslide_get_level_dimensions(osr, level, &w, &h);
-        if (w > 0 && h > 0)
-          openslide_read_region(osr, corner, 0, 0, level, std::min<int64_t>(w, 64), std::min<int64_t>(h, 64));
-      }
-      openslide_close(osr);
+    close(report[0]);
+    const std::string error = readInProbe(path, depth);
+    if (depth == SlideProbe::kEveryTile && !error.empty()) {
+      const ssize_t written = write(report[1], error.data(), std::min<size_t>(error.size(), 4096));
+      _exit(written >= 0 ? 2 : 3);
     }
     _exit(0);
   }
-  // A slide on a slow disk may take seconds to open; one that takes minutes is as good as hung.
-  constexpr auto kTimeout = std::chrono::seconds(120);
+  close(report[1]);
+  // A slide on a slow disk may take seconds to open; one that takes minutes is as good as hung. Reading all
+  // of a slide takes as long as the job's own read of it, a few minutes for the largest.
+  const auto timeout = std::chrono::seconds(depth == SlideProbe::kCorners ? 120 : 1800);
   const auto start = std::chrono::steady_clock::now();
   int status = 0;
   pid_t done = 0;
   while ((done = waitpid(pid, &status, WNOHANG)) == 0 || (done < 0 && errno == EINTR)) {
-    if (std::chrono::steady_clock::now() - start > kTimeout) {
+    if (std::chrono::steady_clock::now() - start > timeout) {
       kill(pid, SIGKILL);
       waitpid(pid, &status, 0);
-      TILER_THROW(IoError, "'" << path << "': OpenSlide did not open it within " << kTimeout.count()
-                               << " s (in a probe process)");
+      close(report[0]);
+      TILER_THROW(IoError, "'" << path << "': OpenSlide did not "
+                               << (depth == SlideProbe::kCorners ? "open" : "read") << " it within "
+                               << timeout.count() << " s (in a probe process)");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
-  // The child leaves by _exit(0) or not at all: a signal, or another exit status (a library's exit(), a
-  // sanitizer's abort), is OpenSlide ending the process.
+  std::string error(4096, '\0');
+  const ssize_t got = read(report[0], error.data(), error.size());
+  error.resize(size_t(std::max<ssize_t>(got, 0)));
+  close(report[0]);
+  // The child leaves by _exit(0), by _exit(2) with OpenSlide's error, or not at all: a signal, or another
+  // exit status (a library's exit(), a sanitizer's abort), is OpenSlide ending the process.
   TILER_CHECK(done != pid || !WIFSIGNALED(status), IoError,
               "'" << path << "': OpenSlide crashed on it (" << strsignal(WTERMSIG(status))
                   << " in a probe process): the slide is corrupt or of a kind OpenSlide mishandles");
+  TILER_CHECK(done != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 2, IoError,
+              "'" << path << "': OpenSlide cannot read all of it (in a probe process): " << error);
   TILER_CHECK(done != pid || !WIFEXITED(status) || WEXITSTATUS(status) == 0, IoError,
               "'" << path << "': OpenSlide ended the probe process on it (exit status " << WEXITSTATUS(status)
                   << "): the slide is corrupt or of a kind OpenSlide mishandles");
@@ -234,7 +277,7 @@ std::unique_ptr<ImageReader> openWholeSlide(const std::string& path) {
   return nullptr;
 }
 
-void probeSlideInChildProcess(const std::string& path) {
+void probeSlideInChildProcess(const std::string& path, SlideProbe) {
   openWholeSlide(path);
 }
 #endif

@@ -299,6 +299,7 @@ void OutputStage::finishImage(int image_id, const std::string& error) {
     }
   }
   if (it != open_.end()) open_.erase(it);  // unfinished writers remove their partial files
+  if (owns(image_id)) unmarkReading(img);  // every rank's reads of it are over: its windows all came
   if (!err.empty()) {
     if (img.status != "error") {
       img.status = "error";

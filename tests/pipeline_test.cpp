@@ -429,6 +429,9 @@ TEST_F(Pipeline, CrashedRankRestartsAndResumesToTheSameBytes) {
   }
   EXPECT_EQ(ok + skipped, 5) << "no image lost";
   EXPECT_TRUE(partialFiles(out).empty());
+  for (const auto& entry : fs::directory_iterator(out))
+    EXPECT_EQ(entry.path().string().find(".tiler-reading"), std::string::npos)
+        << entry.path() << ": every image finished, no reading mark stays";
 }
 
 TEST_F(Pipeline, TwoC10dAgentsRestartACrashedNodeTogetherToTheSameBytes) {
@@ -1068,12 +1071,18 @@ TEST_F(Pipeline, ResampledSlideTilesExactlyAndIsTheSameOnOneAndTwoRanks) {
   EXPECT_NEAR(xResolutionPerCentimetre(dir + "/one/aperio_labels.tif"), 1e4 / 0.375, 0.01);
 }
 
+// `dir`/slides/a_good.svs: an Aperio slide of 1024x768 px at 0.25 µm/px, 40x (the bad slides' good
+// neighbour).
+void makeGoodSlide(const std::string& dir) {
+  fs::create_directories(dir + "/slides");
+  test::makeSlide(pattern(768, 1024, CV_8UC3, 255), dir + "/plain.tif", dir + "/slides/a_good.svs", 0.25, 40);
+}
+
 TEST_F(Pipeline, SlidesThatCannotBeReadAtTheResolutionFailAlone) {
   TILER_SKIP_WITHOUT_FEATURE("openslide");
   if (!test::haveSlideTools()) GTEST_SKIP() << "vips/openslide-tools not installed (scripts/setup-deps.sh)";
   const std::string dir = root_ + "/wsi_bad";
-  fs::create_directories(dir + "/slides");
-  test::makeSlide(pattern(768, 1024, CV_8UC3, 255), dir + "/plain.tif", dir + "/slides/a_good.svs", 0.25, 40);
+  makeGoodSlide(dir);
   fs::copy_file(dir + "/slides/a_good.svs", dir + "/slides/b_cut.svs");
   fs::resize_file(dir + "/slides/b_cut.svs", fs::file_size(dir + "/slides/a_good.svs") / 3);
   std::ofstream(dir + "/slides/c_notes.svs") << "not a slide\n";
@@ -1090,6 +1099,67 @@ TEST_F(Pipeline, SlidesThatCannotBeReadAtTheResolutionFailAlone) {
   EXPECT_NE(images[2]["error"].get<std::string>().find("not a whole-slide image"), std::string::npos);
   EXPECT_NE(images[3]["error"].get<std::string>().find("states no resolution"), std::string::npos);
   EXPECT_FALSE(fs::exists(dir + "/out/b_cut_labels.tif"));
+}
+
+// `slide`'s last level-0 tile claims 65279x65279 px in its JPEG header: its corners read fine, that tile not.
+void spoilLastTile(const std::string& slide) {
+  TIFF* tif = TIFFOpen(slide.c_str(), "r");
+  ASSERT_NE(tif, nullptr);
+  uint64_t* offsets = nullptr;
+  ASSERT_TRUE(TIFFGetField(tif, TIFFTAG_TILEOFFSETS, &offsets));
+  const uint64_t last = offsets[TIFFNumberOfTiles(tif) - 1];
+  TIFFClose(tif);
+  std::fstream f(slide, std::ios::in | std::ios::out | std::ios::binary);
+  std::string head(64, '\0');
+  f.seekg(std::streamoff(last));
+  f.read(head.data(), std::streamsize(head.size()));
+  const size_t sof = head.find("\xff\xc0");
+  ASSERT_NE(sof, std::string::npos);
+  f.seekp(std::streamoff(last + sof + 5));
+  f.write("\xfe\xff\xfe\xff", 4);
+}
+
+// A run that dies while a slide is being read leaves a mark beside the outputs; the next run has OpenSlide
+// read that slide whole in a probe process before any rank reads it: a slide whose deep tile OpenSlide cannot
+// read fails alone, saying so, and a good one is read again; an image's mark goes once it is finished.
+TEST_F(Pipeline, ASlideARunDiedReadingIsReadWholeInAProbeFirst) {
+  TILER_SKIP_WITHOUT_FEATURE("openslide");
+  if (!test::haveSlideTools()) GTEST_SKIP() << "vips/openslide-tools not installed (scripts/setup-deps.sh)";
+  const std::string dir = root_ + "/wsi_marks";
+  makeGoodSlide(dir);
+  fs::copy_file(dir + "/slides/a_good.svs", dir + "/slides/b_deep.svs");
+  spoilLastTile(dir + "/slides/b_deep.svs");
+  const std::string args = kTiler + " -i " + dir + "/slides -m " + model_ + " -o " + dir +
+                           "/out --window 128 --batch_size 4 --threads 1 --no_progress";
+  auto r = run("TILER_FAULT=rank:0,after_windows:4,kind:crash " + args);
+  ASSERT_NE(r.code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(dir + "/out/.a_good.tiler-reading")) << "the run died reading a_good";
+  EXPECT_FALSE(fs::exists(dir + "/out/.b_deep.tiler-reading")) << "b_deep was not read yet";
+  std::ofstream(dir + "/out/.b_deep.tiler-reading");  // as if it had died in b_deep's last tile
+  r = run(args + " --resume");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(
+      r.output.find("a_good.svs': a run that ended before finishing it was reading it; OpenSlide reads it "
+                    "whole in a probe process first"),
+      std::string::npos)
+      << r.output;
+  const auto images = report(dir + "/out")["images"];
+  ASSERT_EQ(images.size(), 2u);
+  EXPECT_EQ(images[0]["status"], "ok") << images[0];
+  EXPECT_TRUE(fs::exists(dir + "/out/a_good_labels.tif"));
+  EXPECT_EQ(images[1]["status"], "error");
+  EXPECT_NE(images[1]["error"].get<std::string>().find(
+                "b_deep.svs': OpenSlide cannot read all of it (in a probe process): "),
+            std::string::npos)
+      << images[1];
+  EXPECT_FALSE(fs::exists(dir + "/out/.a_good.tiler-reading")) << "finished: its mark is gone";
+  EXPECT_TRUE(fs::exists(dir + "/out/.b_deep.tiler-reading")) << "never read to its end: the mark stays";
+  // Without a mark the slide is read as usual and fails on that tile (OpenSlide's error, no probe).
+  fs::remove(dir + "/out/.b_deep.tiler-reading");
+  r = run(args + " --resume");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_EQ(r.output.find("in a probe process"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir + "/out/.b_deep.tiler-reading")) << "failed and finished: its owner removed it";
 }
 
 TEST_F(Pipeline, TissueMaskSkipsGlassAndKeepsTissueExact) {

@@ -49,6 +49,10 @@ struct CatalogImage {
   std::string error;
   int64_t non_finite_values = 0;               // infer: NaN/Inf values in this image's stitched predictions
   std::map<std::string, std::string> outputs;  // kind (labels, probs) -> final path
+  // Infer: a file in the output directory that a rank creates as it starts reading the image and the image's
+  // owner removes once the image is finished (done or failed): left behind, it says a run died while the
+  // image was being read, and the next run reads a slide whole in a probe process before any rank reads it.
+  std::string reading_mark;
   // Masking: the grid windows kept (ascending), the mask's share of the image and how it was made.
   bool masked = false;
   std::vector<int64_t> kept;
@@ -120,5 +124,9 @@ struct InferCatalogOptions {
   std::vector<std::string> also_read;  // other files the run reads (the model): never overwritten either
 };
 WindowCatalog buildInferCatalog(const InferCatalogOptions& options, const CatalogSpec& spec);
+// The image's reading mark (CatalogImage::reading_mark), made (never through a link) or removed; errors are
+// ignored: a mark is evidence for the next run, not a condition of this one.
+void markReading(const CatalogImage& img);
+void unmarkReading(const CatalogImage& img);
 
 }  // namespace tiler

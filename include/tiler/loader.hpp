@@ -203,6 +203,7 @@ class WindowLoader {
   std::atomic<bool> stopping_{false};
   std::mutex skip_mutex_;
   std::set<int> skip_;
+  std::set<int> marked_;  // images whose reading mark this rank made (the read-ahead thread's alone)
   std::unique_ptr<ReadAhead<WindowBatch>> ahead_;  // last: its thread uses the members above
 };
 

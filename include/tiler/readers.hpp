@@ -47,8 +47,10 @@ std::unique_ptr<ImageReader> openWholeSlide(const std::string& path);
 // Opens `path` with OpenSlide and reads a corner of each level in a child process, once per file and
 // process (openWholeSlide does so first): a slide that makes OpenSlide end the process (a GLib abort, a crash
 // in a decoder) throws an IoError naming it and the signal, and only the child is lost. Errors OpenSlide
-// reports are left to the real open.
-void probeSlideInChildProcess(const std::string& path);
+// reports are left to the real open. kEveryTile reads every pixel of every level there instead (a slide a
+// killed run was reading, see catalog.hpp), and an error OpenSlide reports on the way fails it too.
+enum class SlideProbe { kCorners, kEveryTile };
+void probeSlideInChildProcess(const std::string& path, SlideProbe depth = SlideProbe::kCorners);
 // OpenSlide's vendor for `path` ("aperio", "hamamatsu", ...), or "" when OpenSlide does not know the file or
 // knows it only as "generic-tiff" (plain TIFFs stay with tiler's libtiff reader).
 std::string slideVendor(const std::string& path);
