@@ -11,11 +11,13 @@ Images show bright round blobs ("cells") on a smooth textured background; labels
   samples/models/encoder.pt       a fixed-seed patch encoder: 3 channels -> 128 features per window ([B, 128]),
                                   four strided convolutions and a global mean (`tiler --task embed`)
   samples/models/classifier.pt    encoder.pt with a linear head: 2 class logits per window (`--task classify`)
+  samples/models/detector.pt      bright blobs as boxes, [B, 64, 6] (`--task detect`): no weights, erosions
 samples/models/sample.pt is init.pt fine-tuned on samples/train by `tiler finetune` (scripts/make_sample_model.sh).
 
 Needs Debian's python3-torch, python3-numpy, python3-pil and libtiff-tools (tiffcp). Run from the repo root:
   /usr/bin/python3 samples/make_samples.py              (everything)
   /usr/bin/python3 samples/make_samples.py --encoders   (encoder.pt and classifier.pt only)
+  /usr/bin/python3 samples/make_samples.py --detector   (detector.pt only)
 """
 import os
 import subprocess
@@ -121,6 +123,52 @@ class Classifier(torch.nn.Module):
         return self.head(self.encoder(x))
 
 
+class BlobDetector(torch.nn.Module):
+    """Bright round blobs as boxes, [B, N, 6]: x1, y1, x2, y2, score, class 0 in window pixels, the first N
+    blobs in raster order (rows of zeros pad). A blob pixel is brighter than `threshold` (grey, inputs in [0, 1]);
+    each pixel's depth is how many erosions by a cross it survives (its city-block distance to the background,
+    up to `max_radius`: a disc's radius at its centre); a blob is a depth that is the highest of its 9x9
+    neighbourhood and at least `min_depth`, the first in raster order among equals, its box the square of that
+    radius around it, its score the depth over `max_radius`. Depth looks only at the blob itself (outside the
+    window counts as blob), so every window that holds a blob whole finds it alike."""
+
+    def __init__(self, boxes: int = 64, threshold: float = 0.45, max_radius: int = 24, min_depth: int = 4):
+        super().__init__()
+        self.boxes = boxes
+        self.threshold = threshold
+        self.max_radius = max_radius
+        self.min_depth = min_depth
+
+    def forward(self, x):
+        mask = (x.mean(1, keepdim=True) > self.threshold).float()
+        depth = torch.zeros_like(mask)
+        h, w = mask.size(2), mask.size(3)
+        for _ in range(self.max_radius):
+            depth = depth + mask
+            m = torch.nn.functional.pad(mask, [1, 1, 1, 1], value=1.0)
+            mask = torch.min(torch.min(torch.min(m[:, :, :h, 1:w + 1], m[:, :, 2:, 1:w + 1]),
+                                       torch.min(m[:, :, 1:h + 1, :w], m[:, :, 1:h + 1, 2:])), mask)
+        peak = (depth == torch.nn.functional.max_pool2d(depth, 9, 1, 4)) & (depth >= float(self.min_depth))
+        padded = torch.nn.functional.pad(depth, [4, 4, 4, 4], value=-1.0)
+        for dy in range(-4, 1):
+            for dx in range(-4, 5):
+                if dy < 0 or dx < 0:  # an equal value earlier in raster order keeps that one
+                    peak = peak & (padded[:, :, 4 + dy:4 + dy + h, 4 + dx:4 + dx + w] != depth)
+        out = torch.zeros(x.size(0), self.boxes, 6, device=x.device)
+        for i in range(x.size(0)):
+            index = peak[i, 0].flatten().nonzero().flatten()[: self.boxes]
+            n = index.numel()
+            cx = (index % w).float() + 0.5
+            cy = torch.div(index, w, rounding_mode="floor").float() + 0.5
+            r = depth[i, 0].flatten()[index]
+            out[i, :n, 0] = cx - r
+            out[i, :n, 1] = cy - r
+            out[i, :n, 2] = cx + r
+            out[i, :n, 3] = cy + r
+            out[i, :n, 4] = r / float(self.max_radius)
+        return out
+
+
 def make_encoders():
     torch.manual_seed(0)
     encoder = Encoder().eval()
@@ -128,9 +176,16 @@ def make_encoders():
     torch.jit.script(Classifier(encoder).eval()).save(os.path.join(ROOT, "models/classifier.pt"))
 
 
+def make_detector():
+    torch.jit.script(BlobDetector().eval()).save(os.path.join(ROOT, "models/detector.pt"))
+
+
 def main():
     if "--encoders" in sys.argv[1:]:
         make_encoders()
+        return
+    if "--detector" in sys.argv[1:]:
+        make_detector()
         return
     rng = np.random.default_rng(1234)
     img, _ = rgb_image(4096, 4096, 900, rng)
@@ -152,6 +207,7 @@ def main():
     # What users often hand over by mistake: a pickled state_dict, not TorchScript (tests check the message).
     torch.save(torch.nn.Conv2d(3, 2, 1).state_dict(), os.path.join(ROOT, "models/state_dict.pt"))
     make_encoders()
+    make_detector()
 
 
 if __name__ == "__main__":

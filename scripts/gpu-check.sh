@@ -127,6 +127,10 @@ d = float(np.abs(a - b).max()); scale = float(np.abs(b).max())
 print(f"embed: {a.shape} features, max |cuda - cpu| {d:.3g} (scale {scale:.3g})")
 sys.exit(0 if a.shape == b.shape and d <= 1e-3 * max(scale, 1.0) else 1)
 PY
+# The bundled detector counts erosions: the same boxes on either device, to the byte.
+check "detect on cuda" per_window detect_cuda cuda detector.pt detect
+check "detect on cpu" per_window detect_cpu cpu detector.pt detect
+check "  the same objects" cmp -s "$out/detect_cuda/blobs_4096_objects.geojson" "$out/detect_cpu/blobs_4096_objects.geojson"
 check "classify on cuda" per_window classify_cuda cuda classifier.pt classify
 check "classify on cpu" per_window classify_cpu cpu classifier.pt classify
 check "  class scores agree (max |diff| < 1e-3)" python3 - "$out" <<'PY'

@@ -172,6 +172,9 @@ std::string outputFileName(const std::string& kind, const std::string& stem, con
   if (kind == "csv") return stem + ".csv";
   if (kind == "tiles") return stem + "_tiles.geojson";
   if (kind == "heatmap") return stem + "_heatmap.tif";
+  if (kind == "objects") return stem + "_objects.geojson";
+  if (kind == "objects_csv") return stem + "_objects.csv";
+  if (kind == "coco") return stem + "_coco.json";
   TILER_THROW(ConfigError, "no output kind '" << kind << "'");
 }
 

@@ -241,10 +241,17 @@ torch::Tensor ModelRunner::apply(const torch::Tensor& nchw) {
 ModelTask resolveTask(ModelTask requested, const std::vector<int64_t>& sizes, Activation activation,
                       bool classes_named, const std::string& path) {
   const std::string shape = c10::str(torch::IntArrayRef(sizes));
+  if (requested == ModelTask::kDetect) {
+    TILER_CHECK(sizes.size() == 3 && sizes[1] > 0 && sizes[2] == 6, ModelError,
+                "'" << path << "': --task detect needs boxes [batch, N, 6] (x1, y1, x2, y2, score, class in "
+                    << "window pixels), but the output is " << shape);
+    return ModelTask::kDetect;
+  }
   const bool vector = sizes.size() == 2 || (sizes.size() == 4 && requested != ModelTask::kSegment &&
                                             requested != ModelTask::kAuto && sizes[2] == 1 && sizes[3] == 1);
   const char* choices =
-      "tiler takes NCHW maps (--task segment) or one vector per window, [batch, D] (--task classify | embed)";
+      "tiler takes NCHW maps (--task segment), one vector per window, [batch, D] (--task classify | embed) "
+      "or boxes, [batch, N, 6] (--task detect)";
   if (sizes.size() == 4 && !vector) {
     TILER_CHECK(requested == ModelTask::kAuto || requested == ModelTask::kSegment, ModelError,
                 "'" << path << "': --task " << taskName(requested)

@@ -91,7 +91,9 @@ std::string OutputStage::ownedResults() const {
       results.push_back({{"id", id},
                          {"status", img.status},
                          {"error", utf8Safe(img.error)},
-                         {"non_finite", img.non_finite_values}});
+                         {"non_finite", img.non_finite_values},
+                         {"objects", img.objects},
+                         {"objects_at_window_edge", img.objects_at_window_edge}});
   }
   return results.dump();
 }
@@ -102,6 +104,8 @@ void OutputStage::applyResults(WindowCatalog& catalog, const std::string& result
     img.status = r["status"].get<std::string>();
     img.error = r["error"].get<std::string>();
     img.non_finite_values = r["non_finite"].get<int64_t>();
+    img.objects = r["objects"].get<int64_t>();
+    img.objects_at_window_edge = r["objects_at_window_edge"].get<int64_t>();
   }
 }
 
@@ -231,10 +235,19 @@ OutputStage::ImageOutputs& OutputStage::outputsFor(int image_id) {
   return open_.emplace(image_id, std::move(out)).first->second;
 }
 
-void OutputStage::commit(ImageOutputs& out) {
+void OutputStage::commit(CatalogImage& img, ImageOutputs& out) {
   if (out.vectors) {
     std::error_code ec;
     for (const auto& path : out.vectors->commit()) stats_.bytes_written += int64_t(fs::file_size(path, ec));
+    if (const auto objects = out.vectors->objects()) {
+      img.objects = (*objects)[0];
+      img.objects_at_window_edge = (*objects)[1];
+      if (img.objects_at_window_edge > 0)
+        spdlog::warn(
+            "'{}': {} of {} object(s) touch a window edge inside the image: a window saw them cut, and "
+            "another may have seen more of them (a larger --overlap than the largest object)",
+            img.input, img.objects_at_window_edge, img.objects);
+    }
     return;
   }
   // Phase one: every file closed under its partial name. Phase two: all renamed.
@@ -293,7 +306,7 @@ void OutputStage::finishImage(int image_id, const std::string& error) {
           "mean nothing (a label, a class or a feature made of them neither)",
           img.input, img.non_finite_values);
     try {
-      commit(it->second);
+      commit(img, it->second);
     } catch (...) {
       err = describeImageException(std::current_exception(), img.input);
     }

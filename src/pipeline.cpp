@@ -214,8 +214,8 @@ void InferJob::parseSaveKinds() {
   if (!o_.save) return;  // the task's default, once the model says which task it is
   const std::string& save = *o_.save;
   const std::string bad_save =
-      "--save takes labels, probs and polygons (segment), features and features_pt (embed), or csv, tiles "
-      "and heatmap (classify), comma-separated; got '" +
+      "--save takes labels, probs and polygons (segment), features and features_pt (embed), csv, tiles "
+      "and heatmap (classify), or objects, objects_csv and coco (detect), comma-separated; got '" +
       save + "'";
   // "" and "labels," name nothing (or end in nothing), which getline would not return.
   TILER_CHECK(!save.empty() && save.back() != ',', ConfigError, bad_save);
@@ -234,6 +234,10 @@ void InferJob::parseSaveKinds() {
     if (std::find(save_kinds_.begin(), save_kinds_.end(), part) == save_kinds_.end())
       save_kinds_.push_back(part);
   }
+  // No output shape says "boxes" for sure ([B, N, 6] could be anything): a detector's outputs asked for say
+  // it.
+  if (task_ == ModelTask::kAuto && taskOfOutputKind(save_kinds_.front()) == ModelTask::kDetect)
+    task_ = ModelTask::kDetect;
 }
 
 void InferJob::settleTask() {
@@ -258,6 +262,18 @@ void InferJob::settleTask() {
     TILER_CHECK(
         classes_.empty() || int(classes_.size()) == label_classes, ConfigError,
         "--classes names " << classes_.size() << " class(es), the model's labels have " << label_classes);
+    return;
+  }
+  if (task == ModelTask::kDetect) {
+    // Boxes are in the window's pixels: a flip or turn of the window would move them, and averaging the
+    // records of views would mix different boxes.
+    TILER_CHECK(tta_ == Tta::kNone, ConfigError, "--tta is for maps and vectors, not --task detect's boxes");
+    TILER_CHECK(activation_ == Activation::kNone, ConfigError,
+                "--activation " << o_.activation << " is for maps and vectors; --task detect reads scores as "
+                                << "the model gives them");
+    // The cores of overlapping windows decide which window keeps an object: the overlap stays as asked
+    // (--overlap, default 0.25), and the last window of a row or column is padded past the edge.
+    spec_.lattice = o_.edge != "shift";
     return;
   }
   TILER_CHECK(task == ModelTask::kClassify || classes_.empty(), ConfigError,

@@ -90,6 +90,10 @@ nlohmann::json inferReport(const RunSummary& run, const WindowCatalog& catalog,
           img.resolution.source_mpp ? nlohmann::json(*img.resolution.source_mpp) : nlohmann::json(nullptr);
       e["reader"] = img.info.reader;
       if (img.non_finite_values > 0) e["non_finite_values"] = img.non_finite_values;
+      if (img.objects >= 0) {
+        e["objects"] = img.objects;
+        e["objects_at_window_edge"] = img.objects_at_window_edge;
+      }
     }
     if (status == "ok" || status == "skipped") e["outputs"] = img.outputs;
     j["images"].push_back(e);

@@ -19,6 +19,7 @@
 #include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "tiler/error.hpp"
 #include "tiler/platform.hpp"
@@ -33,7 +34,8 @@ ModelTask parseTask(const std::string& name) {
   if (name == "segment") return ModelTask::kSegment;
   if (name == "classify") return ModelTask::kClassify;
   if (name == "embed") return ModelTask::kEmbed;
-  TILER_THROW(ConfigError, "--task must be auto, segment, classify or embed; got '" << name << "'");
+  if (name == "detect") return ModelTask::kDetect;
+  TILER_THROW(ConfigError, "--task must be auto, segment, classify, embed or detect; got '" << name << "'");
 }
 
 const char* taskName(ModelTask task) {
@@ -44,6 +46,8 @@ const char* taskName(ModelTask task) {
       return "classify";
     case ModelTask::kEmbed:
       return "embed";
+    case ModelTask::kDetect:
+      return "detect";
     case ModelTask::kAuto:
       break;
   }
@@ -53,10 +57,12 @@ const char* taskName(ModelTask task) {
 const std::vector<std::string>& outputKindsOf(ModelTask task) {
   static const std::vector<std::string> segment = {"labels", "probs", "polygons"},
                                         embed = {"features", "features_pt"},
-                                        classify = {"csv", "tiles", "heatmap"}, none;
+                                        classify = {"csv", "tiles", "heatmap"},
+                                        detect = {"objects", "objects_csv", "coco"}, none;
   if (task == ModelTask::kSegment) return segment;
   if (task == ModelTask::kEmbed) return embed;
   if (task == ModelTask::kClassify) return classify;
+  if (task == ModelTask::kDetect) return detect;
   return none;
 }
 
@@ -67,7 +73,7 @@ std::vector<std::string> defaultOutputKinds(ModelTask task) {
 }
 
 ModelTask taskOfOutputKind(const std::string& kind) {
-  for (ModelTask task : {ModelTask::kSegment, ModelTask::kEmbed, ModelTask::kClassify}) {
+  for (ModelTask task : {ModelTask::kSegment, ModelTask::kEmbed, ModelTask::kClassify, ModelTask::kDetect}) {
     const auto& kinds = outputKindsOf(task);
     if (std::find(kinds.begin(), kinds.end(), kind) != kinds.end()) return task;
   }
@@ -648,6 +654,149 @@ class WindowOutputs::ClassFiles {
   std::unique_ptr<ImageWriter> heatmap_writer_;  // from finish() on
 };
 
+namespace {
+
+// Whether `at` (padded-image pixels) lies in window `i`'s share of its axis: the points nearer its centre
+// than any other window's (starts[i] + size / 2), the first and last windows' shares running on past the
+// grid. Twice and four times the coordinates keep half pixels exact.
+bool inCore(const std::vector<int64_t>& starts, int64_t size, size_t i, double at) {
+  const auto twice_centre = [&](size_t k) { return double(2 * starts[k] + size); };
+  return (i == 0 || 4 * at >= twice_centre(i - 1) + twice_centre(i)) &&
+         (i + 1 == starts.size() || 4 * at < twice_centre(i) + twice_centre(i + 1));
+}
+
+}  // namespace
+
+// detect: a window's boxes [N, 6] (x1, y1, x2, y2, score, class in window pixels; a score <= 0 pads). A box
+// is kept by the one window whose core holds its centre (the partition of the window centres, the crop
+// blend's), so an object every window that sees it whole finds alike is written once, whatever the world
+// size; boxes go out in window order, in level-0 pixels, each file streamed.
+class WindowOutputs::DetectionFiles {
+ public:
+  DetectionFiles(const CatalogImage& image, const WindowOutputOptions& o)
+      : image_(image), boxes_(o.dim / 6), named_(o.classes) {
+    TILER_CHECK(o.dim % 6 == 0, ConfigError,
+                "--task detect needs 6 values a box, not " << o.dim << " a window");
+    const auto saved = [&](const char* kind) {
+      return std::find(o.kinds.begin(), o.kinds.end(), kind) != o.kinds.end();
+    };
+    if (saved("objects")) {
+      geojson_ = std::make_unique<TextFile>(image.outputs.at("objects"));
+      geojson_->write("{\"type\": \"FeatureCollection\", \"features\": [");
+    }
+    if (saved("objects_csv")) {
+      csv_ = std::make_unique<TextFile>(image.outputs.at("objects_csv"));
+      csv_->write("id,class,score,x1,y1,x2,y2\n");
+    }
+    if (saved("coco")) {
+      coco_ = std::make_unique<TextFile>(image.outputs.at("coco"));
+      const double d = image.resolution.downsample;
+      coco_->write(
+          fmt::format("{{\"images\": [{{\"id\": 1, \"file_name\": {}, \"width\": {}, \"height\": {}}}], "
+                      "\"annotations\": [",
+                      nlohmann::json(utf8Safe(fs::path(image.input).filename().string())).dump(),
+                      std::llround(double(image.grid.imageWidth()) * d),
+                      std::llround(double(image.grid.imageHeight()) * d)));
+    }
+  }
+
+  void append(int64_t window, const float* values) {
+    const WindowGrid& grid = image_.grid;
+    const Rect place = grid.imageWindow(window);
+    const size_t column = size_t(window % grid.columns()), row = size_t(window / grid.columns());
+    const double d = image_.resolution.downsample;
+    for (int64_t n = 0; n < boxes_; ++n) {
+      const float* b = values + 6 * n;
+      const std::string where =
+          fmt::format("'{}': window {} (column {}, row {}), box {} of {}: ", image_.input, window, column,
+                      row, n, boxes_);
+      TILER_CHECK(!std::isnan(b[4]), IoError, where << "its score is not a number");
+      if (!(b[4] > 0)) continue;  // padding
+      TILER_CHECK(std::isfinite(b[0]) && std::isfinite(b[1]) && std::isfinite(b[2]) && std::isfinite(b[3]) &&
+                      std::isfinite(b[4]),
+                  IoError, where << "a coordinate or its score is not finite");
+      TILER_CHECK(
+          b[2] >= b[0] && b[3] >= b[1], IoError,
+          where << "x2 < x1 or y2 < y1 (" << b[0] << ", " << b[1] << ", " << b[2] << ", " << b[3] << ")");
+      TILER_CHECK(b[5] >= 0 && b[5] < 2147483648.0f && b[5] == std::floor(b[5]) &&
+                      (named_.empty() || b[5] < float(named_.size())),
+                  IoError,
+                  where << "class " << b[5] << " is not "
+                        << (named_.empty() ? "a class number"
+                                           : "one of the " + std::to_string(named_.size()) + " --classes"));
+      const double cx = (double(b[0]) + b[2]) / 2, cy = (double(b[1]) + b[3]) / 2;
+      if (!inCore(grid.startsX(), grid.windowWidth(), column, double(grid.startsX()[column]) + cx) ||
+          !inCore(grid.startsY(), grid.windowHeight(), row, double(grid.startsY()[row]) + cy))
+        continue;
+      const double ix = double(place.x) + cx, iy = double(place.y) + cy;
+      if (ix < 0 || iy < 0 || ix >= double(grid.imageWidth()) || iy >= double(grid.imageHeight())) continue;
+      // Cut by the window where the window's edge is inside the image: a larger overlap would see it whole.
+      at_window_edge_ += (b[0] <= 0 && place.x > 0) || (b[1] <= 0 && place.y > 0) ||
+                         (b[2] >= float(place.w) && place.right() < grid.imageWidth()) ||
+                         (b[3] >= float(place.h) && place.bottom() < grid.imageHeight());
+      write(int(b[5]), b[4], (double(place.x) + b[0]) * d, (double(place.y) + b[1]) * d,
+            (double(place.x) + b[2]) * d, (double(place.y) + b[3]) * d);
+    }
+  }
+
+  void finish() {
+    if (geojson_) {
+      geojson_->write("\n]}\n");
+      geojson_->finish();
+    }
+    if (csv_) csv_->finish();
+    if (coco_) {
+      std::string categories;
+      for (int k : seen_classes_)
+        categories += fmt::format("{}{{\"id\": {}, \"name\": {}}}", categories.empty() ? "" : ", ", k + 1,
+                                  nlohmann::json(className(k).name).dump());
+      coco_->write("\n], \"categories\": [" + categories + "]}\n");
+      coco_->finish();
+    }
+  }
+  void commit(std::vector<std::string>& renamed) {
+    if (geojson_) commitFile(*geojson_, renamed);
+    if (csv_) commitFile(*csv_, renamed);
+    if (coco_) commitFile(*coco_, renamed);
+  }
+  int64_t objects() const { return objects_; }
+  int64_t atWindowEdge() const { return at_window_edge_; }
+
+ private:
+  ClassInfo className(int k) const {
+    if (k < int(named_.size())) return named_[size_t(k)];
+    return {"class_" + std::to_string(k), distinctColor(k), true};
+  }
+  void write(int k, float score, double x1, double y1, double x2, double y2) {
+    const ClassInfo c = className(k);
+    const std::string name = nlohmann::json(c.name).dump();
+    ++objects_;
+    seen_classes_.insert(k);
+    if (geojson_)
+      geojson_->write(fmt::format(
+          "{}\n{{\"type\": \"Feature\", \"id\": {}, \"geometry\": {{\"type\": \"Polygon\", \"coordinates\": "
+          "[[[{},{}],[{},{}],[{},{}],[{},{}],[{},{}]]]}}, \"properties\": {{\"objectType\": \"detection\", "
+          "\"classification\": {{\"name\": {}, \"color\": [{},{},{}]}}, \"measurements\": {{\"score\": "
+          "{}}}}}}}",
+          objects_ > 1 ? "," : "", objects_, x1, y1, x2, y1, x2, y2, x1, y2, x1, y1, name, c.color[0],
+          c.color[1], c.color[2], score));
+    if (csv_)
+      csv_->write(fmt::format("{},{},{},{},{},{},{}\n", objects_, csvField(c.name), score, x1, y1, x2, y2));
+    if (coco_)
+      coco_->write(fmt::format(
+          "{}\n{{\"id\": {}, \"image_id\": 1, \"category_id\": {}, \"bbox\": [{},{},{},{}], \"area\": {}, "
+          "\"score\": {}, \"iscrowd\": 0}}",
+          objects_ > 1 ? "," : "", objects_, k + 1, x1, y1, x2 - x1, y2 - y1, (x2 - x1) * (y2 - y1), score));
+  }
+
+  const CatalogImage& image_;
+  int64_t boxes_;                                   // N, boxes a window
+  std::vector<ClassInfo> named_;                    // --classes (empty: class_<k>)
+  std::unique_ptr<TextFile> geojson_, csv_, coco_;  // owned; null unless saved
+  int64_t objects_ = 0, at_window_edge_ = 0;
+  std::set<int> seen_classes_;  // COCO's categories
+};
+
 WindowOutputs::WindowOutputs(const CatalogImage& image, WindowOutputOptions options)
     : image_(image), options_(std::move(options)) {
   TILER_CHECK(options_.dim > 0, ConfigError, "a per-window output needs a vector of at least one value");
@@ -659,6 +808,8 @@ WindowOutputs::WindowOutputs(const CatalogImage& image, WindowOutputOptions opti
       tensor_ = std::make_unique<TensorFile>(image.outputs.at("features_pt"), options_.dim);
     else if (!classes_ && taskOfOutputKind(kind) == ModelTask::kClassify)
       classes_ = std::make_unique<ClassFiles>(image, options_);
+    else if (!detections_ && taskOfOutputKind(kind) == ModelTask::kDetect)
+      detections_ = std::make_unique<DetectionFiles>(image, options_);
   }
 }
 
@@ -682,6 +833,7 @@ void WindowOutputs::write(int64_t window, const float* values) {
   if (features_) features_->append(place, values);
   if (tensor_) tensor_->append(values);
   if (classes_) classes_->append(place, values);
+  if (detections_) detections_->append(window, values);
   ++next_;
 }
 
@@ -693,17 +845,24 @@ std::vector<std::string> WindowOutputs::commit() {
   if (features_) features_->finish();
   if (tensor_) tensor_->finish();
   if (classes_) classes_->finish();
+  if (detections_) detections_->finish();
   std::vector<std::string> renamed;
   try {
     if (features_) commitFile(*features_, renamed);
     if (tensor_) commitFile(*tensor_, renamed);
     if (classes_) classes_->commit(renamed);
+    if (detections_) detections_->commit(renamed);
   } catch (...) {
     std::error_code ec;
     for (const auto& path : renamed) fs::remove(path, ec);
     throw;
   }
   return renamed;
+}
+
+std::optional<std::array<int64_t, 2>> WindowOutputs::objects() const {
+  if (!detections_) return std::nullopt;
+  return std::array<int64_t, 2>{detections_->objects(), detections_->atWindowEdge()};
 }
 
 }  // namespace tiler

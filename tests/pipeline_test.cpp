@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
+#include <set>
 #include <sstream>
 
 #include "slide_util.hpp"
@@ -1474,7 +1475,7 @@ TEST_F(Pipeline, NonsenseFlagsFailInOneLineBeforeAnyWork) {
       {"--save ''", "--save takes labels, probs and polygons"},
       {"--save labels,", "--save takes labels, probs and polygons"},
       {"--save labels,features", "--save labels,features mixes the outputs of two tasks (segment and embed)"},
-      {"--task detect", "--task must be auto, segment, classify or embed; got 'detect'"},
+      {"--task instances", "--task must be auto, segment, classify, embed or detect; got 'instances'"},
       {"--threads -3", "must be > 0; got -3"},
       {"--replicas 0", "must be > 0; got 0"},
       {"--scale nan", "must be >= 0; got nan"},
@@ -1551,6 +1552,186 @@ def forward(self, x):
   EXPECT_GT(e.value("non_finite_values", int64_t(0)), 0) << e.dump();
   // A model without any: no field, no warning.
   EXPECT_EQ(imageEntry(ref, "c_small.png")->count("non_finite_values"), 0u);
+}
+
+// A detector of 8x8 cells: every cell of a window is a box row (x1, y1, x2, y2, score, class), its score the
+// cell's mean where that is over a half (else 0: padding), class 1 where it is over 0.9.
+const char* kCellDetector = R"JIT(
+def forward(self, x):
+    m = torch.avg_pool2d(x.mean([1], True), [8, 8], [8, 8])[:, 0]
+    b, h, w = m.size(0), m.size(1), m.size(2)
+    ys = (torch.arange(h).float() * 8).view(1, h, 1).expand(b, h, w)
+    xs = (torch.arange(w).float() * 8).view(1, 1, w).expand(b, h, w)
+    score = torch.where(m > 0.5, m, torch.zeros_like(m))
+    cls = (m > 0.9).float()
+    return torch.stack([xs, ys, xs + 8, ys + 8, score, cls], 3).reshape(b, h * w, 6)
+)JIT";
+
+std::string saveDetector(const std::string& path, const std::string& forward) {
+  torch::jit::Module m("Detector");
+  m.define(forward);
+  m.save(path);
+  return path;
+}
+
+// Boxes from the CSV of a detect run: "class x1 y1 x2 y2", one each.
+std::multiset<std::string> csvBoxes(const std::string& csv) {
+  std::multiset<std::string> boxes;
+  std::istringstream in(slurp(csv));
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line, "id,class,score,x1,y1,x2,y2");
+  while (std::getline(in, line)) {
+    std::vector<std::string> f;
+    std::stringstream fields(line);
+    for (std::string v; std::getline(fields, v, ',');) f.push_back(v);
+    EXPECT_EQ(f.size(), 7u) << line;
+    if (f.size() == 7) boxes.insert(f[1] + " " + f[3] + " " + f[4] + " " + f[5] + " " + f[6]);
+  }
+  return boxes;
+}
+
+// Squares of 8x8 px on the 8 px lattice, bright (class 1) and grey (class 0), some on the windows' core
+// boundaries, some in several windows' overlap, some at the image's edges: each is found once, by the window
+// whose core holds its centre, on 1, 2 and 3 ranks alike, in every output.
+TEST_F(Pipeline, DetectionsAreEachObjectOnceWhateverTheWorldSize) {
+  const int W = 200, H = 152;
+  cv::Mat img(H, W, CV_8UC3, cv::Scalar::all(0));
+  std::multiset<std::string> want;
+  const int cells[][3] = {{0, 0, 255},   {5, 2, 160},   {6, 6, 255},   {7, 6, 255},
+                          {12, 1, 160},  {13, 12, 255}, {18, 7, 160},  {24, 3, 255},
+                          {24, 18, 160}, {0, 18, 255},  {11, 11, 255}, {19, 12, 160}};
+  for (const auto& [cx, cy, v] : cells) {
+    img(cv::Rect(cx * 8, cy * 8, 8, 8)).setTo(cv::Scalar::all(v));
+    want.insert(std::string(v == 255 ? "class_1" : "class_0") + " " + std::to_string(cx * 8) + " " +
+                std::to_string(cy * 8) + " " + std::to_string(cx * 8 + 8) + " " + std::to_string(cy * 8 + 8));
+  }
+  const std::string dir = root_ + "/detect", model = saveDetector(root_ + "/cells.pt", kCellDetector);
+  fs::create_directories(dir);
+  writeImage(dir + "/squares.tif", img, SampleType::kU8);
+  const std::string args = " -i " + dir + " -m " + model + " --task detect --window 64 --overlap 0.25 " +
+                           "--batch_size 4 --threads 1 --save objects,objects_csv,coco --no_progress -o ";
+  auto r = run(kTiler + args + root_ + "/out_detect1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(csvBoxes(root_ + "/out_detect1/squares_objects.csv"), want);
+  const auto e = *imageEntry(report(root_ + "/out_detect1"), "squares.tif");
+  EXPECT_EQ(e["objects"], int64_t(std::size(cells))) << e;
+  EXPECT_EQ(e["objects_at_window_edge"], 0) << e;
+  const auto coco = nlohmann::json::parse(slurp(root_ + "/out_detect1/squares_coco.json"));
+  EXPECT_EQ(coco["annotations"].size(), std::size(cells));
+  EXPECT_EQ(coco["images"][0]["width"], W);
+  EXPECT_EQ(coco["categories"].size(), 2u);
+  const auto geojson = nlohmann::json::parse(slurp(root_ + "/out_detect1/squares_objects.geojson"));
+  ASSERT_EQ(geojson["features"].size(), std::size(cells));
+  EXPECT_EQ(geojson["features"][0]["properties"]["objectType"], "detection");
+  if (run("command -v ogrinfo").code == 0) {
+    auto ogr = run("ogrinfo -so -al " + root_ + "/out_detect1/squares_objects.geojson");
+    EXPECT_NE(ogr.output.find("Feature Count: " + std::to_string(std::size(cells))), std::string::npos)
+        << ogr.output;
+  }
+  for (int ranks : {2, 3}) {
+    const std::string out = root_ + "/out_detect" + std::to_string(ranks);
+    r = run(kCtrun + " --nproc_per_node " + std::to_string(ranks) + " --master_port 0 " + kTiler + args +
+            out);
+    ASSERT_EQ(r.code, 0) << r.output;
+    for (const char* file : {"squares_objects.geojson", "squares_objects.csv", "squares_coco.json"})
+      EXPECT_TRUE(slurp(out + "/" + file) == slurp(root_ + "/out_detect1/" + file))
+          << ranks << " ranks: " << file;
+  }
+}
+
+// The bundled detector (samples/models/detector.pt) over discs of known centres and radii, some in two or
+// four windows' overlap, some at the image's edge: every disc once, where it is, as big as it is.
+TEST_F(Pipeline, TheBundledDetectorFindsEachDiscOnce) {
+  const int W = 300, H = 260;
+  const std::vector<std::array<double, 3>> discs = {{40.3, 30.6, 10}, {96.5, 100.2, 14}, {160.1, 96.4, 8},
+                                                    {130, 200.5, 20}, {250.7, 40.2, 12}, {290.4, 250.6, 7},
+                                                    {8.2, 240.5, 6},  {200.6, 170.3, 16}};
+  cv::Mat img(H, W, CV_8UC3, cv::Scalar::all(40));
+  for (const auto& [x, y, r] : discs)
+    for (int py = 0; py < H; ++py)
+      for (int px = 0; px < W; ++px)
+        if (std::hypot(px + 0.5 - x, py + 0.5 - y) <= r) img.at<cv::Vec3b>(py, px) = cv::Vec3b(220, 200, 180);
+  const std::string dir = root_ + "/discs";
+  fs::create_directories(dir);
+  writeImage(dir + "/discs.tif", img, SampleType::kU8);
+  auto r =
+      run(kTiler + " -i " + dir + " -m " + TILER_TEST_SOURCE_DIR + "/samples/models/detector.pt -o " + root_ +
+          "/out_discs --task detect --window 128 --overlap 0.5 --batch_size 4 --threads 1 "
+          "--save objects_csv --no_progress");
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::istringstream csv(slurp(root_ + "/out_discs/discs_objects.csv"));
+  std::string line;
+  std::getline(csv, line);
+  std::vector<int> found(discs.size(), 0);
+  int rows = 0;
+  while (std::getline(csv, line)) {
+    ++rows;
+    std::vector<double> f;
+    std::stringstream fields(line.substr(line.find(',', line.find(',') + 1) + 1));  // score onwards
+    for (std::string v; std::getline(fields, v, ',');) f.push_back(std::stod(v));
+    ASSERT_EQ(f.size(), 5u) << line;
+    const double cx = (f[1] + f[3]) / 2, cy = (f[2] + f[4]) / 2, half = (f[3] - f[1]) / 2;
+    for (size_t k = 0; k < discs.size(); ++k)
+      if (std::hypot(cx - discs[k][0], cy - discs[k][1]) < 2.0) {
+        ++found[k];
+        EXPECT_NEAR(half, discs[k][2], 1.5) << line;
+      }
+  }
+  EXPECT_EQ(rows, int(discs.size()));
+  for (size_t k = 0; k < discs.size(); ++k) EXPECT_EQ(found[k], 1) << "disc " << k;
+}
+
+// What a detector must not give: each is a clear error, of the model (exit 1) or of the image (exit 2).
+TEST_F(Pipeline, DetectionsThatMakeNoSenseAreClearErrors) {
+  const std::string dir = root_ + "/detect_bad";
+  fs::create_directories(dir);
+  writeImage(dir + "/grey.tif", cv::Mat(96, 96, CV_8UC3, cv::Scalar::all(200)), SampleType::kU8);
+  const auto tiler = [&](const std::string& name, const std::string& forward, const std::string& extra = "") {
+    return run(kTiler + " -i " + dir + " -m " + saveDetector(root_ + "/" + name + ".pt", forward) + " -o " +
+               root_ + "/out_" + name + " --task detect --window 64 --threads 1 --no_progress" + extra);
+  };
+  const std::string body = R"JIT(
+def forward(self, x):
+    b = x.size(0)
+    w = float(x.size(3))
+    h = float(x.size(2))
+)JIT";
+  auto r =
+      tiler("det_swapped",
+            body + "    return torch.tensor([w, 0.0, 0.0, h, 1.0, 0.0]).view(1, 1, 6).expand(b, 1, 6)\n");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("x2 < x1 or y2 < y1"), std::string::npos) << r.output;
+  r = tiler(
+      "det_nan",
+      body + "    return torch.tensor([0.0, 0.0, w, h, float('nan'), 0.0]).view(1, 1, 6).expand(b, 1, 6)\n");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("grey.tif': window 0 (column 0, row 0), box 0 of 1: its score is not a number"),
+            std::string::npos)
+      << r.output;
+  r = tiler("det_five", body + "    return torch.zeros(b, 3, 5)\n");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("--task detect needs boxes [batch, N, 6]"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("the output is [1, 3, 5]"), std::string::npos) << r.output;
+  // --save objects says the task; the output shape alone never does.
+  r = run(kTiler + " -i " + dir + " -m " + root_ + "/det_five.pt -o " + root_ +
+          "/out_det_saved --save objects --window 64 --threads 1 --no_progress");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("--task detect needs boxes [batch, N, 6]"), std::string::npos) << r.output;
+  r = tiler("det_tta", body + "    return torch.zeros(b, 3, 6)\n", " --tta flip");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("--tta is for maps and vectors"), std::string::npos) << r.output;
+  // A box as large as the window: every window keeps its own, cut where the window ends inside the image.
+  r = tiler("det_whole",
+            body + "    return torch.tensor([0.0, 0.0, w, h, 1.0, 0.0]).view(1, 1, 6).expand(b, 1, 6)\n");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("touch a window edge inside the image"), std::string::npos) << r.output;
+  const auto e = *imageEntry(report(root_ + "/out_det_whole"), "grey.tif");
+  EXPECT_GT(e["objects_at_window_edge"].get<int64_t>(), 0) << e;
+  EXPECT_EQ(e["objects"], e["windows"]) << e;
+  for (const char* name : {"out_det_swapped", "out_det_nan"})
+    EXPECT_FALSE(fs::exists(root_ + "/" + name + "/grey_objects.geojson"))
+        << name << ": nothing half-written";
 }
 
 // A fixture of known values, independent of tiler's own code: a 3x3 convolution of explicit weights over an

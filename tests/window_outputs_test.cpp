@@ -84,7 +84,10 @@ WindowOutputOptions embed(int64_t dim) {
 TEST(WindowOutputs, TasksAndTheirOutputKinds) {
   EXPECT_EQ(parseTask("embed"), ModelTask::kEmbed);
   EXPECT_EQ(parseTask("auto"), ModelTask::kAuto);
-  EXPECT_THROW(parseTask("detect"), ConfigError);
+  EXPECT_EQ(parseTask("detect"), ModelTask::kDetect);
+  EXPECT_THROW(parseTask("instances"), ConfigError);
+  EXPECT_EQ(defaultOutputKinds(ModelTask::kDetect), std::vector<std::string>{"objects"});
+  EXPECT_EQ(taskOfOutputKind("coco"), ModelTask::kDetect);
   EXPECT_THROW(parseTask(""), ConfigError);
   EXPECT_EQ(defaultOutputKinds(ModelTask::kSegment), std::vector<std::string>{"labels"});
   EXPECT_EQ(defaultOutputKinds(ModelTask::kEmbed), std::vector<std::string>{"features"});
@@ -413,6 +416,93 @@ TEST(WindowOutputs, NamedClassesMustMatchTheScores) {
   o.classes = parseClasses("a,b");
   EXPECT_THROW(WindowOutputs(image(dir), o), ConfigError);
   removeTree(dir);
+}
+
+}  // namespace
+}  // namespace tiler
+
+namespace tiler {
+namespace {
+
+// A 40x30 image of 16x16 windows at stride 8 (overlap 0.5: starts 0, 8, 16, 24 by 0, 8, 14), level 0 at twice
+// its pixels, whose windows all see one box: the object at image (20, 13)-(24, 17), centre (22, 15).
+TEST(WindowOutputs, EachBoxIsKeptByTheWindowWhoseCoreHoldsItsCentre) {
+  const std::string dir = test::scratchDir("detect_core");
+  CatalogImage img = image(dir, 2.0);
+  img.grid = WindowGrid(40, 30, GridSpec{16, 16, 0.5, 0.5});
+  img.outputs["objects_csv"] = dir + "/slide_objects.csv";
+  ASSERT_EQ(img.grid.startsX(), (std::vector<int64_t>{0, 8, 16, 24}));
+  ASSERT_EQ(img.grid.startsY(), (std::vector<int64_t>{0, 8, 14}));
+  WindowOutputOptions o;
+  o.task = ModelTask::kDetect;
+  o.kinds = {"objects_csv"};
+  o.dim = 12;  // two boxes a window: the object where the window sees it, and padding
+  for (int pass = 0; pass < 2; ++pass) {
+    WindowOutputs out(img, o);
+    // In any arrival order (the second pass backwards): the same rows.
+    for (int64_t k = 0; k < img.grid.count(); ++k) {
+      const int64_t w = pass == 0 ? k : img.grid.count() - 1 - k;
+      const Rect r = img.grid.imageWindow(w);
+      const float x = float(20 - r.x), y = float(13 - r.y);
+      const std::vector<float> boxes = {x, y, x + 4, y + 4, 0.75f, 3, 0, 0, 0, 0, 0, 0};
+      out.add(w, boxes.data());
+    }
+    out.commit();
+    // Centre x 22: columns' centres 8, 16, 24, 32, cores split at 12, 20, 28: column 2. Centre y 15: rows'
+    // centres 8, 16, 22, split at 12 and 19: row 1. Written once, in level-0 pixels.
+    EXPECT_EQ(test::slurp(dir + "/slide_objects.csv"),
+              "id,class,score,x1,y1,x2,y2\n1,class_3,0.75,40,26,48,34\n");
+    EXPECT_EQ(out.objects(), (std::array<int64_t, 2>{1, 0}));
+    fs::remove(dir + "/slide_objects.csv");
+  }
+  // A centre on a split (x 20: columns 1 and 2 halve there) goes to the later window, once.
+  WindowOutputs out(img, o);
+  for (int64_t w = 0; w < img.grid.count(); ++w) {
+    const Rect r = img.grid.imageWindow(w);
+    const std::vector<float> boxes = {
+        float(18 - r.x), float(13 - r.y), float(22 - r.x), float(17 - r.y), 1, 0, 0, 0, 0, 0, 0, 0};
+    out.add(w, boxes.data());
+  }
+  out.commit();
+  EXPECT_EQ(out.objects(), (std::array<int64_t, 2>{1, 0}));
+}
+
+TEST(WindowOutputs, ABoxThatIsNoBoxFailsTheImageAndLeavesNothing) {
+  const std::string dir = test::scratchDir("detect_bad");
+  CatalogImage img = image(dir);
+  img.outputs["objects"] = dir + "/slide_objects.geojson";
+  WindowOutputOptions o;
+  o.task = ModelTask::kDetect;
+  o.kinds = {"objects"};
+  o.dim = 6;
+  o.classes = {{"tumour", {255, 0, 0}, true}};
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<std::pair<std::vector<float>, std::string>> bad = {
+      {{5, 5, 2, 8, 1, 0}, "x2 < x1 or y2 < y1 (5, 5, 2, 8)"},
+      {{1, 1, 2, 2, nan, 0}, "its score is not a number"},
+      {{1, nan, 2, 2, 1, 0}, "a coordinate or its score is not finite"},
+      {{1, 1, 2, 2, 1, 1}, "class 1 is not one of the 1 --classes"},
+      {{1, 1, 2, 2, 1, 0.5f}, "class 0.5 is not one of the 1 --classes"},
+  };
+  for (const auto& [box, message] : bad) {
+    try {
+      WindowOutputs out(img, o);
+      out.add(0, box.data());
+      ADD_FAILURE() << message << ": no error";
+    } catch (const IoError& e) {
+      EXPECT_NE(e.message().find("slide.png': window 0 (column 0, row 0), box 0 of 1: " + message),
+                std::string::npos)
+          << e.message();
+    }
+    EXPECT_FALSE(fs::exists(dir + "/slide_objects.geojson.partial"));
+  }
+  // Padding (a score of 0 or less, whatever its coordinates) is no box.
+  WindowOutputs out(img, o);
+  const std::vector<float> padding = {9, 9, 1, 1, 0, 7};
+  for (int64_t w = 0; w < img.grid.count(); ++w) out.add(w, padding.data());
+  out.commit();
+  EXPECT_EQ(out.objects(), (std::array<int64_t, 2>{0, 0}));
+  EXPECT_EQ(nlohmann::json::parse(test::slurp(dir + "/slide_objects.geojson"))["features"].size(), 0u);
 }
 
 }  // namespace

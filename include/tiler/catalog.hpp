@@ -47,7 +47,10 @@ struct CatalogImage {
   int64_t first_window = -1;  // global index of its window 0; -1: not planned
   std::string status = "ok";  // ok | skipped | error (infer: done once its outputs are committed)
   std::string error;
-  int64_t non_finite_values = 0;               // infer: NaN/Inf values in this image's stitched predictions
+  int64_t non_finite_values = 0;  // infer: NaN/Inf values in this image's stitched predictions
+  // detect: the objects written (-1: not an object task) and those of them a window edge inside the image
+  // cut.
+  int64_t objects = -1, objects_at_window_edge = 0;
   std::map<std::string, std::string> outputs;  // kind (labels, probs) -> final path
   // Infer: a file in the output directory that a rank creates as it starts reading the image and the image's
   // owner removes once the image is finished (done or failed): left behind, it says a run died while the

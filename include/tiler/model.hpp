@@ -66,7 +66,10 @@ struct ModelProbe {
   int output_channels = 0;  // segment: channels C; classify: classes K; embed: features D
   Scale scale;              // output size / window size (segment)
   ModelTask task = ModelTask::kSegment;
-  bool perWindow() const { return task == ModelTask::kClassify || task == ModelTask::kEmbed; }
+  // Classify, embed and detect (its [N, 6] boxes flattened): one record of fixed size a window.
+  bool perWindow() const {
+    return task == ModelTask::kClassify || task == ModelTask::kEmbed || task == ModelTask::kDetect;
+  }
 };
 
 // The task of a model whose output for one window has `sizes`, when `requested` (--task): NCHW maps are

@@ -125,7 +125,7 @@ class OutputStage {
                           const float* base, int64_t per_window);
   ImageOutputs& outputsFor(int image_id);
   void finishImage(int image_id, const std::string& error);
-  void commit(ImageOutputs& out);
+  void commit(CatalogImage& img, ImageOutputs& out);
   int labelClasses() const { return labelClassCount(options_.classes); }
   bool owns(int image_id) const {
     return options_.owners.empty() || options_.owners[size_t(image_id)] == options_.rank;

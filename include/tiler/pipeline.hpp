@@ -29,7 +29,7 @@ struct InferOptions : JobOptions {
   // Outputs, comma-separated: labels, probs, polygons (segment); features (embed); csv, tiles, heatmap
   // (classify). Unset: the task's default (labels; features; csv,tiles).
   std::optional<std::string> save;
-  std::string task = "auto";  // auto | segment | classify | embed (ModelTask)
+  std::string task = "auto";  // auto | segment | classify | embed | detect (ModelTask)
   std::string encoder_name;   // embed: the HDF5 attribute `encoder`; empty: the model file's stem
   // --overlap given: a per-window task (classify, embed) uses it; else its windows do not overlap (0).
   bool overlap_given = false;

@@ -1,5 +1,6 @@
 // window_outputs: the outputs of a model that gives one vector per window instead of a map: an encoder's
-// features (embed) or a classifier's class scores (classify). No LibTorch, no blending.
+// features (embed), a classifier's class scores (classify) or a detector's boxes (detect: a fixed number of
+// box records a window, merged by the windows' cores). No LibTorch, no blending.
 // Promise: an image's vectors are written in its window order (the catalog's, whatever order they arrive
 // in: early ones wait in memory, as the stitcher's rows do), each window with its level-0 rectangle.
 // Every file is written as "<name>.partial" and renamed by commit() together with the image's others; a
@@ -24,13 +25,14 @@
 
 namespace tiler {
 
-ModelTask parseTask(const std::string& name);  // auto | segment | classify | embed
+ModelTask parseTask(const std::string& name);  // auto | segment | classify | embed | detect
 const char* taskName(ModelTask task);
 
 // The output kinds (--save) a task writes, in the order they are listed; the first are the default.
 //   segment: labels, probs, polygons      (default labels)
 //   embed: features, features_pt          (<stem>.h5, <stem>.pt; default features)
 //   classify: csv, tiles, heatmap         (default csv,tiles)
+//   detect: objects, objects_csv, coco    (<stem>_objects.geojson, _objects.csv, _coco.json; default objects)
 const std::vector<std::string>& outputKindsOf(ModelTask task);
 std::vector<std::string> defaultOutputKinds(ModelTask task);
 // The task an output kind belongs to (kAuto: no such kind).
@@ -46,9 +48,9 @@ struct WindowPlace {
 WindowPlace placeWindow(const CatalogImage& image, int64_t window);
 
 struct WindowOutputOptions {
-  ModelTask task = ModelTask::kEmbed;      // kEmbed or kClassify
+  ModelTask task = ModelTask::kEmbed;      // kEmbed, kClassify or kDetect
   std::vector<std::string> kinds;          // what to write (outputKindsOf(task))
-  int64_t dim = 0;                         // features D, or classes K
+  int64_t dim = 0;                         // features D, classes K, or 6 N for N boxes
   std::string encoder;                     // embed: the HDF5 attribute `encoder`
   double overlap = 0.0;                    // the grid's overlap (x), for the HDF5 attribute
   std::vector<ClassInfo> classes;          // classify: names and colours of classes 0..K-1 (classNames)
@@ -82,11 +84,14 @@ class WindowOutputs {
   // Closes every file under its partial name (throws IoError; nothing is renamed then), then renames them
   // all; a failed rename takes back those already renamed. Returns the final paths.
   std::vector<std::string> commit();
+  // detect: the objects written and those of them cut by a window edge inside the image; nullopt otherwise.
+  std::optional<std::array<int64_t, 2>> objects() const;
 
  private:
   class FeatureFile;
   class TensorFile;
   class ClassFiles;
+  class DetectionFiles;
   void write(int64_t window, const float* values);
 
   const CatalogImage& image_;  // the catalog's, which outlives the stage
@@ -96,6 +101,7 @@ class WindowOutputs {
   std::unique_ptr<FeatureFile> features_;        // owned; null unless saved
   std::unique_ptr<TensorFile> tensor_;           // owned; null unless features_pt is saved
   std::unique_ptr<ClassFiles> classes_;          // owned; null unless csv, tiles or heatmap
+  std::unique_ptr<DetectionFiles> detections_;   // owned; null unless objects, objects_csv or coco
 };
 
 }  // namespace tiler

@@ -113,15 +113,17 @@ int runInferCli(int argc, char** argv) {
   auto* save_option = app.add_option(
       flagNames("--save"), save,
       "comma-separated: labels, probs, polygons (segment; default labels), features, features_pt (embed; "
-      "default features), csv, tiles, heatmap (classify; default csv,tiles)");
+      "default features), csv, tiles, heatmap (classify; default csv,tiles), objects, objects_csv, coco "
+      "(detect; default objects)");
   app.add_option(flagNames("--task"), o.task,
-                 "auto | segment | classify | embed (auto: NCHW output segment; [B,D] classify with "
-                 "--activation softmax|sigmoid or --classes, else embed)")
+                 "auto | segment | classify | embed | detect (auto: NCHW output segment; [B,D] classify with "
+                 "--activation softmax|sigmoid or --classes, else embed; detect only when named: boxes "
+                 "[B,N,6])")
       ->capture_default_str();
   app.add_option(flagNames("--edge"), o.edge,
                  "auto | lattice | shift: the last windows on whole strides past the edge (lattice, as "
-                 "TRIDENT/CLAM patches; classify and embed) or shifted back to end at it (shift, MONAI's "
-                 "grid); auto: lattice for classify/embed, shift for segment")
+                 "TRIDENT/CLAM patches; classify, embed, detect) or shifted back to end at it (shift, "
+                 "MONAI's grid); auto: lattice for per-window tasks, shift for segment")
       ->capture_default_str();
   app.add_option(flagNames("--encoder_name"), o.encoder_name,
                  "embed: the encoder named in the features file (default: the model file's stem)");
