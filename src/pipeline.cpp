@@ -254,6 +254,8 @@ void InferJob::settleTask() {
               "--save " << *o_.save << " is an output of --task "
                         << taskName(taskOfOutputKind(save_kinds_.front())) << ", but '" << o_.model
                         << "' gives " << shape << " (--task " << taskName(task) << ")");
+  TILER_CHECK(task == ModelTask::kDetect || o_.nms == 0, ConfigError,
+              "--nms is for --task detect's boxes, but '" << o_.model << "' gives " << shape);
   if (task == ModelTask::kSegment) {
     TILER_CHECK(o_.edge != "lattice", ConfigError,
                 "--edge lattice is for per-window tasks (classify, embed); a segmentation's stitched map "
@@ -268,6 +270,8 @@ void InferJob::settleTask() {
     // Boxes are in the window's pixels: a flip or turn of the window would move them, and averaging the
     // records of views would mix different boxes.
     TILER_CHECK(tta_ == Tta::kNone, ConfigError, "--tta is for maps and vectors, not --task detect's boxes");
+    TILER_CHECK(o_.nms >= 0 && o_.nms < 1, ConfigError,
+                "--nms is an IoU in [0, 1) (0: none), not " << o_.nms);
     TILER_CHECK(activation_ == Activation::kNone, ConfigError,
                 "--activation " << o_.activation << " is for maps and vectors; --task detect reads scores as "
                                 << "the model gives them");
@@ -320,6 +324,7 @@ OutputOptions InferJob::outputOptions() const {
     wo.overlap = spec_.overlap_x;
     wo.classes = classes_;
     wo.compression = compression_;
+    wo.nms_iou = o_.nms;
     oo.per_window = wo;
   }
   return oo;

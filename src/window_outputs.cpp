@@ -674,7 +674,7 @@ bool inCore(const std::vector<int64_t>& starts, int64_t size, size_t i, double a
 class WindowOutputs::DetectionFiles {
  public:
   DetectionFiles(const CatalogImage& image, const WindowOutputOptions& o)
-      : image_(image), boxes_(o.dim / 6), named_(o.classes) {
+      : image_(image), boxes_(o.dim / 6), named_(o.classes), nms_(o.nms_iou) {
     TILER_CHECK(o.dim % 6 == 0, ConfigError,
                 "--task detect needs 6 values a box, not " << o.dim << " a window");
     const auto saved = [&](const char* kind) {
@@ -730,16 +730,33 @@ class WindowOutputs::DetectionFiles {
         continue;
       const double ix = double(place.x) + cx, iy = double(place.y) + cy;
       if (ix < 0 || iy < 0 || ix >= double(grid.imageWidth()) || iy >= double(grid.imageHeight())) continue;
+      Box box;
+      box.order = order_++;
+      box.row = int64_t(row);
+      box.k = int(b[5]);
+      box.score = b[4];
+      box.x1 = (double(place.x) + b[0]) * d;
+      box.y1 = (double(place.y) + b[1]) * d;
+      box.x2 = (double(place.x) + b[2]) * d;
+      box.y2 = (double(place.y) + b[3]) * d;
       // Cut by the window where the window's edge is inside the image: a larger overlap would see it whole.
-      at_window_edge_ += (b[0] <= 0 && place.x > 0) || (b[1] <= 0 && place.y > 0) ||
-                         (b[2] >= float(place.w) && place.right() < grid.imageWidth()) ||
-                         (b[3] >= float(place.h) && place.bottom() < grid.imageHeight());
-      write(int(b[5]), b[4], (double(place.x) + b[0]) * d, (double(place.y) + b[1]) * d,
-            (double(place.x) + b[2]) * d, (double(place.y) + b[3]) * d);
+      box.at_window_edge = (b[0] <= 0 && place.x > 0) || (b[1] <= 0 && place.y > 0) ||
+                           (b[2] >= float(place.w) && place.right() < grid.imageWidth()) ||
+                           (b[3] >= float(place.h) && place.bottom() < grid.imageHeight());
+      if (nms_ <= 0) {
+        write(box);
+        continue;
+      }
+      // With NMS a box waits until every box that could overlap it has come: those of its own grid row and
+      // the rows next to it. A new row means the rows two above it are settled.
+      if (box.row > last_row_) settle(box.row - 2);
+      last_row_ = box.row;
+      pending_.push_back(box);
     }
   }
 
   void finish() {
+    settle(std::numeric_limits<int64_t>::max());
     if (geojson_) {
       geojson_->write("\n]}\n");
       geojson_->finish();
@@ -767,7 +784,46 @@ class WindowOutputs::DetectionFiles {
     if (k < int(named_.size())) return named_[size_t(k)];
     return {"class_" + std::to_string(k), distinctColor(k), true};
   }
-  void write(int k, float score, double x1, double y1, double x2, double y2) {
+  // A kept box, in level-0 pixels; `order`: its place among the kept boxes of the image, in window order.
+  struct Box {
+    int64_t order = 0, row = 0;
+    int k = 0;
+    float score = 0;
+    double x1 = 0, y1 = 0, x2 = 0, y2 = 0;
+    bool at_window_edge = false;
+    bool settled = false;  // NMS: written or suppressed
+  };
+  static double iou(const Box& a, const Box& b) {
+    const double w = std::min(a.x2, b.x2) - std::max(a.x1, b.x1),
+                 h = std::min(a.y2, b.y2) - std::max(a.y1, b.y1);
+    if (w <= 0 || h <= 0) return 0;
+    const double both = w * h, area_a = (a.x2 - a.x1) * (a.y2 - a.y1), area_b = (b.x2 - b.x1) * (b.y2 - b.y1);
+    return both / (area_a + area_b - both);
+  }
+  // Settles the pending boxes of grid rows up to `row`: each is written unless a box of its class that
+  // overlaps it by more than the NMS IoU outscores it (a higher score, or an equal one earlier in window
+  // order), suppressed or not itself: a rule of pairs, so no order of looking changes it. Boxes of `row`
+  // stay, settled, for the next row's boxes to meet; those above it go.
+  void settle(int64_t row) {
+    for (Box& b : pending_) {
+      if (b.settled || b.row > row) continue;
+      b.settled = true;
+      bool outscored = false;
+      for (const Box& c : pending_)
+        outscored = outscored ||
+                    (c.k == b.k && c.order != b.order &&
+                     (c.score > b.score || (c.score == b.score && c.order < b.order)) && iou(b, c) > nms_);
+      if (!outscored) write(b);
+    }
+    pending_.erase(
+        std::remove_if(pending_.begin(), pending_.end(), [row](const Box& b) { return b.row < row; }),
+        pending_.end());
+  }
+  void write(const Box& box) {
+    at_window_edge_ += box.at_window_edge;
+    const int k = box.k;
+    const float score = box.score;
+    const double x1 = box.x1, y1 = box.y1, x2 = box.x2, y2 = box.y2;
     const ClassInfo c = className(k);
     const std::string name = nlohmann::json(c.name).dump();
     ++objects_;
@@ -793,8 +849,12 @@ class WindowOutputs::DetectionFiles {
   int64_t boxes_;                                   // N, boxes a window
   std::vector<ClassInfo> named_;                    // --classes (empty: class_<k>)
   std::unique_ptr<TextFile> geojson_, csv_, coco_;  // owned; null unless saved
+  double nms_;  // IoU above which the lower-scoring of two boxes of a class goes; 0: none
   int64_t objects_ = 0, at_window_edge_ = 0;
   std::set<int> seen_classes_;  // COCO's categories
+  int64_t order_ = 0;           // kept boxes so far
+  int64_t last_row_ = -1;       // the grid row of the last kept box
+  std::vector<Box> pending_;    // NMS: kept boxes not yet written, and written ones a later box may meet
 };
 
 WindowOutputs::WindowOutputs(const CatalogImage& image, WindowOutputOptions options)

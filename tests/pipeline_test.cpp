@@ -1718,6 +1718,12 @@ def forward(self, x):
           "/out_det_saved --save objects --window 64 --threads 1 --no_progress");
   EXPECT_EQ(r.code, 1) << r.output;
   EXPECT_NE(r.output.find("--task detect needs boxes [batch, N, 6]"), std::string::npos) << r.output;
+  r = tiler("det_nms", body + "    return torch.zeros(b, 3, 6)\n", " --nms 1.5");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("--nms is an IoU in [0, 1) (0: none), not 1.5"), std::string::npos) << r.output;
+  r = run(kTiler + " -i " + dir + " -m " + model_ + " -o " + root_ + "/out_seg_nms --nms 0.5 --no_progress");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("--nms is for --task detect's boxes"), std::string::npos) << r.output;
   r = tiler("det_tta", body + "    return torch.zeros(b, 3, 6)\n", " --tta flip");
   EXPECT_EQ(r.code, 1) << r.output;
   EXPECT_NE(r.output.find("--tta is for maps and vectors"), std::string::npos) << r.output;

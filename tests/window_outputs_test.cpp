@@ -11,6 +11,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
@@ -503,6 +504,55 @@ TEST(WindowOutputs, ABoxThatIsNoBoxFailsTheImageAndLeavesNothing) {
   out.commit();
   EXPECT_EQ(out.objects(), (std::array<int64_t, 2>{0, 0}));
   EXPECT_EQ(nlohmann::json::parse(test::slurp(dir + "/slide_objects.geojson"))["features"].size(), 0u);
+}
+
+// The boxes written (CSV rows without the header) when window w of image() gives boxes[w] (image pixels,
+// x1, y1, x2, y2, score, class; one box a window at most), with NMS at `iou`.
+std::string nmsRun(const std::map<int64_t, std::array<float, 6>>& boxes, double iou) {
+  const std::string dir = test::scratchDir("detect_nms");
+  CatalogImage img = image(dir);
+  img.outputs["objects_csv"] = dir + "/slide_objects.csv";
+  fs::remove(img.outputs["objects_csv"]);
+  WindowOutputOptions o;
+  o.task = ModelTask::kDetect;
+  o.kinds = {"objects_csv"};
+  o.dim = 6;
+  o.nms_iou = iou;
+  {
+    WindowOutputs out(img, o);
+    for (int64_t w = 0; w < img.grid.count(); ++w) {
+      std::array<float, 6> box{0, 0, 0, 0, 0, 0};
+      if (auto it = boxes.find(w); it != boxes.end()) {
+        const Rect r = img.grid.imageWindow(w);
+        box = it->second;
+        for (int i : {0, 2}) box[size_t(i)] -= float(r.x);
+        for (int i : {1, 3}) box[size_t(i)] -= float(r.y);
+      }
+      out.add(w, box.data());
+    }
+    out.commit();
+  }
+  const std::string csv = test::slurp(img.outputs["objects_csv"]);
+  return csv.substr(csv.find('\n') + 1);
+}
+
+// Across windows, NMS drops a box that a box of its class overlapping it beyond the IoU outscores (ties: the
+// earlier), suppressed or not itself, whichever grid row either is in; rows stay in window order.
+TEST(WindowOutputs, NonMaximumSuppressionAcrossWindowsIsARuleOfPairs) {
+  // A (window 0) and B (window 1) overlap by an IoU of 0.6; C (window 4, the next row) overlaps A by 0.25
+  // and B by 0.18.
+  const std::array<float, 6> a{4, 2, 12, 9, 0.9f, 0}, b{6, 2, 14, 9, 0.8f, 0}, c{4, 6, 12, 14, 0.95f, 0};
+  EXPECT_EQ(nmsRun({{0, a}, {1, b}}, 0), "1,class_0,0.9,4,2,12,9\n2,class_0,0.8,6,2,14,9\n");
+  EXPECT_EQ(nmsRun({{0, a}, {1, b}}, 0.5), "1,class_0,0.9,4,2,12,9\n");
+  EXPECT_EQ(nmsRun({{0, a}, {1, b}}, 0.7), "1,class_0,0.9,4,2,12,9\n2,class_0,0.8,6,2,14,9\n");
+  auto other = b;
+  other[5] = 1;
+  EXPECT_EQ(nmsRun({{0, a}, {1, other}}, 0.5), "1,class_0,0.9,4,2,12,9\n2,class_1,0.8,6,2,14,9\n");
+  auto tie = b;
+  tie[4] = 0.9f;
+  EXPECT_EQ(nmsRun({{0, a}, {1, tie}}, 0.5), "1,class_0,0.9,4,2,12,9\n") << "an equal score: the earlier";
+  // C, a row later, outscores A; A, suppressed, still outscores B.
+  EXPECT_EQ(nmsRun({{0, a}, {1, b}, {4, c}}, 0.2), "1,class_0,0.95,4,6,12,14\n");
 }
 
 }  // namespace

@@ -31,6 +31,7 @@ struct InferOptions : JobOptions {
   std::optional<std::string> save;
   std::string task = "auto";  // auto | segment | classify | embed | detect (ModelTask)
   std::string encoder_name;   // embed: the HDF5 attribute `encoder`; empty: the model file's stem
+  double nms = 0.0;           // detect: --nms IOU (0: none)
   // --overlap given: a per-window task (classify, embed) uses it; else its windows do not overlap (0).
   bool overlap_given = false;
   // Where the last column and row of windows go: lattice (whole strides, padded past the edge: TRIDENT's

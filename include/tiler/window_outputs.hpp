@@ -55,6 +55,9 @@ struct WindowOutputOptions {
   double overlap = 0.0;                    // the grid's overlap (x), for the HDF5 attribute
   std::vector<ClassInfo> classes;          // classify: names and colours of classes 0..K-1 (classNames)
   std::optional<Compression> compression;  // the heatmap's (unset: defaultCompression)
+  // detect: a kept box that a box of its class overlapping it by more than this IoU outscores is dropped
+  // (non-maximum suppression across windows; 0: none).
+  double nms_iou = 0.0;
 };
 
 // Class names for K classes: --classes as given, else class_0, class_1, ... (CSV column prob_<name>);

@@ -125,6 +125,10 @@ int runInferCli(int argc, char** argv) {
                  "TRIDENT/CLAM patches; classify, embed, detect) or shifted back to end at it (shift, "
                  "MONAI's grid); auto: lattice for per-window tasks, shift for segment")
       ->capture_default_str();
+  app.add_option(flagNames("--nms"), o.nms,
+                 "detect: drop a box that a box of its class overlapping it by more than this IoU outscores "
+                 "(0: none; the window cores alone keep each box once)")
+      ->capture_default_str();
   app.add_option(flagNames("--encoder_name"), o.encoder_name,
                  "embed: the encoder named in the features file (default: the model file's stem)");
   app.add_option(flagNames("--format"), o.format, "tif | png (labels)")->capture_default_str();
