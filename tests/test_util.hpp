@@ -87,7 +87,8 @@ inline std::string exportSamplePt2(const std::string& dir, int window, std::stri
                             "/scripts/export_model.py --module make_samples:" + network + " --weights " +
                             src + "/samples/models/" + weights + " --out " + out + " --window " +
                             std::to_string(window) + " --device " + device);
-  // Exit 3: written, but Python's own loader crashed checking it (PyTorch 2.11 on CUDA): the tests compare it.
+  // Exit 3: the package is written, but Python's own loader crashed checking it (PyTorch 2.11 on CUDA): the
+  // tests' own comparisons check it then.
   if (r.code != 0 && !(r.code == 3 && std::filesystem::exists(out))) {
     ADD_FAILURE() << "exporting the bundled " << network << " to .pt2 failed where Python can: " << r.output;
     *why = "the export failed";
