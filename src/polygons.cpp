@@ -115,7 +115,29 @@ struct OwnedFd {
   ~OwnedFd() { ::close(fd); }
 };
 
+// GeoJSON's name of a CRS ("urn:ogc:def:crs:EPSG::32633"), "" when it has no authority code.
+std::string crsName(OGRSpatialReferenceH srs) {
+  if (srs == nullptr) return "";
+  OSRAutoIdentifyEPSG(srs);
+  const char* authority = OSRGetAuthorityName(srs, nullptr);
+  const char* code = OSRGetAuthorityCode(srs, nullptr);
+  return authority && code ? std::string("urn:ogc:def:crs:") + authority + "::" + code : "";
+}
+
 }  // namespace
+
+std::optional<GeoFrame> geoFrameOf(const std::string& image_path) {
+  GDALAllRegister();
+  const QuietGdal quiet;
+  std::unique_ptr<void, DatasetCloser> raster(
+      GDALOpenEx(image_path.c_str(), GDAL_OF_RASTER | GDAL_OF_READONLY, nullptr, nullptr, nullptr));
+  if (!raster) return std::nullopt;
+  GeoFrame frame;
+  if (GDALGetGeoTransform(raster.get(), frame.gt.data()) != CE_None) return std::nullopt;
+  frame.crs = crsName(const_cast<OGRSpatialReferenceH>(GDALGetSpatialRef(raster.get())));
+  if (frame.crs.empty()) return std::nullopt;
+  return frame;
+}
 
 int64_t writePolygons(const std::string& labels_path, const std::string& geojson_path,
                       const PolygonOptions& o) {
@@ -158,13 +180,10 @@ int64_t writePolygons(const std::string& labels_path, const std::string& geojson
     out.clear();
   };
   if (georeferenced) {
-    OGRSpatialReferenceH srs = const_cast<OGRSpatialReferenceH>(GDALGetSpatialRef(raster.get()));
-    OSRAutoIdentifyEPSG(srs);
-    const char* authority = OSRGetAuthorityName(srs, nullptr);
-    const char* code = OSRGetAuthorityCode(srs, nullptr);
-    if (authority && code)
-      out += std::string("\"crs\": {\"type\": \"name\", \"properties\": {\"name\": \"urn:ogc:def:crs:") +
-             authority + "::" + code + "\"}},\n";
+    const std::string crs = crsName(GDALGetSpatialRef(raster.get()));
+    if (!crs.empty())
+      out +=
+          "\"crs\": {\"type\": \"name\", \"properties\": {\"name\": " + nlohmann::json(crs).dump() + "}},\n";
   }
   out += "\"features\": [";
   // Plain images: polygonize's coordinates are label pixels; users want the input's level-0 pixels.
@@ -203,6 +222,10 @@ int64_t writePolygons(const std::string& labels_path, const std::string& geojson
 }
 
 #else
+std::optional<GeoFrame> geoFrameOf(const std::string&) {
+  return std::nullopt;
+}
+
 int64_t writePolygons(const std::string&, const std::string& geojson_path, const PolygonOptions&) {
   requireFeature("gdal", "'" + geojson_path + "' (--save polygons)");
   return 0;

@@ -682,7 +682,13 @@ class WindowOutputs::DetectionFiles {
     };
     if (saved("objects")) {
       geojson_ = std::make_unique<TextFile>(image.outputs.at("objects"));
-      geojson_->write("{\"type\": \"FeatureCollection\", \"features\": [");
+      // A georeferenced TIFF's objects are placed in its CRS (QGIS); the CSV and COCO stay in pixels.
+      if (image.info.format == "tiff") geo_ = geoFrameOf(image.input);
+      geojson_->write(std::string("{\"type\": \"FeatureCollection\", ") +
+                      (geo_ ? "\"crs\": {\"type\": \"name\", \"properties\": {\"name\": " +
+                                  nlohmann::json(geo_->crs).dump() + "}}, "
+                            : "") +
+                      "\"features\": [");
     }
     if (saved("objects_csv")) {
       csv_ = std::make_unique<TextFile>(image.outputs.at("objects_csv"));
@@ -828,14 +834,20 @@ class WindowOutputs::DetectionFiles {
     const std::string name = nlohmann::json(c.name).dump();
     ++objects_;
     seen_classes_.insert(k);
-    if (geojson_)
+    if (geojson_) {
+      // The rectangle's corners, in the CRS where there is one (a rotated grid turns it there).
+      std::array<std::array<double, 2>, 4> corner = {{{x1, y1}, {x2, y1}, {x2, y2}, {x1, y2}}};
+      if (geo_)
+        for (auto& p : corner) p = geo_->apply(p[0], p[1]);
       geojson_->write(fmt::format(
           "{}\n{{\"type\": \"Feature\", \"id\": {}, \"geometry\": {{\"type\": \"Polygon\", \"coordinates\": "
           "[[[{},{}],[{},{}],[{},{}],[{},{}],[{},{}]]]}}, \"properties\": {{\"objectType\": \"detection\", "
           "\"classification\": {{\"name\": {}, \"color\": [{},{},{}]}}, \"measurements\": {{\"score\": "
           "{}}}}}}}",
-          objects_ > 1 ? "," : "", objects_, x1, y1, x2, y1, x2, y2, x1, y2, x1, y1, name, c.color[0],
-          c.color[1], c.color[2], score));
+          objects_ > 1 ? "," : "", objects_, corner[0][0], corner[0][1], corner[1][0], corner[1][1],
+          corner[2][0], corner[2][1], corner[3][0], corner[3][1], corner[0][0], corner[0][1], name,
+          c.color[0], c.color[1], c.color[2], score));
+    }
     if (csv_)
       csv_->write(fmt::format("{},{},{},{},{},{},{}\n", objects_, csvField(c.name), score, x1, y1, x2, y2));
     if (coco_)
@@ -849,7 +861,8 @@ class WindowOutputs::DetectionFiles {
   int64_t boxes_;                                   // N, boxes a window
   std::vector<ClassInfo> named_;                    // --classes (empty: class_<k>)
   std::unique_ptr<TextFile> geojson_, csv_, coco_;  // owned; null unless saved
-  double nms_;  // IoU above which the lower-scoring of two boxes of a class goes; 0: none
+  double nms_;                   // IoU above which the lower-scoring of two boxes of a class goes; 0: none
+  std::optional<GeoFrame> geo_;  // the input's CRS, where the GeoJSON is written in it
   int64_t objects_ = 0, at_window_edge_ = 0;
   std::set<int> seen_classes_;  // COCO's categories
   int64_t order_ = 0;           // kept boxes so far

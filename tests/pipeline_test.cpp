@@ -1640,6 +1640,36 @@ TEST_F(Pipeline, DetectionsAreEachObjectOnceWhateverTheWorldSize) {
   }
 }
 
+// A georeferenced scene's objects are placed in its CRS in the GeoJSON (QGIS reads them there); the CSV and
+// COCO stay in level-0 pixels.
+TEST_F(Pipeline, DetectionsOfAGeoreferencedSceneAreInItsCrs) {
+  TILER_SKIP_WITHOUT_FEATURE("gdal");
+  if (run("command -v gdal_translate && command -v ogrinfo").code != 0) GTEST_SKIP() << "no gdal-bin";
+  const std::string dir = root_ + "/detect_geo";
+  fs::create_directories(dir);
+  cv::Mat img(152, 200, CV_8UC3, cv::Scalar::all(0));
+  img(cv::Rect(16, 24, 8, 8)).setTo(cv::Scalar::all(255));
+  writeImage(dir + "/plain.tif", img, SampleType::kU8);
+  // 2 m pixels in UTM zone 33N, the top-left corner at (500000, 4600000).
+  auto r = run("gdal_translate -q -a_srs EPSG:32633 -a_ullr 500000 4600000 500400 4599696 " + dir +
+               "/plain.tif " + dir + "/scene.tif && rm " + dir + "/plain.tif");
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run(kTiler + " -i " + dir + " -m " + saveDetector(root_ + "/cells_geo.pt", kCellDetector) + " -o " +
+          root_ +
+          "/out_detect_geo --task detect --window 64 --save objects,objects_csv --threads 1 --no_progress");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto geojson = nlohmann::json::parse(slurp(root_ + "/out_detect_geo/scene_objects.geojson"));
+  EXPECT_EQ(geojson["crs"]["properties"]["name"], "urn:ogc:def:crs:EPSG::32633");
+  ASSERT_EQ(geojson["features"].size(), 1u);
+  EXPECT_EQ(geojson["features"][0]["geometry"]["coordinates"][0],
+            nlohmann::json::parse("[[500032,4599952],[500048,4599952],[500048,4599936],[500032,4599936],"
+                                  "[500032,4599952]]"));
+  EXPECT_EQ(slurp(root_ + "/out_detect_geo/scene_objects.csv"),
+            "id,class,score,x1,y1,x2,y2\n1,class_1,1,16,24,24,32\n");
+  const auto ogr = run("ogrinfo -so -al " + root_ + "/out_detect_geo/scene_objects.geojson");
+  EXPECT_NE(ogr.output.find("UTM zone 33N"), std::string::npos) << ogr.output;
+}
+
 // The bundled detector (samples/models/detector.pt) over discs of known centres and radii, some in two or
 // four windows' overlap, some at the image's edge: every disc once, where it is, as big as it is.
 TEST_F(Pipeline, TheBundledDetectorFindsEachDiscOnce) {

@@ -9,6 +9,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,18 @@ struct PolygonOptions {
   double input_pixels_per_label_pixel = 1.0;    // model output scale 1/s: s (plain images only)
   double simplify = 0.0;                        // tolerance in input pixels; 0: exact outlines
 };
+
+// Where an image's level-0 pixels lie on the earth, as GDAL reads its georeferencing: pixel (x, y) is at
+// (gt[0] + x gt[1] + y gt[2], gt[3] + x gt[4] + y gt[5]) in `crs`, GeoJSON's name of the CRS
+// ("urn:ogc:def:crs:EPSG::32633"). nullopt for an image without a CRS, or in a build without GDAL.
+struct GeoFrame {
+  std::array<double, 6> gt{0, 1, 0, 0, 0, 1};
+  std::string crs;
+  std::array<double, 2> apply(double x, double y) const {
+    return {gt[0] + x * gt[1] + y * gt[2], gt[3] + x * gt[4] + y * gt[5]};
+  }
+};
+std::optional<GeoFrame> geoFrameOf(const std::string& image_path);
 
 // Returns the number of features written.
 int64_t writePolygons(const std::string& labels_path, const std::string& geojson_path,
