@@ -21,10 +21,6 @@ bool anyFile(const std::string&) {
   return true;
 }
 
-}  // namespace
-
-namespace {
-
 // Little-endian fields of a zip's records.
 uint64_t le(const unsigned char* p, int bytes) {
   uint64_t v = 0;

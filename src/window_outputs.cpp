@@ -713,23 +713,25 @@ class WindowOutputs::DetectionFiles {
     const double d = image_.resolution.downsample;
     for (int64_t n = 0; n < boxes_; ++n) {
       const float* b = values + 6 * n;
-      const std::string where =
-          fmt::format("'{}': window {} (column {}, row {}), box {} of {}: ", image_.input, window, column,
-                      row, n, boxes_);
-      TILER_CHECK(!std::isnan(b[4]), IoError, where << "its score is not a number");
+      // Formatted only for an error: most rows are padding, and this runs for every row of every window.
+      const auto where = [&] {
+        return fmt::format("'{}': window {} (column {}, row {}), box {} of {}: ", image_.input, window,
+                           column, row, n, boxes_);
+      };
+      TILER_CHECK(!std::isnan(b[4]), IoError, where() << "its score is not a number");
       if (!(b[4] > 0)) continue;  // padding
       TILER_CHECK(std::isfinite(b[0]) && std::isfinite(b[1]) && std::isfinite(b[2]) && std::isfinite(b[3]) &&
                       std::isfinite(b[4]),
-                  IoError, where << "a coordinate or its score is not finite");
+                  IoError, where() << "a coordinate or its score is not finite");
       TILER_CHECK(
           b[2] >= b[0] && b[3] >= b[1], IoError,
-          where << "x2 < x1 or y2 < y1 (" << b[0] << ", " << b[1] << ", " << b[2] << ", " << b[3] << ")");
+          where() << "x2 < x1 or y2 < y1 (" << b[0] << ", " << b[1] << ", " << b[2] << ", " << b[3] << ")");
       TILER_CHECK(b[5] >= 0 && b[5] < 2147483648.0f && b[5] == std::floor(b[5]) &&
                       (named_.empty() || b[5] < float(named_.size())),
                   IoError,
-                  where << "class " << b[5] << " is not "
-                        << (named_.empty() ? "a class number"
-                                           : "one of the " + std::to_string(named_.size()) + " --classes"));
+                  where() << "class " << b[5] << " is not "
+                          << (named_.empty() ? "a class number"
+                                             : "one of the " + std::to_string(named_.size()) + " --classes"));
       const double cx = (double(b[0]) + b[2]) / 2, cy = (double(b[1]) + b[3]) / 2;
       if (!inCore(grid.startsX(), grid.windowWidth(), column, double(grid.startsX()[column]) + cx) ||
           !inCore(grid.startsY(), grid.windowHeight(), row, double(grid.startsY()[row]) + cy))
