@@ -169,6 +169,46 @@ class BlobDetector(torch.nn.Module):
         return out
 
 
+class BlobInstances(torch.nn.Module):
+    """Instance ids, [B, 1, h, w]: each 8-connected blob of pixels brighter than `threshold` (grey, inputs in
+    [0, 1]) is one object whose window-local id is the largest raster index + 1 of its pixels (InstanSeg's
+    TorchScript models return such maps). Ids spread within blobs until they stop changing: a 3x3 max for
+    the diagonal steps, then the max of each run of blob pixels along rows and along columns (prefix maxima
+    of run-keyed values both ways), so a few rounds reach across a blob. A blob that a window holds whole
+    gets the same pixels in every window."""
+
+    def __init__(self, threshold: float = 0.45):
+        super().__init__()
+        self.threshold = threshold
+
+    def run_max(self, ids, mask, big: float):
+        # Along the last dimension: every pixel of a run of blob pixels gets the run's largest id. A run is
+        # keyed by the position of the background pixel before it, so prefix maxima never cross runs.
+        w = ids.size(3)
+        col = torch.arange(w, dtype=ids.dtype, device=ids.device).view(1, 1, 1, w).expand_as(ids)
+        before = torch.cummax(torch.where(mask, torch.full_like(ids, -1.0), col), 3)[0] + 1
+        forward = torch.cummax(before * big + ids, 3)[0] - before * big
+        after = torch.flip(torch.cummin(torch.flip(torch.where(mask, torch.full_like(ids, float(w)), col), [3]),
+                                        3)[0], [3])
+        backward = torch.flip(torch.cummax(torch.flip((w - after) * big + ids, [3]), 3)[0], [3]) - (w - after) * big
+        return torch.max(forward, backward) * mask
+
+    def forward(self, x):
+        mask = x.mean(1, keepdim=True) > self.threshold
+        h, w = mask.size(2), mask.size(3)
+        big = float(h * w + 1)
+        maskd = mask.double()
+        ids = maskd * torch.arange(1, h * w + 1, dtype=torch.float64, device=x.device).view(1, 1, h, w)
+        while True:
+            grown = torch.nn.functional.max_pool2d(ids, 3, 1, 1) * maskd
+            grown = self.run_max(grown, mask, big)
+            grown = self.run_max(grown.transpose(2, 3), mask.transpose(2, 3), big).transpose(2, 3)
+            if bool(torch.equal(grown, ids)):
+                break
+            ids = grown
+        return ids.float()
+
+
 def make_encoders():
     torch.manual_seed(0)
     encoder = Encoder().eval()
@@ -180,12 +220,19 @@ def make_detector():
     torch.jit.script(BlobDetector().eval()).save(os.path.join(ROOT, "models/detector.pt"))
 
 
+def make_instances():
+    torch.jit.script(BlobInstances().eval()).save(os.path.join(ROOT, "models/instances.pt"))
+
+
 def main():
     if "--encoders" in sys.argv[1:]:
         make_encoders()
         return
     if "--detector" in sys.argv[1:]:
         make_detector()
+        return
+    if "--instances" in sys.argv[1:]:
+        make_instances()
         return
     rng = np.random.default_rng(1234)
     img, _ = rgb_image(4096, 4096, 900, rng)
@@ -208,6 +255,7 @@ def main():
     torch.save(torch.nn.Conv2d(3, 2, 1).state_dict(), os.path.join(ROOT, "models/state_dict.pt"))
     make_encoders()
     make_detector()
+    make_instances()
 
 
 if __name__ == "__main__":

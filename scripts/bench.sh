@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmarks: scripts/bench.sh [--quick] [io|slide|tta|model|light|pipeline|blas|ceiling|gather|memory|scaling|ctrun|finetune|naive|mask|outputs|codecs|gpu|runtimes|all]
+# Benchmarks: scripts/bench.sh [--quick] [io|slide|tta|model|light|pipeline|blas|ceiling|gather|memory|scaling|ctrun|finetune|naive|mask|outputs|objects|codecs|gpu|runtimes|all]
 # Generates its own deterministic inputs (cached in $TILER_BENCH_CACHE, default ~/.cache/tiler-bench), runs each
 # scenario $RUNS times (3; --quick: 1 run on small inputs), writes bench-results/bench.json and a table of
 # medians (min-max). fp32 on the CPU. Never part of CI's test run.
@@ -470,6 +470,42 @@ if want outputs; then
       emit "outputs: 8 x ${m}px null model, $nproc rank(s)" largest_byte_share \
         "$(ratio "$(max_field "$cache/out_many/report.json" bytes_written)" "$total")"
     done
+  done
+fi
+
+if want objects; then
+  # Instance segmentation (--task instances, the bundled blob labeller) over an 8192^2 image of one disc every
+  # PITCH px: the whole process against the same job's --task segment with labels only (the ids' map stitched
+  # as labels: the same forward and exchange, no objects); peak RSS with 10x the objects (flat: objects are
+  # written as they come); 2 ranks against 1.
+  n=8192
+  [ $quick = 1 ] && n=2048
+  instances="$PWD/samples/models/instances.pt"
+  discs() {  # discs PITCH -> a cached image
+    local f="$cache/discs_${n}_$1.tif"
+    [ -f "$f" ] || "$bin/tiler_bench" make "$f" --size "$n" --discs "$1"
+    echo "$f"
+  }
+  objects_run() {  # objects_run IMAGE NPROC FLAGS... -> "seconds peak_rss_mb objects"
+    rm -rf "$cache/out_objects"
+    "$bin/ctrun" --nproc_per_node "$2" --master_port 0 "$bin/tiler" -i "$1" -m "$instances" \
+      -o "$cache/out_objects" --batch_size 16 --no_progress "${@:3}" >/dev/null 2>&1
+    echo "$(report_field "$cache/out_objects/report.json" seconds) $(max_field "$cache/out_objects/report.json" \
+      peak_rss_mb) $(report_field "$cache/out_objects/report.json" objects)"
+  }
+  for _ in $(seq "$runs"); do
+    img=$(discs 36)
+    read -r seg_s seg_rss _ <<<"$(objects_run "$img" 1 --task segment --save labels)"
+    read -r ins_s ins_rss count <<<"$(objects_run "$img" 1 --task instances --save objects,objects_csv,instances)"
+    emit "objects: ${n}px, $count discs, segment labels" seconds "$seg_s"
+    emit "objects: ${n}px, $count discs, instances objects+csv+tiff" seconds "$ins_s"
+    emit "objects: ${n}px, $count discs, instances / segment labels" time_ratio "$(ratio "$ins_s" "$seg_s")"
+    emit "objects: ${n}px, $count discs, instances" peak_rss_mb "$ins_rss"
+    read -r two_s _ <<<"$(objects_run "$img" 2 --task instances --save objects,objects_csv,instances)"
+    emit "objects: ${n}px, $count discs, instances, 2 ranks / 1" time_ratio "$(ratio "$two_s" "$ins_s")"
+    read -r _ few_rss few <<<"$(objects_run "$(discs 82)" 1 --task instances --save objects,objects_csv,instances)"
+    read -r _ many_rss lots <<<"$(objects_run "$(discs 26)" 1 --task instances --save objects,objects_csv,instances)"
+    emit "objects: ${n}px, $lots vs $few discs, instances" rss_ratio "$(ratio "$many_rss" "$few_rss")"
   done
 fi
 

@@ -175,6 +175,7 @@ std::string outputFileName(const std::string& kind, const std::string& stem, con
   if (kind == "objects") return stem + "_objects.geojson";
   if (kind == "objects_csv") return stem + "_objects.csv";
   if (kind == "coco") return stem + "_coco.json";
+  if (kind == "instances") return stem + "_instances.tif";
   TILER_THROW(ConfigError, "no output kind '" << kind << "'");
 }
 

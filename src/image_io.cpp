@@ -358,8 +358,8 @@ ImageWriter::ImageWriter(const std::string& path, int64_t width, int64_t height,
   cv_type_ = cv_type;
   if (!options_.compression) options_.compression = defaultCompression(type);
   if (options_.format == "tif" || options_.format == "tiff") {
-    TILER_CHECK(type != SampleType::kI16 && type != SampleType::kU32, IoError,
-                "'" << path << "': writer takes u8, u16, f16 or f32 samples");
+    TILER_CHECK(type != SampleType::kI16, IoError,
+                "'" << path << "': writer takes u8, u16, u32, f16 or f32 samples");
     TILER_CHECK(options_.tile % 16 == 0 && options_.tile > 0, ConfigError,
                 "TIFF tile must be a multiple of 16");
     installTiffHandlers();

@@ -247,11 +247,17 @@ ModelTask resolveTask(ModelTask requested, const std::vector<int64_t>& sizes, Ac
                     << "window pixels), but the output is " << shape);
     return ModelTask::kDetect;
   }
+  if (requested == ModelTask::kInstances) {
+    TILER_CHECK(sizes.size() == 4 && sizes[1] >= 1, ModelError,
+                "'" << path << "': --task instances needs an instance map [batch, 1 + K, h, w] (object ids, "
+                    << "then K class scores), but the output is " << shape);
+    return ModelTask::kInstances;
+  }
   const bool vector = sizes.size() == 2 || (sizes.size() == 4 && requested != ModelTask::kSegment &&
                                             requested != ModelTask::kAuto && sizes[2] == 1 && sizes[3] == 1);
   const char* choices =
-      "tiler takes NCHW maps (--task segment), one vector per window, [batch, D] (--task classify | embed) "
-      "or boxes, [batch, N, 6] (--task detect)";
+      "tiler takes NCHW maps (--task segment), one vector per window, [batch, D] (--task classify | embed), "
+      "boxes, [batch, N, 6] (--task detect) or instance maps, [batch, 1 + K, h, w] (--task instances)";
   if (sizes.size() == 4 && !vector) {
     TILER_CHECK(requested == ModelTask::kAuto || requested == ModelTask::kSegment, ModelError,
                 "'" << path << "': --task " << taskName(requested)

@@ -160,10 +160,9 @@ OutputStage::ImageOutputs& OutputStage::outputsFor(int image_id) {
   CatalogImage& img = catalog_.image(image_id);
   ImageOutputs out;
   if (options_.per_window) {
-    out.vectors = std::make_unique<WindowOutputs>(img, *options_.per_window);
+    out.windows = std::make_unique<WindowOutputs>(img, *options_.per_window);
     return open_.emplace(image_id, std::move(out)).first->second;
   }
-  fs::create_directories(fs::path(img.outputs.begin()->second).parent_path());
   const int64_t out_w = options_.scale.apply(img.info.width), out_h = options_.scale.apply(img.info.height);
   WriterOptions wo;
   wo.compression = options_.compression;
@@ -176,6 +175,13 @@ OutputStage::ImageOutputs& OutputStage::outputsFor(int image_id) {
   wo.pyramid = options_.pyramid;
   wo.background = true;  // compression off the stitcher's thread
   wo.pool = pool_;
+  if (options_.instances) {
+    InstanceOptions io = *options_.instances;
+    io.tiff = wo;
+    out.windows = std::make_unique<InstanceOutputs>(img, std::move(io));
+    return open_.emplace(image_id, std::move(out)).first->second;
+  }
+  fs::create_directories(fs::path(img.outputs.begin()->second).parent_path());
   out.keep_labels = options_.save_labels;
   if (options_.save_polygons) out.polygons = img.outputs.at("polygons");
   out.input_pixels_per_label_pixel = 1.0 / output_per_input;
@@ -236,13 +242,18 @@ OutputStage::ImageOutputs& OutputStage::outputsFor(int image_id) {
 }
 
 void OutputStage::commit(CatalogImage& img, ImageOutputs& out) {
-  if (out.vectors) {
+  if (out.windows) {
     std::error_code ec;
-    for (const auto& path : out.vectors->commit()) stats_.bytes_written += int64_t(fs::file_size(path, ec));
-    if (const auto objects = out.vectors->objects()) {
+    for (const auto& path : out.windows->commit()) stats_.bytes_written += int64_t(fs::file_size(path, ec));
+    if (const auto objects = out.windows->objects()) {
       img.objects = (*objects)[0];
       img.objects_at_window_edge = (*objects)[1];
-      if (img.objects_at_window_edge > 0)
+      if (img.objects_at_window_edge > 0 && options_.instances)
+        spdlog::warn(
+            "'{}': {} object(s) were cut by a window edge inside the image where their window kept them and "
+            "were left out (a larger --overlap than the largest object's diameter keeps them); {} written",
+            img.input, img.objects_at_window_edge, img.objects);
+      else if (img.objects_at_window_edge > 0)
         spdlog::warn(
             "'{}': {} of {} object(s) touch a window edge inside the image: a window saw them cut, and "
             "another may have seen more of them (a larger --overlap than the largest object)",
@@ -362,17 +373,17 @@ void OutputStage::stitchImageWindows(const std::vector<LocatedSlot>& located, si
       if (fault && out.labels) out.labels->injectTileFault();
       if (fault && out.probs) out.probs->injectTileFault();
       const float* values = base + k * per_window;
-      if (out.vectors) {
+      if (out.windows) {
         TILER_CHECK(!fault, IoError,
                     "'" << catalog_.image(image_id).input << "': " << injectedFailure("write failure"));
         catalog_.image(image_id).non_finite_values += countNonFinite(values, per_window);
-        out.vectors->add(local, values);
+        out.windows->add(local, values);
       } else {
         windows.emplace_back(local, values);
       }
     }
     if (out.stitcher) out.stitcher->addMany(windows);
-    if (out.vectors ? out.vectors->done() : out.stitcher->done()) finishImage(image_id, "");
+    if (out.windows ? out.windows->done() : out.stitcher->done()) finishImage(image_id, "");
   } catch (...) {
     finishImage(image_id, describeImageException(std::current_exception(), catalog_.image(image_id).input));
   }

@@ -215,29 +215,34 @@ void InferJob::parseSaveKinds() {
   const std::string& save = *o_.save;
   const std::string bad_save =
       "--save takes labels, probs and polygons (segment), features and features_pt (embed), csv, tiles "
-      "and heatmap (classify), or objects, objects_csv and coco (detect), comma-separated; got '" +
+      "and heatmap (classify), objects, objects_csv and coco (detect), or objects, objects_csv and instances "
+      "(instances), comma-separated; got '" +
       save + "'";
   // "" and "labels," name nothing (or end in nothing), which getline would not return.
   TILER_CHECK(!save.empty() && save.back() != ',', ConfigError, bad_save);
   std::stringstream ss(save);
   std::string part;
   while (std::getline(ss, part, ',')) {
-    const ModelTask task = taskOfOutputKind(part);
-    TILER_CHECK(task != ModelTask::kAuto, ConfigError, bad_save);
-    const ModelTask first = save_kinds_.empty() ? task : taskOfOutputKind(save_kinds_.front());
-    TILER_CHECK(first == task, ConfigError,
-                "--save " << save << " mixes the outputs of two tasks (" << taskName(first) << " and "
-                          << taskName(task) << ")");
-    TILER_CHECK(task_ == ModelTask::kAuto || task_ == task, ConfigError,
-                "--save " << part << " is an output of --task " << taskName(task) << ", not of --task "
-                          << taskName(task_));
+    TILER_CHECK(taskOfOutputKind(part) != ModelTask::kAuto, ConfigError, bad_save);
+    TILER_CHECK(task_ == ModelTask::kAuto || taskWrites(task_, part), ConfigError,
+                "--save " << part << " is an output of --task " << taskName(taskOfOutputKind(part))
+                          << ", not of --task " << taskName(task_));
     if (std::find(save_kinds_.begin(), save_kinds_.end(), part) == save_kinds_.end())
       save_kinds_.push_back(part);
   }
-  // No output shape says "boxes" for sure ([B, N, 6] could be anything): a detector's outputs asked for say
-  // it.
-  if (task_ == ModelTask::kAuto && taskOfOutputKind(save_kinds_.front()) == ModelTask::kDetect)
-    task_ = ModelTask::kDetect;
+  // The first task that writes every kind asked for (objects: detect, unless --task instances says so).
+  ModelTask task = task_;
+  for (ModelTask t : {ModelTask::kSegment, ModelTask::kEmbed, ModelTask::kClassify, ModelTask::kDetect,
+                      ModelTask::kInstances})
+    if (task == ModelTask::kAuto && std::all_of(save_kinds_.begin(), save_kinds_.end(),
+                                                [t](const std::string& kind) { return taskWrites(t, kind); }))
+      task = t;
+  TILER_CHECK(task != ModelTask::kAuto, ConfigError,
+              "--save " << save << " mixes the outputs of two tasks ("
+                        << taskName(taskOfOutputKind(save_kinds_.front())) << " and "
+                        << taskName(taskOfOutputKind(save_kinds_.back())) << ")");
+  // No output shape says "boxes" or "instances" for sure: the outputs asked for say it.
+  if (task == ModelTask::kDetect || task == ModelTask::kInstances) task_ = task;
 }
 
 void InferJob::settleTask() {
@@ -250,10 +255,11 @@ void InferJob::settleTask() {
     if (kind == "polygons") requireFeature("gdal", "--save polygons");
     if (kind == "features") requireFeature("hdf5", "--save features");
   }
-  TILER_CHECK(taskOfOutputKind(save_kinds_.front()) == task, ConfigError,
-              "--save " << *o_.save << " is an output of --task "
-                        << taskName(taskOfOutputKind(save_kinds_.front())) << ", but '" << o_.model
-                        << "' gives " << shape << " (--task " << taskName(task) << ")");
+  for (const std::string& kind : save_kinds_)
+    TILER_CHECK(taskWrites(task, kind), ConfigError,
+                "--save " << *o_.save << " is an output of --task " << taskName(taskOfOutputKind(kind))
+                          << ", but '" << o_.model << "' gives " << shape << " (--task " << taskName(task)
+                          << ")");
   TILER_CHECK(task == ModelTask::kDetect || o_.nms == 0, ConfigError,
               "--nms is for --task detect's boxes, but '" << o_.model << "' gives " << shape);
   if (task == ModelTask::kSegment) {
@@ -277,6 +283,19 @@ void InferJob::settleTask() {
                                 << "the model gives them");
     // The cores of overlapping windows decide which window keeps an object: the overlap stays as asked
     // (--overlap, default 0.25), and the last window of a row or column is padded past the edge.
+    spec_.lattice = o_.edge != "shift";
+    return;
+  }
+  if (task == ModelTask::kInstances) {
+    // Ids are labels, not values: a flipped window's ids are other ids, and activations or blending would
+    // make them fractions.
+    TILER_CHECK(tta_ == Tta::kNone, ConfigError, "--tta is for maps and vectors, not --task instances' ids");
+    TILER_CHECK(activation_ == Activation::kNone, ConfigError,
+                "--activation " << o_.activation << " would turn --task instances' ids into fractions; class "
+                                << "scores are read as the model gives them");
+    TILER_CHECK(classes_.empty() || int(classes_.size()) == probe_.output_channels - 1, ConfigError,
+                "--classes names " << classes_.size() << " class(es), the model gives "
+                                   << probe_.output_channels - 1 << " class channel(s) after its ids");
     spec_.lattice = o_.edge != "shift";
     return;
   }
@@ -326,6 +345,16 @@ OutputOptions InferJob::outputOptions() const {
     wo.compression = compression_;
     wo.nms_iou = o_.nms;
     oo.per_window = wo;
+  }
+  if (probe_.task == ModelTask::kInstances) {
+    InstanceOptions io;
+    io.kinds = save_kinds_;
+    io.channels = probe_.output_channels;
+    io.height = probe_.scale.apply(spec_.window_h);
+    io.width = probe_.scale.apply(spec_.window_w);
+    io.scale = probe_.scale;
+    if (io.channels > 1) io.classes = classNames(io.channels - 1, classes_);
+    oo.instances = io;
   }
   return oo;
 }

@@ -35,7 +35,9 @@ ModelTask parseTask(const std::string& name) {
   if (name == "classify") return ModelTask::kClassify;
   if (name == "embed") return ModelTask::kEmbed;
   if (name == "detect") return ModelTask::kDetect;
-  TILER_THROW(ConfigError, "--task must be auto, segment, classify, embed or detect; got '" << name << "'");
+  if (name == "instances") return ModelTask::kInstances;
+  TILER_THROW(ConfigError,
+              "--task must be auto, segment, classify, embed, detect or instances; got '" << name << "'");
 }
 
 const char* taskName(ModelTask task) {
@@ -48,6 +50,8 @@ const char* taskName(ModelTask task) {
       return "embed";
     case ModelTask::kDetect:
       return "detect";
+    case ModelTask::kInstances:
+      return "instances";
     case ModelTask::kAuto:
       break;
   }
@@ -58,11 +62,13 @@ const std::vector<std::string>& outputKindsOf(ModelTask task) {
   static const std::vector<std::string> segment = {"labels", "probs", "polygons"},
                                         embed = {"features", "features_pt"},
                                         classify = {"csv", "tiles", "heatmap"},
-                                        detect = {"objects", "objects_csv", "coco"}, none;
+                                        detect = {"objects", "objects_csv", "coco"},
+                                        instances = {"objects", "objects_csv", "instances"}, none;
   if (task == ModelTask::kSegment) return segment;
   if (task == ModelTask::kEmbed) return embed;
   if (task == ModelTask::kClassify) return classify;
   if (task == ModelTask::kDetect) return detect;
+  if (task == ModelTask::kInstances) return instances;
   return none;
 }
 
@@ -72,11 +78,15 @@ std::vector<std::string> defaultOutputKinds(ModelTask task) {
   return {outputKindsOf(task).front()};
 }
 
+bool taskWrites(ModelTask task, const std::string& kind) {
+  const auto& kinds = outputKindsOf(task);
+  return std::find(kinds.begin(), kinds.end(), kind) != kinds.end();
+}
+
 ModelTask taskOfOutputKind(const std::string& kind) {
-  for (ModelTask task : {ModelTask::kSegment, ModelTask::kEmbed, ModelTask::kClassify, ModelTask::kDetect}) {
-    const auto& kinds = outputKindsOf(task);
-    if (std::find(kinds.begin(), kinds.end(), kind) != kinds.end()) return task;
-  }
+  for (ModelTask task : {ModelTask::kSegment, ModelTask::kEmbed, ModelTask::kClassify, ModelTask::kDetect,
+                         ModelTask::kInstances})
+    if (taskWrites(task, kind)) return task;
   return ModelTask::kAuto;
 }
 
@@ -125,11 +135,58 @@ std::optional<double> level0Magnification(const CatalogImage& image) {
   return std::nullopt;
 }
 
+ClassInfo objectClass(int k, const std::vector<ClassInfo>& named) {
+  if (k < int(named.size())) return named[size_t(k)];
+  return {"class_" + std::to_string(k), distinctColor(k), true};
+}
+
 std::string csvField(const std::string& text) {
   if (text.find_first_of(",\"\r\n") == std::string::npos) return text;
   std::string quoted = "\"";
   for (char c : text) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
   return quoted + "\"";
+}
+
+TextFile::TextFile(std::string path) : path_(std::move(path)) {
+  const int fd = createFileExclusively(partial());
+  TILER_CHECK(fd >= 0, IoError, "'" << partial() << "': cannot create: " << std::strerror(errno));
+  file_ = fdopen(fd, "w");
+  if (file_ == nullptr) {
+    ::close(fd);
+    TILER_THROW(IoError, "'" << partial() << "': cannot open: " << std::strerror(errno));
+  }
+}
+
+TextFile::~TextFile() {
+  if (file_) std::fclose(file_);
+  std::error_code ec;
+  if (!committed_) fs::remove(partial(), ec);
+}
+
+void TextFile::write(const void* data, size_t bytes) {
+  if (bytes == 0) return;  // data may be null then (an empty tensor's storage)
+  TILER_CHECK(std::fwrite(data, 1, bytes, file_) == bytes, IoError,
+              "'" << partial() << "': write failed: " << std::strerror(errno));
+}
+
+void TextFile::finish(bool durable) {
+  const bool ok = std::fflush(file_) == 0 && (!durable || ::fsync(fileno(file_)) == 0);
+  const int err = errno;
+  const bool closed = std::fclose(file_) == 0;
+  file_ = nullptr;
+  TILER_CHECK(ok && closed, IoError, "'" << partial() << "': write failed: " << std::strerror(err));
+}
+
+void renameFromPartial(const std::string& path) {
+  const std::string partial = path + ".partial";
+  TILER_CHECK(std::rename(partial.c_str(), path.c_str()) == 0, IoError,
+              "'" << path << "': rename from .partial failed: " << std::strerror(errno));
+}
+
+bool inWindowCore(const std::vector<int64_t>& starts, int64_t size, size_t i, double at) {
+  const auto twice_centre = [&](size_t k) { return double(2 * starts[k] + size); };
+  return (i == 0 || 4 * at >= twice_centre(i - 1) + twice_centre(i)) &&
+         (i + 1 == starts.size() || 4 * at < twice_centre(i) + twice_centre(i + 1));
 }
 
 namespace {
@@ -163,63 +220,6 @@ std::string hdf5Error() {
 }
 
 #endif
-
-// One write of a text output under its partial name, created anew.
-class TextFile {
- public:
-  explicit TextFile(std::string path) : path_(std::move(path)) {
-    const int fd = createFileExclusively(partial());
-    TILER_CHECK(fd >= 0, IoError, "'" << partial() << "': cannot create: " << std::strerror(errno));
-    file_ = fdopen(fd, "w");
-    if (file_ == nullptr) {
-      ::close(fd);
-      TILER_THROW(IoError, "'" << partial() << "': cannot open: " << std::strerror(errno));
-    }
-  }
-  ~TextFile() {
-    if (file_) std::fclose(file_);
-    std::error_code ec;
-    if (!committed_) fs::remove(partial(), ec);
-  }
-  void write(const std::string& text) { write(text.data(), text.size()); }
-  void write(const void* data, size_t bytes) {
-    if (bytes == 0) return;  // data may be null then (an empty tensor's storage)
-    TILER_CHECK(std::fwrite(data, 1, bytes, file_) == bytes, IoError,
-                "'" << partial() << "': write failed: " << std::strerror(errno));
-  }
-  // Flushes and closes; `durable`: synced to disk first (a scratch file, read back and removed, need not be).
-  void finish(bool durable = true) {
-    const bool ok = std::fflush(file_) == 0 && (!durable || ::fsync(fileno(file_)) == 0);
-    const int err = errno;
-    const bool closed = std::fclose(file_) == 0;
-    file_ = nullptr;
-    TILER_CHECK(ok && closed, IoError, "'" << partial() << "': write failed: " << std::strerror(err));
-  }
-  std::string partial() const { return path_ + ".partial"; }
-  const std::string& path() const { return path_; }
-  void committed() { committed_ = true; }
-
- private:
-  std::string path_;
-  FILE* file_ = nullptr;  // owned
-  bool committed_ = false;
-};
-
-// Renames `path`.partial to `path`.
-void renameFromPartial(const std::string& path) {
-  const std::string partial = path + ".partial";
-  TILER_CHECK(std::rename(partial.c_str(), path.c_str()) == 0, IoError,
-              "'" << path << "': rename from .partial failed: " << std::strerror(errno));
-}
-
-// Renames a finished file (path(), committed()) into place and adds it to `renamed`, the files a later
-// failure takes back.
-template <typename File>
-void commitFile(File& file, std::vector<std::string>& renamed) {
-  renameFromPartial(file.path());
-  file.committed();
-  renamed.push_back(file.path());
-}
 
 }  // namespace
 
@@ -654,19 +654,6 @@ class WindowOutputs::ClassFiles {
   std::unique_ptr<ImageWriter> heatmap_writer_;  // from finish() on
 };
 
-namespace {
-
-// Whether `at` (padded-image pixels) lies in window `i`'s share of its axis: the points nearer its centre
-// than any other window's (starts[i] + size / 2), the first and last windows' shares running on past the
-// grid. Twice and four times the coordinates keep half pixels exact.
-bool inCore(const std::vector<int64_t>& starts, int64_t size, size_t i, double at) {
-  const auto twice_centre = [&](size_t k) { return double(2 * starts[k] + size); };
-  return (i == 0 || 4 * at >= twice_centre(i - 1) + twice_centre(i)) &&
-         (i + 1 == starts.size() || 4 * at < twice_centre(i) + twice_centre(i + 1));
-}
-
-}  // namespace
-
 // detect: a window's boxes [N, 6] (x1, y1, x2, y2, score, class in window pixels; a score <= 0 pads). A box
 // is kept by the one window whose core holds its centre (the partition of the window centres, the crop
 // blend's), so an object every window that sees it whole finds alike is written once, whatever the world
@@ -680,16 +667,8 @@ class WindowOutputs::DetectionFiles {
     const auto saved = [&](const char* kind) {
       return std::find(o.kinds.begin(), o.kinds.end(), kind) != o.kinds.end();
     };
-    if (saved("objects")) {
-      geojson_ = std::make_unique<TextFile>(image.outputs.at("objects"));
-      // A georeferenced TIFF's objects are placed in its CRS (QGIS); the CSV and COCO stay in pixels.
-      if (image.info.format == "tiff") geo_ = geoFrameOf(image.input);
-      geojson_->write(std::string("{\"type\": \"FeatureCollection\", ") +
-                      (geo_ ? "\"crs\": {\"type\": \"name\", \"properties\": {\"name\": " +
-                                  nlohmann::json(geo_->crs).dump() + "}}, "
-                            : "") +
-                      "\"features\": [");
-    }
+    // The CSV and COCO stay in pixels.
+    if (saved("objects")) geojson_ = openObjectsGeojson(image, geo_);
     if (saved("objects_csv")) {
       csv_ = std::make_unique<TextFile>(image.outputs.at("objects_csv"));
       csv_->write("id,class,score,x1,y1,x2,y2\n");
@@ -733,8 +712,8 @@ class WindowOutputs::DetectionFiles {
                           << (named_.empty() ? "a class number"
                                              : "one of the " + std::to_string(named_.size()) + " --classes"));
       const double cx = (double(b[0]) + b[2]) / 2, cy = (double(b[1]) + b[3]) / 2;
-      if (!inCore(grid.startsX(), grid.windowWidth(), column, double(grid.startsX()[column]) + cx) ||
-          !inCore(grid.startsY(), grid.windowHeight(), row, double(grid.startsY()[row]) + cy))
+      if (!inWindowCore(grid.startsX(), grid.windowWidth(), column, double(grid.startsX()[column]) + cx) ||
+          !inWindowCore(grid.startsY(), grid.windowHeight(), row, double(grid.startsY()[row]) + cy))
         continue;
       const double ix = double(place.x) + cx, iy = double(place.y) + cy;
       if (ix < 0 || iy < 0 || ix >= double(grid.imageWidth()) || iy >= double(grid.imageHeight())) continue;
@@ -774,7 +753,7 @@ class WindowOutputs::DetectionFiles {
       std::string categories;
       for (int k : seen_classes_)
         categories += fmt::format("{}{{\"id\": {}, \"name\": {}}}", categories.empty() ? "" : ", ", k + 1,
-                                  nlohmann::json(className(k).name).dump());
+                                  nlohmann::json(objectClass(k, named_).name).dump());
       coco_->write("\n], \"categories\": [" + categories + "]}\n");
       coco_->finish();
     }
@@ -788,10 +767,6 @@ class WindowOutputs::DetectionFiles {
   int64_t atWindowEdge() const { return at_window_edge_; }
 
  private:
-  ClassInfo className(int k) const {
-    if (k < int(named_.size())) return named_[size_t(k)];
-    return {"class_" + std::to_string(k), distinctColor(k), true};
-  }
   // A kept box, in level-0 pixels; `order`: its place among the kept boxes of the image, in window order.
   struct Box {
     int64_t order = 0, row = 0;
@@ -832,7 +807,7 @@ class WindowOutputs::DetectionFiles {
     const int k = box.k;
     const float score = box.score;
     const double x1 = box.x1, y1 = box.y1, x2 = box.x2, y2 = box.y2;
-    const ClassInfo c = className(k);
+    const ClassInfo c = objectClass(k, named_);
     const std::string name = nlohmann::json(c.name).dump();
     ++objects_;
     seen_classes_.insert(k);
@@ -871,6 +846,17 @@ class WindowOutputs::DetectionFiles {
   int64_t last_row_ = -1;       // the grid row of the last kept box
   std::vector<Box> pending_;    // NMS: kept boxes not yet written, and written ones a later box may meet
 };
+
+std::unique_ptr<TextFile> openObjectsGeojson(const CatalogImage& image, std::optional<GeoFrame>& geo) {
+  auto file = std::make_unique<TextFile>(image.outputs.at("objects"));
+  if (image.info.format == "tiff") geo = geoFrameOf(image.input);
+  file->write(std::string("{\"type\": \"FeatureCollection\", ") +
+              (geo ? "\"crs\": {\"type\": \"name\", \"properties\": {\"name\": " +
+                         nlohmann::json(geo->crs).dump() + "}}, "
+                   : "") +
+              "\"features\": [");
+  return file;
+}
 
 WindowOutputs::WindowOutputs(const CatalogImage& image, WindowOutputOptions options)
     : image_(image), options_(std::move(options)) {

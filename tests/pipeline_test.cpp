@@ -1475,7 +1475,8 @@ TEST_F(Pipeline, NonsenseFlagsFailInOneLineBeforeAnyWork) {
       {"--save ''", "--save takes labels, probs and polygons"},
       {"--save labels,", "--save takes labels, probs and polygons"},
       {"--save labels,features", "--save labels,features mixes the outputs of two tasks (segment and embed)"},
-      {"--task instances", "--task must be auto, segment, classify, embed or detect; got 'instances'"},
+      {"--task instance",
+       "--task must be auto, segment, classify, embed, detect or instances; got 'instance'"},
       {"--threads -3", "must be > 0; got -3"},
       {"--replicas 0", "must be > 0; got 0"},
       {"--scale nan", "must be >= 0; got nan"},
@@ -1768,6 +1769,193 @@ def forward(self, x):
   for (const char* name : {"out_det_swapped", "out_det_nan"})
     EXPECT_FALSE(fs::exists(root_ + "/" + name + "/grey_objects.geojson"))
         << name << ": nothing half-written";
+}
+
+// Discs of known centres and radii on a dark ground (some across the windows' borders, two that touch and
+// make one object, some cut by the image's edge), and what the bundled instance model must find: the
+// 8-connected parts of the pixels it calls bright, computed here over the whole image.
+struct DiscScene {
+  cv::Mat image;  // 8-bit RGB
+  cv::Mat parts;  // int32: 0, or the whole image's part 1..n
+  int n = 0;
+};
+DiscScene discScene() {
+  const int W = 300, H = 260;
+  const std::vector<std::array<double, 3>> discs = {
+      {40.3, 30.6, 10},  {96.5, 100.2, 14}, {160.1, 96.4, 8},   {130, 200.5, 20}, {250.7, 40.2, 12},
+      {290.4, 250.6, 7}, {8.2, 240.5, 6},   {200.6, 170.3, 16}, {226, 170, 11},   {64, 64, 5}};
+  DiscScene s;
+  s.image = cv::Mat(H, W, CV_8UC3, cv::Scalar::all(40));
+  for (const auto& [x, y, r] : discs)
+    for (int py = 0; py < H; ++py)
+      for (int px = 0; px < W; ++px)
+        if (std::hypot(px + 0.5 - x, py + 0.5 - y) <= r)
+          s.image.at<cv::Vec3b>(py, px) = cv::Vec3b(220, 200, 180);
+  cv::Mat grey;
+  cv::cvtColor(s.image, grey, cv::COLOR_RGB2GRAY);
+  s.n = cv::connectedComponents(grey > 100, s.parts, 8, CV_32S) - 1;
+  return s;
+}
+
+// Every pixel of `got` (a uint32 instance TIFF) is an object exactly where `want` has a part, one object for
+// each part.
+void expectSameObjects(const std::string& tiff, const cv::Mat& want, int parts) {
+  cv::Mat got = ImageReader::open(tiff)->readRegion({0, 0, want.cols, want.rows});
+  ASSERT_EQ(got.type(), CV_32S);
+  std::map<int, int> to_part, to_object;
+  for (int y = 0; y < want.rows; ++y)
+    for (int x = 0; x < want.cols; ++x) {
+      const int g = got.at<int32_t>(y, x), w = want.at<int32_t>(y, x);
+      ASSERT_EQ(g == 0, w == 0) << "pixel " << x << ", " << y;
+      if (g == 0) continue;
+      ASSERT_EQ(to_part.emplace(g, w).first->second, w) << "object " << g << " at " << x << ", " << y;
+      ASSERT_EQ(to_object.emplace(w, g).first->second, g) << "part " << w << " at " << x << ", " << y;
+    }
+  EXPECT_EQ(int(to_part.size()), parts);
+}
+
+// The bundled instance model over the discs: every object once, exactly the whole image's parts (the TIFF
+// pixel for pixel; the GeoJSON's outlines of their pixel counts), on 1, 2 and 3 ranks to the byte.
+TEST_F(Pipeline, InstancesAreTheWholeImagesObjectsWhateverTheWorldSize) {
+  const DiscScene scene = discScene();
+  const std::string dir = root_ + "/instances";
+  fs::create_directories(dir);
+  writeImage(dir + "/discs.tif", scene.image, SampleType::kU8);
+  const std::string args =
+      " -i " + dir + " -m " + TILER_TEST_SOURCE_DIR +
+      "/samples/models/instances.pt --task instances --window 128 --overlap 0.5 "
+      "--batch_size 4 --threads 1 --save objects,objects_csv,instances --no_progress -o ";
+  auto r = run(kTiler + args + root_ + "/out_instances1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string out = root_ + "/out_instances1";
+  expectSameObjects(out + "/discs_instances.tif", scene.parts, scene.n);
+  const auto e = *imageEntry(report(out), "discs.tif");
+  EXPECT_EQ(e["objects"], scene.n) << e;
+  EXPECT_EQ(e["objects_at_window_edge"], 0) << e;
+  const auto geojson = nlohmann::json::parse(slurp(out + "/discs_objects.geojson"));
+  ASSERT_EQ(int(geojson["features"].size()), scene.n);
+  std::multiset<double> want_areas, got_areas;
+  for (int k = 1; k <= scene.n; ++k) want_areas.insert(cv::countNonZero(scene.parts == k));
+  for (const auto& f : geojson["features"]) {
+    got_areas.insert(f["properties"]["measurements"]["area"].get<double>());
+    EXPECT_EQ(f["properties"]["objectType"], "detection");
+    EXPECT_EQ(f["geometry"]["type"], "Polygon") << f["id"];
+  }
+  EXPECT_EQ(got_areas, want_areas);
+  if (run("command -v ogrinfo").code == 0) {
+    auto ogr = run("ogrinfo -so -al " + out + "/discs_objects.geojson");
+    EXPECT_NE(ogr.output.find("Feature Count: " + std::to_string(scene.n)), std::string::npos) << ogr.output;
+    // OGR's own area of every outline: the pixel counts, to the pixel.
+    ogr = run("ogrinfo -q -dialect SQLite -sql \"SELECT SUM(ST_Area(geometry)) AS a FROM discs_objects\" " +
+              out + "/discs_objects.geojson");
+    EXPECT_NE(ogr.output.find("a (Real) = " + std::to_string(cv::countNonZero(scene.parts))),
+              std::string::npos)
+        << ogr.output;
+  }
+  for (int ranks : {2, 3}) {
+    const std::string other = root_ + "/out_instances" + std::to_string(ranks);
+    r = run(kCtrun + " --nproc_per_node " + std::to_string(ranks) + " --master_port 0 " + kTiler + args +
+            other);
+    ASSERT_EQ(r.code, 0) << r.output;
+    for (const char* file : {"discs_objects.geojson", "discs_objects.csv", "discs_instances.tif"})
+      EXPECT_TRUE(slurp(other + "/" + file) == slurp(out + "/" + file)) << ranks << " ranks: " << file;
+  }
+}
+
+// At a coarser resolution (--mpp): the objects of the image as processed, each at its level-0 place.
+TEST_F(Pipeline, InstancesAtACoarserResolutionAreInLevel0Pixels) {
+  const DiscScene scene = discScene();
+  const std::string dir = root_ + "/instances_mpp", out = root_ + "/out_instances_mpp";
+  fs::create_directories(dir);
+  writeImage(dir + "/discs.tif", scene.image, SampleType::kU8);
+  auto r = run(kTiler + " -i " + dir + " -m " + TILER_TEST_SOURCE_DIR +
+               "/samples/models/instances.pt --task instances --window 64 --overlap 0.5 --input_mpp 0.25 "
+               "--mpp 0.5 --threads 1 --save objects_csv,instances --no_progress -o " +
+               out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  // The TIFF is the processed image's size; the CSV's centroids are the level-0 parts' centroids.
+  cv::Mat tiff = ImageReader::open(out + "/discs_instances.tif")->readRegion({0, 0, 150, 130});
+  EXPECT_EQ(tiff.size(), cv::Size(150, 130));
+  cv::Mat stats, centroids, labels;
+  cv::Mat grey;
+  cv::cvtColor(scene.image, grey, cv::COLOR_RGB2GRAY);
+  cv::connectedComponentsWithStats(grey > 100, labels, stats, centroids, 8, CV_32S);
+  std::istringstream csv(slurp(out + "/discs_objects.csv"));
+  std::string line;
+  std::getline(csv, line);
+  EXPECT_EQ(line, "id,class,score,area,centroid_x,centroid_y,x1,y1,x2,y2");
+  std::vector<int> found(size_t(scene.n + 1), 0);
+  while (std::getline(csv, line)) {
+    std::vector<std::string> f;
+    std::stringstream fields(line);
+    for (std::string v; std::getline(fields, v, ',');) f.push_back(v);
+    ASSERT_GE(f.size(), 6u) << line;
+    const double cx = std::stod(f[4]), cy = std::stod(f[5]), area = std::stod(f[3]);
+    for (int k = 1; k <= scene.n; ++k)
+      if (std::hypot(cx - centroids.at<double>(k, 0) - 0.5, cy - centroids.at<double>(k, 1) - 0.5) < 1.0) {
+        ++found[size_t(k)];
+        EXPECT_NEAR(area, stats.at<int>(k, cv::CC_STAT_AREA), 0.1 * stats.at<int>(k, cv::CC_STAT_AREA) + 8)
+            << line;
+      }
+  }
+  for (int k = 1; k <= scene.n; ++k) EXPECT_EQ(found[size_t(k)], 1) << "part " << k;
+}
+
+// What an instance model must not give: each is a clear error, of the model (exit 1) or of the image (exit
+// 2), and nothing is half-written.
+TEST_F(Pipeline, InstanceMapsThatMakeNoSenseAreClearErrors) {
+  const std::string dir = root_ + "/instances_bad";
+  fs::create_directories(dir);
+  writeImage(dir + "/grey.tif", cv::Mat(96, 96, CV_8UC3, cv::Scalar::all(200)), SampleType::kU8);
+  const auto tiler = [&](const std::string& name, const std::string& forward, const std::string& extra = "") {
+    return run(kTiler + " -i " + dir + " -m " + saveDetector(root_ + "/" + name + ".pt", forward) + " -o " +
+               root_ + "/out_" + name + " --task instances --window 64 --threads 1 --no_progress" + extra);
+  };
+  auto r = tiler("inst_half", "def forward(self, x):\n    return x.mean([1], True) * 0.5\n");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("grey.tif': window 0 (column 0, row 0): pixel (0, 0) of the instance map is 0.39"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(root_ + "/out_inst_half/grey_objects.geojson"));
+  EXPECT_TRUE(fs::is_empty(root_ + "/out_inst_half/") ||
+              !fs::exists(root_ + "/out_inst_half/grey_objects.geojson.partial"));
+  r = tiler("inst_huge", "def forward(self, x):\n    return x.mean([1], True) * 0.0 + 4294967296.0\n");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("of the instance map is 4.29497e+09, not an object id"), std::string::npos)
+      << r.output;
+  r = tiler("inst_vector", "def forward(self, x):\n    return x.mean([2, 3])\n");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("--task instances needs an instance map [batch, 1 + K, h, w]"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("the output is [1, 3]"), std::string::npos) << r.output;
+  const std::string ids = "def forward(self, x):\n    return (x.mean([1], True) > 0.5).float()\n";
+  r = tiler("inst_tta", ids, " --tta flip");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("--tta is for maps and vectors, not --task instances' ids"), std::string::npos)
+      << r.output;
+  r = tiler("inst_act", ids, " --activation sigmoid");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("would turn --task instances' ids into fractions"), std::string::npos) << r.output;
+  r = tiler("inst_classes", ids, " --classes a,b");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("--classes names 2 class(es), the model gives 0 class channel(s)"),
+            std::string::npos)
+      << r.output;
+  // --save instances says the task. The one object fills every window: each window sees it cut by its
+  // edges inside the image, so none keeps it, and the run says so.
+  r = run(kTiler + " -i " + dir + " -m " + root_ + "/inst_tta.pt -o " + root_ +
+          "/out_inst_saved --save instances --window 64 --threads 1 --no_progress");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("were cut by a window edge inside the image"), std::string::npos) << r.output;
+  const auto e = *imageEntry(report(root_ + "/out_inst_saved"), "grey.tif");
+  EXPECT_EQ(e["objects"], 0) << e;
+  EXPECT_GT(e["objects_at_window_edge"].get<int64_t>(), 0) << e;
+  r = run(kTiler + " -i " + dir + " -m " + root_ + "/inst_tta.pt -o " + root_ +
+          "/out_inst_coco --task instances --save coco --window 64 --threads 1 --no_progress");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("--save coco is an output of --task detect, not of --task instances"),
+            std::string::npos)
+      << r.output;
 }
 
 // A fixture of known values, independent of tiler's own code: a 3x3 convolution of explicit weights over an

@@ -10,7 +10,7 @@ namespace tiler {
 
 // What a model's output is per window: a map to stitch (segment), or one vector: class scores (classify) or
 // features (embed). kAuto: as the output's shape says (window_outputs.hpp names them and their outputs).
-enum class ModelTask { kAuto, kSegment, kClassify, kEmbed, kDetect };
+enum class ModelTask { kAuto, kSegment, kClassify, kEmbed, kDetect, kInstances };
 
 struct JobOptions {
   std::string model;  // empty: the bundled sample model

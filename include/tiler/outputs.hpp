@@ -1,7 +1,8 @@
 // outputs: the image outputs a rank owns (assignOwners). A thread of its own takes each step's predictions
 // for them, stitches them per image (blend) in global window order and streams finished bands to the image's
 // writers, whose tiles a pool of write_threads compresses.
-// A per-window model's vectors skip the stitcher: window_outputs writes them in window order.
+// A per-window model's vectors and an instance model's maps skip the stitcher: a WindowConsumer
+// (window_outputs, instances) takes them and writes in window order.
 // Promise: an image's outputs (labels, probs, polygons; features; csv, tiles, heatmap) are written as
 // .partial files and renamed together, only once every one of them is closed (two-phase commit): a failed
 // image never leaves a file under a final name. Any exception while stitching or writing one image fails that
@@ -27,6 +28,7 @@
 #include "tiler/catalog.hpp"
 #include "tiler/error.hpp"
 #include "tiler/image_io.hpp"
+#include "tiler/instances.hpp"
 #include "tiler/polygons.hpp"
 #include "tiler/queue.hpp"
 #include "tiler/slots.hpp"
@@ -57,6 +59,9 @@ struct OutputOptions {
   // A per-window model (classify, embed): its vectors go to window_outputs (options.dim = classes above),
   // not to a stitcher.
   std::optional<WindowOutputOptions> per_window;
+  // An instance model (instances): its maps go to an InstanceOutputs (the TIFF's writer options are the
+  // stage's), not to a stitcher.
+  std::optional<InstanceOptions> instances;
   // Called for each window stitched, in the stage's order: when it returns true, the tiles of that window's
   // image throw as they are compressed (the job installs TILER_FAULT's write hook here).
   std::function<bool()> stitched_window;
@@ -105,7 +110,7 @@ class OutputStage {
   struct ImageOutputs {
     std::unique_ptr<ImageWriter> labels, probs;
     std::unique_ptr<Stitcher> stitcher;         // segment
-    std::unique_ptr<WindowOutputs> vectors;     // classify, embed
+    std::unique_ptr<WindowConsumer> windows;    // classify, embed, detect, instances
     std::string polygons;                       // final path of the GeoJSON, when asked
     double input_pixels_per_label_pixel = 1.0;  // level-0 input pixels per output pixel (polygons)
     bool keep_labels = true;                    // false: the labels only feed the polygons

@@ -12,6 +12,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <optional>
@@ -25,7 +26,7 @@
 
 namespace tiler {
 
-ModelTask parseTask(const std::string& name);  // auto | segment | classify | embed | detect
+ModelTask parseTask(const std::string& name);  // auto | segment | classify | embed | detect | instances
 const char* taskName(ModelTask task);
 
 // The output kinds (--save) a task writes, in the order they are listed; the first are the default.
@@ -33,9 +34,12 @@ const char* taskName(ModelTask task);
 //   embed: features, features_pt          (<stem>.h5, <stem>.pt; default features)
 //   classify: csv, tiles, heatmap         (default csv,tiles)
 //   detect: objects, objects_csv, coco    (<stem>_objects.geojson, _objects.csv, _coco.json; default objects)
+//   instances: objects, objects_csv, instances  (<stem>_instances.tif; default objects)
 const std::vector<std::string>& outputKindsOf(ModelTask task);
 std::vector<std::string> defaultOutputKinds(ModelTask task);
-// The task an output kind belongs to (kAuto: no such kind).
+// Whether `task` writes output kind `kind`.
+bool taskWrites(ModelTask task, const std::string& kind);
+// The first task that writes an output kind (objects and objects_csv: detect; kAuto: no such kind).
 ModelTask taskOfOutputKind(const std::string& kind);
 
 // A window where the level-0 image has it (pixels; the window may reach past an image smaller than it), and
@@ -63,32 +67,91 @@ struct WindowOutputOptions {
 // Class names for K classes: --classes as given, else class_0, class_1, ... (CSV column prob_<name>);
 // classes without a colour of their own get distinct palette colours (none black).
 std::vector<ClassInfo> classNames(int64_t classes, const std::vector<ClassInfo>& named);
+// An object's class k: --classes' k-th where named, else class_<k> in a distinct colour.
+ClassInfo objectClass(int k, const std::vector<ClassInfo>& named);
 // The objective power of `image`'s level 0: the slide's own, else TRIDENT's bucket of its µm/px (0.25 -> 40x,
 // 0.5 -> 20x, 1.0 -> 10x); none when neither is known.
 std::optional<double> level0Magnification(const CatalogImage& image);
 // A CSV field per RFC 4180: quoted (inner quotes doubled) when it holds a comma, a quote or a line break.
 std::string csvField(const std::string& text);
 
+// Whether `at` (padded-image pixels along one axis) lies in window `i`'s share of that axis: the points
+// nearer its centre (starts[i] + size / 2) than any other window's, the first and last windows' shares
+// running on past the grid. The crop blend's partition: an object is kept by the one window whose core holds
+// its centre, whatever the world size. Twice and four times the coordinates keep half pixels exact.
+bool inWindowCore(const std::vector<int64_t>& starts, int64_t size, size_t i, double at);
+
+// One text output written under "<path>.partial" (created anew); removed when destroyed uncommitted. Every
+// failure is an IoError naming the file.
+class TextFile {
+ public:
+  explicit TextFile(std::string path);
+  ~TextFile();
+  TextFile(const TextFile&) = delete;
+  TextFile& operator=(const TextFile&) = delete;
+  void write(const std::string& text) { write(text.data(), text.size()); }
+  void write(const void* data, size_t bytes);
+  // Flushes and closes; `durable`: synced to disk first (a scratch file, read back and removed, need not be).
+  void finish(bool durable = true);
+  std::string partial() const { return path_ + ".partial"; }
+  const std::string& path() const { return path_; }
+  void committed() { committed_ = true; }
+
+ private:
+  std::string path_;
+  FILE* file_ = nullptr;  // owned
+  bool committed_ = false;
+};
+
+// Renames `path`.partial to `path`.
+void renameFromPartial(const std::string& path);
+// Renames a finished file (path(), committed()) into place and adds it to `renamed`, the files a later
+// failure takes back.
+template <typename File>
+void commitFile(File& file, std::vector<std::string>& renamed) {
+  renameFromPartial(file.path());
+  file.committed();
+  renamed.push_back(file.path());
+}
+
+// Creates `image`'s objects GeoJSON (outputs["objects"]) and writes the start of its FeatureCollection; a
+// georeferenced TIFF's objects are placed in its CRS (QGIS), which `geo` receives and the file names.
+std::unique_ptr<TextFile> openObjectsGeojson(const CatalogImage& image, std::optional<GeoFrame>& geo);
+
+// What takes an image's window results when they are not stitched into maps (MONAI's Merger): per-window
+// vectors and boxes (WindowOutputs), instance maps (InstanceOutputs). The output stage hands it each window
+// once, in any order, and commits it when done. Not thread safe (the output stage's thread).
+class WindowConsumer {
+ public:
+  virtual ~WindowConsumer() = default;
+  // The result of grid window `window` (one of the image's planned windows) as the model gave it.
+  virtual void add(int64_t window, const float* values) = 0;
+  // Every planned window added (true at once for an image without any).
+  virtual bool done() const = 0;
+  // Closes every file under its partial name (throws IoError; nothing is renamed then), then renames them
+  // all; a failed rename takes back those already renamed. Returns the final paths.
+  virtual std::vector<std::string> commit() = 0;
+  // Object tasks: the objects written and those a window edge inside the image cut; nullopt otherwise.
+  virtual std::optional<std::array<int64_t, 2>> objects() const { return std::nullopt; }
+};
+
 // The outputs of one image. Not thread safe (the output stage's thread).
-class WindowOutputs {
+class WindowOutputs : public WindowConsumer {
  public:
   // Creates the partial files of `image`'s outputs (image.outputs names them, by kind).
   WindowOutputs(const CatalogImage& image, WindowOutputOptions options);
-  ~WindowOutputs();
+  ~WindowOutputs() override;
   WindowOutputs(const WindowOutputs&) = delete;
   WindowOutputs& operator=(const WindowOutputs&) = delete;
 
   // The vector (dim floats) of grid window `window`, one of the image's planned windows, in any order.
-  void add(int64_t window, const float* values);
-  // Every planned window added (true at once for an image without any).
-  bool done() const { return next_ == image_.plannedWindows(); }
+  void add(int64_t window, const float* values) override;
+  bool done() const override { return next_ == image_.plannedWindows(); }
   // Vectors held because they arrived before their turn.
   size_t heldVectors() const { return early_.size(); }
-  // Closes every file under its partial name (throws IoError; nothing is renamed then), then renames them
-  // all; a failed rename takes back those already renamed. Returns the final paths.
-  std::vector<std::string> commit();
+  std::vector<std::string> commit() override;
   // detect: the objects written and those of them cut by a window edge inside the image; nullopt otherwise.
-  std::optional<std::array<int64_t, 2>> objects() const;
+  std::optional<std::array<int64_t, 2>> objects() const override;
 
  private:
   class FeatureFile;

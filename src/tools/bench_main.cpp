@@ -203,9 +203,27 @@ void writeSyntheticRgb(const std::string& path, int64_t size, PixelFn pixel) {
 }
 
 // tissue > 0: a slide, light glass with stained discs covering about that share of it; noise: every sample
-// drawn at random (a model's outputs over it are as incompressible as real ones get); else coloured blobs on
-// a dark textured background.
-int make(const std::string& path, int64_t size, double tissue, bool noise) {
+// drawn at random (a model's outputs over it are as incompressible as real ones get); discs > 0: one bright
+// disc in each cell of that pitch, its radius and place in the cell varied (objects to count: (size /
+// pitch)^2 of them); else coloured blobs on a dark textured background.
+int make(const std::string& path, int64_t size, double tissue, bool noise, int64_t discs) {
+  if (discs > 0) {
+    TILER_CHECK(discs >= 8, tiler::ConfigError, "--discs is a pitch of at least 8 pixels");
+    writeSyntheticRgb(path, size, [discs](int64_t x, int64_t y, uint8_t* rgb) {
+      const int64_t cx = x / discs, cy = y / discs;
+      const uint64_t h = (uint64_t(cy) * 0x9E3779B97F4A7C15ull) ^ (uint64_t(cx) * 0xBF58476D1CE4E5B9ull);
+      // A radius of 0.2-0.35 pitch, the centre up to 0.1 pitch off the cell's: discs never touch.
+      const int64_t r = discs * (20 + int64_t(h % 16)) / 100,
+                    jx = discs * int64_t((h >> 8) % 21) / 100 - discs / 10,
+                    jy = discs * int64_t((h >> 16) % 21) / 100 - discs / 10;
+      const int64_t dx = x % discs - discs / 2 - jx, dy = y % discs - discs / 2 - jy;
+      const bool disc = dx * dx + dy * dy < r * r;
+      rgb[0] = uint8_t(disc ? 220 : 60 + (x * 13 + y * 7) % 40);
+      rgb[1] = uint8_t(disc ? 200 : 55 + (x * 5 + y * 11) % 30);
+      rgb[2] = uint8_t(disc ? 180 : 50 + (x + y) % 20);
+    });
+    return 0;
+  }
   if (noise) {
     writeSyntheticRgb(path, size, [](int64_t x, int64_t y, uint8_t* rgb) {
       uint64_t h = (uint64_t(y) << 32 | uint64_t(x)) * 0x9E3779B97F4A7C15ull;  // a fixed hash: the same image
@@ -402,9 +420,12 @@ int main(int argc, char** argv) {
   mk->add_option("output", path)->required();
   mk->add_option(flagNames("--size"), size);
   double tissue = 0;
+  int64_t discs = 0;
   mk->add_option(flagNames("--tissue"), tissue, "a slide with this share of stained discs on glass");
   bool noise = false;
   mk->add_flag(flagNames("--noise"), noise, "every sample at random (deterministic)");
+  mk->add_option(flagNames("--discs"), discs,
+                 "one bright disc in every cell of this pitch (objects to count)");
   auto* t = app.add_subcommand("tiny-model", "a 1x1 convolution TorchScript model");
   t->add_option("output", path)->required();
   bool threshold = false;
@@ -432,7 +453,7 @@ int main(int argc, char** argv) {
     if (*f) return forward(model, window, batch, windows, threads, replicas, precision, jit_optimize);
     if (*i) return io(path, window, overlap, read_threads);
     if (*n) return naive(path, model, window, batch, threads);
-    if (*mk) return make(path, size, tissue, noise);
+    if (*mk) return make(path, size, tissue, noise, discs);
     if (*t) return tinyModel(path, threshold, classes);
     if (*cd) return codecs(path, codec_list, scratch);
     if (*g) return gather(mib, gathers, !no_shared_memory);

@@ -114,11 +114,11 @@ int runInferCli(int argc, char** argv) {
       flagNames("--save"), save,
       "comma-separated: labels, probs, polygons (segment; default labels), features, features_pt (embed; "
       "default features), csv, tiles, heatmap (classify; default csv,tiles), objects, objects_csv, coco "
-      "(detect; default objects)");
+      "(detect; default objects), objects, objects_csv, instances (instances; default objects)");
   app.add_option(flagNames("--task"), o.task,
-                 "auto | segment | classify | embed | detect (auto: NCHW output segment; [B,D] classify with "
-                 "--activation softmax|sigmoid or --classes, else embed; detect only when named: boxes "
-                 "[B,N,6])")
+                 "auto | segment | classify | embed | detect | instances (auto: NCHW output segment; [B,D] "
+                 "classify with --activation softmax|sigmoid or --classes, else embed; detect and instances "
+                 "only when named or saved: boxes [B,N,6], instance ids [B,1+K,h,w])")
       ->capture_default_str();
   app.add_option(flagNames("--edge"), o.edge,
                  "auto | lattice | shift: the last windows on whole strides past the edge (lattice, as "
