@@ -131,6 +131,11 @@ PY
 check "detect on cuda" per_window detect_cuda cuda detector.pt detect
 check "detect on cpu" per_window detect_cpu cpu detector.pt detect
 check "  the same objects" cmp -s "$out/detect_cuda/blobs_4096_objects.geojson" "$out/detect_cpu/blobs_4096_objects.geojson"
+# The bundled instance model compares and spreads whole numbers: the same objects on either device, to the byte.
+check "instances on cuda" per_window instances_cuda cuda instances.pt instances
+check "instances on cpu" per_window instances_cpu cpu instances.pt instances
+check "  the same objects" cmp -s "$out/instances_cuda/blobs_4096_objects.geojson" \
+  "$out/instances_cpu/blobs_4096_objects.geojson"
 check "classify on cuda" per_window classify_cuda cuda classifier.pt classify
 check "classify on cpu" per_window classify_cpu cpu classifier.pt classify
 check "  class scores agree (max |diff| < 1e-3)" python3 - "$out" <<'PY'

@@ -54,6 +54,139 @@ void storeProbabilities(const cv::Mat& rows, SampleType type, cv::Mat out) {
   rows.convertTo(out, out.type(), type == SampleType::kU8 ? 255.0 : 1.0);
 }
 
+// segment: an image's stitched maps (blend), streamed band by band as labels and probabilities, and the
+// polygons traced from the labels when it commits.
+class StitchedOutputs : public WindowConsumer {
+ public:
+  StitchedOutputs(CatalogImage& img, const OutputOptions& o, const WriterOptions& wo)
+      : img_(img), o_(o), pool_(wo.pool.get()) {
+    fs::create_directories(fs::path(img.outputs.begin()->second).parent_path());
+    const int64_t out_w = o.scale.apply(img.info.width), out_h = o.scale.apply(img.info.height);
+    const int label_classes = labelClassCount(o.classes);
+    keep_labels_ = o.save_labels;
+    if (o.save_polygons) polygons_ = img.outputs.at("polygons");
+    input_pixels_per_label_pixel_ = 1.0 / wo.metadata_scale;
+    if (o.save_labels || o.save_polygons) {
+      WriterOptions lo = wo;
+      lo.format = o.format;
+      lo.nearest = true;
+      if (lo.format == "tif") lo.colormap = labelPalette(label_classes, o.classes_named);
+      if (!o.classes_named.empty()) {
+        nlohmann::json names = nlohmann::json::array();
+        for (const auto& c : o.classes_named) names.push_back(c.name);
+        lo.description = nlohmann::json{{"classes", names}}.dump();
+      }
+      // Polygons without labels: the labels go to a file of their own that only feeds the polygonizer.
+      const std::string path = o.save_labels ? img.outputs.at("labels") : polygons_ + ".labels.tif";
+      if (!o.save_labels) lo.format = "tif";
+      labels_ = std::make_unique<ImageWriter>(path, out_w, out_h, 1, labelSampleType(label_classes), lo);
+    }
+    if (o.save_probs) {
+      WriterOptions po = wo;
+      // f32 files stay as they always were: values are probabilities as the model gave them.
+      if (o.probs_type != SampleType::kF32) po.description = probsDescription(o.probs_type, o.classes_named);
+      if (o.probs_type == SampleType::kU8) po.value_scale = 1.0 / 255.0;
+      probs_ =
+          std::make_unique<ImageWriter>(img.outputs.at("probs"), out_w, out_h, o.classes, o.probs_type, po);
+    }
+    StitchOptions stitch = o.stitch;
+    stitch.pool = wo.pool.get();
+    stitcher_ = std::make_unique<Stitcher>(
+        img.grid, o.classes, stitch, [this](const cv::Mat& band, int64_t) { writeBand(band); },
+        img.masked ? std::optional<std::vector<int64_t>>(img.kept) : std::nullopt);
+  }
+
+  void add(int64_t window, const float* values) override { stitcher_->addMany({{window, values}}); }
+  // A step's windows of one grid row are accumulated together.
+  void addMany(const std::vector<std::pair<int64_t, const float*>>& windows) override {
+    stitcher_->addMany(windows);
+  }
+  bool done() const override { return stitcher_->done(); }
+  bool injectTileFault() override {
+    if (labels_) labels_->injectTileFault();
+    if (probs_) probs_->injectTileFault();
+    return true;
+  }
+
+  std::vector<std::string> commit() override {
+    // An image a mask left without a window: all zeros, band by band.
+    if (img_.plannedWindows() == 0) stitcher_->finishEmpty();
+    // Phase one: every file closed under its partial name. Phase two: all renamed.
+    if (labels_) labels_->finish();
+    if (probs_) probs_->finish();
+    const std::string polygons_partial = polygons_ + ".partial";
+    std::error_code ec;
+    if (!polygons_.empty()) {
+      PolygonOptions po;
+      po.palette = labelPalette(labelClassCount(o_.classes), o_.classes_named);
+      po.named = o_.classes_named;
+      po.input_pixels_per_label_pixel = input_pixels_per_label_pixel_;
+      po.simplify = o_.simplify;
+      try {
+        writePolygons(labels_->partialPath(), polygons_partial, po);
+      } catch (...) {
+        fs::remove(polygons_partial, ec);
+        throw;
+      }
+    }
+    std::vector<std::string> committed;
+    try {
+      if (labels_ && keep_labels_) {
+        labels_->commit();
+        committed.push_back(labels_->path());
+      }
+      if (probs_) {
+        probs_->commit();
+        committed.push_back(probs_->path());
+      }
+      if (!polygons_.empty()) {
+        TILER_CHECK(std::rename(polygons_partial.c_str(), polygons_.c_str()) == 0, IoError,
+                    "'" << polygons_ << "': rename from .partial failed: " << std::strerror(errno));
+        committed.push_back(polygons_);
+      }
+    } catch (...) {
+      // All or nothing: what was renamed already goes too.
+      for (const auto& path : committed) fs::remove(path, ec);
+      fs::remove(polygons_partial, ec);
+      throw;
+    }
+    return committed;
+  }
+
+ private:
+  // Each output value once, while the band is at hand, in pieces of rows on the pool: non-finite predictions
+  // (they stay so through blending), the stored probabilities, the labels.
+  void writeBand(const cv::Mat& band) {
+    cv::Mat stored = probs_ ? storedProbabilitiesBuffer(band, o_.probs_type) : cv::Mat();
+    cv::Mat label_rows;
+    if (labels_) label_rows.create(band.rows, band.cols, cvDepthOf(labelSampleType(band.channels())));
+    std::atomic<int64_t> non_finite{0};
+    const float threshold = o_.label_threshold;
+    parallelRows(pool_, band.rows, kMinRowsPerPiece, [&](int64_t a, int64_t b) {
+      const cv::Mat rows = band.rowRange(int(a), int(b));
+      int64_t bad = 0;
+      for (int y = 0; y < rows.rows; ++y)
+        bad += countNonFinite(rows.ptr<float>(y), int64_t(rows.cols) * rows.channels());
+      non_finite += bad;
+      if (probs_ && stored.data != band.data)
+        storeProbabilities(rows, o_.probs_type, stored.rowRange(int(a), int(b)));
+      if (labels_) labelsInto(rows, threshold, label_rows.rowRange(int(a), int(b)));
+    });
+    img_.non_finite_values += non_finite.load();
+    if (probs_) probs_->writeRows(stored);
+    if (labels_) labels_->writeRows(label_rows);
+  }
+
+  CatalogImage& img_;       // the catalog's, which outlives the stage
+  const OutputOptions& o_;  // the stage's
+  WorkPool* pool_;          // the stage's: compressions and the bands' pieces of rows
+  std::unique_ptr<ImageWriter> labels_, probs_;
+  std::unique_ptr<Stitcher> stitcher_;
+  std::string polygons_;                       // final path of the GeoJSON, when asked
+  double input_pixels_per_label_pixel_ = 1.0;  // level-0 input pixels per output pixel (polygons)
+  bool keep_labels_ = true;                    // false: the labels only feed the polygons
+};
+
 }  // namespace
 
 OutputStage::OutputStage(WindowCatalog& catalog, OutputOptions options)
@@ -116,8 +249,7 @@ void OutputStage::loop() {
     const CatalogImage& img = catalog_.image(id);
     if (!owns(id) || img.status != "ok" || img.first_window < 0 || img.plannedWindows() > 0) continue;
     try {
-      ImageOutputs& out = outputsFor(id);
-      if (out.stitcher) out.stitcher->finishEmpty();
+      outputsFor(id);
       finishImage(id, "");
     } catch (...) {
       finishImage(id, describeImageException(std::current_exception(), img.input));
@@ -154,156 +286,52 @@ void OutputStage::loop() {
   open_.clear();
 }
 
-OutputStage::ImageOutputs& OutputStage::outputsFor(int image_id) {
+WindowConsumer& OutputStage::outputsFor(int image_id) {
   auto it = open_.find(image_id);
-  if (it != open_.end()) return it->second;
+  if (it != open_.end()) return *it->second;
   CatalogImage& img = catalog_.image(image_id);
-  ImageOutputs out;
+  std::unique_ptr<WindowConsumer> out;
   if (options_.per_window) {
-    out.windows = std::make_unique<WindowOutputs>(img, *options_.per_window);
-    return open_.emplace(image_id, std::move(out)).first->second;
-  }
-  const int64_t out_w = options_.scale.apply(img.info.width), out_h = options_.scale.apply(img.info.height);
-  WriterOptions wo;
-  wo.compression = options_.compression;
-  wo.software = kTilerSoftware;  // a later run over this directory knows these for outputs
-  // Output pixels per level-0 input pixel: the model's scale over the processing downsample.
-  const double output_per_input = options_.scale.value() / img.resolution.downsample;
-  wo.metadata_from = img.info.format == "tiff" ? img.input : "";
-  wo.metadata_scale = output_per_input;
-  if (img.resolution.mpp) wo.mpp = *img.resolution.mpp / options_.scale.value();
-  wo.pyramid = options_.pyramid;
-  wo.background = true;  // compression off the stitcher's thread
-  wo.pool = pool_;
-  if (options_.instances) {
-    InstanceOptions io = *options_.instances;
-    io.tiff = wo;
-    out.windows = std::make_unique<InstanceOutputs>(img, std::move(io));
-    return open_.emplace(image_id, std::move(out)).first->second;
-  }
-  fs::create_directories(fs::path(img.outputs.begin()->second).parent_path());
-  out.keep_labels = options_.save_labels;
-  if (options_.save_polygons) out.polygons = img.outputs.at("polygons");
-  out.input_pixels_per_label_pixel = 1.0 / output_per_input;
-  if (options_.save_labels || options_.save_polygons) {
-    WriterOptions lo = wo;
-    lo.format = options_.format;
-    lo.nearest = true;
-    if (lo.format == "tif") lo.colormap = labelPalette(labelClasses(), options_.classes_named);
-    if (!options_.classes_named.empty()) {
-      nlohmann::json names = nlohmann::json::array();
-      for (const auto& c : options_.classes_named) names.push_back(c.name);
-      lo.description = nlohmann::json{{"classes", names}}.dump();
+    out = std::make_unique<WindowOutputs>(img, *options_.per_window);
+  } else {
+    WriterOptions wo;
+    wo.compression = options_.compression;
+    wo.software = kTilerSoftware;  // a later run over this directory knows these for outputs
+    wo.metadata_from = img.info.format == "tiff" ? img.input : "";
+    // Output pixels per level-0 input pixel: the model's scale over the processing downsample.
+    wo.metadata_scale = options_.scale.value() / img.resolution.downsample;
+    if (img.resolution.mpp) wo.mpp = *img.resolution.mpp / options_.scale.value();
+    wo.pyramid = options_.pyramid;
+    wo.background = true;  // compression off the stage's thread
+    wo.pool = pool_;
+    if (options_.instances) {
+      InstanceOptions io = *options_.instances;
+      io.tiff = wo;
+      out = std::make_unique<InstanceOutputs>(img, std::move(io));
+    } else {
+      out = std::make_unique<StitchedOutputs>(img, options_, wo);
     }
-    // Polygons without labels: the labels go to a file of their own that only feeds the polygonizer.
-    const std::string path = options_.save_labels ? img.outputs.at("labels") : out.polygons + ".labels.tif";
-    if (!options_.save_labels) lo.format = "tif";
-    out.labels = std::make_unique<ImageWriter>(path, out_w, out_h, 1, labelSampleType(labelClasses()), lo);
   }
-  if (options_.save_probs) {
-    WriterOptions po = wo;
-    // f32 files stay as they always were: values are probabilities as the model gave them.
-    if (options_.probs_type != SampleType::kF32)
-      po.description = probsDescription(options_.probs_type, options_.classes_named);
-    if (options_.probs_type == SampleType::kU8) po.value_scale = 1.0 / 255.0;
-    out.probs = std::make_unique<ImageWriter>(img.outputs.at("probs"), out_w, out_h, options_.classes,
-                                              options_.probs_type, po);
-  }
-  ImageWriter* labels = out.labels.get();
-  ImageWriter* probs = out.probs.get();
-  const float threshold = options_.label_threshold;
-  StitchOptions stitch = options_.stitch;
-  stitch.pool = pool_.get();
-  out.stitcher = std::make_unique<Stitcher>(
-      img.grid, options_.classes, stitch,
-      [this, image_id, labels, probs, threshold](const cv::Mat& band, int64_t) {
-        // Each output value once, while the band is at hand, in pieces of rows on the pool: non-finite
-        // predictions (they stay so through blending), the stored probabilities, the labels.
-        cv::Mat stored = probs ? storedProbabilitiesBuffer(band, options_.probs_type) : cv::Mat();
-        cv::Mat label_rows;
-        if (labels) label_rows.create(band.rows, band.cols, cvDepthOf(labelSampleType(band.channels())));
-        std::atomic<int64_t> non_finite{0};
-        parallelRows(pool_.get(), band.rows, kMinRowsPerPiece, [&](int64_t a, int64_t b) {
-          const cv::Mat rows = band.rowRange(int(a), int(b));
-          int64_t bad = 0;
-          for (int y = 0; y < rows.rows; ++y)
-            bad += countNonFinite(rows.ptr<float>(y), int64_t(rows.cols) * rows.channels());
-          non_finite += bad;
-          if (probs && stored.data != band.data)
-            storeProbabilities(rows, options_.probs_type, stored.rowRange(int(a), int(b)));
-          if (labels) labelsInto(rows, threshold, label_rows.rowRange(int(a), int(b)));
-        });
-        catalog_.image(image_id).non_finite_values += non_finite.load();
-        if (probs) probs->writeRows(stored);
-        if (labels) labels->writeRows(label_rows);
-      },
-      img.masked ? std::optional<std::vector<int64_t>>(img.kept) : std::nullopt);
-  return open_.emplace(image_id, std::move(out)).first->second;
+  return *open_.emplace(image_id, std::move(out)).first->second;
 }
 
-void OutputStage::commit(CatalogImage& img, ImageOutputs& out) {
-  if (out.windows) {
-    std::error_code ec;
-    for (const auto& path : out.windows->commit()) stats_.bytes_written += int64_t(fs::file_size(path, ec));
-    if (const auto objects = out.windows->objects()) {
-      img.objects = (*objects)[0];
-      img.objects_at_window_edge = (*objects)[1];
-      if (img.objects_at_window_edge > 0 && options_.instances)
-        spdlog::warn(
-            "'{}': {} object(s) were cut by a window edge inside the image where their window kept them and "
-            "were left out (a larger --overlap than the largest object's diameter keeps them); {} written",
-            img.input, img.objects_at_window_edge, img.objects);
-      else if (img.objects_at_window_edge > 0)
-        spdlog::warn(
-            "'{}': {} of {} object(s) touch a window edge inside the image: a window saw them cut, and "
-            "another may have seen more of them (a larger --overlap than the largest object)",
-            img.input, img.objects_at_window_edge, img.objects);
-    }
-    return;
-  }
-  // Phase one: every file closed under its partial name. Phase two: all renamed.
-  if (out.labels) out.labels->finish();
-  if (out.probs) out.probs->finish();
-  const std::string polygons_partial = out.polygons + ".partial";
+void OutputStage::commit(CatalogImage& img, WindowConsumer& out) {
   std::error_code ec;
-  if (!out.polygons.empty()) {
-    PolygonOptions po;
-    po.palette = labelPalette(labelClasses(), options_.classes_named);
-    po.named = options_.classes_named;
-    po.input_pixels_per_label_pixel = out.input_pixels_per_label_pixel;
-    po.simplify = options_.simplify;
-    try {
-      writePolygons(out.labels->partialPath(), polygons_partial, po);
-    } catch (...) {
-      fs::remove(polygons_partial, ec);
-      throw;
-    }
-  }
-  std::vector<std::string> committed;
-  const auto count = [&](const std::string& path) {
-    committed.push_back(path);
-    stats_.bytes_written += int64_t(fs::file_size(path, ec));
-  };
-  try {
-    if (out.labels && out.keep_labels) {
-      out.labels->commit();
-      count(out.labels->path());
-    }
-    if (out.probs) {
-      out.probs->commit();
-      count(out.probs->path());
-    }
-    if (!out.polygons.empty()) {
-      TILER_CHECK(std::rename(polygons_partial.c_str(), out.polygons.c_str()) == 0, IoError,
-                  "'" << out.polygons << "': rename from .partial failed: " << std::strerror(errno));
-      count(out.polygons);
-    }
-  } catch (...) {
-    // All or nothing: what was renamed already goes too.
-    for (const auto& path : committed) fs::remove(path, ec);
-    fs::remove(polygons_partial, ec);
-    throw;
-  }
+  for (const auto& path : out.commit()) stats_.bytes_written += int64_t(fs::file_size(path, ec));
+  const auto objects = out.objects();
+  if (!objects) return;
+  img.objects = (*objects)[0];
+  img.objects_at_window_edge = (*objects)[1];
+  if (img.objects_at_window_edge > 0 && options_.instances)
+    spdlog::warn(
+        "'{}': {} object(s) were cut by a window edge inside the image where their window kept them and "
+        "were left out (a larger --overlap than the largest object's diameter keeps them); {} written",
+        img.input, img.objects_at_window_edge, img.objects);
+  else if (img.objects_at_window_edge > 0)
+    spdlog::warn(
+        "'{}': {} of {} object(s) touch a window edge inside the image: a window saw them cut, and "
+        "another may have seen more of them (a larger --overlap than the largest object)",
+        img.input, img.objects_at_window_edge, img.objects);
 }
 
 void OutputStage::finishImage(int image_id, const std::string& error) {
@@ -317,7 +345,7 @@ void OutputStage::finishImage(int image_id, const std::string& error) {
           "mean nothing (a label, a class or a feature made of them neither)",
           img.input, img.non_finite_values);
     try {
-      commit(img, it->second);
+      commit(img, *it->second);
     } catch (...) {
       err = describeImageException(std::current_exception(), img.input);
     }
@@ -365,25 +393,21 @@ void OutputStage::stitchImageWindows(const std::vector<LocatedSlot>& located, si
                                      const float* base, int64_t per_window) {
   const int image_id = located[first].image;
   try {
-    ImageOutputs& out = outputsFor(image_id);
+    WindowConsumer& out = outputsFor(image_id);
+    CatalogImage& img = catalog_.image(image_id);
     std::vector<std::pair<int64_t, const float*>> windows;
     for (size_t i = first; i < last; ++i) {
-      const int64_t k = located[i].slot, local = located[i].window;
+      // A consumer that compresses tiles fails as they are written; the others fail here.
       const bool fault = options_.stitched_window && options_.stitched_window();
-      if (fault && out.labels) out.labels->injectTileFault();
-      if (fault && out.probs) out.probs->injectTileFault();
-      const float* values = base + k * per_window;
-      if (out.windows) {
-        TILER_CHECK(!fault, IoError,
-                    "'" << catalog_.image(image_id).input << "': " << injectedFailure("write failure"));
-        catalog_.image(image_id).non_finite_values += countNonFinite(values, per_window);
-        out.windows->add(local, values);
-      } else {
-        windows.emplace_back(local, values);
-      }
+      TILER_CHECK(!fault || out.injectTileFault(), IoError,
+                  "'" << img.input << "': " << injectedFailure("write failure"));
+      const float* values = base + located[i].slot * per_window;
+      // A stitcher counts the values it blends as each band is finished; the others, as they come.
+      if (!stitched()) img.non_finite_values += countNonFinite(values, per_window);
+      windows.emplace_back(located[i].window, values);
     }
-    if (out.stitcher) out.stitcher->addMany(windows);
-    if (out.windows ? out.windows->done() : out.stitcher->done()) finishImage(image_id, "");
+    out.addMany(windows);
+    if (out.done()) finishImage(image_id, "");
   } catch (...) {
     finishImage(image_id, describeImageException(std::current_exception(), catalog_.image(image_id).input));
   }

@@ -1862,6 +1862,40 @@ TEST_F(Pipeline, InstancesAreTheWholeImagesObjectsWhateverTheWorldSize) {
   }
 }
 
+// A mask over the left half (x < 150): the windows of columns 0 and 1 (128 px at a stride of 64) run, those
+// of columns 2 to 4 do not, so exactly the parts whose centroid lies in columns 0 and 1's cores (x < 160) are
+// found.
+TEST_F(Pipeline, MaskedInstancesAreThoseOfTheWindowsThatRan) {
+  const DiscScene scene = discScene();
+  const std::string dir = root_ + "/instances_masked", out = root_ + "/out_instances_masked";
+  fs::create_directories(dir);
+  writeImage(dir + "/discs.tif", scene.image, SampleType::kU8);
+  cv::Mat half(scene.image.rows, scene.image.cols, CV_8U, cv::Scalar(0));
+  half.colRange(0, half.cols / 2).setTo(255);
+  cv::imwrite(root_ + "/left_half.png", half);
+  auto r =
+      run(kTiler + " -i " + dir + " -m " + TILER_TEST_SOURCE_DIR +
+          "/samples/models/instances.pt --task instances --window 128 --overlap 0.5 --threads 1 --mask " +
+          root_ + "/left_half.png --mask_fraction 0.5 --save instances --no_progress -o " + out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  cv::Mat stats, centroids, want;
+  cv::Mat grey;
+  cv::cvtColor(scene.image, grey, cv::COLOR_RGB2GRAY);
+  const int n = cv::connectedComponentsWithStats(grey > 100, want, stats, centroids, 8, CV_32S) - 1;
+  int kept = 0;
+  for (int k = 1; k <= n; ++k) {
+    if (centroids.at<double>(k, 0) + 0.5 < 160) {
+      ++kept;
+    } else {
+      want.setTo(0, want == k);
+    }
+  }
+  ASSERT_GT(kept, 0);
+  ASSERT_LT(kept, n);
+  expectSameObjects(out + "/discs_instances.tif", want, kept);
+  EXPECT_EQ(imageEntry(report(out), "discs.tif")->at("objects"), kept);
+}
+
 // At a coarser resolution (--mpp): the objects of the image as processed, each at its level-0 place.
 TEST_F(Pipeline, InstancesAtACoarserResolutionAreInLevel0Pixels) {
   const DiscScene scene = discScene();

@@ -107,14 +107,6 @@ class OutputStage {
   static void applyResults(WindowCatalog& catalog, const std::string& results);
 
  private:
-  struct ImageOutputs {
-    std::unique_ptr<ImageWriter> labels, probs;
-    std::unique_ptr<Stitcher> stitcher;         // segment
-    std::unique_ptr<WindowConsumer> windows;    // classify, embed, detect, instances
-    std::string polygons;                       // final path of the GeoJSON, when asked
-    double input_pixels_per_label_pixel = 1.0;  // level-0 input pixels per output pixel (polygons)
-    bool keep_labels = true;                    // false: the labels only feed the polygons
-  };
   void loop();
   // A slot of the step to stitch, located once in the catalog.
   struct LocatedSlot {
@@ -128,10 +120,12 @@ class OutputStage {
   // failure fails the image.
   void stitchImageWindows(const std::vector<LocatedSlot>& located, size_t first, size_t last,
                           const float* base, int64_t per_window);
-  ImageOutputs& outputsFor(int image_id);
+  // The image's consumer of window results, created with its partial files at its first window.
+  WindowConsumer& outputsFor(int image_id);
   void finishImage(int image_id, const std::string& error);
-  void commit(CatalogImage& img, ImageOutputs& out);
-  int labelClasses() const { return labelClassCount(options_.classes); }
+  void commit(CatalogImage& img, WindowConsumer& out);
+  // segment: the maps are blended (their non-finite values are counted band by band).
+  bool stitched() const { return !options_.per_window && !options_.instances; }
   bool owns(int image_id) const {
     return options_.owners.empty() || options_.owners[size_t(image_id)] == options_.rank;
   }
@@ -140,8 +134,8 @@ class OutputStage {
   OutputOptions options_;
   std::shared_ptr<WorkPool> pool_;  // compresses the tiles of every writer of the stage
   BoundedQueue<StepResult> steps_;
-  std::map<int, ImageOutputs> open_;  // stage thread only
-  OutputStats stats_;                 // stage thread only, until finish() joined it
+  std::map<int, std::unique_ptr<WindowConsumer>> open_;  // stage thread only
+  OutputStats stats_;                                    // stage thread only, until finish() joined it
   std::mutex error_mutex_;
   std::optional<std::string> error_;  // guarded by error_mutex_
   std::thread thread_;                // last: starts once the members above exist

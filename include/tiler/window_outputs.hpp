@@ -118,14 +118,18 @@ void commitFile(File& file, std::vector<std::string>& renamed) {
 // georeferenced TIFF's objects are placed in its CRS (QGIS), which `geo` receives and the file names.
 std::unique_ptr<TextFile> openObjectsGeojson(const CatalogImage& image, std::optional<GeoFrame>& geo);
 
-// What takes an image's window results when they are not stitched into maps (MONAI's Merger): per-window
-// vectors and boxes (WindowOutputs), instance maps (InstanceOutputs). The output stage hands it each window
-// once, in any order, and commits it when done. Not thread safe (the output stage's thread).
+// What takes an image's window results (MONAI's Merger): stitched maps (outputs.cpp's StitchedOutputs),
+// per-window vectors and boxes (WindowOutputs), instance maps (InstanceOutputs). The output stage hands it
+// each window once, in any order, and commits it when done. Not thread safe (the output stage's thread).
 class WindowConsumer {
  public:
   virtual ~WindowConsumer() = default;
   // The result of grid window `window` (one of the image's planned windows) as the model gave it.
   virtual void add(int64_t window, const float* values) = 0;
+  // A step's windows of the image, in window order (a stitcher accumulates a grid row's together).
+  virtual void addMany(const std::vector<std::pair<int64_t, const float*>>& windows) {
+    for (const auto& [window, values] : windows) add(window, values);
+  }
   // Every planned window added (true at once for an image without any).
   virtual bool done() const = 0;
   // Closes every file under its partial name (throws IoError; nothing is renamed then), then renames them
@@ -133,6 +137,9 @@ class WindowConsumer {
   virtual std::vector<std::string> commit() = 0;
   // Object tasks: the objects written and those a window edge inside the image cut; nullopt otherwise.
   virtual std::optional<std::array<int64_t, 2>> objects() const { return std::nullopt; }
+  // TILER_FAULT's write failure: true when the consumer's tiles now fail as they are compressed; false when
+  // it writes no tiles (the stage fails the image itself).
+  virtual bool injectTileFault() { return false; }
 };
 
 // The outputs of one image. Not thread safe (the output stage's thread).
