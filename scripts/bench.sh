@@ -503,6 +503,8 @@ if want objects; then
     emit "objects: ${n}px, $count discs, instances" peak_rss_mb "$ins_rss"
     read -r two_s _ <<<"$(objects_run "$img" 2 --task instances --save objects,objects_csv,instances)"
     emit "objects: ${n}px, $count discs, instances, 2 ranks / 1" time_ratio "$(ratio "$two_s" "$ins_s")"
+    read -r seg_two_s _ <<<"$(objects_run "$img" 2 --task segment --save labels)"
+    emit "objects: ${n}px, $count discs, segment labels, 2 ranks / 1" time_ratio "$(ratio "$seg_two_s" "$seg_s")"
     read -r _ few_rss few <<<"$(objects_run "$(discs 82)" 1 --task instances --save objects,objects_csv,instances)"
     read -r _ many_rss lots <<<"$(objects_run "$(discs 26)" 1 --task instances --save objects,objects_csv,instances)"
     emit "objects: ${n}px, $lots vs $few discs, instances" rss_ratio "$(ratio "$many_rss" "$few_rss")"

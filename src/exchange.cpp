@@ -46,19 +46,21 @@ std::vector<torch::Tensor> StepExchange::share(const torch::Tensor& rows,
 std::vector<StepSlots> StepExchange::shareSlots(const StepSlots& slots,
                                                 const std::optional<std::string>& fatal,
                                                 const std::string& what) {
-  auto rows = torch::empty({int64_t(slots.size()), 3}, torch::kInt64);
+  auto rows = torch::empty({int64_t(slots.size()), 4}, torch::kInt64);
   auto mine = rows.accessor<int64_t, 2>();
   for (size_t k = 0; k < slots.size(); ++k) {
     mine[int64_t(k)][0] = slots[k].image;
     mine[int64_t(k)][1] = slots[k].window;
     mine[int64_t(k)][2] = int64_t(slots[k].status);
+    mine[int64_t(k)][3] = slots[k].record_bytes;
   }
   std::vector<StepSlots> out;
   for (const auto& t : share(rows, fatal, what)) {
     auto theirs = t.accessor<int64_t, 2>();
     StepSlots& s = out.emplace_back(slots.size());
     for (size_t k = 0; k < s.size(); ++k)
-      s[k] = WindowSlot{int(theirs[int64_t(k)][0]), theirs[int64_t(k)][1], SlotStatus(theirs[int64_t(k)][2])};
+      s[k] = WindowSlot{int(theirs[int64_t(k)][0]), theirs[int64_t(k)][1], SlotStatus(theirs[int64_t(k)][2]),
+                        theirs[int64_t(k)][3]};
   }
   return out;
 }

@@ -7,8 +7,10 @@
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <type_traits>
 #include <unordered_map>
 
+#include "tiler/blend.hpp"
 #include "tiler/error.hpp"
 
 namespace fs = std::filesystem;
@@ -210,31 +212,21 @@ InstanceOutputs::InstanceOutputs(const CatalogImage& image, InstanceOptions opti
 
 InstanceOutputs::~InstanceOutputs() = default;
 
-void InstanceOutputs::add(int64_t window, const float* values) {
-  TILER_CHECK(!done(), IoError, "'" << image_.input << "': window " << window << " arrived after the last");
-  // Objects are found as windows arrive; only the kept ones wait for their turn.
-  std::vector<Kept> kept = keep(window, values);
-  if (window != image_.gridWindow(next_)) {
-    early_.emplace(window, std::move(kept));
-    return;
-  }
-  write(window, kept);
-  for (auto it = early_.begin(); !done() && it != early_.end() && it->first == image_.gridWindow(next_);
-       it = early_.erase(it))
-    write(it->first, it->second);
-}
-
-std::vector<InstanceOutputs::Kept> InstanceOutputs::keep(int64_t window, const float* values) {
-  const WindowGrid& grid = image_.grid;
+WindowObjects keepWindowObjects(const CatalogImage& image, const InstanceOptions& options, int64_t window,
+                                const float* values) {
+  const WindowGrid& grid = image.grid;
   const Rect place = grid.imageWindow(window);
   const size_t column = size_t(window % grid.columns()), row = size_t(window / grid.columns());
   const auto where = [&] {
-    return fmt::format("'{}': window {} (column {}, row {}): ", image_.input, window, column, row);
+    return fmt::format("'{}': window {} (column {}, row {}): ", image.input, window, column, row);
   };
-  const double s = options_.scale.value();
-  const int64_t h = options_.height, w = options_.width;
-  std::vector<Kept> kept;
-  for (WindowObject& o : objectsOfWindow(values, options_.channels, h, w, where)) {
+  const double s = options.scale.value();
+  const int64_t h = options.height, w = options.width;
+  const bool outlines =
+      std::find(options.kinds.begin(), options.kinds.end(), "objects") != options.kinds.end();
+  WindowObjects out;
+  out.non_finite = countNonFinite(values, options.channels * h * w);
+  for (WindowObject& o : objectsOfWindow(values, options.channels, h, w, where)) {
     const double cx = o.cx / s, cy = o.cy / s;  // processing pixels in the window
     if (!inWindowCore(grid.startsX(), grid.windowWidth(), column, double(grid.startsX()[column]) + cx) ||
         !inWindowCore(grid.startsY(), grid.windowHeight(), row, double(grid.startsY()[row]) + cy))
@@ -245,11 +237,11 @@ std::vector<InstanceOutputs::Kept> InstanceOutputs::keep(int64_t window, const f
     if ((o.x0 == 0 && place.x > 0) || (o.y0 == 0 && place.y > 0) ||
         (o.x1 == w && place.right() < grid.imageWidth()) ||
         (o.y1 == h && place.bottom() < grid.imageHeight())) {
-      ++cut_;
+      ++out.cut;
       continue;
     }
-    Kept k;
-    if (geojson_) {
+    KeptObject k;
+    if (outlines) {
       // The object's mask in its box with a border of one pixel.
       const int64_t bw = o.x1 - o.x0 + 2, bh = o.y1 - o.y0 + 2;
       std::vector<uint8_t> mask(size_t(bw * bh), 0);
@@ -266,15 +258,152 @@ std::vector<InstanceOutputs::Kept> InstanceOutputs::keep(int64_t window, const f
       k.score = o.class_means[size_t(k.k)];
     }
     k.object = std::move(o);
-    kept.push_back(std::move(k));
+    out.kept.push_back(std::move(k));
   }
-  return kept;
+  return out;
 }
 
-void InstanceOutputs::write(int64_t window, std::vector<Kept>& kept) {
+namespace {
+
+// Plain values and arrays of them, in the machine's byte order (every rank of a job runs on one kind of
+// machine, as the process group's tensors assume).
+class RecordWriter {
+ public:
+  template <typename T>
+  void put(const T& v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    bytes_.append(reinterpret_cast<const char*>(&v), sizeof v);
+  }
+  template <typename T>
+  void putAll(const std::vector<T>& v) {
+    put(int64_t(v.size()));
+    bytes_.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+  }
+  std::string take() { return std::move(bytes_); }
+
+ private:
+  std::string bytes_;
+};
+
+class RecordReader {
+ public:
+  RecordReader(const std::string& bytes, const std::string& where) : bytes_(bytes), where_(where) {}
+  template <typename T>
+  T get() {
+    T v;
+    need(sizeof v);
+    std::memcpy(&v, bytes_.data() + at_, sizeof v);
+    at_ += sizeof v;
+    return v;
+  }
+  template <typename T>
+  std::vector<T> getAll() {
+    const auto n = get<int64_t>();
+    TILER_CHECK(n >= 0 && uint64_t(n) <= (bytes_.size() - at_) / sizeof(T), IoError,
+                where_ << "a record of window objects is cut short");
+    std::vector<T> v(static_cast<size_t>(n));
+    std::memcpy(v.data(), bytes_.data() + at_, size_t(n) * sizeof(T));
+    at_ += size_t(n) * sizeof(T);
+    return v;
+  }
+  bool atEnd() const { return at_ == bytes_.size(); }
+
+ private:
+  void need(size_t n) const {
+    TILER_CHECK(bytes_.size() - at_ >= n, IoError, where_ << "a record of window objects is cut short");
+  }
+  const std::string& bytes_;
+  const std::string& where_;
+  size_t at_ = 0;
+};
+
+}  // namespace
+
+std::string encodeWindowObjects(const WindowObjects& objects) {
+  RecordWriter w;
+  w.put(objects.cut);
+  w.put(objects.non_finite);
+  w.put(int64_t(objects.kept.size()));
+  for (const KeptObject& k : objects.kept) {
+    const WindowObject& o = k.object;
+    for (int64_t v : {o.id, o.pixels, o.x0, o.y0, o.x1, o.y1}) w.put(v);
+    w.put(o.cx);
+    w.put(o.cy);
+    w.putAll(o.class_means);
+    w.putAll(o.runs);
+    w.put(int32_t(k.k));
+    w.put(k.score);
+    w.put(int64_t(k.outlines.size()));
+    for (const OutlinePolygon& polygon : k.outlines) {
+      w.put(int64_t(polygon.size()));
+      for (const OutlineRing& ring : polygon) w.putAll(ring);
+    }
+  }
+  return w.take();
+}
+
+WindowObjects decodeWindowObjects(const std::string& bytes, const std::string& where) {
+  RecordReader r(bytes, where);
+  WindowObjects objects;
+  objects.cut = r.get<int64_t>();
+  objects.non_finite = r.get<int64_t>();
+  const auto n = r.get<int64_t>();
+  TILER_CHECK(n >= 0 && uint64_t(n) <= bytes.size(), IoError,
+              where << "a record of window objects is corrupt");
+  for (int64_t i = 0; i < n; ++i) {
+    KeptObject k;
+    WindowObject& o = k.object;
+    for (int64_t* v : {&o.id, &o.pixels, &o.x0, &o.y0, &o.x1, &o.y1}) *v = r.get<int64_t>();
+    o.cx = r.get<double>();
+    o.cy = r.get<double>();
+    o.class_means = r.getAll<double>();
+    o.runs = r.getAll<std::array<int32_t, 3>>();
+    k.k = r.get<int32_t>();
+    k.score = r.get<double>();
+    const auto polygons = r.get<int64_t>();
+    TILER_CHECK(polygons >= 0 && uint64_t(polygons) <= bytes.size(), IoError,
+                where << "a record of window objects is corrupt");
+    for (int64_t p = 0; p < polygons; ++p) {
+      OutlinePolygon& polygon = k.outlines.emplace_back();
+      const auto rings = r.get<int64_t>();
+      TILER_CHECK(rings >= 0 && uint64_t(rings) <= bytes.size(), IoError,
+                  where << "a record of window objects is corrupt");
+      for (int64_t q = 0; q < rings; ++q) polygon.push_back(r.getAll<std::array<int32_t, 2>>());
+    }
+    objects.kept.push_back(std::move(k));
+  }
+  TILER_CHECK(r.atEnd(), IoError, where << "a record of window objects has bytes after its last object");
+  return objects;
+}
+
+void InstanceOutputs::add(int64_t window, const float* values) {
+  take(window, keepWindowObjects(image_, options_, window, values));
+}
+
+void InstanceOutputs::addRecord(int64_t window, const std::string& record) {
+  take(window,
+       decodeWindowObjects(record, "'" + image_.input + "': window " + std::to_string(window) + ": "));
+}
+
+void InstanceOutputs::take(int64_t window, WindowObjects objects) {
+  TILER_CHECK(!done(), IoError, "'" << image_.input << "': window " << window << " arrived after the last");
+  non_finite_ += objects.non_finite;
+  // Only the kept objects wait for their turn.
+  if (window != image_.gridWindow(next_)) {
+    early_.emplace(window, std::move(objects));
+    return;
+  }
+  write(window, objects);
+  for (auto it = early_.begin(); !done() && it != early_.end() && it->first == image_.gridWindow(next_);
+       it = early_.erase(it))
+    write(it->first, it->second);
+}
+
+void InstanceOutputs::write(int64_t window, const WindowObjects& objects) {
   const Rect rect = image_.grid.imageWindow(window);
   if (raster_) advanceRaster(std::max<int64_t>(options_.scale.apply(rect.y), 0));
-  for (const Kept& k : kept) {
+  cut_ += objects.cut;
+  for (const KeptObject& k : objects.kept) {
     ++objects_;
     writeFeature(k, rect);
     if (raster_) paint(k, rect);
@@ -282,7 +411,7 @@ void InstanceOutputs::write(int64_t window, std::vector<Kept>& kept) {
   ++next_;
 }
 
-void InstanceOutputs::writeFeature(const Kept& kept, const Rect& rect) {
+void InstanceOutputs::writeFeature(const KeptObject& kept, const Rect& rect) {
   const WindowObject& o = kept.object;
   const double d = image_.resolution.downsample, s = options_.scale.value();
   // Window output pixels to level-0 pixels.
@@ -351,7 +480,7 @@ void InstanceOutputs::advanceRaster(int64_t to) {
   }
 }
 
-void InstanceOutputs::paint(const Kept& kept, const Rect& rect) {
+void InstanceOutputs::paint(const KeptObject& kept, const Rect& rect) {
   const int64_t ox = options_.scale.apply(rect.x), oy = options_.scale.apply(rect.y);
   const auto id = int32_t(uint32_t(objects_));  // the TIFF's uint32, in an int32 matrix
   for (const auto& [y, a, b] : kept.object.runs) {

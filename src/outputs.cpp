@@ -339,6 +339,7 @@ void OutputStage::finishImage(int image_id, const std::string& error) {
   std::string err = error;
   auto it = open_.find(image_id);
   if (it != open_.end() && err.empty()) {
+    img.non_finite_values += it->second->nonFiniteValues();
     if (img.non_finite_values > 0)
       spdlog::warn(
           "'{}': {} value(s) of the predictions are not finite (the model gave NaN or Inf); those values "
@@ -365,7 +366,8 @@ void OutputStage::finishImage(int image_id, const std::string& error) {
 
 void OutputStage::stitchStep(StepResult& step) {
   for (auto& [image_id, message] : step.failures) finishImage(image_id, message);
-  if (!step.preds.defined()) return;  // none of this step's windows are this rank's to write
+  // None of this step's windows are this rank's to write.
+  if (!step.preds.defined() && step.records.empty()) return;
   std::vector<LocatedSlot> located;
   for (size_t k = 0; k < step.slots.size(); ++k) {
     if (!step.slots[k].ok()) continue;
@@ -376,21 +378,23 @@ void OutputStage::stitchStep(StepResult& step) {
   // Accumulate in global window order whatever rank produced each slot.
   std::sort(located.begin(), located.end(),
             [](const LocatedSlot& a, const LocatedSlot& b) { return a.global < b.global; });
-  const int64_t per_window = step.preds.numel() / std::max<int64_t>(step.preds.size(0), 1);
-  const float* base = step.preds.data_ptr<float>();
+  const int64_t per_window =
+      step.preds.defined() ? step.preds.numel() / std::max<int64_t>(step.preds.size(0), 1) : 0;
+  const float* base = step.preds.defined() ? step.preds.data_ptr<float>() : nullptr;
   // Global order keeps an image's windows together: each image's run goes to its stitcher at once, which
   // accumulates the windows of one grid row together.
   for (size_t first = 0; first < located.size();) {
     const int image_id = located[first].image;
     size_t last = first + 1;
     while (last < located.size() && located[last].image == image_id) ++last;
-    if (catalog_.image(image_id).status == "ok") stitchImageWindows(located, first, last, base, per_window);
+    if (catalog_.image(image_id).status == "ok")
+      stitchImageWindows(step, located, first, last, base, per_window);
     first = last;
   }
 }
 
-void OutputStage::stitchImageWindows(const std::vector<LocatedSlot>& located, size_t first, size_t last,
-                                     const float* base, int64_t per_window) {
+void OutputStage::stitchImageWindows(const StepResult& step, const std::vector<LocatedSlot>& located,
+                                     size_t first, size_t last, const float* base, int64_t per_window) {
   const int image_id = located[first].image;
   try {
     WindowConsumer& out = outputsFor(image_id);
@@ -401,12 +405,17 @@ void OutputStage::stitchImageWindows(const std::vector<LocatedSlot>& located, si
       const bool fault = options_.stitched_window && options_.stitched_window();
       TILER_CHECK(!fault || out.injectTileFault(), IoError,
                   "'" << img.input << "': " << injectedFailure("write failure"));
+      if (!step.records.empty()) {
+        out.addRecord(located[i].window, step.records[size_t(located[i].slot)]);
+        continue;
+      }
       const float* values = base + located[i].slot * per_window;
-      // A stitcher counts the values it blends as each band is finished; the others, as they come.
-      if (!stitched()) img.non_finite_values += countNonFinite(values, per_window);
+      // A stitcher counts the values it blends as each band is finished, an instance consumer the values of
+      // each map; vectors are counted here.
+      if (options_.per_window) img.non_finite_values += countNonFinite(values, per_window);
       windows.emplace_back(located[i].window, values);
     }
-    out.addMany(windows);
+    if (!windows.empty()) out.addMany(windows);
     if (out.done()) finishImage(image_id, "");
   } catch (...) {
     finishImage(image_id, describeImageException(std::current_exception(), catalog_.image(image_id).input));

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <future>
@@ -118,6 +119,15 @@ class InferJob {
   // in the step. Returns this rank's slots (preds undefined when it owns none of the step's windows).
   StepResult routePredictions(const std::vector<StepSlots>& every_rank, const torch::Tensor& preds,
                               const std::string& what);
+  // instances: each of the batch's windows' objects, found on this rank (which ran them), as the record its
+  // image's owner takes (slot.record_bytes set); a map that is no map of ids fails its image.
+  std::vector<std::string> windowRecords(WindowBatch& batch, const torch::Tensor& preds);
+  // The records of a step to the owners of their images, one gather per owner as for predictions, each
+  // rank's records end to end and padded to the most bytes any rank sends that owner.
+  StepResult routeRecords(const std::vector<StepSlots>& every_rank, const std::vector<std::string>& records,
+                          const std::string& what);
+  // routes[owner][rank]: the slots of `rank` that hold a window of an image `owner` writes, in slot order.
+  std::vector<std::vector<std::vector<int64_t>>> routesOf(const std::vector<StepSlots>& every_rank) const;
   torch::Tensor forward(ModelRunner& model, WindowBatch& batch, int64_t fault_slot);
   std::vector<int64_t> predictionSizes(int64_t windows) const;  // a forward's output for this many windows
   torch::Tensor zeroPredictions() const;                        // a batch's, on the exchange's device
@@ -148,6 +158,7 @@ class InferJob {
   int64_t shard_run_ = 1;  // the most windows one rank takes in a row (RowDeal::longest_part)
   std::string cpu_blas_;   // cpuBlasName(), asked once
   ModelProbe probe_;
+  std::optional<InstanceOptions> instances_;  // instances: what each window's records are made with
   WindowCatalog catalog_;
   std::set<int> failed_;                 // images this rank knows to have failed (main thread)
   std::vector<int> owners_;              // the rank that stitches and writes each image (assignOwners)
@@ -495,10 +506,18 @@ void InferJob::runStep(int64_t step, int64_t steps, ForwardedBatch forwarded, Wi
     batch = WindowBatch{};
     batch->slots.assign(size_t(B), WindowSlot{});
   }
+  std::vector<std::string> records;
+  if (instances_ && !fatal) {
+    const size_t reported = batch->failures.size();
+    records = windowRecords(*batch, preds);
+    for (size_t i = reported; i < batch->failures.size(); ++i)
+      exchange().reportImageFailure(batch->failures[i].first, batch->failures[i].second);
+  }
   const auto t1 = Clock::now();
   // The window lists carry every rank's status: a fatal error anywhere throws here on every rank.
   const auto every_rank = exchange().shareSlots(batch->slots, fatal, "the window list of " + what);
-  StepResult result = routePredictions(every_rank, preds, what);
+  StepResult result =
+      instances_ ? routeRecords(every_rank, records, what) : routePredictions(every_rank, preds, what);
   stats_.gather_seconds += secondsSince(t1);
   stats_.windows += batch->valid;
   for (const StepSlots& slots : every_rank) {
@@ -513,21 +532,90 @@ void InferJob::runStep(int64_t step, int64_t steps, ForwardedBatch forwarded, Wi
   outputs.submit(std::move(result));  // a stopped stage says why at the next step
 }
 
+std::vector<std::vector<std::vector<int64_t>>> InferJob::routesOf(
+    const std::vector<StepSlots>& every_rank) const {
+  const int W = worldSize();
+  auto routes =
+      std::vector<std::vector<std::vector<int64_t>>>(size_t(W), std::vector<std::vector<int64_t>>(size_t(W)));
+  for (int r = 0; r < W; ++r) {
+    const StepSlots& slots = every_rank[size_t(r)];
+    for (size_t k = 0; k < slots.size(); ++k)
+      if (slots[k].ok()) routes[size_t(owners_[size_t(slots[k].image)])][size_t(r)].push_back(int64_t(k));
+  }
+  return routes;
+}
+
+std::vector<std::string> InferJob::windowRecords(WindowBatch& batch, const torch::Tensor& preds) {
+  std::vector<std::string> records(batch.slots.size());
+  if (!preds.defined()) return records;  // every slot failed in the forward
+  const torch::Tensor maps = preds.cpu().contiguous();
+  const int64_t per_window = maps.numel() / maps.size(0);
+  std::set<int> failed;
+  for (size_t k = 0; k < batch.slots.size(); ++k) {
+    WindowSlot& slot = batch.slots[k];
+    if (!slot.ok()) continue;
+    const auto [image, window] = catalog_.locate(slot.window);
+    try {
+      records[k] = encodeWindowObjects(keepWindowObjects(catalog_.image(image), *instances_, window,
+                                                         maps.data_ptr<float>() + int64_t(k) * per_window));
+      slot.record_bytes = int64_t(records[k].size());
+    } catch (...) {
+      slot.status = SlotStatus::kFailed;
+      if (failed.insert(slot.image).second)
+        batch.failures.emplace_back(slot.image,
+                                    errorRankPrefix() + describeException(std::current_exception()));
+    }
+  }
+  return records;
+}
+
+StepResult InferJob::routeRecords(const std::vector<StepSlots>& every_rank,
+                                  const std::vector<std::string>& records, const std::string& what) {
+  const int W = worldSize();
+  const auto routes = routesOf(every_rank);
+  StepResult result;
+  for (int owner = 0; owner < W; ++owner) {
+    const auto& mine = routes[size_t(owner)];
+    int64_t longest = 0;
+    bool any = false;
+    for (int r = 0; r < W; ++r) {
+      int64_t bytes = 0;
+      for (int64_t k : mine[size_t(r)]) bytes += every_rank[size_t(r)][size_t(k)].record_bytes;
+      longest = std::max(longest, bytes);
+      any = any || !mine[size_t(r)].empty();
+    }
+    if (!any) continue;
+    auto part = torch::zeros({std::max<int64_t>(longest, 1)}, torch::kUInt8);
+    auto* to = reinterpret_cast<char*>(part.data_ptr<uint8_t>());
+    for (int64_t k : mine[size_t(rank())]) {
+      const std::string& record = records[size_t(k)];
+      std::memcpy(to, record.data(), record.size());
+      to += record.size();
+    }
+    const std::string of = "the objects of " + what + (W > 1 ? " for rank " + std::to_string(owner) : "");
+    const auto gathered = exchange().gather(part, owner, of);
+    if (owner != rank()) continue;
+    const auto* base = reinterpret_cast<const char*>(gathered.data_ptr<uint8_t>());
+    for (int r = 0; r < W; ++r) {
+      const char* at = base + r * part.size(0);
+      for (int64_t k : mine[size_t(r)]) {
+        const WindowSlot& slot = every_rank[size_t(r)][size_t(k)];
+        result.slots.push_back(slot);
+        result.records.emplace_back(at, size_t(slot.record_bytes));
+        at += slot.record_bytes;
+      }
+    }
+  }
+  return result;
+}
+
 StepResult InferJob::routePredictions(const std::vector<StepSlots>& every_rank, const torch::Tensor& preds,
                                       const std::string& what) {
   const int W = worldSize();
-  // routes[owner][rank]: the slots of `rank` whose images `owner` writes, in slot order.
-  auto routes =
-      std::vector<std::vector<std::vector<int64_t>>>(size_t(W), std::vector<std::vector<int64_t>>(size_t(W)));
+  const auto routes = routesOf(every_rank);
   std::vector<int64_t> ok(size_t(W), 0);
-  for (int r = 0; r < W; ++r) {
-    const StepSlots& slots = every_rank[size_t(r)];
-    for (size_t k = 0; k < slots.size(); ++k) {
-      if (!slots[k].ok()) continue;
-      ++ok[size_t(r)];
-      routes[size_t(owners_[size_t(slots[k].image)])][size_t(r)].push_back(int64_t(k));
-    }
-  }
+  for (int r = 0; r < W; ++r)
+    for (const WindowSlot& slot : every_rank[size_t(r)]) ok[size_t(r)] += slot.ok();
   StepResult result;
   for (int owner = 0; owner < W; ++owner) {
     const auto& mine = routes[size_t(owner)];
@@ -764,6 +852,7 @@ InferJob::Deal InferJob::dealWindows() {
 }
 
 int InferJob::runSteps(Deal deal) {
+  instances_ = outputOptions().instances;
   const int64_t B = o_.batch_size, steps = deal.steps;
   OutputStage outputs(catalog_, outputOptions());
   WindowLoader loader(catalog_, spec_, loaderOptions(), std::move(deal.slots), steps);

@@ -858,6 +858,10 @@ std::unique_ptr<TextFile> openObjectsGeojson(const CatalogImage& image, std::opt
   return file;
 }
 
+void WindowConsumer::addRecord(int64_t window, const std::string&) {
+  TILER_THROW(IoError, "window " << window << ": a record for outputs that take the model's values");
+}
+
 WindowOutputs::WindowOutputs(const CatalogImage& image, WindowOutputOptions options)
     : image_(image), options_(std::move(options)) {
   TILER_CHECK(options_.dim > 0, ConfigError, "a per-window output needs a vector of at least one value");

@@ -39,7 +39,7 @@ TEST_P(ExchangeWorlds, ShareSlotsReturnsEveryRanksSlotsAsSent) {
   test::runRanks(size, [size](DistContext& ctx) {
     StepExchange ex(ctx);
     const int r = ctx.rank();
-    const StepSlots mine = {WindowSlot{r, 1000 + r, SlotStatus::kOk}, WindowSlot{},
+    const StepSlots mine = {WindowSlot{r, 1000 + r, SlotStatus::kOk, 17 * r + 1}, WindowSlot{},
                             WindowSlot{7, int64_t(1) << 40, SlotStatus(r % 4)}};
     auto all = ex.shareSlots(mine, std::nullopt, "slots");
     ASSERT_EQ(int(all.size()), size);
@@ -49,6 +49,7 @@ TEST_P(ExchangeWorlds, ShareSlotsReturnsEveryRanksSlotsAsSent) {
       EXPECT_EQ(theirs[0].image, q);
       EXPECT_EQ(theirs[0].window, 1000 + q);
       EXPECT_TRUE(theirs[0].ok());
+      EXPECT_EQ(theirs[0].record_bytes, 17 * q + 1);
       EXPECT_EQ(theirs[1].image, -1);
       EXPECT_EQ(theirs[1].window, -1);
       EXPECT_EQ(theirs[1].status, SlotStatus::kPadded);

@@ -174,10 +174,15 @@ TEST(Instances, EachObjectIsKeptOnceByTheWindowWhoseCoreHoldsItsCentroidInAnyOrd
   cv::rectangle(s.global, cv::Rect(31, 4, 3, 3), cv::Scalar(5), cv::FILLED);
   std::string first_csv, first_geojson;
   for (int pass = 0; pass < 2; ++pass) {
+    // Maps found by the owner in order, then records made by the ranks that ran the windows, backwards.
     InstanceOutputs out(s.img, instanceOptions());
     for (int64_t k = 0; k < s.img.grid.count(); ++k) {
       const int64_t w = pass == 0 ? k : s.img.grid.count() - 1 - k;
-      out.add(w, windowMap(s, w).data());
+      if (pass == 0)
+        out.add(w, windowMap(s, w).data());
+      else
+        out.addRecord(
+            w, encodeWindowObjects(keepWindowObjects(s.img, instanceOptions(), w, windowMap(s, w).data())));
     }
     EXPECT_TRUE(out.done());
     EXPECT_EQ(out.heldWindows(), 0u);
@@ -241,6 +246,37 @@ TEST(Instances, AnObjectLargerThanTheOverlapIsCountedNeverDuplicated) {
   EXPECT_EQ((*objects)[0], 0);
   EXPECT_EQ((*objects)[1], 2);
   EXPECT_EQ(nlohmann::json::parse(test::slurp(s.dir + "/slide_objects.geojson"))["features"].size(), 0u);
+}
+
+TEST(Instances, ARecordIsTheWindowsObjectsAndNothingElse) {
+  Scene s = scene("instances_record");
+  // Window 5 (column 1, row 1: image [8, 24) both ways) keeps the disc (centroid (15.5, 14.5): its core is
+  // [12, 20) x [12, 19)), not the square (centroid y 21: row 2's).
+  cv::circle(s.global, {15, 14}, 3, cv::Scalar(1), cv::FILLED);
+  cv::rectangle(s.global, cv::Rect(16, 20, 2, 2), cv::Scalar(2), cv::FILLED);
+  std::vector<float> map = windowMap(s, 5);
+  map[256 + 14 * 16 + 5] = std::numeric_limits<float>::quiet_NaN();  // a class score
+  const WindowObjects objects = keepWindowObjects(s.img, instanceOptions(), 5, map.data());
+  ASSERT_EQ(objects.kept.size(), 1u);
+  EXPECT_EQ(objects.non_finite, 1);
+  const std::string record = encodeWindowObjects(objects);
+  const WindowObjects back = decodeWindowObjects(record, "here: ");
+  EXPECT_EQ(encodeWindowObjects(back), record);
+  EXPECT_EQ(back.kept[0].object.runs, objects.kept[0].object.runs);
+  EXPECT_EQ(back.kept[0].outlines, objects.kept[0].outlines);
+  EXPECT_EQ(back.kept[0].object.class_means.size(), 2u);
+  EXPECT_EQ(back.non_finite, 1);
+  // Cut short anywhere, or with bytes to spare: an error naming where, never a crash.
+  for (size_t n : {size_t(0), size_t(7), size_t(30), record.size() / 2, record.size() - 1}) {
+    try {
+      decodeWindowObjects(record.substr(0, n), "'x.tif': window 5: ");
+      ADD_FAILURE() << n << " bytes: no error";
+    } catch (const IoError& e) {
+      EXPECT_NE(e.message().find("'x.tif': window 5: a record of window objects"), std::string::npos)
+          << e.message();
+    }
+  }
+  EXPECT_THROW(decodeWindowObjects(record + "x", "here: "), IoError);
 }
 
 TEST(Instances, AnImageThatFailsLeavesNothing) {

@@ -4,12 +4,13 @@
 // Promise: an object is kept by the one window whose core holds its centroid (inWindowCore: the crop
 // blend's partition), so an object that every window seeing it whole finds alike is written once, whatever
 // the world size; an object a window edge inside the image cuts is never kept (it is counted: the overlap
-// must exceed the largest object's diameter). Kept objects get ids 1, 2, ... in window order and are
-// written in that order: outlines exact to the pixel edges (4-connected parts, holes kept: an outline's area
-// is its pixel count), streamed; the instance label TIFF is rasterised band by band, so memory is a band of
-// rows and the objects of windows that arrived early, never the image or all its objects. Every file goes
-// through ".partial" and is renamed with the image's others. Errors are IoErrors naming image, window and
-// value. No LibTorch.
+// must exceed the largest object's diameter). The rank that ran a window finds and keeps its objects and
+// sends them to the image's owner as a record (encodeWindowObjects); kept objects get ids 1, 2, ... in window
+// order and are written in that order: outlines exact to the pixel edges (4-connected parts, holes kept: an
+// outline's area is its pixel count), streamed; the instance label TIFF is rasterised band by band, so memory
+// is a band of rows and the objects of windows that arrived early, never the image or all its objects. Every
+// file goes through ".partial" and is renamed with the image's others. Errors are IoErrors naming image,
+// window and value. No LibTorch.
 #pragma once
 
 #include <array>
@@ -63,6 +64,30 @@ struct InstanceOptions {
   WriterOptions tiff;              // the instance TIFF's (compression, pyramid, metadata, pool)
 };
 
+// An object a window keeps, ready to write: its measurements and pixels in the window's output pixels, its
+// outlines (when the GeoJSON is saved) relative to (object.x0 - 1, object.y0 - 1).
+struct KeptObject {
+  WindowObject object;
+  std::vector<OutlinePolygon> outlines;
+  int k = -1;        // class (K > 0)
+  double score = 0;  // that class's mean score
+};
+// What a window gives its image's owner: the objects it keeps, the cut objects it counted, and how many of
+// its map's values were not finite (NaN or Inf class scores).
+struct WindowObjects {
+  int64_t cut = 0, non_finite = 0;
+  std::vector<KeptObject> kept;
+};
+// Grid window `window` of `image` with the map `values` (options.channels x height x width): its objects,
+// those whose centroid lies in its core kept, measured and outlined. Throws IoError naming image, window and
+// pixel for a value that is not an id. Runs on the rank that ran the window.
+WindowObjects keepWindowObjects(const CatalogImage& image, const InstanceOptions& options, int64_t window,
+                                const float* values);
+// A window's objects as bytes for the step exchange, and back (IoError, starting with `where`, for bytes that
+// are not such a record). Byte for byte the same objects on every rank.
+std::string encodeWindowObjects(const WindowObjects& objects);
+WindowObjects decodeWindowObjects(const std::string& bytes, const std::string& where);
+
 // The objects of one image.
 class InstanceOutputs : public WindowConsumer {
  public:
@@ -72,8 +97,11 @@ class InstanceOutputs : public WindowConsumer {
   InstanceOutputs(const InstanceOutputs&) = delete;
   InstanceOutputs& operator=(const InstanceOutputs&) = delete;
 
+  // A window's map (its objects found here) or its record (found by the rank that ran it).
   void add(int64_t window, const float* values) override;
+  void addRecord(int64_t window, const std::string& record) override;
   bool done() const override { return next_ == image_.plannedWindows(); }
+  int64_t nonFiniteValues() const override { return non_finite_; }
   std::vector<std::string> commit() override;
   // The objects written, and those that no window kept because a window edge inside the image cut them in
   // the core of the window that saw them.
@@ -82,24 +110,17 @@ class InstanceOutputs : public WindowConsumer {
   size_t heldWindows() const { return early_.size(); }
 
  private:
-  // A kept object, ready to write: level-0 measurements, outlines in window output pixels.
-  struct Kept {
-    WindowObject object;
-    std::vector<OutlinePolygon> outlines;  // relative to (object.x0 - 1, object.y0 - 1)
-    int k = -1;                            // class (K > 0)
-    double score = 0;                      // that class's mean score
-  };
-  std::vector<Kept> keep(int64_t window, const float* values);
-  void write(int64_t window, std::vector<Kept>& kept);
-  void writeFeature(const Kept& kept, const Rect& rect);
-  void paint(const Kept& kept, const Rect& rect);
+  void take(int64_t window, WindowObjects objects);
+  void write(int64_t window, const WindowObjects& objects);
+  void writeFeature(const KeptObject& kept, const Rect& rect);
+  void paint(const KeptObject& kept, const Rect& rect);
   void advanceRaster(int64_t to);
 
   const CatalogImage& image_;  // the catalog's, which outlives the stage
   InstanceOptions options_;
-  int64_t next_ = 0;                            // planned windows written, in order
-  std::map<int64_t, std::vector<Kept>> early_;  // grid window -> its kept objects, until its turn
-  int64_t objects_ = 0, cut_ = 0;
+  int64_t next_ = 0;                        // planned windows written, in order
+  std::map<int64_t, WindowObjects> early_;  // grid window -> its objects, until its turn
+  int64_t objects_ = 0, cut_ = 0, non_finite_ = 0;
   std::unique_ptr<TextFile> geojson_, csv_;  // owned; null unless saved
   std::optional<GeoFrame> geo_;              // the input's CRS, where the GeoJSON is written in it
   std::unique_ptr<ImageWriter> raster_;      // the instance TIFF; null unless saved

@@ -81,7 +81,8 @@ SampleType parseProbsType(const std::string& name);
 struct StepResult {
   // float32 [slots, C, h, w] (per window: [slots, D]), CPU, contiguous (undefined: no slots)
   torch::Tensor preds;
-  StepSlots slots;                      // [slots]: what each slot of preds holds
+  StepSlots slots;                      // [slots]: what each slot of preds (or records) holds
+  std::vector<std::string> records;     // instances: each slot's record (preds undefined)
   std::map<int, std::string> failures;  // images failed elsewhere this step: id -> message
 };
 
@@ -118,14 +119,12 @@ class OutputStage {
   void stitchStep(StepResult& step);
   // Slots located[first..last) of the step (one image's, in window order) into that image's outputs; a
   // failure fails the image.
-  void stitchImageWindows(const std::vector<LocatedSlot>& located, size_t first, size_t last,
-                          const float* base, int64_t per_window);
+  void stitchImageWindows(const StepResult& step, const std::vector<LocatedSlot>& located, size_t first,
+                          size_t last, const float* base, int64_t per_window);
   // The image's consumer of window results, created with its partial files at its first window.
   WindowConsumer& outputsFor(int image_id);
   void finishImage(int image_id, const std::string& error);
   void commit(CatalogImage& img, WindowConsumer& out);
-  // segment: the maps are blended (their non-finite values are counted band by band).
-  bool stitched() const { return !options_.per_window && !options_.instances; }
   bool owns(int image_id) const {
     return options_.owners.empty() || options_.owners[size_t(image_id)] == options_.rank;
   }

@@ -21,6 +21,7 @@ struct WindowSlot {
   int image = -1;       // catalog image id
   int64_t window = -1;  // global window index
   SlotStatus status = SlotStatus::kPadded;
+  int64_t record_bytes = 0;  // a task that exchanges records (instances): the bytes of this slot's record
 
   bool ok() const { return status == SlotStatus::kOk; }
 };

@@ -126,6 +126,8 @@ class WindowConsumer {
   virtual ~WindowConsumer() = default;
   // The result of grid window `window` (one of the image's planned windows) as the model gave it.
   virtual void add(int64_t window, const float* values) = 0;
+  // A window's result as the record its rank made of it (a task that exchanges records: instances).
+  virtual void addRecord(int64_t window, const std::string& record);
   // A step's windows of the image, in window order (a stitcher accumulates a grid row's together).
   virtual void addMany(const std::vector<std::pair<int64_t, const float*>>& windows) {
     for (const auto& [window, values] : windows) add(window, values);
@@ -137,6 +139,8 @@ class WindowConsumer {
   virtual std::vector<std::string> commit() = 0;
   // Object tasks: the objects written and those a window edge inside the image cut; nullopt otherwise.
   virtual std::optional<std::array<int64_t, 2>> objects() const { return std::nullopt; }
+  // Values of the windows' results that were not finite, where the consumer counts them itself (records).
+  virtual int64_t nonFiniteValues() const { return 0; }
   // TILER_FAULT's write failure: true when the consumer's tiles now fail as they are compressed; false when
   // it writes no tiles (the stage fails the image itself).
   virtual bool injectTileFault() { return false; }
