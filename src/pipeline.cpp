@@ -508,10 +508,15 @@ void InferJob::runStep(int64_t step, int64_t steps, ForwardedBatch forwarded, Wi
   }
   std::vector<std::string> records;
   if (instances_ && !fatal) {
-    const size_t reported = batch->failures.size();
-    records = windowRecords(*batch, preds);
-    for (size_t i = reported; i < batch->failures.size(); ++i)
-      exchange().reportImageFailure(batch->failures[i].first, batch->failures[i].second);
+    // Like a read or a forward: a map that is no map of ids fails its image; anything else, every rank.
+    fatal = captureFailure([&] {
+      const size_t reported = batch->failures.size();
+      records = windowRecords(*batch, preds);
+      for (size_t i = reported; i < batch->failures.size(); ++i)
+        exchange().reportImageFailure(batch->failures[i].first, batch->failures[i].second);
+      if (abort_on_error_ && batch->failures.size() > reported)
+        throw IoError(batch->failures[reported].second + " (--on_error abort)");
+    });
   }
   const auto t1 = Clock::now();
   // The window lists carry every rank's status: a fatal error anywhere throws here on every rank.
