@@ -381,8 +381,16 @@ void InstanceOutputs::add(int64_t window, const float* values) {
 }
 
 void InstanceOutputs::addRecord(int64_t window, const std::string& record) {
-  take(window,
-       decodeWindowObjects(record, "'" + image_.input + "': window " + std::to_string(window) + ": "));
+  const std::string where = "'" + image_.input + "': window " + std::to_string(window) + ": ";
+  WindowObjects objects = decodeWindowObjects(record, where);
+  // What the writers index by: as many class means as classes, a class among them.
+  const auto classes = size_t(options_.channels - 1);
+  for (const KeptObject& k : objects.kept)
+    TILER_CHECK(k.object.class_means.size() == classes && k.k < int(classes) && (k.k >= 0 || classes == 0) &&
+                    k.object.pixels > 0,
+                IoError,
+                where << "a record of window objects does not fit this image's " << classes << " classes");
+  take(window, std::move(objects));
 }
 
 void InstanceOutputs::take(int64_t window, WindowObjects objects) {

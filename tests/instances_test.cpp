@@ -277,6 +277,19 @@ TEST(Instances, ARecordIsTheWindowsObjectsAndNothingElse) {
     }
   }
   EXPECT_THROW(decodeWindowObjects(record + "x", "here: "), IoError);
+  // A record made for a model of other classes does not reach the writers.
+  InstanceOptions one_class = instanceOptions();
+  one_class.channels = 2;
+  one_class.classes.pop_back();
+  InstanceOutputs out(s.img, one_class);
+  try {
+    out.addRecord(5, record);
+    ADD_FAILURE() << "no error";
+  } catch (const IoError& e) {
+    EXPECT_NE(e.message().find("window 5: a record of window objects does not fit this image's 1 classes"),
+              std::string::npos)
+        << e.message();
+  }
 }
 
 TEST(Instances, AnImageThatFailsLeavesNothing) {
