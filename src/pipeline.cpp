@@ -10,6 +10,7 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <future>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -119,8 +120,9 @@ class InferJob {
   // in the step. Returns this rank's slots (preds undefined when it owns none of the step's windows).
   StepResult routePredictions(const std::vector<StepSlots>& every_rank, const torch::Tensor& preds,
                               const std::string& what);
-  // instances: each of the batch's windows' objects, found on this rank (which ran them), as the record its
-  // image's owner takes (slot.record_bytes set); a map that is no map of ids fails its image.
+  // Object tasks: each of the batch's windows' objects (instances) or boxes (detect) that the window keeps,
+  // found on this rank (which ran them), as the record its image's owner takes (slot.record_bytes set); an
+  // output that is no map of ids, or a box that is no box, fails its image.
   std::vector<std::string> windowRecords(WindowBatch& batch, const torch::Tensor& preds);
   // The records of a step to the owners of their images, one gather per owner as for predictions, each
   // rank's records end to end and padded to the most bytes any rank sends that owner.
@@ -158,7 +160,8 @@ class InferJob {
   int64_t shard_run_ = 1;  // the most windows one rank takes in a row (RowDeal::longest_part)
   std::string cpu_blas_;   // cpuBlasName(), asked once
   ModelProbe probe_;
-  std::optional<InstanceOptions> instances_;  // instances: what each window's records are made with
+  // Object tasks (instances, detect): what this rank sends of a window's output: the record of what it keeps.
+  std::function<std::string(const CatalogImage&, int64_t window, const float* values)> record_of_;
   WindowCatalog catalog_;
   std::set<int> failed_;                 // images this rank knows to have failed (main thread)
   std::vector<int> owners_;              // the rank that stitches and writes each image (assignOwners)
@@ -507,7 +510,7 @@ void InferJob::runStep(int64_t step, int64_t steps, ForwardedBatch forwarded, Wi
     batch->slots.assign(size_t(B), WindowSlot{});
   }
   std::vector<std::string> records;
-  if (instances_ && !fatal) {
+  if (record_of_ && !fatal) {
     // Like a read or a forward: a map that is no map of ids fails its image; anything else, every rank.
     fatal = captureFailure([&] {
       const size_t reported = batch->failures.size();
@@ -522,7 +525,7 @@ void InferJob::runStep(int64_t step, int64_t steps, ForwardedBatch forwarded, Wi
   // The window lists carry every rank's status: a fatal error anywhere throws here on every rank.
   const auto every_rank = exchange().shareSlots(batch->slots, fatal, "the window list of " + what);
   StepResult result =
-      instances_ ? routeRecords(every_rank, records, what) : routePredictions(every_rank, preds, what);
+      record_of_ ? routeRecords(every_rank, records, what) : routePredictions(every_rank, preds, what);
   stats_.gather_seconds += secondsSince(t1);
   stats_.windows += batch->valid;
   for (const StepSlots& slots : every_rank) {
@@ -561,8 +564,8 @@ std::vector<std::string> InferJob::windowRecords(WindowBatch& batch, const torch
     if (!slot.ok()) continue;
     const auto [image, window] = catalog_.locate(slot.window);
     try {
-      records[k] = encodeWindowObjects(keepWindowObjects(catalog_.image(image), *instances_, window,
-                                                         maps.data_ptr<float>() + int64_t(k) * per_window));
+      records[k] =
+          record_of_(catalog_.image(image), window, maps.data_ptr<float>() + int64_t(k) * per_window);
       slot.record_bytes = int64_t(records[k].size());
     } catch (...) {
       slot.status = SlotStatus::kFailed;
@@ -857,9 +860,18 @@ InferJob::Deal InferJob::dealWindows() {
 }
 
 int InferJob::runSteps(Deal deal) {
-  instances_ = outputOptions().instances;
+  // Object tasks send only what each window keeps, found where the window ran.
+  const OutputOptions oo = outputOptions();
+  if (oo.instances)
+    record_of_ = [options = *oo.instances](const CatalogImage& image, int64_t window, const float* values) {
+      return encodeWindowObjects(keepWindowObjects(image, options, window, values));
+    };
+  if (probe_.task == ModelTask::kDetect)
+    record_of_ = [options = *oo.per_window](const CatalogImage& image, int64_t window, const float* values) {
+      return detectionRecord(image, options, window, values);
+    };
   const int64_t B = o_.batch_size, steps = deal.steps;
-  OutputStage outputs(catalog_, outputOptions());
+  OutputStage outputs(catalog_, oo);
   WindowLoader loader(catalog_, spec_, loaderOptions(), std::move(deal.slots), steps);
   ForwardPool pool(*model_, layout_);
   // Every replica busy and one more batch queued, so that none waits while this thread exchanges.

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "tiler/blend.hpp"
 #include "tiler/error.hpp"
 #include "tiler/platform.hpp"
 #include "tiler/version.hpp"
@@ -654,6 +655,57 @@ class WindowOutputs::ClassFiles {
   std::unique_ptr<ImageWriter> heatmap_writer_;  // from finish() on
 };
 
+namespace {
+
+// detect: whether `b`, box n of the `rows` of grid window `window` (x1, y1, x2, y2, score, class in window
+// pixels), is one the window keeps: checked (an IoError naming window and box for a box that is no box), not
+// padding (a score <= 0), its centre in the window's core and inside the image.
+bool keepsBox(const CatalogImage& image, const std::vector<ClassInfo>& named, int64_t window, int64_t n,
+              int64_t rows, const float* b) {
+  const WindowGrid& grid = image.grid;
+  const size_t column = size_t(window % grid.columns()), row = size_t(window / grid.columns());
+  // Formatted only for an error: most rows are padding, and this runs for every row of every window.
+  const auto where = [&] {
+    return fmt::format("'{}': window {} (column {}, row {}), box {} of {}: ", image.input, window, column,
+                       row, n, rows);
+  };
+  TILER_CHECK(!std::isnan(b[4]), IoError, where() << "its score is not a number");
+  if (!(b[4] > 0)) return false;  // padding
+  TILER_CHECK(std::isfinite(b[0]) && std::isfinite(b[1]) && std::isfinite(b[2]) && std::isfinite(b[3]) &&
+                  std::isfinite(b[4]),
+              IoError, where() << "a coordinate or its score is not finite");
+  TILER_CHECK(
+      b[2] >= b[0] && b[3] >= b[1], IoError,
+      where() << "x2 < x1 or y2 < y1 (" << b[0] << ", " << b[1] << ", " << b[2] << ", " << b[3] << ")");
+  TILER_CHECK(b[5] >= 0 && b[5] < 2147483648.0f && b[5] == std::floor(b[5]) &&
+                  (named.empty() || b[5] < float(named.size())),
+              IoError,
+              where() << "class " << b[5] << " is not "
+                      << (named.empty() ? "a class number"
+                                        : "one of the " + std::to_string(named.size()) + " --classes"));
+  const double cx = (double(b[0]) + b[2]) / 2, cy = (double(b[1]) + b[3]) / 2;
+  if (!inWindowCore(grid.startsX(), grid.windowWidth(), column, double(grid.startsX()[column]) + cx) ||
+      !inWindowCore(grid.startsY(), grid.windowHeight(), row, double(grid.startsY()[row]) + cy))
+    return false;
+  const Rect place = grid.imageWindow(window);
+  const double ix = double(place.x) + cx, iy = double(place.y) + cy;
+  return ix >= 0 && iy >= 0 && ix < double(grid.imageWidth()) && iy < double(grid.imageHeight());
+}
+
+}  // namespace
+
+std::string detectionRecord(const CatalogImage& image, const WindowOutputOptions& options, int64_t window,
+                            const float* values) {
+  const int64_t rows = options.dim / 6;
+  std::string record(sizeof(int64_t), '\0');
+  const int64_t non_finite = countNonFinite(values, options.dim);
+  std::memcpy(record.data(), &non_finite, sizeof non_finite);
+  for (int64_t n = 0; n < rows; ++n)
+    if (keepsBox(image, options.classes, window, n, rows, values + 6 * n))
+      record.append(reinterpret_cast<const char*>(values + 6 * n), 6 * sizeof(float));
+  return record;
+}
+
 // detect: a window's boxes [N, 6] (x1, y1, x2, y2, score, class in window pixels; a score <= 0 pads). A box
 // is kept by the one window whose core holds its centre (the partition of the window centres, the crop
 // blend's), so an object every window that sees it whole finds alike is written once, whatever the world
@@ -661,7 +713,7 @@ class WindowOutputs::ClassFiles {
 class WindowOutputs::DetectionFiles {
  public:
   DetectionFiles(const CatalogImage& image, const WindowOutputOptions& o)
-      : image_(image), boxes_(o.dim / 6), named_(o.classes), nms_(o.nms_iou) {
+      : image_(image), named_(o.classes), nms_(o.nms_iou) {
     TILER_CHECK(o.dim % 6 == 0, ConfigError,
                 "--task detect needs 6 values a box, not " << o.dim << " a window");
     const auto saved = [&](const char* kind) {
@@ -685,38 +737,15 @@ class WindowOutputs::DetectionFiles {
     }
   }
 
-  void append(int64_t window, const float* values) {
+  // The window's `rows` boxes (all of them, or those its rank kept).
+  void append(int64_t window, const float* values, int64_t rows) {
     const WindowGrid& grid = image_.grid;
     const Rect place = grid.imageWindow(window);
-    const size_t column = size_t(window % grid.columns()), row = size_t(window / grid.columns());
+    const int64_t row = window / grid.columns();
     const double d = image_.resolution.downsample;
-    for (int64_t n = 0; n < boxes_; ++n) {
+    for (int64_t n = 0; n < rows; ++n) {
       const float* b = values + 6 * n;
-      // Formatted only for an error: most rows are padding, and this runs for every row of every window.
-      const auto where = [&] {
-        return fmt::format("'{}': window {} (column {}, row {}), box {} of {}: ", image_.input, window,
-                           column, row, n, boxes_);
-      };
-      TILER_CHECK(!std::isnan(b[4]), IoError, where() << "its score is not a number");
-      if (!(b[4] > 0)) continue;  // padding
-      TILER_CHECK(std::isfinite(b[0]) && std::isfinite(b[1]) && std::isfinite(b[2]) && std::isfinite(b[3]) &&
-                      std::isfinite(b[4]),
-                  IoError, where() << "a coordinate or its score is not finite");
-      TILER_CHECK(
-          b[2] >= b[0] && b[3] >= b[1], IoError,
-          where() << "x2 < x1 or y2 < y1 (" << b[0] << ", " << b[1] << ", " << b[2] << ", " << b[3] << ")");
-      TILER_CHECK(b[5] >= 0 && b[5] < 2147483648.0f && b[5] == std::floor(b[5]) &&
-                      (named_.empty() || b[5] < float(named_.size())),
-                  IoError,
-                  where() << "class " << b[5] << " is not "
-                          << (named_.empty() ? "a class number"
-                                             : "one of the " + std::to_string(named_.size()) + " --classes"));
-      const double cx = (double(b[0]) + b[2]) / 2, cy = (double(b[1]) + b[3]) / 2;
-      if (!inWindowCore(grid.startsX(), grid.windowWidth(), column, double(grid.startsX()[column]) + cx) ||
-          !inWindowCore(grid.startsY(), grid.windowHeight(), row, double(grid.startsY()[row]) + cy))
-        continue;
-      const double ix = double(place.x) + cx, iy = double(place.y) + cy;
-      if (ix < 0 || iy < 0 || ix >= double(grid.imageWidth()) || iy >= double(grid.imageHeight())) continue;
+      if (!keepsBox(image_, named_, window, n, rows, b)) continue;
       Box box;
       box.order = order_++;
       box.row = int64_t(row);
@@ -835,7 +864,6 @@ class WindowOutputs::DetectionFiles {
   }
 
   const CatalogImage& image_;
-  int64_t boxes_;                                   // N, boxes a window
   std::vector<ClassInfo> named_;                    // --classes (empty: class_<k>)
   std::unique_ptr<TextFile> geojson_, csv_, coco_;  // owned; null unless saved
   double nms_;                   // IoU above which the lower-scoring of two boxes of a class goes; 0: none
@@ -881,24 +909,40 @@ WindowOutputs::WindowOutputs(const CatalogImage& image, WindowOutputOptions opti
 WindowOutputs::~WindowOutputs() = default;
 
 void WindowOutputs::add(int64_t window, const float* values) {
+  take(window, values, options_.dim);
+}
+
+void WindowOutputs::addRecord(int64_t window, const std::string& record) {
+  const size_t row = 6 * sizeof(float);
+  TILER_CHECK(detections_ && record.size() >= sizeof(int64_t) && (record.size() - sizeof(int64_t)) % row == 0,
+              IoError, "'" << image_.input << "': window " << window << ": not a record of boxes");
+  int64_t non_finite = 0;
+  std::memcpy(&non_finite, record.data(), sizeof non_finite);
+  non_finite_ += non_finite;
+  std::vector<float> boxes((record.size() - sizeof(int64_t)) / sizeof(float));
+  std::memcpy(boxes.data(), record.data() + sizeof(int64_t), boxes.size() * sizeof(float));
+  take(window, boxes.data(), int64_t(boxes.size()));
+}
+
+void WindowOutputs::take(int64_t window, const float* values, int64_t count) {
   TILER_CHECK(!done(), IoError, "'" << image_.input << "': window " << window << " arrived after the last");
   if (window != image_.gridWindow(next_)) {
-    early_.emplace(window, std::vector<float>(values, values + options_.dim));
+    early_.emplace(window, std::vector<float>(values, values + count));
     return;
   }
-  write(window, values);
+  write(window, values, count);
   // Those that waited for this one.
   for (auto it = early_.begin(); !done() && it != early_.end() && it->first == image_.gridWindow(next_);
        it = early_.erase(it))
-    write(it->first, it->second.data());
+    write(it->first, it->second.data(), int64_t(it->second.size()));
 }
 
-void WindowOutputs::write(int64_t window, const float* values) {
+void WindowOutputs::write(int64_t window, const float* values, int64_t count) {
   const WindowPlace place = placeWindow(image_, window);
   if (features_) features_->append(place, values);
   if (tensor_) tensor_->append(values);
   if (classes_) classes_->append(place, values);
-  if (detections_) detections_->append(window, values);
+  if (detections_) detections_->append(window, values, count / 6);
   ++next_;
 }
 

@@ -446,16 +446,26 @@ TEST(WindowOutputs, EachBoxIsKeptByTheWindowWhoseCoreHoldsItsCentre) {
   o.task = ModelTask::kDetect;
   o.kinds = {"objects_csv"};
   o.dim = 12;  // two boxes a window: the object where the window sees it, and padding
-  for (int pass = 0; pass < 2; ++pass) {
+  for (int pass = 0; pass < 3; ++pass) {
     WindowOutputs out(img, o);
-    // In any arrival order (the second pass backwards): the same rows.
+    // In any arrival order (the second pass backwards), and as the records the ranks that ran the windows
+    // send (the third, backwards): the same rows.
+    int64_t kept = 0;
     for (int64_t k = 0; k < img.grid.count(); ++k) {
       const int64_t w = pass == 0 ? k : img.grid.count() - 1 - k;
       const Rect r = img.grid.imageWindow(w);
       const float x = float(20 - r.x), y = float(13 - r.y);
       const std::vector<float> boxes = {x, y, x + 4, y + 4, 0.75f, 3, 0, 0, 0, 0, 0, 0};
-      out.add(w, boxes.data());
+      if (pass < 2) {
+        out.add(w, boxes.data());
+        continue;
+      }
+      // A record holds the boxes its window keeps, and nothing of the padding.
+      const std::string record = detectionRecord(img, o, w, boxes.data());
+      kept += int64_t(record.size() - sizeof(int64_t)) / int64_t(6 * sizeof(float));
+      out.addRecord(w, record);
     }
+    if (pass == 2) EXPECT_EQ(kept, 1);
     out.commit();
     // Centre x 22: columns' centres 8, 16, 24, 32, cores split at 12, 20, 28: column 2. Centre y 15: rows'
     // centres 8, 16, 22, split at 12 and 19: row 1. Written once, in level-0 pixels.
@@ -476,14 +486,48 @@ TEST(WindowOutputs, EachBoxIsKeptByTheWindowWhoseCoreHoldsItsCentre) {
   EXPECT_EQ(out.objects(), (std::array<int64_t, 2>{1, 0}));
 }
 
-TEST(WindowOutputs, ABoxThatIsNoBoxFailsTheImageAndLeavesNothing) {
-  const std::string dir = test::scratchDir("detect_bad");
-  CatalogImage img = image(dir);
-  img.outputs["objects"] = dir + "/slide_objects.geojson";
+// One box a window, written as GeoJSON.
+WindowOutputOptions oneBoxAWindow() {
   WindowOutputOptions o;
   o.task = ModelTask::kDetect;
   o.kinds = {"objects"};
   o.dim = 6;
+  return o;
+}
+
+TEST(WindowOutputs, ARecordOfBoxesIsCheckedLikeTheBoxes) {
+  const std::string dir = test::scratchDir("detect_record");
+  CatalogImage img = image(dir);
+  img.outputs["objects"] = dir + "/slide_objects.geojson";
+  WindowOutputOptions o = oneBoxAWindow();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> swapped = {5, 5, 2, 8, 1, 0}, padding = {nan, 1, 2, 3, 0, 0};
+  try {
+    detectionRecord(img, o, 0, swapped.data());
+    ADD_FAILURE() << "no error";
+  } catch (const IoError& e) {
+    EXPECT_NE(e.message().find("window 0 (column 0, row 0), box 0 of 1: x2 < x1"), std::string::npos)
+        << e.message();
+  }
+  // Padding is no box, but its NaN counts.
+  const std::string record = detectionRecord(img, o, 0, padding.data());
+  EXPECT_EQ(record.size(), sizeof(int64_t));
+  WindowOutputs out(img, o);
+  out.addRecord(0, record);
+  EXPECT_EQ(out.nonFiniteValues(), 1);
+  EXPECT_THROW(out.addRecord(1, record + "abc"), IoError);
+  o.task = ModelTask::kEmbed;
+  o.kinds = {"features_pt"};
+  img.outputs["features_pt"] = dir + "/slide.pt";
+  WindowOutputs vectors(img, o);
+  EXPECT_THROW(vectors.addRecord(0, record), IoError);  // a record is for boxes only
+}
+
+TEST(WindowOutputs, ABoxThatIsNoBoxFailsTheImageAndLeavesNothing) {
+  const std::string dir = test::scratchDir("detect_bad");
+  CatalogImage img = image(dir);
+  img.outputs["objects"] = dir + "/slide_objects.geojson";
+  WindowOutputOptions o = oneBoxAWindow();
   o.classes = {{"tumour", {255, 0, 0}, true}};
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const std::vector<std::pair<std::vector<float>, std::string>> bad = {

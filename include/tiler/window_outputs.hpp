@@ -146,6 +146,13 @@ class WindowConsumer {
   virtual bool injectTileFault() { return false; }
 };
 
+// detect: what the rank that ran grid window `window` sends its image's owner: the count of its values that
+// are not finite, then the boxes (rows of 6 floats, as the model gave them) that the window keeps, those
+// whose centre lies in its core and inside the image, after padding. A box that is no box throws an IoError
+// naming window and box.
+std::string detectionRecord(const CatalogImage& image, const WindowOutputOptions& options, int64_t window,
+                            const float* values);
+
 // The outputs of one image. Not thread safe (the output stage's thread).
 class WindowOutputs : public WindowConsumer {
  public:
@@ -157,6 +164,9 @@ class WindowOutputs : public WindowConsumer {
 
   // The vector (dim floats) of grid window `window`, one of the image's planned windows, in any order.
   void add(int64_t window, const float* values) override;
+  // detect: the boxes its rank kept of the window (detectionRecord).
+  void addRecord(int64_t window, const std::string& record) override;
+  int64_t nonFiniteValues() const override { return non_finite_; }
   bool done() const override { return next_ == image_.plannedWindows(); }
   // Vectors held because they arrived before their turn.
   size_t heldVectors() const { return early_.size(); }
@@ -169,11 +179,13 @@ class WindowOutputs : public WindowConsumer {
   class TensorFile;
   class ClassFiles;
   class DetectionFiles;
-  void write(int64_t window, const float* values);
+  void take(int64_t window, const float* values, int64_t count);
+  void write(int64_t window, const float* values, int64_t count);
 
   const CatalogImage& image_;  // the catalog's, which outlives the stage
   WindowOutputOptions options_;
   int64_t next_ = 0;                             // planned windows written, in order
+  int64_t non_finite_ = 0;                       // detect: what the records counted
   std::map<int64_t, std::vector<float>> early_;  // grid window -> vector, until its turn
   std::unique_ptr<FeatureFile> features_;        // owned; null unless saved
   std::unique_ptr<TensorFile> tensor_;           // owned; null unless features_pt is saved
