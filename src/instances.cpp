@@ -302,7 +302,7 @@ class RecordReader {
     TILER_CHECK(n >= 0 && uint64_t(n) <= (bytes_.size() - at_) / sizeof(T), IoError,
                 where_ << "a record of window objects is cut short");
     std::vector<T> v(static_cast<size_t>(n));
-    std::memcpy(v.data(), bytes_.data() + at_, size_t(n) * sizeof(T));
+    if (n > 0) std::memcpy(v.data(), bytes_.data() + at_, size_t(n) * sizeof(T));  // never a null destination
     at_ += size_t(n) * sizeof(T);
     return v;
   }

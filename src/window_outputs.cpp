@@ -920,7 +920,8 @@ void WindowOutputs::addRecord(int64_t window, const std::string& record) {
   std::memcpy(&non_finite, record.data(), sizeof non_finite);
   non_finite_ += non_finite;
   std::vector<float> boxes((record.size() - sizeof(int64_t)) / sizeof(float));
-  std::memcpy(boxes.data(), record.data() + sizeof(int64_t), boxes.size() * sizeof(float));
+  if (!boxes.empty())
+    std::memcpy(boxes.data(), record.data() + sizeof(int64_t), boxes.size() * sizeof(float));
   take(window, boxes.data(), int64_t(boxes.size()));
 }
 

@@ -277,6 +277,15 @@ TEST(Instances, ARecordIsTheWindowsObjectsAndNothingElse) {
     }
   }
   EXPECT_THROW(decodeWindowObjects(record + "x", "here: "), IoError);
+  // Ids alone (no class channels): empty arrays travel too.
+  InstanceOptions ids_only = instanceOptions();
+  ids_only.channels = 1;
+  ids_only.classes.clear();
+  const WindowObjects plain = keepWindowObjects(s.img, ids_only, 5, map.data());
+  ASSERT_EQ(plain.kept.size(), 1u);
+  EXPECT_TRUE(plain.kept[0].object.class_means.empty());
+  EXPECT_EQ(encodeWindowObjects(decodeWindowObjects(encodeWindowObjects(plain), "here: ")),
+            encodeWindowObjects(plain));
   // A record made for a model of other classes does not reach the writers.
   InstanceOptions one_class = instanceOptions();
   one_class.channels = 2;
