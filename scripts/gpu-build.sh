@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One command on a GPU machine that has a compiler, CMake, CUDA and PyTorch but none of tiler's other libraries
 # (no network, no root needed):
-#   scripts/gpu-build.sh [--bench] [--tests gpu|unit|all] [--bundle FILE] [--out DIR]
+#   scripts/gpu-build.sh [--bench] [--tests gpu|unit|all|none] [--bundle FILE] [--out DIR]
 # Unpacks the dependency bundle (scripts/build-deps.sh: .deps/tiler-deps-<arch>.tar.xz), configures tiler against
-# the LibTorch of the python3 that holds torch, builds with every core, runs `ctest -L gpu` (or more) and
+# the LibTorch of the python3 that holds torch, builds with every core, runs `ctest -L gpu` (or more, or none:
+# the tools alone, when a device call's minutes are for measuring) and
 # scripts/gpu-check.sh, and with --bench `scripts/bench.sh gpu`. Writes DIR/gpu-build.log (everything) and
 # DIR/gpu-build.json (each stage's seconds and outcome); exits 1 if a stage failed. DIR: $OUT or gpu-out.
 set -uo pipefail
@@ -22,6 +23,10 @@ while [ $# -gt 0 ]; do
     *) echo "gpu-build: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
+case $tests in
+  gpu | unit | all | none) ;;
+  *) echo "gpu-build: --tests takes gpu, unit, all or none; got '$tests'" >&2; exit 2 ;;
+esac
 mkdir -p "$out"
 out=$(realpath "$out")
 log=$out/gpu-build.log
@@ -78,6 +83,7 @@ stage configure configure || finish
 # --tests gpu builds only what the GPU suites and gpu-check run (the rest of the suite is CPU-only).
 targets=()
 [ "$tests" = gpu ] && targets=(--target tiler ctrun tiler_bench ctrun_helper model_test dist_test launcher_test)
+[ "$tests" = none ] && targets=(--target tiler ctrun tiler_bench ctrun_helper)
 stage build cmake --build "$build" -j "$(nproc)" "${targets[@]}" || finish
 stage version "$build/tiler" --version
 case $tests in

@@ -130,12 +130,24 @@ PY
 # The bundled detector counts erosions: the same boxes on either device, to the byte.
 check "detect on cuda" per_window detect_cuda cuda detector.pt detect
 check "detect on cpu" per_window detect_cpu cpu detector.pt detect
-check "  the same objects" cmp -s "$out/detect_cuda/blobs_4096_objects.geojson" "$out/detect_cpu/blobs_4096_objects.geojson"
+# same_objects A B: the two runs' GeoJSON to the byte, or what differs (counts, the first features apart).
+same_objects() {
+  cmp -s "$out/$1/blobs_4096_objects.geojson" "$out/$2/blobs_4096_objects.geojson" && return 0
+  python3 - "$out/$1/blobs_4096_objects.geojson" "$out/$2/blobs_4096_objects.geojson" <<'PY'
+import json, sys
+a, b = (json.load(open(f))["features"] for f in sys.argv[1:3])
+apart = [(x, y) for x, y in zip(a, b) if x != y]
+print(f"objects: {len(a)} against {len(b)}, {len(apart)} of the first {min(len(a), len(b))} differ")
+for x, y in apart[:3]:
+    print("  ", json.dumps(x)[:400], "\n   against", json.dumps(y)[:400])
+PY
+  return 1
+}
+check "  the same objects" same_objects detect_cuda detect_cpu
 # The bundled instance model compares and spreads whole numbers: the same objects on either device, to the byte.
 check "instances on cuda" per_window instances_cuda cuda instances.pt instances
 check "instances on cpu" per_window instances_cpu cpu instances.pt instances
-check "  the same objects" cmp -s "$out/instances_cuda/blobs_4096_objects.geojson" \
-  "$out/instances_cpu/blobs_4096_objects.geojson"
+check "  the same objects" same_objects instances_cuda instances_cpu
 check "classify on cuda" per_window classify_cuda cuda classifier.pt classify
 check "classify on cpu" per_window classify_cpu cpu classifier.pt classify
 check "  class scores agree (max |diff| < 1e-3)" python3 - "$out" <<'PY'

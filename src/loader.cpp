@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <opencv2/core.hpp>
+#include <type_traits>
 
 namespace tiler {
 
@@ -31,11 +32,17 @@ cv::Mat readWindow(ImageReader& reader, const WindowGrid& grid, int64_t local_in
   return out;
 }
 
-void windowToModelInput(const cv::Mat& window, ChannelAdapt adapt, float* dst,
-                        const std::vector<std::array<uint16_t, 3>>* colormap) {
+namespace {
+
+// T: float (any sample type, values kept) or uint8_t (8-bit samples only, copied as they are).
+template <typename T>
+void toModelInput(const cv::Mat& window, ChannelAdapt adapt, T* dst,
+                  const std::vector<std::array<uint16_t, 3>>* colormap) {
+  constexpr bool bytes = std::is_same_v<T, uint8_t>;
+  constexpr int depth = bytes ? CV_8U : CV_32F;
   if (adapt == ChannelAdapt::kPalette) {
     TILER_CHECK(colormap != nullptr && window.channels() == 1 &&
-                    (window.depth() == CV_8U || window.depth() == CV_16U),
+                    (window.depth() == CV_8U || (!bytes && window.depth() == CV_16U)),
                 IoError, "a palette window needs its colour map and 8- or 16-bit indices");
     const size_t plane = size_t(window.rows) * size_t(window.cols);
     // Colours in the range of the indices' sample type, which decides the input scale (1/255 or 1/65535).
@@ -46,11 +53,15 @@ void windowToModelInput(const cv::Mat& window, ChannelAdapt adapt, float* dst,
         const size_t index = window.depth() == CV_8U ? window.at<uint8_t>(y, x) : window.at<uint16_t>(y, x);
         const auto& colour = (*colormap)[std::min(index, entries - 1)];
         const size_t at = size_t(y) * size_t(window.cols) + size_t(x);
-        for (size_t c = 0; c < 3; ++c) dst[c * plane + at] = std::round(float(colour[c]) * to_range);
+        for (size_t c = 0; c < 3; ++c) dst[c * plane + at] = T(std::round(float(colour[c]) * to_range));
       }
     }
     return;
   }
+  // A byte batch is chosen only for images of 8-bit samples (inputAsBytes); a reader that hands out another
+  // type would be cut to 8 bits here, so it is an error instead.
+  TILER_CHECK(!bytes || window.depth() == CV_8U, IoError,
+              "a window of " << cv::typeToString(window.type()) << " samples in a batch of 8-bit samples");
   const int channels = adapt == ChannelAdapt::kNone ? window.channels() : 3;
   // Planes in the sample type first (split works for every depth; cvtColor refuses i16 and u32), each then
   // converted straight into its plane of dst: the model's layout, so that no pass over the batch transposes.
@@ -61,11 +72,30 @@ void windowToModelInput(const cv::Mat& window, ChannelAdapt adapt, float* dst,
     cv::split(window, planes.data());
   const size_t plane = size_t(window.rows) * size_t(window.cols);
   for (int c = 0; c < channels; ++c) {
-    cv::Mat out(window.rows, window.cols, CV_32F, dst + size_t(c) * plane);
-    planes[adapt == ChannelAdapt::kRepeatGray ? 0 : size_t(c)].convertTo(out, CV_32F);
+    cv::Mat out(window.rows, window.cols, depth, dst + size_t(c) * plane);
+    planes[adapt == ChannelAdapt::kRepeatGray ? 0 : size_t(c)].convertTo(out, depth);
     TILER_CHECK(out.data == reinterpret_cast<uchar*>(dst + size_t(c) * plane), IoError,
                 "a window of " << window.cols << "x" << window.rows << " did not fit its slot");
   }
+}
+
+}  // namespace
+
+void windowToModelInput(const cv::Mat& window, ChannelAdapt adapt, float* dst,
+                        const std::vector<std::array<uint16_t, 3>>* colormap) {
+  toModelInput(window, adapt, dst, colormap);
+}
+
+void windowToModelInput(const cv::Mat& window, ChannelAdapt adapt, uint8_t* dst,
+                        const std::vector<std::array<uint16_t, 3>>* colormap) {
+  toModelInput(window, adapt, dst, colormap);
+}
+
+bool inputAsBytes(const WindowCatalog& catalog) {
+  const auto& images = catalog.images();
+  return !images.empty() && std::all_of(images.begin(), images.end(), [](const CatalogImage& img) {
+    return img.info.type == SampleType::kU8;
+  });
 }
 
 ParallelFor::ParallelFor(int threads) {
@@ -166,8 +196,8 @@ WindowBatch WindowLoader::assemble(int64_t step) {
   const auto t0 = std::chrono::steady_clock::now();
   WindowBatch batch;
   // Every slot is written once: the windows read below, the others zeroed at the end.
-  batch.pixels =
-      torch::empty({B, C, H, W}, torch::TensorOptions(torch::kFloat32).pinned_memory(options_.pinned));
+  const auto type = options_.bytes ? torch::kUInt8 : torch::kFloat32;
+  batch.pixels = torch::empty({B, C, H, W}, torch::TensorOptions(type).pinned_memory(options_.pinned));
   batch.scales = torch::ones({B}, torch::kFloat32);
   batch.slots.assign(size_t(B), WindowSlot{});
   // Serial: which slots to read, with which reader (in slot order, as before_read counts them).
@@ -209,14 +239,17 @@ WindowBatch WindowLoader::assemble(int64_t step) {
     }
   }
   // Parallel: the windows' pixels, each into its own slot.
-  float* pixels = batch.pixels.data_ptr<float>();
   reads_.run(B, [&](int64_t j) {
     auto& read = reads[size_t(j)];
     if (!read || read->error) return;
     const CatalogImage& img = catalog_.image(read->image_id);
     try {
-      windowToModelInput(readWindow(*read->reader, img.grid, read->local, options_.pad, options_.cval),
-                         img.adapt, pixels + j * H * W * C, img.info.colormap.get());
+      const cv::Mat window = readWindow(*read->reader, img.grid, read->local, options_.pad, options_.cval);
+      const int64_t at = j * H * W * C;
+      if (options_.bytes)
+        windowToModelInput(window, img.adapt, batch.pixels.data_ptr<uint8_t>() + at, img.info.colormap.get());
+      else
+        windowToModelInput(window, img.adapt, batch.pixels.data_ptr<float>() + at, img.info.colormap.get());
     } catch (...) {
       read->error = std::current_exception();
     }

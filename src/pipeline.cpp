@@ -382,6 +382,7 @@ LoaderOptions InferJob::loaderOptions() const {
   lo.depth = size_t(o_.prefetch);
   lo.read_threads = read_threads_;
   lo.pinned = model_->device().is_cuda();
+  lo.bytes = inputAsBytes(catalog_);
   lo.device = model_->device();
   lo.before_read = faults_.before_read;
   return lo;

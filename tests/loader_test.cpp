@@ -86,6 +86,22 @@ TEST(Loader, ChannelAdaptationWorksForEverySampleType) {
     EXPECT_EQ(out[0], 5.f);
     EXPECT_EQ(out[8], 5.f);
     EXPECT_EQ(out[11], 5.f);
+    // As bytes: the same values for 8-bit samples; any other depth would be cut, so it is refused.
+    std::vector<uint8_t> bytes(out.size());
+    if (depth != CV_8U) {
+      EXPECT_THROW(windowToModelInput(rgba, ChannelAdapt::kDropAlpha, bytes.data()), IoError) << depth;
+      continue;
+    }
+    cv::Mat noise(3, 5, CV_8UC3);
+    cv::randu(noise, 0, 256);
+    std::vector<float> floats(3 * 3 * 5);
+    bytes.resize(floats.size());
+    windowToModelInput(noise, ChannelAdapt::kNone, floats.data());
+    windowToModelInput(noise, ChannelAdapt::kNone, bytes.data());
+    EXPECT_EQ(floats, std::vector<float>(bytes.begin(), bytes.end()));
+    windowToModelInput(gray, ChannelAdapt::kRepeatGray, bytes.data());
+    EXPECT_EQ(bytes[0], 5);
+    EXPECT_EQ(bytes[11], 5);
   }
 }
 
@@ -101,6 +117,11 @@ TEST(Loader, PaletteIndicesBecomeTheirColours) {
   windowToModelInput(wide, ChannelAdapt::kPalette, out.data(), &map);
   EXPECT_EQ(out, (std::vector<float>{2570, 0, 65535, 51400, 0, 0, 7710, 0, 0}));
   EXPECT_THROW(windowToModelInput(indices, ChannelAdapt::kPalette, out.data(), nullptr), IoError);
+  std::vector<uint8_t> bytes(3 * 3);
+  windowToModelInput(indices, ChannelAdapt::kPalette, bytes.data(), &map);
+  EXPECT_EQ(bytes, (std::vector<uint8_t>{10, 0, 255, 200, 0, 0, 30, 0, 0}));
+  EXPECT_THROW(windowToModelInput(wide, ChannelAdapt::kPalette, bytes.data(), &map), IoError)
+      << "16-bit indices are never read as bytes";
 }
 
 TEST(Loader, ReadAheadDeliversInOrderAndRethrows) {
@@ -207,6 +228,36 @@ TEST_P(LoaderThreads, ABatchOverMoreImagesThanTheReaderCacheHolds) {
     // The window's pixels inside the image (windows at the right and bottom edges are padded with 0).
     EXPECT_EQ(batch->pixels[j][0][0][0].item<float>(), want) << "slot " << j;
   }
+  removeTree(dir);
+}
+
+// Images of 8-bit samples are read as bytes, padding included, holding the values a float batch holds; one
+// image of another sample type keeps the whole catalog's batches in floats.
+TEST_P(LoaderThreads, BatchesOfBytesHoldTheValuesOfFloatBatches) {
+  const std::string dir = test::scratchDir("loader_bytes");
+  cv::Mat noise(70, 90, CV_8UC3);
+  cv::randu(noise, 0, 256);
+  writeImage(dir + "/a.tif", noise, SampleType::kU8);
+  const GridSpec spec{32, 32, 0.0, 0.0};  // windows past the right and bottom edges: padded
+  auto [catalog, slots] = catalogOf(dir, spec, 3);
+  ASSERT_TRUE(inputAsBytes(catalog));
+  LoaderOptions lo;
+  lo.batch_size = catalog.totalWindows() + 2;  // and two slots of no window
+  lo.read_threads = GetParam();
+  lo.pad = PadMode::kReflect;
+  WindowLoader floats(catalog, spec, lo, slots, 1);
+  lo.bytes = true;
+  WindowLoader bytes(catalog, spec, lo, slots, 1);
+  auto f = floats.next(), b = bytes.next();
+  ASSERT_TRUE(f && b);
+  EXPECT_EQ(f->pixels.scalar_type(), torch::kFloat32);
+  ASSERT_EQ(b->pixels.scalar_type(), torch::kUInt8);
+  EXPECT_EQ(b->valid, catalog.totalWindows());
+  EXPECT_TRUE(torch::equal(f->pixels, b->pixels.to(torch::kFloat32)));
+  EXPECT_TRUE(torch::equal(f->scales, b->scales));
+  EXPECT_GT(b->pixels.to(torch::kFloat32).sum().item<double>(), 0.0);
+  writeImage(dir + "/b.tif", cv::Mat(8, 8, CV_16UC3, cv::Scalar(300, 2, 1)), SampleType::kU16);
+  EXPECT_FALSE(inputAsBytes(catalogOf(dir, spec, 3).first)) << "a 16-bit image keeps floats";
   removeTree(dir);
 }
 

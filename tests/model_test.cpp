@@ -220,6 +220,11 @@ TEST(Model, NormalisationOnTheDevicePerBatch) {
   EXPECT_NEAR(out[0][0][0][0].item<float>(), (1.0 - 0.5) / 0.5, 1e-6);
   EXPECT_NEAR(out[0][1][0][0].item<float>(), (1.0 - 0.25) / 0.5, 1e-6);
   EXPECT_NEAR(out[1][2][3][3].item<float>(), 0.0, 1e-6);
+  // A batch of bytes (8-bit images) gives the float batch's outputs exactly, and is left as it was.
+  auto noise = torch::randint(0, 256, {2, 3, 4, 4}, torch::kUInt8);
+  const auto kept = noise.clone();
+  EXPECT_TRUE(torch::equal(r.forward(noise, scales), r.forward(noise.to(torch::kFloat32), scales)));
+  EXPECT_TRUE(torch::equal(noise, kept));
   o.mean = {1, 2};
   ModelRunner bad(o);
   EXPECT_THROW(bad.probe(4, 4), ConfigError);

@@ -82,6 +82,12 @@ cv::Mat readWindow(ImageReader& reader, const WindowGrid& grid, int64_t local_in
 // the image's `colormap`: colours in the sample type's range (8-bit indices: the map's 16-bit values / 257).
 void windowToModelInput(const cv::Mat& window, ChannelAdapt adapt, float* dst,
                         const std::vector<std::array<uint16_t, 3>>* colormap = nullptr);
+// The same as uint8 values, for windows of 8-bit samples (an error for any other depth).
+void windowToModelInput(const cv::Mat& window, ChannelAdapt adapt, uint8_t* dst,
+                        const std::vector<std::array<uint16_t, 3>>* colormap = nullptr);
+// Whether every image of `catalog` has 8-bit samples, so that its batches can hold them as bytes: a quarter
+// of the memory, of the read threads' writes and of the copy to a GPU; the model's device makes them floats.
+bool inputAsBytes(const WindowCatalog& catalog);
 
 // Runs fn(0), ..., fn(count - 1) on the calling thread and `threads - 1` helper threads of its own, each
 // thread a contiguous part, and returns when every call has returned. fn must not throw. One caller at a
@@ -145,7 +151,7 @@ class ReaderCache {
 
 // One step's batch as this rank read it. Tensors are owned CPU tensors.
 struct WindowBatch {
-  torch::Tensor pixels;                               // float32 [B,C,H,W] raw sample values
+  torch::Tensor pixels;                               // [B,C,H,W] raw sample values: uint8 or float32
   torch::Tensor scales;                               // float32 [B]
   StepSlots slots;                                    // [B]: the window each slot holds and its fate
   std::vector<std::pair<int, std::string>> failures;  // (image id, message) found while reading
@@ -161,6 +167,7 @@ struct LoaderOptions {
   size_t depth = 2;      // batches read ahead
   int read_threads = 1;  // threads reading one batch's windows (the read-ahead thread and helpers)
   bool pinned = false;   // page-locked pixels, for asynchronous copies to a GPU
+  bool bytes = false;    // uint8 pixels (inputAsBytes of the catalog), else float32
   // The model's device, made current on the read-ahead thread (pinned buffers belong to its context).
   torch::Device device = torch::kCPU;
   // Called before each window is read, with its file, in slot order on the read-ahead thread; what it

@@ -100,8 +100,8 @@ class ModelRunner {
   // under `enough`, at the second window alone if over twice it, or at a run over twice it that took
   // 100 ms (past the first runs' one-time cost).
   double secondsPerWindow(int64_t window_w, int64_t window_h, int64_t batch, double enough);
-  // batch: float32 [B,C,H,W] raw values on the CPU; scales: float32 [B]. Returns float32 [B,C',H',W'],
-  // activation applied, computed under InferenceMode.
+  // batch: float32 or uint8 [B,C,H,W] raw values on the CPU; scales: float32 [B]. Returns float32
+  // [B,C',H',W'], activation applied, computed under InferenceMode.
   torch::Tensor forward(const torch::Tensor& batch, const torch::Tensor& scales);
   // The pieces of forward() that training reuses with autograd on: normalisation onto the device (NCHW), and
   // the module under autocast with its output tensor picked and cast to float32.
