@@ -127,23 +127,34 @@ d = float(np.abs(a - b).max()); scale = float(np.abs(b).max())
 print(f"embed: {a.shape} features, max |cuda - cpu| {d:.3g} (scale {scale:.3g})")
 sys.exit(0 if a.shape == b.shape and d <= 1e-3 * max(scale, 1.0) else 1)
 PY
-# The bundled detector counts erosions: the same boxes on either device, to the byte.
+# The bundled detector counts erosions: the same boxes on either device, to the byte (scores: below).
 check "detect on cuda" per_window detect_cuda cuda detector.pt detect
 check "detect on cpu" per_window detect_cpu cpu detector.pt detect
-# same_objects A B: the two runs' GeoJSON to the byte, or what differs (counts, the first features apart).
+# same_objects A B [SCORE_TOLERANCE]: the two runs' GeoJSON to the byte, or else the same features with scores
+# within the tolerance (0: none); prints what differs (counts, the first features apart).
 same_objects() {
   cmp -s "$out/$1/blobs_4096_objects.geojson" "$out/$2/blobs_4096_objects.geojson" && return 0
-  python3 - "$out/$1/blobs_4096_objects.geojson" "$out/$2/blobs_4096_objects.geojson" <<'PY'
+  python3 - "$out/$1/blobs_4096_objects.geojson" "$out/$2/blobs_4096_objects.geojson" "${3:-0}" <<'PY'
 import json, sys
 a, b = (json.load(open(f))["features"] for f in sys.argv[1:3])
+tolerance = float(sys.argv[3])
+def score_apart(x, y):
+    sx, sy = (f["properties"]["measurements"].pop("score", 0.0) for f in (x, y))
+    return abs(sx - sy)
 apart = [(x, y) for x, y in zip(a, b) if x != y]
-print(f"objects: {len(a)} against {len(b)}, {len(apart)} of the first {min(len(a), len(b))} differ")
-for x, y in apart[:3]:
-    print("  ", json.dumps(x)[:400], "\n   against", json.dumps(y)[:400])
+shown = [(json.dumps(x)[:400], json.dumps(y)[:400]) for x, y in apart[:3]]
+scores = [score_apart(x, y) for x, y in apart]
+other = sum(x != y for x, y in apart)
+print(f"objects: {len(a)} against {len(b)}, {len(apart)} of the first {min(len(a), len(b))} differ, "
+      f"{other} in more than the score; scores apart by at most {max(scores, default=0):.3g}")
+for x, y in shown:
+    print("  ", x, "\n   against", y)
+sys.exit(0 if len(a) == len(b) and other == 0 and max(scores, default=0) <= tolerance else 1)
 PY
-  return 1
 }
-check "  the same objects" same_objects detect_cuda detect_cpu
+# The detector's score is a depth over 24: its division on CUDA (fused by TorchScript's GPU fuser) and on
+# the CPU differ in the last bit for a third of the boxes (0.7083334 against 0.7083333 on an H200).
+check "  the same boxes, scores within 1e-6" same_objects detect_cuda detect_cpu 1e-6
 # The bundled instance model compares and spreads whole numbers: the same objects on either device, to the byte.
 check "instances on cuda" per_window instances_cuda cuda instances.pt instances
 check "instances on cpu" per_window instances_cpu cpu instances.pt instances
