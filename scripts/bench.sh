@@ -653,14 +653,15 @@ fi
 
 # The GPU (not part of `all`): the whole process against the pure forward of the same windows in Python on the
 # same LibTorch (python3 with torch; torchvision for the FCN), per model, batch, outputs and precision.
-# GPU_BENCH_IMAGES (2) images of GPU_BENCH_SIZE (16384) px; RUNS as elsewhere.
+# GPU_BENCH_IMAGES (4: start-up weighs as it does over a directory) images of GPU_BENCH_SIZE (16384) px; RUNS as
+# elsewhere.
 if [ "$what" = gpu ]; then
   py=python3
   size=${GPU_BENCH_SIZE:-16384}
   [ $quick = 1 ] && size=4096
   gpu_in="$cache/gpu_in_$size"
   mkdir -p "$gpu_in"
-  for k in $(seq "${GPU_BENCH_IMAGES:-2}"); do
+  for k in $(seq "${GPU_BENCH_IMAGES:-4}"); do
     [ -f "$gpu_in/img$k.tif" ] || { [ $k -gt 1 ] && cp "$gpu_in/img1.tif" "$gpu_in/img$k.tif"; } ||
       "$bin/tiler_bench" make "$gpu_in/img$k.tif" --size "$size" >/dev/null
   done

@@ -1,5 +1,6 @@
 #include "tiler/image_io.hpp"
 
+#include <spdlog/spdlog.h>
 #include <tiffio.h>
 #include <unistd.h>
 
@@ -196,6 +197,19 @@ std::vector<uint8_t> encodeTile(std::vector<uint8_t>& samples, const TileEncodin
                               bytes.begin() + std::ptrdiff_t(offsets[0] + counts[0]));
 }
 
+// Tile `x0` of a row of tiles (`edge` rows of an image `width` wide) into `samples`, zero padded past the
+// image's right edge: what libtiff's encoder takes (and what its predictor overwrites).
+void cutTile(const cv::Mat& row, int64_t x0, int64_t width, int edge, std::vector<uint8_t>& samples) {
+  const size_t pixel = row.elemSize();
+  const size_t w = size_t(std::min<int64_t>(edge, width - x0)), row_bytes = size_t(edge) * pixel;
+  samples.resize(size_t(edge) * row_bytes);
+  for (int y = 0; y < edge; ++y) {
+    uint8_t* to = samples.data() + size_t(y) * row_bytes;
+    std::memcpy(to, row.ptr<uint8_t>(y) + size_t(x0) * pixel, w * pixel);
+    std::memset(to + w * pixel, 0, row_bytes - w * pixel);
+  }
+}
+
 }  // namespace
 
 const char* sampleTypeName(SampleType type) {
@@ -356,8 +370,15 @@ ImageWriter::ImageWriter(const std::string& path, int64_t width, int64_t height,
               "'" << path << "': cannot write an image of " << width << "x" << height << "x" << channels);
   const int cv_type = CV_MAKETYPE(cvDepthOf(type), channels);
   cv_type_ = cv_type;
-  if (!options_.compression) options_.compression = defaultCompression(type);
-  if (options_.format == "tif" || options_.format == "tiff") {
+  const bool tiff = options_.format == "tif" || options_.format == "tiff";
+  if (!options_.compression) {
+    options_.compression = defaultCompression(type);
+    // Floats: the predictor only where it pays, decided on the first row of tiles (choosePredictor).
+    choose_predictor_ =
+        tiff && options_.compression->predictor && (type == SampleType::kF32 || type == SampleType::kF16);
+    if (choose_predictor_) options_.compression->predictor = false;  // until chosen
+  }
+  if (tiff) {
     TILER_CHECK(type != SampleType::kI16, IoError,
                 "'" << path << "': writer takes u8, u16, u32, f16 or f32 samples");
     TILER_CHECK(options_.tile % 16 == 0 && options_.tile > 0, ConfigError,
@@ -426,6 +447,7 @@ ImageWriter::ImageWriter(const std::string& path, int64_t width, int64_t height,
       lo.background = false;  // the level thread writes them
       lo.metadata_from.clear();
       lo.description.clear();
+      if (choose_predictor_) lo.compression.reset();  // each level chooses on its own first row
       for (int64_t w = width, h = height; std::max(w, h) > options_.tile;) {
         w = (w + 1) / 2;
         h = (h + 1) / 2;
@@ -535,6 +557,7 @@ ImageWriter::TileRow ImageWriter::encodeTileRow(cv::Mat buffer, int64_t first_ro
   const int tile = options_.tile;
   const size_t px = buffer.elemSize();
   for (int y = int(rows); y < tile; ++y) std::memset(buffer.ptr(y), 0, size_t(width_) * px);
+  if (choose_predictor_) choosePredictor(buffer);
   auto encoding = std::make_shared<TileEncoding>();
   encoding->channels = channels_;
   encoding->type = type_;
@@ -547,17 +570,9 @@ ImageWriter::TileRow ImageWriter::encodeTileRow(cv::Mat buffer, int64_t first_ro
     auto task = [buffer, x0, encoding, width = width_, fault = tile_fault_, path = path_] {
       if (fault->load())
         throw std::runtime_error(injectedFailure("failure while compressing a tile of '" + path + "'"));
-      const int edge = encoding->options.tile;
-      const size_t pixel = buffer.elemSize();
-      const size_t w = size_t(std::min<int64_t>(edge, width - x0)), row_bytes = size_t(edge) * pixel;
       // The thread's own buffer, as the encoder (the predictor differences it in place).
       thread_local std::vector<uint8_t> samples;
-      samples.resize(size_t(edge) * row_bytes);
-      for (int y = 0; y < edge; ++y) {
-        uint8_t* to = samples.data() + size_t(y) * row_bytes;
-        std::memcpy(to, buffer.ptr<uint8_t>(y) + size_t(x0) * pixel, w * pixel);
-        std::memset(to + w * pixel, 0, row_bytes - w * pixel);
-      }
+      cutTile(buffer, x0, width, encoding->options.tile, samples);
       return encodeTile(samples, *encoding);
     };
     if (options_.pool) {
@@ -569,6 +584,34 @@ ImageWriter::TileRow ImageWriter::encodeTileRow(cv::Mat buffer, int64_t first_ro
     }
   }
   return row;
+}
+
+void ImageWriter::choosePredictor(const cv::Mat& row) {
+  choose_predictor_ = false;
+  const int tile = options_.tile;
+  const int64_t tiles = (width_ + tile - 1) / tile, sampled = std::min<int64_t>(tiles, kPredictorSampleTiles);
+  // Each way in turn (an encoder per thread is kept while its encoding stays the same).
+  auto bytesOf = [&](bool predictor) {
+    TileEncoding e{channels_, type_, options_};
+    e.options.pool.reset();
+    e.options.compression->predictor = predictor;
+    std::vector<uint8_t> samples;
+    size_t bytes = 0;
+    for (int64_t k = 0; k < sampled; ++k) {
+      cutTile(row, k * tiles / sampled * tile, width_, tile, samples);
+      bytes += encodeTile(samples, e).size();
+    }
+    return bytes;
+  };
+  const size_t raw = size_t(sampled) * size_t(tile) * size_t(tile) * row.elemSize();
+  const size_t with = bytesOf(true), without = bytesOf(false);
+  // Tiles that shrink 64x without it (a background, a constant) say nothing about the rest: then the
+  // predictor, which smooth outputs need. Else it must save more than 2% to be worth its time.
+  const bool predictor = without * 64 <= raw || with * 102 < without * 100;
+  spdlog::debug("'{}': {} bytes with the floating-point predictor, {} without, of {} ({} tiles): {}", path_,
+                with, without, raw, sampled, predictor ? "with" : "without");
+  options_.compression->predictor = predictor;
+  if (predictor) TIFFSetField(static_cast<TIFF*>(tiff_), TIFFTAG_PREDICTOR, PREDICTOR_FLOATINGPOINT);
 }
 
 cv::Mat ImageWriter::spareRow() {
@@ -631,6 +674,25 @@ void ImageWriter::close() {
   commit();
 }
 
+namespace {
+
+// `rows` resized to `size` (2x2 means, or the top-left pixel with INTER_NEAREST); OpenCV's resize takes no
+// half floats, so f16 is halved in f32 and rounded back.
+cv::Mat halve(const cv::Mat& rows, cv::Size size, int interpolation) {
+  cv::Mat out;
+  if (rows.depth() != CV_16F) {
+    cv::resize(rows, out, size, 0, 0, interpolation);
+    return out;
+  }
+  cv::Mat wide;
+  rows.convertTo(wide, CV_32F);
+  cv::resize(wide, wide, size, 0, 0, interpolation);
+  wide.convertTo(out, CV_16F);
+  return out;
+}
+
+}  // namespace
+
 void ImageWriter::feedLevel(size_t li, const cv::Mat& rows) {
   Level& level = levels_[li];
   const int half = (rows.cols + 1) / 2;
@@ -638,19 +700,16 @@ void ImageWriter::feedLevel(size_t li, const cv::Mat& rows) {
   std::vector<cv::Mat> made;
   int y = 0;
   if (!level.pending.empty() && rows.rows > 0) {
-    cv::Mat pair, reduced;
+    cv::Mat pair;
     cv::vconcat(level.pending, rows.row(0), pair);
-    cv::resize(pair, reduced, cv::Size(half, 1), 0, 0, interpolation);
-    made.push_back(reduced);
+    made.push_back(halve(pair, cv::Size(half, 1), interpolation));
     level.pending.release();
     y = 1;
   }
   // Whole pairs in one call (halving 2k rows to k is the same pair by pair); an odd row waits for its pair.
   const int pairs = (rows.rows - y) / 2;
   if (pairs > 0) {
-    cv::Mat reduced;
-    cv::resize(rows.rowRange(y, y + 2 * pairs), reduced, cv::Size(half, pairs), 0, 0, interpolation);
-    made.push_back(reduced);
+    made.push_back(halve(rows.rowRange(y, y + 2 * pairs), cv::Size(half, pairs), interpolation));
     y += 2 * pairs;
   }
   if (y < rows.rows) level.pending = rows.row(y).clone();
@@ -668,9 +727,8 @@ void ImageWriter::finishLevels() {
   for (size_t li = 0; li < levels_.size(); ++li) {
     Level& level = levels_[li];
     if (!level.pending.empty()) {
-      cv::Mat reduced;
-      cv::resize(level.pending, reduced, cv::Size((level.pending.cols + 1) / 2, 1), 0, 0,
-                 options_.nearest ? cv::INTER_NEAREST : cv::INTER_AREA);
+      const cv::Mat reduced = halve(level.pending, cv::Size((level.pending.cols + 1) / 2, 1),
+                                    options_.nearest ? cv::INTER_NEAREST : cv::INTER_AREA);
       level.pending.release();
       level.writer->writeRows(reduced);
       if (li + 1 < levels_.size()) feedLevel(li + 1, reduced);
@@ -687,8 +745,8 @@ bool ImageWriter::appendLevels(void* handle) {
     uint32_t w = 0, h = 0;
     TIFFGetField(src, TIFFTAG_IMAGEWIDTH, &w);
     TIFFGetField(src, TIFFTAG_IMAGELENGTH, &h);
-    setTiffFields(tif, w, h, channels_, type_, options_, true);
-    // The level's tiles are already compressed with the same settings: copied as they are.
+    // The level's own settings (its predictor is its own choice): its tiles are copied as they are.
+    setTiffFields(tif, w, h, channels_, type_, level.writer->options_, true);
     std::vector<uint8_t> raw;
     uint64_t* counts = nullptr;
     bool ok = TIFFGetField(src, TIFFTAG_TILEBYTECOUNTS, &counts) && counts != nullptr;

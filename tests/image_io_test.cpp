@@ -733,6 +733,18 @@ TEST(ImageWriter, PyramidPagesAreHalvedLevelsOfTheImage) {
   TIFFClose(t);
   // tiler's reader sees level 0.
   EXPECT_EQ(ImageReader::open(p)->info().width, 1000);
+  // Half floats (--probs_dtype f16 --pyramid): halved in f32, rounded back.
+  cv::Mat halves;
+  probs.convertTo(halves, CV_16FC2);
+  const std::string p16 = tempPath("pyramid_f16.tif");
+  write(p16, halves, SampleType::kF16, false);
+  auto level1 = ImageReader::open(p16);
+  ASSERT_EQ(level1->info().levels.size(), 3u);
+  const cv::Mat got = level1->readRegion({256, 0, 1, 1}, 1);
+  ASSERT_EQ(got.depth(), CV_16F);
+  cv::Mat got32;
+  got.convertTo(got32, CV_32F);
+  EXPECT_NEAR(got32.at<cv::Vec2f>(0, 0)[1], mean, 1e-3) << "level-1 pixel (256, 0)";
 }
 
 TEST(ImageWriter, LabelsCarryAPaletteAndReadBackAsIndices) {
@@ -836,7 +848,8 @@ TEST(ImageIo, CompressionTakesLibtiffsLevelsAndRefusesTheRest) {
 }
 
 // Without --compression each output gets the measured default of its sample type (docs/performance.md):
-// integers deflate without a predictor, floats zstd with the floating-point predictor; an asked codec wins.
+// integers deflate without a predictor, floats zstd (with the floating-point predictor where it pays: the
+// next test); an asked codec wins.
 TEST(ImageWriter, EachSampleTypeGetsTheMeasuredDefaultCodec) {
   struct Case {
     int cv_type;
@@ -845,13 +858,13 @@ TEST(ImageWriter, EachSampleTypeGetsTheMeasuredDefaultCodec) {
   };
   for (const Case& c : {Case{CV_8UC1, SampleType::kU8, COMPRESSION_ADOBE_DEFLATE, PREDICTOR_NONE},
                         Case{CV_16UC1, SampleType::kU16, COMPRESSION_ADOBE_DEFLATE, PREDICTOR_NONE},
-                        Case{CV_16FC2, SampleType::kF16, COMPRESSION_ZSTD, PREDICTOR_FLOATINGPOINT},
-                        Case{CV_32FC2, SampleType::kF32, COMPRESSION_ZSTD, PREDICTOR_FLOATINGPOINT}}) {
+                        Case{CV_16FC2, SampleType::kF16, COMPRESSION_ZSTD, PREDICTOR_NONE},
+                        Case{CV_32FC2, SampleType::kF32, COMPRESSION_ZSTD, PREDICTOR_NONE}}) {
     for (bool asked : {false, true}) {
       const std::string path = tempPath("default_codec.tif");
       WriterOptions o;
       if (asked) o.compression = Compression{Codec::kLzw};
-      const cv::Mat img = randomImage(40, 50, c.cv_type, 3);
+      const cv::Mat img = randomImage(40, 50, c.cv_type, 3);  // noise: no predictor pays
       writeWithWriter(path, img, c.type, o);
       TIFF* t = TIFFOpen(path.c_str(), "r");
       ASSERT_NE(t, nullptr);
@@ -865,6 +878,64 @@ TEST(ImageWriter, EachSampleTypeGetsTheMeasuredDefaultCodec) {
           << sampleTypeName(c.type);
       expectRegionsMatch(*ImageReader::open(path), img, 3, 5);
     }
+  }
+}
+
+// The default float compression keeps the floating-point predictor where the first row of tiles says it pays:
+// smooth values (model outputs over real images: much smaller with it), a first row of one value (a slide's
+// background says nothing); not on noise (no smaller, 2.4x slower). Each pyramid level decides on its own
+// first row. Every file reads back exactly, and a pool of threads writes the bytes of the caller's thread.
+TEST(ImageWriter, DefaultFloatCompressionKeepsThePredictorWhereItPays) {
+  const int w = 700, h = 600;
+  cv::Mat smooth(h, w, CV_32FC2), noise = randomImage(h, w, CV_32FC2, 5), background = noise.clone();
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x) {
+      const float p = 0.5f + 0.5f * std::sin(float(x) / 40.0f) * std::cos(float(y) / 55.0f);
+      smooth.at<cv::Vec2f>(y, x) = {p, 1.0f - p};
+    }
+  background.rowRange(0, 300).setTo(cv::Scalar(0.25, 0.75));
+  auto pool = std::make_shared<WorkPool>(3);
+  struct Case {
+    const char* name;
+    const cv::Mat* img;
+    SampleType type;
+    bool predictor, levels_predictor;
+  };
+  // The background's 300 rows fill level 0's first row of tiles, half of level 1's: noise decides there.
+  for (const Case& c : {Case{"smooth f32", &smooth, SampleType::kF32, true, true},
+                        Case{"noise f32", &noise, SampleType::kF32, false, false},
+                        Case{"background then noise f32", &background, SampleType::kF32, true, false},
+                        Case{"smooth f16", &smooth, SampleType::kF16, true, true},
+                        Case{"noise f16", &noise, SampleType::kF16, false, false}}) {
+    cv::Mat img;
+    c.img->convertTo(img, c.type == SampleType::kF16 ? CV_16FC2 : CV_32FC2);
+    std::string files[2];
+    for (int pooled = 0; pooled < 2; ++pooled) {
+      files[pooled] = tempPath("choose" + std::to_string(pooled) + ".tif");
+      WriterOptions o;
+      o.pyramid = true;
+      o.background = pooled == 1;
+      if (pooled) o.pool = pool;
+      ImageWriter writer(files[pooled], w, h, 2, c.type, o);
+      for (int y = 0; y < h; y += 113) writer.writeRows(img.rowRange(y, std::min(h, y + 113)));
+      writer.close();
+    }
+    EXPECT_TRUE(test::slurp(files[0]) == test::slurp(files[1])) << c.name;
+    TIFF* t = TIFFOpen(files[0].c_str(), "r");
+    ASSERT_NE(t, nullptr);
+    int pages = 0;
+    do {
+      uint16_t codec = 0, predictor = 0;
+      TIFFGetField(t, TIFFTAG_COMPRESSION, &codec);
+      TIFFGetFieldDefaulted(t, TIFFTAG_PREDICTOR, &predictor);
+      EXPECT_EQ(codec, COMPRESSION_ZSTD) << c.name;
+      const bool with = pages == 0 ? c.predictor : c.levels_predictor;
+      EXPECT_EQ(predictor, with ? PREDICTOR_FLOATINGPOINT : PREDICTOR_NONE) << c.name << ", page " << pages;
+      ++pages;
+    } while (TIFFReadDirectory(t));
+    TIFFClose(t);
+    EXPECT_EQ(pages, 3) << c.name;
+    EXPECT_TRUE(equalMats(ImageReader::open(files[0])->readRegion({0, 0, w, h}), img)) << c.name;
   }
 }
 
