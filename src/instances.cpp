@@ -185,7 +185,7 @@ std::vector<WindowObject> objectsOfWindow(const float* values, int64_t channels,
 }
 
 InstanceOutputs::InstanceOutputs(const CatalogImage& image, InstanceOptions options)
-    : image_(image), options_(std::move(options)) {
+    : image_(image), options_(std::move(options)), order_(image) {
   TILER_CHECK(options_.channels >= 1 && options_.height > 0 && options_.width > 0, ConfigError,
               "--task instances needs a map of at least one channel");
   fs::create_directories(fs::path(image.outputs.begin()->second).parent_path());
@@ -306,6 +306,13 @@ class RecordReader {
     at_ += size_t(n) * sizeof(T);
     return v;
   }
+  // A count of things each at least a byte long: never more than the record's bytes.
+  int64_t count() {
+    const auto n = get<int64_t>();
+    TILER_CHECK(n >= 0 && uint64_t(n) <= bytes_.size(), IoError,
+                where_ << "a record of window objects is corrupt");
+    return n;
+  }
   bool atEnd() const { return at_ == bytes_.size(); }
 
  private:
@@ -347,9 +354,7 @@ WindowObjects decodeWindowObjects(const std::string& bytes, const std::string& w
   WindowObjects objects;
   objects.cut = r.get<int64_t>();
   objects.non_finite = r.get<int64_t>();
-  const auto n = r.get<int64_t>();
-  TILER_CHECK(n >= 0 && uint64_t(n) <= bytes.size(), IoError,
-              where << "a record of window objects is corrupt");
+  const int64_t n = r.count();
   for (int64_t i = 0; i < n; ++i) {
     KeptObject k;
     WindowObject& o = k.object;
@@ -360,14 +365,10 @@ WindowObjects decodeWindowObjects(const std::string& bytes, const std::string& w
     o.runs = r.getAll<std::array<int32_t, 3>>();
     k.k = r.get<int32_t>();
     k.score = r.get<double>();
-    const auto polygons = r.get<int64_t>();
-    TILER_CHECK(polygons >= 0 && uint64_t(polygons) <= bytes.size(), IoError,
-                where << "a record of window objects is corrupt");
+    const int64_t polygons = r.count();
     for (int64_t p = 0; p < polygons; ++p) {
       OutlinePolygon& polygon = k.outlines.emplace_back();
-      const auto rings = r.get<int64_t>();
-      TILER_CHECK(rings >= 0 && uint64_t(rings) <= bytes.size(), IoError,
-                  where << "a record of window objects is corrupt");
+      const int64_t rings = r.count();
       for (int64_t q = 0; q < rings; ++q) polygon.push_back(r.getAll<std::array<int32_t, 2>>());
     }
     objects.kept.push_back(std::move(k));
@@ -397,14 +398,7 @@ void InstanceOutputs::take(int64_t window, WindowObjects objects) {
   TILER_CHECK(!done(), IoError, "'" << image_.input << "': window " << window << " arrived after the last");
   non_finite_ += objects.non_finite;
   // Only the kept objects wait for their turn.
-  if (window != image_.gridWindow(next_)) {
-    early_.emplace(window, std::move(objects));
-    return;
-  }
-  write(window, objects);
-  for (auto it = early_.begin(); !done() && it != early_.end() && it->first == image_.gridWindow(next_);
-       it = early_.erase(it))
-    write(it->first, it->second);
+  order_.take(window, std::move(objects), [this](int64_t w, const WindowObjects& o) { write(w, o); });
 }
 
 void InstanceOutputs::write(int64_t window, const WindowObjects& objects) {
@@ -416,7 +410,6 @@ void InstanceOutputs::write(int64_t window, const WindowObjects& objects) {
     writeFeature(k, rect);
     if (raster_) paint(k, rect);
   }
-  ++next_;
 }
 
 void InstanceOutputs::writeFeature(const KeptObject& kept, const Rect& rect) {
@@ -504,9 +497,9 @@ void InstanceOutputs::paint(const KeptObject& kept, const Rect& rect) {
 }
 
 std::vector<std::string> InstanceOutputs::commit() {
-  TILER_CHECK(
-      done(), IoError,
-      "'" << image_.input << "': " << next_ << " of " << image_.plannedWindows() << " windows written");
+  TILER_CHECK(done(), IoError,
+              "'" << image_.input << "': " << order_.written() << " of " << image_.plannedWindows()
+                  << " windows written");
   // Phase one: every file closed under its partial name. Phase two: all renamed.
   if (geojson_) {
     geojson_->write("\n]}\n");
@@ -517,20 +510,11 @@ std::vector<std::string> InstanceOutputs::commit() {
     advanceRaster(out_h_);
     raster_->finish();
   }
-  std::vector<std::string> renamed;
-  try {
+  return commitAllOrNothing([&](std::vector<std::string>& renamed) {
     if (geojson_) commitFile(*geojson_, renamed);
     if (csv_) commitFile(*csv_, renamed);
-    if (raster_) {
-      raster_->commit();
-      renamed.push_back(raster_->path());
-    }
-  } catch (...) {
-    std::error_code ec;
-    for (const auto& path : renamed) fs::remove(path, ec);
-    throw;
-  }
-  return renamed;
+    if (raster_) commitFile(*raster_, renamed);
+  });
 }
 
 std::optional<std::array<int64_t, 2>> InstanceOutputs::objects() const {

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -129,28 +128,19 @@ class StitchedOutputs : public WindowConsumer {
         throw;
       }
     }
-    std::vector<std::string> committed;
     try {
-      if (labels_ && keep_labels_) {
-        labels_->commit();
-        committed.push_back(labels_->path());
-      }
-      if (probs_) {
-        probs_->commit();
-        committed.push_back(probs_->path());
-      }
-      if (!polygons_.empty()) {
-        TILER_CHECK(std::rename(polygons_partial.c_str(), polygons_.c_str()) == 0, IoError,
-                    "'" << polygons_ << "': rename from .partial failed: " << std::strerror(errno));
-        committed.push_back(polygons_);
-      }
+      return commitAllOrNothing([&](std::vector<std::string>& renamed) {
+        if (labels_ && keep_labels_) commitFile(*labels_, renamed);
+        if (probs_) commitFile(*probs_, renamed);
+        if (!polygons_.empty()) {
+          renameFromPartial(polygons_);
+          renamed.push_back(polygons_);
+        }
+      });
     } catch (...) {
-      // All or nothing: what was renamed already goes too.
-      for (const auto& path : committed) fs::remove(path, ec);
       fs::remove(polygons_partial, ec);
       throw;
     }
-    return committed;
   }
 
  private:

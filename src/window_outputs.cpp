@@ -184,6 +184,24 @@ void renameFromPartial(const std::string& path) {
               "'" << path << "': rename from .partial failed: " << std::strerror(errno));
 }
 
+void commitFile(ImageWriter& writer, std::vector<std::string>& renamed) {
+  writer.commit();
+  renamed.push_back(writer.path());
+}
+
+std::vector<std::string> commitAllOrNothing(
+    const std::function<void(std::vector<std::string>& renamed)>& rename_all) {
+  std::vector<std::string> renamed;
+  try {
+    rename_all(renamed);
+  } catch (...) {
+    std::error_code ec;
+    for (const auto& path : renamed) fs::remove(path, ec);
+    throw;
+  }
+  return renamed;
+}
+
 bool inWindowCore(const std::vector<int64_t>& starts, int64_t size, size_t i, double at) {
   const auto twice_centre = [&](size_t k) { return double(2 * starts[k] + size); };
   return (i == 0 || 4 * at >= twice_centre(i - 1) + twice_centre(i)) &&
@@ -609,10 +627,7 @@ class WindowOutputs::ClassFiles {
   std::vector<std::string> commit(std::vector<std::string>& renamed) {
     if (csv_) commitFile(*csv_, renamed);
     if (tiles_) commitFile(*tiles_, renamed);
-    if (heatmap_writer_) {
-      heatmap_writer_->commit();
-      renamed.push_back(heatmap_writer_->path());
-    }
+    if (heatmap_writer_) commitFile(*heatmap_writer_, renamed);
     return renamed;
   }
 
@@ -891,7 +906,7 @@ void WindowConsumer::addRecord(int64_t window, const std::string&) {
 }
 
 WindowOutputs::WindowOutputs(const CatalogImage& image, WindowOutputOptions options)
-    : image_(image), options_(std::move(options)) {
+    : image_(image), options_(std::move(options)), order_(image) {
   TILER_CHECK(options_.dim > 0, ConfigError, "a per-window output needs a vector of at least one value");
   fs::create_directories(fs::path(image.outputs.begin()->second).parent_path());
   for (const auto& kind : options_.kinds) {
@@ -909,7 +924,7 @@ WindowOutputs::WindowOutputs(const CatalogImage& image, WindowOutputOptions opti
 WindowOutputs::~WindowOutputs() = default;
 
 void WindowOutputs::add(int64_t window, const float* values) {
-  take(window, values, options_.dim);
+  take(window, std::vector<float>(values, values + options_.dim));
 }
 
 void WindowOutputs::addRecord(int64_t window, const std::string& record) {
@@ -922,52 +937,37 @@ void WindowOutputs::addRecord(int64_t window, const std::string& record) {
   std::vector<float> boxes((record.size() - sizeof(int64_t)) / sizeof(float));
   if (!boxes.empty())
     std::memcpy(boxes.data(), record.data() + sizeof(int64_t), boxes.size() * sizeof(float));
-  take(window, boxes.data(), int64_t(boxes.size()));
+  take(window, std::move(boxes));
 }
 
-void WindowOutputs::take(int64_t window, const float* values, int64_t count) {
+void WindowOutputs::take(int64_t window, std::vector<float> values) {
   TILER_CHECK(!done(), IoError, "'" << image_.input << "': window " << window << " arrived after the last");
-  if (window != image_.gridWindow(next_)) {
-    early_.emplace(window, std::vector<float>(values, values + count));
-    return;
-  }
-  write(window, values, count);
-  // Those that waited for this one.
-  for (auto it = early_.begin(); !done() && it != early_.end() && it->first == image_.gridWindow(next_);
-       it = early_.erase(it))
-    write(it->first, it->second.data(), int64_t(it->second.size()));
+  order_.take(window, std::move(values), [this](int64_t w, const std::vector<float>& v) { write(w, v); });
 }
 
-void WindowOutputs::write(int64_t window, const float* values, int64_t count) {
+void WindowOutputs::write(int64_t window, const std::vector<float>& values) {
   const WindowPlace place = placeWindow(image_, window);
-  if (features_) features_->append(place, values);
-  if (tensor_) tensor_->append(values);
-  if (classes_) classes_->append(place, values);
-  if (detections_) detections_->append(window, values, count / 6);
-  ++next_;
+  if (features_) features_->append(place, values.data());
+  if (tensor_) tensor_->append(values.data());
+  if (classes_) classes_->append(place, values.data());
+  if (detections_) detections_->append(window, values.data(), int64_t(values.size()) / 6);
 }
 
 std::vector<std::string> WindowOutputs::commit() {
-  TILER_CHECK(
-      done(), IoError,
-      "'" << image_.input << "': " << next_ << " of " << image_.plannedWindows() << " windows written");
+  TILER_CHECK(done(), IoError,
+              "'" << image_.input << "': " << order_.written() << " of " << image_.plannedWindows()
+                  << " windows written");
   // Phase one: every file closed under its partial name. Phase two: all renamed.
   if (features_) features_->finish();
   if (tensor_) tensor_->finish();
   if (classes_) classes_->finish();
   if (detections_) detections_->finish();
-  std::vector<std::string> renamed;
-  try {
+  return commitAllOrNothing([&](std::vector<std::string>& renamed) {
     if (features_) commitFile(*features_, renamed);
     if (tensor_) commitFile(*tensor_, renamed);
     if (classes_) classes_->commit(renamed);
     if (detections_) detections_->commit(renamed);
-  } catch (...) {
-    std::error_code ec;
-    for (const auto& path : renamed) fs::remove(path, ec);
-    throw;
-  }
-  return renamed;
+  });
 }
 
 std::optional<std::array<int64_t, 2>> WindowOutputs::objects() const {

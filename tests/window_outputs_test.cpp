@@ -465,7 +465,9 @@ TEST(WindowOutputs, EachBoxIsKeptByTheWindowWhoseCoreHoldsItsCentre) {
       kept += int64_t(record.size() - sizeof(int64_t)) / int64_t(6 * sizeof(float));
       out.addRecord(w, record);
     }
-    if (pass == 2) EXPECT_EQ(kept, 1);
+    if (pass == 2) {
+      EXPECT_EQ(kept, 1);
+    }
     out.commit();
     // Centre x 22: columns' centres 8, 16, 24, 32, cores split at 12, 20, 28: column 2. Centre y 15: rows'
     // centres 8, 16, 22, split at 12 and 19: row 1. Written once, in level-0 pixels.

@@ -100,14 +100,14 @@ class InstanceOutputs : public WindowConsumer {
   // A window's map (its objects found here) or its record (found by the rank that ran it).
   void add(int64_t window, const float* values) override;
   void addRecord(int64_t window, const std::string& record) override;
-  bool done() const override { return next_ == image_.plannedWindows(); }
+  bool done() const override { return order_.done(); }
   int64_t nonFiniteValues() const override { return non_finite_; }
   std::vector<std::string> commit() override;
   // The objects written, and those that no window kept because a window edge inside the image cut them in
   // the core of the window that saw them.
   std::optional<std::array<int64_t, 2>> objects() const override;
   // Windows whose kept objects wait for an earlier window.
-  size_t heldWindows() const { return early_.size(); }
+  size_t heldWindows() const { return order_.held(); }
 
  private:
   void take(int64_t window, WindowObjects objects);
@@ -118,8 +118,7 @@ class InstanceOutputs : public WindowConsumer {
 
   const CatalogImage& image_;  // the catalog's, which outlives the stage
   InstanceOptions options_;
-  int64_t next_ = 0;                        // planned windows written, in order
-  std::map<int64_t, WindowObjects> early_;  // grid window -> its objects, until its turn
+  InWindowOrder<WindowObjects> order_;  // each window's kept objects
   int64_t objects_ = 0, cut_ = 0, non_finite_ = 0;
   std::unique_ptr<TextFile> geojson_, csv_;  // owned; null unless saved
   std::optional<GeoFrame> geo_;              // the input's CRS, where the GeoJSON is written in it

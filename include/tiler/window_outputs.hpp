@@ -13,6 +13,7 @@
 #include <array>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -114,6 +115,46 @@ void commitFile(File& file, std::vector<std::string>& renamed) {
   renamed.push_back(file.path());
 }
 
+// Renames a finished TIFF (ImageWriter::finish) into place and adds it to `renamed`.
+void commitFile(ImageWriter& writer, std::vector<std::string>& renamed);
+// Phase two of committing an image's files, all or nothing: `rename_all` renames each finished file into
+// place (commitFile), adding it to the list it is given; when one fails, those already renamed are removed
+// and the error goes on. Returns the final paths.
+std::vector<std::string> commitAllOrNothing(
+    const std::function<void(std::vector<std::string>& renamed)>& rename_all);
+
+// An image's window results in its window order, whatever order they arrive in: the result whose turn it is
+// is written at once, then those that waited for it; one that comes early is held until its turn.
+template <typename T>
+class InWindowOrder {
+ public:
+  explicit InWindowOrder(const CatalogImage& image) : image_(image) {}
+  // write(window, result) for `window`'s result when its turn has come, then for each held one whose turn
+  // follows.
+  template <typename Write>
+  void take(int64_t window, T result, const Write& write) {
+    if (done() || window != image_.gridWindow(written_)) {
+      early_.emplace(window, std::move(result));
+      return;
+    }
+    write(window, result);
+    ++written_;
+    for (auto it = early_.begin(); !done() && it != early_.end() && it->first == image_.gridWindow(written_);
+         it = early_.erase(it)) {
+      write(it->first, it->second);
+      ++written_;
+    }
+  }
+  bool done() const { return written_ == image_.plannedWindows(); }
+  int64_t written() const { return written_; }   // planned windows written
+  size_t held() const { return early_.size(); }  // results waiting for their turn
+
+ private:
+  const CatalogImage& image_;  // the catalog's, which outlives its user
+  int64_t written_ = 0;
+  std::map<int64_t, T> early_;  // grid window -> its result, until its turn
+};
+
 // Creates `image`'s objects GeoJSON (outputs["objects"]) and writes the start of its FeatureCollection; a
 // georeferenced TIFF's objects are placed in its CRS (QGIS), which `geo` receives and the file names.
 std::unique_ptr<TextFile> openObjectsGeojson(const CatalogImage& image, std::optional<GeoFrame>& geo);
@@ -167,9 +208,9 @@ class WindowOutputs : public WindowConsumer {
   // detect: the boxes its rank kept of the window (detectionRecord).
   void addRecord(int64_t window, const std::string& record) override;
   int64_t nonFiniteValues() const override { return non_finite_; }
-  bool done() const override { return next_ == image_.plannedWindows(); }
+  bool done() const override { return order_.done(); }
   // Vectors held because they arrived before their turn.
-  size_t heldVectors() const { return early_.size(); }
+  size_t heldVectors() const { return order_.held(); }
   std::vector<std::string> commit() override;
   // detect: the objects written and those of them cut by a window edge inside the image; nullopt otherwise.
   std::optional<std::array<int64_t, 2>> objects() const override;
@@ -179,18 +220,17 @@ class WindowOutputs : public WindowConsumer {
   class TensorFile;
   class ClassFiles;
   class DetectionFiles;
-  void take(int64_t window, const float* values, int64_t count);
-  void write(int64_t window, const float* values, int64_t count);
+  void take(int64_t window, std::vector<float> values);
+  void write(int64_t window, const std::vector<float>& values);
 
   const CatalogImage& image_;  // the catalog's, which outlives the stage
   WindowOutputOptions options_;
-  int64_t next_ = 0;                             // planned windows written, in order
-  int64_t non_finite_ = 0;                       // detect: what the records counted
-  std::map<int64_t, std::vector<float>> early_;  // grid window -> vector, until its turn
-  std::unique_ptr<FeatureFile> features_;        // owned; null unless saved
-  std::unique_ptr<TensorFile> tensor_;           // owned; null unless features_pt is saved
-  std::unique_ptr<ClassFiles> classes_;          // owned; null unless csv, tiles or heatmap
-  std::unique_ptr<DetectionFiles> detections_;   // owned; null unless objects, objects_csv or coco
+  InWindowOrder<std::vector<float>> order_;     // a window's vector, or a detector's rows, 6 floats a box
+  int64_t non_finite_ = 0;                      // detect: what the records counted
+  std::unique_ptr<FeatureFile> features_;       // owned; null unless saved
+  std::unique_ptr<TensorFile> tensor_;          // owned; null unless features_pt is saved
+  std::unique_ptr<ClassFiles> classes_;         // owned; null unless csv, tiles or heatmap
+  std::unique_ptr<DetectionFiles> detections_;  // owned; null unless objects, objects_csv or coco
 };
 
 }  // namespace tiler
