@@ -124,6 +124,9 @@ class InferJob {
   // found on this rank (which ran them), as the record its image's owner takes (slot.record_bytes set); an
   // output that is no map of ids, or a box that is no box, fails its image.
   std::vector<std::string> windowRecords(WindowBatch& batch, const torch::Tensor& preds);
+  // Reports the batch's failures from `first` on (each fails its image on every rank); with --on_error
+  // abort, the first of them ends the job.
+  void reportFailures(const WindowBatch& batch, size_t first);
   // The records of a step to the owners of their images, one gather per owner as for predictions, each
   // rank's records end to end and padded to the most bytes any rank sends that owner.
   StepResult routeRecords(const std::vector<StepSlots>& every_rank, const std::vector<std::string>& records,
@@ -487,6 +490,13 @@ void InferJob::forwardSlots(ModelRunner& model, WindowBatch& batch, int64_t firs
   }
 }
 
+void InferJob::reportFailures(const WindowBatch& batch, size_t first) {
+  for (size_t i = first; i < batch.failures.size(); ++i)
+    exchange().reportImageFailure(batch.failures[i].first, batch.failures[i].second);
+  if (abort_on_error_ && batch.failures.size() > first)
+    throw IoError(batch.failures[first].second + " (--on_error abort)");
+}
+
 void InferJob::runStep(int64_t step, int64_t steps, ForwardedBatch forwarded, WindowLoader& loader,
                        OutputStage& outputs) {
   const int64_t B = o_.batch_size;
@@ -500,9 +510,7 @@ void InferJob::runStep(int64_t step, int64_t steps, ForwardedBatch forwarded, Wi
       if (auto e = outputs.error()) throw std::runtime_error(*e);
       stats_.read_seconds += batch->read_seconds;
       stats_.forward_seconds += forwarded.forward_seconds;
-      for (auto& [image_id, message] : batch->failures) exchange().reportImageFailure(image_id, message);
-      if (abort_on_error_ && !batch->failures.empty())
-        throw IoError(batch->failures.front().second + " (--on_error abort)");
+      reportFailures(*batch, 0);
     });
   }
   if (!batch || fatal) {
@@ -516,10 +524,7 @@ void InferJob::runStep(int64_t step, int64_t steps, ForwardedBatch forwarded, Wi
     fatal = captureFailure([&] {
       const size_t reported = batch->failures.size();
       records = windowRecords(*batch, preds);
-      for (size_t i = reported; i < batch->failures.size(); ++i)
-        exchange().reportImageFailure(batch->failures[i].first, batch->failures[i].second);
-      if (abort_on_error_ && batch->failures.size() > reported)
-        throw IoError(batch->failures[reported].second + " (--on_error abort)");
+      reportFailures(*batch, reported);
     });
   }
   const auto t1 = Clock::now();
