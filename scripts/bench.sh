@@ -703,11 +703,12 @@ torch.jit.trace(Out(m), torch.rand(1, 3, 512, 512)).save('$fcn')"
   }
   for _ in $(seq "$runs"); do
     gpu_case "unet 256px b64 fp16 labels" "$model" 256 64 fp16 labels
-    gpu_case "unet 256px b64 fp16 labels, one stream" "$model" 256 64 fp16 labels --replicas 1
+    gpu_case "unet 256px b64 fp16 labels, blended on the host" "$model" 256 64 fp16 labels --stitch host
     gpu_case "unet 256px b64 fp16 labels+u8 probs" "$model" 256 64 fp16 labels,probs
     gpu_case "unet 256px b8 fp16 labels" "$model" 256 8 fp16 labels
     gpu_case "unet 256px b64 bf16 labels" "$model" 256 64 bf16 labels
     gpu_case "fcn_resnet50 512px b16 fp16 labels" "$fcn" 512 16 fp16 labels
+    gpu_case "fcn_resnet50 512px b16 fp16 labels, blended on the host" "$fcn" 512 16 fp16 labels --stitch host
     gpu_case "fcn_resnet50 512px b16 fp16 labels+u8 probs" "$fcn" 512 16 fp16 labels,probs
   done
 fi

@@ -38,6 +38,13 @@ defaults_are_cuda_fp16() {
 }
 check "default flags: cuda:0, fp16" defaults_are_cuda_fp16
 check "1 rank on cuda" infer one "$bin/tiler" --device cuda
+check "  blended on the GPU (report: stitch device)" sh -c "tr -d ' \n' <'$out/one/report.json' | grep -q '\"stitch\":\"device\"'"
+check "1 rank on cuda, blended on the host" infer host "$bin/tiler" --device cuda --stitch host
+check "  the same labels and f32 probabilities" sh -c "cmp -s '$out/one/blobs_4096_labels.tif' '$out/host/blobs_4096_labels.tif' &&
+  cmp -s '$out/one/blobs_4096_probs.tif' '$out/host/blobs_4096_probs.tif'"
+check "u8 probabilities blended on the GPU" infer u8 "$bin/tiler" --device cuda --probs_dtype u8
+check "  and on the host" infer u8host "$bin/tiler" --device cuda --probs_dtype u8 --stitch host
+check "  the same bytes" sh -c "cmp -s '$out/u8/blobs_4096_probs.tif' '$out/u8host/blobs_4096_probs.tif'"
 check "2 ranks sharing the GPU (gloo)" infer two "$bin/ctrun" --nproc_per_node 2 "$bin/tiler" --device cuda &&
   check "  same labels as 1 rank" same_labels one two
 check "1 rank over NCCL" infer nccl "$bin/ctrun" --nproc_per_node 1 "$bin/tiler" --device cuda --backend nccl &&

@@ -69,6 +69,18 @@ std::vector<int64_t> cropCores(const std::vector<int64_t>& starts, int64_t windo
   return cores;
 }
 
+void probabilitiesToBytes(const float* p, int64_t count, uint8_t* out) {
+  // Adding and taking away 2^23 rounds a float in [0, 2^23) to an integer, half to even, in a loop that
+  // vectorises (nearbyint is a library call without SSE4.1). OpenCV's convertTo rounds the same way, but
+  // turns p x 255 past 2^31 into 0, not 255.
+  constexpr float kRound = 8388608.0f;
+  for (int64_t i = 0; i < count; ++i) {
+    const float v = p[i];
+    const float scaled = v > 0 ? (v < 1 ? v * 255.0f : 255.0f) : 0.0f;
+    out[i] = uint8_t(int((scaled + kRound) - kRound));
+  }
+}
+
 cv::Mat labelsFromProbabilities(const cv::Mat& band, float threshold) {
   cv::Mat labels(band.rows, band.cols, cvDepthOf(labelSampleType(band.channels())));
   labelsInto(band, threshold, labels);
@@ -95,57 +107,75 @@ void labelsInto(const cv::Mat& band, float threshold, cv::Mat labels) {
   }
 }
 
-Stitcher::Stitcher(const WindowGrid& grid, int channels, StitchOptions options, BandSink sink,
-                   std::optional<std::vector<int64_t>> windows)
-    : grid_(grid),
-      channels_(channels),
-      options_(options),
-      sink_(std::move(sink)),
-      scale_(grid.scale()),
-      all_windows_(!windows.has_value()),
-      windows_(windows ? std::move(*windows) : std::vector<int64_t>{}) {
-  count_ = all_windows_ ? grid.count() : int64_t(windows_.size());
-  TILER_CHECK(std::is_sorted(windows_.begin(), windows_.end()) &&
-                  (windows_.empty() || (windows_.front() >= 0 && windows_.back() < grid.count())),
-              ConfigError, "stitcher: the windows to expect must be ascending grid indices");
-  TILER_CHECK(channels >= 1, ConfigError, "stitcher: need at least one channel");
-  win_w_ = scale_.apply(grid.windowWidth());
-  win_h_ = scale_.apply(grid.windowHeight());
-  padded_w_ = scale_.apply(grid.paddedWidth());
-  padded_h_ = scale_.apply(grid.paddedHeight());
-  crop_x_ = scale_.apply(grid.padLeft());
-  crop_y_ = scale_.apply(grid.padTop());
-  out_w_ = std::max<int64_t>(1, scale_.apply(grid.imageWidth()));
-  out_h_ = std::max<int64_t>(1, scale_.apply(grid.imageHeight()));
-  TILER_CHECK(win_w_ > 0 && win_h_ > 0, ConfigError, "stitcher: output window is empty at this scale");
-  if (options_.mode == BlendMode::kGaussian) {
-    importance_ = gaussianImportance(win_w_, win_h_, options_.sigma_scale);
-  } else if (options_.mode == BlendMode::kConstant) {
-    importance_.assign(size_t(win_w_ * win_h_), 1.0f);
+OutputLayout::OutputLayout(const WindowGrid& g, const StitchOptions& options) : grid(g), scale(g.scale()) {
+  win_w = scale.apply(grid.windowWidth());
+  win_h = scale.apply(grid.windowHeight());
+  padded_w = scale.apply(grid.paddedWidth());
+  padded_h = scale.apply(grid.paddedHeight());
+  crop_x = scale.apply(grid.padLeft());
+  crop_y = scale.apply(grid.padTop());
+  out_w = std::max<int64_t>(1, scale.apply(grid.imageWidth()));
+  out_h = std::max<int64_t>(1, scale.apply(grid.imageHeight()));
+  TILER_CHECK(win_w > 0 && win_h > 0, ConfigError, "stitcher: output window is empty at this scale");
+  if (options.mode == BlendMode::kGaussian) {
+    importance = gaussianImportance(win_w, win_h, options.sigma_scale);
+  } else if (options.mode == BlendMode::kConstant) {
+    importance.assign(size_t(win_w * win_h), 1.0f);
   } else {
     auto scaled = [this](const std::vector<int64_t>& starts) {
       std::vector<int64_t> out;
-      for (auto s : starts) out.push_back(scale_.apply(s));
+      for (auto s : starts) out.push_back(scale.apply(s));
       return out;
     };
-    cores_x_ = cropCores(scaled(grid.startsX()), win_w_, padded_w_);
-    cores_y_ = cropCores(scaled(grid.startsY()), win_h_, padded_h_);
+    cores_x = cropCores(scaled(grid.startsX()), win_w, padded_w);
+    cores_y = cropCores(scaled(grid.startsY()), win_h, padded_h);
   }
-  acc_.assign(size_t(win_h_ * padded_w_ * channels_), 0.0f);
-  weight_.assign(size_t(win_h_ * padded_w_), 0.0f);
+}
+
+OutputLayout::Part OutputLayout::part(int64_t index) const {
+  const Rect r = grid.window(index);
+  Part p{scale.apply(r.x), scale.apply(r.y), 0, win_w, 0, win_h};
+  if (!cores_x.empty()) {
+    const int64_t col = index % grid.columns(), row = index / grid.columns();
+    p.x0 = cores_x[size_t(col)] - p.x;
+    p.x1 = cores_x[size_t(col) + 1] - p.x;
+    p.y0 = cores_y[size_t(row)] - p.y;
+    p.y1 = cores_y[size_t(row) + 1] - p.y;
+  }
+  return p;
+}
+
+ExpectedWindows::ExpectedWindows(const WindowGrid& grid, std::optional<std::vector<int64_t>> kept)
+    : all_(!kept.has_value()), kept_(kept ? std::move(*kept) : std::vector<int64_t>{}) {
+  count_ = all_ ? grid.count() : int64_t(kept_.size());
+  TILER_CHECK(std::is_sorted(kept_.begin(), kept_.end()) &&
+                  (kept_.empty() || (kept_.front() >= 0 && kept_.back() < grid.count())),
+              ConfigError, "stitcher: the windows to expect must be ascending grid indices");
+}
+
+int64_t ExpectedWindows::positionOf(int64_t index) const {
+  if (all_) return index;
+  auto it = std::lower_bound(kept_.begin(), kept_.end(), index);
+  return it != kept_.end() && *it == index ? int64_t(it - kept_.begin()) : -1;
+}
+
+Stitcher::Stitcher(const WindowGrid& grid, int channels, StitchOptions options, BandSink sink,
+                   std::optional<std::vector<int64_t>> windows)
+    : layout_(grid, options),
+      channels_(channels),
+      options_(options),
+      sink_(std::move(sink)),
+      expected_(grid, std::move(windows)) {
+  TILER_CHECK(channels >= 1, ConfigError, "stitcher: need at least one channel");
+  acc_.assign(size_t(layout_.win_h * layout_.padded_w * channels_), 0.0f);
+  weight_.assign(size_t(layout_.win_h * layout_.padded_w), 0.0f);
 }
 
 size_t Stitcher::bytesHeld() const {
   size_t pending = 0;
   for (auto& [i, v] : pending_) pending += v.size() * sizeof(float);
   for (auto& v : spare_) pending += v.size() * sizeof(float);
-  return (acc_.size() + weight_.size() + importance_.size()) * sizeof(float) + pending;
-}
-
-int64_t Stitcher::positionOf(int64_t index) const {
-  if (all_windows_) return index;
-  auto it = std::lower_bound(windows_.begin(), windows_.end(), index);
-  return it != windows_.end() && *it == index ? int64_t(it - windows_.begin()) : -1;
+  return (acc_.size() + weight_.size() + layout_.importance.size()) * sizeof(float) + pending;
 }
 
 void Stitcher::add(int64_t index, const float* chw) {
@@ -156,12 +186,12 @@ void Stitcher::addMany(const std::vector<std::pair<int64_t, const float*>>& wind
   std::vector<std::pair<int64_t, const float*>> run;  // the windows to accumulate now, in order
   std::vector<std::vector<float>> used;               // early copies among them (moving keeps their data)
   for (const auto& [index, chw] : windows) {
-    const int64_t position = positionOf(index);
-    TILER_CHECK(position >= next_ && position < count_ && !pending_.count(position), ConfigError,
-                "stitcher: window " << index << " added twice, out of range (0.." << grid_.count() - 1
+    const int64_t position = expected_.positionOf(index);
+    TILER_CHECK(position >= next_ && position < expected_.count() && !pending_.count(position), ConfigError,
+                "stitcher: window " << index << " added twice, out of range (0.." << layout_.grid.count() - 1
                                     << ") or not among the windows to expect");
     if (position != next_) {
-      const size_t n = size_t(channels_ * win_w_ * win_h_);
+      const size_t n = size_t(channels_ * layout_.win_w * layout_.win_h);
       std::vector<float> copy;
       if (!spare_.empty()) {
         copy = std::move(spare_.back());
@@ -177,15 +207,15 @@ void Stitcher::addMany(const std::vector<std::pair<int64_t, const float*>>& wind
     ++next_;
     for (auto it = pending_.begin(); it != pending_.end() && it->first == next_; it = pending_.erase(it)) {
       used.push_back(std::move(it->second));
-      run.emplace_back(windowAt(it->first), used.back().data());
+      run.emplace_back(expected_.at(it->first), used.back().data());
       ++next_;
     }
   }
   accumulateRun(run);
   for (auto& buffer : used) spare_.push_back(std::move(buffer));
-  if (next_ == count_ && !run.empty()) {
+  if (next_ == expected_.count() && !run.empty()) {
     spare_.clear();
-    flushUpTo(padded_h_);
+    flushUpTo(layout_.padded_h);
   }
 }
 
@@ -194,11 +224,11 @@ void Stitcher::accumulateRun(const std::vector<std::pair<int64_t, const float*>>
   // reaches above it, so the rows above are flushed first. A grid row's windows are then accumulated
   // together, each piece of rows going through all of them in window order.
   for (size_t first = 0; first < run.size();) {
-    const int64_t y0 = scale_.apply(grid_.window(run[first].first).y);
+    const int64_t y0 = layout_.part(run[first].first).y;
     size_t last = first + 1;
-    while (last < run.size() && scale_.apply(grid_.window(run[last].first).y) == y0) ++last;
+    while (last < run.size() && layout_.part(run[last].first).y == y0) ++last;
     flushUpTo(y0);
-    parallelRows(options_.pool, win_h_, kMinRowsPerPiece, [&](int64_t y_first, int64_t y_last) {
+    parallelRows(options_.pool, layout_.win_h, kMinRowsPerPiece, [&](int64_t y_first, int64_t y_last) {
       for (size_t k = first; k < last; ++k) accumulateRows(run[k].first, run[k].second, y_first, y_last);
     });
     first = last;
@@ -206,28 +236,20 @@ void Stitcher::accumulateRun(const std::vector<std::pair<int64_t, const float*>>
 }
 
 void Stitcher::finishEmpty() {
-  TILER_CHECK(count_ == 0, ConfigError, "stitcher: finishEmpty() with windows to expect");
-  flushUpTo(padded_h_);
+  TILER_CHECK(expected_.count() == 0, ConfigError, "stitcher: finishEmpty() with windows to expect");
+  flushUpTo(layout_.padded_h);
 }
 
 void Stitcher::accumulateRows(int64_t index, const float* chw, int64_t y_first, int64_t y_last) {
-  const Rect r = grid_.window(index);
-  const int64_t x0 = scale_.apply(r.x), y0 = scale_.apply(r.y);
-  int64_t cx0 = 0, cx1 = win_w_, cy0 = 0, cy1 = win_h_;
-  if (options_.mode == BlendMode::kCrop) {
-    const int64_t col = index % grid_.columns(), row = index / grid_.columns();
-    cx0 = cores_x_[size_t(col)] - x0;
-    cx1 = cores_x_[size_t(col) + 1] - x0;
-    cy0 = cores_y_[size_t(row)] - y0;
-    cy1 = cores_y_[size_t(row) + 1] - y0;
-  }
-  cy0 = std::max(cy0, y_first);
-  cy1 = std::min(cy1, y_last);
-  const int64_t plane = win_w_ * win_h_;
+  const OutputLayout::Part part = layout_.part(index);
+  const int64_t win_w = layout_.win_w, win_h = layout_.win_h, padded_w = layout_.padded_w;
+  const int64_t cx0 = part.x0, cx1 = part.x1, cy0 = std::max(part.y0, y_first),
+                cy1 = std::min(part.y1, y_last);
+  const int64_t plane = win_w * win_h;
   for (int64_t y = cy0; y < cy1; ++y) {
-    const int64_t ring_row = (y0 + y) % win_h_;
-    float* wsum = weight_.data() + size_t(ring_row * padded_w_ + x0);
-    const float* imp = importance_.empty() ? nullptr : importance_.data() + size_t(y * win_w_);
+    const int64_t ring_row = (part.y + y) % win_h;
+    float* wsum = weight_.data() + size_t(ring_row * padded_w + part.x);
+    const float* imp = layout_.importance.empty() ? nullptr : layout_.importance.data() + size_t(y * win_w);
     if (imp) {
       for (int64_t x = cx0; x < cx1; ++x) wsum[x] += imp[x];
     } else {
@@ -235,8 +257,8 @@ void Stitcher::accumulateRows(int64_t index, const float* chw, int64_t y_first, 
     }
     // Channel planes in the ring as in the window: the loops run over contiguous floats and vectorise.
     for (int c = 0; c < channels_; ++c) {
-      float* acc = acc_.data() + size_t(((ring_row * channels_ + c) * padded_w_) + x0);
-      const float* p = chw + c * plane + y * win_w_;
+      float* acc = acc_.data() + size_t(((ring_row * channels_ + c) * padded_w) + part.x);
+      const float* p = chw + c * plane + y * win_w;
       if (imp) {
         for (int64_t x = cx0; x < cx1; ++x) acc[x] += imp[x] * p[x];
       } else {
@@ -247,41 +269,37 @@ void Stitcher::accumulateRows(int64_t index, const float* chw, int64_t y_first, 
 }
 
 void Stitcher::flushUpTo(int64_t padded_row) {
-  padded_row = std::min(padded_row, padded_h_);
+  const OutputLayout& l = layout_;
   // At most one ring of rows at a time: rows past the ring (a gap a mask left) were never written, so are 0.
-  while (flushed_ < padded_row) {
-    const int64_t end = std::min(padded_row, flushed_ + win_h_);
-    // Only rows inside the image (not its padding) go out.
-    const int64_t first = std::max(flushed_, crop_y_), last = std::min(end, crop_y_ + out_h_);
-    if (last > first) {
-      // One buffer for every band (50 MB for two channels of 192 rows of 32768 px: above glibc's mmap
-      // threshold, a band made per flush would be mapped and faulted in each time).
-      if (band_buffer_.empty()) band_buffer_.create(int(win_h_), int(out_w_), CV_MAKETYPE(CV_32F, channels_));
-      cv::Mat band = band_buffer_.rowRange(0, int(last - first));
-      parallelRows(options_.pool, last - first, kMinRowsPerPiece, [&](int64_t a, int64_t b) {
-        for (int64_t row = first + a; row < first + b; ++row) {
-          const int64_t ring_row = row % win_h_;
-          const float* wsum = weight_.data() + size_t(ring_row * padded_w_ + crop_x_);
-          float* out = band.ptr<float>(int(row - first));
-          for (int c = 0; c < channels_; ++c) {
-            const float* acc = acc_.data() + size_t((ring_row * channels_ + c) * padded_w_ + crop_x_);
-            for (int64_t x = 0; x < out_w_; ++x)
-              out[x * channels_ + c] = wsum[x] > 0 ? acc[x] / wsum[x] : 0.0f;
-          }
+  const auto out = [&](int64_t first, int64_t last) {
+    // One buffer for every band (50 MB for two channels of 192 rows of 32768 px: above glibc's mmap
+    // threshold, a band made per flush would be mapped and faulted in each time).
+    if (band_buffer_.empty()) band_buffer_.create(int(l.win_h), int(l.out_w), CV_MAKETYPE(CV_32F, channels_));
+    cv::Mat band = band_buffer_.rowRange(0, int(last - first));
+    parallelRows(options_.pool, last - first, kMinRowsPerPiece, [&](int64_t a, int64_t b) {
+      for (int64_t row = first + a; row < first + b; ++row) {
+        const int64_t ring_row = row % l.win_h;
+        const float* wsum = weight_.data() + size_t(ring_row * l.padded_w + l.crop_x);
+        float* values = band.ptr<float>(int(row - first));
+        for (int c = 0; c < channels_; ++c) {
+          const float* acc = acc_.data() + size_t((ring_row * channels_ + c) * l.padded_w + l.crop_x);
+          for (int64_t x = 0; x < l.out_w; ++x)
+            values[x * channels_ + c] = wsum[x] > 0 ? acc[x] / wsum[x] : 0.0f;
         }
-      });
-      sink_(band, first - crop_y_);
-    }
-    const int64_t from = flushed_;
-    parallelRows(options_.pool, end - from, kMinRowsPerPiece, [&](int64_t a, int64_t b) {
-      for (int64_t row = from + a; row < from + b; ++row) {
-        const int64_t ring_row = row % win_h_;
-        std::fill_n(acc_.begin() + ring_row * padded_w_ * channels_, padded_w_ * channels_, 0.0f);
-        std::fill_n(weight_.begin() + ring_row * padded_w_, padded_w_, 0.0f);
       }
     });
-    flushed_ = end;
-  }
+    sink_(band, first - l.crop_y);
+  };
+  const auto clear = [&](int64_t from, int64_t end) {
+    parallelRows(options_.pool, end - from, kMinRowsPerPiece, [&](int64_t a, int64_t b) {
+      for (int64_t row = from + a; row < from + b; ++row) {
+        const int64_t ring_row = row % l.win_h;
+        std::fill_n(acc_.begin() + ring_row * l.padded_w * channels_, l.padded_w * channels_, 0.0f);
+        std::fill_n(weight_.begin() + ring_row * l.padded_w, l.padded_w, 0.0f);
+      }
+    });
+  };
+  flushed_ = l.forEachRun(flushed_, padded_row, out, clear);
 }
 
 }  // namespace tiler

@@ -43,7 +43,7 @@ std::optional<Fault> Fault::fromEnvironment() {
   TILER_CHECK(
       f.kind == "crash" || f.kind == "hang" || f.kind == "exit" || f.kind == "throw" || f.kind == "oom",
       ConfigError, "TILER_FAULT: kind must be crash, hang, exit, throw or oom");
-  if (f.kind == "oom") f.stage = "forward";
+  if (f.kind == "oom" && f.stage != "stitch") f.stage = "forward";
   if (f.kind == "throw") {
     TILER_CHECK(f.stage == "read" || f.stage == "forward" || f.stage == "write" || f.stage == "checkpoint",
                 ConfigError, "TILER_FAULT: kind:throw needs stage:read|forward|write|checkpoint");
@@ -96,6 +96,12 @@ FaultHooks faultHooks(const std::optional<Fault>& fault, int rank, std::function
       hooks.in_forward = out_of_memory;
     else
       hooks.in_forward = [f] { f.trigger("in the forward"); };
+  }
+  if (f.stage == "stitch" && f.kind == "oom" && out_of_memory) {
+    auto made = std::make_shared<int64_t>(0);  // the output stage's thread
+    hooks.before_device_stitcher = [k, made, out_of_memory] {
+      if ((*made)++ == k) out_of_memory();
+    };
   }
   if (f.stage == "write" && f.kind == "throw") {
     auto stitched = std::make_shared<int64_t>(0);  // the output stage's thread

@@ -9,8 +9,10 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "tiler/device_stitch.hpp"
 #include "tiler/error.hpp"
 #include "tiler/fault.hpp"
+#include "tiler/model.hpp"
 
 namespace fs = std::filesystem;
 
@@ -47,10 +49,12 @@ cv::Mat storedProbabilitiesBuffer(const cv::Mat& band, SampleType type) {
       type == SampleType::kU8 ? CV_MAKETYPE(CV_8U, band.channels()) : CV_MAKETYPE(CV_16F, band.channels()));
 }
 
-// Rows of probabilities as stored, into `out` (its rows, of the stored type): u8 = round(p x 255) after
-// clamping to [0, 1] (NaN to 0); f16 as converted.
+// Rows of probabilities as stored, into `out` (its rows, of the stored type): u8 probabilitiesToBytes; f16 as
+// converted.
 void storeProbabilities(const cv::Mat& rows, SampleType type, cv::Mat out) {
-  rows.convertTo(out, out.type(), type == SampleType::kU8 ? 255.0 : 1.0);
+  if (type != SampleType::kU8) return rows.convertTo(out, out.type());
+  for (int y = 0; y < rows.rows; ++y)
+    probabilitiesToBytes(rows.ptr<float>(y), int64_t(rows.cols) * rows.channels(), out.ptr<uint8_t>(y));
 }
 
 // segment: an image's stitched maps (blend), streamed band by band as labels and probabilities, and the
@@ -90,9 +94,24 @@ class StitchedOutputs : public WindowConsumer {
     }
     StitchOptions stitch = o.stitch;
     stitch.pool = wo.pool.get();
-    stitcher_ = std::make_unique<Stitcher>(
-        img.grid, o.classes, stitch, [this](const cv::Mat& band, int64_t) { writeBand(band); },
-        img.masked ? std::optional<std::vector<int64_t>>(img.kept) : std::nullopt);
+    auto windows = img.masked ? std::optional<std::vector<int64_t>>(img.kept) : std::nullopt;
+    if (o.stitch_device) {
+      try {
+        if (o.before_device_stitcher) o.before_device_stitcher();
+        DeviceBandOptions band{o.save_labels || o.save_polygons, o.save_probs, o.probs_type,
+                               o.label_threshold};
+        device_stitcher_ = std::make_unique<DeviceStitcher>(
+            img.grid, o.classes, stitch, band, *o.stitch_device,
+            [this](const DeviceStitcher::Band& b) { writeDeviceBand(b); }, windows);
+      } catch (const std::exception& e) {
+        if (!isOutOfMemory(e)) throw;
+        spdlog::warn("'{}': stitched on the host: {} is out of memory for its accumulator ({})", img.input,
+                     o.stitch_device->str(), firstLine(e.what()));
+      }
+    }
+    if (!device_stitcher_)
+      stitcher_ = std::make_unique<Stitcher>(
+          img.grid, o.classes, stitch, [this](const cv::Mat& band, int64_t) { writeBand(band); }, windows);
   }
 
   void add(int64_t window, const float* values) override { stitcher_->addMany({{window, values}}); }
@@ -100,7 +119,19 @@ class StitchedOutputs : public WindowConsumer {
   void addMany(const std::vector<std::pair<int64_t, const float*>>& windows) override {
     stitcher_->addMany(windows);
   }
-  bool done() const override { return stitcher_->done(); }
+  // Windows on OutputOptions::stitch_device: blended there, or copied to the host for an image whose
+  // accumulator did not fit there.
+  void addTensors(const std::vector<std::pair<int64_t, torch::Tensor>>& windows) {
+    if (device_stitcher_) return device_stitcher_->addMany(windows);
+    std::vector<torch::Tensor> host;
+    std::vector<std::pair<int64_t, const float*>> values;
+    for (const auto& [window, chw] : windows) {
+      host.push_back(chw.to(torch::kCPU).contiguous());
+      values.emplace_back(window, host.back().data_ptr<float>());
+    }
+    stitcher_->addMany(values);
+  }
+  bool done() const override { return device_stitcher_ ? device_stitcher_->done() : stitcher_->done(); }
   bool injectTileFault() override {
     if (labels_) labels_->injectTileFault();
     if (probs_) probs_->injectTileFault();
@@ -109,7 +140,8 @@ class StitchedOutputs : public WindowConsumer {
 
   std::vector<std::string> commit() override {
     // An image a mask left without a window: all zeros, band by band.
-    if (img_.plannedWindows() == 0) stitcher_->finishEmpty();
+    if (img_.plannedWindows() == 0 && device_stitcher_) device_stitcher_->finishEmpty();
+    if (img_.plannedWindows() == 0 && stitcher_) stitcher_->finishEmpty();
     // Phase one: every file closed under its partial name. Phase two: all renamed.
     if (labels_) labels_->finish();
     if (probs_) probs_->finish();
@@ -167,14 +199,22 @@ class StitchedOutputs : public WindowConsumer {
     if (labels_) labels_->writeRows(label_rows);
   }
 
+  // A band the device converted, or one it gave back as floats (a value is not finite).
+  void writeDeviceBand(const DeviceStitcher::Band& band) {
+    if (!band.floats.empty()) return writeBand(band.floats);
+    if (probs_) probs_->writeRows(band.probs);
+    if (labels_) labels_->writeRows(band.labels);
+  }
+
   CatalogImage& img_;       // the catalog's, which outlives the stage
   const OutputOptions& o_;  // the stage's
   WorkPool* pool_;          // the stage's: compressions and the bands' pieces of rows
   std::unique_ptr<ImageWriter> labels_, probs_;
-  std::unique_ptr<Stitcher> stitcher_;
-  std::string polygons_;                       // final path of the GeoJSON, when asked
-  double input_pixels_per_label_pixel_ = 1.0;  // level-0 input pixels per output pixel (polygons)
-  bool keep_labels_ = true;                    // false: the labels only feed the polygons
+  std::unique_ptr<Stitcher> stitcher_;               // on the host, or
+  std::unique_ptr<DeviceStitcher> device_stitcher_;  // on OutputOptions::stitch_device
+  std::string polygons_;                             // final path of the GeoJSON, when asked
+  double input_pixels_per_label_pixel_ = 1.0;        // level-0 input pixels per output pixel (polygons)
+  bool keep_labels_ = true;                          // false: the labels only feed the polygons
 };
 
 }  // namespace
@@ -390,6 +430,10 @@ void OutputStage::stitchImageWindows(const StepResult& step, const std::vector<L
     WindowConsumer& out = outputsFor(image_id);
     CatalogImage& img = catalog_.image(image_id);
     std::vector<std::pair<int64_t, const float*>> windows;
+    std::vector<std::pair<int64_t, torch::Tensor>> tensors;  // on the stitch device
+    // Only a stitching consumer (segment) is given a stitch device.
+    const bool on_device = options_.stitch_device && step.preds.defined() && step.records.empty() &&
+                           !options_.per_window && !options_.instances;
     for (size_t i = first; i < last; ++i) {
       // A consumer that compresses tiles fails as they are written; the others fail here.
       const bool fault = options_.stitched_window && options_.stitched_window();
@@ -399,6 +443,10 @@ void OutputStage::stitchImageWindows(const StepResult& step, const std::vector<L
         out.addRecord(located[i].window, step.records[size_t(located[i].slot)]);
         continue;
       }
+      if (on_device) {
+        tensors.emplace_back(located[i].window, step.preds[located[i].slot]);
+        continue;
+      }
       const float* values = base + located[i].slot * per_window;
       // A stitcher counts the values it blends as each band is finished, an instance consumer the values of
       // each map; vectors are counted here.
@@ -406,6 +454,7 @@ void OutputStage::stitchImageWindows(const StepResult& step, const std::vector<L
       windows.emplace_back(located[i].window, values);
     }
     if (!windows.empty()) out.addMany(windows);
+    if (!tensors.empty()) static_cast<StitchedOutputs&>(out).addTensors(tensors);
     if (out.done()) finishImage(image_id, "");
   } catch (...) {
     finishImage(image_id, describeImageException(std::current_exception(), catalog_.image(image_id).input));

@@ -160,8 +160,9 @@ class InferJob {
   std::unique_ptr<ModelRunner> model_;
   ForwardLayout layout_;
   int read_threads_ = 1;
-  int64_t shard_run_ = 1;  // the most windows one rank takes in a row (RowDeal::longest_part)
-  std::string cpu_blas_;   // cpuBlasName(), asked once
+  int64_t shard_run_ = 1;          // the most windows one rank takes in a row (RowDeal::longest_part)
+  std::string cpu_blas_;           // cpuBlasName(), asked once
+  bool stitch_on_device_ = false;  // blend on the model's device (--stitch)
   ModelProbe probe_;
   // Object tasks (instances, detect): what this rank sends of a window's output: the record of what it keeps.
   std::function<std::string(const CatalogImage&, int64_t window, const float* values)> record_of_;
@@ -204,6 +205,8 @@ void InferJob::validateOptions() {
     checkCompression(*compression_);
   }
   probs_type_ = parseProbsType(o_.probs_dtype);
+  TILER_CHECK(o_.stitch == "auto" || o_.stitch == "host" || o_.stitch == "device", ConfigError,
+              "--stitch must be auto, host or device; got '" << o_.stitch << "'");
   TILER_CHECK(o_.write_threads >= 0, ConfigError,
               "--write_threads must be >= 0 (0: the CPUs this rank may use)");
   TILER_CHECK(o_.edge == "auto" || o_.edge == "lattice" || o_.edge == "shift", ConfigError,
@@ -351,6 +354,8 @@ OutputOptions InferJob::outputOptions() const {
   oo.owners = owners_;
   oo.rank = session_->rank();
   oo.stitched_window = faults_.stitched_window;
+  if (stitch_on_device_) oo.stitch_device = model_->device();
+  oo.before_device_stitcher = faults_.before_device_stitcher;
   if (probe_.perWindow()) {
     WindowOutputOptions wo;
     wo.task = probe_.task;
@@ -423,7 +428,7 @@ torch::Tensor InferJob::forward(ModelRunner& model, WindowBatch& batch, int64_t 
 }
 
 torch::Tensor InferJob::toCommDevice(const torch::Tensor& preds) const {
-  const torch::Device to = session_->dist().commDevice();
+  const torch::Device to = stitch_on_device_ ? preds.device() : session_->dist().commDevice();
   if (preds.device() == to) return preds.contiguous();
   // To a CPU from a GPU: into page-locked memory, queued on the stream (the forward's synchronize() waits).
   // A pageable copy stops the stream and goes through the driver's staging buffer: 3.8 ms of a sample UNet
@@ -434,7 +439,9 @@ torch::Tensor InferJob::toCommDevice(const torch::Tensor& preds) const {
 }
 
 torch::Tensor InferJob::zeroPredictions() const {
-  return torch::zeros(predictionSizes(o_.batch_size), torch::TensorOptions(session_->dist().commDevice()));
+  return torch::zeros(
+      predictionSizes(o_.batch_size),
+      torch::TensorOptions(stitch_on_device_ ? model_->device() : session_->dist().commDevice()));
 }
 
 std::vector<int64_t> InferJob::predictionSizes(int64_t windows) const {
@@ -655,7 +662,8 @@ StepResult InferJob::routePredictions(const std::vector<StepSlots>& every_rank, 
         part.narrow(0, 0, int64_t(own.size())).copy_(preds.index_select(0, index));
       }
     }
-    auto gathered = exchange().gather(part, owner, of);
+    // One rank stitching on the model's device: its predictions stay there.
+    auto gathered = stitch_on_device_ ? part : exchange().gather(part, owner, of);
     if (owner != rank()) continue;
     // The gathered slots: each rank's part in rank order, padded to the longest part.
     const size_t per_rank = size_t(part.size(0));
@@ -715,7 +723,8 @@ int InferJob::finishRun(OutputStage& outputs) {
                    session_->dist().gatherTransport(),
                    taskName(probe_.task),
                    probe_.perWindow() ? int64_t(probe_.output_channels) : 0,
-                   model_->runtimeName()};
+                   model_->runtimeName(),
+                   stitch_on_device_ ? "device" : "host"};
     nlohmann::json j = inferReport(run, catalog_, per_rank);
     writeJsonAtomically(o_.report, j);
     int failed = 0, ok = 0, skipped = 0;
@@ -779,6 +788,10 @@ void InferJob::loadModel() {
       at::set_num_threads(layout_.threads);
     }
   }
+  // One rank's steps bring each image's windows in their order, as the device stitcher needs; with several,
+  // the owner's come from every rank through the host.
+  stitch_on_device_ = probe_.task == ModelTask::kSegment && worldSize() == 1 &&
+                      (o_.stitch == "device" || (o_.stitch == "auto" && model_->device().is_cuda()));
   read_threads_ =
       chooseReadThreads(o_.read_threads, layout_, model_->device().is_cuda(), defaultIntraOpThreads());
 }

@@ -40,6 +40,7 @@ nlohmann::json inferReport(const RunSummary& run, const WindowCatalog& catalog,
   j["windows_per_second"] = run.seconds > 0 ? double(catalog.totalWindows()) / run.seconds : 0.0;
   j["model"] = run.model;
   j["runtime"] = run.runtime;
+  j["stitch"] = run.stitch;
   j["window"] = {run.window.window_w, run.window.window_h};
   j["output_scale"] = run.output_scale;
   j["tta"] = run.tta;

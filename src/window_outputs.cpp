@@ -752,7 +752,7 @@ class WindowOutputs::DetectionFiles {
     }
   }
 
-  // The window's `rows` boxes (all of them, or those its rank kept).
+  // The window's `rows` boxes, those its rank kept (detectionRecord).
   void append(int64_t window, const float* values, int64_t rows) {
     const WindowGrid& grid = image_.grid;
     const Rect place = grid.imageWindow(window);
@@ -760,7 +760,6 @@ class WindowOutputs::DetectionFiles {
     const double d = image_.resolution.downsample;
     for (int64_t n = 0; n < rows; ++n) {
       const float* b = values + 6 * n;
-      if (!keepsBox(image_, named_, window, n, rows, b)) continue;
       Box box;
       box.order = order_++;
       box.row = int64_t(row);
@@ -924,6 +923,8 @@ WindowOutputs::WindowOutputs(const CatalogImage& image, WindowOutputOptions opti
 WindowOutputs::~WindowOutputs() = default;
 
 void WindowOutputs::add(int64_t window, const float* values) {
+  // A detector's boxes are checked and chosen once, where a rank makes its record of them.
+  if (detections_) return addRecord(window, detectionRecord(image_, options_, window, values));
   take(window, std::vector<float>(values, values + options_.dim));
 }
 

@@ -386,5 +386,27 @@ TEST(Labels, ArgmaxThresholdAndWideClassCounts) {
   EXPECT_EQ(wl.at<uint16_t>(0, 0), 299);
 }
 
+// u8 probabilities: OpenCV's convertTo bytes for every value a probability takes (halves of 1/255 round to
+// even), 255 and 0 for the huge, infinite and negative values it gets wrong (it turns p x 255 past 2^31 into
+// 0), and NaN to 0.
+TEST(Labels, ProbabilitiesAsBytesRoundHalfToEvenAndClamp) {
+  std::vector<float> v;
+  for (int k = -300; k <= 600; ++k) v.push_back(float(k) / 510.0f);  // halves of 1/255 among them
+  for (int k = 0; k <= 255; ++k) v.push_back((float(k) + 0.5f) / 255.0f);
+  std::mt19937 random(5);
+  for (int k = 0; k < 10000; ++k) v.push_back(std::uniform_real_distribution<float>(-0.01f, 1.01f)(random));
+  std::vector<uint8_t> bytes(v.size());
+  probabilitiesToBytes(v.data(), int64_t(v.size()), bytes.data());
+  cv::Mat opencv;
+  cv::Mat(1, int(v.size()), CV_32F, v.data()).convertTo(opencv, CV_8U, 255.0);
+  for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(bytes[i], opencv.at<uint8_t>(0, int(i))) << v[i];
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> edges = {1e10f, inf,  -1e10f, -inf,          std::numeric_limits<float>::quiet_NaN(),
+                              1.0f,  0.0f, -0.0f,  0.5f / 255.0f, 1.5f / 255.0f};
+  std::vector<uint8_t> out(edges.size());
+  probabilitiesToBytes(edges.data(), int64_t(edges.size()), out.data());
+  EXPECT_EQ(out, (std::vector<uint8_t>{255, 255, 0, 0, 0, 255, 0, 0, 0, 2}));
+}
+
 }  // namespace
 }  // namespace tiler

@@ -1,5 +1,7 @@
-// Image outputs: the labels type at the class-count edges, two-phase commit, and a stage that fails one
-// image and goes on, or stops at once with abort_on_error.
+// Image outputs: the labels type at the class-count edges, two-phase commit, a stage that fails one image
+// and goes on, or stops at once with abort_on_error, and the device stitcher (device_stitch), run here on
+// the CPU device with the same LibTorch operations a GPU runs: the host's bytes, and the host's path for an
+// image whose accumulator the device cannot hold.
 #include "tiler/outputs.hpp"
 
 #include <gtest/gtest.h>
@@ -184,6 +186,145 @@ TEST(Outputs, AbortStopsTheStageAndRefusesMoreSteps) {
   EXPECT_NE(stage.error()->find("(--on_error abort)"), std::string::npos) << *stage.error();
   stage.finish();
   EXPECT_EQ(c.image(1).status, "ok") << "never stitched";
+  removeTree(dir);
+}
+
+// Images that take the stitcher through its edges, windows of `window` px at 0.25 overlap (scale 1/k: output
+// windows of window/k): shifted last columns and rows, an image smaller than a window (padding), and a mask
+// that keeps a subset with a whole grid row missing (rows the ring never held).
+WindowCatalog edgeCatalog(const std::string& dir, int64_t window, Scale scale) {
+  WindowCatalog c;
+  const GridSpec spec{window, window, 0.25, 0.25};
+  const std::vector<std::pair<int64_t, int64_t>> sizes = {{100, 70}, {20, 13}, {90, 130}};
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    CatalogImage img;
+    img.input = dir + "/in" + std::to_string(i) + ".png";
+    img.info.width = sizes[i].first;
+    img.info.height = sizes[i].second;
+    img.info.format = "png";
+    img.grid = WindowGrid(img.info.width, img.info.height, spec, scale);
+    if (i == 2) {
+      img.masked = true;
+      const int64_t columns = img.grid.columns();
+      for (int64_t w = 0; w < img.grid.count(); ++w)
+        if (w / columns != 1 && w != columns * 2 + 1) img.kept.push_back(w);
+    }
+    img.outputs["labels"] = dir + "/img" + std::to_string(i) + "_labels.tif";
+    img.outputs["probs"] = dir + "/img" + std::to_string(i) + "_probs.tif";
+    c.add(img, true);
+  }
+  return c;
+}
+
+// Predictions for every window of edgeCatalog: random, with the values that find a difference in rounding:
+// ties between classes, huge and negative values, halves of 1/255.
+torch::Tensor edgePredictions(int64_t windows, int channels, int64_t size) {
+  torch::manual_seed(7);
+  auto preds = torch::rand({windows, channels, size, size});
+  preds[0].fill_(0.5f);                      // every class equal: label 0
+  preds[1][0].narrow(0, 0, 2).fill_(1e10f);  // huge: u8 255
+  preds[2].narrow(1, 0, 3).fill_(-3.f);      // negative: u8 0
+  preds[3].copy_((torch::randint(0, 255, {channels, size, size}) + 0.5f) / 255.f);  // halves of 1/255
+  return preds;
+}
+
+// Runs one stage over edgeCatalog in steps of 5 windows; `nan_window`: the global window given a NaN.
+void runEdgeStage(const std::string& dir, OutputOptions o, int64_t window, Scale scale, int64_t nan_window) {
+  WindowCatalog c = edgeCatalog(dir, window, scale);
+  const int64_t size = scale.apply(window);
+  torch::Tensor preds = edgePredictions(c.totalWindows(), o.classes, size);
+  preds[nan_window][0][size / 2][size / 2].fill_(std::numeric_limits<float>::quiet_NaN());  // in its core
+  {
+    OutputStage stage(c, o);
+    for (int64_t first = 0; first < c.totalWindows(); first += 5) {
+      StepResult step;
+      const int64_t n = std::min<int64_t>(5, c.totalWindows() - first);
+      step.preds = preds.narrow(0, first, n).contiguous();
+      for (int64_t k = 0; k < n; ++k)
+        step.slots.push_back(WindowSlot{c.locate(first + k).first, first + k, SlotStatus::kOk});
+      ASSERT_TRUE(stage.submit(std::move(step)));
+    }
+    stage.finish();
+    ASSERT_FALSE(stage.error()) << *stage.error();
+  }
+  for (const auto& img : c.images()) ASSERT_EQ(img.status, "done") << img.input << ": " << img.error;
+  EXPECT_EQ(c.image(c.locate(nan_window).first).non_finite_values, 1) << "the NaN window's image";
+}
+
+void expectSameFiles(const std::string& a, const std::string& b, const std::string& what) {
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(a)) {
+    const std::string name = e.path().filename().string();
+    ASSERT_TRUE(fs::exists(b + "/" + name)) << what << ": " << name;
+    EXPECT_TRUE(test::slurp(a + "/" + name) == test::slurp(b + "/" + name)) << what << ": " << name;
+    ++files;
+  }
+  EXPECT_EQ(files, std::distance(fs::directory_iterator(b), fs::directory_iterator{})) << what;
+  EXPECT_GT(files, 0) << what;
+}
+
+TEST(Outputs, TheDeviceStitcherWritesTheHostsBytes) {
+  const std::string dir = test::scratchDir("device_stitch");
+  struct Case {
+    BlendMode mode;
+    int classes;
+    SampleType probs;
+    int64_t window;
+    Scale scale;
+  };
+  const std::vector<Case> cases = {{BlendMode::kGaussian, 3, SampleType::kF32, 32, {}},
+                                   {BlendMode::kGaussian, 3, SampleType::kU8, 32, {}},
+                                   {BlendMode::kConstant, 3, SampleType::kF16, 32, {}},
+                                   {BlendMode::kCrop, 3, SampleType::kU8, 32, {}},
+                                   {BlendMode::kCrop, 1, SampleType::kF32, 32, {}},
+                                   {BlendMode::kGaussian, 1, SampleType::kU8, 32, {}},
+                                   {BlendMode::kGaussian, 2, SampleType::kU8, 32, {1, 2}}};
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& k = cases[i];
+    OutputOptions o;
+    o.save_labels = o.save_probs = true;
+    o.classes = k.classes;
+    o.probs_type = k.probs;
+    o.stitch.mode = k.mode;
+    o.scale = k.scale;
+    o.label_threshold = 0.5f;
+    o.write_threads = 2;
+    const std::string what = "case " + std::to_string(i), host = dir + "/host" + std::to_string(i),
+                      device = dir + "/device" + std::to_string(i);
+    fs::create_directories(host);
+    fs::create_directories(device);
+    runEdgeStage(host, o, k.window, k.scale, 5);
+    o.stitch_device = torch::Device(torch::kCPU);
+    runEdgeStage(device, o, k.window, k.scale, 5);
+    expectSameFiles(host, device, what);
+  }
+  removeTree(dir);
+}
+
+// Out of memory making an image's device stitcher (TILER_FAULT kind oom, stage stitch): that image is
+// stitched on the host, the others on the device, and every file is the host's.
+TEST(Outputs, AnImageTheDeviceCannotHoldIsStitchedOnTheHost) {
+  const std::string dir = test::scratchDir("device_stitch_oom");
+  OutputOptions o;
+  o.save_labels = o.save_probs = true;
+  o.classes = 3;
+  o.probs_type = SampleType::kU8;
+  fs::create_directories(dir + "/host");
+  fs::create_directories(dir + "/device");
+  runEdgeStage(dir + "/host", o, 32, {}, 5);
+  o.stitch_device = torch::Device(torch::kCPU);
+  int made = 0;
+  const FaultHooks hooks = faultHooks(Fault{0, 1, "oom", "stitch"}, 0, [] {
+    throw c10::OutOfMemoryError({__func__, __FILE__, uint32_t(__LINE__)}, "injected: out of memory");
+  });
+  ASSERT_TRUE(hooks.before_device_stitcher);
+  o.before_device_stitcher = [&] {
+    ++made;
+    hooks.before_device_stitcher();
+  };
+  runEdgeStage(dir + "/device", o, 32, {}, 5);
+  EXPECT_EQ(made, 3) << "one device stitcher tried for each image";
+  expectSameFiles(dir + "/host", dir + "/device", "the second image on the host");
   removeTree(dir);
 }
 

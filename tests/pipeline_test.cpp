@@ -819,6 +819,30 @@ TEST_F(Pipeline, ReadThreadsWriteTheSameBytes) {
   }
 }
 
+// --stitch device blends on the model's device (here the CPU's, the same LibTorch operations a GPU runs):
+// the host's bytes; an image whose accumulator is out of memory is stitched on the host, saying so; with
+// several ranks the owner's windows come through the host, so the host blends them.
+TEST_F(Pipeline, StitchingOnTheDeviceWritesTheHostsBytes) {
+  const std::string ref = reference();
+  EXPECT_EQ(report(ref)["stitch"], "host") << "auto on a CPU";
+  const std::string out = root_ + "/out_stitch_device";
+  auto r = run(tilerArgs(out, "--stitch device"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  expectSameOutputs(ref, out);
+  EXPECT_EQ(report(out)["stitch"], "device");
+  const std::string oom = root_ + "/out_stitch_oom";
+  r = run("TILER_FAULT=rank:0,after_windows:1,kind:oom,stage:stitch " + tilerArgs(oom, "--stitch device"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  expectSameOutputs(ref, oom);
+  EXPECT_NE(r.output.find("stitched on the host: cpu is out of memory for its accumulator"),
+            std::string::npos)
+      << r.output;
+  const std::string two = root_ + "/out_stitch_two_ranks";
+  runCtrun(2, two, "--stitch device");
+  expectSameOutputs(ref, two);
+  EXPECT_EQ(report(two)["stitch"], "host");
+}
+
 // Two ranks take a part of every row of windows each (rank 0 holds the other part's early predictions) and
 // decode the input tiles their parts share only where the parts meet: a 1024 px image of 64 px tiles, 11 rows
 // of 11 windows. With --shard_buffer 0 rows are cut into pieces of one batch a rank, whose parts meet more
@@ -1479,6 +1503,7 @@ TEST_F(Pipeline, NonsenseFlagsFailInOneLineBeforeAnyWork) {
        "--task must be auto, segment, classify, embed, detect or instances; got 'instance'"},
       {"--threads -3", "must be > 0; got -3"},
       {"--replicas 0", "must be > 0; got 0"},
+      {"--stitch gpu", "--stitch must be auto, host or device; got 'gpu'"},
       {"--scale nan", "must be >= 0; got nan"},
       {"--mean 0.5,inf,0.5", "must be a finite number; got inf"},
       {"--timeout inf", "must be > 0; got inf"},

@@ -10,6 +10,7 @@
 // well (each pixel still sums its windows in window order): the same bytes as without.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -43,6 +44,10 @@ cv::Mat labelsFromProbabilities(const cv::Mat& band, float threshold);
 // 2x256x256 window's floats on this machine, a pass over memory.
 int64_t countNonFinite(const float* values, int64_t count);
 
+// Probabilities stored as bytes (--probs_dtype u8): round(p x 255), half to even, after clamping p to [0, 1]
+// (NaN to 0). p x 255 is rounded to float first, as OpenCV's convertTo and the device stitcher do.
+void probabilitiesToBytes(const float* p, int64_t count, uint8_t* out);
+
 // Labels of `band` (as labelsFromProbabilities) into `labels`, a CV_8U or CV_16U matrix of its size.
 void labelsInto(const cv::Mat& band, float threshold, cv::Mat labels);
 
@@ -50,6 +55,59 @@ struct StitchOptions {
   BlendMode mode = BlendMode::kGaussian;
   double sigma_scale = 0.125;
   WorkPool* pool = nullptr;  // not owned; rows are blended in pieces on it too (null: the caller's thread)
+};
+
+// A grid in output pixels (the model's scale applied), as both stitchers (this one and device_stitch) lay it
+// out: padded image, window, the image inside the padding, and what each window adds.
+struct OutputLayout {
+  OutputLayout(const WindowGrid& grid, const StitchOptions& options);
+  // The part of window `index` that is blended: its output-space origin and the window-local rows and columns
+  // (all of it, or its crop core).
+  struct Part {
+    int64_t x = 0, y = 0;                    // origin in the padded output
+    int64_t x0 = 0, x1 = 0, y0 = 0, y1 = 0;  // window-local [x0, x1) x [y0, y1)
+  };
+  Part part(int64_t index) const;
+  // Padded rows [from, to) (to clamped to padded_h) in runs of at most one ring of win_h rows:
+  // `out(first, last)` with the image rows among them when there are any (not the padding's), then
+  // `clear(begin, end)` with the run. Returns where it stopped.
+  template <typename Out, typename Clear>
+  int64_t forEachRun(int64_t from, int64_t to, const Out& out, const Clear& clear) const {
+    to = std::min(to, padded_h);
+    while (from < to) {
+      const int64_t end = std::min(to, from + win_h);
+      const int64_t first = std::max(from, crop_y), last = std::min(end, crop_y + out_h);
+      if (last > first) out(first, last);
+      clear(from, end);
+      from = end;
+    }
+    return from;
+  }
+
+  WindowGrid grid;  // the input-space grid
+  Scale scale;
+  int64_t win_w, win_h;                   // output-space window
+  int64_t padded_w, padded_h;             // output-space padded image
+  int64_t crop_x, crop_y;                 // offset of the image inside the padding
+  int64_t out_w, out_h;                   // output image size
+  std::vector<float> importance;          // win_w x win_h (gaussian, constant; crop: empty, weight 1)
+  std::vector<int64_t> cores_x, cores_y;  // crop mode: the windows' cores per axis
+};
+
+// The grid windows a stitcher expects, by position: every one of the grid, or those a mask kept.
+class ExpectedWindows {
+ public:
+  // `kept`: ascending grid indices (throws ConfigError otherwise); nullopt: all of them.
+  ExpectedWindows(const WindowGrid& grid, std::optional<std::vector<int64_t>> kept);
+  int64_t count() const { return count_; }
+  int64_t at(int64_t position) const { return all_ ? position : kept_[size_t(position)]; }
+  // The position of grid window `index`; -1 when it is not expected.
+  int64_t positionOf(int64_t index) const;
+
+ private:
+  bool all_;
+  std::vector<int64_t> kept_;
+  int64_t count_;
 };
 
 class Stitcher {
@@ -70,11 +128,11 @@ class Stitcher {
   // are accumulated together, in row pieces on the pool. The arrays need to live during the call only.
   void addMany(const std::vector<std::pair<int64_t, const float*>>& windows);
   // True once every window was added and every row handed to the sink.
-  bool done() const { return next_ == count_ && flushed_ == padded_h_; }
+  bool done() const { return next_ == expected_.count() && flushed_ == layout_.padded_h; }
   // With no window to add at all, hands every (zero) row to the sink.
   void finishEmpty();
-  int64_t outputWidth() const { return out_w_; }
-  int64_t outputHeight() const { return out_h_; }
+  int64_t outputWidth() const { return layout_.out_w; }
+  int64_t outputHeight() const { return layout_.out_h; }
   size_t bytesHeld() const;
   // Buffers made for early arrivals so far (each reused once its window is accumulated).
   int64_t earlyBuffersMade() const { return early_buffers_made_; }
@@ -84,31 +142,18 @@ class Stitcher {
   void accumulateRun(const std::vector<std::pair<int64_t, const float*>>& run);
   // Window-local rows [y_first, y_last) of window `index` (clipped to its crop core in crop mode).
   void accumulateRows(int64_t index, const float* chw, int64_t y_first, int64_t y_last);
-  int64_t positionOf(int64_t index) const;
-  int64_t windowAt(int64_t position) const {
-    return windows_.empty() ? position : windows_[size_t(position)];
-  }
   void flushUpTo(int64_t padded_row);
 
-  WindowGrid grid_;
+  OutputLayout layout_;
   int channels_;
   StitchOptions options_;
   BandSink sink_;
-  Scale scale_;
-  int64_t win_w_, win_h_;                   // output-space window
-  int64_t padded_w_, padded_h_;             // output-space padded image
-  int64_t crop_x_, crop_y_;                 // output-space offset of the image inside the padding
-  int64_t out_w_, out_h_;                   // output image size
-  std::vector<float> importance_;           // win_w_ x win_h_ (gaussian/constant)
-  std::vector<int64_t> cores_x_, cores_y_;  // crop mode
-  std::vector<float> acc_;                  // ring of win_h_ rows: channels_ planes of padded_w_ (w*pred)
-  std::vector<float> weight_;               // ring of win_h_ rows: padded_w_ (w)
-  cv::Mat band_buffer_;                     // win_h_ rows x out_w_: the band handed to the sink
-  int64_t flushed_ = 0;                     // first padded row not yet handed out
-  bool all_windows_ = true;                 // expect every grid window, else those in windows_
-  std::vector<int64_t> windows_;            // the grid windows to expect (ascending)
-  int64_t count_ = 0;                       // how many
-  int64_t next_ = 0;                        // position (in windows_) of the next to accumulate
+  std::vector<float> acc_;     // ring of win_h rows: channels_ planes of padded_w (w*pred)
+  std::vector<float> weight_;  // ring of win_h rows: padded_w (w)
+  cv::Mat band_buffer_;        // win_h rows x out_w: the band handed to the sink
+  int64_t flushed_ = 0;        // first padded row not yet handed out
+  ExpectedWindows expected_;
+  int64_t next_ = 0;                               // position (in expected_) of the next to accumulate
   std::map<int64_t, std::vector<float>> pending_;  // early arrivals by position, owned copies
   // Buffers of early arrivals already accumulated, reused for the next ones: with several ranks half the
   // windows arrive early, and a fresh buffer each is a fresh mapping whose pages all fault.

@@ -2,7 +2,8 @@
 // environment and only on a first attempt (TORCHELASTIC_RESTART_COUNT unset or 0). KIND crash | hang | exit
 // acts once rank R has processed K windows; throw (a std::runtime_error, not a tiler error) acts in STAGE
 // read | forward | write | checkpoint for the image of rank R's K-th window; oom is LibTorch's
-// out-of-memory error from every forward of rank R that holds that window.
+// out-of-memory error from every forward of rank R that holds that window, or, with stage stitch, when
+// rank R makes the device stitcher of an image after K others (that image is then stitched on the host).
 // Promise: the stages never look for faults. A job turns the fault into hooks for its rank once
 // (faultHooks) and installs each where it acts: before the loader's window reads, around the forward,
 // on the output stage's stitched windows, after each step, before a checkpoint. A hook that is not this
@@ -28,7 +29,7 @@ struct Fault {
   int rank = -1;
   int64_t after_windows = 0;
   std::string kind;   // crash | hang | exit | throw | oom
-  std::string stage;  // read | forward | write | checkpoint (throw and oom: forward)
+  std::string stage;  // read | forward | write | checkpoint (throw; oom: forward or stitch)
 
   // nullopt when unset or on a restarted attempt; throws ConfigError on a malformed value.
   static std::optional<Fault> fromEnvironment();
@@ -48,6 +49,9 @@ struct FaultHooks {
   // Each window stitched, in the output stage's order: true at the K-th (throw, stage write), once; the
   // stage then makes that window's image's tiles throw as they are compressed.
   std::function<bool()> stitched_window;
+  // Before each image's device stitcher is made, in the output stage's order: `out_of_memory` for the one
+  // made after K others (oom, stage stitch).
+  std::function<void()> before_device_stitcher;
   // After each step, with the windows this rank has done: crash | hang | exit once they reach K.
   std::function<void(int64_t windows)> after_windows;
   // Before a checkpoint's files are written (throw, stage checkpoint), once K windows were read.

@@ -62,6 +62,12 @@ struct OutputOptions {
   // An instance model (instances): its maps go to an InstanceOutputs (the TIFF's writer options are the
   // stage's), not to a stitcher.
   std::optional<InstanceOptions> instances;
+  // segment: blend on this device (device_stitch; the steps' predictions are there, and each image's
+  // windows come in their order), an image whose accumulator the device cannot hold on the host; unset: on
+  // the host.
+  std::optional<torch::Device> stitch_device;
+  // Before each image's device stitcher is made (the job installs TILER_FAULT's oom, stage stitch, here).
+  std::function<void()> before_device_stitcher;
   // Called for each window stitched, in the stage's order: when it returns true, the tiles of that window's
   // image throw as they are compressed (the job installs TILER_FAULT's write hook here).
   std::function<bool()> stitched_window;
@@ -79,7 +85,9 @@ SampleType parseProbsType(const std::string& name);
 
 // One step's slots for this rank's images, as it gathered them from every rank.
 struct StepResult {
-  // float32 [slots, C, h, w] (per window: [slots, D]), CPU, contiguous (undefined: no slots)
+  // float32 [slots, C, h, w] (per window: [slots, D]), contiguous (undefined: no slots); on the CPU, or on
+  // OutputOptions::stitch_device
+
   torch::Tensor preds;
   StepSlots slots;                      // [slots]: what each slot of preds (or records) holds
   std::vector<std::string> records;     // instances: each slot's record (preds undefined)

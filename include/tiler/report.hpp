@@ -42,6 +42,7 @@ struct RunSummary {
   std::string task = "segment";         // segment | classify | embed | detect
   int64_t feature_dim = 0;              // classify: classes K; embed: features D; segment: 0
   std::string runtime = "torchscript";  // torchscript | pt2 (ModelRuntime::name)
+  std::string stitch = "host";          // where the windows were blended: host | device (--stitch)
 };
 
 // The report of an infer run: statuses as the catalog holds them after the output stage finished ("done"

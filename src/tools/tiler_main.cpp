@@ -178,6 +178,11 @@ int runInferCli(int argc, char** argv) {
   app.add_option(flagNames("--probs_dtype"), o.probs_dtype,
                  "f32 | f16 | u8: how probabilities are stored (u8: round(p x 255))")
       ->capture_default_str();
+  app.add_option(
+         flagNames("--stitch"), o.stitch,
+         "auto | host | device: where a segment model's windows are blended (auto: on the GPU with one "
+         "rank; several ranks: the host)")
+      ->capture_default_str();
   app.add_flag(flagNames("--no_shared_memory"), o.no_shared_memory,
                "ranks of one host gather predictions through gloo's sockets, not shared memory");
   if (const int code = tiler::parseCommandLine(app, argc, argv, "tiler"); code >= 0) return code;
