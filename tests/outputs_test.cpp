@@ -5,6 +5,7 @@
 #include "tiler/outputs.hpp"
 
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 
 #include <filesystem>
 #include <limits>
@@ -228,7 +229,8 @@ torch::Tensor edgePredictions(int64_t windows, int channels, int64_t size) {
   return preds;
 }
 
-// Runs one stage over edgeCatalog in steps of 5 windows; `nan_window`: the global window given a NaN.
+// Runs one stage over edgeCatalog in steps of 5 windows, the predictions on o.stitch_device when set (else
+// the CPU); `nan_window`: the global window given a NaN.
 void runEdgeStage(const std::string& dir, OutputOptions o, int64_t window, Scale scale, int64_t nan_window) {
   WindowCatalog c = edgeCatalog(dir, window, scale);
   const int64_t size = scale.apply(window);
@@ -239,7 +241,7 @@ void runEdgeStage(const std::string& dir, OutputOptions o, int64_t window, Scale
     for (int64_t first = 0; first < c.totalWindows(); first += 5) {
       StepResult step;
       const int64_t n = std::min<int64_t>(5, c.totalWindows() - first);
-      step.preds = preds.narrow(0, first, n).contiguous();
+      step.preds = preds.narrow(0, first, n).to(o.stitch_device.value_or(torch::kCPU)).contiguous();
       for (int64_t k = 0; k < n; ++k)
         step.slots.push_back(WindowSlot{c.locate(first + k).first, first + k, SlotStatus::kOk});
       ASSERT_TRUE(stage.submit(std::move(step)));
@@ -263,7 +265,9 @@ void expectSameFiles(const std::string& a, const std::string& b, const std::stri
   EXPECT_GT(files, 0) << what;
 }
 
-TEST(Outputs, TheDeviceStitcherWritesTheHostsBytes) {
+// Every blend mode, one and several classes, every stored type, a model's output scale: the host's bytes
+// from the device stitcher on `device`.
+void expectTheHostsBytesOn(torch::Device device) {
   const std::string dir = test::scratchDir("device_stitch");
   struct Case {
     BlendMode mode;
@@ -290,15 +294,25 @@ TEST(Outputs, TheDeviceStitcherWritesTheHostsBytes) {
     o.label_threshold = 0.5f;
     o.write_threads = 2;
     const std::string what = "case " + std::to_string(i), host = dir + "/host" + std::to_string(i),
-                      device = dir + "/device" + std::to_string(i);
+                      on_device = dir + "/device" + std::to_string(i);
     fs::create_directories(host);
-    fs::create_directories(device);
+    fs::create_directories(on_device);
     runEdgeStage(host, o, k.window, k.scale, 5);
-    o.stitch_device = torch::Device(torch::kCPU);
-    runEdgeStage(device, o, k.window, k.scale, 5);
-    expectSameFiles(host, device, what);
+    o.stitch_device = device;
+    runEdgeStage(on_device, o, k.window, k.scale, 5);
+    expectSameFiles(host, on_device, what);
   }
   removeTree(dir);
+}
+
+TEST(Outputs, TheDeviceStitcherWritesTheHostsBytes) {
+  expectTheHostsBytesOn(torch::kCPU);
+}
+
+// The same on a GPU: CUDA's kernels round a multiply, an add and a division as the host does.
+TEST(OutputsGpu, TheDeviceStitcherOnCudaWritesTheHostsBytes) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  expectTheHostsBytesOn(torch::Device(torch::kCUDA, 0));
 }
 
 // Out of memory making an image's device stitcher (TILER_FAULT kind oom, stage stitch): that image is
