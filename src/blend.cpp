@@ -70,15 +70,11 @@ std::vector<int64_t> cropCores(const std::vector<int64_t>& starts, int64_t windo
 }
 
 void probabilitiesToBytes(const float* p, int64_t count, uint8_t* out) {
-  // Adding and taking away 2^23 rounds a float in [0, 2^23) to an integer, half to even, in a loop that
-  // vectorises (nearbyint is a library call without SSE4.1). OpenCV's convertTo rounds the same way, but
-  // turns p x 255 past 2^31 into 0, not 255.
-  constexpr float kRound = 8388608.0f;
-  for (int64_t i = 0; i < count; ++i) {
-    const float v = p[i];
-    const float scaled = v > 0 ? (v < 1 ? v * 255.0f : 255.0f) : 0.0f;
-    out[i] = uint8_t(int((scaled + kRound) - kRound));
-  }
+  // OpenCV's convertTo rounds half to even and saturates (NaN and negatives to 0), vectorised; but p x 255
+  // past 2^31 becomes 0, not 255: those (and every p >= 1) are set after, in a loop that vectorises too.
+  cv::Mat bytes(1, int(count), CV_8U, out);
+  cv::Mat(1, int(count), CV_32F, const_cast<float*>(p)).convertTo(bytes, CV_8U, 255.0);
+  for (int64_t i = 0; i < count; ++i) out[i] = p[i] >= 1.0f ? uint8_t(255) : out[i];
 }
 
 cv::Mat labelsFromProbabilities(const cv::Mat& band, float threshold) {
