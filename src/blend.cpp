@@ -9,9 +9,15 @@
 
 namespace tiler {
 
-int64_t countNonFinite(const float* values, int64_t count) {
+namespace {
+
+// countNonFinite's loop, with or without the test for large magnitudes (a loop each, so that the plain count
+// pays nothing for it).
+template <bool kLarge>
+int64_t countBits(const float* values, int64_t count, bool& large) {
   // 32-bit counts a block: the inner loop vectorises (a 64-bit sum of compares did not, 2x slower).
   int64_t bad = 0;
+  uint32_t any_large = 0;
   for (int64_t start = 0; start < count; start += 65536) {
     const int64_t end = std::min<int64_t>(count, start + 65536);
     uint32_t block = 0;
@@ -19,10 +25,23 @@ int64_t countNonFinite(const float* values, int64_t count) {
       uint32_t bits;
       std::memcpy(&bits, values + i, sizeof bits);
       block += (bits & 0x7f800000u) == 0x7f800000u;
+      if (kLarge) any_large |= (bits & 0x7fffffffu) >= 0x4b000000u;  // |v| >= 2^23, NaN and infinities
     }
     bad += block;
   }
+  large = large || any_large != 0;
   return bad;
+}
+
+}  // namespace
+
+int64_t countNonFinite(const float* values, int64_t count) {
+  bool unused = false;
+  return countBits<false>(values, count, unused);
+}
+
+int64_t countNonFinite(const float* values, int64_t count, bool& large) {
+  return countBits<true>(values, count, large);
 }
 
 BlendMode parseBlendMode(const std::string& name) {
@@ -69,12 +88,13 @@ std::vector<int64_t> cropCores(const std::vector<int64_t>& starts, int64_t windo
   return cores;
 }
 
-void probabilitiesToBytes(const float* p, int64_t count, uint8_t* out) {
+void probabilitiesToBytes(const float* p, int64_t count, uint8_t* out, bool large) {
   // OpenCV's convertTo rounds half to even and saturates (NaN and negatives to 0), vectorised; but p x 255
-  // past 2^31 becomes 0, not 255: those (and every p >= 1) are set after, in a loop that vectorises too.
+  // past 2^31 becomes 0, not 255: where such values may be, every p >= 1 is set to 255 after.
   cv::Mat bytes(1, int(count), CV_8U, out);
   cv::Mat(1, int(count), CV_32F, const_cast<float*>(p)).convertTo(bytes, CV_8U, 255.0);
-  for (int64_t i = 0; i < count; ++i) out[i] = p[i] >= 1.0f ? uint8_t(255) : out[i];
+  if (large)
+    for (int64_t i = 0; i < count; ++i) out[i] = p[i] >= 1.0f ? uint8_t(255) : out[i];
 }
 
 cv::Mat labelsFromProbabilities(const cv::Mat& band, float threshold) {

@@ -49,12 +49,13 @@ cv::Mat storedProbabilitiesBuffer(const cv::Mat& band, SampleType type) {
       type == SampleType::kU8 ? CV_MAKETYPE(CV_8U, band.channels()) : CV_MAKETYPE(CV_16F, band.channels()));
 }
 
-// Rows of probabilities as stored, into `out` (its rows, of the stored type): u8 probabilitiesToBytes; f16 as
-// converted.
-void storeProbabilities(const cv::Mat& rows, SampleType type, cv::Mat out) {
+// Rows of probabilities as stored, into `out` (its rows, of the stored type): u8 probabilitiesToBytes
+// (`large`: some value may be 2^23 or more); f16 as converted.
+void storeProbabilities(const cv::Mat& rows, SampleType type, cv::Mat out, bool large) {
   if (type != SampleType::kU8) return rows.convertTo(out, out.type());
   for (int y = 0; y < rows.rows; ++y)
-    probabilitiesToBytes(rows.ptr<float>(y), int64_t(rows.cols) * rows.channels(), out.ptr<uint8_t>(y));
+    probabilitiesToBytes(rows.ptr<float>(y), int64_t(rows.cols) * rows.channels(), out.ptr<uint8_t>(y),
+                         large);
 }
 
 // segment: an image's stitched maps (blend), streamed band by band as labels and probabilities, and the
@@ -187,11 +188,12 @@ class StitchedOutputs : public WindowConsumer {
     parallelRows(pool_, band.rows, kMinRowsPerPiece, [&](int64_t a, int64_t b) {
       const cv::Mat rows = band.rowRange(int(a), int(b));
       int64_t bad = 0;
+      bool large = false;
       for (int y = 0; y < rows.rows; ++y)
-        bad += countNonFinite(rows.ptr<float>(y), int64_t(rows.cols) * rows.channels());
+        bad += countNonFinite(rows.ptr<float>(y), int64_t(rows.cols) * rows.channels(), large);
       non_finite += bad;
       if (probs_ && stored.data != band.data)
-        storeProbabilities(rows, o_.probs_type, stored.rowRange(int(a), int(b)));
+        storeProbabilities(rows, o_.probs_type, stored.rowRange(int(a), int(b)), large);
       if (labels_) labelsInto(rows, threshold, label_rows.rowRange(int(a), int(b)));
     });
     img_.non_finite_values += non_finite.load();

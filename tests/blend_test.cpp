@@ -363,6 +363,18 @@ TEST(Labels, NonFiniteValuesAreCounted) {
   v[7] = std::numeric_limits<float>::max();         // large is finite
   v[8] = std::numeric_limits<float>::denorm_min();  // so is tiny
   EXPECT_EQ(countNonFinite(v.data(), int64_t(v.size())), 3);
+  // The same count, and whether any magnitude reaches 2^23 (what a byte conversion must look at twice).
+  bool large = false;
+  EXPECT_EQ(countNonFinite(v.data(), int64_t(v.size()), large), 3);
+  EXPECT_TRUE(large);
+  std::vector<float> probabilities(70000, 0.25f);
+  probabilities[69999] = 8388607.0f;
+  large = false;
+  EXPECT_EQ(countNonFinite(probabilities.data(), int64_t(probabilities.size()), large), 0);
+  EXPECT_FALSE(large) << "below 2^23";
+  probabilities[69999] = -8388608.0f;
+  EXPECT_EQ(countNonFinite(probabilities.data(), int64_t(probabilities.size()), large), 0);
+  EXPECT_TRUE(large) << "in the second block of 65536";
 }
 
 TEST(Labels, ArgmaxThresholdAndWideClassCounts) {

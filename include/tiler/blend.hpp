@@ -43,10 +43,14 @@ cv::Mat labelsFromProbabilities(const cv::Mat& band, float threshold);
 // without a word; blending keeps them non-finite). Exponent bits only, so that it vectorises: 20 us for a
 // 2x256x256 window's floats on this machine, a pass over memory.
 int64_t countNonFinite(const float* values, int64_t count);
+// The same, in the same pass setting `large` when any value's magnitude is 2^23 or more or is not finite:
+// the values OpenCV's byte conversion gets wrong (probabilitiesToBytes).
+int64_t countNonFinite(const float* values, int64_t count, bool& large);
 
 // Probabilities stored as bytes (--probs_dtype u8): round(p x 255), half to even, after clamping p to [0, 1]
-// (NaN to 0). p x 255 is rounded to float first, as OpenCV's convertTo and the device stitcher do.
-void probabilitiesToBytes(const float* p, int64_t count, uint8_t* out);
+// (NaN to 0). p x 255 is rounded to float first, as OpenCV's convertTo and the device stitcher do. `large`:
+// some value may be 2^23 or more (countNonFinite said so), which costs a second look at every value.
+void probabilitiesToBytes(const float* p, int64_t count, uint8_t* out, bool large = true);
 
 // Labels of `band` (as labelsFromProbabilities) into `labels`, a CV_8U or CV_16U matrix of its size.
 void labelsInto(const cv::Mat& band, float threshold, cv::Mat labels);
