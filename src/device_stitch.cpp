@@ -94,6 +94,7 @@ size_t DeviceStitcher::deviceBytes() const {
        {&ring_, &weighted_, &band_, &denominator_, &empty_, &total_, &classes_, &labels_, &scaled_})
     if (t->defined()) bytes += t->nbytes();
   if (probs_.defined() && !probs_.is_same(band_)) bytes += probs_.nbytes();
+  for (const auto& [position, chw] : early_) bytes += chw.nbytes();
   return bytes;
 }
 
@@ -104,12 +105,9 @@ void DeviceStitcher::synchronize() const {
 void DeviceStitcher::addMany(const std::vector<std::pair<int64_t, torch::Tensor>>& windows) {
   c10::OptionalStreamGuard guard(stream_);
   for (const auto& [index, chw] : windows) {
-    TILER_CHECK(next_ < expected_.count(), ConfigError,
-                "device stitcher: window " << index << " is one too many");
-    const int64_t expected = expected_.at(next_);
-    TILER_CHECK(index == expected, ConfigError,
-                "device stitcher: window " << index << " came in place of window " << expected
-                                           << " (windows must arrive in their order)");
+    const int64_t position = expected_.positionOf(index);
+    TILER_CHECK(position >= next_ && position < expected_.count() && !early_.count(position), ConfigError,
+                "device stitcher: window " << index << " added twice or not among the windows to expect");
     TILER_CHECK(chw.sizes() == torch::IntArrayRef({channels_, layout_.win_h, layout_.win_w}) &&
                     chw.scalar_type() == torch::kFloat32 && chw.device() == device_,
                 ConfigError,
@@ -117,13 +115,23 @@ void DeviceStitcher::addMany(const std::vector<std::pair<int64_t, torch::Tensor>
                                            << " on " << chw.device() << ", not " << channels_ << "x"
                                            << layout_.win_h << "x" << layout_.win_w << " float32 on "
                                            << device_);
-    // No later window reaches above this one's first row: the rows above are finished.
-    flushUpTo(layout_.part(index).y);
-    accumulate(index, chw);
-    ++next_;
+    if (position != next_) {
+      early_.emplace(position, chw.clone());
+      continue;
+    }
+    accumulateNext(index, chw);
+    for (auto it = early_.begin(); it != early_.end() && it->first == next_; it = early_.erase(it))
+      accumulateNext(expected_.at(it->first), it->second);
   }
   if (next_ == expected_.count()) flushUpTo(layout_.padded_h);
   synchronize();  // the caller may free the predictions now
+}
+
+void DeviceStitcher::accumulateNext(int64_t index, const torch::Tensor& chw) {
+  // No later window reaches above this one's first row: the rows above are finished.
+  flushUpTo(layout_.part(index).y);
+  accumulate(index, chw);
+  ++next_;
 }
 
 void DeviceStitcher::finishEmpty() {

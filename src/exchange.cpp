@@ -69,9 +69,9 @@ void StepExchange::check(const std::optional<std::string>& fatal, const std::str
   share(torch::zeros({0, 0}, torch::kInt64), fatal, what);
 }
 
-torch::Tensor StepExchange::gather(const torch::Tensor& t, int root, const std::string& what) {
+torch::Tensor StepExchange::gather(const torch::Tensor& t, int root, const std::string& what, bool stay) {
   auto all = dist_.gather(onComm(t), root, what);
-  return all.defined() ? all.cpu() : all;
+  return all.defined() && !stay ? all.cpu() : all;
 }
 
 std::vector<torch::Tensor> StepExchange::allgather(const torch::Tensor& t, const std::string& what) {

@@ -662,8 +662,9 @@ StepResult InferJob::routePredictions(const std::vector<StepSlots>& every_rank, 
         part.narrow(0, 0, int64_t(own.size())).copy_(preds.index_select(0, index));
       }
     }
-    // One rank stitching on the model's device: its predictions stay there.
-    auto gathered = stitch_on_device_ ? part : exchange().gather(part, owner, of);
+    // Stitching on the model's device: the predictions stay there (one rank: no collective at all).
+    auto gathered =
+        stitch_on_device_ && W == 1 ? part : exchange().gather(part, owner, of, /*stay=*/stitch_on_device_);
     if (owner != rank()) continue;
     // The gathered slots: each rank's part in rank order, padded to the longest part.
     const size_t per_rank = size_t(part.size(0));
@@ -788,9 +789,9 @@ void InferJob::loadModel() {
       at::set_num_threads(layout_.threads);
     }
   }
-  // One rank's steps bring each image's windows in their order, as the device stitcher needs; with several,
-  // the owner's come from every rank through the host.
-  stitch_on_device_ = probe_.task == ModelTask::kSegment && worldSize() == 1 &&
+  // The owner's windows of other ranks must arrive on the model's device too: one rank, or ranks that gather
+  // on it (NCCL; gloo between CPU ranks); through the host (gloo between GPU ranks) the host stitches.
+  stitch_on_device_ = probe_.task == ModelTask::kSegment &&
                       (o_.stitch == "device" || (o_.stitch == "auto" && model_->device().is_cuda()));
   read_threads_ =
       chooseReadThreads(o_.read_threads, layout_, model_->device().is_cuda(), defaultIntraOpThreads());
@@ -800,6 +801,7 @@ void InferJob::connect() {
   DistOptions dopts = distOptionsFor(o_);
   dopts.shared_memory = !o_.no_shared_memory;
   session_->connect(dopts, model_->device());
+  if (worldSize() > 1 && session_->dist().commDevice() != model_->device()) stitch_on_device_ = false;
 }
 
 void InferJob::planImages() {

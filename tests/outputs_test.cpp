@@ -230,15 +230,20 @@ torch::Tensor edgePredictions(int64_t windows, int channels, int64_t size) {
 }
 
 // Runs one stage over edgeCatalog in steps of 5 windows, the predictions on o.stitch_device when set (else
-// the CPU); `nan_window`: the global window given a NaN.
-void runEdgeStage(const std::string& dir, OutputOptions o, int64_t window, Scale scale, int64_t nan_window) {
+// the CPU); `nan_window`: the global window given a NaN; `backwards`: the steps from the last (every window
+// but the last step's arrives before its turn, as other ranks' parts of a row do).
+void runEdgeStage(const std::string& dir, OutputOptions o, int64_t window, Scale scale, int64_t nan_window,
+                  bool backwards = false) {
   WindowCatalog c = edgeCatalog(dir, window, scale);
   const int64_t size = scale.apply(window);
   torch::Tensor preds = edgePredictions(c.totalWindows(), o.classes, size);
   preds[nan_window][0][size / 2][size / 2].fill_(std::numeric_limits<float>::quiet_NaN());  // in its core
   {
     OutputStage stage(c, o);
-    for (int64_t first = 0; first < c.totalWindows(); first += 5) {
+    std::vector<int64_t> firsts;
+    for (int64_t first = 0; first < c.totalWindows(); first += 5) firsts.push_back(first);
+    if (backwards) std::reverse(firsts.begin(), firsts.end());
+    for (int64_t first : firsts) {
       StepResult step;
       const int64_t n = std::min<int64_t>(5, c.totalWindows() - first);
       step.preds = preds.narrow(0, first, n).to(o.stitch_device.value_or(torch::kCPU)).contiguous();
@@ -265,8 +270,8 @@ void expectSameFiles(const std::string& a, const std::string& b, const std::stri
   EXPECT_GT(files, 0) << what;
 }
 
-// Every blend mode, one and several classes, every stored type, a model's output scale: the host's bytes
-// from the device stitcher on `device`.
+// Every blend mode, one and several classes, every stored type, a model's output scale, windows that arrive
+// before their turn: the host's bytes from the device stitcher on `device`.
 void expectTheHostsBytesOn(torch::Device device) {
   const std::string dir = test::scratchDir("device_stitch");
   struct Case {
@@ -275,6 +280,7 @@ void expectTheHostsBytesOn(torch::Device device) {
     SampleType probs;
     int64_t window;
     Scale scale;
+    bool backwards = false;
   };
   const std::vector<Case> cases = {{BlendMode::kGaussian, 3, SampleType::kF32, 32, {}},
                                    {BlendMode::kGaussian, 3, SampleType::kU8, 32, {}},
@@ -282,7 +288,8 @@ void expectTheHostsBytesOn(torch::Device device) {
                                    {BlendMode::kCrop, 3, SampleType::kU8, 32, {}},
                                    {BlendMode::kCrop, 1, SampleType::kF32, 32, {}},
                                    {BlendMode::kGaussian, 1, SampleType::kU8, 32, {}},
-                                   {BlendMode::kGaussian, 2, SampleType::kU8, 32, {1, 2}}};
+                                   {BlendMode::kGaussian, 2, SampleType::kU8, 32, {1, 2}},
+                                   {BlendMode::kGaussian, 3, SampleType::kU8, 32, {}, true}};
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& k = cases[i];
     OutputOptions o;
@@ -297,9 +304,9 @@ void expectTheHostsBytesOn(torch::Device device) {
                       on_device = dir + "/device" + std::to_string(i);
     fs::create_directories(host);
     fs::create_directories(on_device);
-    runEdgeStage(host, o, k.window, k.scale, 5);
+    runEdgeStage(host, o, k.window, k.scale, 5, k.backwards);
     o.stitch_device = device;
-    runEdgeStage(on_device, o, k.window, k.scale, 5);
+    runEdgeStage(on_device, o, k.window, k.scale, 5, k.backwards);
     expectSameFiles(host, on_device, what);
   }
   removeTree(dir);

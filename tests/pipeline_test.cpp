@@ -820,8 +820,8 @@ TEST_F(Pipeline, ReadThreadsWriteTheSameBytes) {
 }
 
 // --stitch device blends on the model's device (here the CPU's, the same LibTorch operations a GPU runs):
-// the host's bytes; an image whose accumulator is out of memory is stitched on the host, saying so; with
-// several ranks the owner's windows come through the host, so the host blends them.
+// the host's bytes, on one rank and on two whose gather reaches that device (gloo between CPU ranks, as
+// NCCL between GPUs); an image whose accumulator is out of memory is stitched on the host, saying so.
 TEST_F(Pipeline, StitchingOnTheDeviceWritesTheHostsBytes) {
   const std::string ref = reference();
   EXPECT_EQ(report(ref)["stitch"], "host") << "auto on a CPU";
@@ -840,7 +840,7 @@ TEST_F(Pipeline, StitchingOnTheDeviceWritesTheHostsBytes) {
   const std::string two = root_ + "/out_stitch_two_ranks";
   runCtrun(2, two, "--stitch device");
   expectSameOutputs(ref, two);
-  EXPECT_EQ(report(two)["stitch"], "host");
+  EXPECT_EQ(report(two)["stitch"], "device");
 }
 
 // Two ranks take a part of every row of windows each (rank 0 holds the other part's early predictions) and

@@ -9,14 +9,16 @@
 // and count, so that NaN and infinity follow the host's rules.
 // Memory: the ring ((C+1) x window height x padded width floats), one window's weighted copy and one band of
 // each output are all allocated when it is made, so out of memory shows then (the caller stitches that image
-// on the host instead) and not in the middle of an image. Windows must arrive in their order (one rank: its
-// steps hold an image's windows in order). Its own stream: the caller's predictions must be complete when
-// given (the forward synchronised) and may be freed once addMany returns. Not thread safe.
+// on the host instead) and not in the middle of an image; only windows that arrive before their turn (other
+// ranks' parts of a row, at most --shard_buffer of them) are copied as they come. Its own stream: the
+// caller's predictions must be complete when given (the forward synchronised) and may be freed once addMany
+// returns. Not thread safe.
 #pragma once
 
 #include <torch/types.h>
 
 #include <functional>
+#include <map>
 #include <opencv2/core.hpp>
 #include <optional>
 #include <vector>
@@ -50,7 +52,7 @@ class DeviceStitcher {
                  std::optional<std::vector<int64_t>> windows = std::nullopt);
   ~DeviceStitcher();
 
-  // Adds windows (grid index, C x h x w float32 on the device), each the next one expected.
+  // Adds windows (grid index, C x h x w float32 on the device), any order, each once.
   void addMany(const std::vector<std::pair<int64_t, torch::Tensor>>& windows);
   bool done() const { return next_ == expected_.count() && flushed_ == layout_.padded_h; }
   // With no window to add at all, hands every (zero) row to the sink.
@@ -60,6 +62,7 @@ class DeviceStitcher {
 
  private:
   void accumulate(int64_t index, const torch::Tensor& chw);
+  void accumulateNext(int64_t index, const torch::Tensor& chw);  // the window whose turn it is
   void flushUpTo(int64_t padded_row);
   // Ring rows [ring_row, ring_row + rows) of the image's columns into band rows [at, at + rows).
   void divideInto(int64_t ring_row, int64_t rows, int64_t at);
@@ -73,8 +76,9 @@ class DeviceStitcher {
   c10::optional<c10::Stream> stream_;  // a pool stream of device_ (none on the CPU)
   BandSink sink_;
   ExpectedWindows expected_;
-  int64_t next_ = 0;     // position (in expected_) of the next
-  int64_t flushed_ = 0;  // first padded row not yet handed out
+  int64_t next_ = 0;                        // position (in expected_) of the next
+  std::map<int64_t, torch::Tensor> early_;  // windows that came before their turn, by position (copies)
+  int64_t flushed_ = 0;                     // first padded row not yet handed out
   // Device tensors, all made by the constructor:
   torch::Tensor ring_;                 // [win_h, C+1, padded_w]: C planes of sum(w x pred) and one of sum(w)
   torch::Tensor weighted_;             // [C+1, win_h, win_w]: a window's w x pred, then w (constant)

@@ -53,8 +53,9 @@ class StepExchange {
   void check(const std::optional<std::string>& fatal, const std::string& what);
 
   // The collectives of a step that every rank entered share()/check() for (tensors on any device; results
-  // come back on the CPU). gather(): rank `root`'s concatenation of every rank's `t` (DistContext::gather).
-  torch::Tensor gather(const torch::Tensor& t, int root, const std::string& what);
+  // come back on the CPU). gather(): rank `root`'s concatenation of every rank's `t` (DistContext::gather);
+  // `stay`: the result stays on the communication device (NCCL's GPU), for a stitcher there.
+  torch::Tensor gather(const torch::Tensor& t, int root, const std::string& what, bool stay = false);
   std::vector<torch::Tensor> allgather(const torch::Tensor& t, const std::string& what);
   // Every rank's string on every rank, in rank order.
   std::vector<std::string> allgatherStrings(const std::string& s, const std::string& what);

@@ -62,9 +62,8 @@ struct OutputOptions {
   // An instance model (instances): its maps go to an InstanceOutputs (the TIFF's writer options are the
   // stage's), not to a stitcher.
   std::optional<InstanceOptions> instances;
-  // segment: blend on this device (device_stitch; the steps' predictions are there, and each image's
-  // windows come in their order), an image whose accumulator the device cannot hold on the host; unset: on
-  // the host.
+  // segment: blend on this device (device_stitch; the steps' predictions are there), an image whose
+  // accumulator the device cannot hold on the host; unset: on the host.
   std::optional<torch::Device> stitch_device;
   // Before each image's device stitcher is made (the job installs TILER_FAULT's oom, stage stitch, here).
   std::function<void()> before_device_stitcher;

@@ -70,8 +70,9 @@ struct InferOptions : JobOptions {
   // Threads compressing output tiles (every output of the rank); 0: usableCpus().
   int write_threads = 0;
   std::string probs_dtype = "f32";  // f32 | f16 | u8 (round(p x 255))
-  // Where a segment model's windows are blended: auto (on the model's GPU with one rank, else the host) |
-  // host | device (on the model's device with one rank, a CPU one too; several ranks: the host).
+  // Where a segment model's windows are blended: auto (device on a GPU, else host) | host | device (on the
+  // model's device, a CPU one too, where the owner's windows arrive there: one rank, NCCL, gloo between
+  // CPUs).
   std::string stitch = "auto";
 };
 

@@ -180,8 +180,8 @@ int runInferCli(int argc, char** argv) {
       ->capture_default_str();
   app.add_option(
          flagNames("--stitch"), o.stitch,
-         "auto | host | device: where a segment model's windows are blended (auto: on the GPU with one "
-         "rank; several ranks: the host)")
+         "auto | host | device: where a segment model's windows are blended (auto: on a GPU, where the "
+         "owner's windows arrive there: one rank or NCCL)")
       ->capture_default_str();
   app.add_flag(flagNames("--no_shared_memory"), o.no_shared_memory,
                "ranks of one host gather predictions through gloo's sockets, not shared memory");
