@@ -1,5 +1,7 @@
 #include "tiler/exchange.hpp"
 
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include <cstring>
 
 namespace tiler {
@@ -71,7 +73,14 @@ void StepExchange::check(const std::optional<std::string>& fatal, const std::str
 
 torch::Tensor StepExchange::gather(const torch::Tensor& t, int root, const std::string& what, bool stay) {
   auto all = dist_.gather(onComm(t), root, what);
-  return all.defined() && !stay ? all.cpu() : all;
+  if (!all.defined() || !stay) return all.defined() ? all.cpu() : all;
+  if (!all.device().is_cpu()) {
+    // NCCL's work is ordered before this thread's stream only: another thread's stream (the stitcher's)
+    // would not wait for it. The copy to the CPU waited the same way.
+    const c10::impl::VirtualGuardImpl device(all.device().type());
+    device.synchronizeStream(device.getStream(all.device()));
+  }
+  return all;
 }
 
 std::vector<torch::Tensor> StepExchange::allgather(const torch::Tensor& t, const std::string& what) {
