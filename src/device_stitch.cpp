@@ -32,6 +32,18 @@ void copyRows(const torch::Tensor& to, const torch::Tensor& from, int64_t rows) 
   if (!to.is_same(from)) to.narrow(0, 0, rows).copy_(from.narrow(0, 0, rows), /*non_blocking=*/true);
 }
 
+// `f(ring_row, n, offset)` for each run of padded rows [from, end) in a ring of `ring` rows: ring rows
+// [ring_row, ring_row + n) hold padded rows from + offset on. A run of at most `ring` rows wraps once at
+// most.
+template <typename F>
+void forRingRuns(int64_t ring, int64_t from, int64_t end, const F& f) {
+  for (int64_t row = from; row < end;) {
+    const int64_t ring_row = row % ring, n = std::min(end - row, ring - ring_row);
+    f(ring_row, n, row - from);
+    row += n;
+  }
+}
+
 cv::Mat matOf(const torch::Tensor& host, int64_t rows, SampleType type, int channels) {
   return cv::Mat(int(rows), int(host.size(1)), CV_MAKETYPE(cvDepthOf(type), channels), host.data_ptr());
 }
@@ -88,16 +100,6 @@ DeviceStitcher::DeviceStitcher(const WindowGrid& grid, int channels, const Stitc
 
 DeviceStitcher::~DeviceStitcher() = default;
 
-size_t DeviceStitcher::deviceBytes() const {
-  size_t bytes = 0;
-  for (const torch::Tensor* t :
-       {&ring_, &weighted_, &band_, &denominator_, &empty_, &total_, &classes_, &labels_, &scaled_})
-    if (t->defined()) bytes += t->nbytes();
-  if (probs_.defined() && !probs_.is_same(band_)) bytes += probs_.nbytes();
-  for (const auto& [position, chw] : early_) bytes += chw.nbytes();
-  return bytes;
-}
-
 void DeviceStitcher::synchronize() const {
   if (stream_) c10::impl::VirtualGuardImpl(device_.type()).synchronizeStream(*stream_);
 }
@@ -147,29 +149,21 @@ void DeviceStitcher::accumulate(int64_t index, const torch::Tensor& chw) {
   torch::Tensor values = weighted_.narrow(0, 0, channels_);
   at::mul_out(values, chw, weighted_.select(0, channels_));
   const torch::Tensor rows = weighted_.permute({1, 0, 2}).narrow(2, p.x0, p.x1 - p.x0);  // [h, C+1, w]
-  for (int64_t y = p.y0; y < p.y1;) {
-    const int64_t ring_row = (p.y + y) % layout_.win_h, n = std::min(p.y1 - y, layout_.win_h - ring_row);
-    ring_.narrow(0, ring_row, n).narrow(2, p.x + p.x0, p.x1 - p.x0).add_(rows.narrow(0, y, n));
-    y += n;
-  }
+  forRingRuns(layout_.win_h, p.y + p.y0, p.y + p.y1, [&](int64_t ring_row, int64_t n, int64_t offset) {
+    ring_.narrow(0, ring_row, n).narrow(2, p.x + p.x0, p.x1 - p.x0).add_(rows.narrow(0, p.y0 + offset, n));
+  });
 }
 
 void DeviceStitcher::flushUpTo(int64_t padded_row) {
   const int64_t win_h = layout_.win_h;
-  // Each run of ring rows [ring_row, ring_row + n): a run of padded rows wraps around the ring at most once.
-  const auto inRing = [win_h](int64_t from, int64_t end, const auto& f) {
-    for (int64_t row = from; row < end;) {
-      const int64_t ring_row = row % win_h, n = std::min(end - row, win_h - ring_row);
-      f(ring_row, n, row - from);
-      row += n;
-    }
-  };
   const auto out = [&](int64_t first, int64_t last) {
-    inRing(first, last, [&](int64_t ring_row, int64_t n, int64_t at) { divideInto(ring_row, n, at); });
+    forRingRuns(win_h, first, last,
+                [&](int64_t ring_row, int64_t n, int64_t at) { divideInto(ring_row, n, at); });
     handOver(last - first);
   };
   const auto clear = [&](int64_t from, int64_t end) {
-    inRing(from, end, [&](int64_t ring_row, int64_t n, int64_t) { ring_.narrow(0, ring_row, n).zero_(); });
+    forRingRuns(win_h, from, end,
+                [&](int64_t ring_row, int64_t n, int64_t) { ring_.narrow(0, ring_row, n).zero_(); });
   };
   flushed_ = layout_.forEachRun(flushed_, padded_row, out, clear);
 }

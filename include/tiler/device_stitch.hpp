@@ -57,8 +57,6 @@ class DeviceStitcher {
   bool done() const { return next_ == expected_.count() && flushed_ == layout_.padded_h; }
   // With no window to add at all, hands every (zero) row to the sink.
   void finishEmpty();
-  // Bytes held on the device.
-  size_t deviceBytes() const;
 
  private:
   void accumulate(int64_t index, const torch::Tensor& chw);
