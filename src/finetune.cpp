@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <opencv2/imgproc.hpp>
@@ -85,6 +86,9 @@ class Trainer {
   StepExchange& exchange() { return session_->exchange(); }
 
   void loadData();
+  // Rank 0's outputs (-o, --report, the checkpoints and their lock) are none of the files training reads
+  // (the model, images, labels) nor each other: a ConfigError naming the clash.
+  void checkWrittenPaths() const;
   void checkLabels(const CatalogImage& t);
   void splitValidation();
   // Reads windows and their labels (any thread, with that thread's readers); training reads count towards
@@ -506,14 +510,33 @@ int Trainer::latestCheckpoint() const {
   return latest;
 }
 
+namespace {
+
+// A count of a checkpoint's state.json (epoch, step): a whole number from 0 to `most`, else an IoError naming
+// the file and the field (1e300 converted to an int was -2147483648: "names epoch -2147483648").
+int64_t checkpointCount(const nlohmann::json& state, const char* key, int64_t most, const std::string& file) {
+  const auto it = state.find(key);
+  const bool fits = it != state.end() && it->is_number_integer() &&
+                    (it->is_number_unsigned() ? it->get<uint64_t>() <= uint64_t(most)
+                                              : it->get<int64_t>() >= 0 && it->get<int64_t>() <= most);
+  TILER_CHECK(fits, IoError,
+              "'" << file << "': " << key << " is "
+                  << (it == state.end() ? std::string("missing") : it->dump())
+                  << ", not a whole number from 0 to " << most);
+  return it->get<int64_t>();
+}
+
+}  // namespace
+
 void Trainer::loadCheckpoint(int epoch, nlohmann::json& history) {
   const fs::path dir(epochDir(epoch));
   TILER_CHECK(fs::exists(dir / "state.json"), IoError,
               "'" << dir.string() << "': rank 0 resumes from this checkpoint, but this rank cannot see it");
   std::ifstream in(dir / "state.json");
   auto state = nlohmann::json::parse(in);
-  TILER_CHECK(state.value("epoch", -1) == epoch, IoError,
-              "'" << (dir / "state.json").string() << "': names epoch " << state.value("epoch", -1));
+  const std::string state_file = (dir / "state.json").string();
+  TILER_CHECK(checkpointCount(state, "epoch", std::numeric_limits<int>::max(), state_file) == epoch, IoError,
+              "'" << state_file << "': names epoch " << state["epoch"].dump() << ", not " << epoch);
   auto saved = loadTorchScript((dir / "model.pt").string(), runner_->device());
   std::vector<torch::Tensor> from;
   for (const auto& p : saved.parameters()) from.push_back(p);
@@ -542,9 +565,12 @@ void Trainer::loadCheckpoint(int epoch, nlohmann::json& history) {
     archive.load_from((dir / "optimizer.pt").string(), runner_->device());
     optimizer_->load(archive);
   }
+  TILER_CHECK(state.contains("loss_scale") && state["loss_scale"].is_number() &&
+                  std::isfinite(state["loss_scale"].get<double>()) && state["loss_scale"].get<double>() > 0,
+              IoError, "'" << state_file << "': loss_scale is not a number > 0");
   loss_scale_ = state["loss_scale"].get<double>();
-  good_steps_ = state["good_steps"].get<int64_t>();
-  step_ = state["step"].get<int64_t>();
+  good_steps_ = checkpointCount(state, "good_steps", std::numeric_limits<int64_t>::max(), state_file);
+  step_ = checkpointCount(state, "step", std::numeric_limits<int64_t>::max(), state_file);
   history = state["history"];
   if (rank() == 0) spdlog::info("resuming after epoch {} from '{}'", epoch, dir.string());
 }
@@ -571,6 +597,7 @@ void Trainer::validateOptions() {
   TILER_CHECK(o_.epochs >= 1 && o_.batch_size >= 1 && o_.lr > 0, ConfigError,
               "--epochs, --batch_size and --lr must be positive");
   TILER_CHECK(o_.grad_accum_steps >= 1, ConfigError, "--grad_accum_steps must be >= 1");
+  checkTimeout(o_.timeout);
   TILER_CHECK(o_.prefetch >= 1, ConfigError, "--prefetch must be >= 1");
   TILER_CHECK(o_.val_fraction >= 0 && o_.val_fraction < 1, ConfigError, "--val_fraction must be in [0,1)");
   TILER_CHECK(o_.schedule == "constant" || o_.schedule == "cosine", ConfigError,
@@ -582,7 +609,9 @@ void Trainer::validateOptions() {
 }
 
 void Trainer::loadModel() {
-  runner_ = std::make_unique<ModelRunner>(modelOptionsFor(o_, session_->world().local_rank));
+  const ModelOptions model = modelOptionsFor(o_, session_->world().local_rank);
+  requireTrainableModel(model.path);
+  runner_ = std::make_unique<ModelRunner>(model);
   probe_ = runner_->probe(spec_.window_w, spec_.window_h);
   runner_->module().train();
   for (const auto& p : runner_->module().parameters(true)) {
@@ -605,7 +634,26 @@ void Trainer::connect() {
     if (rank() == 0 && !o_.checkpoint_dir.empty())
       session_->lockDirectory(o_.checkpoint_dir, "--checkpoint_dir");
     loadData();
+    if (rank() == 0) checkWrittenPaths();
   });
+}
+
+void Trainer::checkWrittenPaths() const {
+  PathRoles roles;
+  roles.reads(o_.model, "the model");
+  for (const CatalogImage& t : catalog_.images()) {
+    roles.reads(t.input, "the training image");
+    roles.reads(t.label, "the training label");
+  }
+  std::string clash;
+  if (!o_.checkpoint_dir.empty()) {
+    clash = roles.claim(DirectoryLock::pathFor(o_.checkpoint_dir), "the --checkpoint_dir lock");
+    // Each epoch's checkpoint replaces the ones before it: epoch-NNNNNN[.partial] entries are removed whole.
+    if (clash.empty()) clash = roles.claimEntries(o_.checkpoint_dir, "epoch-", "the checkpoints");
+  }
+  if (clash.empty()) clash = roles.claim(o_.output, "-o");
+  if (clash.empty()) clash = roles.claim(o_.report, "--report");
+  TILER_CHECK(clash.empty(), ConfigError, clash);
 }
 
 int Trainer::resumeEpoch(nlohmann::json& history) {

@@ -145,7 +145,8 @@ ModelRunner::ModelRunner(const ModelOptions& options)
   // would stay fp32 or mix with fp16 weights.
   TILER_CHECK(!options.jit_optimize || precision_ == Precision::kFp32, ConfigError,
               "--jit_optimize fuses ops that mixed precision does not cover; use it with --precision fp32");
-  runtime_ = openModelRuntime(RuntimeOptions{options.path, device_, options.jit_optimize});
+  runtime_ =
+      openModelRuntime(RuntimeOptions{options.path, device_, options.jit_optimize, options.batch_size});
   if (!runtime_->autocasts()) {
     TILER_CHECK(options.precision == "auto" || options.precision == "fp32", ConfigError,
                 "'" << options.path << "': --precision " << options.precision
@@ -175,11 +176,23 @@ std::unique_ptr<ModelRunner> ModelRunner::replicate() const {
   return std::unique_ptr<ModelRunner>(new ModelRunner(*this, runtime_->replicate()));
 }
 
+namespace {
+
+std::string untrainablePackage(const std::string& path) {
+  return "'" + path +
+         "': training needs a TorchScript model; a .pt2 package is compiled code and has no trainable "
+         "parameters (export the model with torch.jit.script(model).save())";
+}
+
+}  // namespace
+
+void requireTrainableModel(const std::string& path) {
+  TILER_CHECK(!isPt2Package(path), ConfigError, untrainablePackage(path));
+}
+
 torch::jit::Module& ModelRunner::module() {
   torch::jit::Module* module = runtime_->module();
-  TILER_CHECK(module != nullptr, ConfigError,
-              "'" << options_.path << "': training needs a TorchScript model; a ." << runtime_->name()
-                  << " package is compiled code and has no trainable parameters");
+  TILER_CHECK(module != nullptr, ConfigError, untrainablePackage(options_.path));
   return *module;
 }
 
@@ -187,6 +200,7 @@ torch::Tensor ModelRunner::extractTensor(const c10::IValue& out) const {
   const std::string& path = options_.path;
   if (out.isTensor()) return out.toTensor();
   if (out.isTuple() || out.isList()) {
+    const char* kind = out.isTuple() ? "tuple" : "list";
     std::vector<c10::IValue> items;
     if (out.isTuple()) {
       for (const auto& e : out.toTuple()->elements()) items.push_back(e);
@@ -198,8 +212,9 @@ torch::Tensor ModelRunner::extractTensor(const c10::IValue& out) const {
       try {
         k = std::stoul(options_.output_key);
       } catch (const std::exception&) {
-        TILER_THROW(ModelError, "'" << path << "': output is a tuple; --output_key must be an index, got '"
-                                    << options_.output_key << "'");
+        TILER_THROW(ModelError, "'" << path << "': output is a " << kind
+                                    << "; --output_key must be an index, got '" << options_.output_key
+                                    << "'");
       }
       TILER_CHECK(k < items.size() && items[k].isTensor(), ModelError,
                   "'" << path << "': output element " << k << " is not a tensor");
@@ -208,7 +223,12 @@ torch::Tensor ModelRunner::extractTensor(const c10::IValue& out) const {
     for (const auto& e : items) {
       if (e.isTensor()) return e.toTensor();
     }
-    TILER_THROW(ModelError, "'" << path << "': the model's output tuple holds no tensor");
+    // Say what it holds instead (a list of lists of tensors, of numbers, nothing): the type names it.
+    TILER_THROW(ModelError,
+                "'" << path << "': the model's output is a " << kind << " of " << items.size() << " item(s), "
+                    << out.type()->annotation_str()
+                    << ", with no tensor among them; tiler takes a tensor, or one of a tuple, list "
+                    << "or dict (--output_key)");
   }
   if (out.isGenericDict()) {
     auto dict = out.toGenericDict();
@@ -235,14 +255,18 @@ torch::Tensor ModelRunner::apply(const torch::Tensor& nchw) {
   const auto dtype = precision_ == Precision::kBf16 ? at::kBFloat16 : at::kHalf;
   compat::AutocastScope scope(device_.type(), autocast, dtype);
   c10::IValue out = runtime_->run(nchw);
-  return extractTensor(out).to(torch::kFloat32);
+  return extractTensor(out).to(predictionType(options_.task));
+}
+
+torch::ScalarType predictionType(ModelTask task) {
+  return task == ModelTask::kInstances ? torch::kFloat64 : torch::kFloat32;
 }
 
 ModelTask resolveTask(ModelTask requested, const std::vector<int64_t>& sizes, Activation activation,
                       bool classes_named, const std::string& path) {
   const std::string shape = c10::str(torch::IntArrayRef(sizes));
   if (requested == ModelTask::kDetect) {
-    TILER_CHECK(sizes.size() == 3 && sizes[1] > 0 && sizes[2] == 6, ModelError,
+    TILER_CHECK(sizes.size() == 3 && sizes[2] == 6, ModelError,
                 "'" << path << "': --task detect needs boxes [batch, N, 6] (x1, y1, x2, y2, score, class in "
                     << "window pixels), but the output is " << shape);
     return ModelTask::kDetect;
@@ -275,7 +299,7 @@ ModelTask resolveTask(ModelTask requested, const std::vector<int64_t>& sizes, Ac
 }
 
 const ModelProbe& ModelRunner::probe(int64_t window_w, int64_t window_h) {
-  if (probe_.output_channels > 0) return probe_;
+  if (probe_.input_channels > 0) return probe_;
   c10::InferenceMode guard;
   const std::string& path = options_.path;
   const std::string refused = runtime_->refusesWindow(window_w, window_h);
@@ -303,8 +327,9 @@ const ModelProbe& ModelRunner::probe(int64_t window_w, int64_t window_h) {
         resolveTask(options_.task, out.sizes().vec(), options_.activation, options_.classes_named, path);
     TILER_CHECK(out.size(0) == 1, ModelError,
                 "'" << path << "': output batch " << out.size(0) << " for input batch 1");
+    // A detector may find nothing: [1, 0, 6] is no boxes.
     TILER_CHECK(
-        out.numel() > 0, ModelError,
+        out.numel() > 0 || probe_.task == ModelTask::kDetect, ModelError,
         "'" << path << "': output " << c10::str(out.sizes())
             << " is empty; tiler needs at least one channel (a map) or one value (a vector) a window");
     Scale s;
@@ -328,7 +353,7 @@ const ModelProbe& ModelRunner::probe(int64_t window_w, int64_t window_h) {
     probe_.scale = s;
     break;
   }
-  TILER_CHECK(probe_.output_channels > 0, ModelError,
+  TILER_CHECK(probe_.input_channels > 0, ModelError,
               "'" << path << "': forward of a " << window_w << "x" << window_h
                   << " zero window failed for 1 to 16 "
                   << "input channels: " << first_error);
@@ -419,6 +444,14 @@ torch::Tensor ModelRunner::forward(const torch::Tensor& batch, const torch::Tens
   // A per-window model's [B, D, 1, 1] as [B, D].
   auto outputOf = [this](const torch::Tensor& in) {
     torch::Tensor out = apply(in);
+    // Boxes are flattened below: a shape that is not the probe's is shown as the model gave it.
+    const int64_t boxes = probe_.output_channels / 6;
+    TILER_CHECK(probe_.task != ModelTask::kDetect ||
+                    out.sizes() == torch::IntArrayRef({in.size(0), boxes, int64_t(6)}),
+                ModelError,
+                "'" << options_.path << "': the model's output is " << out.sizes() << " for " << in.size(0)
+                    << " windows, not [" << in.size(0) << ", " << boxes << ", 6] as at the probe (a detector "
+                    << "gives every window the same N rows, padding with a score of 0 or less)");
     return probe_.perWindow() ? out.flatten(1) : out;
   };
   const torch::Tensor x = normalize(batch, scales);

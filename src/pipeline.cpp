@@ -88,6 +88,9 @@ class InferJob {
   void connect();         // the process group, on the model's device
   // The images and their windows, the same on every rank (or every rank stops with the reason).
   void planImages();
+  // The report (rank 0's) is none of the files the run reads (inputs, the model, the mask), its outputs or
+  // its lock: a ConfigError naming the clash. The catalog checked the outputs against what is read.
+  void checkReportPath() const;
   // This rank's share of the windows (parts of every row) and the images it writes.
   struct Deal {
     std::vector<SampleSlot> slots;
@@ -112,8 +115,9 @@ class InferJob {
   std::future<ForwardedBatch> startStep(WindowLoader& loader, ForwardPool& pool);
   // A batch's predictions on the device of the exchange (the CPU but for NCCL), contiguous.
   torch::Tensor toCommDevice(const torch::Tensor& preds) const;
-  // One step, once its forward is done: share its status and window list, gather predictions to rank 0.
-  // Steps after it are already running on the other replicas, so the exchange overlaps their forwards.
+  // One step, once its forward is done: share its status and window list, gather predictions to their images'
+  // owners. Steps after it are already running on the other replicas, so the exchange overlaps their
+  // forwards.
   void runStep(int64_t step, int64_t steps, ForwardedBatch forwarded, WindowLoader& loader,
                OutputStage& outputs);
   // Every rank's predictions of a step to the owners of their images: one gather per owner that has windows
@@ -139,7 +143,8 @@ class InferJob {
   // Slots [first, first + count) of `batch` into `out`: out of memory splits them in halves down to one.
   void forwardSlots(ModelRunner& model, WindowBatch& batch, int64_t first, int64_t count, int64_t fault_slot,
                     torch::Tensor& out);
-  int finishRun(OutputStage& outputs);
+  // After the last of `steps`: every output stage drained, the report written.
+  int finishRun(OutputStage& outputs, int64_t steps);
 
   InferOptions o_;
   std::unique_ptr<RankSession> session_;  // from run() on
@@ -165,7 +170,7 @@ class InferJob {
   bool stitch_on_device_ = false;  // blend on the model's device (--stitch)
   ModelProbe probe_;
   // Object tasks (instances, detect): what this rank sends of a window's output: the record of what it keeps.
-  std::function<std::string(const CatalogImage&, int64_t window, const float* values)> record_of_;
+  std::function<std::string(const CatalogImage&, int64_t window, const torch::Tensor& output)> record_of_;
   WindowCatalog catalog_;
   std::set<int> failed_;                 // images this rank knows to have failed (main thread)
   std::vector<int> owners_;              // the rank that stitches and writes each image (assignOwners)
@@ -190,9 +195,9 @@ void InferJob::validateOptions() {
       "--read_threads must be >= 0 (0: the CPUs the forward leaves, up to " << kMaxAutoReadThreads << ")");
   TILER_CHECK(o_.shard_buffer >= 0, ConfigError,
               "--shard_buffer must be >= 0 (MiB; 0: one batch a rank per piece of a row)");
-  TILER_CHECK(std::isfinite(o_.timeout) && o_.timeout > 0, ConfigError,
-              "--timeout must be a number of seconds > 0");
-  TILER_CHECK(o_.threads >= 0, ConfigError, "--threads must be >= 1; got " << o_.threads);
+  checkTimeout(o_.timeout);
+  TILER_CHECK(o_.threads >= 0, ConfigError,
+              "--threads must be >= 0 (0: LibTorch's default); got " << o_.threads);
   TILER_CHECK(std::isfinite(o_.scale) && o_.scale >= 0, ConfigError,
               "--scale must be a finite number >= 0 (0: by sample type); got " << o_.scale);
   TILER_CHECK(o_.on_error == "skip" || o_.on_error == "abort", ConfigError,
@@ -316,7 +321,25 @@ void InferJob::settleTask() {
     TILER_CHECK(classes_.empty() || int(classes_.size()) == probe_.output_channels - 1, ConfigError,
                 "--classes names " << classes_.size() << " class(es), the model gives "
                                    << probe_.output_channels - 1 << " class channel(s) after its ids");
-    spec_.lattice = o_.edge != "shift";
+    // Ids are found, never blended or stored as maps: the flags that shape a stitched map do nothing here.
+    const InferOptions defaults;
+    const std::pair<const char*, bool> map_flags[] = {
+        {"--blend", o_.blend != defaults.blend},
+        {"--format", o_.format != defaults.format},
+        {"--probs_dtype", o_.probs_dtype != defaults.probs_dtype},
+        {"--stitch", o_.stitch != defaults.stitch}};
+    for (const auto& [flag, given] : map_flags)
+      TILER_CHECK(!given, ConfigError,
+                  flag << " is for a stitched map (--task segment); --task instances finds objects in each "
+                       << "window's ids and writes them as they are: leave " << flag << " out");
+    // The lattice lays windows out in input pixels; a map at another scale needs MONAI's grid, which lays
+    // them out in output pixels so that each window maps to whole output pixels.
+    const bool scaled = !(probe_.scale == Scale{});
+    TILER_CHECK(!scaled || o_.edge != "lattice", ConfigError,
+                "--edge lattice needs maps of the window's size; '"
+                    << o_.model << "' gives maps at " << probe_.scale.value()
+                    << "x the window (--edge shift, or leave --edge at auto, which takes shift for it)");
+    spec_.lattice = o_.edge == "lattice" || (o_.edge == "auto" && !scaled);
     return;
   }
   TILER_CHECK(task == ModelTask::kClassify || classes_.empty(), ConfigError,
@@ -325,6 +348,11 @@ void InferJob::settleTask() {
   TILER_CHECK(classes_.empty() || int64_t(classes_.size()) == probe_.output_channels, ConfigError,
               "--classes names " << classes_.size() << " class(es), the model gives "
                                  << probe_.output_channels << " scores per window");
+  const bool heatmap = std::find(save_kinds_.begin(), save_kinds_.end(), "heatmap") != save_kinds_.end();
+  TILER_CHECK(!heatmap || probe_.output_channels <= kHeatmapMaxClasses, ConfigError,
+              "--save heatmap holds at most " << kHeatmapMaxClasses << " classes (a band each), but '"
+                                              << o_.model << "' gives " << probe_.output_channels
+                                              << " scores per window (save csv or tiles)");
   // Per-window outputs describe whole windows: without --overlap they tile the image without overlap, on the
   // patch lattice TRIDENT, CLAM and WSInfer cut (coordinates / patch size name distinct cells).
   if (!o_.overlap_given) spec_.overlap_x = spec_.overlap_y = 0.0;
@@ -351,6 +379,7 @@ OutputOptions InferJob::outputOptions() const {
   oo.classes_named = classes_;
   oo.probs_type = probs_type_;
   oo.write_threads = o_.write_threads > 0 ? o_.write_threads : usableCpus();
+  if (compression_) oo.write_threads = compressionThreads(*compression_, oo.write_threads);
   oo.owners = owners_;
   oo.rank = session_->rank();
   oo.stitched_window = faults_.stitched_window;
@@ -441,7 +470,8 @@ torch::Tensor InferJob::toCommDevice(const torch::Tensor& preds) const {
 torch::Tensor InferJob::zeroPredictions() const {
   return torch::zeros(
       predictionSizes(o_.batch_size),
-      torch::TensorOptions(stitch_on_device_ ? model_->device() : session_->dist().commDevice()));
+      torch::TensorOptions(stitch_on_device_ ? model_->device() : session_->dist().commDevice())
+          .dtype(predictionType(probe_.task)));
 }
 
 std::vector<int64_t> InferJob::predictionSizes(int64_t windows) const {
@@ -570,15 +600,13 @@ std::vector<std::string> InferJob::windowRecords(WindowBatch& batch, const torch
   std::vector<std::string> records(batch.slots.size());
   if (!preds.defined()) return records;  // every slot failed in the forward
   const torch::Tensor maps = preds.cpu().contiguous();
-  const int64_t per_window = maps.numel() / maps.size(0);
   std::set<int> failed;
   for (size_t k = 0; k < batch.slots.size(); ++k) {
     WindowSlot& slot = batch.slots[k];
     if (!slot.ok()) continue;
     const auto [image, window] = catalog_.locate(slot.window);
     try {
-      records[k] =
-          record_of_(catalog_.image(image), window, maps.data_ptr<float>() + int64_t(k) * per_window);
+      records[k] = record_of_(catalog_.image(image), window, maps[int64_t(k)]);
       slot.record_bytes = int64_t(records[k].size());
     } catch (...) {
       slot.status = SlotStatus::kFailed;
@@ -684,7 +712,7 @@ StepResult InferJob::routePredictions(const std::vector<StepSlots>& every_rank, 
   return result;
 }
 
-int InferJob::finishRun(OutputStage& outputs) {
+int InferJob::finishRun(OutputStage& outputs, int64_t steps) {
   // Every rank's output stage drains; a failure of one ends every rank here with its message.
   std::string owned;
   auto drained = captureFailure([&] {
@@ -692,6 +720,8 @@ int InferJob::finishRun(OutputStage& outputs) {
     if (auto e = outputs.error()) throw std::runtime_error(*e);
     owned = outputs.ownedResults();
   });
+  // Past the last step: an owner still writing its outputs is the rank a timeout from here names.
+  exchange().markStep(steps);
   exchange().check(drained, "the end of the output stages");
   stats_.peak_rss_mb = peakRssMegabytes();
   stats_.tiles_decoded = tiffChunksDecoded();
@@ -772,6 +802,7 @@ void InferJob::loadModel() {
   mo.jit_optimize = o_.jit_optimize;
   mo.task = task_;
   mo.classes_named = !classes_.empty();
+  mo.batch_size = o_.batch_size;
   model_ = std::make_unique<ModelRunner>(mo);
   startupMark("model loaded");
   probe_ = model_->probe(spec_.window_w, spec_.window_h);
@@ -818,8 +849,10 @@ void InferJob::planImages() {
     co.overwrite = o_.overwrite;
     co.remove_stale_partials = rank() == 0;
     co.also_read = {o_.model};
+    if (mask_.mode == MaskMode::kPath) co.also_read.push_back(mask_.path);
     catalog_ = buildInferCatalog(
         co, CatalogSpec{spec_, probe_.input_channels, probe_.scale, o_.scale, mask_, resolution_});
+    if (rank() == 0) checkReportPath();
     if (abort_on_error_) {
       for (const auto& img : catalog_.images())
         TILER_CHECK(img.status != "error", IoError, img.error << " (--on_error abort)");
@@ -844,6 +877,19 @@ void InferJob::planImages() {
                 "rank " << r << " planned " << plans[r][0][0].item<int64_t>() << " windows, rank " << rank()
                         << " planned " << catalog_.totalWindows() << ": the ranks see different inputs");
   }
+}
+
+void InferJob::checkReportPath() const {
+  PathRoles roles;
+  roles.reads(o_.model, "the model");
+  if (mask_.mode == MaskMode::kPath) roles.reads(mask_.path, "the mask");
+  for (const auto& img : catalog_.images()) {
+    roles.reads(img.input, "the input");
+    for (const auto& [kind, out] : img.outputs) roles.writes(out, "the " + kind + " output");
+  }
+  roles.writes(DirectoryLock::pathFor(o_.output_dir), "the output directory's lock");
+  const std::string clash = roles.claim(o_.report, "--report");
+  TILER_CHECK(clash.empty(), ConfigError, clash);
 }
 
 InferJob::Deal InferJob::dealWindows() {
@@ -884,12 +930,14 @@ int InferJob::runSteps(Deal deal) {
   // Object tasks send only what each window keeps, found where the window ran.
   const OutputOptions oo = outputOptions();
   if (oo.instances)
-    record_of_ = [options = *oo.instances](const CatalogImage& image, int64_t window, const float* values) {
-      return encodeWindowObjects(keepWindowObjects(image, options, window, values));
+    record_of_ = [options = *oo.instances](const CatalogImage& image, int64_t window,
+                                           const torch::Tensor& map) {
+      return encodeWindowObjects(keepWindowObjects(image, options, window, map.data_ptr<double>()));
     };
   if (probe_.task == ModelTask::kDetect)
-    record_of_ = [options = *oo.per_window](const CatalogImage& image, int64_t window, const float* values) {
-      return detectionRecord(image, options, window, values);
+    record_of_ = [options = *oo.per_window](const CatalogImage& image, int64_t window,
+                                            const torch::Tensor& boxes) {
+      return detectionRecord(image, options, window, boxes.data_ptr<float>());
     };
   const int64_t B = o_.batch_size, steps = deal.steps;
   OutputStage outputs(catalog_, oo);
@@ -901,22 +949,18 @@ int InferJob::runSteps(Deal deal) {
   Progress progress(catalog_.totalWindows(), "windows", !o_.no_progress && rank() == 0);
   stats_.startup_seconds = secondsSinceProcessStart();
   startupMark("first step");
-  int64_t step = 0;
-  try {
-    for (; step < steps; ++step) {
-      while (int64_t(started.size()) < ahead && step + int64_t(started.size()) < steps)
-        started.push_back(startStep(loader, pool));
-      ForwardedBatch forwarded = started.front().get();
-      started.pop_front();
-      runStep(step, steps, std::move(forwarded), loader, outputs);
-      progress.update(std::min(catalog_.totalWindows(), (step + 1) * B * worldSize()));
-      if (faults_.after_windows) faults_.after_windows(stats_.windows);
-    }
-  } catch (const TimeoutError& e) {
-    throw TimeoutError(e.message() + exchange().laggards(step), __FILE__, __LINE__);
+  // A collective that times out names the ranks behind this one (markStep).
+  for (int64_t step = 0; step < steps; ++step) {
+    while (int64_t(started.size()) < ahead && step + int64_t(started.size()) < steps)
+      started.push_back(startStep(loader, pool));
+    ForwardedBatch forwarded = started.front().get();
+    started.pop_front();
+    runStep(step, steps, std::move(forwarded), loader, outputs);
+    progress.update(std::min(catalog_.totalWindows(), (step + 1) * B * worldSize()));
+    if (faults_.after_windows) faults_.after_windows(stats_.windows);
   }
   loader.stop();
-  return finishRun(outputs);
+  return finishRun(outputs, steps);
 }
 
 }  // namespace

@@ -1,8 +1,10 @@
 // The .pt2 runtime: an AOTInductor package (torch.export + aoti_compile_and_package) run by LibTorch's
 // AOTIModelPackageLoader (2.6 and later). A package checks neither its inputs' shapes nor their layout (2.6
 // read a permuted batch as if contiguous, a 64 px window into a 256 px package crashed), so tiler runs one
-// only at the window size, batch and input channels its metadata records (scripts/export_model.py writes
-// them: tiler_window, tiler_batch, tiler_in_channels), always on contiguous inputs.
+// only at a window size, batch and input channels it knows to fit, always on contiguous inputs: those its
+// metadata records (scripts/export_model.py writes them: tiler_window, tiler_batch, tiler_in_channels), or,
+// for a package without them (PyTorch's own aoti_compile_and_package), those that ran in a child process
+// (probeShapesInChild) at the job's window.
 #include "tiler/torch_compat.hpp"
 
 #include <spdlog/spdlog.h>
@@ -65,11 +67,10 @@ class Pt2Runtime final : public ModelRuntime {
     };
     const std::string window = field("tiler_window"), batch = field("tiler_batch"),
                       channels = field("tiler_in_channels");
-    TILER_CHECK(!window.empty() && !batch.empty() && !channels.empty(), ModelError,
-                "'" << path << "': the package does not record the window, batch and input channels it was "
-                    << "compiled for (metadata tiler_window, tiler_batch, tiler_in_channels); a package runs "
-                    << "inputs of other shapes into garbage or a crash, so tiler runs none without them: "
-                    << "export it with scripts/export_model.py --format pt2");
+    // Without all three, what it takes is learnt at the window (refusesWindow); in the probe's child it runs
+    // what it is given.
+    learns_shape_ = window.empty() || batch.empty() || channels.empty();
+    if (learns_shape_) return;
     if (window != "dynamic") {
       std::istringstream in(window);
       char x = 0;
@@ -119,11 +120,38 @@ class Pt2Runtime final : public ModelRuntime {
     return pack(std::move(joined));
   }
 
-  std::unique_ptr<ModelRuntime> replicate() const override { return std::make_unique<Pt2Runtime>(options_); }
+  std::unique_ptr<ModelRuntime> replicate() const override {
+    auto copy = std::make_unique<Pt2Runtime>(options_);
+    copy->learns_shape_ = learns_shape_;  // what this one learnt holds for the copy: no second probe
+    copy->window_w_ = window_w_;
+    copy->window_h_ = window_h_;
+    copy->batch_ = batch_;
+    copy->channels_ = channels_;
+    return copy;
+  }
   bool autocasts() const override { return false; }
-  std::optional<int> inputChannels() const override { return channels_; }
+  std::optional<int> inputChannels() const override {
+    return channels_ > 0 ? std::optional<int>(channels_) : std::nullopt;
+  }
 
-  std::string refusesWindow(int64_t w, int64_t h) const override {
+  std::string refusesWindow(int64_t w, int64_t h) override {
+    if (learns_shape_ && !options_.in_probe && !(w == window_w_ && h == window_h_)) {
+      const ShapeProbe found = probeShapesInChild(options_, w, h);
+      if (found.channels == 0)
+        return "the package records no window, batch or input channels (tiler's metadata, which "
+               "scripts/export_model.py writes), and a child process that ran it at this window found that " +
+               found.refusal;
+      window_w_ = w;
+      window_h_ = h;
+      channels_ = found.channels;
+      // A batch that ran is the batch it runs (shorter ones padded); else one window at a time.
+      batch_ = found.batch_full ? options_.batch : 1;
+      spdlog::info(
+          "'{}': learnt from running it in a child process: {} input channel(s), {}x{} windows, "
+          "batches of {}",
+          options_.path, channels_, w, h, batch_);
+      return {};
+    }
     if (window_w_ == 0 || (w == window_w_ && h == window_h_)) return {};
     std::ostringstream why;
     why << "the package was compiled for windows of " << window_w_ << "x" << window_h_ << ", not " << w << "x"
@@ -143,6 +171,7 @@ class Pt2Runtime final : public ModelRuntime {
 
   RuntimeOptions options_;
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader_;
+  bool learns_shape_ = false;            // no tiler metadata: refusesWindow learns window, batch, channels
   int64_t window_w_ = 0, window_h_ = 0;  // 0: dynamic
   int64_t batch_ = 0;                    // 0: dynamic
   int channels_ = 0;

@@ -1,6 +1,7 @@
 // End-to-end tests of `tiler finetune`: real processes through ctrun, on small generated image/label pairs.
 #include "tiler/finetune.hpp"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -179,6 +180,104 @@ TEST_F(Finetune, ASecondRunIntoALockedCheckpointDirectoryStops) {
   EXPECT_FALSE(fs::exists(dir_ + "/locked.pt"));
 }
 
+// The docs promise the lock file goes when the run ends: Ctrl-C left `.tiler.lock` behind (the kernel drops
+// the flock, the file stayed). A real process, interrupted mid-training, still ends by SIGINT.
+TEST_F(Finetune, InterruptedItRemovesItsCheckpointLock) {
+  const std::string lock = dir_ + "/ck/.tiler.lock", log = dir_ + "/interrupted.log";
+  const std::string command =
+      "exec " + kTiler +
+      common("x.pt", data() + " --epochs 1000 --batch_size 4 --checkpoint_dir " + dir_ + "/ck");
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execl("/bin/sh", "sh", "-c", command.c_str(), nullptr);
+    _exit(127);
+  }
+  // Held once the lock file names this process (set-up done: the data check runs after it).
+  bool held = false, exited = false;
+  int status = 0;
+  for (int i = 0; i < 1200 && !held && !exited; ++i) {
+    held = test::slurp(lock) == std::to_string(pid) + "\n";
+    exited = waitpid(pid, &status, WNOHANG) == pid;
+    if (!held && !exited) usleep(100000);
+  }
+  ASSERT_FALSE(exited) << test::slurp(log);
+  if (!held) kill(pid, SIGKILL);
+  ASSERT_TRUE(held) << test::slurp(log);
+  usleep(500000);  // into training
+  kill(pid, SIGINT);
+  waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGINT) << status << "\n" << test::slurp(log);
+  EXPECT_FALSE(fs::exists(lock)) << test::slurp(log);
+}
+
+// -o and --report are checked as infer's outputs are: `-o img/t0.png --report lab/t1.png` replaced a training
+// image and a label. The checkpoints' epoch-* entries, which each epoch removes, hold nothing else either.
+TEST_F(Finetune, ItsOutputsNeverReplaceWhatTrainingReads) {
+  const std::string d = data();
+  const std::string image = dir_ + "/data/images/train_00.png", label = dir_ + "/data/labels/train_01.png";
+  const std::string image_bytes = test::slurp(image), label_bytes = test::slurp(label);
+  fs::create_directories(dir_ + "/old/epoch-000001");
+  fs::copy_file(kSamples + "/models/init.pt", dir_ + "/old/epoch-000001/model.pt");
+  struct Case {
+    std::string out, extra, message;
+  };
+  const std::vector<Case> cases = {
+      {"data/images/train_00.png", "", "-o '" + image + "' is the training image '" + image + "'"},
+      {"x.pt", "--report " + label, "--report '" + label + "' is the training label '" + label + "'"},
+      {"x.pt", "--report " + dir_ + "/x.pt", "--report '" + dir_ + "/x.pt' is -o '" + dir_ + "/x.pt'"},
+      {"ck/epoch-000002/x.pt", "--checkpoint_dir " + dir_ + "/ck",
+       "-o '" + dir_ + "/ck/epoch-000002/x.pt' lies in the checkpoints '" + dir_ + "/ck/epoch-*'"},
+      {"x.pt", "--checkpoint_dir " + dir_ + "/ck --report " + dir_ + "/ck/.tiler.lock",
+       "is the --checkpoint_dir lock"},
+  };
+  for (const auto& c : cases) {
+    auto r = run(kTiler + common(c.out, d + " --epochs 1 --batch_size 4 " + c.extra));
+    EXPECT_EQ(r.code, 1) << c.out << " " << c.extra << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.message), std::string::npos) << r.output;
+  }
+  // The model of an earlier checkpoint as this run's start, in the directory whose checkpoints it replaces.
+  auto r = run(kTiler + " finetune -m " + dir_ + "/old/epoch-000001/model.pt -o " + dir_ +
+               "/x.pt --window 96 --overlap 0 --threads 1 --no_progress --epochs 1 --batch_size 4 " + d +
+               " --checkpoint_dir " + dir_ + "/old");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("the model '" + dir_ + "/old/epoch-000001/model.pt' lies in the checkpoints '" +
+                          dir_ + "/old/epoch-*', which this run makes and removes"),
+            std::string::npos)
+      << r.output;
+  EXPECT_TRUE(fs::exists(dir_ + "/old/epoch-000001/model.pt"));
+  EXPECT_EQ(test::slurp(image), image_bytes);
+  EXPECT_EQ(test::slurp(label), label_bytes);
+  EXPECT_FALSE(fs::exists(dir_ + "/x.pt"));
+  // --timeout past what the clocks hold (it overflowed to "-9.2e15 s") is refused as infer's is.
+  r = run(kTiler + common("x.pt", d + " --timeout 1e308"));
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(
+      r.output.find("--timeout must be a number of seconds > 0 and at most 2147483 (24.8 days); got 1e+308"),
+      std::string::npos)
+      << r.output;
+}
+
+// A checkpoint's counts are whole numbers in range: `"epoch": 1e300` said "names epoch -2147483648".
+TEST_F(Finetune, ACheckpointCountOutOfRangeIsNamed) {
+  const std::string args = data() + " --epochs 1 --batch_size 4 --checkpoint_dir " + dir_ + "/ck";
+  ASSERT_EQ(run(kTiler + common("a.pt", args)).code, 0);
+  const std::string state_file = dir_ + "/ck/epoch-000001/state.json";
+  auto state = readJson(state_file);
+  state["epoch"] = 1e300;
+  std::ofstream(state_file) << state.dump();
+  auto r = run(kTiler + common("a.pt", data() + " --epochs 2 --batch_size 4 --resume --checkpoint_dir " +
+                                           dir_ + "/ck"));
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find(state_file + "': epoch is 1e+300, not a whole number from 0 to 2147483647"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("-2147483648"), std::string::npos) << r.output;
+}
+
 TEST_F(Finetune, ResumeEndsWhereAnUninterruptedRunEnds) {
   const std::string args = data() + " --epochs 2 --batch_size 4 --augment";
   auto straight = run(kTiler + common("straight.pt", args + " --checkpoint_dir " + dir_ + "/ck1"));
@@ -232,6 +331,26 @@ TEST_F(Finetune, BadDataIsNamed) {
   EXPECT_EQ(cls.code, 1);
   EXPECT_NE(cls.output.find("class id 5 but the model has 2 output channels"), std::string::npos)
       << cls.output;
+  EXPECT_FALSE(fs::exists(dir_ + "/x.pt"));
+}
+
+// A .pt2 package is compiled code: training refuses it as such, whatever its metadata says (here: a package
+// for CUDA without tiler's shapes, which the runtime would refuse for either first).
+TEST_F(Finetune, APackageIsRefusedAsUntrainableWhateverItsMetadata) {
+  const std::string package = dir_ + "/exported.pt2";
+  const auto made =
+      run("/usr/bin/python3 -c \"import sys, zipfile\n"
+          "with zipfile.ZipFile(sys.argv[1], 'w') as z:\n"
+          "    z.writestr('p/archive_format', 'pt2')\n"
+          "    z.writestr('p/data/aotinductor/model/m_metadata.json', '{\\\"AOTI_DEVICE_KEY\\\": "
+          "\\\"cuda\\\"}')\n\" " +
+          package);
+  ASSERT_EQ(made.code, 0) << made.output;
+  auto r = run(kTiler + " finetune -m " + package + " -o " + dir_ + "/x.pt --window 96 --threads 1 " +
+               "--no_progress --epochs 1 " + data());
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("'" + package + "': training needs a TorchScript model"), std::string::npos)
+      << r.output;
   EXPECT_FALSE(fs::exists(dir_ + "/x.pt"));
 }
 

@@ -2,9 +2,11 @@
 #include "tiler/pipeline.hpp"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <tiffio.h>
 #include <torch/script.h>
@@ -462,6 +464,20 @@ TEST_F(Pipeline, HungRankTimesOutAndTheSummaryNamesIt) {
   EXPECT_LT(r.seconds, 60) << "the 3 s --timeout ended the hang";
   EXPECT_NE(r.output.find("behind: rank 1 (last seen at step"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("Root cause"), std::string::npos) << r.output;
+}
+
+// Rank 0 stops after its last step, as an owner still writing its outputs would: rank 1, done, waits for it
+// at the end of the output stages, and its timeout names rank 0, not only itself.
+TEST_F(Pipeline, AnOwnerStillAtWorkAfterTheLastStepIsTheRankATimeoutNames) {
+  const std::string counted = root_ + "/out_owner_windows";
+  runCtrun(2, counted);
+  const int64_t windows = report(counted)["per_rank"][0]["windows"].get<int64_t>();
+  const std::string out = root_ + "/out_owner_slow";
+  auto r = run("TILER_FAULT=rank:0,after_windows:" + std::to_string(windows) + ",kind:hang " + kCtrun +
+               " --nproc_per_node 2 --master_port 0 --grace_period 2 " + tilerArgs(out, "--timeout 3"));
+  EXPECT_NE(r.code, 0);
+  EXPECT_LT(r.seconds, 60) << "the 3 s --timeout ended the wait";
+  EXPECT_NE(r.output.find("behind: rank 0 (last seen at step"), std::string::npos) << r.output;
 }
 
 TEST_F(Pipeline, DiskFullIsAClearErrorAndEarlierOutputsSurvive) {
@@ -1490,6 +1506,84 @@ TEST_F(Pipeline, PlantedLinksAreNeverWrittenThrough) {
   expectSameOutputs(reference(), out);
 }
 
+// Side outputs go through the check the outputs do: `--report v/x.png` turned the input into JSON (exit 0),
+// `--report v/m.pt` replaced the model, `--report o/.tiler.lock` left no report; info's --mask_preview and
+// overlay's PNG overwrote their own inputs. Now each is refused at set-up, exit 1, naming both files; a FIFO
+// or (a link to) a character device is written as it is, never replaced.
+TEST_F(Pipeline, SideOutputsNeverReplaceAnInputTheModelAnOutputOrTheLock) {
+  const std::string v = root_ + "/side", out = v + "/o";
+  fs::create_directories(v);
+  fs::copy_file(root_ + "/images/c_small.png", v + "/x.png");
+  fs::copy_file(model_, v + "/m.pt");
+  const std::string image = slurp(v + "/x.png"), model = slurp(v + "/m.pt");
+  const std::string base = kTiler + " -i " + v + "/x.png -m " + v + "/m.pt -o " + out +
+                           " --window 64 --threads 1 --no_progress --report ";
+  struct Case {
+    std::string report, message;
+  };
+  const std::vector<Case> cases = {
+      {v + "/x.png", "--report '" + v + "/x.png' is the input '" + v + "/x.png', which this run reads"},
+      {v + "/o/../x.png", "is the input '" + v + "/x.png'"},
+      {v + "/m.pt", "is the model '" + v + "/m.pt'"},
+      {out + "/x_labels.tif", "is the labels output '" + out + "/x_labels.tif', which this run also writes"},
+      {out + "/.tiler.lock", "is the output directory's lock"},
+      {v, "'" + v + "' is a directory"},
+  };
+  for (const auto& c : cases) {
+    auto r = run(base + c.report);
+    EXPECT_EQ(r.code, 1) << c.report << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.message), std::string::npos) << c.report << "\n" << r.output;
+    EXPECT_FALSE(fs::exists(out + "/x_labels.tif")) << "refused before any work: " << c.report;
+  }
+  EXPECT_EQ(slurp(v + "/x.png"), image);
+  EXPECT_EQ(slurp(v + "/m.pt"), model);
+  EXPECT_FALSE(fs::exists(out + "/.tiler.lock"));
+  // A FIFO a program reads gets the report and stays a FIFO.
+  const std::string fifo = v + "/report.fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0644), 0);
+  const int reader = open(fifo.c_str(), O_RDONLY | O_NONBLOCK);
+  ASSERT_GE(reader, 0);
+  auto r = run(base + fifo);
+  EXPECT_EQ(r.code, 0) << r.output;
+  std::string sent;
+  char buffer[4096];
+  for (ssize_t n; (n = read(reader, buffer, sizeof buffer)) > 0;) sent.append(buffer, size_t(n));
+  close(reader);
+  const auto j = nlohmann::json::parse(sent, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << sent;
+  EXPECT_EQ(j["images"][0]["status"], "ok") << sent;
+  struct stat st {};
+  ASSERT_EQ(lstat(fifo.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  // A link to /dev/null (the test's own link: a broken rule replaces it, never the device) is written
+  // through.
+  fs::create_symlink("/dev/null", v + "/null");
+  r = run(base + v + "/null --overwrite");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(fs::is_symlink(v + "/null"));
+  ASSERT_EQ(stat("/dev/null", &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode));
+  // tiler info's mask preview and tiler overlay's PNG: never one of their inputs.
+  auto info = run(kTiler + " info --mask auto --mask_preview " + v + "/x.png " + v + "/x.png");
+  EXPECT_EQ(info.code, 1) << info.output;
+  EXPECT_NE(info.output.find("--mask_preview '" + v + "/x.png' is the image '" + v + "/x.png'"),
+            std::string::npos)
+      << info.output;
+  info = run(kTiler + " info --mask auto --mask_preview " + v + "/null " + v + "/x.png");
+  EXPECT_EQ(info.code, 0) << info.output;
+  EXPECT_TRUE(fs::is_symlink(v + "/null"));
+  for (const std::string& target : {v + "/x.png", out + "/x_labels.tif"}) {
+    const std::string before = slurp(target);
+    auto overlay = run(kTiler + " overlay " + v + "/x.png " + out + "/x_labels.tif " + target);
+    EXPECT_EQ(overlay.code, 1) << overlay.output;
+    EXPECT_NE(overlay.output.find("the overlay '" + target + "' is the "), std::string::npos)
+        << overlay.output;
+    EXPECT_EQ(slurp(target), before);
+  }
+  auto overlay = run(kTiler + " overlay " + v + "/x.png " + out + "/x_labels.tif " + v + "/overlay.png");
+  EXPECT_EQ(overlay.code, 0) << overlay.output;
+}
+
 TEST_F(Pipeline, NonsenseFlagsFailInOneLineBeforeAnyWork) {
   const std::string out = root_ + "/out_flags";
   struct Case {
@@ -1507,6 +1601,10 @@ TEST_F(Pipeline, NonsenseFlagsFailInOneLineBeforeAnyWork) {
       {"--scale nan", "must be >= 0; got nan"},
       {"--mean 0.5,inf,0.5", "must be a finite number; got inf"},
       {"--timeout inf", "must be > 0; got inf"},
+      {"--timeout 1e10",
+       "--timeout must be a number of seconds > 0 and at most 2147483 (24.8 days); got 1e+10"},
+      {"--timeout 1e308",
+       "--timeout must be a number of seconds > 0 and at most 2147483 (24.8 days); got 1e+308"},
       {"--mpp -1", "must be > 0; got -1"},
       {"--level -2", "must be >= 0; got -2"},
       {"--compression deflate:13", "--compression deflate takes a level from 1 to 12; got 'deflate:13'"},
@@ -1534,6 +1632,27 @@ TEST_F(Pipeline, NonsenseFlagsFailInOneLineBeforeAnyWork) {
   std::ofstream(root_ + "/good.toml") << "batch_size = 2\n";
   r = run(base + "--threads 1 --config " + root_ + "/good.toml");
   EXPECT_EQ(r.code, 0) << r.output;
+}
+
+// zstd's context is sized by its level alone (815 MB at 22): four compressing threads took 2.86 GB for a
+// 300 px image. The pool is cut to what fits kCompressorBudgetBytes, and says so.
+TEST_F(Pipeline, HighZstdLevelsCapTheCompressingThreadsToTheCodecBudget) {
+  auto peak = [&](const std::string& name, const std::string& compression) {
+    const std::string out = root_ + "/out_" + name;
+    auto r =
+        run(kTiler + " -i " + root_ + "/images/a_large.tif -m " + model_ + " -o " + out +
+            " --window 128 --batch_size 4 --threads 1 --save labels,probs --no_progress --write_threads 4 "
+            "--compression " +
+            compression);
+    EXPECT_EQ(r.code, 0) << r.output;
+    return std::make_pair(report(out)["per_rank"][0]["peak_rss_mb"].get<double>(), r.output);
+  };
+  const auto [light, light_log] = peak("zstd1", "zstd:1");
+  const auto [heavy, heavy_log] = peak("zstd22", "zstd:22");
+  EXPECT_EQ(light_log.find("compressing threads"), std::string::npos) << light_log;
+  EXPECT_NE(heavy_log.find("--compression zstd:22: 1 compressing threads instead of 4"), std::string::npos)
+      << heavy_log;
+  EXPECT_LT(heavy - light, double(kCompressorBudgetBytes >> 20) + 100) << light << " MB at zstd:1";
 }
 
 TEST_F(Pipeline, ABatchLargerThanTheJobIsCappedAtItsWindows) {
@@ -1796,6 +1915,47 @@ def forward(self, x):
         << name << ": nothing half-written";
 }
 
+// What a detector may give and what tiler then says: no rows at all is an answer (nothing found); a row count
+// that changes is shown as the model gave it; NaN in padding rows is no value of the image; a classifier of
+// more classes than a heatmap holds is refused before any image.
+TEST_F(Pipeline, DetectorsWithoutRowsVaryingRowsOrNaNPaddingAreTakenAsTheyAre) {
+  const std::string dir = root_ + "/detect_shapes";
+  fs::create_directories(dir);
+  writeImage(dir + "/grey.tif", cv::Mat(96, 96, CV_8UC3, cv::Scalar::all(200)), SampleType::kU8);
+  const auto tiler = [&](const std::string& name, const std::string& forward, const std::string& extra) {
+    return run(kTiler + " -i " + dir + " -m " + saveDetector(root_ + "/" + name + ".pt", forward) + " -o " +
+               root_ + "/out_" + name + " --window 64 --batch_size 4 --threads 1 --no_progress " + extra);
+  };
+  auto r = tiler("det_none", "def forward(self, x):\n    return torch.zeros(x.size(0), 0, 6)\n",
+                 "--task detect --save objects,coco");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(imageEntry(report(root_ + "/out_det_none"), "grey.tif")->value("objects", -1), 0);
+  EXPECT_EQ(nlohmann::json::parse(slurp(root_ + "/out_det_none/grey_objects.geojson"))["features"].size(),
+            0u);
+  r = tiler("det_vary", "def forward(self, x):\n    return torch.zeros(x.size(0), 3 * x.size(0), 6)\n",
+            "--task detect");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("the model's output is [4, 12, 6] for 4 windows, not [4, 3, 6]"), std::string::npos)
+      << r.output;
+  r = tiler("det_nan_padding", R"JIT(
+def forward(self, x):
+    b = x.size(0)
+    nan = float('nan')
+    rows = torch.tensor([[nan, nan, nan, nan, 0.0, nan], [0.0, 0.0, 8.0, 8.0, 1.0, 0.0]])
+    return rows.view(1, 2, 6).expand(b, 2, 6)
+)JIT",
+            "--task detect --save objects_csv");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto e = *imageEntry(report(root_ + "/out_det_nan_padding"), "grey.tif");
+  EXPECT_EQ(e.value("non_finite_values", int64_t(0)), 0) << e;
+  EXPECT_EQ(e["objects"], 1) << e;
+  r = tiler("classes_600", "def forward(self, x):\n    return torch.zeros(x.size(0), 600)\n",
+            "--task classify --save csv,heatmap");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("--save heatmap holds at most 512 classes"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(root_ + "/out_classes_600/grey.csv")) << "refused before any image";
+}
+
 // Discs of known centres and radii on a dark ground (some across the windows' borders, two that touch and
 // make one object, some cut by the image's edge), and what the bundled instance model must find: the
 // 8-connected parts of the pixels it calls bright, computed here over the whole image.
@@ -1980,7 +2140,7 @@ TEST_F(Pipeline, InstanceMapsThatMakeNoSenseAreClearErrors) {
               !fs::exists(root_ + "/out_inst_half/grey_objects.geojson.partial"));
   r = tiler("inst_huge", "def forward(self, x):\n    return x.mean([1], True) * 0.0 + 4294967296.0\n");
   EXPECT_EQ(r.code, 2) << r.output;
-  EXPECT_NE(r.output.find("of the instance map is 4.29497e+09, not an object id"), std::string::npos)
+  EXPECT_NE(r.output.find("of the instance map is 4294967296, not an object id"), std::string::npos)
       << r.output;
   r = tiler("inst_vector", "def forward(self, x):\n    return x.mean([2, 3])\n");
   EXPECT_EQ(r.code, 1) << r.output;
@@ -2015,6 +2175,79 @@ TEST_F(Pipeline, InstanceMapsThatMakeNoSenseAreClearErrors) {
   EXPECT_NE(r.output.find("--save coco is an output of --task detect, not of --task instances"),
             std::string::npos)
       << r.output;
+}
+
+// Ids are read as the model gives them: int64 ids past float32's 2^24 stay apart (16777216 and 16777217 are
+// one float), and 2^31 - 1 is an id.
+TEST_F(Pipeline, InstanceIdsPastFloatsRangeStayApart) {
+  const std::string dir = root_ + "/instances_int", out = root_ + "/out_instances_int";
+  fs::create_directories(dir);
+  writeImage(dir + "/grey.tif", cv::Mat(96, 96, CV_8UC3, cv::Scalar::all(200)), SampleType::kU8);
+  // Three 8x4 objects side by side in every window's middle.
+  const std::string model = saveDetector(root_ + "/int_ids.pt",
+                                         "def forward(self, x):\n"
+                                         "    ids = torch.zeros([x.shape[0], 1, x.shape[2], x.shape[3]], "
+                                         "dtype=torch.int64, device=x.device)\n"
+                                         "    ids[:, :, 24:28, 28:36] = 2147483647\n"
+                                         "    ids[:, :, 28:32, 28:36] = 16777216\n"
+                                         "    ids[:, :, 32:36, 28:36] = 16777217\n"
+                                         "    return ids\n");
+  auto r = run(kTiler + " -i " + dir + " -m " + model + " -o " + out +
+               " --task instances --window 64 --threads 1 --save objects_csv --no_progress");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto e = *imageEntry(report(out), "grey.tif");
+  EXPECT_EQ(e["objects"], 12) << e;  // 3 in each of the 2 x 2 windows
+  std::istringstream csv(slurp(out + "/grey_objects.csv"));
+  std::string line;
+  std::getline(csv, line);
+  while (std::getline(csv, line))
+    EXPECT_NE(line.find(",,,32,"), std::string::npos) << line;  // 32 pixels each
+}
+
+// An instance model whose maps have another scale than its windows runs on MONAI's grid by default (the
+// lattice lays windows out in input pixels: every image failed with "a lattice grid is for per-window
+// models"); asking for the lattice with it, or for what only a stitched map takes, stops at set-up (exit 1),
+// before any image.
+TEST_F(Pipeline, InstanceModelsAtAnotherScaleAndMapFlagsAreSettledAtSetUp) {
+  const std::string dir = root_ + "/instances_scaled";
+  fs::create_directories(dir);
+  cv::Mat disc(96, 96, CV_8UC3, cv::Scalar::all(0));
+  cv::circle(disc, {48, 48}, 10, cv::Scalar::all(255), -1);
+  writeImage(dir + "/disc.tif", disc, SampleType::kU8);
+  const std::string ids = "(x.mean([1], True) > 0.5).float()";
+  const std::string doubled =
+      saveDetector(root_ + "/inst_x2.pt", "def forward(self, x):\n    return " + ids +
+                                              ".repeat_interleave(2, 2).repeat_interleave(2, 3)\n");
+  const std::string halved = saveDetector(root_ + "/inst_half_scale.pt",
+                                          "def forward(self, x):\n    return " + ids + "[:, :, ::2, ::2]\n");
+  const auto tiler = [&](const std::string& model, const std::string& out, const std::string& extra = "") {
+    return run(kTiler + " -i " + dir + " -m " + model + " -o " + root_ + "/" + out +
+               " --task instances --window 64 --threads 1 --no_progress" + extra);
+  };
+  const std::vector<std::pair<std::string, std::string>> scaled = {{doubled, "out_inst_x2"},
+                                                                   {halved, "out_inst_half_scale"}};
+  for (const auto& [model, out] : scaled) {
+    auto r = tiler(model, out);
+    EXPECT_EQ(r.code, 0) << r.output;
+    const nlohmann::json written = report(root_ + "/" + out);
+    const auto* e = imageEntry(written, "disc.tif");
+    ASSERT_NE(e, nullptr) << r.output;
+    EXPECT_EQ((*e)["objects"], 1) << *e;
+    r = tiler(model, out + "_lattice", " --edge lattice");
+    EXPECT_EQ(r.code, 1) << r.output;
+    EXPECT_NE(r.output.find("--edge lattice needs maps of the window's size; '" + model + "' gives maps at"),
+              std::string::npos)
+        << r.output;
+    EXPECT_FALSE(fs::exists(root_ + "/" + out + "_lattice/disc_objects.geojson"));
+  }
+  for (const std::string flag : {"--blend crop", "--format png", "--probs_dtype u8", "--stitch device"}) {
+    auto r = tiler(doubled, "out_inst_flag", " " + flag);
+    EXPECT_EQ(r.code, 1) << flag << "\n" << r.output;
+    const std::string name = flag.substr(0, flag.find(' '));
+    EXPECT_NE(r.output.find(name + " is for a stitched map (--task segment); --task instances finds objects"),
+              std::string::npos)
+        << r.output;
+  }
 }
 
 // A fixture of known values, independent of tiler's own code: a 3x3 convolution of explicit weights over an

@@ -55,6 +55,7 @@ struct ModelOptions {
   int local_rank = 0;                    // for device auto/cuda
   ModelTask task = ModelTask::kSegment;  // what probe() expects (kAuto: the output's shape decides)
   bool classes_named = false;            // --classes given: a [B, K] output of kAuto is a classifier
+  int64_t batch_size = 1;                // the most windows forward() takes (a package is probed at it)
 };
 
 // The model flags of a job (path, default: the bundled sample model; device, precision, threads, output
@@ -79,9 +80,17 @@ struct ModelProbe {
 ModelTask resolveTask(ModelTask requested, const std::vector<int64_t>& sizes, Activation activation,
                       bool classes_named, const std::string& path);
 
+// What a model's outputs become for `task`: float32, but float64 for instance maps, whose ids float32 holds
+// exactly only below 2^24 (float64 holds every id below 2^31, whatever the model's integer or float type).
+torch::ScalarType predictionType(ModelTask task);
+
 // Whether a forward failed for want of memory: c10's OutOfMemoryError, or that error (or the CPU allocator's)
 // as the TorchScript interpreter rethrows it, as a std::runtime_error that keeps only its text.
 bool isOutOfMemory(const std::exception& e);
+
+// Throws ConfigError naming `path` unless training can change it: a .pt2 package (compiled code) is refused
+// by what the file holds, before anything of it is loaded or checked.
+void requireTrainableModel(const std::string& path);
 
 // Resolves --device (auto: cuda:(local_rank mod count) when CUDA is usable, else cpu).
 torch::Device resolveDevice(const std::string& spec, int local_rank);
@@ -100,11 +109,11 @@ class ModelRunner {
   // under `enough`, at the second window alone if over twice it, or at a run over twice it that took
   // 100 ms (past the first runs' one-time cost).
   double secondsPerWindow(int64_t window_w, int64_t window_h, int64_t batch, double enough);
-  // batch: float32 or uint8 [B,C,H,W] raw values on the CPU; scales: float32 [B]. Returns float32
-  // [B,C',H',W'], activation applied, computed under InferenceMode.
+  // batch: float32 or uint8 [B,C,H,W] raw values on the CPU; scales: float32 [B]. Returns
+  // [B,C',H',W'] of predictionType(), activation applied, computed under InferenceMode.
   torch::Tensor forward(const torch::Tensor& batch, const torch::Tensor& scales);
   // The pieces of forward() that training reuses with autograd on: normalisation onto the device (NCHW), and
-  // the module under autocast with its output tensor picked and cast to float32.
+  // the module under autocast with its output tensor picked and cast to predictionType().
   torch::Tensor normalize(const torch::Tensor& batch, const torch::Tensor& scales) const;
   torch::Tensor apply(const torch::Tensor& nchw);
   const torch::Device& device() const { return device_; }

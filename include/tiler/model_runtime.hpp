@@ -3,8 +3,9 @@
 // file is comes from its contents (a registry of probes, as for the image readers), never from its name.
 // Promise: openModelRuntime() throws ModelError naming the file and the problem (missing, a directory,
 // corrupt, not a model, a package for another device, a package this LibTorch cannot run, a package without
-// the shapes tiler must know before running it). A runtime runs one contiguous float32 NCHW tensor on its
-// device and returns the model's output as the model gave it.
+// the shapes tiler must know before running it and that running it in a child process did not find). A
+// runtime runs one contiguous float32 NCHW tensor on its device and returns the model's output as the model
+// gave it.
 #pragma once
 
 #include <torch/script.h>
@@ -20,6 +21,8 @@ struct RuntimeOptions {
   std::string path;
   torch::Device device = torch::kCPU;
   bool jit_optimize = false;  // TorchScript: freeze + optimize_for_inference
+  int64_t batch = 1;          // the most windows one forward runs (a package without shapes is probed at it)
+  bool in_probe = false;      // in probeShapesInChild's child: run what it is given, learn nothing
 };
 
 class ModelRuntime {
@@ -37,9 +40,26 @@ class ModelRuntime {
   // The input channels, where the file says (else probe() tries counts until one runs).
   virtual std::optional<int> inputChannels() const { return std::nullopt; }
   // Why a window of w x h must not be run (a package compiled for another size does not check its inputs:
-  // garbage or a crash), or empty.
-  virtual std::string refusesWindow(int64_t /*w*/, int64_t /*h*/) const { return {}; }
+  // garbage or a crash), or empty. A package that does not say what it was compiled for learns it here.
+  virtual std::string refusesWindow(int64_t /*w*/, int64_t /*h*/) { return {}; }
 };
+
+// What running a model at one window size in a child process found, for a package that does not say what it
+// was compiled for: a shape it was not compiled for may crash the process that runs it (or read past its
+// input), so that process is never the job's. The child tries 1 to 16 input channels, fewest first, each at
+// batch 1 and at `options.batch`; on the CPU its input ends at a page it may not read, so a package that
+// reads more than it is given crashes there rather than running on what lies beyond, and its own input
+// checks are on (AOTI_RUNTIME_CHECK_INPUTS, where it was compiled with them). A run passes when it returns
+// outputs of the batch it was given.
+struct ShapeProbe {
+  int channels = 0;         // the fewest that ran at some batch; 0: none did
+  bool batch_one = false;   // ran at batch 1
+  bool batch_full = false;  // ran at options.batch
+  // One line, when channels is 0: why nothing ran ("it does not run [1, 3, h, w] (why), nor ...", "it
+  // does not check the shape of its input ...", "loading it crashed (...)").
+  std::string refusal;
+};
+ShapeProbe probeShapesInChild(const RuntimeOptions& options, int64_t w, int64_t h);
 
 // The runtime for `options.path`, by what the file holds.
 std::unique_ptr<ModelRuntime> openModelRuntime(const RuntimeOptions& options);
