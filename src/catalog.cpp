@@ -246,7 +246,12 @@ void readAgainAfterACrash(CatalogImage& img) {
 
 void markReading(const CatalogImage& img) {
   if (img.reading_mark.empty()) return;
-  const int fd = ::open(img.reading_mark.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+  // Only a plain file is a mark: something else at its name (a FIFO, whose open for writing would wait for a
+  // reader forever) is left alone; O_NONBLOCK for one that appears meanwhile.
+  struct stat st {};
+  if (::lstat(img.reading_mark.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) return;
+  const int fd =
+      ::open(img.reading_mark.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
   if (fd >= 0) ::close(fd);
 }
 
@@ -286,8 +291,16 @@ WindowCatalog buildInferCatalog(const InferCatalogOptions& o, const CatalogSpec&
       if (img.status != "error" && inputs.contains(out)) {
         img.status = "error";
         img.error = "'" + path + "': its " + kind + " output '" + out +
-                    "' is read by this run (an input or the model); it is never overwritten: " +
+                    "' is read by this run (an input, the model or the mask); it is never overwritten: " +
                     "rename it or choose another --output";
+      }
+      // An output is renamed over its name, which would unlink a device or FIFO standing there.
+      const WriteTarget target = writeTargetOf(out);
+      if (img.status != "error" && (target.stream || !target.refused.empty())) {
+        img.status = "error";
+        img.error = "'" + path + "': its " + kind + " output " +
+                    (target.stream ? "'" + out + "' is a character device or FIFO" : target.refused) +
+                    ", which tiler never replaces; remove it or choose another --output";
       }
     }
     if (img.status == "ok" && o.format == "png" && img.outputs.count("labels")) {

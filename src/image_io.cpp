@@ -356,6 +356,23 @@ Compression defaultCompression(SampleType type) {
   return {Codec::kDeflate, 1, false};
 }
 
+size_t compressorBytes(const Compression& c) {
+  // ZSTD_estimateCStreamSize(level) of libzstd 1.5.4, in MB rounded up: the parameters of each level for an
+  // unknown source size (ZSTD_initCStream's, which libtiff calls) are zstd's fixed table; 0 is libtiff's 9.
+  static const int kZstdMegabytes[] = {18, 2, 3, 4, 5, 6, 6, 10, 10, 18, 31, 31,
+                                       56, 56, 56, 73, 73, 73, 73, 94, 203, 405, 816};
+  if (c.codec != Codec::kZstd) return size_t(1) << 20;  // deflate's and lzw's state are under a megabyte
+  return size_t(kZstdMegabytes[std::clamp(c.level, 0, 22)]) << 20;
+}
+
+int compressionThreads(const Compression& c, int requested) {
+  const size_t fit = std::max<size_t>(1, kCompressorBudgetBytes / compressorBytes(c));
+  if (size_t(requested) <= fit) return requested;
+  spdlog::warn("--compression {}: {} compressing threads instead of {} (each holds {} MB for its codec)",
+               compressionName(c), fit, requested, compressorBytes(c) >> 20);
+  return int(fit);
+}
+
 // ---- writer ---------------------------------------------------------------------------------------------
 
 ImageWriter::ImageWriter(const std::string& path, int64_t width, int64_t height, int channels,
@@ -371,6 +388,11 @@ ImageWriter::ImageWriter(const std::string& path, int64_t width, int64_t height,
   const int cv_type = CV_MAKETYPE(cvDepthOf(type), channels);
   cv_type_ = cv_type;
   const bool tiff = options_.format == "tif" || options_.format == "tiff";
+  const WriteTarget target = writeTargetOf(path);
+  TILER_CHECK(target.refused.empty(), IoError, target.refused);
+  stream_ = target.stream;
+  TILER_CHECK(!(stream_ && tiff), IoError,
+              "'" << path << "' is a character device or FIFO; a TIFF is written to a file (it seeks back)");
   if (!options_.compression) {
     options_.compression = defaultCompression(type);
     // Floats: the predictor only where it pays, decided on the first row of tiles (choosePredictor).
@@ -502,7 +524,7 @@ void ImageWriter::abandon() noexcept {
     tiff_ = nullptr;
     clearTiffError();
   }
-  std::remove(partialPath().c_str());
+  if (!stream_) std::remove(partialPath().c_str());
   done_ = true;
 }
 
@@ -674,10 +696,7 @@ void ImageWriter::close() {
   commit();
 }
 
-namespace {
-
-// `rows` resized to `size` (2x2 means, or the top-left pixel with INTER_NEAREST); OpenCV's resize takes no
-// half floats, so f16 is halved in f32 and rounded back.
+// OpenCV's resize takes no half floats, so f16 is halved in f32 and rounded back.
 cv::Mat halve(const cv::Mat& rows, cv::Size size, int interpolation) {
   cv::Mat out;
   if (rows.depth() != CV_16F) {
@@ -690,8 +709,6 @@ cv::Mat halve(const cv::Mat& rows, cv::Size size, int interpolation) {
   wide.convertTo(out, CV_16F);
   return out;
 }
-
-}  // namespace
 
 void ImageWriter::feedLevel(size_t li, const cv::Mat& rows) {
   Level& level = levels_[li];
@@ -791,16 +808,18 @@ void ImageWriter::finish() {
     std::vector<uchar> bytes;
     bool ok = cv::imencode("." + options_.format, out, bytes);
     if (ok) {
-      // Created anew, not reopened: the claimed name may have been replaced by a link meanwhile.
-      const int fd = createFileExclusively(partialPath());
+      // Created anew, not reopened: the claimed name may have been replaced by a link meanwhile. A device or
+      // FIFO (--mask_preview /dev/null) is written as it is, never replaced.
+      const int fd = stream_ ? openStreamTarget(path_) : createFileExclusively(partialPath());
+      const SigpipeHeld held;  // a FIFO's reader that leaves is a write error, not the process's end
       ok = fd >= 0 && writeAll(fd, bytes.data(), bytes.size());
       if (fd >= 0 && ::close(fd) != 0) ok = false;
     }
     if (!ok) {
       int err = errno;
       abandon();
-      TILER_THROW(IoError,
-                  "'" << path_ << "': writing " << options_.format << " failed: " << std::strerror(err));
+      TILER_THROW(IoError, "'" << path_ << "': writing " << options_.format
+                               << " failed: " << (stream_ ? streamOpenError(err) : std::strerror(err)));
     }
   }
   finished_ = true;
@@ -808,7 +827,7 @@ void ImageWriter::finish() {
 
 void ImageWriter::commit() {
   TILER_CHECK(finished_ && !done_, IoError, "'" << path_ << "': commit before finish, or twice");
-  if (std::rename(partialPath().c_str(), path_.c_str()) != 0) {
+  if (!stream_ && std::rename(partialPath().c_str(), path_.c_str()) != 0) {
     int err = errno;
     abandon();
     TILER_THROW(IoError, "'" << path_ << "': rename from .partial failed: " << std::strerror(err));

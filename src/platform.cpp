@@ -2,7 +2,9 @@
 
 #include <fcntl.h>
 #include <ftw.h>
+#include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -10,14 +12,18 @@
 #include <ext/stdio_filebuf.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -27,12 +33,99 @@ namespace fs = std::filesystem;
 namespace tiler {
 
 int createFileExclusively(const std::string& path, mode_t mode) {
+  // A device node is the system's, whatever its name (run as root, unlinking /dev/full.partial would be
+  // as wrong as unlinking /dev/full): left alone, and the name is taken (EEXIST).
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0 && (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode))) {
+    errno = EEXIST;
+    return -1;
+  }
   // unlink() removes a link itself, never its target; O_EXCL then fails if anything reappeared meanwhile.
   if (::unlink(path.c_str()) != 0 && errno != ENOENT) return -1;
   return ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
 }
 
+WriteTarget writeTargetOf(const std::string& path) {
+  WriteTarget target;
+  struct stat st {};
+  // Followed: /dev/stdout is a link to the process's descriptor, a terminal or a pipe.
+  if (::stat(path.c_str(), &st) == 0 && (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode))) {
+    target.stream = true;
+    return target;
+  }
+  if (::lstat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode) || S_ISLNK(st.st_mode)) return target;
+  const char* kind = S_ISDIR(st.st_mode)   ? "a directory"
+                     : S_ISBLK(st.st_mode) ? "a block device"
+                                           : "a socket";
+  target.refused = "'" + path + "' is " + kind +
+                   "; tiler writes files, character devices and FIFOs, never over anything else";
+  return target;
+}
+
+int openStreamTarget(const std::string& path) {
+  // Without O_NONBLOCK, opening a FIFO for writing waits for a reader, forever if none comes.
+  const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    const int err = errno;
+    ::close(fd);
+    errno = err;
+    return -1;
+  }
+  return fd;
+}
+
+std::string streamOpenError(int err) {
+  return err == ENXIO ? "a FIFO that no process reads" : std::strerror(err);
+}
+
+SigpipeHeld::SigpipeHeld() {
+  sigset_t pipe;
+  sigemptyset(&pipe);
+  sigaddset(&pipe, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe, &previous_);
+}
+
+SigpipeHeld::~SigpipeHeld() {
+  sigset_t pipe, pending;
+  sigemptyset(&pipe);
+  sigaddset(&pipe, SIGPIPE);
+  const timespec now{0, 0};
+  if (!sigismember(&previous_, SIGPIPE) && sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE))
+    sigtimedwait(&pipe, nullptr, &now);
+  pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
+}
+
+namespace {
+
+// `write` into a character device or FIFO, as it is: no temporary name, no rename, no sync (/dev/null
+// cannot be synced).
+std::string writeStream(const std::string& path, const std::function<void(std::ostream&)>& write) {
+  const int fd = openStreamTarget(path);
+  if (fd < 0) return "'" + path + "': cannot open: " + streamOpenError(errno);
+  std::string error;
+  const SigpipeHeld held;
+  __gnu_cxx::stdio_filebuf<char> buf(fd, std::ios::out | std::ios::binary);  // closes fd
+  std::ostream out(&buf);
+  try {
+    write(out);
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    error = "'" + path + "': " + what.substr(0, what.find('\n'));
+  }
+  out.flush();
+  if (error.empty() && !out.good())
+    error = "'" + path + "': cannot write: " + std::strerror(errno ? errno : EIO);
+  return error;
+}
+
+}  // namespace
+
 std::string writeFileAtomically(const std::string& path, const std::function<void(std::ostream&)>& write) {
+  const WriteTarget target = writeTargetOf(path);
+  if (!target.refused.empty()) return target.refused;
+  if (target.stream) return writeStream(path, write);
   const std::string tmp = path + ".partial";
   const int fd = createFileExclusively(tmp);
   if (fd < 0) return "'" + tmp + "': cannot create: " + std::strerror(errno);
@@ -68,12 +161,155 @@ bool writeAll(int fd, const void* data, size_t size) {
   return true;
 }
 
+namespace {
+
+// `path` absolute, its existing directories' links resolved and its "." and ".." taken out; the last
+// component kept as it is (a link there is the name written, which is replaced, not followed). A directory
+// that does not exist yet is taken by its deepest existing ancestor.
+std::string resolvedName(const std::string& path) {
+  fs::path p(path);
+  std::error_code ec;
+  if (p.is_relative()) p = fs::current_path(ec) / p;
+  const fs::path parent = p.parent_path();
+  if (parent == p) return p.string();  // the root
+  // The directory part: resolved where it exists, else its own parent resolved and its name appended.
+  std::string dir;
+  if (char* real = ::realpath(parent.c_str(), nullptr)) {
+    dir = real;
+    std::free(real);
+  } else {
+    dir = resolvedName(parent.string());
+  }
+  const std::string name = p.filename().string();
+  if (name.empty() || name == ".") return dir;
+  if (name == "..") return fs::path(dir).parent_path().string();
+  return (fs::path(dir) / name).string();
+}
+
+}  // namespace
+
+PathRoles::Known PathRoles::describe(const std::string& path, const std::string& role, bool read) const {
+  Known k;
+  k.path = path;
+  k.role = role;
+  k.name = resolvedName(path);
+  k.read = read;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) {
+    k.exists = true;
+    k.character_device = S_ISCHR(st.st_mode);
+    k.device = st.st_dev;
+    k.inode = st.st_ino;
+  }
+  return k;
+}
+
+void PathRoles::reads(const std::string& path, const std::string& role) {
+  known_.push_back(describe(path, role, true));
+}
+
+void PathRoles::writes(const std::string& path, const std::string& role) {
+  known_.push_back(describe(path, role, false));
+}
+
+std::string PathRoles::claim(const std::string& path, const std::string& role) {
+  const WriteTarget target = writeTargetOf(path);
+  if (!target.refused.empty()) return role + ": " + target.refused;
+  const Known k = describe(path, role, false);
+  for (const Known& other : known_) {
+    const bool same_file = k.exists && other.exists && k.device == other.device && k.inode == other.inode;
+    const bool in_entries = other.entries && k.name.rfind(other.name, 0) == 0;
+    if (!same_file && !in_entries && k.name != other.name) continue;
+    // Output after output into /dev/null or a terminal is no loss; a device read is not written.
+    if (k.character_device && !other.read) continue;
+    if (in_entries)
+      return role + " '" + path + "' lies in " + other.role + " '" + other.path +
+             "*', which this run makes and removes; choose another path";
+    return role + " '" + path + "' is " + other.role + " '" + other.path + "'" +
+           (other.read ? ", which this run reads: it never writes over it" : ", which this run also writes") +
+           "; choose another path";
+  }
+  known_.push_back(k);
+  return "";
+}
+
+std::string PathRoles::claimEntries(const std::string& dir, const std::string& prefix,
+                                    const std::string& role) {
+  Known k = describe((fs::path(dir) / prefix).string(), role, false);
+  k.entries = true;
+  k.exists = false;  // a name pattern, not the file of that name
+  for (const Known& other : known_) {
+    if (other.entries || other.name.rfind(k.name, 0) != 0) continue;
+    return other.role + " '" + other.path + "' lies in " + role + " '" + k.path +
+           "*', which this run makes and removes; choose another path";
+  }
+  known_.push_back(k);
+  return "";
+}
+
 bool isPlainFile(const std::string& path) {
   struct stat st {};
   return ::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
-DirectoryLock::DirectoryLock(const std::string& dir) : path_(dir + "/.tiler.lock") {
+namespace {
+
+// The lock files this process holds, for a handler that may run on any thread at any moment: fixed storage,
+// no allocation, no mutex. A slot is free (0), being filled or emptied (1), or names a held lock (2).
+constexpr int kLockSlots = 8;
+char g_held_locks[kLockSlots][PATH_MAX];
+std::atomic<int> g_held_lock_state[kLockSlots];
+constexpr int kEndingSignals[] = {SIGINT, SIGTERM, SIGHUP};
+
+// What the default action of an ending signal would leave behind, removed first; then that action.
+void removeHeldLocksAndEnd(int sig) {
+  const int saved = errno;
+  for (int i = 0; i < kLockSlots; ++i)
+    if (g_held_lock_state[i].load() == 2) ::unlink(g_held_locks[i]);
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);  // blocked while this handler runs: delivered, with the default action, when it returns
+  errno = saved;
+}
+
+// Only where the default action stands: a signal ignored (nohup) stays ignored, and a handler someone else
+// installed is theirs to run.
+void installLockRemoval() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (const int sig : kEndingSignals) {
+      struct sigaction now {};
+      if (::sigaction(sig, nullptr, &now) != 0 || (now.sa_flags & SA_SIGINFO) || now.sa_handler != SIG_DFL)
+        continue;
+      struct sigaction ours {};
+      ours.sa_handler = removeHeldLocksAndEnd;
+      sigemptyset(&ours.sa_mask);
+      ::sigaction(sig, &ours, nullptr);
+    }
+  });
+}
+
+// The slot now naming `path`, or -1 (all taken, or a path too long: the lock holds, only its file stays
+// behind a signal).
+int rememberHeldLock(const std::string& path) {
+  if (path.size() >= PATH_MAX) return -1;
+  installLockRemoval();
+  for (int i = 0; i < kLockSlots; ++i) {
+    int expected = 0;
+    if (!g_held_lock_state[i].compare_exchange_strong(expected, 1)) continue;
+    std::memcpy(g_held_locks[i], path.c_str(), path.size() + 1);
+    g_held_lock_state[i].store(2);
+    return i;
+  }
+  return -1;
+}
+
+void forgetHeldLock(int slot) {
+  if (slot >= 0) g_held_lock_state[slot].store(0);
+}
+
+}  // namespace
+
+DirectoryLock::DirectoryLock(const std::string& dir) : path_(pathFor(dir)) {
   // A lock file removed by its last holder between our open and our flock is a stale inode: whoever
   // created the next one may hold that. So after locking, the name must still be the inode we locked.
   for (int attempt = 0; attempt < 100; ++attempt) {
@@ -99,6 +335,8 @@ DirectoryLock::DirectoryLock(const std::string& dir) : path_(dir + "/.tiler.lock
     }, named{};
     if (::fstat(fd, &held) == 0 && ::stat(path_.c_str(), &named) == 0 && held.st_ino == named.st_ino &&
         held.st_dev == named.st_dev) {
+      // Known to the signal handler before the pid is recorded: a file that names its holder is removed.
+      signal_slot_ = rememberHeldLock(path_);
       const std::string pid = std::to_string(::getpid()) + "\n";
       // Without the pid the lock still holds; a second run then says "pid unknown".
       const bool recorded = ::ftruncate(fd, 0) == 0 && ::pwrite(fd, pid.data(), pid.size(), 0) > 0;
@@ -113,6 +351,7 @@ DirectoryLock::DirectoryLock(const std::string& dir) : path_(dir + "/.tiler.lock
 
 DirectoryLock::~DirectoryLock() {
   if (fd_ < 0) return;
+  forgetHeldLock(signal_slot_);
   // Unlinked while still held, so that no run can lock this inode after it is gone from the directory.
   ::unlink(path_.c_str());
   ::close(fd_);

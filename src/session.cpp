@@ -1,5 +1,6 @@
 #include "tiler/session.hpp"
 
+#include <cmath>
 #include <filesystem>
 #include <system_error>
 
@@ -7,7 +8,14 @@ namespace fs = std::filesystem;
 
 namespace tiler {
 
+void checkTimeout(double seconds) {
+  TILER_CHECK(std::isfinite(seconds) && seconds > 0 && seconds <= kMaxTimeoutSeconds, ConfigError,
+              "--timeout must be a number of seconds > 0 and at most " << int64_t(kMaxTimeoutSeconds)
+                                                                       << " (24.8 days); got " << seconds);
+}
+
 DistOptions distOptionsFor(const JobOptions& options) {
+  checkTimeout(options.timeout);
   DistOptions d;
   d.backend = options.backend;
   d.timeout = std::chrono::milliseconds(int64_t(options.timeout * 1000));

@@ -1,15 +1,19 @@
 // The window catalog: inputs, per-image checks that never throw, the global window index.
 #include "tiler/catalog.hpp"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 
 #include "test_util.hpp"
 #include "tiler/error.hpp"
+#include "tiler/platform.hpp"
 
 namespace fs = std::filesystem;
 
@@ -65,6 +69,65 @@ TEST(Catalog, DanglingLinksLoopsAndFifos) {
   EXPECT_NE(errors["z_loop.tif"].find("leads nowhere"), std::string::npos) << errors["z_loop.tif"];
   EXPECT_NE(errors["m_fifo.tif"].find("not a regular file"), std::string::npos) << errors["m_fifo.tif"];
   EXPECT_EQ(errors["good.tif"], "");
+  removeTree(dir);
+}
+
+// `mkfifo out/.a.tiler-reading` blocked the run in open(O_WRONLY) forever, out of --timeout's reach: the mark
+// is evidence, so something other than a plain file at its name is left alone and the run goes on.
+TEST(Catalog, AFifoAtAReadingMarkIsLeftAloneNeverWaitedOn) {
+  const std::string dir = test::scratchDir("mark_fifo");
+  CatalogImage img;
+  img.reading_mark = dir + "/.a.tiler-reading";
+  ASSERT_EQ(mkfifo(img.reading_mark.c_str(), 0600), 0);
+  auto marked = std::async(std::launch::async, [&] { markReading(img); });
+  const bool returned = marked.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  if (!returned) {
+    // Let the blocked open through (a reader arrives), so that the test can end and say so.
+    const int fd = open(img.reading_mark.c_str(), O_RDONLY | O_NONBLOCK);
+    marked.wait();
+    if (fd >= 0) close(fd);
+  }
+  EXPECT_TRUE(returned) << "markReading waited on a FIFO";
+  struct stat st {};
+  ASSERT_EQ(lstat(img.reading_mark.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode)) << "left as it was";
+  unmarkReading(img);
+  EXPECT_EQ(lstat(img.reading_mark.c_str(), &st), 0) << "only a plain file is a mark to remove";
+  // A plain mark is made and removed as before.
+  CatalogImage plain;
+  plain.reading_mark = dir + "/.b.tiler-reading";
+  markReading(plain);
+  EXPECT_TRUE(isPlainFile(plain.reading_mark));
+  unmarkReading(plain);
+  EXPECT_FALSE(fs::exists(plain.reading_mark));
+  removeTree(dir);
+}
+
+// An output is renamed over its name: a FIFO (or device) there, even with --overwrite, fails its image and
+// stays, never unlinked.
+TEST(Catalog, AFifoWhereAnOutputGoesFailsItsImageAndStays) {
+  const std::string dir = test::scratchDir("output_fifo");
+  writeRgb(dir + "/a.tif", 64, 64);
+  writeRgb(dir + "/b.tif", 64, 64);
+  fs::create_directories(dir + "/out");
+  ASSERT_EQ(mkfifo((dir + "/out/a_labels.tif").c_str(), 0600), 0);
+  InferCatalogOptions o;
+  o.inputs = {dir + "/a.tif", dir + "/b.tif"};
+  o.output_dir = dir + "/out";
+  o.kinds = {"labels"};
+  o.overwrite = true;
+  CatalogSpec spec;
+  spec.grid = GridSpec{32, 32, 0.0, 0.0};
+  const auto catalog = buildInferCatalog(o, spec);
+  ASSERT_EQ(catalog.images().size(), 2u);
+  EXPECT_EQ(catalog.image(0).status, "error");
+  EXPECT_EQ(catalog.image(0).error, "'" + dir + "/a.tif': its labels output '" + dir +
+                                        "/out/a_labels.tif' is a character device or FIFO, which tiler never "
+                                        "replaces; remove it or choose another --output");
+  EXPECT_EQ(catalog.image(1).status, "ok");
+  struct stat st {};
+  ASSERT_EQ(lstat((dir + "/out/a_labels.tif").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
   removeTree(dir);
 }
 

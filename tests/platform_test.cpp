@@ -3,7 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <chrono>
@@ -135,6 +138,147 @@ TEST(Platform, ALockFileThatIsALinkIsRefused) {
   EXPECT_FALSE(lock.locked());
   EXPECT_NE(lock.error().find(".tiler.lock"), std::string::npos) << lock.error();
   EXPECT_EQ(slurp(dir + "/victim"), "precious");
+}
+
+// Docs promise the lock file goes on exit: Ctrl-C (and ctrun's SIGTERM) left it behind, the default action
+// ending the process before any destructor ran.
+TEST(Platform, ASignalThatEndsTheHolderRemovesItsLockFile) {
+  for (const int sig : {SIGINT, SIGTERM}) {
+    const std::string dir = freshDir("signalled" + std::to_string(sig));
+    int ready[2];
+    ASSERT_EQ(pipe(ready), 0);
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      DirectoryLock lock(dir);
+      const char held = lock.locked() ? 'y' : 'n';
+      if (write(ready[1], &held, 1) != 1) _exit(2);
+      for (;;) pause();
+    }
+    close(ready[1]);
+    char held = 0;
+    ASSERT_EQ(read(ready[0], &held, 1), 1);
+    close(ready[0]);
+    EXPECT_EQ(held, 'y');
+    EXPECT_TRUE(fs::exists(dir + "/.tiler.lock"));
+    kill(child, sig);
+    int status = 0;
+    waitpid(child, &status, 0);
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == sig)
+        << "ends by the signal, as before: " << status;
+    EXPECT_FALSE(fs::exists(dir + "/.tiler.lock")) << strsignal(sig);
+  }
+}
+
+// One file however it is named: through "..", through a linked directory, by a hard link, and by a symbolic
+// link at the written name. Every clash names both paths and what each is.
+TEST(Platform, PathRolesFindEveryNameOfAFileTheCommandUses) {
+  const std::string dir = freshDir("roles");
+  fs::create_directories(dir + "/v");
+  std::ofstream(dir + "/v/x.png") << "image";
+  std::ofstream(dir + "/v/m.pt") << "model";
+  fs::create_directory_symlink(dir + "/v", dir + "/w");
+  fs::create_hard_link(dir + "/v/x.png", dir + "/hard.png");
+  fs::create_symlink(dir + "/v/m.pt", dir + "/model_link");
+  PathRoles roles;
+  roles.reads(dir + "/v/x.png", "the input");
+  roles.reads(dir + "/v/m.pt", "the model");
+  roles.writes(dir + "/o/x_labels.tif", "the labels output");  // o does not exist yet
+  EXPECT_EQ(roles.claim(dir + "/v/x.png", "--report"),
+            "--report '" + dir + "/v/x.png' is the input '" + dir +
+                "/v/x.png', which this run reads: it never writes over it; choose another path");
+  for (const std::string name : {"/v/../v/x.png", "/w/x.png", "/./v//x.png", "/hard.png"})
+    EXPECT_NE(roles.claim(dir + name, "--report").find("is the input"), std::string::npos) << name;
+  EXPECT_NE(roles.claim(dir + "/model_link", "--report").find("is the model"), std::string::npos);
+  EXPECT_NE(roles.claim(dir + "/o/../o/x_labels.tif", "--report")
+                .find("is the labels output '" + dir + "/o/x_labels.tif'"),
+            std::string::npos);
+  const std::string cwd = fs::current_path().string();
+  fs::current_path(dir);
+  EXPECT_NE(roles.claim("v/x.png", "--report").find("is the input"), std::string::npos) << "relative";
+  fs::current_path(cwd);
+  EXPECT_NE(roles.claim(dir + "/v", "--report").find("is a directory"), std::string::npos);
+  // Claimed once, a name is taken; a character device may take output after output (our link to /dev/null:
+  // a node of our own would need root).
+  EXPECT_EQ(roles.claim(dir + "/report.json", "--report"), "");
+  EXPECT_NE(roles.claim(dir + "/report.json", "-o").find("is --report '"), std::string::npos);
+  fs::create_symlink("/dev/null", dir + "/null");
+  EXPECT_EQ(roles.claim(dir + "/null", "-o"), "");
+  EXPECT_EQ(roles.claim(dir + "/null", "--report"), "");
+  // Entries a run makes and removes (checkpoints) hold nothing else it uses, whichever comes first.
+  fs::create_directories(dir + "/ck/epoch-000003");
+  std::ofstream(dir + "/ck/epoch-000003/model.pt") << "a checkpoint as the model";
+  roles.reads(dir + "/ck/epoch-000003/model.pt", "the model");
+  EXPECT_NE(roles.claimEntries(dir + "/ck", "epoch-", "the checkpoints").find("lies in the checkpoints"),
+            std::string::npos);
+  PathRoles later;
+  EXPECT_EQ(later.claimEntries(dir + "/ck", "epoch-", "the checkpoints"), "");
+  EXPECT_NE(later.claim(dir + "/ck/epoch-000009/out.pt", "-o").find("lies in the checkpoints"),
+            std::string::npos);
+  EXPECT_EQ(later.claim(dir + "/ck/final.pt", "-o"), "");
+}
+
+// `--report /dev/null` and a FIFO a program reads are written as they are, never unlinked or replaced; a FIFO
+// nobody reads is an error at once, not a wait. Only nodes of the test's own are written (and /dev/null
+// through a link of ours: a broken rule replaces the link, never the device).
+TEST(Platform, AFifoOrCharacterDeviceIsWrittenAsSuchNeverReplaced) {
+  const std::string dir = freshDir("streams");
+  const std::string fifo = dir + "/fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0644), 0);
+  const int reader = open(fifo.c_str(), O_RDONLY | O_NONBLOCK);
+  ASSERT_GE(reader, 0);
+  EXPECT_EQ(writeFileAtomically(fifo, [](std::ostream& out) { out << "{\"report\": 1}\n"; }), "");
+  char got[64] = {0};
+  EXPECT_EQ(read(reader, got, sizeof got - 1), 14);
+  EXPECT_STREQ(got, "{\"report\": 1}\n");
+  close(reader);
+  struct stat st {};
+  ASSERT_EQ(lstat(fifo.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode)) << "still the FIFO";
+  EXPECT_FALSE(fs::exists(fifo + ".partial"));
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string unread = writeFileAtomically(fifo, [](std::ostream& out) { out << "{}"; });
+  EXPECT_EQ(unread, "'" + fifo + "': cannot open: a FIFO that no process reads");
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+  ASSERT_EQ(lstat(fifo.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+
+  // A reader that leaves mid-write is a write error, not SIGPIPE ending the process.
+  const int leaving = open(fifo.c_str(), O_RDONLY | O_NONBLOCK);
+  ASSERT_GE(leaving, 0);
+  std::thread leave([leaving] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    close(leaving);
+  });
+  const std::string cut =
+      writeFileAtomically(fifo, [](std::ostream& out) { out << std::string(1 << 22, 'x'); });
+  leave.join();
+  EXPECT_EQ(cut.rfind("'" + fifo + "': cannot write: ", 0), 0u) << cut;
+
+  fs::create_symlink("/dev/null", dir + "/null");
+  EXPECT_EQ(writeFileAtomically(dir + "/null", [](std::ostream& out) { out << "{}"; }), "");
+  EXPECT_TRUE(fs::is_symlink(dir + "/null")) << "written through, not replaced";
+  ASSERT_EQ(stat("/dev/null", &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode));
+  EXPECT_FALSE(fs::exists(dir + "/null.partial"));
+
+  // A directory at the name is refused, as are sockets and block devices.
+  fs::create_directories(dir + "/report.json");
+  EXPECT_EQ(writeFileAtomically(dir + "/report.json", [](std::ostream& out) { out << "{}"; }),
+            "'" + dir +
+                "/report.json' is a directory; tiler writes files, character devices and FIFOs, never "
+                "over anything else");
+
+  // A character device node of our own (root only): written to, and at a temporary name left alone.
+  const std::string node = dir + "/node";
+  if (mknod(node.c_str(), S_IFCHR | 0666, makedev(1, 3)) != 0) GTEST_SKIP() << "mknod: " << strerror(errno);
+  EXPECT_EQ(writeFileAtomically(node, [](std::ostream& out) { out << "{}"; }), "");
+  ASSERT_EQ(lstat(node.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode));
+  EXPECT_EQ(createFileExclusively(node), -1);
+  EXPECT_EQ(errno, EEXIST);
+  ASSERT_EQ(lstat(node.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode)) << "never unlinked";
 }
 
 TEST(Platform, RemoveTreeRemovesContentsAndLinksButNotWhatTheyPointTo) {

@@ -127,6 +127,25 @@ TEST(Session, TheProcessGroupTakesTheJobsBackendAndTimeout) {
   EXPECT_TRUE(d.shared_memory);
 }
 
+// Past 9.2e9 s the deadline overflowed the nanosecond clock: "timed out after 1e10 s" at once, and 1e308
+// became -9.2e15 s. Refused, naming the bound; the bound itself still works.
+TEST(Session, ATimeoutPastWhatTheClocksHoldIsRefused) {
+  JobOptions o;
+  for (const double huge : {1e10, 1e308, kMaxTimeoutSeconds * 1.001}) {
+    o.timeout = huge;
+    try {
+      distOptionsFor(o);
+      ADD_FAILURE() << huge << " accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(e.message().find("--timeout must be a number of seconds > 0 and at most 2147483 (24.8 days)"),
+                std::string::npos)
+          << e.message();
+    }
+  }
+  o.timeout = kMaxTimeoutSeconds;
+  EXPECT_EQ(distOptionsFor(o).timeout, std::chrono::milliseconds(2147483647));
+}
+
 TEST(Session, ItsClockStartsWhenItIsMade) {
   RankSession s(test::worldOf(0, 1));
   const double t = s.seconds();

@@ -109,8 +109,9 @@ class WindowCatalog {
 };
 
 // An output's file name for an image's stem, by kind: <stem>_labels.<format>, <stem>_probs.tif,
-// <stem>_polygons.geojson (segment); <stem>.h5 (embed: features); <stem>.csv, <stem>_tiles.geojson,
-// <stem>_heatmap.tif (classify: csv, tiles, heatmap).
+// <stem>_polygons.geojson (segment); <stem>.h5, <stem>.pt (embed: features, features_pt); <stem>.csv,
+// <stem>_tiles.geojson, <stem>_heatmap.tif (classify: csv, tiles, heatmap); <stem>_objects.geojson,
+// <stem>_objects.csv, <stem>_coco.json, <stem>_instances.tif (detect, instances).
 std::string outputFileName(const std::string& kind, const std::string& stem, const std::string& format);
 
 // `tiler infer`'s catalog: outputs named <output_dir>/outputFileName(kind, stem, format) by kind; images
@@ -124,7 +125,7 @@ struct InferCatalogOptions {
   std::vector<std::string> kinds = {"labels"};  // the outputs saved (--save)
   bool resume = false, overwrite = false;
   bool remove_stale_partials = false;  // one rank (0) removes the .partial files a killed run left
-  std::vector<std::string> also_read;  // other files the run reads (the model): never overwritten either
+  std::vector<std::string> also_read;  // other files the run reads (the model, the mask): never overwritten
 };
 WindowCatalog buildInferCatalog(const InferCatalogOptions& options, const CatalogSpec& spec);
 // The image's reading mark (CatalogImage::reading_mark), made (never through a link) or removed; errors are

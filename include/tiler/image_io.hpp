@@ -16,7 +16,8 @@
 // assembled in memory and refused above kMaxInMemoryPixels. Files are written as "<name>.partial" and renamed
 // by close() (or finish() then commit(), so that several outputs of one image appear together); a writer
 // destroyed before commit removes its partial file; a partial file is created anew (platform.hpp), never
-// opened through a link planted at its name. Every failure is an IoError naming the file.
+// opened through a link planted at its name. A PNG/JPEG to a character device or FIFO (/dev/null) is written
+// to it as it is, never replacing it; a TIFF there is refused. Every failure is an IoError naming the file.
 //
 // Hostile or corrupt TIFFs fail fast, before their pixels are allocated: a chunk over 1 GiB, chunk tables
 // outside the file, and a chunk that claims more decoded bytes than its codec can expand its stored bytes to.
@@ -139,6 +140,18 @@ void checkCompression(const Compression& compression);
 // The codec of an output of sample type `type` when none is asked for: the measured trade of file size for
 // the write stage's pace (docs/performance.md, "Output codecs").
 Compression defaultCompression(SampleType type);
+// What one thread compressing with `compression` holds for its codec, in bytes: zstd sizes its context by
+// level alone (libtiff pledges no tile size), from 1.4 MB at level 1 to 815 MB at 22.
+size_t compressorBytes(const Compression& compression);
+// The compressing threads `requested` may become so that their codecs hold at most kCompressorBudgetBytes
+// (one at least): zstd:22 would otherwise take 0.8 GB a thread, 50 GB on a 64-core node.
+constexpr size_t kCompressorBudgetBytes = size_t(1) << 30;
+int compressionThreads(const Compression& compression, int requested);
+
+// A pyramid level's rows from its parent's: `rows` resized to `size` (2x2 means with INTER_AREA, the top-left
+// pixel with INTER_NEAREST), pairs of rows to one. ImageWriter's TIFF pyramid and the OME-Zarr writer both
+// halve through it, so their levels are equal.
+cv::Mat halve(const cv::Mat& rows, cv::Size size, int interpolation);
 
 struct WriterOptions {
   std::string format = "tif";  // tif | png | jpg
@@ -261,6 +274,7 @@ class ImageWriter {
   bool choose_predictor_ = false;  // default float compression, before the first row of tiles
   bool finished_ = false;          // file closed under its partial name
   bool done_ = false;              // committed, or abandoned
+  bool stream_ = false;            // path_ is a character device or FIFO: written as it is (writeTargetOf)
 };
 
 }  // namespace tiler

@@ -18,8 +18,15 @@
 
 namespace tiler {
 
-// The process group's options from the flags both jobs share (--backend, --timeout).
+// The process group's options from the flags both jobs share (--backend, --timeout); a ConfigError for a
+// --timeout checkTimeout refuses.
 DistOptions distOptionsFor(const JobOptions& options);
+// The longest --timeout, in seconds (24.8 days): 2^31 - 1 ms, what poll() and the collectives' millisecond
+// timers hold. Past 9.2e9 s a deadline on the nanosecond clock overflowed, to a timeout "after 1e10 s" at
+// once.
+constexpr double kMaxTimeoutSeconds = 2147483.647;
+// A ConfigError unless `seconds` (--timeout) is a number in (0, kMaxTimeoutSeconds].
+void checkTimeout(double seconds);
 
 class RankSession {
  public:

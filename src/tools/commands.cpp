@@ -8,6 +8,7 @@
 #include "tiler/error.hpp"
 #include "tiler/image_io.hpp"
 #include "tiler/mask.hpp"
+#include "tiler/platform.hpp"
 
 namespace tiler::tools {
 
@@ -19,8 +20,16 @@ int runInfo(const InfoOptions& o) {
   if (spec.with_grid) spec.grid = parseGridSpec(o.window, o.overlap);
   spec.mask = mask;
   spec.resolution = o.resolution;
+  const std::vector<std::string> images = listImages(o.paths, false);
+  if (!o.mask_preview.empty()) {
+    PathRoles roles;
+    for (const auto& path : images) roles.reads(path, "the image");
+    if (mask.mode == MaskMode::kPath) roles.reads(mask.path, "the mask");
+    const std::string clash = roles.claim(o.mask_preview, "--mask_preview");
+    TILER_CHECK(clash.empty(), ConfigError, clash);
+  }
   int status = kExitOk;
-  for (const auto& path : listImages(o.paths, false)) {
+  for (const auto& path : images) {
     try {
       auto source = ImageReader::open(path);
       const ImageInfo& s = source->info();
@@ -111,6 +120,12 @@ int runInfo(const InfoOptions& o) {
 
 void writeOverlay(const std::string& image_path, const std::string& labels_path, const std::string& out_path,
                   int max_side, const GridSpec* grid, const MaskSpec* mask) {
+  PathRoles roles;
+  roles.reads(image_path, "the image");
+  roles.reads(labels_path, "the labels");
+  if (mask != nullptr && mask->mode == MaskMode::kPath) roles.reads(mask->path, "the mask");
+  const std::string clash = roles.claim(out_path, "the overlay");
+  TILER_CHECK(clash.empty(), ConfigError, clash);
   auto image = ImageReader::open(image_path);
   auto labels = ImageReader::open(labels_path);
   const ImageInfo& info = image->info();

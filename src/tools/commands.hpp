@@ -16,14 +16,15 @@ struct InfoOptions {
   std::string window, overlap = "0.25";  // window given: the grid too
   std::string mask = "none";             // auto | PATH: the mask's coverage (and kept windows with a grid)
   double mask_fraction = 0.05;
-  std::string mask_preview;   // PNG of the coverage map (one input)
+  std::string mask_preview;   // PNG of the coverage map (one input); never an image or mask read (PathRoles)
   ResolutionSpec resolution;  // chosen: the processing resolution, and grid and mask at it
 };
 // `tiler info`: what the reader sees, and the grid and mask when asked. Returns an exit code.
 int runInfo(const InfoOptions& options);
 
 // A colour overlay PNG of `labels` on `image`, at most max_side pixels a side (for looking at results);
-// with a grid, the outlines of its windows; with a mask, its outline.
+// with a grid, the outlines of its windows; with a mask, its outline. A ConfigError, before anything is
+// read, when `out_path` is one of the files it reads (PathRoles).
 void writeOverlay(const std::string& image_path, const std::string& labels_path, const std::string& out_path,
                   int max_side = 2048, const GridSpec* grid = nullptr, const MaskSpec* mask = nullptr);
 
