@@ -847,6 +847,18 @@ TEST(ImageIo, CompressionTakesLibtiffsLevelsAndRefusesTheRest) {
   EXPECT_NO_THROW(checkCompression(parseCompression("zstd:22")));
 }
 
+TEST(ImageIo, CompressingThreadsFitTheCodecBudget) {
+  EXPECT_EQ(compressionThreads(parseCompression("zstd:22"), 4), 1);
+  EXPECT_EQ(compressionThreads(parseCompression("zstd:21"), 64), 2);
+  EXPECT_EQ(compressionThreads(parseCompression("zstd:19"), 64), 10);
+  EXPECT_EQ(compressionThreads(parseCompression("zstd:3"), 64), 64);
+  EXPECT_EQ(compressionThreads(parseCompression("deflate:12"), 64), 64);
+  // Rising with the level and ranked as zstd's own estimate (ZSTD_estimateCStreamSize) ranks them.
+  for (int level = 2; level <= 22; ++level)
+    EXPECT_GE(compressorBytes({Codec::kZstd, level}), compressorBytes({Codec::kZstd, level - 1})) << level;
+  EXPECT_EQ(compressorBytes({Codec::kZstd, 0}), compressorBytes({Codec::kZstd, 9}));  // libtiff's default
+}
+
 // Without --compression each output gets the measured default of its sample type (docs/performance.md):
 // integers deflate without a predictor, floats zstd (with the floating-point predictor where it pays: the
 // next test); an asked codec wins.

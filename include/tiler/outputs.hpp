@@ -3,7 +3,7 @@
 // writers, whose tiles a pool of write_threads compresses.
 // A per-window model's vectors and an instance model's maps skip the stitcher: a WindowConsumer
 // (window_outputs, instances) takes them and writes in window order.
-// Promise: an image's outputs (labels, probs, polygons; features; csv, tiles, heatmap) are written as
+// Promise: an image's outputs (every kind of every task: outputKindsOf) are written as
 // .partial files and renamed together, only once every one of them is closed (two-phase commit): a failed
 // image never leaves a file under a final name. Any exception while stitching or writing one image fails that
 // image (catalog status "error" with a message naming the file) and the stage goes on; with abort_on_error

@@ -1,12 +1,12 @@
 // pipeline: `tiler infer`, a composition of the stage units: catalog -> loader (read-ahead) -> model ->
-// step exchange -> outputs (rank 0) -> report.
-// Promise: every rank builds the same catalog, takes its DistributedSampler shard and makes the same
-// collectives in the same order whatever happens. Any exception while reading, running, stitching or
+// step exchange -> outputs (each image's owner rank) -> report (rank 0).
+// Promise: every rank builds the same catalog, takes its part of every row of windows (dealRows) and makes
+// the same collectives in the same order whatever happens. Any exception while reading, running, stitching or
 // writing one image fails that image on every rank (report entry with its message, exit 2) and the run goes
 // on; a fatal error on any rank (--on_error abort, a failed report, a dead stage) ends every rank at the
 // same step with that rank's message (exit 1). Outputs are byte-identical for any world size (for the same
 // --threads, and replicas of one thread each for one thread). Memory per rank: the read-ahead batches and the
-// readers' caches; on rank 0 also the stitcher rows and one row of output tiles per open image.
+// readers' caches; on an image's owner also its stitcher rows and one row of output tiles while it is open.
 #pragma once
 
 #include <optional>
@@ -26,10 +26,11 @@ struct InferOptions : JobOptions {
   double cval = 0.0;
   std::string activation = "none";
   std::string tta = "none";  // none | flip | d4
-  // Outputs, comma-separated: labels, probs, polygons (segment); features (embed); csv, tiles, heatmap
-  // (classify). Unset: the task's default (labels; features; csv,tiles).
+  // Outputs, comma-separated (outputKindsOf): labels, probs, polygons (segment); features, features_pt
+  // (embed); csv, tiles, heatmap (classify); objects, objects_csv, coco (detect); objects, objects_csv,
+  // instances (instances). Unset: the task's default (defaultOutputKinds).
   std::optional<std::string> save;
-  std::string task = "auto";  // auto | segment | classify | embed | detect (ModelTask)
+  std::string task = "auto";  // auto | segment | classify | embed | detect | instances (ModelTask)
   std::string encoder_name;   // embed: the HDF5 attribute `encoder`; empty: the model file's stem
   double nms = 0.0;           // detect: --nms IOU (0: none)
   // --overlap given: a per-window task (classify, embed) uses it; else its windows do not overlap (0).
@@ -61,9 +62,9 @@ struct InferOptions : JobOptions {
   int replicas = 0;
   // Threads reading a batch's windows (the read-ahead thread and helpers); 0: chooseReadThreads().
   int read_threads = 0;
-  // MiB rank 0 may hold of predictions that arrive before their turn to be stitched: it sets how long a
-  // piece of a grid row the ranks split between them (dealRows), so that each rank's part of a row is long
-  // and ranks decode few shared input tiles twice; 0: one batch a rank per piece.
+  // MiB an image's owner may hold of predictions that arrive before their turn to be stitched: it sets how
+  // long a piece of a grid row the ranks split between them (dealRows), so that each rank's part of a row is
+  // long and ranks decode few shared input tiles twice; 0: one batch a rank per piece.
   int shard_buffer = 64;
   // Ranks of one host gather predictions through the process group's sockets, not shared memory.
   bool no_shared_memory = false;

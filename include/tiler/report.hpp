@@ -39,7 +39,7 @@ struct RunSummary {
   int64_t shard_run = 1;                // the most windows one rank takes in a row (RowDeal::longest_part)
   std::string cpu_blas;                 // cpuBlasName()
   std::string gather = "none";          // how predictions reached their owners (DistContext::gatherTransport)
-  std::string task = "segment";         // segment | classify | embed | detect
+  std::string task = "segment";         // segment | classify | embed | detect | instances
   int64_t feature_dim = 0;              // classify: classes K; embed: features D; segment: 0
   std::string runtime = "torchscript";  // torchscript | pt2 (ModelRuntime::name)
   std::string stitch = "host";          // where the windows were blended: host | device (--stitch)

@@ -31,14 +31,14 @@ struct SampleSlot {
 // most `max_piece` windows (short rows, L * L < max_piece, are stacked into pieces of several rows instead),
 // and each piece is split between the ranks in contiguous parts, rank 0's first,
 // so that every rank's count so far stays within one of every other's: the ranks reach the same piece at
-// the same step, decode twice only the input tiles where their parts meet, and rank 0 holds at most the
-// other ranks' parts of the piece it is in (plus one window each) before their turn.
+// the same step, decode twice only the input tiles where their parts meet, and an image's owner holds at most
+// the other ranks' parts of the piece it is in (plus one window each) before their turn.
 struct RowDeal {
   std::vector<SampleSlot> slots;  // this rank's, in global order; ceil(total / world_size), padded at the end
   int64_t longest_part = 0;       // the most windows one rank takes in a row (consecutively), over every rank
 };
 RowDeal dealRows(const std::vector<int64_t>& rows, int world_size, int rank, int64_t max_piece);
-// The longest piece for which rank 0 holds at most `early_windows` windows before their turn, but never
+// The longest piece for which an owner holds at most `early_windows` windows before their turn, but never
 // under one batch a rank (the memory of a step's gather); one rank: no limit (nothing arrives early).
 int64_t maxPiece(int world_size, int64_t batch, int64_t early_windows);
 

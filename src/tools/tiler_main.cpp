@@ -167,7 +167,8 @@ int runInferCli(int argc, char** argv) {
       ->check(nonNegativeNumber());
   app.add_option(
          flagNames("--shard_buffer"), o.shard_buffer,
-         "MiB of early predictions rank 0 may hold: with several ranks, each takes a part of every row of "
+         "MiB of early predictions an image's owner rank may hold: with several ranks, each takes a part of "
+         "every row of "
          "windows (of every piece of a row, when a row's parts do not fit), so few input tiles are decoded "
          "twice (0: one batch a rank per piece)")
       ->capture_default_str()
