@@ -19,6 +19,17 @@ void StepExchange::throwFailure(int rank, const std::optional<std::string>& own)
   throw RankFailure(rank, "rank " + std::to_string(rank) + " failed: " + message, __FILE__, __LINE__);
 }
 
+template <typename Collective>
+auto StepExchange::namingLaggards(const Collective& collective) -> decltype(collective()) {
+  try {
+    return collective();
+  } catch (const TimeoutError& e) {
+    // The rank that timed out only waited: the message names those that had not come as far.
+    if (marked_ < 0) throw;
+    throw TimeoutError(e.message() + laggards(marked_), __FILE__, __LINE__);
+  }
+}
+
 std::vector<torch::Tensor> StepExchange::share(const torch::Tensor& rows,
                                                const std::optional<std::string>& fatal,
                                                const std::string& what) {
@@ -33,7 +44,7 @@ std::vector<torch::Tensor> StepExchange::share(const torch::Tensor& rows,
   auto header = torch::zeros({1, std::max<int64_t>(rows.size(1), 1)}, torch::kInt64);
   header[0][0] = fatal ? 1 : 0;
   auto body = rows.size(1) == 0 ? torch::zeros({rows.size(0), 1}, torch::kInt64) : rows.cpu();
-  auto all = dist_.allgather(onComm(torch::cat({header, body})), what);
+  auto all = namingLaggards([&] { return dist_.allgather(onComm(torch::cat({header, body})), what); });
   int failed = -1;
   std::vector<torch::Tensor> out;
   for (size_t r = 0; r < all.size(); ++r) {
@@ -72,7 +83,7 @@ void StepExchange::check(const std::optional<std::string>& fatal, const std::str
 }
 
 torch::Tensor StepExchange::gather(const torch::Tensor& t, int root, const std::string& what, bool stay) {
-  auto all = dist_.gather(onComm(t), root, what);
+  auto all = namingLaggards([&] { return dist_.gather(onComm(t), root, what); });
   if (!all.defined() || !stay) return all.defined() ? all.cpu() : all;
   if (!all.device().is_cpu()) {
     // NCCL's work is ordered before this thread's stream only: another thread's stream (the stitcher's)
@@ -84,7 +95,7 @@ torch::Tensor StepExchange::gather(const torch::Tensor& t, int root, const std::
 }
 
 std::vector<torch::Tensor> StepExchange::allgather(const torch::Tensor& t, const std::string& what) {
-  auto parts = dist_.allgather(onComm(t), what);
+  auto parts = namingLaggards([&] { return dist_.allgather(onComm(t), what); });
   for (auto& p : parts) p = p.cpu();
   return parts;
 }
@@ -107,13 +118,13 @@ std::vector<std::string> StepExchange::allgatherStrings(const std::string& s, co
 
 void StepExchange::allreduceSum(torch::Tensor& t, const std::string& what) {
   auto comm = onComm(t);
-  dist_.allreduceSum(comm, what);
+  namingLaggards([&] { dist_.allreduceSum(comm, what); });
   if (!comm.is_same(t)) t.copy_(comm);
 }
 
 void StepExchange::broadcast(torch::Tensor& t, int root, const std::string& what) {
   auto comm = onComm(t);
-  dist_.broadcast(comm, root, what);
+  namingLaggards([&] { dist_.broadcast(comm, root, what); });
   if (!comm.is_same(t)) t.copy_(comm);
 }
 
@@ -136,6 +147,7 @@ int StepExchange::agreeOnExitCode(int code, const std::optional<std::string>& fa
 }
 
 void StepExchange::markStep(int64_t step) {
+  marked_ = step;
   if (dist_.worldSize() > 1) dist_.setString("tiler/step/" + std::to_string(rank()), std::to_string(step));
 }
 
@@ -145,7 +157,7 @@ std::string StepExchange::laggards(int64_t step) {
     const std::string at = dist_.getString("tiler/step/" + std::to_string(r), "-1");
     if (std::stoll(at) < step) behind += " rank " + std::to_string(r) + " (last seen at step " + at + ")";
   }
-  return behind.empty() ? std::string() : "; behind:" + behind + ": hung or dead";
+  return behind.empty() ? std::string() : "; behind:" + behind + ": still at work, hung or dead";
 }
 
 }  // namespace tiler

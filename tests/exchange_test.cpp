@@ -8,6 +8,7 @@
 #include <chrono>
 #include <mutex>
 #include <stdexcept>
+#include <thread>
 
 #include "ranks_util.hpp"
 
@@ -129,6 +130,35 @@ TEST_P(ExchangeWorlds, AFatalExitCodeIsAFailureEverywhere) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, ExchangeWorlds, ::testing::Values(1, 2, 3, 4));
+
+// Rank 0 is still at work (an owner writing its outputs) when rank 1, past the last step, waits for it in a
+// collective: rank 1's timeout names rank 0, the rank that is behind, and not itself, the one that waited.
+TEST(Exchange, ATimeoutNamesTheRankBehindNotTheOneThatWaited) {
+  auto errors = test::runRanksCollect(
+      2,
+      [](DistContext& ctx) {
+        StepExchange ex(ctx);
+        ex.markStep(0);
+        ex.check(std::nullopt, "step 0");
+        if (ctx.rank() == 0) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // past rank 1's timeout
+          return;
+        }
+        ex.markStep(1);
+        ex.check(std::nullopt, "the end of the output stages");
+      },
+      std::chrono::seconds(1));
+  ASSERT_TRUE(errors[1]) << "rank 1 waited past its timeout";
+  try {
+    std::rethrow_exception(errors[1]);
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(e.message().find("the end of the output stages"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("behind: rank 0 (last seen at step 0)"), std::string::npos) << e.message();
+    EXPECT_EQ(e.message().find("rank 1 (last seen"), std::string::npos) << e.message();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "not a TimeoutError: " << e.what();
+  }
+}
 
 TEST(Exchange, CaptureFailureDescribesAnyException) {
   EXPECT_EQ(captureFailure([] {}), std::nullopt);

@@ -99,6 +99,10 @@ TEST(Model, TheOutputShapeAndTaskDecideWhatAModelIs) {
       << "a 1x1 map of a window is a valid segmentation at 1/window scale unless a task says otherwise";
   EXPECT_THROW(resolveTask(ModelTask::kSegment, vector, none, false, "m"), ModelError);
   EXPECT_THROW(resolveTask(ModelTask::kEmbed, map, none, false, "m"), ModelError);
+  // A detector's [1, N, 6], N = 0 included: a window where it found nothing.
+  EXPECT_EQ(resolveTask(ModelTask::kDetect, {1, 5, 6}, none, false, "m"), ModelTask::kDetect);
+  EXPECT_EQ(resolveTask(ModelTask::kDetect, {1, 0, 6}, none, false, "m"), ModelTask::kDetect);
+  EXPECT_THROW(resolveTask(ModelTask::kDetect, {1, 5, 5}, none, false, "m"), ModelError);
   for (const auto& bad : std::vector<std::vector<int64_t>>{{}, {1}, {1, 7, 3}, {1, 2, 3, 4, 5}})
     for (ModelTask task : {ModelTask::kAuto, ModelTask::kEmbed, ModelTask::kClassify})
       EXPECT_THROW(resolveTask(task, bad, none, false, "m"), ModelError) << bad.size();

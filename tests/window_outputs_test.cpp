@@ -8,6 +8,7 @@
 #include <torch/script.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -147,6 +148,27 @@ TEST(WindowOutputs, FeaturesInWindowOrderWithLevelZeroCoordinates) {
   r = test::runCommand("h5dump -a /features/encoder -a /features/name " + paths[0]);
   EXPECT_NE(r.output.find("\"tiny_encoder\""), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("\"slide\""), std::string::npos) << r.output;
+  removeTree(dir);
+}
+
+// An image that says neither its µm/px nor its objective power: the attributes TRIDENT's reader indexes are
+// still there, NaN (unknown), on the file and on coords.
+TEST(WindowOutputs, UnknownResolutionAttributesAreNaNNotMissing) {
+  TILER_SKIP_WITHOUT_FEATURE("hdf5");
+  TILER_SKIP_WITHOUT_TOOL("h5dump");
+  const std::string dir = test::scratchDir("features_unknown");
+  CatalogImage img = image(dir);
+  img.info.objective_power.reset();
+  img.resolution.mpp.reset();
+  img.resolution.source_mpp.reset();
+  const auto paths = writeAll(img, embed(2), inOrder(12));
+  for (const std::string where : {"/", "/coords/"})
+    for (const char* attribute : {"mpp", "level0_mpp", "level0_magnification", "target_magnification"}) {
+      const auto r = test::runCommand("h5dump -a " + where + attribute + " " + paths[0]);
+      EXPECT_EQ(r.code, 0) << where << attribute << ": " << r.output;
+      EXPECT_NE(r.output.find("H5T_IEEE_F64LE"), std::string::npos) << where << attribute << ": " << r.output;
+      EXPECT_NE(r.output.find("(0): nan"), std::string::npos) << where << attribute << ": " << r.output;
+    }
   removeTree(dir);
 }
 
@@ -462,7 +484,7 @@ TEST(WindowOutputs, EachBoxIsKeptByTheWindowWhoseCoreHoldsItsCentre) {
       }
       // A record holds the boxes its window keeps, and nothing of the padding.
       const std::string record = detectionRecord(img, o, w, boxes.data());
-      kept += int64_t(record.size() - sizeof(int64_t)) / int64_t(6 * sizeof(float));
+      kept += int64_t(record.size() / (6 * sizeof(float)));
       out.addRecord(w, record);
     }
     if (pass == 2) {
@@ -511,12 +533,12 @@ TEST(WindowOutputs, ARecordOfBoxesIsCheckedLikeTheBoxes) {
     EXPECT_NE(e.message().find("window 0 (column 0, row 0), box 0 of 1: x2 < x1"), std::string::npos)
         << e.message();
   }
-  // Padding is no box, but its NaN counts.
+  // Padding is no box, and what it holds is no value of the image: neither sent nor counted as not finite.
   const std::string record = detectionRecord(img, o, 0, padding.data());
-  EXPECT_EQ(record.size(), sizeof(int64_t));
+  EXPECT_EQ(record.size(), 0u);
   WindowOutputs out(img, o);
   out.addRecord(0, record);
-  EXPECT_EQ(out.nonFiniteValues(), 1);
+  EXPECT_EQ(out.nonFiniteValues(), 0);
   EXPECT_THROW(out.addRecord(1, record + "abc"), IoError);
   o.task = ModelTask::kEmbed;
   o.kinds = {"features_pt"};
@@ -607,6 +629,245 @@ TEST(WindowOutputs, NonMaximumSuppressionAcrossWindowsIsARuleOfPairs) {
   EXPECT_EQ(nmsRun({{0, a}, {1, tie}}, 0.5), "1,class_0,0.9,4,2,12,9\n") << "an equal score: the earlier";
   // C, a row later, outscores A; A, suppressed, still outscores B.
   EXPECT_EQ(nmsRun({{0, a}, {1, b}, {4, c}}, 0.2), "1,class_0,0.95,4,6,12,14\n");
+}
+
+// The boxes of a detect run's CSV (the header left out), each line as written.
+std::vector<std::string> csvRows(const std::string& path) {
+  std::istringstream in(test::slurp(path));
+  std::vector<std::string> rows;
+  std::string line;
+  std::getline(in, line);
+  while (std::getline(in, line)) rows.push_back(line);
+  return rows;
+}
+
+// A CSV row's fields.
+std::vector<std::string> fieldsOf(const std::string& row) {
+  std::vector<std::string> f;
+  std::stringstream in(row);
+  for (std::string v; std::getline(in, v, ',');) f.push_back(v);
+  return f;
+}
+
+// Random boxes over a grid of 20 px windows without overlap (so a box whose centre lies inside a window is
+// that window's): whole grid rows without any, windows with none or up to a dozen, sides from under a pixel
+// to past the image (clipped: a share `giant` of them; a share `large` across grid rows), scores on a coarse
+// scale (ties), three classes. `rows` receives each box's grid row, in window order.
+struct RandomDetections {
+  CatalogImage img;
+  WindowOutputOptions options;
+  std::vector<std::vector<float>> windows;  // each window's rows, padded
+  std::vector<int64_t> rows;
+};
+RandomDetections randomDetections(const std::string& dir, uint32_t seed, int64_t columns, int64_t grid_rows,
+                                  int64_t most, float large, float giant) {
+  RandomDetections d;
+  d.img = image(dir);
+  d.img.grid = WindowGrid(20 * columns, 20 * grid_rows, GridSpec{20, 20, 0.0, 0.0});
+  d.img.outputs["objects_csv"] = dir + "/slide_objects.csv";
+  d.options.task = ModelTask::kDetect;
+  d.options.kinds = {"objects_csv"};
+  d.options.dim = 6 * most;
+  std::mt19937 random(seed);
+  std::uniform_real_distribution<float> unit(0, 1);
+  const auto empty_row = [&](int64_t row) { return (row + seed) % 4 == 3; };
+  for (int64_t w = 0; w < d.img.grid.count(); ++w) {
+    std::vector<float>& v = d.windows.emplace_back(size_t(d.options.dim), 0.0f);
+    const int64_t row = w / columns, n = empty_row(row) ? 0 : int64_t(random() % uint32_t(most + 1));
+    for (int64_t i = 0; i < n; ++i) {
+      const float cx = 0.5f + 19 * unit(random), cy = 0.5f + 19 * unit(random);
+      const float draw = unit(random);
+      const float side = draw < giant           ? 700
+                         : draw < giant + large ? 20 + 40 * unit(random)
+                                                : 0.3f + 8 * unit(random);
+      const float aspect = 0.5f + unit(random);
+      float* b = v.data() + 6 * i;
+      b[0] = cx - side / 2;
+      b[1] = cy - side * aspect / 2;
+      b[2] = cx + side / 2;
+      b[3] = cy + side * aspect / 2;
+      b[4] = float(1 + random() % 8) / 8;
+      b[5] = float(random() % 3);
+      d.rows.push_back(row);
+    }
+  }
+  return d;
+}
+
+// The CSV rows `d` writes with NMS at `iou` (0: none).
+std::vector<std::string> detectRows(RandomDetections& d, double iou) {
+  fs::remove(d.img.outputs["objects_csv"]);
+  d.options.nms_iou = iou;
+  WindowOutputs out(d.img, d.options);
+  for (int64_t w = 0; w < d.img.grid.count(); ++w) out.add(w, d.windows[size_t(w)].data());
+  out.commit();
+  return csvRows(d.img.outputs["objects_csv"]);
+}
+
+// NMS as it was written first, brute force over every pending box: boxes held by grid row, a row's boxes
+// settled when the row after next begins (and all at the end), each written unless a pending box of its class
+// outscores it (higher score, or equal and earlier) with an IoU above `iou`. Returns the written boxes'
+// places in `kept` (every box, window order).
+std::vector<size_t> bruteForceNms(const std::vector<std::string>& kept, const std::vector<int64_t>& rows,
+                                  double iou) {
+  struct Box {
+    size_t at;
+    int64_t row;
+    std::string k;
+    float score;
+    double x1, y1, x2, y2;
+    bool settled = false;
+  };
+  const auto overlap = [](const Box& a, const Box& b) {
+    const double w = std::min(a.x2, b.x2) - std::max(a.x1, b.x1),
+                 h = std::min(a.y2, b.y2) - std::max(a.y1, b.y1);
+    if (w <= 0 || h <= 0) return 0.0;
+    return w * h / ((a.x2 - a.x1) * (a.y2 - a.y1) + (b.x2 - b.x1) * (b.y2 - b.y1) - w * h);
+  };
+  std::vector<size_t> written;
+  std::vector<Box> pending;
+  const auto settle = [&](int64_t row) {
+    for (Box& b : pending) {
+      if (b.settled || b.row > row) continue;
+      b.settled = true;
+      bool outscored = false;
+      for (const Box& c : pending)
+        outscored =
+            outscored || (c.k == b.k && c.at != b.at &&
+                          (c.score > b.score || (c.score == b.score && c.at < b.at)) && overlap(b, c) > iou);
+      if (!outscored) written.push_back(b.at);
+    }
+    pending.erase(std::remove_if(pending.begin(), pending.end(), [row](const Box& b) { return b.row < row; }),
+                  pending.end());
+  };
+  int64_t last_row = -1;
+  for (size_t i = 0; i < kept.size(); ++i) {
+    const auto f = fieldsOf(kept[i]);
+    const Box b{i,
+                rows[i],
+                f[1],
+                std::stof(f[2]),
+                std::stod(f[3]),
+                std::stod(f[4]),
+                std::stod(f[5]),
+                std::stod(f[6])};
+    if (b.row > last_row) settle(b.row - 2);
+    last_row = b.row;
+    pending.push_back(b);
+  }
+  settle(std::numeric_limits<int64_t>::max());
+  return written;
+}
+
+// NMS through the spatial index writes the boxes brute force writes, in the same order, for random boxes of
+// every size (some across several rows, some past the image), ties and classes, at any IoU.
+TEST(WindowOutputs, NonMaximumSuppressionEqualsTheBruteForceRule) {
+  const std::string dir = test::scratchDir("detect_nms_random");
+  int64_t suppressed = 0;
+  for (uint32_t seed = 1; seed <= 6; ++seed) {
+    RandomDetections d = randomDetections(dir, seed, 9, 7, 24, 0.15f, 0.02f);
+    const std::vector<std::string> all = detectRows(d, 0);
+    ASSERT_EQ(all.size(), d.rows.size()) << "every box is its window's";
+    for (double iou : {0.05, 0.3, 0.5, 0.8}) {
+      std::string want;
+      int64_t id = 0;
+      for (size_t at : bruteForceNms(all, d.rows, iou))
+        want += std::to_string(++id) + all[at].substr(all[at].find(',')) + "\n";
+      std::string got;
+      for (const auto& row : detectRows(d, iou)) got += row + "\n";
+      EXPECT_EQ(got, want) << "seed " << seed << ", IoU " << iou;
+      suppressed += int64_t(all.size()) - id;
+    }
+  }
+  EXPECT_GT(suppressed, 1000) << "the boxes meet often enough to test the rule";
+  removeTree(dir);
+}
+
+// The index keeps NMS near linear in the boxes: 120 000 boxes in three grid rows, which brute force compared
+// pair by pair (10^10 pairs: minutes), take about a second.
+TEST(WindowOutputs, NonMaximumSuppressionIsNearLinearInTheBoxes) {
+  const std::string dir = test::scratchDir("detect_nms_many");
+  RandomDetections d = randomDetections(dir, 4, 120, 3, 667, 0.0f, 0.0f);
+  ASSERT_GT(d.rows.size(), 100000u);
+  const auto start = std::chrono::steady_clock::now();
+  const auto rows = detectRows(d, 0.5);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 20) << rows.size() << " of " << d.rows.size() << " boxes written";
+  EXPECT_LT(rows.size(), d.rows.size());
+  removeTree(dir);
+}
+
+// Boxes reaching past the image (a window's padding, any finite value a model gives) end at its edges in
+// every output: no ±1e30 and no negative start is ever written. COCO has what pycocotools reads (info,
+// licenses, segmentation, supercategory); the GeoJSON's id is also a property (GeoPandas' column).
+TEST(WindowOutputs, BoxesAreClippedToTheImageInEveryOutput) {
+  const std::string dir = test::scratchDir("detect_clip");
+  CatalogImage img = image(dir, 2.0);  // 40 x 30 of 10 px windows, level 0 at 80 x 60
+  img.outputs["objects"] = dir + "/slide_objects.geojson";
+  img.outputs["objects_csv"] = dir + "/slide_objects.csv";
+  img.outputs["coco"] = dir + "/slide_coco.json";
+  WindowOutputOptions o = oneBoxAWindow();
+  o.kinds = {"objects", "objects_csv", "coco"};
+  const std::map<int64_t, std::vector<float>> boxes = {
+      {0, {-1e30f, -1e30f, 1e30f, 1e30f, 0.5f, 0}},  // centre (0, 0): window 0's
+      {4, {-2, 1, 6, 4, 0.6f, 0}},                   // starts 2 px left of the image
+      {5, {-3, 2, 4, 8, 0.9f, 1}},                   // inside it
+      {11, {5, 6, 14, 12, 0.7f, 0}}};                // past its right and bottom edges
+  WindowOutputs out(img, o);
+  for (int64_t w = 0; w < img.grid.count(); ++w) {
+    const auto it = boxes.find(w);
+    const std::vector<float> none(6, 0.0f);
+    out.add(w, it == boxes.end() ? none.data() : it->second.data());
+  }
+  out.commit();
+  EXPECT_EQ(test::slurp(dir + "/slide_objects.csv"),
+            "id,class,score,x1,y1,x2,y2\n1,class_0,0.5,0,0,80,60\n2,class_0,0.6,0,22,12,28\n"
+            "3,class_1,0.9,14,24,28,36\n4,class_0,0.7,70,52,80,60\n");
+  const auto coco = nlohmann::json::parse(test::slurp(dir + "/slide_coco.json"));
+  for (const char* key : {"info", "licenses", "images", "annotations", "categories"})
+    EXPECT_TRUE(coco.contains(key)) << key;
+  EXPECT_EQ(coco["images"][0]["width"], 80);
+  EXPECT_EQ(coco["images"][0]["height"], 60);
+  ASSERT_EQ(coco["annotations"].size(), 4u);
+  EXPECT_EQ(coco["annotations"][0]["bbox"], nlohmann::json::parse("[0, 0, 80, 60]"));
+  EXPECT_EQ(coco["annotations"][0]["area"], 4800);
+  EXPECT_EQ(coco["annotations"][3]["bbox"], nlohmann::json::parse("[70, 52, 10, 8]"));
+  EXPECT_EQ(coco["annotations"][3]["segmentation"],
+            nlohmann::json::parse("[[70, 52, 80, 52, 80, 60, 70, 60]]"));
+  for (const auto& a : coco["annotations"])
+    for (const char* key : {"id", "image_id", "category_id", "bbox", "area", "segmentation", "iscrowd"})
+      EXPECT_TRUE(a.contains(key)) << key;
+  ASSERT_EQ(coco["categories"].size(), 2u);
+  EXPECT_EQ(coco["categories"][1],
+            nlohmann::json::parse(R"({"id": 2, "name": "class_1", "supercategory": "object"})"));
+  const auto geojson = nlohmann::json::parse(test::slurp(dir + "/slide_objects.geojson"));
+  ASSERT_EQ(geojson["features"].size(), 4u);
+  EXPECT_EQ(geojson["features"][0]["geometry"]["coordinates"][0],
+            nlohmann::json::parse("[[0, 0], [80, 0], [80, 60], [0, 60], [0, 0]]"));
+  EXPECT_EQ(geojson["features"][1]["geometry"]["coordinates"][0][0], nlohmann::json::parse("[0, 22]"));
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(geojson["features"][size_t(i)]["id"], i + 1);
+    EXPECT_EQ(geojson["features"][size_t(i)]["properties"]["id"], i + 1);
+  }
+  removeTree(dir);
+}
+
+// A detector with no rows at all ([B, 0, 6]) finds nothing: valid, and every file is written, empty.
+TEST(WindowOutputs, ADetectorWithoutRowsWritesEmptyFiles) {
+  const std::string dir = test::scratchDir("detect_none");
+  CatalogImage img = image(dir);
+  img.outputs["objects"] = dir + "/slide_objects.geojson";
+  img.outputs["coco"] = dir + "/slide_coco.json";
+  WindowOutputOptions o = oneBoxAWindow();
+  o.kinds = {"objects", "coco"};
+  o.dim = 0;
+  WindowOutputs out(img, o);
+  for (int64_t w = 0; w < img.grid.count(); ++w) out.add(w, nullptr);
+  out.commit();
+  EXPECT_EQ(out.objects(), (std::array<int64_t, 2>{0, 0}));
+  EXPECT_EQ(nlohmann::json::parse(test::slurp(dir + "/slide_objects.geojson"))["features"].size(), 0u);
+  EXPECT_EQ(nlohmann::json::parse(test::slurp(dir + "/slide_coco.json"))["annotations"].size(), 0u);
+  removeTree(dir);
 }
 
 }  // namespace

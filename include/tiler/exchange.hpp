@@ -70,17 +70,23 @@ class StepExchange {
   // on every rank, or throws RankFailure on every rank.
   int agreeOnExitCode(int code, const std::optional<std::string>& fatal);
 
-  // Marks this rank's progress for timeout messages; laggards() names the ranks behind `step`.
+  // Marks this rank's progress (a step, or past the last one); from then on a collective that times out
+  // throws a TimeoutError that also names the ranks whose mark is behind this rank's (laggards()): the
+  // rank that waited is not the one to look at.
   void markStep(int64_t step);
   std::string laggards(int64_t step);
 
  private:
   torch::Tensor onComm(const torch::Tensor& t) const;
   [[noreturn]] void throwFailure(int rank, const std::optional<std::string>& own);
+  // collective(), its TimeoutError naming the laggards once a step is marked.
+  template <typename Collective>
+  auto namingLaggards(const Collective& collective) -> decltype(collective());
 
   DistContext& dist_;
   bool on_device_ = false;                   // NCCL: collectives on the model's device
   std::map<int, std::string> own_failures_;  // this rank's first message per image (the store's, on one rank)
+  int64_t marked_ = -1;                      // markStep's last step (-1: none marked)
 };
 
 // Runs `body` and returns the message of any exception it throws (describeException), nullopt otherwise:
