@@ -57,6 +57,28 @@ std::vector<int32_t> labelParts(const uint8_t* mask, int64_t width, int64_t heig
   return part;
 }
 
+// A closed walk cut into simple loops at the vertices it passes twice: each time a vertex comes again, the
+// loop since its first pass is one (a walk along pixel edges passes a vertex at most twice, and its loops
+// nest, never cross); what remains is the last.
+std::vector<std::vector<int64_t>> splitAtRepeatedVertices(const std::vector<int64_t>& walk) {
+  std::vector<std::vector<int64_t>> loops;
+  std::vector<int64_t> open;
+  std::unordered_map<int64_t, size_t> place;  // vertex -> its index in `open`
+  for (int64_t v : walk) {
+    const auto [it, fresh] = place.try_emplace(v, open.size());
+    if (fresh) {
+      open.push_back(v);
+      continue;
+    }
+    const size_t first = it->second;
+    loops.emplace_back(open.begin() + std::ptrdiff_t(first), open.end());
+    for (size_t i = first + 1; i < open.size(); ++i) place.erase(open[i]);
+    open.resize(first + 1);
+  }
+  loops.push_back(std::move(open));
+  return loops;
+}
+
 }  // namespace
 
 double ringArea(const OutlineRing& ring) {
@@ -96,47 +118,63 @@ std::vector<OutlinePolygon> traceOutlines(const uint8_t* mask, int64_t width, in
   const std::vector<int32_t> part = labelParts(mask, width, height, parts);
   std::vector<OutlinePolygon> polygons(static_cast<size_t>(parts));
   std::vector<bool> used(edges.size(), false);
+  std::vector<int64_t> corners;  // the vertices where a boundary turns, in its order
   for (size_t start = 0; start < edges.size(); ++start) {
     if (used[start]) continue;
-    OutlineRing ring;
+    corners.clear();
     size_t e = start;
     while (!used[e]) {
       used[e] = true;
       const Edge& edge = edges[e];
       const int64_t to = edge.from + kStepX[edge.dir] + kStepY[edge.dir] * stride;
       const auto& next = leaving.at(to);
-      // Where two parts meet at a corner, turn right: the ring keeps to its own 4-connected part.
+      // Where two pixels meet at a corner, turn right: the boundary keeps to its own 4-connected part.
       size_t n = size_t(next[0]);
       if (next[1] >= 0 && edges[n].dir != (edge.dir + 1) % 4) n = size_t(next[1]);
-      if (edges[n].dir != edge.dir) ring.push_back({int32_t(to % stride), int32_t(to / stride)});
+      if (edges[n].dir != edge.dir) corners.push_back(to);
       e = n;
     }
-    std::rotate(ring.begin(),
-                std::min_element(
-                    ring.begin(), ring.end(),
-                    [](const auto& a, const auto& b) { return a[1] != b[1] ? a[1] < b[1] : a[0] < b[0]; }),
-                ring.end());
-    // A part's first edge in raster order is on its outer ring: the outer ring comes first.
-    polygons[size_t(part[size_t(edges[start].inside)])].push_back(std::move(ring));
+    // A boundary passes a corner twice where two of its part's pixels meet there across background: split
+    // there, it is simple rings that touch at that point (the outer ring and a hole, or two holes), as
+    // GEOS's validity wants, never one ring that touches itself.
+    OutlinePolygon& polygon = polygons[size_t(part[size_t(edges[start].inside)])];
+    for (const std::vector<int64_t>& loop : splitAtRepeatedVertices(corners)) {
+      OutlineRing ring;
+      ring.reserve(loop.size());
+      for (int64_t v : loop) ring.push_back({int32_t(v % stride), int32_t(v / stride)});
+      std::rotate(ring.begin(),
+                  std::min_element(
+                      ring.begin(), ring.end(),
+                      [](const auto& a, const auto& b) { return a[1] != b[1] ? a[1] < b[1] : a[0] < b[0]; }),
+                  ring.end());
+      // A part's outer ring is the one ring of positive area: it comes first.
+      if (ringArea(ring) > 0)
+        polygon.insert(polygon.begin(), std::move(ring));
+      else
+        polygon.push_back(std::move(ring));
+    }
   }
   return polygons;
 }
 
-std::vector<WindowObject> objectsOfWindow(const float* values, int64_t channels, int64_t height,
-                                          int64_t width, const std::function<std::string()>& where) {
+std::vector<WindowObject> objectsOfWindow(const double* values, int64_t channels, int64_t height,
+                                          int64_t width, const Rect& inside,
+                                          const std::function<std::string()>& where) {
   const int64_t plane = height * width, classes = channels - 1;
+  const int64_t x0 = std::max<int64_t>(inside.x, 0), x1 = std::min(inside.right(), width);
   std::vector<WindowObject> objects;
   std::unordered_map<int64_t, size_t> index;  // id -> objects[]
   std::vector<double> sum_x, sum_y;
-  for (int64_t y = 0; y < height; ++y) {
+  for (int64_t y = std::max<int64_t>(inside.y, 0); y < std::min(inside.bottom(), height); ++y) {
     int64_t run_id = 0, run_start = 0;
     size_t run_object = 0;
-    for (int64_t x = 0; x <= width; ++x) {
+    for (int64_t x = x0; x <= x1; ++x) {
       int64_t id = 0;
-      if (x < width) {
-        const float v = values[y * width + x];
-        TILER_CHECK(v >= 0 && v < 2147483648.0f && v == std::floor(v), IoError,
-                    where() << "pixel (" << x << ", " << y << ") of the instance map is " << v
+      if (x < x1) {
+        const double v = values[y * width + x];
+        TILER_CHECK(v >= 0 && v < 2147483648.0 && v == std::floor(v), IoError,
+                    where() << "pixel (" << x << ", " << y << ") of the instance map is "
+                            << fmt::format("{}", v)
                             << ", not an object id (a whole number in [0, 2^31), 0 for background)");
         id = int64_t(v);
       }
@@ -173,7 +211,7 @@ std::vector<WindowObject> objectsOfWindow(const float* values, int64_t channels,
       sum_x[i] += double(n) * (double(a) + double(b)) / 2;  // pixel centres a + 0.5 ... b - 0.5
       sum_y[i] += double(n) * (double(y) + 0.5);
       for (int64_t k = 0; k < classes; ++k) {
-        const float* row = values + (k + 1) * plane + int64_t(y) * width;
+        const double* row = values + (k + 1) * plane + int64_t(y) * width;
         for (int64_t x = a; x < b; ++x) o.class_means[size_t(k)] += row[x];
       }
     }
@@ -213,7 +251,7 @@ InstanceOutputs::InstanceOutputs(const CatalogImage& image, InstanceOptions opti
 InstanceOutputs::~InstanceOutputs() = default;
 
 WindowObjects keepWindowObjects(const CatalogImage& image, const InstanceOptions& options, int64_t window,
-                                const float* values) {
+                                const double* values) {
   const WindowGrid& grid = image.grid;
   const Rect place = grid.imageWindow(window);
   const size_t column = size_t(window % grid.columns()), row = size_t(window / grid.columns());
@@ -224,15 +262,21 @@ WindowObjects keepWindowObjects(const CatalogImage& image, const InstanceOptions
   const int64_t h = options.height, w = options.width;
   const bool outlines =
       std::find(options.kinds.begin(), options.kinds.end(), "objects") != options.kinds.end();
+  // The window's output pixels that are the image's (a lattice window or a small image's reaches past it):
+  // an object is what the model found there, as the instance TIFF holds it; padding is no one's.
+  const int64_t ox = options.scale.apply(place.x), oy = options.scale.apply(place.y);
+  const Rect inside{-ox, -oy, options.scale.apply(grid.imageWidth()),
+                    options.scale.apply(grid.imageHeight())};
   WindowObjects out;
-  out.non_finite = countNonFinite(values, options.channels * h * w);
-  for (WindowObject& o : objectsOfWindow(values, options.channels, h, w, where)) {
+  for (int64_t c = 0; c < options.channels; ++c)
+    for (int64_t y = std::max<int64_t>(inside.y, 0); y < std::min(inside.bottom(), h); ++y)
+      for (int64_t x = std::max<int64_t>(inside.x, 0); x < std::min(inside.right(), w); ++x)
+        out.non_finite += !std::isfinite(values[(c * h + y) * w + x]);
+  for (WindowObject& o : objectsOfWindow(values, options.channels, h, w, inside, where)) {
     const double cx = o.cx / s, cy = o.cy / s;  // processing pixels in the window
     if (!inWindowCore(grid.startsX(), grid.windowWidth(), column, double(grid.startsX()[column]) + cx) ||
         !inWindowCore(grid.startsY(), grid.windowHeight(), row, double(grid.startsY()[row]) + cy))
       continue;
-    const double ix = double(place.x) + cx, iy = double(place.y) + cy;
-    if (ix < 0 || iy < 0 || ix >= double(grid.imageWidth()) || iy >= double(grid.imageHeight())) continue;
     // Cut by a window edge inside the image: this window saw a part of it, so no window keeps it.
     if ((o.x0 == 0 && place.x > 0) || (o.y0 == 0 && place.y > 0) ||
         (o.x1 == w && place.right() < grid.imageWidth()) ||
@@ -249,14 +293,8 @@ WindowObjects keepWindowObjects(const CatalogImage& image, const InstanceOptions
         std::fill_n(mask.begin() + (y - o.y0 + 1) * bw + (a - o.x0 + 1), b - a, uint8_t(1));
       k.outlines = traceOutlines(mask.data(), bw, bh);
     }
-    if (!o.class_means.empty()) {
-      // The first of equal means wins; NaN never does.
-      k.k = 0;
-      for (size_t c = 1; c < o.class_means.size(); ++c)
-        if (o.class_means[c] > o.class_means[size_t(k.k)] || std::isnan(o.class_means[size_t(k.k)]))
-          k.k = int(c);
-      k.score = o.class_means[size_t(k.k)];
-    }
+    if (!o.class_means.empty()) k.k = highestClass(o.class_means.data(), o.class_means.size());
+    if (k.k >= 0) k.score = o.class_means[size_t(k.k)];
     k.object = std::move(o);
     out.kept.push_back(std::move(k));
   }
@@ -378,17 +416,18 @@ WindowObjects decodeWindowObjects(const std::string& bytes, const std::string& w
 }
 
 void InstanceOutputs::add(int64_t window, const float* values) {
-  take(window, keepWindowObjects(image_, options_, window, values));
+  const std::vector<double> map(values, values + options_.channels * options_.height * options_.width);
+  take(window, keepWindowObjects(image_, options_, window, map.data()));
 }
 
 void InstanceOutputs::addRecord(int64_t window, const std::string& record) {
   const std::string where = "'" + image_.input + "': window " + std::to_string(window) + ": ";
   WindowObjects objects = decodeWindowObjects(record, where);
-  // What the writers index by: as many class means as classes, a class among them.
+  // What the writers index by: as many class means as classes, the class their highest names.
   const auto classes = size_t(options_.channels - 1);
   for (const KeptObject& k : objects.kept)
-    TILER_CHECK(k.object.class_means.size() == classes && k.k < int(classes) && (k.k >= 0 || classes == 0) &&
-                    k.object.pixels > 0,
+    TILER_CHECK(k.object.class_means.size() == classes &&
+                    k.k == highestClass(k.object.class_means.data(), classes) && k.object.pixels > 0,
                 IoError,
                 where << "a record of window objects does not fit this image's " << classes << " classes");
   take(window, std::move(objects));
@@ -439,18 +478,25 @@ void InstanceOutputs::writeFeature(const KeptObject& kept, const Rect& rect) {
       coords += "]";
     }
     const bool multi = kept.outlines.size() > 1;
-    std::string properties = "\"objectType\": \"detection\"";
+    // The id also as a property, where GeoPandas and other tables read it.
+    std::string properties = fmt::format("\"id\": {}, \"objectType\": \"detection\"", id);
     std::string measurements =
         fmt::format("\"area\": {}, \"centroid_x\": {}, \"centroid_y\": {}", area, cx, cy);
+    // A score that is not a number (or past float's range) is left out, as in the classify tiles: JSON has
+    // no NaN, and QuPath reads a missing measurement as NaN. An object whose class scores are all NaN has no
+    // class.
+    const auto measure = [&](const std::string& name, double value) {
+      if (std::isfinite(float(value)))
+        measurements += fmt::format(", {}: {}", nlohmann::json(name).dump(), float(value));
+    };
     if (kept.k >= 0) {
       const ClassInfo c = objectClass(kept.k, options_.classes);
       properties += fmt::format(", \"classification\": {{\"name\": {}, \"color\": [{},{},{}]}}",
                                 nlohmann::json(c.name).dump(), c.color[0], c.color[1], c.color[2]);
-      measurements += fmt::format(", \"score\": {}", float(kept.score));
-      for (size_t c2 = 0; c2 < o.class_means.size(); ++c2)
-        measurements += fmt::format(", {}: {}", nlohmann::json("prob_" + options_.classes[c2].name).dump(),
-                                    float(o.class_means[c2]));
+      measure("score", kept.score);
     }
+    for (size_t c = 0; c < o.class_means.size(); ++c)
+      measure("prob_" + options_.classes[c].name, o.class_means[c]);
     geojson_->write(fmt::format(
         "{}\n{{\"type\": \"Feature\", \"id\": {}, \"geometry\": {{\"type\": \"{}\", \"coordinates\": {}}}, "
         "\"properties\": {{{}, \"measurements\": {{{}}}}}}}",

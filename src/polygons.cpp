@@ -201,7 +201,7 @@ int64_t writePolygons(const std::string& labels_path, const std::string& geojson
     VSIFree(text);
     if (simplified) OGR_G_DestroyGeometry(simplified);
     if (factor != 1.0) scaleCoordinates(g["coordinates"], factor);
-    const std::string name = k < int(o.named.size()) ? o.named[size_t(k)].name : "class " + std::to_string(k);
+    const std::string name = k < int(o.named.size()) ? o.named[size_t(k)].name : "class_" + std::to_string(k);
     const auto color =
         k < int(o.palette.size()) ? o.palette[size_t(k)] : std::array<uint8_t, 3>{255, 255, 255};
     nlohmann::json feature = {

@@ -7,7 +7,10 @@
 #include <gtest/gtest.h>
 #include <opencv2/imgproc.hpp>
 
+#include <spdlog/fmt/fmt.h>
+#include <cmath>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -25,6 +28,62 @@ double polygonArea(const OutlinePolygon& polygon) {
   double area = 0;
   for (const auto& ring : polygon) area += ringArea(ring);
   return area;
+}
+
+// Whether lattice point p lies inside rectilinear `ring` (not on it): a ray to the right crosses its
+// vertical sides an odd number of times (each side half-open in y).
+bool insideRing(const OutlineRing& ring, std::array<int32_t, 2> p) {
+  bool inside = false;
+  for (size_t i = 0; i < ring.size(); ++i) {
+    const auto& a = ring[i];
+    const auto& b = ring[(i + 1) % ring.size()];
+    if (a[0] == b[0] && a[0] > p[0] && std::min(a[1], b[1]) <= p[1] && p[1] < std::max(a[1], b[1]))
+      inside = !inside;
+  }
+  return inside;
+}
+
+// What GEOS would find wrong with an outline along pixel edges, empty when it is valid: every ring simple
+// (no lattice point passed twice, so it neither crosses nor touches itself), the outer ring first and
+// positive, holes negative with every corner inside or on it, and no pixel side on two rings (rings may
+// share points only).
+std::string outlineProblem(const OutlinePolygon& polygon) {
+  if (polygon.empty() || ringArea(polygon[0]) <= 0) return "no outer ring first";
+  std::set<std::array<int32_t, 3>> sides;  // (x, y, 0 across / 1 down) of every unit side
+  std::set<std::array<int32_t, 2>> outer;  // the lattice points on the outer ring
+  for (size_t r = 0; r < polygon.size(); ++r) {
+    const OutlineRing& ring = polygon[r];
+    if (ring.size() < 4)
+      return "ring " + std::to_string(r) + " has " + std::to_string(ring.size()) + " corners";
+    if (r > 0 && ringArea(ring) >= 0) return "hole " + std::to_string(r) + " is not negative";
+    std::set<std::array<int32_t, 2>> passed;
+    for (size_t i = 0; i < ring.size(); ++i) {
+      auto p = ring[i];
+      const auto& b = ring[(i + 1) % ring.size()];
+      if ((p[0] != b[0]) == (p[1] != b[1]))
+        return "ring " + std::to_string(r) + " has a side that is not a pixel edge";
+      if (r > 0 && !insideRing(polygon[0], p) && !outer.count(p))
+        return "hole " + std::to_string(r) + " reaches outside the outer ring";
+      const int32_t dx = b[0] > p[0] ? 1 : b[0] < p[0] ? -1 : 0, dy = b[1] > p[1] ? 1 : b[1] < p[1] ? -1 : 0;
+      for (; p != b; p = {p[0] + dx, p[1] + dy}) {
+        if (!passed.insert(p).second)
+          return "ring " + std::to_string(r) + " passes (" + std::to_string(p[0]) + ", " +
+                 std::to_string(p[1]) + ") twice";
+        const std::array<int32_t, 3> side = {std::min(p[0], p[0] + dx), std::min(p[1], p[1] + dy), dy != 0};
+        if (!sides.insert(side).second) return "two rings share a side";
+      }
+    }
+    if (r == 0) outer = passed;
+  }
+  return "";
+}
+
+// A mask from rows of '#' (in) and '.' (out).
+std::vector<uint8_t> drawnMask(const std::vector<std::string>& rows) {
+  std::vector<uint8_t> mask;
+  for (const std::string& row : rows)
+    for (char c : row) mask.push_back(c == '#');
+  return mask;
 }
 
 TEST(Instances, OutlinesFollowPixelEdgesKeepHolesAndPartsThatMeetAtACornerApart) {
@@ -58,11 +117,54 @@ TEST(Instances, OutlinesFollowPixelEdgesKeepHolesAndPartsThatMeetAtACornerApart)
     std::multiset<int64_t> want, got;
     for (int k = 1; k <= n; ++k) want.insert(cv::countNonZero(parts == k));
     for (const auto& polygon : polygons) {
-      EXPECT_GT(ringArea(polygon[0]), 0);
-      for (size_t r = 1; r < polygon.size(); ++r) EXPECT_LT(ringArea(polygon[r]), 0);
+      EXPECT_EQ(outlineProblem(polygon), "") << "trial " << trial;
       got.insert(int64_t(polygonArea(polygon)));
     }
     EXPECT_EQ(got, want) << "trial " << trial;
+  }
+}
+
+// Background that meets the outside, or other background, only at a corner: the outer ring and holes that
+// touch at that point, never a ring that touches itself (shapely and ogrinfo call that "Ring
+// Self-intersection").
+TEST(Instances, OutlinesWhereBackgroundMeetsAtACornerAreSimpleRingsThatTouch) {
+  // A pocket whose corner meets the outside: the outer ring, and the pocket a hole touching it at (2, 2).
+  auto polygons = traceOutlines(drawnMask({"###.",  //
+                                           "#.#.",  //
+                                           "##..",  //
+                                           "...."})
+                                    .data(),
+                                4, 4);
+  ASSERT_EQ(polygons.size(), 1u);
+  EXPECT_EQ(polygons[0], (OutlinePolygon{{{0, 0}, {3, 0}, {3, 2}, {2, 2}, {2, 3}, {0, 3}},  //
+                                         {{1, 1}, {1, 2}, {2, 2}, {2, 1}}}));
+  EXPECT_EQ(outlineProblem(polygons[0]), "");
+  // A chain of pockets corner to corner out to the outside, background in an X inside a block, two pockets
+  // meeting at a corner, a ring whose gap closes at a corner, and parts in an X (each its own polygon) in a
+  // frame's hole: each a polygon of simple rings.
+  struct Case {
+    std::vector<std::string> rows;
+    size_t parts, holes;  // the first part's
+  };
+  const std::vector<Case> cases = {
+      {{"#####", "#.###", "##.##", "###.#", "####."}, 1, 3},
+      {{"#####", "#.#.#", "##.##", "#.#.#", "#####"}, 1, 5},
+      {{"####", "#.##", "##.#", "####"}, 1, 2},
+      {{"####.", "#..#.", "#..#.", "###..", "....."}, 1, 1},
+      {{"#######", "#.....#", "#.#.#.#", "#..#..#", "#.#.#.#", "#.....#", "#######"}, 6, 1},
+  };
+  for (size_t c = 0; c < cases.size(); ++c) {
+    const int64_t w = int64_t(cases[c].rows[0].size()), h = int64_t(cases[c].rows.size());
+    const std::vector<uint8_t> mask = drawnMask(cases[c].rows);
+    polygons = traceOutlines(mask.data(), w, h);
+    ASSERT_EQ(polygons.size(), cases[c].parts) << "case " << c;
+    EXPECT_EQ(polygons[0].size(), 1 + cases[c].holes) << "case " << c;
+    double area = 0;
+    for (const OutlinePolygon& polygon : polygons) {
+      EXPECT_EQ(outlineProblem(polygon), "") << "case " << c;
+      area += polygonArea(polygon);
+    }
+    EXPECT_EQ(area, double(std::count(mask.begin(), mask.end(), 1))) << "case " << c;
   }
 }
 
@@ -72,10 +174,11 @@ TEST(Instances, ObjectsOfAWindowAreMeasuredFromTheirPixels) {
                                   0, 7, 0, 0, 0, 0,  //
                                   0, 7, 7, 0, 0, 0,  //
                                   0, 0, 0, 0, 3, 0};
-  std::vector<float> values = ids;
+  std::vector<double> values(ids.begin(), ids.end());
   for (int k = 0; k < 2; ++k)
-    for (size_t i = 0; i < ids.size(); ++i) values.push_back(ids[i] == 7 ? float(k) : float(1 - k) + 0.5f);
-  const auto objects = objectsOfWindow(values.data(), 3, 4, 6, [] { return std::string("here: "); });
+    for (size_t i = 0; i < ids.size(); ++i) values.push_back(ids[i] == 7 ? double(k) : double(1 - k) + 0.5);
+  const auto objects =
+      objectsOfWindow(values.data(), 3, 4, 6, {0, 0, 6, 4}, [] { return std::string("here: "); });
   ASSERT_EQ(objects.size(), 2u);
   const WindowObject& l = objects[0];
   EXPECT_EQ(l.id, 7);
@@ -92,22 +195,30 @@ TEST(Instances, ObjectsOfAWindowAreMeasuredFromTheirPixels) {
   EXPECT_EQ(two.runs.size(), 2u);
 }
 
-TEST(Instances, AnIdThatIsNoIdFailsNamingItsPixel) {
-  for (float bad : {0.5f, -1.0f, std::numeric_limits<float>::quiet_NaN(), 2147483648.0f,
-                    std::numeric_limits<float>::infinity()}) {
-    std::vector<float> ids(12, 0.f);
+TEST(Instances, AnIdThatIsNoIdFailsNamingItsPixelAndValue) {
+  for (double bad : {0.5, -1.0, std::numeric_limits<double>::quiet_NaN(), 2147483648.0, 2147483647.5,
+                     std::numeric_limits<double>::infinity()}) {
+    std::vector<double> ids(12, 0.0);
     ids[7] = bad;
     try {
-      objectsOfWindow(ids.data(), 1, 3, 4, [] { return std::string("'x.tif': window 5: "); });
+      objectsOfWindow(ids.data(), 1, 3, 4, {0, 0, 4, 3}, [] { return std::string("'x.tif': window 5: "); });
       ADD_FAILURE() << bad << ": no error";
     } catch (const IoError& e) {
-      EXPECT_NE(e.message().find("'x.tif': window 5: pixel (3, 1) of the instance map is "),
+      // The value as it is, never rounded into one that looks like an id.
+      EXPECT_NE(e.message().find("'x.tif': window 5: pixel (3, 1) of the instance map is " +
+                                 fmt::format("{}", bad) + ", not an object id"),
                 std::string::npos)
           << e.message();
     }
   }
-  std::vector<float> largest(4, 2147483520.0f);  // the largest float below 2^31 is an id
-  EXPECT_EQ(objectsOfWindow(largest.data(), 1, 2, 2, [] { return std::string(); })[0].id, 2147483520);
+  // Every id below 2^31 is one, each its own: 2^24 and 2^24 + 1 (one float) are two objects.
+  const std::vector<double> ids = {2147483647, 16777216, 16777217, 0};
+  const auto objects = objectsOfWindow(ids.data(), 1, 2, 2, {0, 0, 2, 2}, [] { return std::string(); });
+  ASSERT_EQ(objects.size(), 3u);
+  EXPECT_EQ(objects[0].id, 2147483647);
+  EXPECT_EQ(objects[1].id, 16777216);
+  EXPECT_EQ(objects[2].id, 16777217);
+  EXPECT_EQ(objects[2].pixels, 1);
 }
 
 // A 40x30 image of 16x16 windows at stride 8 (starts 0, 8, 16, 24 by 0, 8, 14), level 0 at twice its
@@ -137,20 +248,25 @@ Scene scene(const std::string& name) {
 
 // Window w's map as a model would give it: the objects it sees with ids of its own (global id x 10 + w
 // mod 7 + 1), then one class channel (the object's id / 10) and its opposite.
-std::vector<float> windowMap(const Scene& s, int64_t w) {
+std::vector<double> windowMap(const Scene& s, int64_t w) {
   const Rect r = s.img.grid.imageWindow(w);
-  std::vector<float> map(3 * 16 * 16, 0.f);
+  std::vector<double> map(3 * 16 * 16, 0.0);
   for (int y = 0; y < 16; ++y)
     for (int x = 0; x < 16; ++x) {
       const int64_t gx = r.x + x, gy = r.y + y;
       if (gx < 0 || gy < 0 || gx >= 40 || gy >= 30) continue;
       const int id = s.global.at<int32_t>(int(gy), int(gx));
       if (id == 0) continue;
-      map[size_t(y * 16 + x)] = float(id * 10 + w % 7 + 1);
-      map[size_t(256 + y * 16 + x)] = float(id) / 10;
-      map[size_t(512 + y * 16 + x)] = -float(id) / 10;
+      map[size_t(y * 16 + x)] = double(id * 10 + w % 7 + 1);
+      map[size_t(256 + y * 16 + x)] = double(float(id) / 10);
+      map[size_t(512 + y * 16 + x)] = -double(float(id) / 10);
     }
   return map;
+}
+
+// A map as InstanceOutputs::add takes it (the interface of every window consumer).
+std::vector<float> asFloats(const std::vector<double>& map) {
+  return std::vector<float>(map.begin(), map.end());
 }
 
 InstanceOptions instanceOptions() {
@@ -179,7 +295,7 @@ TEST(Instances, EachObjectIsKeptOnceByTheWindowWhoseCoreHoldsItsCentroidInAnyOrd
     for (int64_t k = 0; k < s.img.grid.count(); ++k) {
       const int64_t w = pass == 0 ? k : s.img.grid.count() - 1 - k;
       if (pass == 0)
-        out.add(w, windowMap(s, w).data());
+        out.add(w, asFloats(windowMap(s, w)).data());
       else
         out.addRecord(
             w, encodeWindowObjects(keepWindowObjects(s.img, instanceOptions(), w, windowMap(s, w).data())));
@@ -206,6 +322,7 @@ TEST(Instances, EachObjectIsKeptOnceByTheWindowWhoseCoreHoldsItsCentroidInAnyOrd
     ASSERT_EQ(j["features"].size(), 5u);
     for (const auto& f : j["features"]) {
       const int id = f["id"].get<int>(), scene_id = to_scene.at(id);
+      EXPECT_EQ(f["properties"]["id"], id) << "the id as a property too, where GeoPandas reads it";
       const double pixels = double(cv::countNonZero(s.global == scene_id));
       // Level 0 is twice the image: areas four times the pixel count, the outline's area the same.
       EXPECT_EQ(f["properties"]["measurements"]["area"].get<double>(), 4 * pixels);
@@ -239,7 +356,7 @@ TEST(Instances, AnObjectLargerThanTheOverlapIsCountedNeverDuplicated) {
   // 14 px wide across windows 8 px apart: every window that sees it sees it cut.
   cv::rectangle(s.global, cv::Rect(13, 10, 14, 4), cv::Scalar(1), cv::FILLED);
   InstanceOutputs out(s.img, instanceOptions());
-  for (int64_t w = 0; w < s.img.grid.count(); ++w) out.add(w, windowMap(s, w).data());
+  for (int64_t w = 0; w < s.img.grid.count(); ++w) out.add(w, asFloats(windowMap(s, w)).data());
   out.commit();
   const auto objects = out.objects();
   // Two windows saw a part of it, each part's centroid in that window's core: both parts are counted.
@@ -254,8 +371,8 @@ TEST(Instances, ARecordIsTheWindowsObjectsAndNothingElse) {
   // [12, 20) x [12, 19)), not the square (centroid y 21: row 2's).
   cv::circle(s.global, {15, 14}, 3, cv::Scalar(1), cv::FILLED);
   cv::rectangle(s.global, cv::Rect(16, 20, 2, 2), cv::Scalar(2), cv::FILLED);
-  std::vector<float> map = windowMap(s, 5);
-  map[256 + 14 * 16 + 5] = std::numeric_limits<float>::quiet_NaN();  // a class score
+  std::vector<double> map = windowMap(s, 5);
+  map[256 + 14 * 16 + 5] = std::numeric_limits<double>::quiet_NaN();  // a class score
   const WindowObjects objects = keepWindowObjects(s.img, instanceOptions(), 5, map.data());
   ASSERT_EQ(objects.kept.size(), 1u);
   EXPECT_EQ(objects.non_finite, 1);
@@ -301,13 +418,186 @@ TEST(Instances, ARecordIsTheWindowsObjectsAndNothingElse) {
   }
 }
 
+// Every window of the scene through records, as the pipeline sends them (`edit` changes each window's map
+// first), committed.
+void writeScene(const Scene& s, const std::function<void(int64_t, std::vector<double>&)>& edit = {}) {
+  InstanceOutputs out(s.img, instanceOptions());
+  for (int64_t w = 0; w < s.img.grid.count(); ++w) {
+    std::vector<double> map = windowMap(s, w);
+    if (edit) edit(w, map);
+    out.addRecord(w, encodeWindowObjects(keepWindowObjects(s.img, instanceOptions(), w, map.data())));
+  }
+  out.commit();
+}
+
+// Draws rows of '#' into the scene as object `id`, from (x, y).
+void drawObject(Scene& s, int x, int y, const std::vector<std::string>& rows, int id) {
+  for (size_t r = 0; r < rows.size(); ++r)
+    for (size_t c = 0; c < rows[r].size(); ++c)
+      if (rows[r][c] == '#') s.global.at<int32_t>(y + int(r), x + int(c)) = id;
+}
+
+// A GeoJSON outline back in the scene's pixels (level 0 is twice them).
+std::vector<OutlinePolygon> scenePolygons(const nlohmann::json& geometry) {
+  const bool multi = geometry["type"] == "MultiPolygon";
+  std::vector<OutlinePolygon> polygons;
+  for (const auto& rings :
+       multi ? geometry["coordinates"] : nlohmann::json::array({geometry["coordinates"]})) {
+    OutlinePolygon& polygon = polygons.emplace_back();
+    for (const auto& ring : rings) {
+      OutlineRing& r = polygon.emplace_back();
+      for (const auto& p : ring)
+        r.push_back({int32_t(p[0].get<double>() / 2), int32_t(p[1].get<double>() / 2)});
+      EXPECT_EQ(r.front(), r.back()) << "a GeoJSON ring is closed";
+      r.pop_back();
+    }
+  }
+  return polygons;
+}
+
+TEST(Instances, EveryOutlineWrittenIsValidAsGeosJudgesIt) {
+  Scene s = scene("instances_valid");
+  // Pockets in a chain to the outside, background in an X, one object of parts that meet at corners, and
+  // one of a frame with such parts in its hole.
+  drawObject(s, 2, 2, {"#####", "#.###", "##.##", "###.#", "####."}, 1);
+  drawObject(s, 12, 3, {"#####", "#.#.#", "##.##", "#.#.#", "#####"}, 2);
+  drawObject(s, 22, 3, {"#.#", ".#.", "#.#"}, 3);
+  drawObject(s, 2, 14, {"#######", "#.....#", "#.#.#.#", "#..#..#", "#.#.#.#", "#.....#", "#######"}, 4);
+  writeScene(s);
+  const std::string path = s.dir + "/slide_objects.geojson";
+  const auto j = nlohmann::json::parse(test::slurp(path));
+  ASSERT_EQ(j["features"].size(), 4u);
+  for (const auto& f : j["features"]) {
+    double area = 0;
+    for (const OutlinePolygon& polygon : scenePolygons(f["geometry"])) {
+      EXPECT_EQ(outlineProblem(polygon), "") << f["geometry"].dump();
+      area += polygonArea(polygon);
+    }
+    EXPECT_EQ(4 * area, f["properties"]["measurements"]["area"].get<double>());
+  }
+  // As a consumer's GEOS reads the file (ogrinfo's ST_IsValid, as shapely's is_valid).
+  const std::vector<std::string> reasons = test::geometryValidity(path);
+  if (reasons.empty())
+    GTEST_SKIP() << "no ogrinfo with SpatiaLite here: checked by the test's own rules only";
+  EXPECT_EQ(reasons, std::vector<std::string>(4, "Valid Geometry"));
+}
+
+TEST(Instances, ScoresThatAreNoNumbersAreLeftOutAndNeverWin) {
+  EXPECT_EQ(highestClass(std::vector<double>{NAN, 0.2, NAN}.data(), 3), 1);
+  EXPECT_EQ(highestClass(std::vector<double>{NAN, NAN}.data(), 2), -1);
+  EXPECT_EQ(highestClass(std::vector<double>{0.5, 0.5}.data(), 2), 0);
+  EXPECT_EQ(highestClass(std::vector<double>{-INFINITY, NAN, -INFINITY}.data(), 3), 0);
+  EXPECT_EQ(highestClass(std::vector<float>{0.1f, INFINITY}.data(), 2), 1);
+  EXPECT_EQ(highestClass<double>(nullptr, 0), -1);
+  Scene s = scene("instances_nan");
+  // Squares of 4, 9 and 16 pixels: every score NaN; "near" NaN; "near" infinite.
+  cv::rectangle(s.global, cv::Rect(2, 2, 2, 2), cv::Scalar(1), cv::FILLED);
+  cv::rectangle(s.global, cv::Rect(12, 3, 3, 3), cv::Scalar(2), cv::FILLED);
+  cv::rectangle(s.global, cv::Rect(22, 3, 4, 4), cv::Scalar(3), cv::FILLED);
+  writeScene(s, [](int64_t, std::vector<double>& map) {
+    for (size_t p = 0; p < 256; ++p) {
+      const int scene_id = int(map[p]) / 10;  // the window's id is scene id x 10 + 1..7
+      if (scene_id == 1) map[256 + p] = map[512 + p] = NAN;
+      if (scene_id == 2) map[256 + p] = NAN;
+      if (scene_id == 3) map[256 + p] = INFINITY;
+    }
+  });
+  // Strict JSON (Python's json.load, nlohmann): no nan or inf tokens.
+  const std::string geojson = test::slurp(s.dir + "/slide_objects.geojson");
+  const auto j = nlohmann::json::parse(geojson);
+  ASSERT_EQ(j["features"].size(), 3u);
+  for (const auto& f : j["features"]) {
+    const auto& m = f["properties"]["measurements"];
+    const double area = m["area"].get<double>();
+    EXPECT_FALSE(m.contains("prob_near")) << f.dump();
+    if (area == 16) {  // no number among its scores: no class
+      EXPECT_FALSE(f["properties"].contains("classification")) << f.dump();
+      EXPECT_FALSE(m.contains("score")) << f.dump();
+      EXPECT_FALSE(m.contains("prob_far")) << f.dump();
+    } else if (area == 36) {  // NaN never wins
+      EXPECT_EQ(f["properties"]["classification"]["name"], "far") << f.dump();
+      EXPECT_EQ(m["score"].get<float>(), -0.2f) << f.dump();
+      EXPECT_EQ(m["prob_far"].get<float>(), -0.2f) << f.dump();
+    } else {  // infinity wins, and is left out as NaN is
+      EXPECT_EQ(area, 64);
+      EXPECT_EQ(f["properties"]["classification"]["name"], "near") << f.dump();
+      EXPECT_FALSE(m.contains("score")) << f.dump();
+      EXPECT_EQ(m["prob_far"].get<float>(), -0.3f) << f.dump();
+    }
+  }
+  // The CSV says the same: no class, and the scores as they are.
+  const std::string csv = test::slurp(s.dir + "/slide_objects.csv");
+  EXPECT_NE(csv.find(",,,16,"), std::string::npos) << csv;
+  EXPECT_NE(csv.find(",near,inf,64,"), std::string::npos) << csv;
+  EXPECT_NE(csv.find(",nan,nan\n"), std::string::npos) << csv;
+}
+
+// A lattice window reaches past the image's right and bottom edges, where a model may find an object going
+// on (here: padding that repeats the edge): an object is its pixels inside the image alone.
+TEST(Instances, AnObjectAtTheImagesEdgeIsItsPixelsInsideTheImage) {
+  Scene s = scene("instances_edge");
+  s.img.grid = WindowGrid(40, 30, GridSpec{16, 16, 0.5, 0.5, true});  // x starts 0 .. 32, y 0 .. 24
+  ASSERT_EQ(s.img.grid.imageWindow(s.img.grid.count() - 1).right(), 48);
+  cv::rectangle(s.global, cv::Rect(36, 26, 4, 4), cv::Scalar(1), cv::FILLED);  // the corner
+  cv::rectangle(s.global, cv::Rect(37, 10, 3, 4), cv::Scalar(2), cv::FILLED);  // the right edge
+  cv::rectangle(s.global, cv::Rect(10, 27, 4, 3), cv::Scalar(3), cv::FILLED);  // the bottom edge
+  const auto replicate = [&](int64_t w, std::vector<double>& map) {
+    const Rect r = s.img.grid.imageWindow(w);
+    for (int64_t y = 0; y < 16; ++y)
+      for (int64_t x = 0; x < 16; ++x) {
+        const int64_t ix = std::min<int64_t>(x, 39 - r.x), iy = std::min<int64_t>(y, 29 - r.y);
+        for (int c = 0; c < 3; ++c) map[size_t(c * 256 + y * 16 + x)] = map[size_t(c * 256 + iy * 16 + ix)];
+      }
+  };
+  // The corner's window: 16 pixels, not the 12 x 14 the model saw.
+  const int64_t corner = s.img.grid.count() - 1;
+  std::vector<double> map = windowMap(s, corner);
+  replicate(corner, map);
+  map[256 + 15 * 16 + 15] = NAN;  // a score in the padding is no one's
+  const WindowObjects objects = keepWindowObjects(s.img, instanceOptions(), corner, map.data());
+  ASSERT_EQ(objects.kept.size(), 1u);
+  const WindowObject& o = objects.kept[0].object;
+  EXPECT_EQ(o.pixels, 16);
+  EXPECT_EQ((std::array<int64_t, 4>{o.x0, o.y0, o.x1, o.y1}), (std::array<int64_t, 4>{4, 2, 8, 6}));
+  EXPECT_EQ(polygonArea(objects.kept[0].outlines.at(0)), 16);
+  EXPECT_EQ(objects.non_finite, 0);
+  // Every output: the scene's objects, their areas, boxes and outlines inside the image.
+  writeScene(s, replicate);
+  const auto j = nlohmann::json::parse(test::slurp(s.dir + "/slide_objects.geojson"));
+  ASSERT_EQ(j["features"].size(), 3u);
+  std::multiset<double> areas;
+  for (const auto& f : j["features"]) {
+    double outline = 0;
+    for (const OutlinePolygon& polygon : scenePolygons(f["geometry"])) {
+      for (const OutlineRing& ring : polygon)
+        for (const auto& p : ring) EXPECT_TRUE(p[0] <= 40 && p[1] <= 30) << f["geometry"].dump();
+      outline += polygonArea(polygon);
+    }
+    areas.insert(f["properties"]["measurements"]["area"].get<double>());
+    EXPECT_EQ(4 * outline, f["properties"]["measurements"]["area"].get<double>());
+  }
+  EXPECT_EQ(areas, (std::multiset<double>{4 * 16, 4 * 12, 4 * 12}));
+  std::istringstream csv(test::slurp(s.dir + "/slide_objects.csv"));
+  std::string line;
+  std::getline(csv, line);
+  while (std::getline(csv, line)) {
+    std::vector<double> v;
+    std::istringstream fields(line.substr(line.find(",near,") + 6));
+    for (std::string field; std::getline(fields, field, ',');) v.push_back(std::stod(field));
+    // score, area, centroid, x1, y1, x2, y2 in level-0 pixels (80 x 60)
+    EXPECT_TRUE(v.at(6) <= 80 && v.at(7) <= 60) << line;
+  }
+  cv::Mat tiff = ImageReader::open(s.dir + "/slide_instances.tif")->readRegion({0, 0, 40, 30});
+  EXPECT_EQ(cv::countNonZero(tiff), 16 + 12 + 12);
+}
+
 TEST(Instances, AnImageThatFailsLeavesNothing) {
   Scene s = scene("instances_fail");
   cv::circle(s.global, {20, 14}, 3, cv::Scalar(1), cv::FILLED);
   {
     InstanceOutputs out(s.img, instanceOptions());
-    out.add(0, windowMap(s, 0).data());
-    std::vector<float> bad = windowMap(s, 1);
+    out.add(0, asFloats(windowMap(s, 0)).data());
+    std::vector<float> bad = asFloats(windowMap(s, 1));
     bad[3] = 0.25f;
     EXPECT_THROW(out.add(1, bad.data()), IoError);
     EXPECT_THROW(out.commit(), IoError);  // not every window came

@@ -77,7 +77,7 @@ TEST(Polygons, RegionsAreExactPixelOutlinesWithHoles) {
     } else {
       EXPECT_EQ(k, 1);
       EXPECT_EQ(area, (24 + 18) * 4.0);
-      EXPECT_EQ(f["properties"]["name"], "class 1");
+      EXPECT_EQ(f["properties"]["name"], "class_1");
     }
   }
   EXPECT_THROW(writePolygons(dir + "/missing.tif", dir + "/x.geojson", o), IoError);
@@ -88,6 +88,40 @@ TEST(Polygons, RegionsAreExactPixelOutlinesWithHoles) {
   EXPECT_EQ(test::slurp(dir + "/victim"), "precious");
   EXPECT_FALSE(fs::is_symlink(dir + "/linked.geojson"));
   EXPECT_EQ(nlohmann::json::parse(test::slurp(dir + "/linked.geojson"))["features"].size(), 2u);
+  removeTree(dir);
+}
+
+// Regions whose background meets other background, or the outside, only at a pixel's corner, and regions of
+// two classes in a checkerboard: every polygon valid as a consumer's GEOS judges it (ogrinfo's ST_IsValid, as
+// shapely's is_valid), exact and simplified.
+TEST(Polygons, EveryPolygonIsValidWhereRegionsAndHolesMeetAtCorners) {
+  TILER_SKIP_WITHOUT_FEATURE("gdal");
+  const std::string dir = test::scratchDir("polygons_valid");
+  cv::Mat labels = cv::Mat::zeros(30, 40, CV_8U);
+  const auto draw = [&](int x, int y, const std::vector<std::string>& rows) {
+    for (size_t r = 0; r < rows.size(); ++r)
+      for (size_t c = 0; c < rows[r].size(); ++c)
+        if (rows[r][c] != '.') labels.at<uint8_t>(y + int(r), x + int(c)) = uint8_t(rows[r][c] - '0');
+  };
+  draw(2, 2, {"11111", "1.111", "11.11", "111.1", "1111."});   // pockets corner to corner out to the outside
+  draw(10, 2, {"22222", "2.2.2", "22.22", "2.2.2", "22222"});  // background in an X
+  draw(18, 2, {"1212", "2121", "1212", "2121"});               // two classes in a checkerboard
+  draw(2, 12, {"2222222", "2.....2", "2.1.1.2", "2..1..2", "2.1.1.2", "2.....2", "2222222"});  // in a hole
+  draw(12, 12, {"1111.", "1..1.", "1..1.", "111..", "....."});  // a ring whose gap closes at a corner
+  ImageWriter w(dir + "/l.tif", 40, 30, 1, SampleType::kU8);
+  w.writeRows(labels);
+  w.close();
+  PolygonOptions o;
+  o.palette = labelPalette(3, {});
+  for (double simplify : {0.0, 1.0}) {
+    o.simplify = simplify;
+    const std::string path = dir + "/p" + std::to_string(int(simplify)) + ".geojson";
+    const int64_t n = writePolygons(dir + "/l.tif", path, o);
+    EXPECT_EQ(n, 2 + 16 + 6 + 1) << "one polygon per 4-connected region";
+    const std::vector<std::string> reasons = test::geometryValidity(path);
+    if (reasons.empty()) GTEST_SKIP() << "no ogrinfo with SpatiaLite here";
+    EXPECT_EQ(reasons, std::vector<std::string>(size_t(n), "Valid Geometry")) << "--simplify " << simplify;
+  }
   removeTree(dir);
 }
 

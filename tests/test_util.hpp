@@ -117,6 +117,26 @@ inline std::vector<int> runConcurrently(const std::vector<std::string>& commands
   return codes;
 }
 
+// What GEOS says of each geometry of the GeoJSON `path` (its validity reason, "Valid Geometry" when valid),
+// through ogrinfo's SQLite dialect, as a consumer reads the file; a file ogrinfo refuses is one reason that
+// says so. Nothing where ogrinfo, or its SpatiaLite functions, are not installed (the caller skips then).
+inline std::vector<std::string> geometryValidity(const std::string& path) {
+  if (runCommand("command -v ogrinfo").code != 0) return {};
+  const std::string layer = std::filesystem::path(path).stem().string();
+  const auto r = runCommand(
+      "ogrinfo -ro -q -dialect SQLite -sql \"SELECT ST_IsValidReason(geometry) AS reason FROM \\\"" + layer +
+      "\\\"\" '" + path + "'");
+  if (r.output.find("no such function") != std::string::npos) return {};
+  if (r.code != 0) return {"ogrinfo cannot read '" + path + "': " + r.output};
+  std::vector<std::string> reasons;
+  std::istringstream lines(r.output);
+  const std::string key = "reason (String) = ";
+  for (std::string line; std::getline(lines, line);)
+    if (const auto at = line.find(key); at != std::string::npos)
+      reasons.push_back(line.substr(at + key.size()));
+  return reasons;
+}
+
 // The numbers h5dump prints for dataset `name` of an HDF5 `file` (with `select`: h5dump's -s/-c), row-major.
 inline std::vector<double> h5dumpValues(const std::string& file, const std::string& name,
                                         const std::string& select = "") {

@@ -4,13 +4,15 @@
 // Promise: an object is kept by the one window whose core holds its centroid (inWindowCore: the crop
 // blend's partition), so an object that every window seeing it whole finds alike is written once, whatever
 // the world size; an object a window edge inside the image cuts is never kept (it is counted: the overlap
-// must exceed the largest object's diameter). The rank that ran a window finds and keeps its objects and
-// sends them to the image's owner as a record (encodeWindowObjects); kept objects get ids 1, 2, ... in window
-// order and are written in that order: outlines exact to the pixel edges (4-connected parts, holes kept: an
-// outline's area is its pixel count), streamed; the instance label TIFF is rasterised band by band, so memory
-// is a band of rows and the objects of windows that arrived early, never the image or all its objects. Every
-// file goes through ".partial" and is renamed with the image's others. Errors are IoErrors naming image,
-// window and value. No LibTorch.
+// must exceed the largest object's diameter); an object is only its pixels inside the image. Ids are read
+// exactly (maps of doubles). The rank that ran a window finds and keeps its objects and sends them to the
+// image's owner as a record (encodeWindowObjects); kept objects get ids 1, 2, ... in window order and are
+// written in that order: outlines exact to the pixel edges (4-connected parts, holes kept: an outline's area
+// is its pixel count) and valid as GEOS judges (simple rings; a hole may touch the outer ring or another hole
+// at a point), streamed; the GeoJSON holds no NaN or Inf; the instance label TIFF is rasterised band by band,
+// so memory is a band of rows and the objects of windows that arrived early, never the image or all its
+// objects. Every file goes through ".partial" and is renamed with the image's others. Errors are IoErrors
+// naming image, window and value. No LibTorch.
 #pragma once
 
 #include <array>
@@ -29,13 +31,15 @@
 namespace tiler {
 
 // A ring of an outline: pixel-corner vertices (x right, y down), only where the direction turns, starting
-// at its smallest (y, x); outer rings run clockwise on screen (a positive shoelace area in these
-// coordinates), holes the other way.
+// at its smallest (y, x), each vertex once (a simple ring); outer rings run clockwise on screen (a positive
+// shoelace area in these coordinates), holes the other way.
 using OutlineRing = std::vector<std::array<int32_t, 2>>;
 // One 4-connected part of a mask: its outer ring, then its holes.
 using OutlinePolygon = std::vector<OutlineRing>;
 // The outlines of the 4-connected parts of `mask` (row-major, `width` x `height`, nonzero = in), in the
-// raster order of their first pixel. Two parts that meet only at a corner are two polygons.
+// raster order of their first pixel. Two parts that meet only at a corner are two polygons; where background
+// inside a part meets the outside (or other background) only at a corner, it is a hole that touches the outer
+// ring (or the other hole) at that point.
 std::vector<OutlinePolygon> traceOutlines(const uint8_t* mask, int64_t width, int64_t height);
 // The area a ring encloses (shoelace; negative for a hole).
 double ringArea(const OutlineRing& ring);
@@ -49,11 +53,13 @@ struct WindowObject {
   std::vector<double> class_means;           // K class channels: each one's mean over its pixels
   std::vector<std::array<int32_t, 3>> runs;  // its pixels: (y, x begin, x end) rows of runs, in raster order
 };
-// Every object of the map `values` (`channels` x `height` x `width` floats: ids, then K class channels), in
-// the raster order of its first pixel. An id that is not a whole number in [0, 2^31) throws an IoError
-// starting with `where()`.
-std::vector<WindowObject> objectsOfWindow(const float* values, int64_t channels, int64_t height,
-                                          int64_t width, const std::function<std::string()>& where);
+// Every object of the map `values` (`channels` x `height` x `width` doubles, which hold every id exactly:
+// ids, then K class channels) within `inside` (the pixels that are the image's; those outside are no
+// object's and not read), in the raster order of its first pixel. An id that is not a whole number in
+// [0, 2^31) throws an IoError starting with `where()`.
+std::vector<WindowObject> objectsOfWindow(const double* values, int64_t channels, int64_t height,
+                                          int64_t width, const Rect& inside,
+                                          const std::function<std::string()>& where);
 
 struct InstanceOptions {
   std::vector<std::string> kinds;  // what to write: objects, objects_csv, instances
@@ -69,7 +75,7 @@ struct InstanceOptions {
 struct KeptObject {
   WindowObject object;
   std::vector<OutlinePolygon> outlines;
-  int k = -1;        // class (K > 0)
+  int k = -1;        // class: the highest mean (highestClass; -1 without classes or when all are NaN)
   double score = 0;  // that class's mean score
 };
 // What a window gives its image's owner: the objects it keeps, the cut objects it counted, and how many of
@@ -78,11 +84,12 @@ struct WindowObjects {
   int64_t cut = 0, non_finite = 0;
   std::vector<KeptObject> kept;
 };
-// Grid window `window` of `image` with the map `values` (options.channels x height x width): its objects,
-// those whose centroid lies in its core kept, measured and outlined. Throws IoError naming image, window and
-// pixel for a value that is not an id. Runs on the rank that ran the window.
+// Grid window `window` of `image` with the map `values` (options.channels x height x width): its objects
+// within the image (a window that reaches past it is clipped to it: pixels, measurements and outlines), those
+// whose centroid lies in its core kept, measured and outlined. Throws IoError naming image, window and pixel
+// for a value that is not an id. Runs on the rank that ran the window.
 WindowObjects keepWindowObjects(const CatalogImage& image, const InstanceOptions& options, int64_t window,
-                                const float* values);
+                                const double* values);
 // A window's objects as bytes for the step exchange, and back (IoError, starting with `where`, for bytes that
 // are not such a record). Byte for byte the same objects on every rank.
 std::string encodeWindowObjects(const WindowObjects& objects);
@@ -97,7 +104,8 @@ class InstanceOutputs : public WindowConsumer {
   InstanceOutputs(const InstanceOutputs&) = delete;
   InstanceOutputs& operator=(const InstanceOutputs&) = delete;
 
-  // A window's map (its objects found here) or its record (found by the rank that ran it).
+  // A window's map (its objects found here; a float map holds ids exactly only below 2^24, the pipeline
+  // sends records made from maps of doubles) or its record (found by the rank that ran it).
   void add(int64_t window, const float* values) override;
   void addRecord(int64_t window, const std::string& record) override;
   bool done() const override { return order_.done(); }

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -25,6 +26,15 @@ struct ClassInfo {
 // (ConfigError) an empty name, a repeated one (the scores are keyed by name), control characters (they break
 // the CSV) and text that is not UTF-8 (the report and GeoJSON are JSON).
 std::vector<ClassInfo> parseClasses(const std::string& text);
+// The class of the highest of `count` scores (the first of equals). NaN never wins: -1 when every score is
+// NaN, or there are none.
+template <typename Score>
+int highestClass(const Score* scores, size_t count) {
+  int best = -1;
+  for (size_t k = 0; k < count; ++k)
+    if (!std::isnan(scores[k]) && (best < 0 || scores[k] > scores[size_t(best)])) best = int(k);
+  return best;
+}
 // The k-th of 20 colours far apart (k = 0, 1, ...), for classes that are all real (no background).
 std::array<uint8_t, 3> distinctColor(int k);
 // The labels palette for `classes` classes: class 0 black, then 20 distinct colours in turn, with --classes'
