@@ -32,6 +32,7 @@
 #include "tiler/sampler.hpp"
 #include "tiler/session.hpp"
 #include "tiler/version.hpp"
+#include "tiler/output_kinds.hpp"
 #include "tiler/window_outputs.hpp"
 
 namespace fs = std::filesystem;
@@ -238,11 +239,7 @@ void InferJob::parseSaveKinds() {
   save_kinds_.clear();
   if (!o_.save) return;  // the task's default, once the model says which task it is
   const std::string& save = *o_.save;
-  const std::string bad_save =
-      "--save takes labels, probs and polygons (segment), features and features_pt (embed), csv, tiles "
-      "and heatmap (classify), objects, objects_csv and coco (detect), or objects, objects_csv and instances "
-      "(instances), comma-separated; got '" +
-      save + "'";
+  const std::string bad_save = "--save takes " + saveKindsText() + ", comma-separated; got '" + save + "'";
   // "" and "labels," name nothing (or end in nothing), which getline would not return.
   TILER_CHECK(!save.empty() && save.back() != ',', ConfigError, bad_save);
   std::stringstream ss(save);
@@ -276,10 +273,8 @@ void InferJob::settleTask() {
       probe_.perWindow() ? "one vector of " + std::to_string(probe_.output_channels) + " values per window"
                          : "NCHW maps";
   if (save_kinds_.empty()) save_kinds_ = defaultOutputKinds(task);
-  for (const std::string& kind : save_kinds_) {
-    if (kind == "polygons") requireFeature("gdal", "--save polygons");
-    if (kind == "features") requireFeature("hdf5", "--save features");
-  }
+  for (const std::string& kind : save_kinds_)
+    if (*findOutputKind(kind)->feature) requireFeature(findOutputKind(kind)->feature, "--save " + kind);
   for (const std::string& kind : save_kinds_)
     TILER_CHECK(taskWrites(task, kind), ConfigError,
                 "--save " << *o_.save << " is an output of --task " << taskName(taskOfOutputKind(kind))
@@ -360,21 +355,15 @@ void InferJob::settleTask() {
 }
 
 OutputOptions InferJob::outputOptions() const {
-  const auto saved = [&](const char* kind) {
-    return std::find(save_kinds_.begin(), save_kinds_.end(), kind) != save_kinds_.end();
-  };
   OutputOptions oo;
   oo.format = o_.format;
   oo.compression = compression_;
-  oo.save_labels = saved("labels");
-  oo.save_probs = saved("probs");
   oo.classes = probe_.output_channels;
   oo.scale = probe_.scale;
   oo.stitch = stitch_;
   oo.label_threshold = activation_ == Activation::kSigmoid ? 0.5f : 0.0f;
   oo.abort_on_error = abort_on_error_;
   oo.pyramid = o_.pyramid;
-  oo.save_polygons = saved("polygons");
   oo.simplify = o_.simplify;
   oo.classes_named = classes_;
   oo.probs_type = probs_type_;
@@ -898,6 +887,7 @@ InferJob::Deal InferJob::dealWindows() {
   // the windows of the other ranks' parts, which reach their owner before their turn, fit in --shard_buffer.
   int64_t window_bytes = int64_t(sizeof(float));
   for (int64_t size : predictionSizes(1)) window_bytes *= size;
+  window_bytes = std::max<int64_t>(window_bytes, 1);  // a detector without rows ([B, 0, 6]) gives none
   const int64_t early_windows = (int64_t(o_.shard_buffer) << 20) / window_bytes;
   RowDeal deal =
       dealRows(catalog_.rowLengths(), worldSize(), rank(), maxPiece(worldSize(), B, early_windows));

@@ -1,6 +1,7 @@
 // window_outputs: the outputs of a model that gives one vector per window instead of a map: an encoder's
 // features (embed), a classifier's class scores (classify) or a detector's boxes (detect: a fixed number of
-// box records a window, merged by the windows' cores). No LibTorch, no blending.
+// box records a window, merged by the windows' cores, clipped to the image; NMS near linear in the boxes,
+// through a spatial index). No LibTorch, no blending.
 // Promise: an image's vectors are written in its window order (the catalog's, whatever order they arrive
 // in: early ones wait in memory, as the stitcher's rows do), each window with its level-0 rectangle.
 // Every file is written as "<name>.partial" and renamed by commit() together with the image's others; a
@@ -23,25 +24,10 @@
 #include "tiler/catalog.hpp"
 #include "tiler/image_io.hpp"
 #include "tiler/job_options.hpp"
+#include "tiler/output_kinds.hpp"
 #include "tiler/polygons.hpp"
 
 namespace tiler {
-
-ModelTask parseTask(const std::string& name);  // auto | segment | classify | embed | detect | instances
-const char* taskName(ModelTask task);
-
-// The output kinds (--save) a task writes, in the order they are listed; the first are the default.
-//   segment: labels, probs, polygons      (default labels)
-//   embed: features, features_pt          (<stem>.h5, <stem>.pt; default features)
-//   classify: csv, tiles, heatmap         (default csv,tiles)
-//   detect: objects, objects_csv, coco    (<stem>_objects.geojson, _objects.csv, _coco.json; default objects)
-//   instances: objects, objects_csv, instances  (<stem>_instances.tif; default objects)
-const std::vector<std::string>& outputKindsOf(ModelTask task);
-std::vector<std::string> defaultOutputKinds(ModelTask task);
-// Whether `task` writes output kind `kind`.
-bool taskWrites(ModelTask task, const std::string& kind);
-// The first task that writes an output kind (objects and objects_csv: detect; kAuto: no such kind).
-ModelTask taskOfOutputKind(const std::string& kind);
 
 // A window where the level-0 image has it (pixels; the window may reach past an image smaller than it), and
 // its cell in the grid.
@@ -64,6 +50,10 @@ struct WindowOutputOptions {
   // (non-maximum suppression across windows; 0: none).
   double nms_iou = 0.0;
 };
+
+// The most classes a classify heatmap holds (a band each: OpenCV's channel limit); a job asking for a heatmap
+// of more is refused at set-up.
+constexpr int64_t kHeatmapMaxClasses = 512;
 
 // Class names for K classes: --classes as given, else class_0, class_1, ... (CSV column prob_<name>);
 // classes without a colour of their own get distinct palette colours (none black).
@@ -187,10 +177,10 @@ class WindowConsumer {
   virtual bool injectTileFault() { return false; }
 };
 
-// detect: what the rank that ran grid window `window` sends its image's owner: the count of its values that
-// are not finite, then the boxes (rows of 6 floats, as the model gave them) that the window keeps, those
-// whose centre lies in its core and inside the image, after padding. A box that is no box throws an IoError
-// naming window and box.
+// detect: what the rank that ran grid window `window` sends its image's owner: the boxes (rows of 6 floats,
+// as the model gave them) that the window keeps, those whose centre lies in its core and inside the image.
+// Padding rows (a score <= 0) are neither sent nor checked, whatever they hold; a box that is no box (a value
+// that is not finite among them) throws an IoError naming window and box, so a kept box is always finite.
 std::string detectionRecord(const CatalogImage& image, const WindowOutputOptions& options, int64_t window,
                             const float* values);
 
@@ -207,7 +197,6 @@ class WindowOutputs : public WindowConsumer {
   void add(int64_t window, const float* values) override;
   // detect: the boxes its rank kept of the window (detectionRecord).
   void addRecord(int64_t window, const std::string& record) override;
-  int64_t nonFiniteValues() const override { return non_finite_; }
   bool done() const override { return order_.done(); }
   // Vectors held because they arrived before their turn.
   size_t heldVectors() const { return order_.held(); }
@@ -226,7 +215,6 @@ class WindowOutputs : public WindowConsumer {
   const CatalogImage& image_;  // the catalog's, which outlives the stage
   WindowOutputOptions options_;
   InWindowOrder<std::vector<float>> order_;     // a window's vector, or a detector's rows, 6 floats a box
-  int64_t non_finite_ = 0;                      // detect: what the records counted
   std::unique_ptr<FeatureFile> features_;       // owned; null unless saved
   std::unique_ptr<TensorFile> tensor_;          // owned; null unless features_pt is saved
   std::unique_ptr<ClassFiles> classes_;         // owned; null unless csv, tiles or heatmap
