@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "tiler/error.hpp"
+#include "tiler/output_kinds.hpp"
 #include "tiler/platform.hpp"
 #include "tiler/readers.hpp"
 
@@ -163,22 +164,6 @@ std::vector<int64_t> WindowCatalog::rowLengths() const {
   return rows;
 }
 
-std::string outputFileName(const std::string& kind, const std::string& stem, const std::string& format) {
-  if (kind == "labels") return stem + "_labels." + format;
-  if (kind == "probs") return stem + "_probs.tif";
-  if (kind == "polygons") return stem + "_polygons.geojson";
-  if (kind == "features") return stem + ".h5";
-  if (kind == "features_pt") return stem + ".pt";
-  if (kind == "csv") return stem + ".csv";
-  if (kind == "tiles") return stem + "_tiles.geojson";
-  if (kind == "heatmap") return stem + "_heatmap.tif";
-  if (kind == "objects") return stem + "_objects.geojson";
-  if (kind == "objects_csv") return stem + "_objects.csv";
-  if (kind == "coco") return stem + "_coco.json";
-  if (kind == "instances") return stem + "_instances.tif";
-  TILER_THROW(ConfigError, "no output kind '" << kind << "'");
-}
-
 namespace {
 
 // The files a run reads, as (device, inode): an output that is one of them must never be written.
@@ -294,8 +279,10 @@ WindowCatalog buildInferCatalog(const InferCatalogOptions& o, const CatalogSpec&
                     "' is read by this run (an input, the model or the mask); it is never overwritten: " +
                     "rename it or choose another --output";
       }
-      // An output is renamed over its name, which would unlink a device or FIFO standing there.
-      const WriteTarget target = writeTargetOf(out);
+      // An output is renamed over its name, which would unlink a device or FIFO standing there. A store
+      // (a directory kind) replaces only a directory of its own: a link or anything else there is refused.
+      const bool store = findOutputKind(kind)->directory;
+      const WriteTarget target = store ? storeTargetOf(out) : writeTargetOf(out);
       if (img.status != "error" && (target.stream || !target.refused.empty())) {
         img.status = "error";
         img.error = "'" + path + "': its " + kind + " output " +
@@ -316,15 +303,18 @@ WindowCatalog buildInferCatalog(const InferCatalogOptions& o, const CatalogSpec&
       std::error_code ec;
       size_t present = 0;
       for (auto& [kind, out] : img.outputs) {
+        const bool store = findOutputKind(kind)->directory;
         if (o.remove_stale_partials) {
+          if (store) removeTree(out + ".partial");
           fs::remove(out + ".partial", ec);
           fs::remove(out + ".labels.tif.partial", ec);
           fs::remove(out + ".rows.partial", ec);  // features_pt's scratch rows
           for (int level = 1; level <= 32; ++level)
             fs::remove(out + ".level" + std::to_string(level) + ".partial", ec);
         }
-        // Only a plain file counts as finished: a link (planted, or dangling) is never this run's output.
-        present += isPlainFile(out) ? 1 : 0;
+        // Only a plain file (a store: a directory) counts as finished: a link (planted, or dangling) is
+        // never this run's output; a store appears under its name only when complete.
+        present += (store ? isPlainDirectory(out) : isPlainFile(out)) ? 1 : 0;
       }
       auto occupied = [&](const std::string& out) {
         return fs::symlink_status(out, ec).type() != fs::file_type::not_found;

@@ -12,7 +12,10 @@
 #include "tiler/device_stitch.hpp"
 #include "tiler/error.hpp"
 #include "tiler/fault.hpp"
+#include "tiler/map_writers.hpp"
 #include "tiler/model.hpp"
+#include "tiler/output_kinds.hpp"
+#include "tiler/platform.hpp"
 
 namespace fs = std::filesystem;
 
@@ -26,20 +29,6 @@ SampleType parseProbsType(const std::string& name) {
 }
 
 namespace {
-
-// The probabilities' ImageDescription: how to read them back (tiler info prints it), with the class names.
-std::string probsDescription(SampleType type, const std::vector<ClassInfo>& named) {
-  nlohmann::json j;
-  j["probabilities"] = {{"dtype", sampleTypeName(type)},
-                        {"scale", type == SampleType::kU8 ? 1.0 / 255.0 : 1.0},
-                        {"meaning", type == SampleType::kU8 ? "p = stored / 255" : "p = stored"}};
-  if (!named.empty()) {
-    nlohmann::json names = nlohmann::json::array();
-    for (const auto& c : named) names.push_back(c.name);
-    j["classes"] = names;
-  }
-  return j.dump();
-}
 
 // Where a band of probabilities goes as stored: the band itself for f32, else a matrix of the stored type.
 cv::Mat storedProbabilitiesBuffer(const cv::Mat& band, SampleType type) {
@@ -58,40 +47,33 @@ void storeProbabilities(const cv::Mat& rows, SampleType type, cv::Mat out, bool 
                          large);
 }
 
-// segment: an image's stitched maps (blend), streamed band by band as labels and probabilities, and the
-// polygons traced from the labels when it commits.
+// segment: an image's stitched maps (blend), each finished band handed to the image's writers (map_writers:
+// one per --save kind) as the labels and stored probabilities they ask for.
 class StitchedOutputs : public WindowConsumer {
  public:
   StitchedOutputs(CatalogImage& img, const OutputOptions& o, const WriterOptions& wo)
       : img_(img), o_(o), pool_(wo.pool.get()) {
     fs::create_directories(fs::path(img.outputs.begin()->second).parent_path());
-    const int64_t out_w = o.scale.apply(img.info.width), out_h = o.scale.apply(img.info.height);
-    const int label_classes = labelClassCount(o.classes);
-    keep_labels_ = o.save_labels;
-    if (o.save_polygons) polygons_ = img.outputs.at("polygons");
-    input_pixels_per_label_pixel_ = 1.0 / wo.metadata_scale;
-    if (o.save_labels || o.save_polygons) {
-      WriterOptions lo = wo;
-      lo.format = o.format;
-      lo.nearest = true;
-      if (lo.format == "tif") lo.colormap = labelPalette(label_classes, o.classes_named);
-      if (!o.classes_named.empty()) {
-        nlohmann::json names = nlohmann::json::array();
-        for (const auto& c : o.classes_named) names.push_back(c.name);
-        lo.description = nlohmann::json{{"classes", names}}.dump();
-      }
-      // Polygons without labels: the labels go to a file of their own that only feeds the polygonizer.
-      const std::string path = o.save_labels ? img.outputs.at("labels") : polygons_ + ".labels.tif";
-      if (!o.save_labels) lo.format = "tif";
-      labels_ = std::make_unique<ImageWriter>(path, out_w, out_h, 1, labelSampleType(label_classes), lo);
-    }
-    if (o.save_probs) {
-      WriterOptions po = wo;
-      // f32 files stay as they always were: values are probabilities as the model gave them.
-      if (o.probs_type != SampleType::kF32) po.description = probsDescription(o.probs_type, o.classes_named);
-      if (o.probs_type == SampleType::kU8) po.value_scale = 1.0 / 255.0;
-      probs_ =
-          std::make_unique<ImageWriter>(img.outputs.at("probs"), out_w, out_h, o.classes, o.probs_type, po);
+    MapOutput map;
+    map.width = o.scale.apply(img.info.width);
+    map.height = o.scale.apply(img.info.height);
+    map.classes = o.classes;
+    map.probs_type = o.probs_type;
+    map.classes_named = o.classes_named;
+    map.format = o.format;
+    map.writer = wo;
+    map.simplify = o.simplify;
+    map.input_pixels_per_label_pixel = 1.0 / wo.metadata_scale;
+    // In the table's order, so that the labels come before the polygons traced from them.
+    for (const OutputKind& kind : outputKinds()) {
+      if (!img.outputs.count(kind.name)) continue;
+      auto writer = makeMapWriter(kind.name, img.outputs.at(kind.name), map);
+      TILER_CHECK(writer != nullptr, ConfigError,
+                  "--save " << kind.name << " is not an output of a stitched map");
+      if (map.labels_raster.empty()) map.labels_raster = writer->labelsRaster();
+      needs_labels_ = needs_labels_ || writer->needsLabels();
+      needs_probs_ = needs_probs_ || writer->needsProbs();
+      writers_.push_back(std::move(writer));
     }
     StitchOptions stitch = o.stitch;
     stitch.pool = wo.pool.get();
@@ -99,8 +81,7 @@ class StitchedOutputs : public WindowConsumer {
     if (o.stitch_device) {
       try {
         if (o.before_device_stitcher) o.before_device_stitcher();
-        DeviceBandOptions band{o.save_labels || o.save_polygons, o.save_probs, o.probs_type,
-                               o.label_threshold};
+        DeviceBandOptions band{needs_labels_, needs_probs_, o.probs_type, o.label_threshold};
         device_stitcher_ = std::make_unique<DeviceStitcher>(
             img.grid, o.classes, stitch, band, *o.stitch_device,
             [this](const DeviceStitcher::Band& b) { writeDeviceBand(b); }, windows);
@@ -134,8 +115,7 @@ class StitchedOutputs : public WindowConsumer {
   }
   bool done() const override { return device_stitcher_ ? device_stitcher_->done() : stitcher_->done(); }
   bool injectTileFault() override {
-    if (labels_) labels_->injectTileFault();
-    if (probs_) probs_->injectTileFault();
+    for (auto& writer : writers_) writer->injectFault();
     return true;
   }
 
@@ -143,46 +123,20 @@ class StitchedOutputs : public WindowConsumer {
     // An image a mask left without a window: all zeros, band by band.
     if (img_.plannedWindows() == 0 && device_stitcher_) device_stitcher_->finishEmpty();
     if (img_.plannedWindows() == 0 && stitcher_) stitcher_->finishEmpty();
-    // Phase one: every file closed under its partial name. Phase two: all renamed.
-    if (labels_) labels_->finish();
-    if (probs_) probs_->finish();
-    const std::string polygons_partial = polygons_ + ".partial";
-    std::error_code ec;
-    if (!polygons_.empty()) {
-      PolygonOptions po;
-      po.palette = labelPalette(labelClassCount(o_.classes), o_.classes_named);
-      po.named = o_.classes_named;
-      po.input_pixels_per_label_pixel = input_pixels_per_label_pixel_;
-      po.simplify = o_.simplify;
-      try {
-        writePolygons(labels_->partialPath(), polygons_partial, po);
-      } catch (...) {
-        fs::remove(polygons_partial, ec);
-        throw;
-      }
-    }
-    try {
-      return commitAllOrNothing([&](std::vector<std::string>& renamed) {
-        if (labels_ && keep_labels_) commitFile(*labels_, renamed);
-        if (probs_) commitFile(*probs_, renamed);
-        if (!polygons_.empty()) {
-          renameFromPartial(polygons_);
-          renamed.push_back(polygons_);
-        }
-      });
-    } catch (...) {
-      fs::remove(polygons_partial, ec);
-      throw;
-    }
+    // Phase one: every output closed under its partial name. Phase two: all renamed, or none.
+    for (auto& writer : writers_) writer->finish();
+    return commitAllOrNothing([&](std::vector<std::string>& renamed) {
+      for (auto& writer : writers_) writer->commit(renamed);
+    });
   }
 
  private:
   // Each output value once, while the band is at hand, in pieces of rows on the pool: non-finite predictions
   // (they stay so through blending), the stored probabilities, the labels.
   void writeBand(const cv::Mat& band) {
-    cv::Mat stored = probs_ ? storedProbabilitiesBuffer(band, o_.probs_type) : cv::Mat();
+    cv::Mat stored = needs_probs_ ? storedProbabilitiesBuffer(band, o_.probs_type) : cv::Mat();
     cv::Mat label_rows;
-    if (labels_) label_rows.create(band.rows, band.cols, cvDepthOf(labelSampleType(band.channels())));
+    if (needs_labels_) label_rows.create(band.rows, band.cols, cvDepthOf(labelSampleType(band.channels())));
     std::atomic<int64_t> non_finite{0};
     const float threshold = o_.label_threshold;
     parallelRows(pool_, band.rows, kMinRowsPerPiece, [&](int64_t a, int64_t b) {
@@ -192,31 +146,31 @@ class StitchedOutputs : public WindowConsumer {
       for (int y = 0; y < rows.rows; ++y)
         bad += countNonFinite(rows.ptr<float>(y), int64_t(rows.cols) * rows.channels(), large);
       non_finite += bad;
-      if (probs_ && stored.data != band.data)
+      if (needs_probs_ && stored.data != band.data)
         storeProbabilities(rows, o_.probs_type, stored.rowRange(int(a), int(b)), large);
-      if (labels_) labelsInto(rows, threshold, label_rows.rowRange(int(a), int(b)));
+      if (needs_labels_) labelsInto(rows, threshold, label_rows.rowRange(int(a), int(b)));
     });
     img_.non_finite_values += non_finite.load();
-    if (probs_) probs_->writeRows(stored);
-    if (labels_) labels_->writeRows(label_rows);
+    writeToAll({needs_labels_ ? &label_rows : nullptr, needs_probs_ ? &stored : nullptr});
   }
 
   // A band the device converted, or one it gave back as floats (a value is not finite).
   void writeDeviceBand(const DeviceStitcher::Band& band) {
     if (!band.floats.empty()) return writeBand(band.floats);
-    if (probs_) probs_->writeRows(band.probs);
-    if (labels_) labels_->writeRows(band.labels);
+    writeToAll({needs_labels_ ? &band.labels : nullptr, needs_probs_ ? &band.probs : nullptr});
+  }
+
+  void writeToAll(const MapBand& band) {
+    for (auto& writer : writers_) writer->write(band);
   }
 
   CatalogImage& img_;       // the catalog's, which outlives the stage
   const OutputOptions& o_;  // the stage's
   WorkPool* pool_;          // the stage's: compressions and the bands' pieces of rows
-  std::unique_ptr<ImageWriter> labels_, probs_;
+  std::vector<std::unique_ptr<MapWriter>> writers_;  // one per --save kind, in output_kinds' order (owned)
+  bool needs_labels_ = false, needs_probs_ = false;  // what some writer takes of each band
   std::unique_ptr<Stitcher> stitcher_;               // on the host, or
   std::unique_ptr<DeviceStitcher> device_stitcher_;  // on OutputOptions::stitch_device
-  std::string polygons_;                             // final path of the GeoJSON, when asked
-  double input_pixels_per_label_pixel_ = 1.0;        // level-0 input pixels per output pixel (polygons)
-  bool keep_labels_ = true;                          // false: the labels only feed the polygons
 };
 
 }  // namespace
@@ -348,8 +302,7 @@ WindowConsumer& OutputStage::outputsFor(int image_id) {
 }
 
 void OutputStage::commit(CatalogImage& img, WindowConsumer& out) {
-  std::error_code ec;
-  for (const auto& path : out.commit()) stats_.bytes_written += int64_t(fs::file_size(path, ec));
+  for (const auto& path : out.commit()) stats_.bytes_written += bytesOnDisk(path);
   const auto objects = out.objects();
   if (!objects) return;
   img.objects = (*objects)[0];

@@ -62,6 +62,15 @@ WriteTarget writeTargetOf(const std::string& path) {
   return target;
 }
 
+WriteTarget storeTargetOf(const std::string& path) {
+  WriteTarget target;
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0 || S_ISDIR(st.st_mode)) return target;
+  target.refused = "'" + path + "' is " + (S_ISLNK(st.st_mode) ? "a symbolic link" : "not a directory") +
+                   "; a store (a directory) only ever replaces a store of its own";
+  return target;
+}
+
 int openStreamTarget(const std::string& path) {
   // Without O_NONBLOCK, opening a FIFO for writing waits for a reader, forever if none comes.
   const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
@@ -252,6 +261,11 @@ bool isPlainFile(const std::string& path) {
   return ::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
+bool isPlainDirectory(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 namespace {
 
 // The lock files this process holds, for a handler that may run on any thread at any moment: fixed storage,
@@ -365,6 +379,18 @@ bool removeTree(const std::string& path) {
     return ::remove(p) == 0 ? 0 : -1;
   };
   return ::nftw(path.c_str(), remove_one, 16, FTW_DEPTH | FTW_PHYS) == 0;
+}
+
+int64_t bytesOnDisk(const std::string& path) {
+  // nftw's callback takes no context: the sum is per thread (output stages of ranks run as threads in tests).
+  thread_local int64_t bytes;
+  bytes = 0;
+  auto add_one = [](const char*, const struct stat* st, int type, struct FTW*) {
+    if (type == FTW_F) bytes += int64_t(st->st_size);
+    return 0;
+  };
+  ::nftw(path.c_str(), add_one, 16, FTW_PHYS);
+  return bytes;
 }
 
 int cgroupCpuQuota(const std::string& proc_cgroup, const std::string& root) {

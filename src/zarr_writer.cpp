@@ -14,6 +14,7 @@
 #include <opencv2/imgproc.hpp>
 
 #include "tiler/error.hpp"
+#include "tiler/map_writers.hpp"
 #include "tiler/platform.hpp"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -524,6 +525,66 @@ void ZarrWriter::commit() {
 
 size_t ZarrWriter::bufferedBytes() const {
   return (probabilities_ ? probabilities_->bufferedBytes() : 0) + (labels_ ? labels_->bufferedBytes() : 0);
+}
+
+namespace {
+
+// --save zarr (map_writers' registry): <stem>.ome.zarr with the probabilities as stored (--probs_dtype) as
+// the image and the labels as the image-label labels/classes, the class palette and names (--classes, else
+// class_<k>) as both's colours, µm/px and pyramid as the TIFF outputs have them. An old store at the name
+// (--overwrite, or --resume redoing an image) is removed just before the new one is renamed in.
+class ZarrMapWriter : public MapWriter {
+ public:
+  ZarrMapWriter(const std::string& path, const MapOutput& m) {
+    const int label_classes = labelClassCount(m.classes);
+    const auto palette = labelPalette(label_classes, m.classes_named);
+    auto className = [&](int k) {
+      return k < int(m.classes_named.size()) ? m.classes_named[size_t(k)].name : "class_" + std::to_string(k);
+    };
+    ZarrOptions zo;
+    zo.chunk = m.writer.tile;
+    zo.pyramid = m.writer.pyramid;
+    zo.mpp = m.writer.mpp;
+    zo.pool = m.writer.pool;
+    ZarrProbabilities probabilities;
+    probabilities.channels = m.classes;
+    probabilities.type = m.probs_type;
+    if (m.classes > 1)
+      for (int c = 0; c < m.classes; ++c)
+        probabilities.channel_classes.push_back({className(c), palette[size_t(c)]});
+    probabilities.attributes = probabilitiesDescription(m.probs_type, m.classes_named);
+    zo.probabilities = probabilities;
+    ZarrLabels labels;
+    labels.type = labelSampleType(label_classes);
+    for (int k = 0; k < label_classes; ++k) labels.classes.push_back({className(k), palette[size_t(k)]});
+    zo.labels = labels;
+    writer_ = std::make_unique<ZarrWriter>(path, m.width, m.height, std::move(zo));
+  }
+  bool needsLabels() const override { return true; }
+  bool needsProbs() const override { return true; }
+  void write(const MapBand& band) override {
+    writer_->writeProbabilities(*band.probs);
+    writer_->writeLabels(*band.labels);
+  }
+  void finish() override { writer_->finish(); }
+  void commit(std::vector<std::string>& renamed) override {
+    struct stat st;
+    if (::lstat(writer_->path().c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+      TILER_CHECK(removeTree(writer_->path()), IoError,
+                  "'" << writer_->path() << "': the old store cannot be removed: " << std::strerror(errno));
+    writer_->commit();
+    renamed.push_back(writer_->path());
+  }
+  void injectFault() override { writer_->injectChunkFault(); }
+
+ private:
+  std::unique_ptr<ZarrWriter> writer_;
+};
+
+}  // namespace
+
+std::unique_ptr<MapWriter> openZarrWriter(const std::string& path, const MapOutput& output) {
+  return std::make_unique<ZarrMapWriter>(path, output);
 }
 
 }  // namespace tiler

@@ -76,7 +76,6 @@ StepResult stepOf(int n) {
 
 OutputOptions threeClasses() {
   OutputOptions o;
-  o.save_labels = o.save_probs = true;
   o.classes = 3;
   return o;
 }
@@ -293,7 +292,6 @@ void expectTheHostsBytesOn(torch::Device device) {
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& k = cases[i];
     OutputOptions o;
-    o.save_labels = o.save_probs = true;
     o.classes = k.classes;
     o.probs_type = k.probs;
     o.stitch.mode = k.mode;
@@ -327,7 +325,6 @@ TEST(OutputsGpu, TheDeviceStitcherOnCudaWritesTheHostsBytes) {
 TEST(Outputs, AnImageTheDeviceCannotHoldIsStitchedOnTheHost) {
   const std::string dir = test::scratchDir("device_stitch_oom");
   OutputOptions o;
-  o.save_labels = o.save_probs = true;
   o.classes = 3;
   o.probs_type = SampleType::kU8;
   fs::create_directories(dir + "/host");

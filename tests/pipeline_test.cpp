@@ -1325,6 +1325,105 @@ cv::Mat knownShapes() {
   return img;
 }
 
+// Every file under `dir`, by its path inside it, with its bytes.
+std::map<std::string, std::string> filesUnder(const std::string& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) files[fs::relative(e.path(), dir).string()] = slurp(e.path().string());
+  return files;
+}
+
+// The suite's job with `flags` for its --save (tilerArgs saves labels and probs).
+std::string zarrJob(const std::string& root, const std::string& model, const std::string& out,
+                    const std::string& flags) {
+  return kTiler + " -i " + root + "/images -m " + model + " -o " + out +
+         " --window 128 --batch_size 4 --threads 1 --no_progress " + flags;
+}
+
+// --save zarr: one writer file and a registry row. The store holds what the TIFF outputs of the same run
+// hold, level for level, as zarr and GDAL read them, and the same bytes for any world size.
+TEST_F(Pipeline, ZarrStoresHoldTheTiffOutputsAndAreTheSameOnOneAndTwoRanks) {
+  const std::string one = root_ + "/out_zarr1", two = root_ + "/out_zarr2";
+  const std::string flags = "--save labels,probs,zarr --pyramid --probs_dtype u8";
+  auto r = run(zarrJob(root_, model_, one, flags));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run(kCtrun + " --nproc_per_node 2 --master_port 0 " + zarrJob(root_, model_, two, flags));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto j = report(one);
+  for (const char* stem : {"a_large", "b_mixed", "c_small", "d_gray16", "e_float"}) {
+    const std::string store = std::string(stem) + ".ome.zarr";
+    ASSERT_TRUE(fs::is_directory(one + "/" + store)) << store;
+    const auto files = filesUnder(one + "/" + store);
+    EXPECT_GT(files.size(), 6u) << store;
+    EXPECT_TRUE(files == filesUnder(two + "/" + store)) << store << ": 1 and 2 ranks differ";
+  }
+  EXPECT_TRUE(partialFiles(one).empty());
+  EXPECT_EQ((*imageEntry(j, "a_large.tif"))["outputs"]["zarr"], one + "/a_large.ome.zarr");
+  if (run("/usr/bin/python3 -c 'import zarr, numpy; from osgeo import gdal'").code != 0)
+    GTEST_SKIP() << "python3-zarr or python3-gdal missing: the stores were not read by zarr and GDAL";
+  // Each level of each TIFF (GDAL: the page, then its overviews) equals the store's array of that level.
+  auto py =
+      run("cd " + one +
+          " && /usr/bin/python3 -c \"\n"
+          "import zarr, numpy as np\n"
+          "from osgeo import gdal\n"
+          "for stem in ['a_large', 'b_mixed', 'c_small', 'd_gray16', 'e_float']:\n"
+          "    g = zarr.open_group(stem + '.ome.zarr', 'r')\n"
+          "    levels = len(g.attrs['multiscales'][0]['datasets'])\n"
+          "    for kind, array in (('probs', ''), ('labels', 'labels/classes/')):\n"
+          "        ds = gdal.Open(stem + '_' + kind + '.tif')\n"
+          "        bands = [ds.GetRasterBand(b + 1) for b in range(ds.RasterCount)]\n"
+          "        assert bands[0].GetOverviewCount() + 1 == levels, (stem, levels)\n"
+          "        for k in range(levels):\n"
+          "            tif = [b if k == 0 else b.GetOverview(k - 1) for b in bands]\n"
+          "            z = g[array + str(k)][:]\n"
+          "            assert z.shape == (len(tif), tif[0].YSize, tif[0].XSize), (stem, kind, k, z.shape)\n"
+          "            for c, b in enumerate(tif):\n"
+          "                assert np.array_equal(z[c], b.ReadAsArray()), (stem, kind, k, c)\n"
+          "print('stores equal')\n\"");
+  EXPECT_EQ(py.code, 0) << py.output;
+  EXPECT_NE(py.output.find("stores equal"), std::string::npos) << py.output;
+  if (have("gdalinfo")) {
+    auto info = run("gdalinfo " + one + "/a_large.ome.zarr");
+    EXPECT_EQ(info.code, 0) << info.output;
+    EXPECT_NE(info.output.find("Driver: Zarr"), std::string::npos) << info.output;
+  }
+}
+
+// A store appears whole or not at all: a failure while compressing it leaves nothing; a link at its name is
+// refused (the link's target untouched); --resume skips finished stores and sweeps a dead run's partial one.
+TEST_F(Pipeline, AZarrStoreIsAllOrNothing) {
+  const std::string out = root_ + "/out_zarr_faults", victim = root_ + "/zarr_victim";
+  auto r = run("TILER_FAULT=rank:0,after_windows:6,kind:throw,stage:write " +
+               zarrJob(root_, model_, out, "--save zarr"));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_FALSE(fs::exists(out + "/a_large.ome.zarr"));
+  EXPECT_FALSE(fs::exists(out + "/a_large.ome.zarr.partial"));
+  EXPECT_TRUE(fs::is_directory(out + "/b_mixed.ome.zarr"));
+  // The next run redoes the failed image only; a dead run's partial store goes.
+  fs::create_directories(out + "/c_small.ome.zarr.partial/0");
+  r = run(zarrJob(root_, model_, out, "--save zarr --resume"));
+  EXPECT_EQ(r.code, 0) << r.output;
+  auto j = report(out);
+  EXPECT_EQ((*imageEntry(j, "a_large.tif"))["status"], "ok");
+  EXPECT_EQ((*imageEntry(j, "b_mixed.png"))["status"], "skipped");
+  EXPECT_FALSE(fs::exists(out + "/c_small.ome.zarr.partial"));
+  // A link planted at a store's name is never written through, nor replaced.
+  fs::create_directories(victim);
+  std::ofstream(victim + "/keep") << "mine";
+  removeTree(out + "/b_mixed.ome.zarr");
+  fs::create_directory_symlink(victim, out + "/b_mixed.ome.zarr");
+  r = run(zarrJob(root_, model_, out, "--save zarr --overwrite"));
+  EXPECT_EQ(r.code, 2) << r.output;
+  j = report(out);
+  EXPECT_NE((*imageEntry(j, "b_mixed.png"))["error"].get<std::string>().find("symbolic link"),
+            std::string::npos)
+      << j.dump();
+  EXPECT_TRUE(fs::is_symlink(out + "/b_mixed.ome.zarr"));
+  EXPECT_EQ(filesUnder(victim), (std::map<std::string, std::string>{{"keep", "mine"}}));
+  EXPECT_EQ((*imageEntry(j, "a_large.tif"))["status"], "ok") << "--overwrite replaces a store of its own";
+}
+
 TEST_F(Pipeline, PolygonsOutlineEachRegionExactlyWithItsHoles) {
   TILER_SKIP_WITHOUT_FEATURE("gdal");
   const std::string in = root_ + "/shapes_in", out = root_ + "/shapes_out";
@@ -1590,8 +1689,8 @@ TEST_F(Pipeline, NonsenseFlagsFailInOneLineBeforeAnyWork) {
     std::string flags, message;
   };
   const std::vector<Case> cases = {
-      {"--save ''", "--save takes labels, probs and polygons"},
-      {"--save labels,", "--save takes labels, probs and polygons"},
+      {"--save ''", "--save takes labels, probs, polygons and zarr (segment)"},
+      {"--save labels,", "--save takes labels, probs, polygons and zarr (segment)"},
       {"--save labels,features", "--save labels,features mixes the outputs of two tasks (segment and embed)"},
       {"--task instance",
        "--task must be auto, segment, classify, embed, detect or instances; got 'instance'"},

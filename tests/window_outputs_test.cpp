@@ -83,33 +83,7 @@ WindowOutputOptions embed(int64_t dim) {
   return o;
 }
 
-TEST(WindowOutputs, TasksAndTheirOutputKinds) {
-  EXPECT_EQ(parseTask("embed"), ModelTask::kEmbed);
-  EXPECT_EQ(parseTask("auto"), ModelTask::kAuto);
-  EXPECT_EQ(parseTask("detect"), ModelTask::kDetect);
-  EXPECT_EQ(parseTask("instances"), ModelTask::kInstances);
-  EXPECT_THROW(parseTask("instance"), ConfigError);
-  EXPECT_EQ(defaultOutputKinds(ModelTask::kDetect), std::vector<std::string>{"objects"});
-  EXPECT_EQ(defaultOutputKinds(ModelTask::kInstances), std::vector<std::string>{"objects"});
-  EXPECT_EQ(taskOfOutputKind("coco"), ModelTask::kDetect);
-  // objects and objects_csv are both object tasks' outputs: detect unless --task instances says so.
-  EXPECT_EQ(taskOfOutputKind("objects"), ModelTask::kDetect);
-  EXPECT_TRUE(taskWrites(ModelTask::kInstances, "objects_csv"));
-  EXPECT_FALSE(taskWrites(ModelTask::kInstances, "coco"));
-  EXPECT_EQ(taskOfOutputKind("instances"), ModelTask::kInstances);
-  EXPECT_EQ(outputFileName("instances", "a", "png"), "a_instances.tif");
-  EXPECT_THROW(parseTask(""), ConfigError);
-  EXPECT_EQ(defaultOutputKinds(ModelTask::kSegment), std::vector<std::string>{"labels"});
-  EXPECT_EQ(defaultOutputKinds(ModelTask::kEmbed), std::vector<std::string>{"features"});
-  EXPECT_EQ(defaultOutputKinds(ModelTask::kClassify), (std::vector<std::string>{"csv", "tiles"}));
-  EXPECT_EQ(taskOfOutputKind("heatmap"), ModelTask::kClassify);
-  EXPECT_EQ(taskOfOutputKind("probs"), ModelTask::kSegment);
-  EXPECT_EQ(taskOfOutputKind("features"), ModelTask::kEmbed);
-  EXPECT_EQ(taskOfOutputKind("feature"), ModelTask::kAuto);
-  EXPECT_EQ(outputFileName("features", "a", "tif"), "a.h5");
-  EXPECT_EQ(outputFileName("features_pt", "a", "tif"), "a.pt");
-  EXPECT_EQ(outputFileName("tiles", "a", "tif"), "a_tiles.geojson");
-  EXPECT_EQ(outputFileName("heatmap", "a", "png"), "a_heatmap.tif");
+TEST(WindowOutputs, ClassNamesWithoutClasses) {
   EXPECT_EQ(classNames(3, {})[2].name, "class_2");
 }
 

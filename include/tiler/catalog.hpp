@@ -108,14 +108,8 @@ class WindowCatalog {
   int64_t total_windows_ = 0;
 };
 
-// An output's file name for an image's stem, by kind: <stem>_labels.<format>, <stem>_probs.tif,
-// <stem>_polygons.geojson (segment); <stem>.h5, <stem>.pt (embed: features, features_pt); <stem>.csv,
-// <stem>_tiles.geojson, <stem>_heatmap.tif (classify: csv, tiles, heatmap); <stem>_objects.geojson,
-// <stem>_objects.csv, <stem>_coco.json, <stem>_instances.tif (detect, instances).
-std::string outputFileName(const std::string& kind, const std::string& stem, const std::string& format);
-
-// `tiler infer`'s catalog: outputs named <output_dir>/outputFileName(kind, stem, format) by kind; images
-// whose outputs all exist are skipped with `resume`; existing outputs without resume/overwrite are a
+// `tiler infer`'s catalog: outputs named <output_dir>/outputFileName(kind, stem, format) (output_kinds);
+// images whose outputs all exist are skipped with `resume`; existing outputs without resume/overwrite are a
 // ConfigError listing them; two inputs with one stem are an error for the second.
 struct InferCatalogOptions {
   std::vector<std::string> inputs;

@@ -39,7 +39,6 @@ namespace tiler {
 struct OutputOptions {
   std::string format = "tif";              // labels: tif | png; probs are always tif
   std::optional<Compression> compression;  // unset: defaultCompression of each output's sample type
-  bool save_labels = true, save_probs = false;
   int classes = 2;  // the model's output channels
   Scale scale;      // output size / input size
   StitchOptions stitch;
@@ -47,7 +46,6 @@ struct OutputOptions {
   bool abort_on_error = false;
   size_t depth = 2;                      // steps queued ahead of the stitcher
   bool pyramid = false;                  // reduced-resolution pages in the TIFF outputs
-  bool save_polygons = false;            // <stem>_polygons.geojson from the labels
   double simplify = 0.0;                 // polygon simplification tolerance, input pixels
   std::vector<ClassInfo> classes_named;  // --classes: names and colours of classes 0..K-1
   // Probabilities as stored: f32; f16 (IEEE half); u8 = round(p x 255), clamped to [0, 1] first.

@@ -32,6 +32,9 @@ struct WriteTarget {
   std::string refused;
 };
 WriteTarget writeTargetOf(const std::string& path);
+// The same for a store (an output that is a directory): nothing there, or a directory (not a link), is fine;
+// anything else is refused.
+WriteTarget storeTargetOf(const std::string& path);
 // Opens a stream target for writing without waiting: a FIFO no process reads is an error (ENXIO), never a
 // hang. Returns a blocking, close-on-exec descriptor, or -1 with errno set.
 int openStreamTarget(const std::string& path);
@@ -97,6 +100,8 @@ std::string readWholeFile(const std::string& path);
 
 // True when `path` is a regular file and not a symbolic link (to one): what --resume may count as done.
 bool isPlainFile(const std::string& path);
+// Whether `path` is a directory itself (not a link to one).
+bool isPlainDirectory(const std::string& path);
 
 // An exclusive lock on a directory for the life of this object: an flock on `<dir>/.tiler.lock` (created
 // without following a link), which records the holder's pid. The kernel drops the lock when the holder dies,
@@ -130,6 +135,9 @@ class DirectoryLock {
 // pytorch.org builds carry (and export) a static copy of std::filesystem, a program linking them binds its
 // own remove_all calls to that copy, and it crashes there (a call through a null pointer; seen with 2.11).
 bool removeTree(const std::string& path);
+// The bytes of the file at `path`, or of every file under the directory at `path` (links not followed);
+// 0 when nothing is there.
+int64_t bytesOnDisk(const std::string& path);
 
 // ---- the machine ----
 

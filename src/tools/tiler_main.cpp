@@ -10,6 +10,7 @@
 #include "tiler/cli.hpp"
 #include "tiler/error.hpp"
 #include "tiler/finetune.hpp"
+#include "tiler/output_kinds.hpp"
 #include "tiler/pipeline.hpp"
 #include "tiler/version.hpp"
 
@@ -110,11 +111,7 @@ int runInferCli(int argc, char** argv) {
          "none | flip | d4: also run each window mirrored (d4: rotated too, square windows), averaged")
       ->capture_default_str();
   std::string save;
-  auto* save_option = app.add_option(
-      flagNames("--save"), save,
-      "comma-separated: labels, probs, polygons (segment; default labels), features, features_pt (embed; "
-      "default features), csv, tiles, heatmap (classify; default csv,tiles), objects, objects_csv, coco "
-      "(detect; default objects), objects, objects_csv, instances (instances; default objects)");
+  auto* save_option = app.add_option(flagNames("--save"), save, tiler::saveHelpText());
   app.add_option(flagNames("--task"), o.task,
                  "auto | segment | classify | embed | detect | instances (auto: NCHW output segment; [B,D] "
                  "classify with --activation softmax|sigmoid or --classes, else embed; detect and instances "
