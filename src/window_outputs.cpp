@@ -529,18 +529,21 @@ class WindowOutputs::ClassFiles {
       csv_->write(line + "\n");
     }
     if (tiles_) {
-      // The argmax names the tile's class (the first of equals; NaN never wins).
-      size_t best = 0;
-      for (size_t k = 1; k < K; ++k)
-        if (p[k] > p[best] || std::isnan(p[best])) best = k;
-      const ClassInfo& c = classes_[best];
+      // The argmax names the tile's class (the first of equals; NaN never wins): a tile whose every score
+      // is NaN has no classification, as an object whose every class mean is NaN has none.
+      const int best = highestClass(p, K);
       const int64_t x0 = place.x, y0 = place.y, x1 = place.x + place.width, y1 = place.y + place.height;
+      std::string classification;
+      if (best >= 0) {
+        const ClassInfo& c = classes_[size_t(best)];
+        classification = fmt::format("\"classification\": {{\"name\": {}, \"color\": [{},{},{}]}}, ",
+                                     nlohmann::json(c.name).dump(), c.color[0], c.color[1], c.color[2]);
+      }
       std::string f = fmt::format(
           "{}\n{{\"type\": \"Feature\", \"geometry\": {{\"type\": \"Polygon\", \"coordinates\": "
           "[[[{},{}],[{},{}],[{},{}],[{},{}],[{},{}]]]}}, \"properties\": {{\"objectType\": \"tile\", "
-          "\"classification\": {{\"name\": {}, \"color\": [{},{},{}]}}, \"measurements\": {{",
-          tiles_written_ ? "," : "", x0, y0, x1, y0, x1, y1, x0, y1, x0, y0, nlohmann::json(c.name).dump(),
-          c.color[0], c.color[1], c.color[2]);
+          "{}\"measurements\": {{",
+          tiles_written_ ? "," : "", x0, y0, x1, y0, x1, y1, x0, y1, x0, y0, classification);
       // A score that is not a number is left out: QuPath reads a missing measurement as NaN, and JSON has
       // no NaN for other readers.
       bool first = true;

@@ -369,6 +369,7 @@ TEST(WindowOutputs, ManyClassesQuotedNamesDistinctColoursAndNaN) {
     for (int64_t w = 0; w < img.plannedWindows(); ++w) {
       std::vector<float> v = vectorOf(w, o.dim);
       if (w == 1) v[2] = std::numeric_limits<float>::quiet_NaN();
+      if (w == 2) std::fill(v.begin(), v.end(), std::numeric_limits<float>::quiet_NaN());
       out.add(w, v.data());
     }
     out.commit();
@@ -379,8 +380,13 @@ TEST(WindowOutputs, ManyClassesQuotedNamesDistinctColoursAndNaN) {
   EXPECT_EQ(line, "minx,miny,width,height,prob_a,\"prob_\"\"b\"\"\",prob_c,prob_d,prob_e,prob_f");
   const auto tiles = nlohmann::json::parse(test::slurp(dir + "/slide_tiles.geojson"));
   std::set<std::vector<int>> colours;
-  for (const auto& t : tiles["features"]) colours.insert(t["properties"]["classification"]["color"]);
+  for (const auto& t : tiles["features"])
+    if (t["properties"].contains("classification"))
+      colours.insert(t["properties"]["classification"]["color"]);
   EXPECT_EQ(colours.size(), 1u) << "every window's argmax is class f";
+  // Every score NaN: no class wins, none is named (the last class did), as for an object's class means.
+  EXPECT_FALSE(tiles["features"][2]["properties"].contains("classification")) << tiles["features"][2].dump();
+  EXPECT_TRUE(tiles["features"][2]["properties"]["measurements"].empty());
   EXPECT_NE(*colours.begin(), (std::vector<int>{0, 0, 0})) << "a classifier's classes are never black";
   const auto& m = tiles["features"][1]["properties"]["measurements"];
   EXPECT_FALSE(m.contains("prob_c")) << "a NaN score is left out (QuPath reads it as NaN)";
