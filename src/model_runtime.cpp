@@ -397,9 +397,15 @@ ShapeProbe probeShapesInChild(const RuntimeOptions& options, int64_t w, int64_t 
     (shapes[k].second == 1 ? found.batch_one : found.batch_full) = true;
   }
   if (found.channels == 0) {
-    const size_t three = options.batch > 1 ? 4 : 2;  // [1, 3, h, w]: what most models take
-    found.refusal = "it does not run " + shapeText(3, 1, w, h) + " (" +
-                    (why[three].empty() ? std::string("not tried") : why[three]) + "), nor 1 to " +
+    // [1, 3, h, w] and [batch, 3, h, w]: what most models take, and why they did not run.
+    const auto three = [&](int64_t b) {
+      size_t k = 0;
+      while (k < shapes.size() && shapes[k] != std::pair<int, int64_t>(3, b)) ++k;
+      return shapeText(3, b, w, h) + " (" + (k < shapes.size() && !why[k].empty() ? why[k] : "not tried") +
+             ")";
+    };
+    found.refusal = "it does not run " + three(1) +
+                    (options.batch > 1 ? ", nor " + three(options.batch) : "") + ", nor 1 to " +
                     std::to_string(kMaxProbedChannels) + " input channels at batch 1" +
                     (options.batch > 1 ? " or " + std::to_string(options.batch) : std::string());
   }

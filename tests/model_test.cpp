@@ -925,6 +925,19 @@ class ModelPt2 : public ::testing::Test {
     EXPECT_EQ(r.code, 0) << r.output;
     return out;
   }
+  // Both probed at 64x64 give numbers within `bound` of each other for random windows at each batch.
+  static void expectSameNumbers(ModelRunner& a, ModelRunner& b, std::initializer_list<int64_t> batches,
+                                double bound) {
+    a.probe(64, 64);
+    b.probe(64, 64);
+    torch::manual_seed(6);
+    for (int64_t n : batches) {
+      const auto x = torch::rand({n, 3, 64, 64});
+      EXPECT_LT((a.forward(x, torch::ones({n})) - b.forward(x, torch::ones({n}))).abs().max().item<double>(),
+                bound)
+          << "batch " << n;
+    }
+  }
   static std::string package_, why_;
 };
 std::string ModelPt2::package_, ModelPt2::why_;
@@ -992,6 +1005,52 @@ TEST_F(ModelPt2, RefusesWhatItWasNotCompiledFor) {
   }
 }
 
+// A package whose code checks its input's shape (AOTInductor's input checks: compiled in by
+// AOT_INDUCTOR_DEBUG_COMPILE in PyTorch 2.6, always from 2.7, on with AOTI_RUNTIME_CHECK_INPUTS) and that
+// records no tiler metadata: a child process learns its channels and batch at the window, the job runs it as
+// the package that records them, and at another window it is refused naming the shape and the check's words.
+TEST_F(ModelPt2, WhatAPackageWithoutMetadataTakesIsLearntInAChildProcess) {
+  setenv("AOT_INDUCTOR_DEBUG_COMPILE", "1", 1);
+  std::string why;
+  const std::string checked = test::exportSamplePt2(test::scratchDir("pt2_checked"), 64, &why);
+  unsetenv("AOT_INDUCTOR_DEBUG_COMPILE");
+  if (checked.empty()) GTEST_SKIP() << why;
+  std::string unrecorded = tempPath("checked_unrecorded.pt2");
+  const auto r = test::runCommand(
+      "/usr/bin/python3 -c \"import json, sys, zipfile\n"
+      "with zipfile.ZipFile(sys.argv[1]) as a, zipfile.ZipFile(sys.argv[2], 'w') as b:\n"
+      "    for e in a.infolist():\n"
+      "        data = a.read(e)\n"
+      "        if e.filename.endswith('_metadata.json'):\n"
+      "            data = json.dumps({k: v for k, v in json.loads(data).items() if not "
+      "k.startswith('tiler_')})\n"
+      "        b.writestr(e, data)\n\" " +
+      checked + " " + unrecorded);
+  ASSERT_EQ(r.code, 0) << r.output;
+  ModelOptions learning = options(unrecorded);
+  learning.batch_size = 4;
+  ModelRunner learnt(learning), recorded(options(package_));
+  EXPECT_EQ(learnt.probe(64, 64).input_channels, 3);
+  expectSameNumbers(learnt, recorded, {1, 4, 6}, 1e-5);
+  learning.batch_size = 8;
+  try {
+    ModelRunner(learning).probe(32, 32);
+    FAIL() << "a package compiled for 64x64 ran at 32x32";
+  } catch (const ModelError& e) {
+    EXPECT_NE(
+        e.message().find("'" + unrecorded + "': the package records no window, batch or input channels"),
+        std::string::npos)
+        << e.message();
+    EXPECT_NE(
+        e.message().find("found that it does not run [1, 3, 32, 32] (input_handles[0]: dim value is too "
+                         "small at 0, expected it to be >= 2, but got: 1), nor [8, 3, 32, 32] "
+                         "(input_handles[0]: unmatched dim value at 2, expected: 64, but got: 32), nor 1 to "
+                         "16 input channels at batch 1 or 8"),
+        std::string::npos)
+        << e.message();
+  }
+}
+
 TEST_F(ModelPt2, ItsMetadataDecidesWhatRuns) {
   // Without tiler's metadata (as PyTorch's own aoti_compile_and_package writes a package), what it takes is
   // learnt in a child process at the window: it runs as the package that records it, where its code checks
@@ -1003,15 +1062,9 @@ TEST_F(ModelPt2, ItsMetadataDecidesWhatRuns) {
     learning.batch_size = 4;
     ModelRunner learnt(learning), recorded(options(package_));
     EXPECT_EQ(learnt.probe(64, 64).input_channels, 3);
-    recorded.probe(64, 64);
-    torch::manual_seed(5);
-    for (int64_t b : {1, 4, 6}) {
-      const auto x = torch::rand({b, 3, 64, 64});
-      EXPECT_TRUE(torch::allclose(learnt.forward(x, torch::ones({b})), recorded.forward(x, torch::ones({b})),
-                                  1e-6, 1e-6))
-          << "batch " << b;
-    }
+    expectSameNumbers(learnt, recorded, {1, 4, 6}, 1e-6);
   } catch (const ModelError& e) {
+    // PyTorch 2.6 compiles the input checks in only with AOT_INDUCTOR_DEBUG_COMPILE.
     EXPECT_NE(e.message().find("found that it does not check the shape of its input"), std::string::npos)
         << e.message();
   }
@@ -1021,18 +1074,7 @@ TEST_F(ModelPt2, ItsMetadataDecidesWhatRuns) {
                    64);
   // A package that says its batch is 4: batches of other sizes run as padded runs of 4, same numbers.
   ModelRunner dynamic(options(package_)), fixed(options(withMetadata("batch4", "tiler_batch", "4")));
-  dynamic.probe(64, 64);
-  fixed.probe(64, 64);
-  torch::manual_seed(6);
-  for (int64_t b : {1, 4, 9}) {
-    const auto x = torch::rand({b, 3, 64, 64});
-    EXPECT_LT((dynamic.forward(x, torch::ones({b})) - fixed.forward(x, torch::ones({b})))
-                  .abs()
-                  .max()
-                  .item<double>(),
-              1e-6)
-        << "batch " << b;
-  }
+  expectSameNumbers(dynamic, fixed, {1, 4, 9}, 1e-6);
 }
 
 // A package compiled for CUDA (AOTInductor's kernels, not LibTorch's) runs on the GPU and gives the
