@@ -359,7 +359,7 @@ Compression defaultCompression(SampleType type) {
 size_t compressorBytes(const Compression& c) {
   // ZSTD_estimateCStreamSize(level) of libzstd 1.5.4, in MB rounded up: the parameters of each level for an
   // unknown source size (ZSTD_initCStream's, which libtiff calls) are zstd's fixed table; 0 is libtiff's 9.
-  static const int kZstdMegabytes[] = {18, 2, 3, 4, 5, 6, 6, 10, 10, 18, 31, 31,
+  static const int kZstdMegabytes[] = {18, 2,  3,  4,  5,  6,  6,  10, 10,  18,  31, 31,
                                        56, 56, 56, 73, 73, 73, 73, 94, 203, 405, 816};
   if (c.codec != Codec::kZstd) return size_t(1) << 20;  // deflate's and lzw's state are under a megabyte
   return size_t(kZstdMegabytes[std::clamp(c.level, 0, 22)]) << 20;

@@ -1,4 +1,5 @@
 #include "tiler/version.hpp"
+#include "tiler/runtime_info.hpp"
 
 #include <gtest/gtest.h>
 

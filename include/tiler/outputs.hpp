@@ -39,8 +39,8 @@ namespace tiler {
 struct OutputOptions {
   std::string format = "tif";              // labels: tif | png; probs are always tif
   std::optional<Compression> compression;  // unset: defaultCompression of each output's sample type
-  int classes = 2;  // the model's output channels
-  Scale scale;      // output size / input size
+  int classes = 2;                         // the model's output channels
+  Scale scale;                             // output size / input size
   StitchOptions stitch;
   float label_threshold = 0.f;  // one-channel models: 0 for logits, 0.5 for sigmoid probabilities
   bool abort_on_error = false;

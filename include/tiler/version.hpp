@@ -1,5 +1,5 @@
-// version: what `--version` prints. buildInfo() needs no LibTorch at run time (ctrun uses it);
-// runtimeInfo() asks LibTorch what is usable on this machine (tiler uses it).
+// version: what `--version` prints of the build: buildInfo() and the optional features need no LibTorch
+// (ctrun uses them); runtime_info.hpp adds what LibTorch finds usable on this machine (tiler's --version).
 #pragma once
 
 #include <string>
@@ -20,8 +20,5 @@ const std::vector<OptionalFeature>& optionalFeatures();
 // Throws ConfigError when feature `name` is not built in: one line naming `needed_by`, the feature, and how
 // to build it in. Does nothing when it is.
 void requireFeature(const std::string& name, const std::string& needed_by);
-
-// buildInfo plus CUDA devices usable now, NCCL usable, c10d backends available.
-std::string runtimeInfo(const std::string& tool);
 
 }  // namespace tiler

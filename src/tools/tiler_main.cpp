@@ -12,6 +12,7 @@
 #include "tiler/finetune.hpp"
 #include "tiler/output_kinds.hpp"
 #include "tiler/pipeline.hpp"
+#include "tiler/runtime_info.hpp"
 #include "tiler/version.hpp"
 
 namespace {

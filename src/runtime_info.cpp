@@ -1,4 +1,4 @@
-#include "tiler/version.hpp"
+#include "tiler/runtime_info.hpp"
 
 #include <torch/cuda.h>
 
@@ -8,6 +8,7 @@
 #include "tiler/model_runtime.hpp"
 #include "tiler/platform.hpp"
 #include "tiler/torch_compat.hpp"
+#include "tiler/version.hpp"
 
 namespace tiler {
 
