@@ -94,6 +94,36 @@ ChannelAdapt channelAdaptation(int image_channels, int model_channels, const std
                               << " channel(s) but the model takes " << model_channels);
 }
 
+std::vector<int> parseChannelList(const std::string& list) {
+  std::vector<int> channels;
+  if (list.empty()) return channels;
+  const auto refuse = [&](const std::string& why) {
+    TILER_THROW(ConfigError, "--channels '" << list << "': " << why
+                                            << " (0-based indices and ranges, e.g. 2,0,1 or 0-2 or 3,1-2)");
+  };
+  const auto index = [&](const std::string& text) {
+    if (text.empty() || text.size() > 6 || text.find_first_not_of("0123456789") != std::string::npos)
+      refuse("'" + text + "' is not a channel index");
+    return std::stoi(text);
+  };
+  size_t start = 0;
+  while (start <= list.size()) {
+    const size_t comma = std::min(list.find(',', start), list.size());
+    const std::string item = list.substr(start, comma - start);
+    const size_t dash = item.find('-');
+    if (dash == std::string::npos) {
+      channels.push_back(index(item));
+    } else {
+      const int first = index(item.substr(0, dash)), last = index(item.substr(dash + 1));
+      if (last < first) refuse("range '" + item + "' runs backwards");
+      for (int c = first; c <= last; ++c) channels.push_back(c);
+    }
+    if (channels.size() > 4096) refuse("more than 4096 channels");
+    start = comma + 1;
+  }
+  return channels;
+}
+
 CatalogImage WindowCatalog::describe(const std::string& path, const CatalogSpec& spec) {
   CatalogImage img;
   img.input = path;
@@ -102,6 +132,14 @@ CatalogImage WindowCatalog::describe(const std::string& path, const CatalogSpec&
     img.resolution = chooseResolution(source->info(), spec.resolution);
     auto reader = viewAtResolution(*source, img.resolution);
     img.info = reader->info();
+    if (!spec.channels.empty()) {
+      for (const int c : spec.channels)
+        TILER_CHECK(c < img.info.channels, IoError,
+                    "'" << path << "': --channels names channel " << c << " but the image has "
+                        << img.info.channels << " (0-" << img.info.channels - 1 << ")");
+      img.channels = spec.channels;
+      img.info.channels = int(spec.channels.size());
+    }
     if (spec.input_channels > 0)
       img.adapt =
           channelAdaptation(img.info.channels, spec.input_channels, path, img.info.colormap != nullptr);
@@ -112,7 +150,7 @@ CatalogImage WindowCatalog::describe(const std::string& path, const CatalogSpec&
     TILER_CHECK(out_w >= 1 && out_h >= 1, IoError,
                 "'" << path << "': " << img.info.width << "x" << img.info.height
                     << " is smaller than one output pixel at the model's scale 1/" << spec.output_scale.den);
-    if (spec.mask.mode != MaskMode::kNone) {
+    if (spec.mask.active()) {
       // The mask comes from the reader already open: an image OpenCV decodes whole is decoded once.
       const CoverageMask mask = CoverageMask::make(*source, spec.mask, img.info.width, img.info.height);
       img.masked = true;

@@ -174,7 +174,8 @@ void Trainer::loadData() {
   for (const auto& l : listImages({o_.labels_dir}, false)) labels[fs::path(l).stem().string()] = l;
   auto files = listImages({o_.images_dir}, false);
   TILER_CHECK(!files.empty(), ConfigError, "no images in '" << o_.images_dir << "'");
-  const CatalogSpec spec{spec_, probe_.input_channels, probe_.scale, o_.scale, MaskSpec{}, ResolutionSpec{}};
+  const CatalogSpec spec{spec_,      probe_.input_channels, probe_.scale, o_.scale,
+                         MaskSpec{}, ResolutionSpec{},      true,         parseChannelList(o_.channels)};
   for (const auto& f : files) {
     auto it = labels.find(fs::path(f).stem().string());
     TILER_CHECK(it != labels.end(), IoError,
@@ -236,7 +237,7 @@ TrainBatch Trainer::readBatch(const std::vector<WindowRef>& refs, ReaderCache& r
     const CatalogImage& img = catalog_.image(refs[size_t(j)].image);
     const int64_t local = refs[size_t(j)].local;
     if (count_for_fault && faults_.before_read) faults_.before_read(img.label);
-    windowToModelInput(readWindow(readers.get(img), img.grid, local, pad_, 0.0), img.adapt,
+    windowToModelInput(readWindow(readers.get(img), img.grid, local, pad_, 0.0, img.channels), img.adapt,
                        b.pixels[j].data_ptr<float>(), img.info.colormap.get());
     b.scales[j] = float(img.scale);
     // The label window at the output's scale, clipped to the label; outside it the mask is 0.
@@ -592,6 +593,7 @@ int Trainer::run() {
 
 void Trainer::validateOptions() {
   spec_ = parseGridSpec(o_.window, o_.overlap);
+  parseChannelList(o_.channels);  // refused here, in one line, before anything is read
   pad_ = parsePadMode(o_.pad);
   loss_ = parseLoss(o_.loss);
   TILER_CHECK(o_.epochs >= 1 && o_.batch_size >= 1 && o_.lr > 0, ConfigError,

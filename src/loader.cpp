@@ -15,13 +15,24 @@ PadMode parsePadMode(const std::string& name) {
   TILER_THROW(ConfigError, "--pad must be constant, reflect or replicate; got '" << name << "'");
 }
 
-cv::Mat readWindow(ImageReader& reader, const WindowGrid& grid, int64_t local_index, PadMode pad,
-                   double cval) {
+cv::Mat readWindow(ImageReader& reader, const WindowGrid& grid, int64_t local_index, PadMode pad, double cval,
+                   const std::vector<int>& channels) {
   const Rect r = grid.imageWindow(local_index);
   const ImageInfo& info = reader.info();
   const int64_t x0 = std::max<int64_t>(r.x, 0), y0 = std::max<int64_t>(r.y, 0);
   const int64_t x1 = std::min(r.right(), info.width), y1 = std::min(r.bottom(), info.height);
   cv::Mat inside = reader.readRegion(Rect{x0, y0, x1 - x0, y1 - y0});
+  if (!channels.empty()) {
+    // Before the padding: only the chosen channels are copied.
+    cv::Mat chosen(inside.rows, inside.cols, CV_MAKETYPE(inside.depth(), int(channels.size())));
+    std::vector<int> from_to;
+    for (size_t k = 0; k < channels.size(); ++k) {
+      from_to.push_back(channels[k]);
+      from_to.push_back(int(k));
+    }
+    cv::mixChannels(&inside, 1, &chosen, 1, from_to.data(), channels.size());
+    inside = chosen;
+  }
   if (x0 == r.x && y0 == r.y && x1 == r.right() && y1 == r.bottom()) return inside;
   const int mode = pad == PadMode::kConstant  ? cv::BORDER_CONSTANT
                    : pad == PadMode::kReflect ? cv::BORDER_REFLECT_101
@@ -244,7 +255,8 @@ WindowBatch WindowLoader::assemble(int64_t step) {
     if (!read || read->error) return;
     const CatalogImage& img = catalog_.image(read->image_id);
     try {
-      const cv::Mat window = readWindow(*read->reader, img.grid, read->local, options_.pad, options_.cval);
+      const cv::Mat window =
+          readWindow(*read->reader, img.grid, read->local, options_.pad, options_.cval, img.channels);
       const int64_t at = j * H * W * C;
       if (options_.bytes)
         windowToModelInput(window, img.adapt, batch.pixels.data_ptr<uint8_t>() + at, img.info.colormap.get());

@@ -2,18 +2,35 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
 #include <opencv2/imgproc.hpp>
+#include <set>
+#include <sstream>
 
 #include "tiler/error.hpp"
+#include "tiler/polygons.hpp"
 #include "tiler/resolution.hpp"
+
+namespace fs = std::filesystem;
 
 namespace tiler {
 
-MaskSpec parseMaskSpec(const std::string& mask, double fraction) {
+MaskSpec parseMaskSpec(const std::string& mask, double fraction, const std::string& roi,
+                       const std::string& roi_class) {
   MaskSpec spec;
   TILER_CHECK(fraction >= 0 && fraction <= 1, ConfigError,
               "--mask_fraction must be in [0,1]; got " << fraction);
   spec.fraction = fraction;
+  std::error_code ec;
+  TILER_CHECK(roi.empty() || fs::exists(roi, ec), ConfigError,
+              "--roi '" << roi << "': no such GeoJSON file or directory");
+  TILER_CHECK(roi_class.empty() || !roi.empty(), ConfigError,
+              "--roi_class '" << roi_class << "' needs --roi");
+  spec.roi = roi;
+  spec.roi_class = roi_class;
   if (mask.empty() || mask == "none") return spec;
   if (mask == "auto") {
     spec.mode = MaskMode::kAuto;
@@ -102,7 +119,221 @@ cv::Mat tissueOf(const cv::Mat& small_rgb) {
 
 }  // namespace
 
+std::string roiFileFor(const std::string& roi, const std::string& image_path) {
+  std::error_code ec;
+  if (!fs::is_directory(roi, ec)) return roi;
+  return (fs::path(roi) / (fs::path(image_path).stem().string() + ".geojson")).string();
+}
+
+namespace {
+
+// QuPath writes classification as {"name": ..., "color": ...}; others a plain string.
+std::string classOf(const nlohmann::json& feature) {
+  const auto props = feature.find("properties");
+  if (props == feature.end() || !props->is_object()) return "";
+  const auto c = props->find("classification");
+  if (c == props->end()) return "";
+  if (c->is_string()) return c->get<std::string>();
+  if (c->is_object() && c->contains("name") && (*c)["name"].is_string())
+    return (*c)["name"].get<std::string>();
+  return "";
+}
+
+// A feature QuPath marks as something other than an annotation (a detection, a cell, a tile) is no region.
+bool isRegion(const nlohmann::json& feature) {
+  const auto props = feature.find("properties");
+  if (props == feature.end() || !props->is_object() || !props->contains("objectType")) return true;
+  return (*props)["objectType"] == "annotation";
+}
+
+RoiPolygon polygonOf(const nlohmann::json& rings, const std::string& where) {
+  TILER_CHECK(rings.is_array() && !rings.empty(), IoError, where << ": a polygon needs an array of rings");
+  RoiPolygon polygon;
+  for (size_t r = 0; r < rings.size(); ++r) {
+    const nlohmann::json& ring = rings[r];
+    TILER_CHECK(ring.is_array(), IoError, where << ", ring " << r << ": not an array of positions");
+    TILER_CHECK(ring.size() >= 4, IoError,
+                where << ", ring " << r << ": " << ring.size()
+                      << " position(s); a ring needs at least 4 (its first repeated last)");
+    RoiRing points;
+    for (const auto& p : ring) {
+      TILER_CHECK(p.is_array() && p.size() >= 2 && p[0].is_number() && p[1].is_number() &&
+                      std::isfinite(p[0].get<double>()) && std::isfinite(p[1].get<double>()),
+                  IoError,
+                  where << ", ring " << r << ": position " << p.dump() << " is not two finite numbers");
+      points.emplace_back(p[0].get<double>(), p[1].get<double>());
+    }
+    polygon.push_back(std::move(points));
+  }
+  return polygon;
+}
+
+}  // namespace
+
+std::vector<RoiPolygon> readRoi(const std::string& file, const std::string& roi_class) {
+  std::ifstream in(file, std::ios::binary);
+  TILER_CHECK(in, IoError, "ROI '" << file << "': cannot be read");
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(text.str());
+  } catch (const nlohmann::json::exception& e) {
+    // Python's json.dump writes NaN and Infinity, which no JSON reader takes.
+    const bool non_finite =
+        text.str().find("NaN") != std::string::npos || text.str().find("Infinity") != std::string::npos;
+    TILER_THROW(IoError,
+                "ROI '" << file << "': not JSON: " << e.what()
+                        << (non_finite ? " (a coordinate NaN or Infinity is no number in JSON)" : ""));
+  }
+  // QuPath writes a FeatureCollection, or (older exports) an array of features; a lone Feature is one.
+  nlohmann::json features = nlohmann::json::array();
+  if (doc.is_array()) {
+    features = doc;
+  } else if (doc.is_object() && doc.value("type", "") == "FeatureCollection" && doc.contains("features") &&
+             doc["features"].is_array()) {
+    features = doc["features"];
+  } else if (doc.is_object() && doc.value("type", "") == "Feature") {
+    features.push_back(doc);
+  }
+  TILER_CHECK(!features.empty(), IoError,
+              "ROI '" << file << "': no features (a GeoJSON FeatureCollection of Polygon/MultiPolygon)");
+  std::vector<RoiPolygon> polygons;
+  std::set<std::string> classes;
+  size_t areas = 0;
+  for (size_t f = 0; f < features.size(); ++f) {
+    const nlohmann::json& feature = features[f];
+    const std::string where = "ROI '" + file + "': feature " + std::to_string(f);
+    TILER_CHECK(feature.is_object(), IoError, where << ": not an object");
+    const auto geometry = feature.find("geometry");
+    if (geometry == feature.end() || !geometry->is_object() || !isRegion(feature)) continue;
+    const std::string type = geometry->value("type", "");
+    if (type != "Polygon" && type != "MultiPolygon") continue;  // points and lines enclose nothing
+    ++areas;
+    const std::string name = classOf(feature);
+    classes.insert(name.empty() ? "(none)" : name);
+    if (!roi_class.empty() && name != roi_class) continue;
+    const auto coordinates = geometry->find("coordinates");
+    TILER_CHECK(coordinates != geometry->end() && coordinates->is_array(), IoError,
+                where << ": " << type << " without coordinates");
+    if (type == "Polygon") {
+      polygons.push_back(polygonOf(*coordinates, where));
+    } else {
+      for (size_t k = 0; k < coordinates->size(); ++k)
+        polygons.push_back(polygonOf((*coordinates)[k], where + ", polygon " + std::to_string(k)));
+    }
+  }
+  TILER_CHECK(areas > 0, IoError,
+              "ROI '" << file << "': no Polygon or MultiPolygon annotation among its " << features.size()
+                      << " feature(s)");
+  if (polygons.empty()) {
+    std::string present;
+    for (const auto& c : classes) present += (present.empty() ? "" : ", ") + c;
+    TILER_THROW(IoError, "ROI '" << file << "': no feature of class '" << roi_class << "' (--roi_class); "
+                                 << "classes present: " << present);
+  }
+  return polygons;
+}
+
+cv::Mat rasterizeRoi(const std::vector<RoiPolygon>& polygons, int width, int height, double sx, double sy) {
+  cv::Mat inside = cv::Mat::zeros(height, width, CV_8U);
+  std::vector<double> crossings;
+  for (const RoiPolygon& polygon : polygons) {
+    double top = std::numeric_limits<double>::infinity(), bottom = -top;
+    for (const RoiRing& ring : polygon)
+      for (const auto& p : ring) {
+        top = std::min(top, p.y * sy);
+        bottom = std::max(bottom, p.y * sy);
+      }
+    const int row0 = std::max(0, int(std::floor(std::max(top, -1.0)))),
+              row1 = std::min(height - 1, int(std::ceil(std::min(bottom, double(height)))));
+    for (int y = row0; y <= row1; ++y) {
+      // Even-odd along the row through the pixel centres: an edge counts when it crosses y + 0.5 (half-open
+      // in y, so a vertex on the line counts once); a pixel is in when its centre lies in [enter, leave).
+      const double yc = y + 0.5;
+      crossings.clear();
+      for (const RoiRing& ring : polygon) {
+        for (size_t i = 0; i < ring.size(); ++i) {
+          const cv::Point2d a{ring[i].x * sx, ring[i].y * sy};
+          const cv::Point2d b{ring[(i + 1) % ring.size()].x * sx, ring[(i + 1) % ring.size()].y * sy};
+          if ((a.y <= yc) != (b.y <= yc)) crossings.push_back(a.x + (yc - a.y) * (b.x - a.x) / (b.y - a.y));
+        }
+      }
+      std::sort(crossings.begin(), crossings.end());
+      uint8_t* row = inside.ptr<uint8_t>(y);
+      for (size_t k = 0; k + 1 < crossings.size(); k += 2) {
+        const double first = std::clamp(std::ceil(crossings[k] - 0.5), 0.0, double(width));
+        const double end = std::clamp(std::ceil(crossings[k + 1] - 0.5), 0.0, double(width));
+        if (end > first) std::fill(row + int(first), row + int(end), uint8_t(1));
+      }
+    }
+  }
+  cv::Mat map;
+  inside.convertTo(map, CV_32F);
+  return map;
+}
+
+namespace {
+
+// The ROI of `source`'s image as a width x height map (its level-0 coordinates, or its CRS when it is
+// georeferenced, stretched over the map), drawn at up to 4x4 samples a map pixel when the map is smaller.
+cv::Mat roiMap(const ImageReader& source, const MaskSpec& spec, int width, int height) {
+  const ImageInfo& info = source.info();
+  const std::string file = roiFileFor(spec.roi, info.path);
+  std::vector<RoiPolygon> polygons;
+  try {
+    polygons = readRoi(file, spec.roi_class);
+  } catch (const Error& e) {
+    TILER_THROW(IoError, "'" << info.path << "': " << e.message());
+  }
+  if (const auto frame = geoFrameOf(info.path)) {
+    // CRS -> level-0 pixel: the inverse of the affine geotransform.
+    const auto& g = frame->gt;
+    const double det = g[1] * g[5] - g[2] * g[4];
+    TILER_CHECK(det != 0, IoError, "'" << info.path << "': its geotransform cannot be inverted");
+    for (auto& polygon : polygons)
+      for (auto& ring : polygon)
+        for (auto& p : ring) {
+          const double dx = p.x - g[0], dy = p.y - g[3];
+          p = {(g[5] * dx - g[2] * dy) / det, (-g[4] * dx + g[1] * dy) / det};
+        }
+  }
+  const int samples =
+      std::clamp(int(std::min(double(info.width) / width, double(info.height) / height)), 1, 4);
+  cv::Mat map = rasterizeRoi(polygons, width * samples, height * samples,
+                             double(width * samples) / info.width, double(height * samples) / info.height);
+  if (samples > 1) cv::resize(map, map, cv::Size(width, height), 0, 0, cv::INTER_AREA);
+  return map;
+}
+
+}  // namespace
+
 CoverageMask CoverageMask::make(ImageReader& source, const MaskSpec& spec, int64_t width, int64_t height) {
+  int64_t w = width, h = height;
+  if (w <= 0 || h <= 0) {
+    w = source.info().width;
+    h = source.info().height;
+  }
+  if (spec.roi.empty()) return makeBase(source, spec, w, h);
+  // The ROI's map is as large as a mask file's shrunk copy of the image would be (shrinkImage's rule).
+  const ImageInfo& info = source.info();
+  const double factor = std::min(1.0, double(spec.max_side) / double(std::max(info.width, info.height)));
+  const cv::Size size(std::max(1, int(std::lround(double(info.width) * factor))),
+                      std::max(1, int(std::lround(double(info.height) * factor))));
+  cv::Mat roi = roiMap(source, spec, size.width, size.height);
+  if (spec.mode == MaskMode::kNone) return CoverageMask(roi, w, h, "roi");
+  // Both: the mask's map brought to the ROI's size (an "everything" map is one pixel), then their product.
+  const CoverageMask base = makeBase(source, spec, w, h);
+  cv::Mat base_map = base.map();
+  if (base_map.size() != size)
+    cv::resize(base_map, base_map, size, 0, 0,
+               base_map.cols > size.width ? cv::INTER_AREA : cv::INTER_NEAREST);
+  const cv::Mat both = roi.mul(base_map);
+  return CoverageMask(both, w, h, base.method() + "+roi");
+}
+
+CoverageMask CoverageMask::makeBase(ImageReader& source, const MaskSpec& spec, int64_t width,
+                                    int64_t height) {
   auto overview = viewAtResolution(
       source, chooseResolution(source.info(), ResolutionSpec{overviewLevel(source.info(), spec.max_side)}));
   ImageReader& reader = *overview;

@@ -17,6 +17,7 @@
 
 #include <mutex>
 
+#include "tiler/catalog.hpp"
 #include "tiler/error.hpp"
 #include "tiler/platform.hpp"
 #include "tiler/torch_compat.hpp"
@@ -82,6 +83,7 @@ ModelOptions modelOptionsFor(const JobOptions& job, int local_rank) {
   mo.mean = job.mean;
   mo.std = job.std;
   mo.local_rank = local_rank;
+  mo.preferred_input_channels = int(parseChannelList(job.channels).size());
   return mo;
 }
 
@@ -306,7 +308,13 @@ const ModelProbe& ModelRunner::probe(int64_t window_w, int64_t window_h) {
   TILER_CHECK(refused.empty(), ModelError, "'" << path << "': " << refused);
   // The model's input channel count is not in a TorchScript file: try the likely ones, then a few more.
   std::vector<int> counts = {3, 1, 4, 2, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
-  if (auto known = runtime_->inputChannels()) counts = {*known};
+  if (auto known = runtime_->inputChannels()) {
+    counts = {*known};
+  } else if (const int chosen = options_.preferred_input_channels; chosen > 0) {
+    // --channels chose this many: a model that takes any count is fed them.
+    counts.erase(std::remove(counts.begin(), counts.end(), chosen), counts.end());
+    counts.insert(counts.begin(), chosen);
+  }
   std::string first_error;
   for (int c : counts) {
     torch::Tensor out;

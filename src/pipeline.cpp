@@ -26,13 +26,13 @@
 #include "tiler/launcher.hpp"
 #include "tiler/loader.hpp"
 #include "tiler/model.hpp"
+#include "tiler/output_kinds.hpp"
 #include "tiler/outputs.hpp"
 #include "tiler/platform.hpp"
 #include "tiler/report.hpp"
 #include "tiler/sampler.hpp"
 #include "tiler/session.hpp"
 #include "tiler/version.hpp"
-#include "tiler/output_kinds.hpp"
 #include "tiler/window_outputs.hpp"
 
 namespace fs = std::filesystem;
@@ -153,6 +153,7 @@ class InferJob {
   PadMode pad_ = PadMode::kConstant;
   StitchOptions stitch_;
   MaskSpec mask_;
+  std::vector<int> channels_;  // --channels
   ResolutionSpec resolution_;
   std::vector<ClassInfo> classes_;  // --classes
   Activation activation_ = Activation::kNone;
@@ -221,7 +222,8 @@ void InferJob::validateOptions() {
   o_.write_threads = usefulThreads("--write_threads", o_.write_threads, std::numeric_limits<int>::max());
   task_ = parseTask(o_.task);
   parseSaveKinds();
-  mask_ = parseMaskSpec(o_.mask, o_.mask_fraction);
+  mask_ = parseMaskSpec(o_.mask, o_.mask_fraction, o_.roi, o_.roi_class);
+  channels_ = parseChannelList(o_.channels);
   TILER_CHECK((o_.level >= 0) + (o_.mpp > 0) + (o_.magnification > 0) <= 1, ConfigError,
               "--level, --mpp and --magnification choose the same thing; give at most one");
   TILER_CHECK(o_.mpp >= 0 && o_.magnification >= 0 && o_.input_mpp >= 0, ConfigError,
@@ -839,8 +841,9 @@ void InferJob::planImages() {
     co.remove_stale_partials = rank() == 0;
     co.also_read = {o_.model};
     if (mask_.mode == MaskMode::kPath) co.also_read.push_back(mask_.path);
-    catalog_ = buildInferCatalog(
-        co, CatalogSpec{spec_, probe_.input_channels, probe_.scale, o_.scale, mask_, resolution_});
+    if (!mask_.roi.empty()) co.also_read.push_back(mask_.roi);
+    catalog_ = buildInferCatalog(co, CatalogSpec{spec_, probe_.input_channels, probe_.scale, o_.scale, mask_,
+                                                 resolution_, true, channels_});
     if (rank() == 0) checkReportPath();
     if (abort_on_error_) {
       for (const auto& img : catalog_.images())
@@ -872,6 +875,7 @@ void InferJob::checkReportPath() const {
   PathRoles roles;
   roles.reads(o_.model, "the model");
   if (mask_.mode == MaskMode::kPath) roles.reads(mask_.path, "the mask");
+  if (!mask_.roi.empty()) roles.reads(mask_.roi, "the ROI");
   for (const auto& img : catalog_.images()) {
     roles.reads(img.input, "the input");
     for (const auto& [kind, out] : img.outputs) roles.writes(out, "the " + kind + " output");

@@ -145,6 +145,41 @@ TEST(Catalog, ChannelAdaptation) {
   }
 }
 
+TEST(Catalog, ChannelListsChooseAndOrder) {
+  EXPECT_EQ(parseChannelList(""), std::vector<int>{});
+  EXPECT_EQ(parseChannelList("2,0,1"), (std::vector<int>{2, 0, 1}));
+  EXPECT_EQ(parseChannelList("0-2"), (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(parseChannelList("3,1-2"), (std::vector<int>{3, 1, 2}));
+  EXPECT_EQ(parseChannelList("5"), std::vector<int>{5});
+  for (const char* bad : {"a", "1,", ",1", "-1", "2-1", "1--2", "1-", "1 2", "1.5", "99999999"}) {
+    try {
+      parseChannelList(bad);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(e.message().find("--channels '" + std::string(bad) + "': "), 0u) << e.message();
+      EXPECT_EQ(e.message().find('\n'), std::string::npos) << "one line: " << e.message();
+    }
+  }
+}
+
+TEST(Catalog, ChosenChannelsAreTheImagesAndPastItsLastFailIt) {
+  const std::string dir = test::scratchDir("catalog_channels");
+  writeRgb(dir + "/rgb.tif", 40, 30);
+  CatalogSpec spec;
+  spec.grid = parseGridSpec("16", "0");
+  spec.input_channels = 1;
+  spec.channels = {2};
+  CatalogImage img = WindowCatalog::describe(dir + "/rgb.tif", spec);
+  ASSERT_EQ(img.status, "ok") << img.error;
+  EXPECT_EQ(img.info.channels, 1) << "the model sees the chosen channel alone";
+  EXPECT_EQ(img.adapt, ChannelAdapt::kNone);
+  EXPECT_EQ(img.channels, std::vector<int>{2});
+  spec.channels = {0, 3};
+  img = WindowCatalog::describe(dir + "/rgb.tif", spec);
+  EXPECT_EQ(img.status, "error");
+  EXPECT_EQ(img.error, "'" + dir + "/rgb.tif': --channels names channel 3 but the image has 3 (0-2)");
+}
+
 TEST(Catalog, GlobalIndexSpansPlannedImagesOnly) {
   const std::string dir = test::scratchDir("catalog");
   writeRgb(dir + "/a.tif", 300, 200);  // 128-px windows, overlap 0.25: 3 x 2

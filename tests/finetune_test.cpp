@@ -119,6 +119,38 @@ TEST_F(Finetune, TwoRanksOfBatchBEqualOneRankOfBatch2BAndTwoMicroBatches) {
             readJson(dir_ + "/two.pt.report.json")["steps"]);
 }
 
+// --channels in training: 4-band copies of the images (a noise band first, the colours out of order) with
+// --channels 3,1,2 train as the RGB images do, step for step.
+TEST_F(Finetune, ChosenChannelsTrainAsAPreSlicedCopy) {
+  const std::string args = data() + " --optimizer sgd --momentum 0 --lr 0.05 --epochs 1 --val_fraction 0";
+  fs::create_directories(dir_ + "/bands");
+  for (const auto& e : fs::directory_iterator(dir_ + "/data/images")) {
+    auto reader = ImageReader::open(e.path().string());
+    const cv::Mat rgb = reader->readRegion({0, 0, reader->info().width, reader->info().height});
+    ASSERT_EQ(rgb.channels(), 3);
+    cv::Mat noise(rgb.size(), CV_8U), bands(rgb.size(), CV_8UC4);
+    cv::randu(noise, 0, 255);
+    const cv::Mat from[] = {noise, rgb};
+    const int from_to[] = {0, 0, 2, 1, 3, 2, 1, 3};  // [noise, G, B, R]
+    cv::mixChannels(from, 2, &bands, 1, from_to, 4);
+    WriterOptions o;
+    ImageWriter w(dir_ + "/bands/" + e.path().stem().string() + ".tif", bands.cols, bands.rows, 4,
+                  SampleType::kU8, o);
+    w.writeRows(bands);
+    w.close();
+  }
+  auto plain = run(kTiler + common("plain.pt", args));
+  ASSERT_EQ(plain.code, 0) << plain.output;
+  auto chosen = run(kTiler + common("chosen.pt", "--images " + dir_ + "/bands --labels " + dir_ +
+                                                     "/data/labels --optimizer sgd --momentum 0 --lr 0.05 " +
+                                                     "--epochs 1 --val_fraction 0 --channels 3,1-2"));
+  ASSERT_EQ(chosen.code, 0) << chosen.output;
+  EXPECT_EQ(maxDifference(parametersOf(dir_ + "/plain.pt"), parametersOf(dir_ + "/chosen.pt")), 0.0);
+  auto bad = run(kTiler + common("bad.pt", args + " --channels 0,x"));
+  EXPECT_EQ(bad.code, 1) << bad.output;
+  EXPECT_NE(bad.output.find("--channels '0,x': 'x' is not a channel index"), std::string::npos) << bad.output;
+}
+
 // A label that fails on one rank mid-epoch: every rank stops at that step, naming the file.
 TEST_F(Finetune, ALabelFailingOnOneRankStopsEveryRank) {
   auto r = run("TILER_FAULT=rank:1,after_windows:10,kind:throw,stage:read " + kCtrun +

@@ -5,6 +5,7 @@
 #include <tiffio.h>
 
 #include <filesystem>
+#include <fstream>
 #include <opencv2/imgproc.hpp>
 
 #include "test_util.hpp"
@@ -151,6 +152,135 @@ TEST(Mask, ShrinkImageStacksBandsToTheExactSize) {
   EXPECT_EQ(small.cols, 59);
   cv::Mat same = shrinkImage(*reader, 5000);
   EXPECT_EQ(cv::countNonZero(same != img), 0) << "no shrinking below the limit";
+}
+
+void writeText(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+}
+
+// A QuPath annotation export: a FeatureCollection of annotations with a classification (Tumor: two polygons,
+// one with a hole; Stroma), plus a detection (never a region) and a point (no area).
+const std::string kQuPathExport =
+    std::string(TILER_TEST_SOURCE_DIR) + "/tests/data/qupath_annotations.geojson";
+
+// The Tumor annotations of kQuPathExport drawn as a raster mask (pixel centres inside).
+cv::Mat tumorMask(int w, int h) {
+  cv::Mat m = cv::Mat::zeros(h, w, CV_8U);
+  m(cv::Rect(20, 30, 280, 220)).setTo(255);
+  m(cv::Rect(100, 80, 100, 100)).setTo(0);
+  m(cv::Rect(400, 300, 250, 180)).setTo(255);
+  return m;
+}
+
+TEST(Roi, QuPathExportReadAsIsAndDrawnAsItsRasterMask) {
+  const std::string dir = test::scratchDir("roi_qupath");
+  fs::copy_file(kQuPathExport, dir + "/slide.geojson");
+  EXPECT_EQ(readRoi(dir + "/slide.geojson", "").size(), 3u) << "the detection and the point are no regions";
+  const auto tumor = readRoi(dir + "/slide.geojson", "Tumor");
+  ASSERT_EQ(tumor.size(), 2u);
+  EXPECT_EQ(tumor[0].size(), 2u) << "outer ring and hole";
+  cv::Mat drawn = rasterizeRoi(tumor, 700, 500, 1.0, 1.0);
+  cv::Mat expected;
+  tumorMask(700, 500).convertTo(expected, CV_32F, 1.0 / 255.0);
+  EXPECT_EQ(cv::countNonZero(drawn != expected), 0) << "the hole is out, the edges exact";
+  // The map of an image, through the directory form: the same as the raster mask file's.
+  write(dir + "/slide.tif", cv::Mat(500, 700, CV_8UC3, cv::Scalar(1, 2, 3)));
+  write(dir + "/tumor.png", tumorMask(700, 500));
+  auto reader = ImageReader::open(dir + "/slide.tif");
+  const CoverageMask roi = CoverageMask::make(*reader, parseMaskSpec("none", 0.05, dir, "Tumor"));
+  const CoverageMask file = CoverageMask::make(*reader, parseMaskSpec(dir + "/tumor.png", 0.05));
+  EXPECT_EQ(roi.method(), "roi");
+  EXPECT_EQ(cv::countNonZero(roi.map() != file.map()), 0);
+  EXPECT_DOUBLE_EQ(roi.coverage(), file.coverage());
+  // With a mask too: their intersection (the mask's left half leaves the first polygon only).
+  cv::Mat left = cv::Mat::zeros(500, 700, CV_8U);
+  left.colRange(0, 350).setTo(1);
+  write(dir + "/left.png", left);
+  const CoverageMask both = CoverageMask::make(*reader, parseMaskSpec(dir + "/left.png", 0.05, dir, "Tumor"));
+  EXPECT_EQ(both.method(), "file+roi");
+  EXPECT_NEAR(both.coverage(), (280.0 * 220 - 100 * 100) / (700.0 * 500), 1e-9);
+}
+
+TEST(Roi, AGeoreferencedImagesRoiIsInItsCrs) {
+  TILER_SKIP_WITHOUT_FEATURE("gdal");
+  if (test::runCommand("command -v gdal_translate").code != 0) GTEST_SKIP() << "no gdal_translate here";
+  const std::string dir = test::scratchDir("roi_crs");
+  write(dir + "/plain.tif", cv::Mat(500, 700, CV_8UC3, cv::Scalar(1, 2, 3)));
+  // 2 m pixels, north up, the top-left corner at (1000, 6000): pixel (x, y) is (1000 + 2x, 6000 - 2y).
+  const auto r = test::runCommand("gdal_translate -q -a_srs EPSG:32633 -a_ullr 1000 6000 2400 5000 " + dir +
+                                  "/plain.tif " + dir + "/scene.tif");
+  ASSERT_EQ(r.code, 0) << r.output;
+  writeText(dir + "/scene.geojson", R"({"type": "FeatureCollection", "features": [{"type": "Feature",
+    "properties": {}, "geometry": {"type": "Polygon",
+    "coordinates": [[[1040, 5940], [1600, 5940], [1600, 5500], [1040, 5500], [1040, 5940]]]}}]})");
+  auto reader = ImageReader::open(dir + "/scene.tif");
+  const CoverageMask m = CoverageMask::make(*reader, parseMaskSpec("none", 0.05, dir + "/scene.geojson"));
+  cv::Mat expected = cv::Mat::zeros(500, 700, CV_32F);
+  expected(cv::Rect(20, 30, 280, 220)).setTo(1.0f);
+  EXPECT_EQ(cv::countNonZero(m.map() != expected), 0) << "pixels (20, 30) to (300, 250)";
+}
+
+TEST(Roi, ASmallerMapIsDrawnSupersampled) {
+  // 4096 x 2048 shrinks to 2048 x 1024: a polygon edge on an odd pixel covers half a map pixel.
+  const std::vector<RoiPolygon> square = {{{{0, 0}, {1001, 0}, {1001, 1001}, {0, 1001}, {0, 0}}}};
+  cv::Mat map = rasterizeRoi(square, 2048 * 2, 1024 * 2, 1.0, 1.0);
+  cv::resize(map, map, cv::Size(2048, 1024), 0, 0, cv::INTER_AREA);
+  EXPECT_FLOAT_EQ(map.at<float>(0, 500), 0.5f);
+  EXPECT_FLOAT_EQ(map.at<float>(500, 500), 0.25f);
+  EXPECT_FLOAT_EQ(map.at<float>(499, 499), 1.0f);
+}
+
+TEST(Roi, BadInputsNameTheFileAndTheProblem) {
+  const std::string dir = test::scratchDir("roi_bad");
+  const auto message = [&](const std::string& name, const std::string& text, const std::string& cls = "") {
+    writeText(dir + "/" + name, text);
+    try {
+      readRoi(dir + "/" + name, cls);
+    } catch (const IoError& e) {
+      EXPECT_NE(e.message().find(name), std::string::npos) << e.message();
+      return e.message();
+    }
+    ADD_FAILURE() << name << " was accepted";
+    return std::string();
+  };
+  EXPECT_NE(message("text.geojson", "polygon please").find("not JSON"), std::string::npos);
+  EXPECT_NE(message("empty.geojson", R"({"type": "FeatureCollection", "features": []})").find("no features"),
+            std::string::npos);
+  EXPECT_NE(message("points.geojson",
+                    R"({"type": "FeatureCollection", "features": [{"type": "Feature",
+                         "geometry": {"type": "Point", "coordinates": [1, 2]}, "properties": {}}]})")
+                .find("no Polygon or MultiPolygon"),
+            std::string::npos);
+  EXPECT_NE(message("short.geojson", R"({"type": "Feature", "properties": {},
+                         "geometry": {"type": "Polygon", "coordinates": [[[0, 0], [1, 0], [0, 0]]]}})")
+                .find("ring 0: 3 position(s); a ring needs at least 4"),
+            std::string::npos);
+  EXPECT_NE(message("nan.geojson", R"({"type": "Feature", "properties": {}, "geometry": {"type": "Polygon",
+                         "coordinates": [[[0, 0], [NaN, 0], [1, 1], [0, 0]]]}})")
+                .find("a coordinate NaN or Infinity is no number in JSON"),
+            std::string::npos);
+  EXPECT_NE(message("null.geojson", R"({"type": "Feature", "properties": {}, "geometry": {"type": "Polygon",
+                         "coordinates": [[[0, 0], [null, 0], [1, 1], [0, 0]]]}})")
+                .find("is not two finite numbers"),
+            std::string::npos);
+  const std::string cls = message("classes.geojson", test::slurp(kQuPathExport), "Necrosis");
+  EXPECT_NE(cls.find("no feature of class 'Necrosis'"), std::string::npos) << cls;
+  EXPECT_NE(cls.find("classes present: Stroma, Tumor"), std::string::npos) << cls;
+  // In a run: the image's error names the image, the file and the problem.
+  write(dir + "/img.tif", cv::Mat(50, 60, CV_8UC3, cv::Scalar(1, 2, 3)));
+  auto reader = ImageReader::open(dir + "/img.tif");
+  try {
+    CoverageMask::make(*reader, parseMaskSpec("none", 0.05, dir + "/short.geojson"));
+    FAIL() << "a bad ROI made a mask";
+  } catch (const IoError& e) {
+    EXPECT_NE(e.message().find("img.tif"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("short.geojson"), std::string::npos) << e.message();
+  }
+  // A directory without the image's <stem>.geojson.
+  fs::create_directories(dir + "/none");
+  EXPECT_THROW(CoverageMask::make(*reader, parseMaskSpec("none", 0.05, dir + "/none")), IoError);
+  EXPECT_THROW(parseMaskSpec("none", 0.05, dir + "/missing.geojson"), ConfigError);
+  EXPECT_THROW(parseMaskSpec("none", 0.05, "", "Tumor"), ConfigError);
 }
 
 }  // namespace

@@ -1281,6 +1281,98 @@ TEST_F(Pipeline, MaskFilesAtLowResolutionAndAnEmptyMask) {
   EXPECT_NE(m.output.find("no_such_mask.png"), std::string::npos) << m.output;
 }
 
+// The Tumor annotations of a QuPath export (tests/data/qupath_annotations.geojson: two polygons, one with a
+// hole; a Stroma annotation, a detection and a point besides) and the same region drawn as a raster mask
+// file.
+TEST_F(Pipeline, AnRoiRunEqualsItsRasterMaskRun) {
+  const std::string in = root_ + "/roi_in", rois = root_ + "/roi_dir";
+  fs::create_directories(in);
+  fs::create_directories(rois);
+  fs::copy_file(root_ + "/images/a_large.tif", in + "/a_large.tif", fs::copy_options::overwrite_existing);
+  fs::copy_file(std::string(TILER_TEST_SOURCE_DIR) + "/tests/data/qupath_annotations.geojson",
+                rois + "/a_large.geojson", fs::copy_options::overwrite_existing);
+  cv::Mat mask = cv::Mat::zeros(500, 700, CV_8U);
+  mask(cv::Rect(20, 30, 280, 220)).setTo(255);
+  mask(cv::Rect(100, 80, 100, 100)).setTo(0);
+  mask(cv::Rect(400, 300, 250, 180)).setTo(255);
+  writeImage(root_ + "/roi_mask.png", mask, SampleType::kU8);
+  auto args = [&](const std::string& out, const std::string& extra) {
+    return kTiler + " -i " + in + " -m " + model_ + " -o " + out +
+           " --window 64 --batch_size 4 --threads 1 --save labels,probs --mask_fraction 0.3 --no_progress " +
+           extra;
+  };
+  const std::string by_roi = root_ + "/roi_out", by_mask = root_ + "/roi_mask_out";
+  auto r = run(args(by_roi, "--roi " + rois + " --roi_class Tumor"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto m = run(args(by_mask, "--mask " + root_ + "/roi_mask.png"));
+  ASSERT_EQ(m.code, 0) << m.output;
+  auto jr = report(by_roi)["images"][0], jm = report(by_mask)["images"][0];
+  EXPECT_EQ(jr["mask"]["method"], "roi");
+  EXPECT_EQ(jm["mask"]["method"], "file");
+  EXPECT_EQ(jr["mask"]["coverage"], jm["mask"]["coverage"]);
+  EXPECT_EQ(jr["windows_processed"], jm["windows_processed"]);
+  EXPECT_LT(jr["windows_processed"].get<int64_t>(), jr["windows"].get<int64_t>() / 2);
+  for (const char* f : {"/a_large_labels.tif", "/a_large_probs.tif"})
+    EXPECT_TRUE(slurp(by_roi + f) == slurp(by_mask + f))
+        << f << ": the ROI's outputs are the mask's, byte for byte";
+  // A bad ROI fails that image (exit 2) naming the file and the problem; the run goes on.
+  std::ofstream(root_ + "/roi_bad.geojson") << R"({"type": "Feature", "properties": {},
+    "geometry": {"type": "Polygon", "coordinates": [[[0, 0], [1, 0], [0, 0]]]}})";
+  auto bad = run(args(root_ + "/roi_bad_out", "--roi " + root_ + "/roi_bad.geojson"));
+  EXPECT_EQ(bad.code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("roi_bad.geojson': feature 0, ring 0: 3 position(s)"), std::string::npos)
+      << bad.output;
+  auto none = run(args(root_ + "/roi_none_out", "--roi " + rois + " --roi_class Necrosis"));
+  EXPECT_EQ(none.code, 2) << none.output;
+  EXPECT_NE(none.output.find("no feature of class 'Necrosis'"), std::string::npos) << none.output;
+}
+
+// --channels on a 16-bit 6-channel TIFF and a 4-band TIFF: the outputs of a pre-sliced copy, byte for byte.
+TEST_F(Pipeline, ChosenChannelsEqualAPreSlicedCopy) {
+  struct Case {
+    const char* name;
+    int type;
+    double scale;
+    SampleType sample;
+    std::string list;
+    std::vector<int> order;
+  };
+  for (const Case& c : {Case{"six16", CV_16UC(6), 65535, SampleType::kU16, "4,0,2", {4, 0, 2}},
+                        Case{"four8", CV_8UC4, 255, SampleType::kU8, "3,1-2", {3, 1, 2}}}) {
+    const std::string whole = root_ + "/ch_" + c.name + "_whole",
+                      sliced = root_ + "/ch_" + c.name + "_sliced";
+    fs::create_directories(whole);
+    fs::create_directories(sliced);
+    const cv::Mat all = pattern(190, 260, c.type, c.scale);
+    cv::Mat three(all.rows, all.cols, CV_MAKETYPE(all.depth(), 3));
+    const int from_to[] = {c.order[0], 0, c.order[1], 1, c.order[2], 2};
+    cv::mixChannels(&all, 1, &three, 1, from_to, 3);
+    writeImage(whole + "/img.tif", all, c.sample);
+    writeImage(sliced + "/img.tif", three, c.sample);
+    auto args = [&](const std::string& in, const std::string& out, const std::string& extra) {
+      return kTiler + " -i " + in + " -m " + model_ + " -o " + out +
+             " --window 64 --batch_size 4 --threads 1 --save labels,probs --no_progress " + extra;
+    };
+    auto w = run(args(whole, whole + "_out", "--channels " + c.list));
+    ASSERT_EQ(w.code, 0) << c.name << ": " << w.output;
+    auto s = run(args(sliced, sliced + "_out", ""));
+    ASSERT_EQ(s.code, 0) << c.name << ": " << s.output;
+    for (const char* f : {"/img_labels.tif", "/img_probs.tif"})
+      EXPECT_TRUE(slurp(whole + "_out" + f) == slurp(sliced + "_out" + f)) << c.name << f;
+  }
+  // Past the image's channels: that image fails, named; malformed: refused at set-up in one line.
+  auto past = run(kTiler + " -i " + root_ + "/ch_four8_whole -m " + model_ + " -o " + root_ +
+                  "/ch_past --window 64 --no_progress --channels 1,2,4");
+  EXPECT_EQ(past.code, 2) << past.output;
+  EXPECT_NE(past.output.find("img.tif': --channels names channel 4 but the image has 4 (0-3)"),
+            std::string::npos)
+      << past.output;
+  auto bad = run(kTiler + " -i " + root_ + "/ch_four8_whole -m " + model_ + " -o " + root_ +
+                 "/ch_bad --window 64 --no_progress --channels 2-0");
+  EXPECT_EQ(bad.code, 1) << bad.output;
+  EXPECT_NE(bad.output.find("--channels '2-0': range '2-0' runs backwards"), std::string::npos) << bad.output;
+}
+
 }  // namespace
 }  // namespace tiler
 

@@ -34,6 +34,10 @@ enum class ChannelAdapt { kNone, kRepeatGray, kDropAlpha, kPalette };
 ChannelAdapt channelAdaptation(int image_channels, int model_channels, const std::string& image_path,
                                bool palette = false);
 
+// --channels: the input channels to take, in order, 0-based ("2,0,1", "0-2", "3,1-2"); empty: all, as
+// they are. Throws ConfigError in one line on anything else (a negative index, a reversed range, junk).
+std::vector<int> parseChannelList(const std::string& list);
+
 struct CatalogImage {
   std::string input;
   std::string label;  // finetune: the paired label file
@@ -43,6 +47,7 @@ struct CatalogImage {
   ProcessingResolution resolution;  // the level read and how it is resampled
   WindowGrid grid;
   ChannelAdapt adapt = ChannelAdapt::kNone;
+  std::vector<int> channels;  // the source channels read for the model, in order (--channels); empty: all
   double scale = 1.0;         // raw sample value -> model input, before mean/std
   int64_t first_window = -1;  // global index of its window 0; -1: not planned
   std::string status = "ok";  // ok | skipped | error (infer: done once its outputs are committed)
@@ -78,14 +83,15 @@ struct CatalogSpec {
   MaskSpec mask;       // which windows to keep (infer)
   ResolutionSpec resolution;
   bool with_grid = true;
+  std::vector<int> channels = {};  // --channels (parseChannelList); info.channels is then their count
 };
 
 class WindowCatalog {
  public:
   // Opens `path`'s header and fills an image for `spec` at its processing resolution (spec.resolution),
-  // keeping only the windows with at least
-  // spec.mask.fraction of their pixels inside its mask (if any); a failure (a mask that cannot be made too)
-  // becomes status "error", never a throw.
+  // with the channels spec.channels selects (an index past the image's channels is its error), keeping only
+  // the windows with at least spec.mask.fraction of their pixels inside its mask (if any); a failure (a mask
+  // that cannot be made too) becomes status "error", never a throw.
   static CatalogImage describe(const std::string& path, const CatalogSpec& spec);
   // Appends an image; when `planned` its windows join the global list after those already there.
   int add(CatalogImage image, bool planned);

@@ -24,7 +24,8 @@ struct JobOptions {
   std::string overlap = "0.25";  // F or FX,FY
   int batch_size = 8;
   std::string pad = "constant";
-  double scale = 0.0;  // input scale; 0: by sample type (u8 1/255, u16 1/65535, f32 1)
+  std::string channels;  // --channels: the input channels taken, in order ("2,0,1", "0-2"); empty: all
+  double scale = 0.0;    // input scale; 0: by sample type (u8 1/255, u16 1/65535, f32 1)
   std::vector<double> mean, std;
   std::string output_key;  // dict key or tuple index of the model's output; empty: the first tensor
   int prefetch = 2;        // batches read ahead

@@ -74,9 +74,10 @@ class ReadAhead {
 
 enum class PadMode { kConstant, kReflect, kReplicate };
 PadMode parsePadMode(const std::string& name);
-// The pixels of image window `local_index`, padded where the window reaches outside the image.
-cv::Mat readWindow(ImageReader& reader, const WindowGrid& grid, int64_t local_index, PadMode pad,
-                   double cval);
+// The pixels of image window `local_index`, padded where the window reaches outside the image; only the
+// `channels` given, in their order (CatalogImage::channels; empty: all).
+cv::Mat readWindow(ImageReader& reader, const WindowGrid& grid, int64_t local_index, PadMode pad, double cval,
+                   const std::vector<int>& channels = {});
 // Writes `window` (HWC, any sample type) adapted to the model's channels as raw float32 values into `dst`,
 // one plane a channel (model channels x window.rows x window.cols, as the model takes them). kPalette needs
 // the image's `colormap`: colours in the sample type's range (8-bit indices: the map's 16-bit values / 257).

@@ -56,10 +56,11 @@ struct ModelOptions {
   ModelTask task = ModelTask::kSegment;  // what probe() expects (kAuto: the output's shape decides)
   bool classes_named = false;            // --classes given: a [B, K] output of kAuto is a classifier
   int64_t batch_size = 1;                // the most windows forward() takes (a package is probed at it)
+  int preferred_input_channels = 0;      // probe() tries this count first (--channels' count); 0: none
 };
 
 // The model flags of a job (path, default: the bundled sample model; device, precision, threads, output
-// key, mean, std) for the rank with `local_rank`.
+// key, mean, std, the count of --channels) for the rank with `local_rank`.
 ModelOptions modelOptionsFor(const JobOptions& job, int local_rank);
 
 struct ModelProbe {

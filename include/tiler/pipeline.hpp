@@ -49,6 +49,8 @@ struct InferOptions : JobOptions {
   bool jit_optimize = false;
   std::string mask = "none";    // none | auto | PATH
   double mask_fraction = 0.05;  // share of a window inside the mask for it to be processed
+  std::string roi;              // GeoJSON file or directory of <stem>.geojson: windows only where it is
+  std::string roi_class;        // only the ROI features of this classification name
   bool pyramid = false;         // reduced-resolution pages in the TIFF outputs
   std::string classes;          // NAME[:#rrggbb],... for classes 0..K-1
   double simplify = 0.0;        // polygon simplification tolerance in input pixels; 0: exact outlines

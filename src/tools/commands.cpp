@@ -13,7 +13,7 @@
 namespace tiler::tools {
 
 int runInfo(const InfoOptions& o) {
-  const MaskSpec mask = parseMaskSpec(o.mask, o.mask_fraction);
+  const MaskSpec mask = parseMaskSpec(o.mask, o.mask_fraction, o.roi, o.roi_class);
   CatalogSpec spec;
   spec.input_channels = 0;  // no model
   spec.with_grid = !o.window.empty();
@@ -25,6 +25,7 @@ int runInfo(const InfoOptions& o) {
     PathRoles roles;
     for (const auto& path : images) roles.reads(path, "the image");
     if (mask.mode == MaskMode::kPath) roles.reads(mask.path, "the mask");
+    if (!mask.roi.empty()) roles.reads(mask.roi, "the ROI");
     const std::string clash = roles.claim(o.mask_preview, "--mask_preview");
     TILER_CHECK(clash.empty(), ConfigError, clash);
   }
@@ -65,7 +66,7 @@ int runInfo(const InfoOptions& o) {
         if (s.mpp) std::cout << ", " << *s.mpp * s.levels[l].downsample << " um/px";
         std::cout << "\n";
       }
-      if (o.window.empty() && mask.mode == MaskMode::kNone && !o.resolution.chosen()) continue;
+      if (o.window.empty() && !mask.active() && !o.resolution.chosen()) continue;
       // What `tiler infer` would plan for it: the catalog's own description (resolution, grid, kept windows).
       const CatalogImage img = WindowCatalog::describe(path, spec);
       TILER_CHECK(img.status == "ok", IoError, img.error);

@@ -16,8 +16,9 @@ struct InfoOptions {
   std::string window, overlap = "0.25";  // window given: the grid too
   std::string mask = "none";             // auto | PATH: the mask's coverage (and kept windows with a grid)
   double mask_fraction = 0.05;
-  std::string mask_preview;   // PNG of the coverage map (one input); never an image or mask read (PathRoles)
-  ResolutionSpec resolution;  // chosen: the processing resolution, and grid and mask at it
+  std::string roi, roi_class;  // a region of interest (as infer's --roi, --roi_class)
+  std::string mask_preview;    // PNG of the coverage map (one input); never an image or mask read (PathRoles)
+  ResolutionSpec resolution;   // chosen: the processing resolution, and grid and mask at it
 };
 // `tiler info`: what the reader sees, and the grid and mask when asked. Returns an exit code.
 int runInfo(const InfoOptions& options);

@@ -57,6 +57,8 @@ void addJobFlags(CLI::App& app, tiler::JobOptions& o) {
       ->capture_default_str()
       ->check(positiveNumber());
   app.add_option(flagNames("--pad"), o.pad, "constant | reflect | replicate")->capture_default_str();
+  app.add_option(flagNames("--channels"), o.channels,
+                 "input channels to take, in order, 0-based: 2,0,1 | 0-2 | 3,1-2 (default: all)");
   app.add_option(flagNames("--scale"), o.scale, "input scale (default: 1/255 u8, 1/65535 u16, 1 f32)")
       ->check(nonNegativeNumber());
   app.add_option(flagNames("--mean"), o.mean, "per-channel mean A,B,C")
@@ -144,6 +146,10 @@ int runInferCli(int argc, char** argv) {
                  "share of a window inside the mask to process it")
       ->capture_default_str()
       ->check(nonNegativeNumber());
+  app.add_option(flagNames("--roi"), o.roi,
+                 "GeoJSON polygons (level-0 pixels, or a georeferenced image's CRS), or a directory of "
+                 "<stem>.geojson: process only windows in them (with --mask: in both)");
+  app.add_option(flagNames("--roi_class"), o.roi_class, "only the ROI features of this classification name");
   addResolutionFlags(app, o.level, o.mpp, o.magnification, o.input_mpp);
   app.add_flag(flagNames("--pyramid"), o.pyramid, "reduced-resolution levels in the TIFF outputs");
   app.add_option(flagNames("--simplify"), o.simplify, "polygon simplification tolerance, pixels (0: exact)")
@@ -201,6 +207,8 @@ int runInfoCli(int argc, char** argv) {
   app.add_option(flagNames("--mask_fraction"), o.mask_fraction,
                  "share of a window inside the mask to keep it")
       ->capture_default_str();
+  app.add_option(flagNames("--roi"), o.roi, "GeoJSON file or directory of <stem>.geojson: show its coverage");
+  app.add_option(flagNames("--roi_class"), o.roi_class, "only the ROI features of this classification name");
   app.add_option(flagNames("--mask_preview"), o.mask_preview, "write the coverage map as a PNG");
   addResolutionFlags(app, o.resolution.level, o.resolution.mpp, o.resolution.magnification,
                      o.resolution.input_mpp);
