@@ -415,10 +415,11 @@ if want outputs; then
   [ -f "$threshold" ] || "$bin/tiler_bench" tiny-model "$threshold" --threshold
   for _ in $(seq "$runs"); do
     declare -A secs=() rss=()
-    for cfg in plain pyramid polygons; do
+    for cfg in plain pyramid polygons zarr; do
       extra="--save labels,probs"
       [ $cfg = pyramid ] && extra="--save labels,probs --pyramid"
       [ $cfg = polygons ] && extra="--save labels,probs,polygons"
+      [ $cfg = zarr ] && extra="--save zarr"  # the same labels and probabilities, as one OME-Zarr store
       rm -rf "$cache/out_outputs"
       "$bin/tiler" -i "$img" -m "$threshold" -o "$cache/out_outputs" --threads 2 --batch_size 16 $extra --no_progress \
         >/dev/null 2>&1
@@ -426,8 +427,11 @@ if want outputs; then
       rss[$cfg]=$(report_field "$cache/out_outputs/report.json" peak_rss_mb)
       emit "outputs: ${n}px, labels+probs, $cfg" seconds "${secs[$cfg]}"
       emit "outputs: ${n}px, labels+probs, $cfg" peak_rss_mb "${rss[$cfg]}"
+      emit "outputs: ${n}px, labels+probs, $cfg" windows_per_second \
+        "$(report_field "$cache/out_outputs/report.json" windows_per_second)"
+      emit "outputs: ${n}px, labels+probs, $cfg" bytes_written "$(du -sb --exclude=report.json "$cache/out_outputs" | cut -f1)"
     done
-    for cfg in pyramid polygons; do
+    for cfg in pyramid polygons zarr; do
       emit "outputs: ${n}px, $cfg / plain" time_ratio "$(ratio "${secs[$cfg]}" "${secs[plain]}")"
       emit "outputs: ${n}px, $cfg / plain" rss_ratio "$(ratio "${rss[$cfg]}" "${rss[plain]}")"
     done

@@ -490,7 +490,7 @@ ImageWriter::ImageWriter(const std::string& path, int64_t width, int64_t height,
         }
       });
     }
-  } else if (options_.format == "png" || options_.format == "jpg" || options_.format == "jpeg") {
+  } else if (options_.format == "png") {
     TILER_CHECK(width * height <= kMaxInMemoryPixels && width < 65536 && height < 65536, IoError,
                 "'" << path << "': " << width << "x" << height << " is too large for " << options_.format
                     << " output (at most " << kMaxInMemoryPixels

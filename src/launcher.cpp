@@ -661,24 +661,6 @@ class NodeLink {
 
 }  // namespace
 
-const char* groupStateName(GroupState state) {
-  switch (state) {
-    case GroupState::kInit:
-      return "INIT";
-    case GroupState::kHealthy:
-      return "HEALTHY";
-    case GroupState::kSucceeded:
-      return "SUCCEEDED";
-    case GroupState::kFailed:
-      return "FAILED";
-    case GroupState::kStopping:
-      return "STOPPING";
-    case GroupState::kDone:
-      return "DONE";
-  }
-  return "?";
-}
-
 int countNvidiaGpus() {
   if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES")) {
     std::string v = visible;

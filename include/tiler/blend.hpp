@@ -135,8 +135,6 @@ class Stitcher {
   bool done() const { return next_ == expected_.count() && flushed_ == layout_.padded_h; }
   // With no window to add at all, hands every (zero) row to the sink.
   void finishEmpty();
-  int64_t outputWidth() const { return layout_.out_w; }
-  int64_t outputHeight() const { return layout_.out_h; }
   size_t bytesHeld() const;
   // Buffers made for early arrivals so far (each reused once its window is accumulated).
   int64_t earlyBuffersMade() const { return early_buffers_made_; }

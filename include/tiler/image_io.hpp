@@ -12,11 +12,11 @@
 //
 // ImageWriter: takes row bands top to bottom. TIFF output is tiled (256 px), compressed as WriterOptions ask
 // (a Compression: codec, level, predictor) or by defaultCompression of its sample type, BigTIFF when the raw
-// data exceeds 2 GiB; memory is one row of tiles (two, compressing on a thread of its own). PNG/JPEG are
+// data exceeds 2 GiB; memory is one row of tiles (two, compressing on a thread of its own). PNG are
 // assembled in memory and refused above kMaxInMemoryPixels. Files are written as "<name>.partial" and renamed
 // by close() (or finish() then commit(), so that several outputs of one image appear together); a writer
 // destroyed before commit removes its partial file; a partial file is created anew (platform.hpp), never
-// opened through a link planted at its name. A PNG/JPEG to a character device or FIFO (/dev/null) is written
+// opened through a link planted at its name. A PNG to a character device or FIFO (/dev/null) is written
 // to it as it is, never replacing it; a TIFF there is refused. Every failure is an IoError naming the file.
 //
 // Hostile or corrupt TIFFs fail fast, before their pixels are allocated: a chunk over 1 GiB, chunk tables
@@ -154,7 +154,7 @@ int compressionThreads(const Compression& compression, int requested);
 cv::Mat halve(const cv::Mat& rows, cv::Size size, int interpolation);
 
 struct WriterOptions {
-  std::string format = "tif";  // tif | png | jpg
+  std::string format = "tif";  // tif | png
   // Unset: defaultCompression(the writer's sample type).
   std::optional<Compression> compression;
   int tile = 256;               // TIFF tile edge (multiple of 16)
@@ -187,7 +187,7 @@ struct WriterOptions {
 
 class ImageWriter {
  public:
-  static constexpr int64_t kMaxInMemoryPixels = int64_t(1) << 28;  // PNG/JPEG: 268 Mpx
+  static constexpr int64_t kMaxInMemoryPixels = int64_t(1) << 28;  // PNG: 268 Mpx
 
   ImageWriter(const std::string& path, int64_t width, int64_t height, int channels, SampleType type,
               WriterOptions options = {});
@@ -197,7 +197,6 @@ class ImageWriter {
 
   // Appends band.rows rows (HWC, width columns, the writer's type and channels).
   void writeRows(const cv::Mat& band);
-  int64_t rowsWritten() const { return rows_written_; }
   // finish() then commit().
   void close();
   // Flushes everything and closes the file, still under its partial name. Throws IoError on failure (then
@@ -207,7 +206,7 @@ class ImageWriter {
   void commit();
   const std::string& path() const { return path_; }
   std::string partialPath() const { return path_ + ".partial"; }
-  // Bytes this writer holds in memory (rows of tiles for TIFF; the image for PNG/JPEG).
+  // Bytes this writer holds in memory (rows of tiles for TIFF; the image for PNG).
   size_t bufferedBytes() const;
   // Fault injection (TILER_FAULT stage:write): every tile compressed from now on throws in the pool.
   void injectTileFault() { tile_fault_->store(true); }
@@ -253,7 +252,7 @@ class ImageWriter {
   int cv_type_ = 0;       // the rows' OpenCV type
   std::shared_ptr<std::atomic<bool>> tile_fault_ =
       std::make_shared<std::atomic<bool>>(false);  // shared with tasks
-  cv::Mat buffer_;  // TIFF: tile_h rows (a new one per row: the pool's tasks hold the last); PNG/JPEG:
+  cv::Mat buffer_;  // TIFF: tile_h rows (a new one per row: the pool's tasks hold the last); PNG:
                     // the whole image
   int64_t buffered_rows_ = 0;
   int64_t rows_written_ = 0;

@@ -79,8 +79,7 @@ class Launcher {
   LaunchOptions options_;
 };
 
-// The state names, for logs and the summary.
+// The worker group's states.
 enum class GroupState { kInit, kHealthy, kSucceeded, kFailed, kStopping, kDone };
-const char* groupStateName(GroupState state);
 
 }  // namespace tiler
