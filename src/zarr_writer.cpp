@@ -24,23 +24,11 @@ namespace tiler {
 
 namespace {
 
-// Zarr v2's dtype of a sample type (numpy's typestr).
-const char* zarrDtype(SampleType type) {
-  switch (type) {
-    case SampleType::kU8:
-      return "|u1";
-    case SampleType::kU16:
-      return "<u2";
-    case SampleType::kI16:
-      return "<i2";
-    case SampleType::kU32:
-      return "<u4";
-    case SampleType::kF16:
-      return "<f2";
-    case SampleType::kF32:
-      return "<f4";
-  }
-  return "";
+// Zarr v2's dtype of a sample type (numpy's typestr: byte order, kind, bytes): "|u1", "<u2", "<i2", "<f4",
+// ...
+std::string zarrDtype(SampleType type) {
+  const size_t bytes = bytesPerSample(type);
+  return std::string(bytes == 1 ? "|" : "<") + sampleTypeName(type)[0] + std::to_string(bytes);
 }
 
 bool isIntegerType(SampleType type) {
