@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmarks: scripts/bench.sh [--quick] [io|slide|tta|model|light|pipeline|blas|ceiling|gather|memory|scaling|ctrun|finetune|naive|mask|outputs|objects|codecs|gpu|runtimes|all]
+# Benchmarks: scripts/bench.sh [--quick] [io|slide|tta|model|light|pipeline|blas|ceiling|gather|memory|scaling|ctrun|finetune|naive|mask|outputs|zarr|objects|codecs|gpu|runtimes|all]
 # Generates its own deterministic inputs (cached in $TILER_BENCH_CACHE, default ~/.cache/tiler-bench), runs each
 # scenario $RUNS times (3; --quick: 1 run on small inputs), writes bench-results/bench.json and a table of
 # medians (min-max). fp32 on the CPU. Never part of CI's test run.
@@ -475,6 +475,45 @@ if want outputs; then
         "$(ratio "$(max_field "$cache/out_many/report.json" bytes_written)" "$total")"
     done
   done
+fi
+
+if want zarr; then
+  # The probabilities as one OME-Zarr store against the same labels and probabilities as TIFFs: the output
+  # stage's capacity on the 8192 px null-model job (1 rank: windows/s and bytes on disk, by probability dtype),
+  # then peak RSS on a 16384 px image (the writers stream band by band: the store may not hold more).
+  n=8192
+  [ $quick = 1 ] && n=2048
+  img=$(image "$n")
+  for _ in $(seq "$runs"); do
+    declare -A wps=()
+    for cfg in tiff zarr tiff:u8 zarr:u8; do
+      save="--save labels,probs"
+      [[ $cfg = zarr* ]] && save="--save zarr"
+      dtype=""
+      [[ $cfg = *:u8 ]] && dtype="--probs_dtype u8"
+      rm -rf "$cache/out_zarr"
+      "$bin/tiler" -i "$img" -m "$tiny" -o "$cache/out_zarr" $save $dtype --no_progress >/dev/null 2>&1
+      wps[$cfg]=$(report_field "$cache/out_zarr/report.json" windows_per_second)
+      emit "zarr: ${n}px null model, $cfg" windows_per_second "${wps[$cfg]}"
+      emit "zarr: ${n}px null model, $cfg" bytes_written "$(du -sb --exclude=report.json "$cache/out_zarr" | cut -f1)"
+      emit "zarr: ${n}px null model, $cfg" files_written "$(find "$cache/out_zarr" -type f ! -name report.json | wc -l)"
+    done
+    emit "zarr: ${n}px null model, zarr / tiff" rate_ratio "$(ratio "${wps[zarr]}" "${wps[tiff]}")"
+    emit "zarr: ${n}px null model, zarr:u8 / tiff:u8" rate_ratio "$(ratio "${wps[zarr:u8]}" "${wps[tiff:u8]}")"
+  done
+  m=16384
+  [ $quick = 1 ] && m=4096
+  big=$(image "$m")
+  declare -A rss=()
+  for cfg in tiff zarr; do
+    save="--save labels,probs"
+    [ $cfg = zarr ] && save="--save zarr"
+    rm -rf "$cache/out_zarr"
+    "$bin/tiler" -i "$big" -m "$tiny" -o "$cache/out_zarr" $save --no_progress >/dev/null 2>&1
+    rss[$cfg]=$(report_field "$cache/out_zarr/report.json" peak_rss_mb)
+    emit "zarr: ${m}px null model, $cfg" peak_rss_mb "${rss[$cfg]}"
+  done
+  emit "zarr: ${m}px null model, zarr / tiff" rss_ratio "$(ratio "${rss[zarr]}" "${rss[tiff]}")"
 fi
 
 if want objects; then

@@ -19,6 +19,7 @@
 #include <sstream>
 
 #include "tiler/error.hpp"
+#include "tiler/geojson.hpp"
 #include "tiler/platform.hpp"
 #include "tiler/version.hpp"
 
@@ -38,6 +39,10 @@ std::array<uint8_t, 3> defaultColor(int k) {
 }
 
 }  // namespace
+
+std::string defaultClassName(int k) {
+  return "class_" + std::to_string(k);
+}
 
 std::array<uint8_t, 3> distinctColor(int k) {
   return kPalette[size_t(k) % kPalette.size()];
@@ -171,7 +176,7 @@ int64_t writePolygons(const std::string& labels_path, const std::string& geojson
   const int fd = createFileExclusively(geojson_path);
   TILER_CHECK(fd >= 0, IoError, "'" << geojson_path << "': cannot create: " << std::strerror(errno));
   const OwnedFd owned{fd};
-  std::string out = "{\"type\": \"FeatureCollection\",\n";
+  std::string out;
   // Written a few features at a time, so that memory holds the polygons, not their text.
   const auto drain = [&](size_t above) {
     if (out.size() <= above) return;
@@ -179,18 +184,12 @@ int64_t writePolygons(const std::string& labels_path, const std::string& geojson
                 "'" << geojson_path << "': writing failed: " << std::strerror(errno));
     out.clear();
   };
-  if (georeferenced) {
-    const std::string crs = crsName(GDALGetSpatialRef(raster.get()));
-    if (!crs.empty())
-      out +=
-          "\"crs\": {\"type\": \"name\", \"properties\": {\"name\": " + nlohmann::json(crs).dump() + "}},\n";
-  }
-  out += "\"features\": [";
+  GeoJsonWriter writer([&out](const std::string& text) { out += text; },
+                       georeferenced ? crsName(GDALGetSpatialRef(raster.get())) : "");
   // Plain images: polygonize's coordinates are label pixels; users want the input's level-0 pixels.
   const double factor = georeferenced ? 1.0 : o.input_pixels_per_label_pixel;
   const double tolerance =
       o.simplify * (georeferenced ? std::abs(gt[1]) : 1.0 / o.input_pixels_per_label_pixel);
-  int64_t written = 0;
   OGR_L_ResetReading(layer);
   for (OGRFeatureH f; (f = OGR_L_GetNextFeature(layer)) != nullptr; OGR_F_Destroy(f)) {
     const int k = OGR_F_GetFieldAsInteger(f, 0);
@@ -201,24 +200,21 @@ int64_t writePolygons(const std::string& labels_path, const std::string& geojson
     VSIFree(text);
     if (simplified) OGR_G_DestroyGeometry(simplified);
     if (factor != 1.0) scaleCoordinates(g["coordinates"], factor);
-    const std::string name = k < int(o.named.size()) ? o.named[size_t(k)].name : "class_" + std::to_string(k);
-    const auto color =
-        k < int(o.palette.size()) ? o.palette[size_t(k)] : std::array<uint8_t, 3>{255, 255, 255};
-    nlohmann::json feature = {
-        {"type", "Feature"},
-        {"geometry", g},
-        {"properties",
-         {{"class", k},
-          {"name", name},
-          {"classification", {{"name", name}, {"color", {color[0], color[1], color[2]}}}}}}};
-    out += (written++ ? ",\n" : "\n") + feature.dump();
+    ClassInfo c{
+        k < int(o.named.size()) ? o.named[size_t(k)].name : defaultClassName(k), {255, 255, 255}, true};
+    if (k < int(o.palette.size())) c.color = o.palette[size_t(k)];
+    GeoJsonFeature feature;
+    feature.geometry = g.dump();
+    feature.properties = "\"class\": " + std::to_string(k) + ", \"name\": " + nlohmann::json(c.name).dump();
+    feature.classification = &c;
+    writer.add(feature);
     drain(1 << 20);
   }
-  out += "\n]}\n";
+  writer.finish();
   drain(0);
   TILER_CHECK(::fsync(fd) == 0, IoError,
               "'" << geojson_path << "': writing failed: " << std::strerror(errno));
-  return written;
+  return writer.features();
 }
 
 #else

@@ -18,6 +18,11 @@ namespace fs = std::filesystem;
 namespace tiler {
 namespace {
 
+TEST(Polygons, AnUnnamedClassHasOneDefaultName) {
+  EXPECT_EQ(defaultClassName(0), "class_0");
+  EXPECT_EQ(defaultClassName(12), "class_12");
+}
+
 TEST(Polygons, ClassesAndPalette) {
   auto classes = parseClasses("background,tumour:#ff8000,stroma");
   ASSERT_EQ(classes.size(), 3u);

@@ -35,6 +35,8 @@ int highestClass(const Score* scores, size_t count) {
     if (!std::isnan(scores[k]) && (best < 0 || scores[k] > scores[size_t(best)])) best = int(k);
   return best;
 }
+// The name of class k where --classes names none: "class_<k>", in every output.
+std::string defaultClassName(int k);
 // The k-th of 20 colours far apart (k = 0, 1, ...), for classes that are all real (no background).
 std::array<uint8_t, 3> distinctColor(int k);
 // The labels palette for `classes` classes: class 0 black, then 20 distinct colours in turn, with --classes'
