@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
+#include <zstd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -65,9 +66,45 @@ std::string blockedBy(const std::string& path) {
   return "";
 }
 
-// Chunk (channel, rows x cols of `rows`, zero-padded to chunk x chunk), zlib-compressed; empty when every
-// byte is 0 (the fill value): that chunk is not written.
-std::vector<uint8_t> encodeChunk(const cv::Mat& rows, int channel, int chunk, int level,
+// An array's codec as a Zarr reader names it: `--compression` mapped to numcodecs' zstd and zlib (libtiff's
+// deflate levels 10-12 are libdeflate's: zlib stops at 9; lzw has no Zarr codec), else the TIFF outputs'
+// defaults: zstd:1 for floats (the same cost as their probabilities), zlib:1 for integers.
+Compression zarrCompression(const std::optional<Compression>& asked, SampleType type) {
+  const bool floats = type == SampleType::kF32 || type == SampleType::kF16;
+  if (!asked) return floats ? Compression{Codec::kZstd, 1, false} : Compression{Codec::kDeflate, 1, false};
+  Compression c = *asked;
+  if (c.codec == Codec::kLzw) return {Codec::kDeflate, 1, false};
+  if (c.codec == Codec::kDeflate) c.level = c.level == 0 ? 6 : std::min(c.level, 9);
+  if (c.codec == Codec::kZstd && c.level == 0) c.level = ZSTD_CLEVEL_DEFAULT;
+  return c;
+}
+
+nlohmann::json compressorJson(const Compression& c) {
+  if (c.codec == Codec::kNone) return nullptr;
+  return {{"id", c.codec == Codec::kZstd ? "zstd" : "zlib"}, {"level", c.level}};
+}
+
+std::vector<uint8_t> compressChunk(const uint8_t* data, size_t bytes, const Compression& c) {
+  if (c.codec == Codec::kNone) return {data, data + bytes};
+  if (c.codec == Codec::kZstd) {
+    // One shot: the frame records the content size, which numcodecs' decoder needs.
+    std::vector<uint8_t> out(ZSTD_compressBound(bytes));
+    const size_t size = ZSTD_compress(out.data(), out.size(), data, bytes, c.level);
+    TILER_CHECK(!ZSTD_isError(size), IoError, "zstd could not compress a chunk: " << ZSTD_getErrorName(size));
+    out.resize(size);
+    return out;
+  }
+  uLongf size = compressBound(uLong(bytes));
+  std::vector<uint8_t> out(size);
+  TILER_CHECK(compress2(out.data(), &size, data, uLong(bytes), c.level) == Z_OK, IoError,
+              "zlib could not compress a chunk");
+  out.resize(size);
+  return out;
+}
+
+// Chunk (channel, rows x cols of `rows`, zero-padded to chunk x chunk), compressed; empty when every byte is
+// 0 (the fill value): that chunk is not written.
+std::vector<uint8_t> encodeChunk(const cv::Mat& rows, int channel, int chunk, const Compression& compression,
                                  const std::atomic<bool>& fault) {
   TILER_CHECK(!fault.load(), IoError, "injected fault: chunk compression");
   // Samples moved as integers of their size: OpenCV 4.6's mixChannels has no half floats.
@@ -80,12 +117,7 @@ std::vector<uint8_t> encodeChunk(const cv::Mat& rows, int channel, int chunk, in
   const int from_to[] = {channel, 0};
   cv::mixChannels(&samples, 1, &inside, 1, from_to, 1);
   if (std::all_of(plane.data, plane.data + bytes, [](uint8_t b) { return b == 0; })) return {};
-  uLongf size = compressBound(uLong(bytes));
-  std::vector<uint8_t> out(size);
-  TILER_CHECK(compress2(out.data(), &size, plane.data, uLong(bytes), level) == Z_OK, IoError,
-              "zlib could not compress a chunk");
-  out.resize(size);
-  return out;
+  return compressChunk(plane.data, bytes, compression);
 }
 
 }  // namespace
@@ -101,7 +133,7 @@ class ZarrWriter::Array {
         channels_(channels),
         type_(type),
         chunk_(o.chunk),
-        zlib_level_(o.zlib_level),
+        compression_(zarrCompression(o.compression, type)),
         pool_(o.pool),
         fault_(std::move(fault)),
         bytes_(bytes),
@@ -144,7 +176,7 @@ class ZarrWriter::Array {
             {"shape", {channels_, height_, width_}},
             {"chunks", {1, chunk_, chunk_}},
             {"dtype", zarrDtype(type_)},
-            {"compressor", {{"id", "zlib"}, {"level", zlib_level_}}},
+            {"compressor", compressorJson(compression_)},
             {"fill_value", 0},
             {"order", "C"},
             {"filters", nullptr},
@@ -182,8 +214,8 @@ class ZarrWriter::Array {
     for (int c = 0; c < channels_; ++c)
       for (int64_t x0 = 0; x0 < width_; x0 += chunk_) {
         const cv::Mat rows = valid.colRange(int(x0), int(std::min<int64_t>(width_, x0 + chunk_)));
-        auto task = [rows, c, chunk = chunk_, level = zlib_level_, fault = fault_] {
-          return encodeChunk(rows, c, chunk, level, *fault);
+        auto task = [rows, c, chunk = chunk_, compression = compression_, fault = fault_] {
+          return encodeChunk(rows, c, chunk, compression, *fault);
         };
         if (pool_) {
           row.chunks.push_back(pool_->submit(std::move(task)));
@@ -221,7 +253,8 @@ class ZarrWriter::Array {
   int64_t width_, height_;
   int channels_;
   SampleType type_;
-  int chunk_, zlib_level_;
+  int chunk_;
+  Compression compression_;  // as the array's .zarray names it
   std::shared_ptr<WorkPool> pool_;
   std::shared_ptr<std::atomic<bool>> fault_;
   uint64_t& bytes_;  // the writer's bytesWritten
@@ -404,8 +437,6 @@ ZarrWriter::ZarrWriter(const std::string& path, int64_t width, int64_t height, Z
   TILER_CHECK(options_.probabilities || options_.labels, IoError,
               "'" << path << "': a store of neither probabilities nor labels");
   TILER_CHECK(options_.chunk > 0, ConfigError, "'" << path << "': chunks of " << options_.chunk << " px");
-  TILER_CHECK(options_.zlib_level >= 1 && options_.zlib_level <= 9, ConfigError,
-              "'" << path << "': zlib level " << options_.zlib_level << " (1-9)");
   TILER_CHECK(!options_.probabilities || options_.probabilities->channels >= 1, IoError,
               "'" << path << "': probabilities of no channel");
   TILER_CHECK(!options_.labels || isIntegerType(options_.labels->type), IoError,
@@ -519,7 +550,8 @@ namespace {
 
 // --save zarr (map_writers' registry): <stem>.ome.zarr with the probabilities as stored (--probs_dtype) as
 // the image and the labels as the image-label labels/classes, the class palette and names (--classes, else
-// class_<k>) as both's colours, µm/px and pyramid as the TIFF outputs have them. An old store at the name
+// class_<k>) as both's colours, `--compression` as zarrCompression maps it, µm/px and pyramid as the TIFF
+// outputs have them. An old store at the name
 // (--overwrite, or --resume redoing an image) is removed just before the new one is renamed in.
 class ZarrMapWriter : public MapWriter {
  public:
@@ -527,13 +559,14 @@ class ZarrMapWriter : public MapWriter {
     const int label_classes = labelClassCount(m.classes);
     const auto palette = labelPalette(label_classes, m.classes_named);
     auto className = [&](int k) {
-      return k < int(m.classes_named.size()) ? m.classes_named[size_t(k)].name : "class_" + std::to_string(k);
+      return k < int(m.classes_named.size()) ? m.classes_named[size_t(k)].name : defaultClassName(k);
     };
     ZarrOptions zo;
     zo.chunk = m.writer.tile;
     zo.pyramid = m.writer.pyramid;
     zo.mpp = m.writer.mpp;
     zo.pool = m.writer.pool;
+    zo.compression = m.writer.compression;
     ZarrProbabilities probabilities;
     probabilities.channels = m.classes;
     probabilities.type = m.probs_type;

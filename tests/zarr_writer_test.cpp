@@ -32,6 +32,7 @@ struct StoreCase {
   int chunk = 64;
   int threads = 0;  // the pool's; 0: none
   std::optional<double> mpp;
+  std::string compression;  // --compression's text; "": the defaults
 };
 
 void PrintTo(const StoreCase& c, std::ostream* out) {
@@ -118,6 +119,7 @@ ZarrOptions optionsOf(const StoreCase& c) {
   o.pyramid = c.pyramid;
   o.mpp = c.mpp;
   o.name = c.name;
+  if (!c.compression.empty()) o.compression = parseCompression(c.compression);
   if (c.threads > 0) o.pool = std::make_shared<WorkPool>(c.threads);
   if (c.channels > 0) {
     ZarrProbabilities p;
@@ -237,7 +239,23 @@ INSTANTIATE_TEST_SUITE_P(
         StoreCase{"f32_pyramid", 700, 450, 3, SampleType::kF32, true, SampleType::kU8, true, 128, 2, 0.5},
         StoreCase{
             "probabilities_only", 333, 129, 2, SampleType::kF32, false, SampleType::kU8, true, 64, 2, {}},
-        StoreCase{"labels_only", 260, 390, 0, SampleType::kF32, true, SampleType::kU16, true, 64, 0, {}}),
+        StoreCase{"labels_only", 260, 390, 0, SampleType::kF32, true, SampleType::kU16, true, 64, 0, {}},
+        // --compression as the user gives it for the TIFFs: zstd at a level, deflate past zlib's 9, none.
+        StoreCase{"zstd_9", 300, 200, 2, SampleType::kF32, true, SampleType::kU8, false, 64, 2, {}, "zstd:9"},
+        StoreCase{"deflate_12",
+                  300,
+                  200,
+                  2,
+                  SampleType::kF16,
+                  true,
+                  SampleType::kU8,
+                  false,
+                  64,
+                  0,
+                  {},
+                  "deflate:12"},
+        StoreCase{
+            "uncompressed", 200, 130, 2, SampleType::kU8, true, SampleType::kU16, true, 64, 0, {}, "none"}),
     [](const auto& info) { return info.param.name; });
 
 // The metadata, read back as JSON: scales per level in micrometres where the µm/px is known, pixels
@@ -277,6 +295,26 @@ TEST(ZarrWriter, MetadataSaysScalesColoursAndNames) {
   const auto pixels = nlohmann::json::parse(test::slurp(dir + "/b.ome.zarr/.zattrs"))["multiscales"][0];
   EXPECT_FALSE(pixels["axes"][1].contains("unit"));
   EXPECT_EQ(pixels["datasets"][1]["coordinateTransformations"][0]["scale"], (nlohmann::json{1.0, 2.0, 2.0}));
+}
+
+// Each array names its codec as numcodecs does: the TIFF outputs' defaults (floats zstd:1, integers zlib:1),
+// else --compression mapped to zstd or zlib (lzw has no Zarr codec), or none.
+TEST(ZarrWriter, ArraysNameTheirCompressor) {
+  const std::string dir = test::scratchDir("zarr_compressors");
+  const auto compressors = [&](const std::string& compression) {
+    StoreCase c{"c", 130, 70, 2, SampleType::kF32, true, SampleType::kU8, false, 64, 0, {}, compression};
+    const std::string store = dir + "/" + (compression.empty() ? "default" : compression) + ".ome.zarr";
+    writeStore(store, c, randomProbabilities(70, 130, 2, SampleType::kF32, 1),
+               randomLabels(70, 130, SampleType::kU8, 3, 2));
+    return std::pair{nlohmann::json::parse(test::slurp(store + "/0/.zarray"))["compressor"],
+                     nlohmann::json::parse(test::slurp(store + "/labels/classes/0/.zarray"))["compressor"]};
+  };
+  const nlohmann::json zstd1 = {{"id", "zstd"}, {"level", 1}}, zlib1 = {{"id", "zlib"}, {"level", 1}};
+  EXPECT_EQ(compressors(""), std::pair(zstd1, zlib1));
+  EXPECT_EQ(compressors("zstd:7").first, (nlohmann::json{{"id", "zstd"}, {"level", 7}}));
+  EXPECT_EQ(compressors("deflate:11").second, (nlohmann::json{{"id", "zlib"}, {"level", 9}}));
+  EXPECT_EQ(compressors("lzw"), std::pair(zlib1, zlib1));
+  EXPECT_EQ(compressors("none"), std::pair(nlohmann::json(nullptr), nlohmann::json(nullptr)));
 }
 
 // Chunks are compressed on the pool but written in order: the same bytes from no pool, one thread or four,

@@ -4,14 +4,15 @@
 // with a pyramid; shape (C, H, W), chunks (1, chunk, chunk)) and the labels as an image-label under
 // labels/<name> (shape (1, H, W), the same chunks and levels); either may be absent. Pyramid levels are the
 // TIFF pyramid's exactly: each half the previous through halve() (2x2 means; the labels' nearest), down to
-// one chunk. Chunks are compressed (zlib, as numcodecs names it) as soon as a row of them is complete, on
-// the pool when one is given, and written in order, so the bytes do not depend on the pool's threads; a chunk
-// whose every byte is 0 (the fill value) is not written, as zarr's write_empty_chunks=False, and readers
-// return the fill value there. Memory: per array, the row of chunks being filled and the one compressing,
-// never the image. The store is built as "<path>.partial/", a directory made anew, its metadata written last;
-// commit() renames it to <path> and never replaces what stands there; a writer destroyed or failed before
-// commit removes its partial directory, so a store under its final name is always complete. Every failure is
-// an IoError naming the store.
+// one chunk. Chunks are compressed (zstd or zlib, as numcodecs names them; `--compression`'s codec and level,
+// else the TIFF outputs' defaults: zstd:1 for floats, zlib:1 for integers) as soon as a row of them is
+// complete, on the pool when one is given, and written in order, so the bytes do not depend on the pool's
+// threads; a chunk whose every byte is 0 (the fill value) is not written, as zarr's write_empty_chunks=False,
+// and readers return the fill value there. Memory: per array, the row of chunks being filled and the one
+// compressing, never the image. The store is built as "<path>.partial/", a directory made anew, its metadata
+// written last; commit() renames it to <path> and never replaces what stands there; a writer destroyed or
+// failed before commit removes its partial directory, so a store under its final name is always complete.
+// Every failure is an IoError naming the store.
 #pragma once
 
 #include <array>
@@ -55,7 +56,9 @@ struct ZarrOptions {
   int chunk = 256;            // the chunks' edge in y and x (the output tile)
   bool pyramid = false;       // levels, each half the previous, down to one chunk (WriterOptions::pyramid's)
   std::optional<double> mpp;  // micrometres per level-0 pixel: scales in micrometers; unset: in pixels
-  int zlib_level = 1;         // 1-9; 1: what the TIFF probabilities' default (deflate:1) costs
+  // --compression: zstd:L -> zstd, deflate:L -> zlib (levels above 9 as 9), lzw (no Zarr codec) -> zlib:1,
+  // none -> no compressor; unset: zstdOrZlibDefault of each array's sample type.
+  std::optional<Compression> compression;
   std::shared_ptr<WorkPool> pool;  // compresses chunks; null: the calling thread
   std::string name;                // the multiscales' name ("" : "probabilities")
   std::optional<ZarrProbabilities> probabilities;
