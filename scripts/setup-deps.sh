@@ -4,7 +4,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config file dpkg-dev clang-format libtiff-tools
   libtorch-dev libopencv-dev libopenblas0-openmp
-  libtiff-dev libjpeg-dev libgloo-dev libcli11-dev libgtest-dev libspdlog-dev nlohmann-json3-dev libgdal-dev
+  libtiff-dev libzstd-dev libjpeg-dev libgloo-dev libcli11-dev libgtest-dev libspdlog-dev nlohmann-json3-dev libgdal-dev
   libopenslide-dev libhdf5-dev gdal-bin libvips-tools openslide-tools hdf5-tools python3-h5py python3-torch
   python3-setuptools python3-pil util-linux python3-zarr python3-jsonschema openmpi-bin
 )
