@@ -4,7 +4,7 @@
 # it (tiler_check_floors), so an include that runs up a floor stops the build with the file and the line.
 set(tiler_floors
     "ground: error slots fault platform"
-    "plain logic: grid sampler cpu_layout cli build_info version queue job_options output_kinds launcher rendezvous"
+    "plain logic: grid sampler cpu_layout cli build_info version queue job_options output_kinds launcher rendezvous agent failures options signals streams worker_group handler registry static c10d"
     "pixels: image_io handle_pool readers tiff_support tiff_reader openslide_reader jpeg_reader opencv_reader resolution mask polygons geojson blend zarr_writer map_writers"
     "planning: catalog window_outputs instances"
     "compute: torch_compat runtime_info block_cache model model_runtime torchscript_runtime pt2_runtime dist loader exchange session device_stitch outputs report"
@@ -27,6 +27,10 @@ function(tiler_check_floors)
   endforeach()
   file(GLOB files ${CMAKE_SOURCE_DIR}/src/*.cpp ${CMAKE_SOURCE_DIR}/src/*.hpp ${CMAKE_SOURCE_DIR}/src/tools/*.cpp
        ${CMAKE_SOURCE_DIR}/src/tools/*.hpp ${CMAKE_SOURCE_DIR}/include/tiler/*.hpp)
+  # ctrun's layers (src/ctrun/, include/tiler/ctrun/): units by their file stems.
+  file(GLOB ctrun_files ${CMAKE_SOURCE_DIR}/src/ctrun/*.cpp ${CMAKE_SOURCE_DIR}/src/ctrun/rendezvous/*.cpp
+       ${CMAKE_SOURCE_DIR}/include/tiler/ctrun/*.hpp ${CMAKE_SOURCE_DIR}/include/tiler/ctrun/rendezvous/*.hpp)
+  list(APPEND files ${ctrun_files})
   set(errors "")
   foreach(file IN LISTS files)
     get_filename_component(unit ${file} NAME_WE)
@@ -38,6 +42,7 @@ function(tiler_check_floors)
     endif()
     file(STRINGS ${file} includes REGEX "^#include [<\"]")
     foreach(line IN LISTS includes)
+      string(REGEX REPLACE "^#include \"tiler/ctrun/(rendezvous/)?" "#include \"tiler/" line "${line}")
       if(line MATCHES "^#include \"(tiler/)?([a-z0-9_]+)\\.hpp\"")
         set(used ${CMAKE_MATCH_2})
         if(DEFINED floor_of_${used} AND floor_of_${used} GREATER floor_of_${unit})

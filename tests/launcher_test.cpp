@@ -1,6 +1,9 @@
 #include "tiler/launcher.hpp"
 
 #include "test_util.hpp"
+#include "tiler/ctrun/agent.hpp"
+#include "tiler/ctrun/options.hpp"
+#include "tiler/ctrun/streams.hpp"
 #include "tiler/platform.hpp"
 #include "tiler/rendezvous.hpp"
 
@@ -14,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <filesystem>
@@ -331,7 +335,8 @@ TEST(Launcher, ResolvesNprocAndRejectsNonsense) {
   EXPECT_NE(r.output.find("--nproc_per_node must be"), std::string::npos);
   // Durations: NaN, infinities and negatives are refused by name, in one line without "ctrun: ctrun:".
   for (const std::string bad : {"--grace_period nan", "--grace_period -1", "--grace_period inf",
-                                "--rdzv_timeout nan", "--monitor_interval 0", "--heartbeat_timeout 1e300"}) {
+                                "--rdzv_timeout nan", "--monitor_interval 0", "--heartbeat_timeout 1e300",
+                                "--rdzv_timeout 2147484", "--heartbeat_timeout 2147483.648"}) {
     auto refused = run(kCtrun + " " + bad + " " + kHelper + " env /tmp");
     EXPECT_EQ(refused.code, 1) << bad << "\n" << refused.output;
     EXPECT_NE(refused.output.find(bad.substr(0, bad.find(' ')) + " must be a number of seconds"),
@@ -340,6 +345,10 @@ TEST(Launcher, ResolvesNprocAndRejectsNonsense) {
         << refused.output;
     EXPECT_EQ(refused.output.find("ctrun: error: ctrun:"), std::string::npos) << refused.output;
   }
+  // tiler's --timeout bound (2^31-1 ms) holds for ctrun's rendezvous and heartbeat timeouts too.
+  auto longest = run(kCtrun + " --master_port 0 --rdzv_timeout 2147483 --heartbeat_timeout 2147483 " +
+                     kHelper + " env " + tempDir("longest"));
+  EXPECT_EQ(longest.code, 0) << longest.output;
   auto missing = run(kCtrun + " --master_port 0 /no/such/program");
   EXPECT_EQ(missing.code, 127) << missing.output;
   EXPECT_NE(missing.output.find("cannot run '/no/such/program'"), std::string::npos);
@@ -357,6 +366,299 @@ TEST(Launcher, WorkerEnvironmentForMultiNode) {
   EXPECT_EQ(env["GROUP_RANK"], "1");
   EXPECT_EQ(env["TORCHELASTIC_RESTART_COUNT"], "1");
   EXPECT_EQ(env["MASTER_ADDR"], "10.0.0.1");
+}
+
+// The agent's table, cell by cell: the transitions ctrun's supervision promises (a failure anywhere stops
+// every worker and restarts within bounds, a signal ends the job, success needs every node), and every
+// other (state, event) refused as impossible.
+TEST(Launcher, TheAgentsStateTableCoversEveryStateAndEvent) {
+  using ctrun::GroupAction;
+  using ctrun::GroupEvent;
+  using ctrun::GroupState;
+  using S = GroupState;
+  using E = GroupEvent;
+  using A = GroupAction;
+  const std::map<std::pair<S, E>, std::pair<S, A>> expected = {
+      {{S::kInit, E::kJoined}, {S::kHealthy, A::kStartWorkers}},
+      {{S::kInit, E::kSignal}, {S::kDone, A::kReportInterrupted}},
+      {{S::kHealthy, E::kWorkersSucceeded}, {S::kSucceeded, A::kMarkDone}},
+      {{S::kHealthy, E::kWorkerFailed}, {S::kFailed, A::kPublishFailures}},
+      {{S::kHealthy, E::kPeerFailed}, {S::kFailed, A::kNone}},
+      {{S::kHealthy, E::kNodeLost}, {S::kFailed, A::kPublishLoss}},
+      {{S::kHealthy, E::kStoreLost}, {S::kFailed, A::kNone}},
+      {{S::kHealthy, E::kSignal}, {S::kDone, A::kStopOnSignal}},
+      {{S::kSucceeded, E::kWorldSucceeded}, {S::kDone, A::kFinish}},
+      {{S::kSucceeded, E::kPeerFailed}, {S::kFailed, A::kNone}},
+      {{S::kSucceeded, E::kNodeLost}, {S::kFailed, A::kPublishLoss}},
+      {{S::kSucceeded, E::kStoreLost}, {S::kFailed, A::kNone}},
+      {{S::kSucceeded, E::kSignal}, {S::kDone, A::kStopOnSignal}},
+      {{S::kFailed, E::kWorkersStopped}, {S::kStopped, A::kCollectFailures}},
+      {{S::kStopped, E::kRestartAllowed}, {S::kInit, A::kRestart}},
+      {{S::kStopped, E::kRestartsExhausted}, {S::kDone, A::kReportFailure}},
+  };
+  std::set<std::string> names;
+  std::map<S, std::set<S>> edges;
+  for (int si = 0; si < ctrun::kGroupStateCount; ++si) {
+    const S s = S(si);
+    names.insert(std::string("state ") + ctrun::groupStateName(s));
+    for (int ei = 0; ei < ctrun::kGroupEventCount; ++ei) {
+      const E e = E(ei);
+      if (si == 0) names.insert(std::string("event ") + ctrun::groupEventName(e));
+      const auto t = ctrun::groupTransition(s, e);
+      const std::string cell = std::string(ctrun::groupStateName(s)) + " x " + ctrun::groupEventName(e);
+      const auto it = expected.find({s, e});
+      if (it == expected.end()) {
+        EXPECT_EQ(t.action, A::kInvalid) << cell << " -> " << ctrun::groupActionName(t.action);
+        EXPECT_EQ(t.next, s) << cell;
+        continue;
+      }
+      EXPECT_EQ(t.next, it->second.first) << cell << " -> " << ctrun::groupStateName(t.next);
+      EXPECT_EQ(t.action, it->second.second) << cell << " -> " << ctrun::groupActionName(t.action);
+      edges[s].insert(t.next);
+    }
+  }
+  EXPECT_EQ(names.size(), size_t(ctrun::kGroupStateCount + ctrun::kGroupEventCount)) << "every name distinct";
+  // From every state the job can end, and every state can be reached from the start.
+  for (int si = 0; si < ctrun::kGroupStateCount; ++si) {
+    std::set<S> seen = {S(si)};
+    for (bool grew = true; grew;) {
+      grew = false;
+      for (S from : std::set<S>(seen))
+        for (S to : edges[from]) grew |= seen.insert(to).second;
+    }
+    EXPECT_TRUE(seen.count(S::kDone)) << ctrun::groupStateName(S(si)) << " never ends";
+    if (si == int(S::kInit)) {
+      EXPECT_EQ(seen.size(), size_t(ctrun::kGroupStateCount)) << "a state is unreachable";
+    }
+  }
+  EXPECT_TRUE(edges[S::kDone].empty()) << "done is final";
+}
+
+// ctrun's command line is torchrun's: argv in, the options (and the one-line notes) out.
+struct Parsed {
+  int code = -1;
+  LaunchOptions options;
+  std::string notes;
+};
+Parsed parseCtrun(std::vector<std::string> args) {
+  args.insert(args.begin(), "ctrun");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  Parsed p;
+  std::ostringstream notes;
+  p.code = ctrun::parseCtrunCommandLine(int(argv.size()), argv.data(), p.options, notes);
+  p.notes = notes.str();
+  return p;
+}
+
+TEST(Launcher, ParsesEveryFormOfTorchrunsCommandLine) {
+  // torchrun 1.13's and 2.x's flags, both spellings, the mapping forms, and the script after them.
+  auto p = parseCtrun({"--nnodes=1:2",
+                       "--nproc-per-node",
+                       "2",
+                       "--rdzv_backend",
+                       "c10d",
+                       "--rdzv-endpoint",
+                       "h:1",
+                       "--rdzv_id",
+                       "job",
+                       "--rdzv_conf",
+                       "join_timeout=42,last_call_timeout=7,read_timeout=9",
+                       "--standalone",
+                       "--max_restarts",
+                       "3",
+                       "--monitor_interval",
+                       "0.5",
+                       "--start_method",
+                       "fork",
+                       "--role",
+                       "trainer",
+                       "--log_dir",
+                       "/tmp/l",
+                       "-r",
+                       "0:1,1:2",
+                       "--tee",
+                       "0:3",
+                       "--local_ranks_filter",
+                       "0,1",
+                       "--node_rank",
+                       "1",
+                       "--master_addr",
+                       "m",
+                       "--master_port",
+                       "1234",
+                       "--local_addr",
+                       "10.0.0.2",
+                       "--logs_specs",
+                       "mine",
+                       "--event_log_handler",
+                       "x",
+                       "--numa_binding",
+                       "node",
+                       "--signals_to_handle",
+                       "SIGUSR1",
+                       "train.py",
+                       "--lr",
+                       "1"});
+  ASSERT_EQ(p.code, -1) << p.notes;
+  const LaunchOptions& o = p.options;
+  EXPECT_EQ(o.nnodes_range, "1:2");
+  EXPECT_EQ(o.nproc_per_node, "2");
+  EXPECT_EQ(o.rdzv_backend, "c10d");
+  EXPECT_EQ(o.rdzv_endpoint, "h:1");
+  EXPECT_EQ(o.run_id, "job");
+  EXPECT_EQ(o.rdzv_timeout, 42);
+  EXPECT_EQ(o.rdzv_last_call, 7);
+  EXPECT_TRUE(o.standalone);
+  EXPECT_EQ(o.max_restarts, 3);
+  EXPECT_EQ(o.monitor_interval, 0.5);
+  EXPECT_EQ(o.role, "trainer");
+  EXPECT_EQ(o.log_dir, "/tmp/l");
+  EXPECT_EQ(o.redirects, "0:1,1:2");
+  EXPECT_EQ(o.tee, "0:3");
+  EXPECT_EQ(o.local_ranks_filter, "0,1");
+  EXPECT_EQ(o.node_rank, 1);
+  EXPECT_EQ(o.master_addr, "m");
+  EXPECT_EQ(o.master_port, 1234);
+  EXPECT_EQ(o.local_addr, "10.0.0.2");
+  EXPECT_EQ(o.command, (std::vector<std::string>{"train.py", "--lr", "1"}));
+  // One line for each flag that means nothing for ctrun, and for the rendezvous key it has no use for.
+  for (const char* flag : {"--start_method fork", "--logs_specs mine", "--event_log_handler x",
+                           "--numa_binding node", "--signals_to_handle", "--rdzv_conf read_timeout"})
+    EXPECT_NE(p.notes.find(std::string("ctrun: note: ") + flag + " means nothing for ctrun"),
+              std::string::npos)
+        << flag << "\n"
+        << p.notes;
+  EXPECT_EQ(std::count(p.notes.begin(), p.notes.end(), '\n'), 6) << p.notes;
+
+  auto flags = parseCtrun({"-m", "--no-python", "--run_path", "pkg.mod", "-x"});
+  ASSERT_EQ(flags.code, -1);
+  EXPECT_TRUE(flags.options.module && flags.options.no_python && flags.options.run_path);
+  EXPECT_EQ(flags.options.command, (std::vector<std::string>{"pkg.mod", "-x"}));
+  auto keep_alive = parseCtrun({"--rdzv_conf", "keep_alive_interval=2,keep_alive_max_attempt=4", "prog"});
+  EXPECT_EQ(keep_alive.options.heartbeat_interval, 2);
+  EXPECT_EQ(keep_alive.options.heartbeat_timeout, 8);
+  // torchrun's PET_* environment stands for a flag.
+  setenv("PET_NPROC_PER_NODE", "3", 1);
+  auto env = parseCtrun({"prog"});
+  unsetenv("PET_NPROC_PER_NODE");
+  EXPECT_EQ(env.options.nproc_per_node, "3");
+  // What torchrun refuses, ctrun refuses.
+  for (const auto& bad : std::vector<std::vector<std::string>>{
+           {"--start_method", "thread", "p"}, {"--rdzv_conf", "join_timeout", "p"}, {"--bogus", "p"}, {}})
+    EXPECT_EQ(parseCtrun(bad).code, 1);
+}
+
+TEST(Launcher, RedirectsTeeAndRankFiltersTakeTorchrunsForms) {
+  EXPECT_EQ(ctrun::StdStreams::parse("3", "-r").of(5), 3);
+  const auto mapped = ctrun::StdStreams::parse("0:1,1:2", "-r");
+  EXPECT_EQ(mapped.of(0), 1);
+  EXPECT_EQ(mapped.of(1), 2);
+  EXPECT_EQ(mapped.of(2), 0) << "a local rank not named: nothing redirected";
+  for (const char* bad : {"4", "0:4", "a:1", "0:1,0:2", "1,", ""})
+    EXPECT_THROW(ctrun::StdStreams::parse(bad, "-r"), ConfigError) << bad;
+  EXPECT_EQ(ctrun::parseLocalRanksFilter("0,2"), (std::set<int>{0, 2}));
+  EXPECT_THROW(ctrun::parseLocalRanksFilter("0,x"), ConfigError);
+
+  // Rank 0's stdout and rank 1's stderr only in the logs; --local_ranks_filter 1 hides rank 0's console.
+  const std::string dir = tempDir("streams");
+  const std::string worker = " sh -c 'echo out$LOCAL_RANK; echo err$LOCAL_RANK >&2'";
+  auto r = run(kCtrun + " --nproc_per_node 2 --master_port 0 --run_id a --log_dir " + dir + " -r 0:1,1:2" +
+               worker);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.find("out0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[rank 0]: err0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[rank 1]: out1"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("err1"), std::string::npos) << r.output;
+  EXPECT_EQ(slurp(dir + "/a/attempt_0/0/stdout.log"), "out0\n");
+  EXPECT_EQ(slurp(dir + "/a/attempt_0/1/stderr.log"), "err1\n");
+  auto filtered = run(kCtrun + " --nproc_per_node 2 --master_port 0 --local_ranks_filter 1" + worker);
+  ASSERT_EQ(filtered.code, 0) << filtered.output;
+  EXPECT_EQ(filtered.output.find("0"), std::string::npos) << filtered.output;
+  EXPECT_NE(filtered.output.find("[rank 1]: out1"), std::string::npos) << filtered.output;
+  auto refused = run(kCtrun + " --master_port 0 --tee 0:9 true");
+  EXPECT_EQ(refused.code, 1);
+  EXPECT_NE(refused.output.find("--tee must be 0..3"), std::string::npos) << refused.output;
+}
+
+TEST(Launcher, WorkersRunScriptsAndModulesUnderPythonAsTorchrunDoes) {
+  const std::string dir = tempDir("command");
+  std::ofstream(dir + "/plain_script") << "print('hi')\n";  // a file, not executable: Python's
+  LaunchOptions o;
+  unsetenv("PYTHON_EXEC");
+  o.command = {"train.py", "--lr", "1"};
+  EXPECT_EQ(ctrun::workerCommand(o), (std::vector<std::string>{"python3", "-u", "train.py", "--lr", "1"}));
+  o.command = {dir + "/plain_script"};
+  EXPECT_EQ(ctrun::workerCommand(o), (std::vector<std::string>{"python3", "-u", dir + "/plain_script"}));
+  o.command = {kHelper, "env"};
+  EXPECT_EQ(ctrun::workerCommand(o), o.command) << "a program runs as it is";
+  o.module = true;
+  o.command = {"pkg.mod", "x"};
+  EXPECT_EQ(ctrun::workerCommand(o), (std::vector<std::string>{"python3", "-u", "-m", "pkg.mod", "x"}));
+  o.module = false;
+  o.no_python = true;
+  o.command = {"train.py"};
+  EXPECT_EQ(ctrun::workerCommand(o), o.command) << "--no_python";
+  o.run_path = true;
+  setenv("PYTHON_EXEC", "/opt/py", 1);
+  EXPECT_EQ(ctrun::workerCommand(o), (std::vector<std::string>{"/opt/py", "-u", "train.py"}))
+      << "--run_path goes before --no_python";
+  unsetenv("PYTHON_EXEC");
+  auto both = run(kCtrun + " --master_port 0 --no_python -m pkg.mod");
+  EXPECT_EQ(both.code, 1);
+  EXPECT_NE(both.output.find("--no_python and -m/--module together"), std::string::npos) << both.output;
+  // --role is the workers' ROLE_NAME.
+  o.role = "trainer";
+  EXPECT_EQ(workerEnvironment(o, 1, 0, 0, "/e.json")["ROLE_NAME"], "trainer");
+}
+
+// A Python DDP program (gloo, env://, 2 ranks, all_reduce) by file and by -m, with the python3 on PATH.
+TEST(Launcher, RunsAPythonDdpScriptByFileAndByModule) {
+  const char* env = std::getenv("TILER_PYTHON");
+  const std::string python = env && *env ? env : "/usr/bin/python3";
+  const auto can = run(python + " -c 'import torch.distributed'");
+  if (can.code != 0)
+    GTEST_SKIP() << python << " -c 'import torch' fails (Debian's python3-torch): " << can.output;
+  const std::string bin = fs::path(python).parent_path().string();
+  if (!fs::exists(bin + "/python3")) GTEST_SKIP() << "no python3 beside " << python;
+  const std::string dir = tempDir("ddp");
+  fs::create_directories(dir + "/ddp_pkg");
+  std::ofstream(dir + "/ddp_pkg/__init__.py");
+  std::ofstream(dir + "/ddp_pkg/sum.py")
+      << "import torch, torch.distributed as dist\n"
+         "dist.init_process_group('gloo', init_method='env://')\n"
+         "t = torch.tensor([float(dist.get_rank() + 1)])\n"
+         "dist.all_reduce(t)\n"
+         "print(f'rank {dist.get_rank()} of {dist.get_world_size()} sum {t.item():g}', flush=True)\n"
+         "dist.destroy_process_group()\n";
+  const std::string ctrun =
+      "cd " + dir + " && PATH=" + bin + ":$PATH " + kCtrun + " --nproc_per_node=2 --master_port 0 ";
+  for (const std::string& target : {std::string("ddp_pkg/sum.py"), std::string("-m ddp_pkg.sum")}) {
+    const auto r = run(ctrun + target);
+    EXPECT_EQ(r.code, 0) << target << "\n" << r.output;
+    EXPECT_NE(r.output.find("[rank 0]: rank 0 of 2 sum 3\n"), std::string::npos) << target << "\n"
+                                                                                 << r.output;
+    EXPECT_NE(r.output.find("[rank 1]: rank 1 of 2 sum 3\n"), std::string::npos) << target << "\n"
+                                                                                 << r.output;
+  }
+}
+
+// A worker that cannot be started (here: no file descriptor left for its pipes) is ctrun's launch error,
+// named as such, and the workers already started do not outlive it.
+TEST(Launcher, ALaunchErrorIsNamedAndLeavesNoWorkerBehind) {
+  const std::string dir = tempDir("launch_error");
+  auto r = run("sh -c 'ulimit -n 14 && exec " + kCtrun + " --nproc_per_node 6 --master_port 0 " + kHelper +
+               " sleep " + dir + " 60'");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("ctrun: error: cannot start worker "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(": pipe: Too many open files"), std::string::npos) << r.output;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string pid = slurp(entry.path().string());
+    if (pid.empty()) continue;  // killed before it wrote its pid
+    const pid_t worker = pid_t(std::stol(pid));
+    for (int i = 0; i < 50 && alive(worker); ++i) usleep(20000);
+    EXPECT_FALSE(alive(worker)) << entry.path();
+  }
 }
 
 }  // namespace
@@ -415,6 +717,21 @@ TEST(Rendezvous, C10dAgentsFormOneWorldWithoutNodeRanks) {
     masters.insert(env["MASTER_ADDR"] + ":" + env["MASTER_PORT"]);
   }
   EXPECT_EQ(masters.size(), 1u) << "one MASTER_ADDR:MASTER_PORT for the whole world";
+}
+
+// torch 2.x's --local_addr: the address node 0 hands out as MASTER_ADDR (the others reach it there), not
+// the endpoint's.
+TEST(Rendezvous, LocalAddrIsTheMasterAddressNodeZeroHandsOut) {
+  const std::string dir = tempDir("rdzv_local_addr");
+  const int port = test::freePort();
+  const std::string args =
+      c10d(port, "local") + "--local_addr 127.0.0.2 --nproc_per_node 1 " + kHelper + " env " + dir;
+  const pid_t a = startAgent(args, dir + "/a.log");
+  const pid_t b = startAgent(args, dir + "/b.log");
+  EXPECT_EQ(waitAgent(a), 0) << test::slurp(dir + "/a.log");
+  EXPECT_EQ(waitAgent(b), 0) << test::slurp(dir + "/b.log");
+  EXPECT_EQ(envFile(dir + "/env_0")["MASTER_ADDR"], "127.0.0.2");
+  EXPECT_EQ(envFile(dir + "/env_1")["MASTER_ADDR"], "127.0.0.2");
 }
 
 TEST(Rendezvous, AnEndpointPortHeldForAMomentIsHostedOnceFree) {

@@ -1,12 +1,16 @@
 // launcher: ctrun, a torchrun-compatible launcher and supervisor for any program. No LibTorch.
-// Promise: starts nproc_per_node workers with torchrun's environment, supervises them as one group (an
-// explicit state machine: kInit -> kHealthy -> kSucceeded | kFailed -> kStopping -> restart or kDone),
-// forwards signals, and never leaves an orphan or a zombie: workers get PR_SET_PDEATHSIG(SIGKILL), a failed
-// group gets SIGTERM then SIGKILL after grace_period, sent to each worker's process group (what a worker
-// started goes with it). Across nodes (nnodes > 1) the agents meet at a rendezvous store (rendezvous.hpp):
-// node ranks, one MASTER_ADDR:MASTER_PORT, heartbeats; a failure or a lost node on any node stops every
-// node's workers, and all restart together while restarts remain (the restart count is the shared round).
-// The summary names the first failure (root cause: the earliest, whichever node it was on).
+// Promise: starts nproc_per_node workers with torchrun's environment (a Python script or module under the
+// interpreter, as torchrun runs them; any other program as it is), supervises them as one group (the agent's
+// state table, ctrun/agent.hpp), forwards signals, and never leaves an orphan or a zombie: workers get
+// PR_SET_PDEATHSIG(SIGKILL), a failed group gets SIGTERM then SIGKILL after grace_period, sent to each
+// worker's process group (what a worker started goes with it). Across nodes (nnodes > 1) the agents meet at a
+// rendezvous store (ctrun/rendezvous/: static and c10d behind a registry): node ranks, one
+// MASTER_ADDR:MASTER_PORT, heartbeats; a failure or a lost node on any node stops every node's workers, and
+// all restart together while restarts remain (the restart count is the shared round). The summary names the
+// first failure (root cause: the earliest, whichever node it was on).
+// Layers (torch elastic's): ctrun/options (flags), ctrun/agent (the state table and the rounds),
+// ctrun/worker_group (fork/exec, reaping), ctrun/streams (pipes, tee, log files), ctrun/failures (records,
+// error files, the summary), ctrun/signals (the self-pipe), ctrun/rendezvous/ (handlers and their registry).
 // Not thread safe: one Launcher per process, run() from the main thread (it installs signal handlers).
 #pragma once
 
@@ -15,6 +19,8 @@
 #include <map>
 #include <string>
 #include <vector>
+
+#include "tiler/error.hpp"
 
 namespace tiler {
 
@@ -33,13 +39,27 @@ struct LaunchOptions {
   int master_port = 29500;  // 0: pick a free port
   bool standalone = false;
   int max_restarts = 0;
-  double monitor_interval = 0.1;  // seconds
-  double grace_period = 10.0;     // seconds between SIGTERM and SIGKILL
-  std::string log_dir;            // empty: no log files
-  int redirects = 0;              // bit 1: stdout, bit 2: stderr only to log files
-  int tee = 0;                    // bit 1: stdout, bit 2: stderr to log files and console
+  double monitor_interval = 0.1;   // seconds
+  double grace_period = 10.0;      // seconds between SIGTERM and SIGKILL
+  std::string log_dir;             // empty: no log files
+  std::string redirects = "0";     // 1 stdout, 2 stderr, 3 both only to log files; or LOCAL:N,... per rank
+  std::string tee = "0";           // the same, to log files and console
+  std::string local_ranks_filter;  // "0,2": only these local ranks' output on the console; empty: all
   std::string run_id = "none";
-  std::vector<std::string> command;  // program and its arguments
+  std::string role = "default";  // ROLE_NAME of the workers
+  std::string local_addr;        // where the other nodes reach this one (c10d's MASTER_ADDR); empty: found
+  std::string rdzv_conf;         // torchrun's KEY=VALUE,...: join_timeout, last_call_timeout, ...
+  bool module = false;           // -m: the program is a Python module (python3 -u -m MODULE)
+  bool no_python = false;        // run the program itself, never under the interpreter
+  bool run_path = false;         // torchrun's runpy.run_path: the script under the interpreter
+  std::vector<std::string> command;  // program (or script, or module) and its arguments, as given
+};
+
+// A worker could not be started (pipe, fork, a run directory): ctrun's own failure, not the program's.
+class LaunchError : public Error {
+ public:
+  using Error::Error;
+  const char* kind() const override { return "launch"; }
 };
 
 // Number of NVIDIA GPUs visible, found without CUDA (CUDA_VISIBLE_DEVICES, /dev/nvidiaN, nvidia-smi -L).
@@ -78,8 +98,5 @@ class Launcher {
  private:
   LaunchOptions options_;
 };
-
-// The worker group's states.
-enum class GroupState { kInit, kHealthy, kSucceeded, kFailed, kStopping, kDone };
 
 }  // namespace tiler

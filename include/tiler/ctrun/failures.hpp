@@ -1,0 +1,34 @@
+// failures: what ctrun knows of a failed worker or a lost node (torch elastic's errors/): the record read
+// from the worker's exit and its error file, the record's JSON form on the rendezvous store (every node's
+// failures in one place), and the summary that names the root cause first. No LibTorch.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tiler/launcher.hpp"
+
+namespace tiler::ctrun {
+
+double nowSeconds();
+std::string hostName();
+// "SIGSEGV", or "signal N" for one without a name.
+std::string signalName(int sig);
+
+// The message of a worker's error file: tiler's and torchrun's formats ({"message": "..."} and
+// {"message": {"message": ...}}), or the text itself; "" when there is none.
+std::string errorMessageFromFile(const std::string& path);
+
+nlohmann::json failureToJson(const WorkerFailure& f);
+// The record `failureToJson` wrote; nlohmann::json's exception when a field is missing or mistyped.
+WorkerFailure failureFromJson(const nlohmann::json& j);
+
+// The failure "ctrun on this node received SIG..." other nodes see when this agent is interrupted.
+WorkerFailure interruptedAgent(int node_rank, int sig);
+
+// Prints the group's failure summary on stderr, root cause (the first record) first.
+void printSummary(const std::vector<WorkerFailure>& failures, const LaunchOptions& options, int attempts);
+
+}  // namespace tiler::ctrun

@@ -1,0 +1,301 @@
+#include "tiler/ctrun/options.hpp"
+
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <random>
+#include <sstream>
+#include <tuple>
+
+#include "tiler/cli.hpp"
+#include "tiler/ctrun/rendezvous/registry.hpp"
+#include "tiler/ctrun/streams.hpp"
+#include "tiler/platform.hpp"
+#include "tiler/rendezvous.hpp"
+#include "tiler/version.hpp"
+
+namespace tiler::ctrun {
+namespace {
+
+// torchrun's flags that cannot mean anything for ctrun: accepted, each given one noted.
+struct MeaninglessFlags {
+  std::string start_method = "spawn", event_log_handler = "null", logs_specs, numa_binding, signals_to_handle;
+};
+
+// torchrun reads every flag also from PET_<NAME> (torch.distributed.argparse_util's env action).
+std::string petName(const std::string& names) {
+  std::string name = names.substr(names.rfind("--") + 2);
+  for (auto& c : name) c = c == '-' ? '_' : char(std::toupper(static_cast<unsigned char>(c)));
+  return "PET_" + name;
+}
+
+template <typename T>
+CLI::Option* torchrunOption(CLI::App& app, const std::string& names, T& value, const std::string& help) {
+  return app.add_option(flagNames(names), value, help)->envname(petName(names));
+}
+
+CLI::Option* torchrunFlag(CLI::App& app, const std::string& names, bool& value, const std::string& help) {
+  return app.add_flag(flagNames(names), value, help)->envname(petName(names));
+}
+
+void addWorldOptions(CLI::App& app, LaunchOptions& o) {
+  torchrunOption(app, "--nnodes", o.nnodes_range, "nodes: N, or MIN:MAX (c10d rendezvous)")->default_str("1");
+  torchrunOption(app, "--nproc_per_node", o.nproc_per_node, "workers on this node: N, auto, gpu or cpu")
+      ->capture_default_str();
+  torchrunOption(app, "--rdzv_backend", o.rdzv_backend, rendezvousBackendNames())->capture_default_str();
+  torchrunOption(app, "--rdzv_endpoint", o.rdzv_endpoint,
+                 "HOST:PORT of the agents' rendezvous store, hosted by the agent on HOST (static default: "
+                 "MASTER_ADDR:MASTER_PORT+1)");
+  torchrunOption(app, "--rdzv_id", o.run_id, "the job's id, the same on every node (= --run_id)");
+  torchrunOption(app, "--rdzv_conf", o.rdzv_conf,
+                 "KEY=VALUE,...: join_timeout (= --rdzv_timeout), last_call_timeout (= --rdzv_last_call), "
+                 "keep_alive_interval (= --heartbeat_interval), keep_alive_max_attempt; other keys ignored");
+  torchrunFlag(app, "--standalone", o.standalone, "one node, a free port on 127.0.0.1 and a random run id");
+  torchrunOption(app, "--max_restarts", o.max_restarts, "restarts of a failed worker group")
+      ->capture_default_str();
+  torchrunOption(app, "--monitor_interval", o.monitor_interval, "seconds between worker checks")
+      ->capture_default_str();
+}
+
+void addLaunchOptions(CLI::App& app, LaunchOptions& o, MeaninglessFlags& m) {
+  torchrunOption(app, "--start_method", m.start_method,
+                 "spawn | fork | forkserver: accepted and ignored (every worker is forked and exec'd)")
+      ->check(CLI::IsMember({"spawn", "fork", "forkserver"}));
+  torchrunOption(app, "--event_log_handler", m.event_log_handler, "accepted and ignored (no elastic events)");
+  torchrunOption(app, "--role", o.role, "the workers' role (ROLE_NAME)")->capture_default_str();
+  torchrunFlag(app, "-m,--module", o.module, "the program is a Python module: python3 -u -m MODULE ARGS");
+  torchrunFlag(app, "--no_python", o.no_python, "run the program itself, never under python3");
+  torchrunFlag(app, "--run_path", o.run_path,
+               "run the script under python3 -u (takes precedence over --no_python)");
+  torchrunOption(app, "--log_dir", o.log_dir,
+                 "write <dir>/<run_id>/attempt_<k>/<local_rank>/{stdout,stderr}.log");
+  torchrunOption(app, "-r,--redirects", o.redirects,
+                 "with --log_dir, only to the logs: 1 stdout, 2 stderr, 3 both; or per local rank, 0:1,1:2")
+      ->capture_default_str();
+  torchrunOption(app, "-t,--tee", o.tee, "with --log_dir, to the logs and the console (same forms as -r)")
+      ->capture_default_str();
+  torchrunOption(app, "--local_ranks_filter", o.local_ranks_filter,
+                 "only these local ranks' output on the console, e.g. 0,1 (log files keep everything)");
+  torchrunOption(app, "--node_rank", o.node_rank, "rank of this node (static; c10d assigns them)");
+  torchrunOption(app, "--master_addr", o.master_addr, "address of rank 0's node")->capture_default_str();
+  torchrunOption(app, "--master_port", o.master_port, "port of the c10d store on rank 0 (0: a free one)")
+      ->capture_default_str();
+  torchrunOption(app, "--local_addr", o.local_addr,
+                 "this node's address for the others (c10d: MASTER_ADDR when it is node 0)");
+  app.add_option(flagNames("--logs_specs"), m.logs_specs, "accepted and ignored (no Python entry points)");
+  app.add_option(flagNames("--numa_binding"), m.numa_binding,
+                 "node | socket | exclusive | core-complex: accepted and ignored (bind with numactl)")
+      ->check(CLI::IsMember({"node", "socket", "exclusive", "core-complex"}));
+  torchrunOption(app, "--signals_to_handle", m.signals_to_handle,
+                 "accepted and ignored: ctrun forwards SIGINT, SIGTERM and SIGHUP");
+}
+
+void addCtrunOptions(CLI::App& app, LaunchOptions& o) {
+  const std::string group = "ctrun's own";
+  app.add_option(flagNames("--rdzv_timeout"), o.rdzv_timeout, "seconds to wait for the other nodes")
+      ->capture_default_str()
+      ->group(group);
+  app.add_option(flagNames("--rdzv_last_call"), o.rdzv_last_call,
+                 "with MIN:MAX nodes, seconds to wait for more once MIN have joined")
+      ->capture_default_str()
+      ->group(group);
+  app.add_option(flagNames("--heartbeat_interval"), o.heartbeat_interval, "seconds between node heartbeats")
+      ->capture_default_str()
+      ->group(group);
+  app.add_option(flagNames("--heartbeat_timeout"), o.heartbeat_timeout,
+                 "seconds of silence after which a node is lost")
+      ->capture_default_str()
+      ->group(group);
+  app.add_option(flagNames("--grace_period"), o.grace_period, "seconds between SIGTERM and SIGKILL")
+      ->capture_default_str()
+      ->group(group);
+  app.add_option(flagNames("--run_id"), o.run_id, "run id shown to workers")
+      ->capture_default_str()
+      ->group(group);
+}
+
+double secondsIn(const std::string& key, const std::string& value) {
+  try {
+    size_t used = 0;
+    const double v = std::stod(value, &used);
+    if (used == value.size()) return v;
+  } catch (const std::exception&) {
+  }
+  TILER_THROW(ConfigError, "--rdzv_conf " << key << " must be a number; got '" << value << "'");
+}
+
+// torchrun's --rdzv_conf: the keys ctrun has a flag for set it; the others are noted.
+void applyRendezvousConf(LaunchOptions& o, std::ostream& notes) {
+  std::stringstream in(o.rdzv_conf);
+  std::string pair;
+  double keep_alive_attempts = 0;
+  while (std::getline(in, pair, ',')) {
+    const size_t eq = pair.find('=');
+    TILER_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < pair.size(), ConfigError,
+                "--rdzv_conf must be KEY=VALUE,KEY=VALUE,...; got '" << o.rdzv_conf << "'");
+    const std::string key = pair.substr(0, eq), value = pair.substr(eq + 1);
+    if (key == "join_timeout") {
+      o.rdzv_timeout = secondsIn(key, value);
+    } else if (key == "last_call_timeout") {
+      o.rdzv_last_call = secondsIn(key, value);
+    } else if (key == "keep_alive_interval") {
+      o.heartbeat_interval = secondsIn(key, value);
+    } else if (key == "keep_alive_max_attempt") {
+      keep_alive_attempts = secondsIn(key, value);
+    } else {
+      notes << "ctrun: note: --rdzv_conf " << key << " means nothing for ctrun's rendezvous (ignored)\n";
+    }
+  }
+  if (keep_alive_attempts > 0) o.heartbeat_timeout = keep_alive_attempts * o.heartbeat_interval;
+}
+
+void noteMeaningless(const CLI::App& app, const LaunchOptions& o, const MeaninglessFlags& m,
+                     std::ostream& notes) {
+  const auto given = [&](const char* name) { return app.get_option(name)->count() > 0; };
+  const std::string ignored = " means nothing for ctrun";
+  if (given("--start_method"))
+    notes << "ctrun: note: --start_method " << m.start_method << ignored
+          << ": every worker is a process of its own, forked and exec'd (ignored)\n";
+  if (given("--event_log_handler") && m.event_log_handler != "null")
+    notes << "ctrun: note: --event_log_handler " << m.event_log_handler << ignored
+          << ": it records no torch elastic events (ignored)\n";
+  if (given("--logs_specs"))
+    notes << "ctrun: note: --logs_specs " << m.logs_specs << ignored
+          << ": it loads no Python entry points; --log_dir, -r and -t place the output (ignored)\n";
+  if (given("--numa_binding"))
+    notes << "ctrun: note: --numa_binding " << m.numa_binding << ignored
+          << ": it binds no worker; run the program under numactl (ignored)\n";
+  if (given("--signals_to_handle"))
+    notes << "ctrun: note: --signals_to_handle" << ignored
+          << ": it forwards SIGINT, SIGTERM and SIGHUP to the workers (ignored)\n";
+  if (o.run_path)
+    notes << "ctrun: note: --run_path runs the script as python3 -u SCRIPT (ctrun has no interpreter of its "
+             "own to run it in)\n";
+}
+
+std::string randomRunId() {
+  std::random_device rd;
+  std::ostringstream os;
+  os << std::hex << rd() << rd();
+  return os.str().substr(0, 12);
+}
+
+// Durations become milliseconds: NaN, infinities and negatives are refused by name, and none may exceed
+// what a millisecond timer holds.
+void checkDurations(const LaunchOptions& o) {
+  const auto seconds = [](const char* flag, double v, bool zero_allowed) {
+    TILER_CHECK(std::isfinite(v) && (v > 0 || (zero_allowed && v == 0)) && v <= kMaxLaunchSeconds,
+                ConfigError,
+                flag << " must be a number of seconds " << (zero_allowed ? ">= 0" : "> 0") << " and at most "
+                     << int64_t(kMaxLaunchSeconds) << " (24.8 days); got " << v);
+  };
+  seconds("--monitor_interval", o.monitor_interval, false);
+  seconds("--grace_period", o.grace_period, true);
+  seconds("--rdzv_timeout", o.rdzv_timeout, false);
+  seconds("--rdzv_last_call", o.rdzv_last_call, true);
+  seconds("--heartbeat_interval", o.heartbeat_interval, false);
+  seconds("--heartbeat_timeout", o.heartbeat_timeout, false);
+  TILER_CHECK(o.heartbeat_timeout > o.heartbeat_interval, ConfigError,
+              "--heartbeat_timeout must be longer than --heartbeat_interval");
+}
+
+// A Python script as torchrun would run it: named *.py, or a file execvp could not run (not executable).
+bool isPythonScript(const std::string& program) {
+  const bool py = program.size() > 3 && program.compare(program.size() - 3, 3, ".py") == 0;
+  std::error_code ec;
+  return py || (std::filesystem::is_regular_file(program, ec) && access(program.c_str(), X_OK) != 0);
+}
+
+}  // namespace
+
+int parseCtrunCommandLine(int argc, char** argv, LaunchOptions& o, std::ostream& notes) {
+  CLI::App app{
+      "ctrun: torchrun's launcher in C++: start and supervise N workers of a program, a Python "
+      "script or a module the way torchrun does"};
+  app.prefix_command();  // everything from the program name on belongs to the program
+  app.set_version_flag("--version", [] {
+    return buildInfo("ctrun") + "NVIDIA GPUs visible: " + std::to_string(countNvidiaGpus()) + "\n";
+  });
+  MeaninglessFlags meaningless;
+  addWorldOptions(app, o);
+  addLaunchOptions(app, o, meaningless);
+  addCtrunOptions(app, o);
+  app.footer(
+      "training_script [ARGS...]: the program each worker runs. A Python script (*.py, or a file that is not "
+      "executable) runs as python3 -u SCRIPT ARGS, -m MODULE as python3 -u -m MODULE ARGS (PYTHON_EXEC names "
+      "another interpreter), anything else (or everything with --no_python) as it is. Every torchrun flag is "
+      "also read from PET_<FLAG> (e.g. PET_NPROC_PER_NODE).");
+  if (const int code = parseCommandLine(app, argc, argv, "ctrun"); code >= 0) return code;
+  o.command = app.remaining();
+  // The program starts at the first word CLI11 does not know; one that looks like a flag is a typo, as
+  // torchrun's argparse says (a program really named so can follow "--").
+  if (!o.command.empty() && o.command.front() != "--" && o.command.front().rfind('-', 0) == 0) {
+    std::cerr << "ctrun: error: unknown option '" << o.command.front()
+              << "'\nRun 'ctrun --help' for the flags." << std::endl;
+    return kExitFatal;
+  }
+  if (!o.command.empty() && o.command.front() == "--") o.command.erase(o.command.begin());
+  try {
+    TILER_CHECK(!o.command.empty(), ConfigError,
+                "no program given (usage: ctrun [OPTIONS] PROGRAM [ARGS...])");
+    applyRendezvousConf(o, notes);
+  } catch (const ConfigError& e) {
+    std::cerr << "ctrun: error: " << e.message() << std::endl;
+    return kExitFatal;
+  }
+  noteMeaningless(app, o, meaningless, notes);
+  return -1;
+}
+
+std::vector<std::string> workerCommand(const LaunchOptions& o) {
+  const char* exec = std::getenv("PYTHON_EXEC");
+  const std::string python = exec && *exec ? exec : "python3";
+  std::vector<std::string> argv;
+  if (o.run_path || (!o.no_python && (o.module || isPythonScript(o.command.at(0))))) {
+    argv = {python, "-u"};
+    if (o.module && !o.run_path) argv.push_back("-m");
+  }
+  argv.insert(argv.end(), o.command.begin(), o.command.end());
+  return argv;
+}
+
+LaunchPlan settleOptions(LaunchOptions& o) {
+  TILER_CHECK(!o.command.empty(), ConfigError, "no program to run");
+  TILER_CHECK(!(o.no_python && o.module && !o.run_path), ConfigError,
+              "--no_python and -m/--module together: a module needs the interpreter (as torchrun says)");
+  LaunchPlan plan;
+  std::tie(plan.min_nodes, plan.max_nodes) =
+      parseNodeRange(o.nnodes_range.empty() ? std::to_string(o.nnodes) : o.nnodes_range);
+  const RendezvousBackend& backend = rendezvousBackend(o.rdzv_backend);
+  TILER_CHECK(o.max_restarts >= 0, ConfigError, "--max_restarts must be >= 0");
+  checkDurations(o);
+  StdStreams::parse(o.redirects, "--redirects");
+  StdStreams::parse(o.tee, "--tee");
+  parseLocalRanksFilter(o.local_ranks_filter);
+  o.nnodes = plan.max_nodes;
+  if (!plan.multi()) {
+    if (o.node_rank < 0) o.node_rank = 0;
+    TILER_CHECK(o.node_rank == 0, ConfigError, "--node_rank " << o.node_rank << " outside --nnodes 1");
+  }
+  plan.nproc = resolveNprocPerNode(o.nproc_per_node);
+  if (o.standalone) {
+    o.master_addr = "127.0.0.1";
+    o.master_port = 0;
+    TILER_CHECK(!plan.multi(), ConfigError, "--standalone runs one node; drop --nnodes");
+  }
+  if (!plan.multi() && o.master_port == 0) {
+    o.master_port = findFreePort();
+    if (o.run_id == "none") o.run_id = randomRunId();
+  }
+  TILER_CHECK(o.master_port >= 0 && o.master_port < 65536, ConfigError,
+              "--master_port must be in 0..65535, got " << o.master_port);
+  backend.settle(o, plan.min_nodes, plan.max_nodes);
+  return plan;
+}
+
+}  // namespace tiler::ctrun

@@ -1,0 +1,58 @@
+#include "tiler/ctrun/signals.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "tiler/launcher.hpp"
+
+namespace tiler::ctrun {
+namespace {
+
+int g_signal_pipe[2] = {-1, -1};
+
+void onSignal(int signo) {
+  const int saved = errno;
+  const unsigned char b = static_cast<unsigned char>(signo);
+  if (write(g_signal_pipe[1], &b, 1) < 0) {
+  }
+  errno = saved;
+}
+
+}  // namespace
+
+void installSignalPipe() {
+  if (g_signal_pipe[0] >= 0) return;
+  TILER_CHECK(pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) == 0, LaunchError,
+              "cannot make the signal pipe: " << std::strerror(errno));
+  struct sigaction sa {};
+  sa.sa_handler = onSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigaction(s, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+}
+
+int signalPipeFd() {
+  return g_signal_pipe[0];
+}
+
+int takeSignal() {
+  int got = 0;
+  unsigned char b;
+  while (read(g_signal_pipe[0], &b, 1) == 1) {
+    if (b != SIGCHLD) got = b;
+  }
+  return got;
+}
+
+void throwIfInterrupted() {
+  unsigned char b;
+  while (read(g_signal_pipe[0], &b, 1) == 1)
+    if (b != SIGCHLD) throw Interrupted{b};
+}
+
+}  // namespace tiler::ctrun
