@@ -650,8 +650,11 @@ TEST(Launcher, ALaunchErrorIsNamedAndLeavesNoWorkerBehind) {
   auto r = run("sh -c 'ulimit -n 14 && exec " + kCtrun + " --nproc_per_node 6 --master_port 0 " + kHelper +
                " sleep " + dir + " 60'");
   EXPECT_EQ(r.code, 1) << r.output;
-  EXPECT_NE(r.output.find("ctrun: error: cannot start worker "), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find(": pipe: Too many open files"), std::string::npos) << r.output;
+  // Which pipe runs out depends on what the runtime holds open (a sanitizer's files): a worker's, as a rule.
+  EXPECT_TRUE(r.output.find("ctrun: error: cannot start worker ") != std::string::npos ||
+              r.output.find("ctrun: error: cannot make the signal pipe") != std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("Too many open files"), std::string::npos) << r.output;
   for (const auto& entry : fs::directory_iterator(dir)) {
     const std::string pid = slurp(entry.path().string());
     if (pid.empty()) continue;  // killed before it wrote its pid
