@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <sstream>
 
 #include "tiler/platform.hpp"
 
@@ -35,6 +36,38 @@ std::string cpuBlasName() {
   return name;
 }
 
+int slurmTasksOnNode(const std::string& tasks_per_node, int node_index) {
+  // Comma-separated entries "N" or "N(xM)": N tasks on each of the next M nodes. The whole list is read, so
+  // that a malformed one is refused whichever node asks.
+  std::istringstream in(tasks_per_node);
+  std::string entry;
+  int first_node = 0, found = 0;
+  while (std::getline(in, entry, ',')) {
+    int tasks = 0, nodes = 1;
+    char close = 0;
+    std::istringstream e(entry);
+    if (!(e >> tasks) || tasks < 1) return 0;
+    if (e.peek() == '(') {
+      e.get();
+      if (e.get() != 'x' || !(e >> nodes) || nodes < 1 || !(e >> close) || close != ')') return 0;
+    }
+    if (e.peek() != std::char_traits<char>::eof()) return 0;
+    if (node_index >= first_node && node_index < first_node + nodes) found = tasks;
+    first_node += nodes;
+  }
+  return found;
+}
+
+int slurmLocalTasks(const std::function<const char*(const char*)>& lookup) {
+  const auto env = [&](const char* name) { return lookup ? lookup(name) : std::getenv(name); };
+  if (const char* n = env("SLURM_NTASKS_PER_NODE"); n && std::atoi(n) > 0) return std::atoi(n);
+  const char* node = env("SLURM_NODEID");
+  const int node_index = node ? std::atoi(node) : 0;
+  for (const char* name : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"})
+    if (const char* list = env(name)) return slurmTasksOnNode(list, node_index);
+  return 0;
+}
+
 int defaultIntraOpThreads() {
   return defaultIntraOpThreads(usableCpus());
 }
@@ -55,13 +88,14 @@ int defaultIntraOpThreads(int cpus) {
   };
   if (const int per_task = slurm("SLURM_CPUS_PER_TASK"); per_task > 0) return std::min(cpus, per_task);
   if (cpus < slurm("SLURM_CPUS_ON_NODE")) return cpus;
-  int local = 1;
-  for (const char* name : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"}) {
+  int local = 0;
+  for (const char* name : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"}) {
     if (const char* v = std::getenv(name)) {
       local = std::max(1, std::atoi(v));
       break;
     }
   }
+  if (local == 0) local = std::max(1, slurmLocalTasks());
   return std::max(1, cpus / local);
 }
 

@@ -6,14 +6,18 @@
 #include <sys/stat.h>
 #include <torch/cuda.h>
 #include <unistd.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <system_error>
+#include <thread>
 
+#include "tiler/cpu_layout.hpp"
 #include "tiler/error.hpp"
 #include "tiler/rendezvous.hpp"
 #include "tiler/torch_compat.hpp"
@@ -34,6 +38,31 @@ int envInt(const EnvLookup& env, const char* name, int fallback) {
 bool isTimeout(const std::exception& e) {
   std::string what = e.what();
   return what.find("imeout") != std::string::npos || what.find("imed out") != std::string::npos;
+}
+
+// gloo's and the TCPStore's words for a peer whose socket closed under them: the peer exited or was killed.
+bool isPeerLost(const std::exception& e) {
+  const std::string what = e.what();
+  for (const char* sign :
+       {"Connection closed by peer", "Connection reset by peer", "Broken pipe", "got 0 bytes"})
+    if (what.find(sign) != std::string::npos) return true;
+  return false;
+}
+
+// False when process `pid` of this host has exited (gone, or a zombie its parent has not reaped yet).
+bool processAlive(long pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const auto paren = line.rfind(')');  // "pid (comm) S ...": the command may hold spaces and parentheses
+  return paren == std::string::npos || paren + 2 >= line.size() ||
+         (line[paren + 2] != 'Z' && line[paren + 2] != 'X');
+}
+
+std::string thisHost() {
+  char name[256] = {0};
+  gethostname(name, sizeof name - 1);
+  return name;
 }
 
 // A POSIX shared memory segment, mapped read-write. The creator unlinks the name as soon as every rank has
@@ -88,6 +117,9 @@ class SharedSegment {
 // segment, not a namesake), then two buffers of one slot per rank; gathers alternate buffers.
 constexpr size_t kSegmentHeader = 4096;
 
+// Where each rank's process runs: "<host> <pid>" (worlds of more than two).
+const std::string kProcessKey = "tiler/process/";
+
 std::string segmentName(uint64_t nonce) {
   char name[40];
   std::snprintf(name, sizeof name, "/tiler-gather-%016llx", static_cast<unsigned long long>(nonce));
@@ -105,24 +137,38 @@ struct DistContext::SharedGather {
 WorldInfo discoverWorld(const EnvLookup& lookup) {
   EnvLookup env = lookup ? lookup : EnvLookup([](const char* n) { return std::getenv(n); });
   WorldInfo w;
+  // Open MPI before Slurm: mpirun inside a Slurm job hands its ranks the job's (or its daemons') SLURM_*.
   if (env("RANK") && env("WORLD_SIZE")) {
     w.source = "torchrun";
     w.rank = envInt(env, "RANK", 0);
     w.world_size = envInt(env, "WORLD_SIZE", 1);
     w.local_rank = envInt(env, "LOCAL_RANK", 0);
     w.local_world_size = envInt(env, "LOCAL_WORLD_SIZE", w.world_size);
-  } else if (env("SLURM_PROCID") && env("SLURM_NTASKS")) {
-    w.source = "slurm";
-    w.rank = envInt(env, "SLURM_PROCID", 0);
-    w.world_size = envInt(env, "SLURM_NTASKS", 1);
-    w.local_rank = envInt(env, "SLURM_LOCALID", 0);
-    w.local_world_size = envInt(env, "SLURM_NTASKS_PER_NODE", envInt(env, "SLURM_TASKS_PER_NODE", 1));
+    const char* agent_store = env("TORCHELASTIC_USE_AGENT_STORE");
+    if (agent_store && std::string(agent_store) == "True") {
+      const char* attempt = env("TORCHELASTIC_RESTART_COUNT");
+      w.store_prefix = std::string("/worker/attempt_") + (attempt && *attempt ? attempt : "0");
+    }
   } else if (env("OMPI_COMM_WORLD_RANK") && env("OMPI_COMM_WORLD_SIZE")) {
     w.source = "mpi";
     w.rank = envInt(env, "OMPI_COMM_WORLD_RANK", 0);
     w.world_size = envInt(env, "OMPI_COMM_WORLD_SIZE", 1);
     w.local_rank = envInt(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0);
     w.local_world_size = envInt(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1);
+  } else if (env("SLURM_PROCID") && env("SLURM_NTASKS")) {
+    w.source = "slurm";
+    w.rank = envInt(env, "SLURM_PROCID", 0);
+    w.world_size = envInt(env, "SLURM_NTASKS", 1);
+    w.local_rank = envInt(env, "SLURM_LOCALID", 0);
+    w.local_world_size = std::max(1, slurmLocalTasks(env));
+    // sbatch runs its script once, as task 0 of the job's SLURM_NTASKS, outside any step: the other ranks
+    // would never come.
+    TILER_CHECK(w.world_size == 1 || env("SLURM_STEP_ID") || env("SLURM_STEPID"), ConfigError,
+                "SLURM_NTASKS=" << w.world_size << " but this process is no task of an srun step (no "
+                                << "SLURM_STEP_ID): an sbatch script runs once, so the other "
+                                << w.world_size - 1
+                                << " ranks would never join; run it with srun (srun tiler ..., as "
+                                << "scripts/slurm_example.sbatch does)");
   }
   if (const char* addr = env("MASTER_ADDR")) w.master_addr = addr;
   w.master_port = envInt(env, "MASTER_PORT", 29500);
@@ -162,6 +208,7 @@ std::string chooseBackend(const std::string& requested, bool cuda_device, bool n
 struct DistContext::Impl {
   c10::intrusive_ptr<c10d::Store> store;          // owned (shared with the process group)
   c10::intrusive_ptr<compat::Collectives> group;  // null in a world of one
+  std::vector<long> local_pids;                   // by rank: the process of a rank on this host, else 0
 };
 
 DistContext::DistContext(const WorldInfo& world, const DistOptions& options, const torch::Device& device)
@@ -170,9 +217,11 @@ DistContext::DistContext(const WorldInfo& world, const DistOptions& options, con
     init(c10::intrusive_ptr<c10d::Store>(), device);
     return;
   }
+  // Under torchrun's agent store the agent serves MASTER_PORT already: every rank is a client.
+  const bool agent_store = !world_.store_prefix.empty();
   c10d::TCPStoreOptions so = compat::storeOptions();
   so.port = uint16_t(world_.master_port);
-  so.isServer = world_.rank == 0;
+  so.isServer = world_.rank == 0 && !agent_store;
   so.numWorkers = world_.world_size;
   so.waitWorkers = false;
   so.timeout = options_.timeout;
@@ -183,10 +232,12 @@ DistContext::DistContext(const WorldInfo& world, const DistOptions& options, con
     if (!so.isServer)
       ::close(connectTcp(world_.master_addr, world_.master_port, options_.timeout, "nothing listened"));
     store = c10::make_intrusive<c10d::TCPStore>(world_.master_addr, so);
+    if (agent_store) store = c10::make_intrusive<c10d::PrefixStore>(world_.store_prefix, store);
   } catch (const std::exception& e) {
     TILER_THROW(DistError, "rank " << world_.rank << ": cannot " << (so.isServer ? "host" : "reach")
-                                   << " the c10d store at " << world_.master_addr << ":" << world_.master_port
-                                   << ": " << withoutBacktrace(e.what()));
+                                   << " the " << (agent_store ? "torchrun agent's " : "") << "c10d store at "
+                                   << world_.master_addr << ":" << world_.master_port << ": "
+                                   << withoutBacktrace(e.what()));
   }
   init(store, device);
 }
@@ -216,6 +267,7 @@ void DistContext::init(c10::intrusive_ptr<c10d::Store> store, const torch::Devic
   if (world_.world_size == 1) return;
   gather_transport_ = backend;
   impl_->store->setTimeout(options_.timeout);
+  publishProcess();
   try {
     if (backend == "gloo") {
       auto opts = c10d::ProcessGroupGloo::Options::create(options_.timeout);
@@ -242,16 +294,70 @@ void DistContext::init(c10::intrusive_ptr<c10d::Store> store, const torch::Devic
   } catch (const std::exception& e) {
     fail("the " + backend + " process group rendezvous", e);
   }
+  readPeerProcesses();
   spdlog::debug("rank {}: {} process group of {} ready", world_.rank, backend, world_.world_size);
 }
 
 void DistContext::fail(const std::string& what, const std::exception& e) const {
   std::ostringstream os;
   os << "rank " << world_.rank << " of " << world_.world_size << ": " << what << " via " << world_.master_addr
-     << ":" << world_.master_port << " failed after waiting up to " << options_.timeout.count() / 1000.0
+     << ":" << world_.master_port;
+  if (isPeerLost(e)) {
+    os << ": " << lostPeers() << ": " << withoutBacktrace(e.what());
+    throw PeerLostError(os.str(), __FILE__, __LINE__);
+  }
+  os << " failed after waiting up to " << options_.timeout.count() / 1000.0
      << " s (--timeout): " << withoutBacktrace(e.what());
   if (isTimeout(e)) throw TimeoutError(os.str(), __FILE__, __LINE__);
   throw DistError(os.str(), __FILE__, __LINE__);
+}
+
+// In a world of more than two, which peer vanished is not in gloo's words (an address and a port): every rank
+// says where its process runs, and a failing rank looks for the processes of its host that are gone.
+void DistContext::publishProcess() {
+  if (world_.world_size <= 2) return;
+  const std::string me = thisHost() + " " + std::to_string(getpid());
+  try {
+    impl_->store->set(kProcessKey + std::to_string(world_.rank), std::vector<uint8_t>(me.begin(), me.end()));
+  } catch (const std::exception& e) {
+    fail("store set '" + kProcessKey + std::to_string(world_.rank) + "'", e);
+  }
+}
+
+void DistContext::readPeerProcesses() {
+  if (world_.world_size <= 2) return;
+  const std::string host = thisHost();
+  impl_->local_pids.assign(size_t(world_.world_size), 0);
+  for (int r = 0; r < world_.world_size; ++r) {
+    std::string where;
+    try {
+      const auto v = impl_->store->get(kProcessKey + std::to_string(r));  // set before the group formed
+      where.assign(v.begin(), v.end());
+    } catch (const std::exception& e) {
+      fail("store get '" + kProcessKey + std::to_string(r) + "'", e);
+    }
+    const auto space = where.rfind(' ');
+    if (space != std::string::npos && where.substr(0, space) == host)
+      impl_->local_pids[size_t(r)] = std::atol(where.c_str() + space + 1);
+  }
+}
+
+std::string DistContext::lostPeers() const {
+  if (world_.world_size == 2)
+    return "rank " + std::to_string(1 - world_.rank) + "'s connection closed (it exited or was killed)";
+  std::vector<int> gone;
+  // A killed peer's sockets close a moment before its process is a zombie.
+  for (int attempt = 0; attempt < 10 && gone.empty(); ++attempt) {
+    if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    for (size_t r = 0; r < impl_->local_pids.size(); ++r)
+      if (impl_->local_pids[r] > 0 && int(r) != world_.rank && !processAlive(impl_->local_pids[r]))
+        gone.push_back(int(r));
+  }
+  if (gone.empty()) return "a peer's connection closed (it exited or was killed)";
+  std::string ranks;
+  for (int r : gone) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  return gone.size() == 1 ? "rank " + ranks + "'s connection closed (it exited or was killed)"
+                          : "the connections of ranks " + ranks + " closed (they exited or were killed)";
 }
 
 torch::Tensor DistContext::gather(const torch::Tensor& t, int root, const std::string& what) {

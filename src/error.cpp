@@ -1,11 +1,17 @@
 #include "tiler/error.hpp"
 
+#include <cxxabi.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <memory>
 #include <new>
 #include <nlohmann/json.hpp>
+#include <thread>
+#include <typeinfo>
 
 #include "tiler/platform.hpp"
 
@@ -35,16 +41,31 @@ const std::string& errorRankPrefix() {
   return rankPrefixStorage();
 }
 
-void writeElasticErrorFile(const std::string& message) {
+void writeElasticErrorFile(const std::string& type, const std::string& message,
+                           const std::string& traceback) {
   const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
   if (path == nullptr || *path == '\0') return;
-  const char* rank = std::getenv("RANK");
-  nlohmann::json j = {
-      {"message", utf8Safe(message)},
-      {"rank", rank ? std::atoi(rank) : 0},
-      {"time", std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()}};
+  const auto seconds =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch());
+  // torchrun reads message.extraInfo.timestamp with int(): a string of whole seconds, as its ErrorHandler
+  // writes.
+  const nlohmann::json j = {
+      {"message",
+       {{"message", utf8Safe(type + ": " + message)},
+        {"extraInfo",
+         {{"py_callstack", utf8Safe(traceback)}, {"timestamp", std::to_string(seconds.count())}}}}}};
   // Best effort: the error is on its way to stderr already.
   (void)writeFileAtomically(path, [&](std::ostream& out) { out << j.dump() << "\n"; });
+}
+
+std::string exceptionTypeName(const std::exception& e) {
+  const char* mangled = typeid(e).name();
+  int status = 0;
+  std::unique_ptr<char, void (*)(void*)> demangled(abi::__cxa_demangle(mangled, nullptr, nullptr, &status),
+                                                   std::free);
+  std::string name = status == 0 && demangled ? demangled.get() : mangled;
+  const auto colon = name.rfind("::");
+  return colon == std::string::npos ? name : name.substr(colon + 2);
 }
 
 std::string withoutBacktrace(std::string what) {
@@ -59,10 +80,32 @@ std::string firstLine(const std::string& what) {
   return nl == std::string::npos ? what : what.substr(0, nl);
 }
 
+namespace {
+
+// torchrun or ctrun on one node: an agent that watches every rank of the world.
+bool underAnAgentOfEveryRank() {
+  const char* run_id = std::getenv("TORCHELASTIC_RUN_ID");
+  const char* local = std::getenv("LOCAL_WORLD_SIZE");
+  const char* world = std::getenv("WORLD_SIZE");
+  return run_id && *run_id && local && world && std::string(local) == world;
+}
+
+// Until the agent stops this process (its SIGTERM ends it here), kFollowOnHold passes, or the agent is gone.
+void holdForTheAgent() {
+  const pid_t agent = getppid();
+  const auto until = std::chrono::steady_clock::now() + kFollowOnHold;
+  while (std::chrono::steady_clock::now() < until && getppid() == agent)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+}
+
+}  // namespace
+
 int reportFatal(const std::string& tool, const std::exception& e) {
-  std::string msg = errorRankPrefix() + withoutBacktrace(e.what());
-  std::cerr << tool << ": error: " << msg << std::endl;
-  writeElasticErrorFile(msg);
+  const std::string msg = errorRankPrefix() + withoutBacktrace(e.what());
+  const std::string line = tool + ": error: " + msg;
+  std::cerr << line << std::endl;
+  writeElasticErrorFile(exceptionTypeName(e), msg, line);
+  if (dynamic_cast<const PeerLostError*>(&e) && underAnAgentOfEveryRank()) holdForTheAgent();
   return kExitFatal;
 }
 

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <map>
+#include <memory>
 #include <sstream>
 #include <thread>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -14,6 +15,7 @@
 
 #include "ranks_util.hpp"
 #include "test_util.hpp"
+#include "tiler/cpu_layout.hpp"
 #include "tiler/error.hpp"
 #include "tiler/torch_compat.hpp"
 
@@ -132,13 +134,25 @@ TEST(Dist, CollectiveTimeoutNamesTheRankAndWhat) {
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
 }
 
+WorldInfo worldFrom(std::map<std::string, std::string> env) {
+  return discoverWorld([env](const char* n) -> const char* {
+    auto it = env.find(n);
+    return it == env.end() ? nullptr : it->second.c_str();
+  });
+}
+
+// A c10d store served at `port`, as rank 0 or torchrun's agent serves it.
+std::unique_ptr<c10d::TCPStore> storeServerAt(int port, std::chrono::seconds timeout) {
+  c10d::TCPStoreOptions so = compat::storeOptions();
+  so.port = uint16_t(port);
+  so.isServer = true;
+  so.waitWorkers = false;
+  so.timeout = timeout;
+  return std::make_unique<c10d::TCPStore>("127.0.0.1", so);
+}
+
 TEST(Dist, DiscoverWorldFromEachLauncher) {
-  auto from = [](std::map<std::string, std::string> env) {
-    return discoverWorld([env](const char* n) -> const char* {
-      auto it = env.find(n);
-      return it == env.end() ? nullptr : it->second.c_str();
-    });
-  };
+  const auto from = worldFrom;
   auto single = from({});
   EXPECT_EQ(single.world_size, 1);
   EXPECT_EQ(single.source, "single");
@@ -156,6 +170,7 @@ TEST(Dist, DiscoverWorldFromEachLauncher) {
   auto slurm = from({{"SLURM_PROCID", "5"},
                      {"SLURM_NTASKS", "8"},
                      {"SLURM_LOCALID", "1"},
+                     {"SLURM_STEP_ID", "0"},
                      {"MASTER_ADDR", "n1"},
                      {"MASTER_PORT", "29400"}});
   EXPECT_EQ(slurm.source, "slurm");
@@ -169,9 +184,91 @@ TEST(Dist, DiscoverWorldFromEachLauncher) {
                    {"MASTER_PORT", "1"}});
   EXPECT_EQ(mpi.source, "mpi");
   EXPECT_EQ(mpi.rank, 2);
-  EXPECT_THROW(from({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}}), ConfigError) << "needs MASTER_ADDR/PORT";
+  EXPECT_EQ(mpi.local_world_size, 1);
+  EXPECT_THROW(from({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_STEP_ID", "0"}}), ConfigError)
+      << "needs MASTER_ADDR/PORT";
   EXPECT_THROW(from({{"RANK", "4"}, {"WORLD_SIZE", "4"}}), ConfigError);
   EXPECT_THROW(from({{"RANK", "x"}, {"WORLD_SIZE", "4"}}), ConfigError);
+}
+
+// torchrun's static rendezvous serves its own store on MASTER_PORT and says so; env:// then prefixes every
+// key with the attempt. ctrun says False: its rank 0 hosts.
+TEST(Dist, TorchrunsAgentStoreIsReachedUnderTheAttemptsPrefix) {
+  std::map<std::string, std::string> env = {{"RANK", "1"},
+                                            {"WORLD_SIZE", "2"},
+                                            {"MASTER_ADDR", "127.0.0.1"},
+                                            {"MASTER_PORT", "1"},
+                                            {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                                            {"TORCHELASTIC_RESTART_COUNT", "3"}};
+  EXPECT_EQ(worldFrom(env).store_prefix, "/worker/attempt_3");
+  env["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+  EXPECT_EQ(worldFrom(env).store_prefix, "");
+  // The agent's store up first, as torchrun's is; rank 0 hosting a second one on its port would fail.
+  const int port = test::freePort();
+  auto agent = storeServerAt(port, std::chrono::seconds(10));
+  DistOptions o;
+  o.timeout = std::chrono::seconds(10);
+  std::vector<int64_t> sums(2, 0);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      WorldInfo w = worldOf(r, 2);
+      w.master_port = port;
+      w.store_prefix = "/worker/attempt_3";
+      DistContext ctx(w, o, torch::Device(torch::kCPU));
+      auto t = torch::tensor({int64_t(r + 1)});
+      ctx.allreduceSum(t, "the test's sum");
+      sums[size_t(r)] = t.item<int64_t>();
+      ctx.setString("from_" + std::to_string(r), "hello");
+      ctx.barrier("the end");
+    });
+  for (auto& t : ranks) t.join();
+  EXPECT_EQ(sums, (std::vector<int64_t>{3, 3}));
+  EXPECT_EQ(agent->get("/worker/attempt_3/from_1"), (std::vector<uint8_t>{'h', 'e', 'l', 'l', 'o'}));
+}
+
+// Slurm's counts of tasks per node ("2(x3),1"), the share of this node's CPUs, and the sbatch mistake.
+TEST(Dist, SlurmsTasksPerNodeAndAScriptOutsideAnSrunStep) {
+  EXPECT_EQ(slurmTasksOnNode("2(x3),1", 0), 2);
+  EXPECT_EQ(slurmTasksOnNode("2(x3),1", 2), 2);
+  EXPECT_EQ(slurmTasksOnNode("2(x3),1", 3), 1);
+  EXPECT_EQ(slurmTasksOnNode("2(x3),1", 4), 0) << "past the list";
+  EXPECT_EQ(slurmTasksOnNode("4", 0), 4);
+  for (const char* bad : {"", "x", "2(3)", "2(x0)", "2(x3", "0", "2,,1", "2(x3)y"})
+    EXPECT_EQ(slurmTasksOnNode(bad, 0), 0) << bad;
+  std::map<std::string, std::string> env = {{"SLURM_PROCID", "6"},
+                                            {"SLURM_NTASKS", "7"},
+                                            {"SLURM_STEP_ID", "0"},
+                                            {"SLURM_NODEID", "3"},
+                                            {"SLURM_TASKS_PER_NODE", "2(x3),1"},
+                                            {"MASTER_ADDR", "n1"},
+                                            {"MASTER_PORT", "29400"}};
+  EXPECT_EQ(worldFrom(env).local_world_size, 1);
+  env["SLURM_NODEID"] = "1";
+  EXPECT_EQ(worldFrom(env).local_world_size, 2);
+  env["SLURM_NTASKS_PER_NODE"] = "5";
+  EXPECT_EQ(worldFrom(env).local_world_size, 5) << "--ntasks-per-node says it outright";
+  // sbatch's own process: task 0 of 8 and no step; srun's tasks have SLURM_STEP_ID.
+  env.erase("SLURM_STEP_ID");
+  env["SLURM_PROCID"] = "0";
+  env["SLURM_NTASKS"] = "8";
+  try {
+    worldFrom(env);
+    ADD_FAILURE() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(e.message().find("SLURM_NTASKS=8 but this process is no task of an srun step"),
+              std::string::npos)
+        << e.message();
+    EXPECT_NE(e.message().find("run it with srun"), std::string::npos) << e.message();
+  }
+  env["SLURM_NTASKS"] = "1";
+  EXPECT_EQ(worldFrom(env).world_size, 1) << "a job of one task needs no srun";
+  // mpirun inside the job: its ranks carry the job's SLURM_* too, and are MPI's.
+  env["SLURM_NTASKS"] = "8";
+  env["OMPI_COMM_WORLD_RANK"] = "1";
+  env["OMPI_COMM_WORLD_SIZE"] = "2";
+  EXPECT_EQ(worldFrom(env).source, "mpi");
+  EXPECT_EQ(worldFrom(env).rank, 1);
 }
 
 TEST(Dist, BackendIsNcclOnlyWhenEveryLocalRankHasAGpu) {
@@ -192,13 +289,8 @@ TEST(Dist, BackendIsNcclOnlyWhenEveryLocalRankHasAGpu) {
 
 TEST(Dist, GarbageOnTheStorePortDoesNotCrashRankZero) {
   const int port = test::freePort();
-  c10d::TCPStoreOptions so = compat::storeOptions();
-  so.port = uint16_t(port);
-  so.isServer = true;
-  so.waitWorkers = false;
-  so.timeout = std::chrono::seconds(5);
-  c10d::TCPStore server("127.0.0.1", so);
-  server.set("before", std::vector<uint8_t>{1, 2, 3});
+  auto server = storeServerAt(port, std::chrono::seconds(5));
+  server->set("before", std::vector<uint8_t>{1, 2, 3});
   for (int attempt = 0; attempt < 20; ++attempt) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
@@ -218,7 +310,7 @@ TEST(Dist, GarbageOnTheStorePortDoesNotCrashRankZero) {
   c10d::TCPStore client("127.0.0.1", co);
   EXPECT_EQ(client.get("before"), (std::vector<uint8_t>{1, 2, 3}));
   client.set("after", std::vector<uint8_t>{9});
-  EXPECT_EQ(server.get("after"), (std::vector<uint8_t>{9}));
+  EXPECT_EQ(server->get("after"), (std::vector<uint8_t>{9}));
 }
 
 // c10d's own client sleeps a whole second after a refused connection; a rank that arrives before rank 0

@@ -2,10 +2,18 @@
 
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "test_util.hpp"
 
@@ -46,22 +54,71 @@ TEST(Error, ReportFatalPrintsOneLineAndWritesTheElasticErrorFile) {
   const std::string path = ::testing::TempDir() + "/error_file_" + std::to_string(getpid()) + ".json";
   std::remove(path.c_str());
   setenv("TORCHELASTIC_ERROR_FILE", path.c_str(), 1);
-  setenv("RANK", "3", 1);
   setErrorRankPrefix("[rank 3] ");
   ::testing::internal::CaptureStderr();
+  const auto before = std::time(nullptr);
   int code = reportFatal("tiler", ModelError("'m.pt': not TorchScript", "x.cpp", 7));
   std::string err = ::testing::internal::GetCapturedStderr();
   setErrorRankPrefix("");
   unsetenv("TORCHELASTIC_ERROR_FILE");
-  unsetenv("RANK");
   EXPECT_EQ(code, kExitFatal);
   EXPECT_EQ(err, "tiler: error: [rank 3] 'm.pt': not TorchScript [x.cpp:7]\n");
+  // torch.distributed.elastic's ErrorHandler format: torchrun reads message.extraInfo.timestamp with int().
   std::ifstream in(path);
   ASSERT_TRUE(in.good());
   auto j = nlohmann::json::parse(in);
-  EXPECT_EQ(j["rank"], 3);
-  EXPECT_EQ(j["message"], "[rank 3] 'm.pt': not TorchScript [x.cpp:7]");
-  EXPECT_GT(j["time"].get<double>(), 1.6e9);
+  EXPECT_EQ(j["message"]["message"], "ModelError: [rank 3] 'm.pt': not TorchScript [x.cpp:7]");
+  EXPECT_EQ(j["message"]["extraInfo"]["py_callstack"],
+            "tiler: error: [rank 3] 'm.pt': not TorchScript [x.cpp:7]");
+  const auto stamp = std::stoll(j["message"]["extraInfo"]["timestamp"].get<std::string>());
+  EXPECT_GE(stamp, before);
+  EXPECT_LE(stamp, std::time(nullptr));
+  // As torchrun itself reads it, where python3-torch is installed.
+  auto read = test::runCommand(
+      "/usr/bin/python3 -c \"from torch.distributed.elastic.multiprocessing.errors import ProcessFailure\n"
+      "f = ProcessFailure(local_rank=0, pid=1, exitcode=1, error_file='" +
+      path +
+      "')\n"
+      "print(f.timestamp, f.message['message'])\" 2>&1");
+  if (read.code != 0 && read.output.find("No module named") != std::string::npos)
+    GTEST_SKIP() << "python3-torch is missing: the file was not read by torch's ProcessFailure";
+  EXPECT_EQ(read.output, std::to_string(stamp) + " ModelError: [rank 3] 'm.pt': not TorchScript [x.cpp:7]\n");
+}
+
+// What each kind of failure is called in the error file, as Python's type(e).__name__ names an exception.
+TEST(Error, ExceptionTypeNameIsTheUnqualifiedClass) {
+  EXPECT_EQ(exceptionTypeName(TimeoutError("x")), "TimeoutError");
+  EXPECT_EQ(exceptionTypeName(PeerLostError("x")), "PeerLostError");
+  EXPECT_EQ(exceptionTypeName(std::runtime_error("x")), "runtime_error");
+}
+
+// A rank whose peer vanished, run by an agent that watches every rank, stays until the agent stops it (the
+// agent then names the vanished rank as the root cause); elsewhere (srun, mpirun, several nodes) it exits.
+TEST(Error, AFollowOnFailureWaitsForTheAgentOnlyWhereTheAgentSeesEveryRank) {
+  const auto exitsWithin = [](const char* local_world_size, double seconds) {
+    const pid_t child = fork();
+    if (child == 0) {
+      setenv("TORCHELASTIC_RUN_ID", "test", 1);
+      setenv("WORLD_SIZE", "2", 1);
+      setenv("LOCAL_WORLD_SIZE", local_world_size, 1);
+      unsetenv("TORCHELASTIC_ERROR_FILE");
+      std::freopen("/dev/null", "w", stderr);
+      _exit(reportFatal("tiler", PeerLostError("rank 1's connection closed (it exited or was killed)")));
+    }
+    int status = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    while (waitpid(child, &status, WNOHANG) == 0) {
+      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > seconds) {
+        kill(child, SIGTERM);  // as the agent stops a worker
+        waitpid(child, &status, 0);
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return WIFEXITED(status) && WEXITSTATUS(status) == kExitFatal;
+  };
+  EXPECT_FALSE(exitsWithin("2", 1.0)) << "held for the agent";
+  EXPECT_TRUE(exitsWithin("1", 5.0)) << "the agent of this node does not run the vanished rank";
 }
 
 // LibTorch's errors (--batch_size 100000 asked for 78 GB) printed their 24-frame backtrace at exit.

@@ -459,7 +459,16 @@ TEST(Model, DefaultThreadsAreThisRanksShareOfTheCpus) {
   EXPECT_EQ(defaultIntraOpThreads(48), 12) << "unbound tasks share the job's CPUs";
   setenv("SLURM_CPUS_PER_TASK", "1", 1);
   EXPECT_EQ(defaultIntraOpThreads(48), 1);
-  for (const char* name : {"SLURM_NTASKS_PER_NODE", "SLURM_CPUS_ON_NODE", "SLURM_CPUS_PER_TASK"})
+  // Without --ntasks-per-node Slurm says the tasks of each node in a list: 2 on nodes 0-2, 1 on node 3.
+  unsetenv("SLURM_NTASKS_PER_NODE");
+  unsetenv("SLURM_CPUS_PER_TASK");
+  setenv("SLURM_TASKS_PER_NODE", "2(x3),1", 1);
+  setenv("SLURM_NODEID", "1", 1);
+  EXPECT_EQ(defaultIntraOpThreads(48), 24) << "two tasks share node 1";
+  setenv("SLURM_NODEID", "3", 1);
+  EXPECT_EQ(defaultIntraOpThreads(48), 48) << "node 3 runs one task";
+  for (const char* name : {"SLURM_NTASKS_PER_NODE", "SLURM_CPUS_ON_NODE", "SLURM_CPUS_PER_TASK",
+                           "SLURM_TASKS_PER_NODE", "SLURM_NODEID"})
     unsetenv(name);
   auto pinned = cpuOptions(saveModule("threads1", 3, 2, kConv));
   pinned.threads = 1;

@@ -256,7 +256,7 @@ void runTwoWithEnv(const std::string& rank_var, const std::string& size_var, con
 
 TEST_F(Pipeline, RunsUnderSlurmAndOpenMpiVariables) {
   const std::string slurm = root_ + "/out_slurm";
-  runTwoWithEnv("SLURM_PROCID", "SLURM_NTASKS", tilerArgs(slurm));
+  runTwoWithEnv("SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_ID=0 " + tilerArgs(slurm));  // srun's step
   expectSameOutputs(reference(), slurm);
   EXPECT_EQ(report(slurm)["world_size"], 2);
   const std::string mpi = root_ + "/out_mpi";
@@ -274,6 +274,84 @@ TEST_F(Pipeline, TwoCtrunNodesOnLoopbackFormOneWorld) {
   for (int code : test::runConcurrently(commands)) EXPECT_EQ(code, 0);
   EXPECT_EQ(report(out)["world_size"], 4);
   expectSameOutputs(reference(), out);
+}
+
+// PyTorch's own torchrun (python3-torch), or "" when it is missing. Debian's 1.13 under Python 3.11 cannot
+// parse its own defaults of -r and -t ("0": IntFlag no longer iterates its zero member), so both are given as
+// a value it parses (2: each worker's stderr in a log file and on the console). --monitor_interval 0.2: its
+// checks once a second, not every 5 s.
+std::string torchrun() {
+  if (run("/usr/bin/python3 -c 'import torch.distributed.run' 2>/dev/null").code != 0) return "";
+  return "/usr/bin/python3 -m torch.distributed.run -r 2 -t 2 --monitor_interval 0.2 --nproc_per_node 2 ";
+}
+
+// Static (torchrun's default: its agent serves the c10d store on --master_port and every worker reaches it as
+// a client under /worker/attempt_0) and c10d (the workers' rank 0 hosts it): the bytes of one process.
+TEST_F(Pipeline, TorchrunsStaticAndC10dRendezvousWriteTheBytesOfOneProcess) {
+  const std::string launcher = torchrun();
+  if (launcher.empty())
+    GTEST_SKIP() << "python3-torch is missing: tiler was not run under PyTorch's torchrun";
+  const std::string ref = reference();
+  const std::string static_out = root_ + "/out_torchrun_static";
+  auto r = run(launcher + "--rdzv_backend static --master_addr 127.0.0.1 --master_port " +
+               std::to_string(freePort()) + " --no_python " + tilerArgs(static_out));
+  ASSERT_EQ(r.code, 0) << r.output;
+  expectSameOutputs(ref, static_out);
+  EXPECT_EQ(report(static_out)["world_size"], 2);
+  const std::string c10d_out = root_ + "/out_torchrun_c10d";
+  r = run(launcher + "--rdzv_backend c10d --rdzv_endpoint 127.0.0.1:" + std::to_string(freePort()) +
+          " --rdzv_id e2e --no_python " + tilerArgs(c10d_out));
+  ASSERT_EQ(r.code, 0) << r.output;
+  expectSameOutputs(ref, c10d_out);
+}
+
+// Rank 1 crashes; rank 0 finds its connection closed, says so, and waits for torchrun to stop it rather than
+// exit first: torchrun, which stamps a worker without an error file when its check finds it dead, names
+// rank 1.
+TEST_F(Pipeline, TorchrunNamesAKilledRankAsTheRootCause) {
+  const std::string launcher = torchrun();
+  if (launcher.empty())
+    GTEST_SKIP() << "python3-torch is missing: tiler was not run under PyTorch's torchrun";
+  auto r = run("TILER_FAULT=rank:1,after_windows:4,kind:crash " + launcher + "--master_addr 127.0.0.1 " +
+               "--master_port " + std::to_string(freePort()) + " --no_python " +
+               tilerArgs(root_ + "/out_torchrun_killed"));
+  EXPECT_NE(r.code, 0);
+  EXPECT_LT(r.seconds, 30) << "the job ended at torchrun's check, not at a timeout";
+  const auto root = r.output.find("Root Cause (first observed failure):");
+  ASSERT_NE(root, std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank      : 1 (local_rank: 1)", root), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Signal 11 (SIGSEGV)", root), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[rank 0] rank 0 of 2: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank 1's connection closed (it exited or was killed)"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("failed after waiting"), std::string::npos) << "not a timeout: " << r.output;
+}
+
+// Open MPI's mpirun (openmpi-bin): its ranks read OMPI_COMM_WORLD_*; MASTER_ADDR/PORT passed with -x.
+TEST_F(Pipeline, MpirunsTwoRanksWriteTheBytesOfOneProcess) {
+  if (run("command -v mpirun").code != 0)
+    GTEST_SKIP() << "mpirun is missing (openmpi-bin: scripts/setup-deps.sh)";
+  const std::string out = root_ + "/out_mpirun";
+  auto r = run(std::string("mpirun --oversubscribe ") + (getuid() == 0 ? "--allow-run-as-root " : "") +
+               "-np 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=" + std::to_string(freePort()) + " " +
+               tilerArgs(out));
+  ASSERT_EQ(r.code, 0) << r.output;
+  expectSameOutputs(reference(), out);
+  EXPECT_EQ(report(out)["world_size"], 2);
+}
+
+// `tiler` on a line of an sbatch script: the script runs once, as task 0 of the job's 8, in no srun step.
+TEST_F(Pipeline, PlainTilerInAnSbatchScriptOfSeveralTasksSaysToRunItWithSrun) {
+  const std::string out = root_ + "/out_sbatch";
+  auto r =
+      run("env -u SLURM_STEP_ID -u SLURM_STEPID SLURM_JOB_ID=7 SLURM_PROCID=0 SLURM_NTASKS=8 "
+          "SLURM_TASKS_PER_NODE='4(x2)' SLURM_NODEID=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 " +
+          tilerArgs(out));
+  EXPECT_EQ(r.code, kExitFatal) << r.output;
+  EXPECT_LT(r.seconds, 10) << "at once, not after --timeout";
+  EXPECT_NE(r.output.find("SLURM_NTASKS=8 but this process is no task of an srun step"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("run it with srun"), std::string::npos) << r.output;
 }
 
 TEST_F(Pipeline, TtaIsReportedAndD4NeedsSquareWindows) {
@@ -619,7 +697,7 @@ TEST_P(PipelineFaults, EveryRankLeavesTogetherAndNothingFailedIsFinal) {
     const std::string port = std::to_string(freePort());
     std::vector<std::string> commands;
     for (int r = 0; r < 2; ++r)
-      commands.push_back(fault + "SLURM_PROCID=" + std::to_string(r) +
+      commands.push_back(fault + "SLURM_STEP_ID=0 SLURM_PROCID=" + std::to_string(r) +
                          " SLURM_NTASKS=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " " + args);
     auto codes = test::runConcurrently(commands);
     EXPECT_EQ(codes[0], codes[1]) << "both ranks give the same verdict";

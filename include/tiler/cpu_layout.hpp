@@ -3,14 +3,23 @@
 // and the environment (OMP_NUM_THREADS, Slurm's and the launchers' variables); no LibTorch.
 #pragma once
 
+#include <functional>
 #include <string>
 
 namespace tiler {
 
+// The tasks Slurm runs on the node at `node_index` (0 first) of a SLURM_TASKS_PER_NODE list such as
+// "2(x3),1" (2 tasks on each of the first three nodes, 1 on the fourth); 0 when the list is malformed or
+// names fewer nodes.
+int slurmTasksOnNode(const std::string& tasks_per_node, int node_index);
+// The tasks of this Slurm job step on this node: SLURM_NTASKS_PER_NODE, else SLURM_STEP_TASKS_PER_NODE or
+// SLURM_TASKS_PER_NODE at SLURM_NODEID; 0 outside Slurm. `env` looks a variable up (nullptr: getenv).
+int slurmLocalTasks(const std::function<const char*(const char*)>& env = nullptr);
+
 // Intra-op threads when --threads is not given: OMP_NUM_THREADS if set; under Slurm SLURM_CPUS_PER_TASK, or
 // all the CPUs this process may use (usableCpus()) where Slurm bound it to fewer than the job's CPUs on the
 // node; else those CPUs divided by the ranks on this node (LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE,
-// SLURM_NTASKS_PER_NODE), which share them.
+// slurmLocalTasks()), which share them.
 int defaultIntraOpThreads();
 // The same for a process that may use `cpus` CPUs.
 int defaultIntraOpThreads(int cpus);

@@ -1,12 +1,17 @@
 // dist: who am I in the world, and the collectives the pipeline needs.
-// Promise: discoverWorld() reads ctrun/torchrun (RANK, WORLD_SIZE, ...), else Slurm (SLURM_PROCID, ...), else
-// Open MPI (OMPI_COMM_WORLD_*), else a single process. DistContext rendezvouses through a c10d TCPStore that
-// rank 0 hosts on MASTER_PORT (all interfaces) and builds a gloo (CPU tensors) or NCCL (CUDA tensors) process
-// group; ranks that all share one host (they can all map rank 0's shared memory segment) gather through it
-// instead of gloo's sockets (same bytes, a copy in and a copy out). Every call is bounded by
-// DistOptions::timeout; a timeout is a TimeoutError (a DistError) naming MASTER_ADDR:MASTER_PORT, the rank,
-// and what it waited for. A world of one makes no process group at all. Not thread safe: one thread makes the
-// collectives, in the same order on every rank.
+// Promise: discoverWorld() reads ctrun/torchrun (RANK, WORLD_SIZE, ...), else Open MPI (OMPI_COMM_WORLD_*:
+// mpirun inside a Slurm job), else Slurm (SLURM_PROCID, ...; an sbatch script's own process, no srun step, in
+// a job of several tasks is a ConfigError that says to run it with srun), else a single process. DistContext
+// rendezvouses through a c10d TCPStore that rank 0 hosts on MASTER_PORT (all interfaces), or, under
+// torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE=True: its static rendezvous), that the agent hosts
+// there and every rank reaches under the prefix /worker/attempt_<TORCHELASTIC_RESTART_COUNT>, as PyTorch's
+// env:// does; it builds a gloo (CPU tensors) or NCCL (CUDA tensors) process group; ranks that all share one
+// host (they can all map rank 0's shared memory segment) gather through it instead of gloo's sockets (same
+// bytes, a copy in and a copy out). Every call is bounded by DistOptions::timeout; a timeout is a
+// TimeoutError (a DistError) naming MASTER_ADDR:MASTER_PORT, the rank, and what it waited for; a peer whose
+// connection closed (it exited or was killed) is a PeerLostError naming that rank when it can be told (a
+// world of two; a rank of this host whose process is gone). A world of one makes no process group at all. Not
+// thread safe: one thread makes the collectives, in the same order on every rank.
 #pragma once
 
 #include <torch/types.h>
@@ -31,6 +36,8 @@ struct WorldInfo {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   std::string source = "single";  // torchrun | slurm | mpi | single
+  // Non-empty under torchrun's agent store: no rank hosts, every rank's keys go under this prefix.
+  std::string store_prefix;
 };
 
 using EnvLookup = std::function<const char*(const char*)>;
@@ -95,6 +102,10 @@ class DistContext {
   struct SharedGather;
   void init(c10::intrusive_ptr<c10d::Store> store, const torch::Device& device);
   [[noreturn]] void fail(const std::string& what, const std::exception& e) const;
+  // The "rank R's connection closed" of a PeerLostError: which peers' processes are gone.
+  std::string lostPeers() const;
+  void publishProcess();
+  void readPeerProcesses();
   void offerSharedMemory(size_t bytes, const std::string& what);
   torch::Tensor gatherThroughSharedMemory(const torch::Tensor& t, int root, const std::string& what);
   std::vector<int64_t> worldRows(const torch::Tensor& t) const;  // t's sizes, dimension 0 times the world

@@ -4,6 +4,7 @@
 // success path of a CHECK.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <exception>
 #include <optional>
@@ -42,6 +43,9 @@ TILER_DEFINE_ERROR(ModelError, Error, "model");
 TILER_DEFINE_ERROR(DistError, Error, "dist");
 // A timeout is a distributed failure: catch DistError to handle both.
 TILER_DEFINE_ERROR(TimeoutError, DistError, "timeout");
+// A peer's connection closed under a collective or the store (it exited or was killed): this rank's failure
+// follows that peer's, it is not a cause of its own.
+TILER_DEFINE_ERROR(PeerLostError, DistError, "peer_lost");
 
 #undef TILER_DEFINE_ERROR
 
@@ -64,10 +68,22 @@ const std::string& errorRankPrefix();
 
 // Prints "<tool>: error: <message>" on stderr, writes the torchelastic JSON error file when
 // TORCHELASTIC_ERROR_FILE is set, and returns kExitFatal. Call from a catch block in main.
+// A PeerLostError under an agent that runs every rank of the world (TORCHELASTIC_RUN_ID set, LOCAL_WORLD_SIZE
+// equal to WORLD_SIZE: torchrun or ctrun on one node) then waits, up to kFollowOnHold or until the agent is
+// gone, for the agent to stop this process: the agent sees the vanished rank fail at its next check (torchrun
+// every --monitor_interval) and names it the root cause, where a follow-on that exited first would be named
+// (torchrun stamps a worker without an error file when it finds it dead). The job ends when it would anyway:
+// the agent ends the group at that check either way.
+constexpr std::chrono::seconds kFollowOnHold{10};
 int reportFatal(const std::string& tool, const std::exception& e);
 
-// Writes {"message": ..., "rank": ..., "time": ...} to TORCHELASTIC_ERROR_FILE if set (atomically).
-void writeElasticErrorFile(const std::string& message);
+// Writes TORCHELASTIC_ERROR_FILE, when set, as torch.distributed.elastic's ErrorHandler does (atomically):
+// {"message": {"message": "<type>: <message>", "extraInfo": {"py_callstack": <traceback>, "timestamp":
+// "<whole seconds since the epoch>"}}}. torchrun orders failures by that timestamp and prints py_callstack as
+// the failure's traceback; ctrun prints the inner message.
+void writeElasticErrorFile(const std::string& type, const std::string& message, const std::string& traceback);
+// The unqualified name of e's dynamic type ("DistError", "runtime_error"), as Python's type(e).__name__.
+std::string exceptionTypeName(const std::exception& e);
 
 // `what` without the "\nException raised from ..." backtrace LibTorch's c10::Error appends to its message
 // (a message wrapped with it would keep the backtrace in the middle, and lose what follows when cut).
