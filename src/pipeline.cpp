@@ -747,6 +747,8 @@ int InferJob::finishRun(OutputStage& outputs, int64_t steps) {
                    probe_.perWindow() ? int64_t(probe_.output_channels) : 0,
                    model_->runtimeName(),
                    stitch_on_device_ ? "device" : "host"};
+    run.model_card = o_.model_card;
+    run.settings_from = o_.settings_from;
     nlohmann::json j = inferReport(run, catalog_, per_rank);
     writeJsonAtomically(o_.report, j);
     int failed = 0, ok = 0, skipped = 0;

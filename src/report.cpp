@@ -41,6 +41,11 @@ nlohmann::json inferReport(const RunSummary& run, const WindowCatalog& catalog,
   j["model"] = run.model;
   j["runtime"] = run.runtime;
   j["stitch"] = run.stitch;
+  if (!run.model_card.empty()) {
+    j["model_card"] = run.model_card;
+    j["settings_from"] = nlohmann::json::object();
+    for (const auto& [setting, from] : run.settings_from) j["settings_from"][setting] = from;
+  }
   j["window"] = {run.window.window_w, run.window.window_h};
   j["output_scale"] = run.output_scale;
   j["tta"] = run.tta;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tiler {
@@ -30,6 +31,11 @@ struct JobOptions {
   std::string output_key;  // dict key or tuple index of the model's output; empty: the first tensor
   int prefetch = 2;        // batches read ahead
   bool no_progress = false;
+  // The model card the settings came from (model_card.hpp; the report's model_card), and where each of
+  // its settings came from: {"window", "card"}, {"mpp", "flag"}, ... (the report's settings_from). Empty:
+  // no card.
+  std::string model_card;
+  std::vector<std::pair<std::string, std::string>> settings_from;
 };
 
 }  // namespace tiler

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tiler/catalog.hpp"
@@ -43,6 +44,9 @@ struct RunSummary {
   int64_t feature_dim = 0;              // classify: classes K; embed: features D; segment: 0
   std::string runtime = "torchscript";  // torchscript | pt2 (ModelRuntime::name)
   std::string stitch = "host";          // where the windows were blended: host | device (--stitch)
+  // The model card read (JobOptions::model_card) and where each setting came from; empty: no card.
+  std::string model_card;
+  std::vector<std::pair<std::string, std::string>> settings_from;
 };
 
 // The report of an infer run: statuses as the catalog holds them after the output stage finished ("done"

@@ -1,3 +1,4 @@
+#include <cmath>
 #include <iomanip>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -8,6 +9,10 @@
 #include "tiler/error.hpp"
 #include "tiler/image_io.hpp"
 #include "tiler/mask.hpp"
+#include "tiler/model.hpp"
+#include "tiler/model_card.hpp"
+#include "tiler/npy.hpp"
+#include "tiler/output_kinds.hpp"
 #include "tiler/platform.hpp"
 
 namespace tiler::tools {
@@ -182,6 +187,80 @@ void writeOverlay(const std::string& image_path, const std::string& labels_path,
   ImageWriter writer(out_path, out.cols, out.rows, 3, SampleType::kU8, o);
   writer.writeRows(out);
   writer.close();
+}
+
+namespace {
+
+// The card's test input [B, C, H, W] through its model as infer feeds it: raw values, the card's scale, mean,
+// std and activation, fp32.
+torch::Tensor runTestInput(const ModelCard& card, const NpyArray& input, const std::string& device) {
+  TILER_CHECK(input.shape.size() == 4, ConfigError,
+              "'" << card.test_input << "': the test input has " << input.shape.size()
+                  << " dimension(s); tiler feeds batch, channel, y, x");
+  ModelOptions mo;
+  mo.path = card.weights;
+  mo.device = device;
+  mo.precision = "fp32";
+  mo.mean = card.mean.value_or(std::vector<double>{});
+  mo.std = card.std.value_or(std::vector<double>{});
+  mo.activation = parseActivation(card.activation.value_or("none"));
+  mo.task = parseTask(card.task.value_or("auto"));
+  mo.classes_named = card.classes.has_value();
+  mo.batch_size = input.shape[0];
+  mo.preferred_input_channels = int(input.shape[1]);
+  ModelRunner model(mo);
+  model.probe(input.shape[3], input.shape[2]);
+  torch::Tensor batch = torch::tensor(input.values, torch::kDouble).to(torch::kFloat).reshape(input.shape);
+  torch::Tensor scales = torch::full({input.shape[0]}, card.scale.value_or(1.0), torch::kFloat);
+  return model.forward(batch, scales).to(torch::kCPU, torch::kDouble).contiguous();
+}
+
+// Element `flat` of a C-order array of `shape` as [i, j, ...].
+std::string indexText(const std::vector<int64_t>& shape, size_t flat) {
+  std::vector<int64_t> index(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    index[d] = shape[d] > 0 ? int64_t(flat % size_t(shape[d])) : 0;
+    flat = shape[d] > 0 ? flat / size_t(shape[d]) : flat;
+  }
+  std::string text = "[";
+  for (size_t d = 0; d < index.size(); ++d) text += (d ? ", " : "") + std::to_string(index[d]);
+  return text + "]";
+}
+
+}  // namespace
+
+int checkModel(const std::string& card_path, const std::string& device) {
+  const auto card = findModelCard(card_path);
+  TILER_CHECK(
+      card && !card->test_input.empty(), ConfigError,
+      "'" << card_path
+          << "' names no test tensors: check-model takes a bioimage.io rdf.yaml or package directory");
+  const NpyArray input = readNpy(card->test_input), expected = readNpy(card->test_output);
+  const torch::Tensor out = runTestInput(*card, input, device);
+  TILER_CHECK(size_t(out.numel()) == expected.values.size(), ModelError,
+              "'" << card->weights << "' gives " << out.sizes() << " for the test input, the test output '"
+                  << card->test_output << "' holds " << expected.values.size() << " values");
+  const double* got = out.data_ptr<double>();
+  const CardTolerance& tol = card->tolerance;
+  double largest = 0;
+  size_t largest_at = 0, mismatched = 0;
+  for (size_t i = 0; i < expected.values.size(); ++i) {
+    const double want = expected.values[i], diff = std::abs(got[i] - want);
+    // A NaN on either side is a mismatch, never within tolerance.
+    const bool off = !(diff <= tol.absolute + tol.relative * std::abs(want));
+    mismatched += off;
+    if (!std::isnan(largest) && !(diff <= largest))
+      largest = diff, largest_at = i;  // a NaN stays the largest
+  }
+  const double per_million = 1e6 * double(mismatched) / double(std::max<size_t>(expected.values.size(), 1));
+  const bool pass = per_million <= tol.mismatched_per_million;
+  std::cout << "check-model: '" << card->path << "': " << expected.values.size()
+            << " values, largest difference " << largest << " (at " << indexText(expected.shape, largest_at)
+            << ": " << got[largest_at] << " for " << expected.values[largest_at] << "), " << mismatched
+            << " beyond |d| <= " << tol.absolute << " + " << tol.relative << " x |expected| (" << per_million
+            << " per million; the card allows " << tol.mismatched_per_million
+            << "): " << (pass ? "pass" : "FAIL") << std::endl;
+  return pass ? kExitOk : kExitFatal;
 }
 
 }  // namespace tiler::tools

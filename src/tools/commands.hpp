@@ -1,5 +1,5 @@
-// The `tiler info` and `tiler overlay` commands: tools for looking at inputs and results, outside the
-// library.
+// The `tiler info`, `tiler overlay` and `tiler check-model` commands: tools for looking at inputs, results
+// and models, outside the library.
 #pragma once
 
 #include <string>
@@ -22,6 +22,11 @@ struct InfoOptions {
 };
 // `tiler info`: what the reader sees, and the grid and mask when asked. Returns an exit code.
 int runInfo(const InfoOptions& options);
+
+// `tiler check-model`: runs a bioimage.io card's test input through its model as infer runs it (the card's
+// normalisation and activation, fp32 on `device`) and compares with its test output under the card's
+// tolerance; prints the largest difference. Returns 0 when within it, 1 when not.
+int checkModel(const std::string& card_path, const std::string& device);
 
 // A colour overlay PNG of `labels` on `image`, at most max_side pixels a side (for looking at results);
 // with a grid, the outlines of its windows; with a mask, its outline. A ConfigError, before anything is

@@ -5,11 +5,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <set>
 
 #include "commands.hpp"
 #include "tiler/cli.hpp"
 #include "tiler/error.hpp"
 #include "tiler/finetune.hpp"
+#include "tiler/model_card.hpp"
 #include "tiler/output_kinds.hpp"
 #include "tiler/pipeline.hpp"
 #include "tiler/runtime_info.hpp"
@@ -40,7 +42,8 @@ using tiler::positiveNumber;
 // The flags infer and finetune share (JobOptions), so that a model is fed alike when trained and when run.
 void addJobFlags(CLI::App& app, tiler::JobOptions& o) {
   app.add_option(flagNames("-m,--model"), o.model,
-                 "TorchScript model file (default: the bundled sample model)");
+                 "TorchScript model file, or a bioimage.io rdf.yaml or package directory (default: the "
+                 "bundled sample model); a WSInfer config.json beside the model is read too");
   app.add_option(flagNames("--device"), o.device, "auto | cpu | cuda | cuda:K")->capture_default_str();
   app.add_option(flagNames("--backend"), o.backend, "auto | gloo | nccl")->capture_default_str();
   app.add_option(flagNames("--precision"), o.precision,
@@ -85,6 +88,32 @@ void addResolutionFlags(CLI::App& app, int& level, double& mpp, double& magnific
       ->check(positiveNumber());
 }
 
+// A model card (-m naming a bioimage.io rdf.yaml or package, or a WSInfer config.json beside the model): its
+// settings where no flag or --config key gives them; -m becomes the weights it names.
+void takeModelCard(const CLI::App& app, tiler::InferOptions& o) {
+  const auto card = tiler::findModelCard(o.model);
+  if (!card) return;
+  std::set<std::string> given;
+  for (const auto& name : tiler::cardSettingNames())
+    if (app.count("--" + name) > 0) given.insert(name);
+  if (app.count("--level") + app.count("--magnification") > 0) given.insert("mpp");
+  o.model = card->weights;
+  o.model_card = card->path;
+  o.settings_from = tiler::applyModelCard(
+      *card, given, {&o.window, &o.mpp, &o.scale, &o.mean, &o.std, &o.classes, &o.activation, &o.task});
+}
+
+int runCheckModelCli(int argc, char** argv) {
+  std::string card, device = "cpu";
+  CLI::App app{
+      "tiler check-model: run a bioimage.io model card's test input through its model and compare the "
+      "result with its test output (exit 0: within the card's tolerance, 1: not)"};
+  app.add_option("card", card, "rdf.yaml, or a package directory holding one")->required();
+  app.add_option(flagNames("--device"), device, "cpu | cuda | cuda:K")->capture_default_str();
+  if (const int code = tiler::parseCommandLine(app, argc, argv, "tiler check-model"); code >= 0) return code;
+  return tiler::tools::checkModel(card, device);
+}
+
 int runInferCli(int argc, char** argv) {
   tiler::InferOptions o;
   CLI::App app{
@@ -95,6 +124,7 @@ int runInferCli(int argc, char** argv) {
       "  tiler finetune --images I --labels L  train a model on tiles of image/label pairs\n"
       "  tiler info IMAGE...                 what tiler sees: size, type, levels, grid, mask\n"
       "  tiler overlay IMAGE LABELS OUT.png  a colour overlay of a result, with grid and mask\n"
+      "  tiler check-model CARD              reproduce a bioimage.io package's test tensors\n"
       "  tiler version                       versions, CUDA/NCCL, where the bundled samples are\n"
       "Run 'tiler COMMAND --help' for a command's flags.");
   app.set_config(flagNames("--config"), "", "TOML/INI file with any of these flags");
@@ -193,6 +223,7 @@ int runInferCli(int argc, char** argv) {
   if (const int code = tiler::parseCommandLine(app, argc, argv, "tiler"); code >= 0) return code;
   if (save_option->count() > 0) o.save = save;
   o.overlap_given = app.count("--overlap") > 0;
+  takeModelCard(app, o);
   return tiler::runInfer(o);
 }
 
@@ -291,6 +322,7 @@ int main(int argc, char** argv) {
     }
     if (sub == "info") return runInfoCli(argc - 1, argv + 1);
     if (sub == "overlay") return runOverlayCli(argc - 1, argv + 1);
+    if (sub == "check-model") return exitWithoutTeardown(runCheckModelCli(argc - 1, argv + 1));
     if (sub == "finetune") return exitWithoutTeardown(runFinetuneCli(argc - 1, argv + 1));
     if (sub == "infer") return exitWithoutTeardown(runInferCli(argc - 1, argv + 1));
     return exitWithoutTeardown(runInferCli(argc, argv));

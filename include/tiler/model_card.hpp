@@ -1,0 +1,69 @@
+// model_card: the settings a model carries with it, read into tiler's option values: a WSInfer config.json
+// beside the TorchScript file, or a bioimage.io model description (rdf.yaml, spec 0.5) that names its
+// TorchScript weights and test tensors. Promise: every card field that changes how the model is fed or read
+// is either taken or refused by name (a ConfigError naming the card file and the field: ONNX-only weights, a
+// preprocessing step tiler lacks, an axis layout other than batch, channel, y, x); descriptive fields
+// (names, authors, licence, covers) are left alone. An explicit flag always wins over the card, and the
+// report says where each setting came from (settingsFrom). No LibTorch.
+#pragma once
+
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace tiler {
+
+// bioimage.io's reproducibility tolerance: an output element is off when |out - expected| > absolute +
+// relative * |expected|; a check passes with at most mismatched_per_million such elements.
+struct CardTolerance {
+  double relative = 1e-3, absolute = 1e-3, mismatched_per_million = 100;
+};
+
+struct ModelCard {
+  std::string kind;     // "wsinfer" | "bioimageio"
+  std::string path;     // the card file
+  std::string weights;  // the TorchScript file it describes
+  // The settings it gives (unset: the card says nothing), as the flags of the same names take them.
+  std::optional<std::string> window;  // "N" or "W,H"
+  std::optional<double> mpp;
+  std::optional<double> scale;
+  std::optional<std::vector<double>> mean, std;
+  std::optional<std::string> classes, activation, task;
+  // bioimage.io: the test tensors (.npy) and the tolerance they are compared with.
+  std::string test_input, test_output;
+  CardTolerance tolerance;
+};
+
+// The card of `-m`'s value: a bioimage.io description (a .yaml file, or a directory holding rdf.yaml or
+// bioimageio.yaml), or a model file with a WSInfer config.json beside it (one that has WSInfer's keys:
+// another tool's config.json there is not a card). nullopt: no card (an empty value: the bundled sample
+// model).
+std::optional<ModelCard> findModelCard(const std::string& model);
+ModelCard readWsinferConfig(const std::string& config_path, const std::string& weights);
+ModelCard readBioimageioRdf(const std::string& rdf_path);
+
+// The option fields a card's settings go to (null: the command has no such flag).
+struct CardTargets {
+  std::string* window = nullptr;
+  double* mpp = nullptr;
+  double* scale = nullptr;
+  std::vector<double>* mean = nullptr;
+  std::vector<double>* std = nullptr;
+  std::string* classes = nullptr;
+  std::string* activation = nullptr;
+  std::string* task = nullptr;
+};
+
+// The settings a card can give, in the report's order: window, mpp, scale, mean, std, classes, activation,
+// task.
+const std::vector<std::string>& cardSettingNames();
+
+// Sets each target that the card gives and `given` (the setting names the user set by flag or --config) does
+// not hold. Returns where each setting came from, in cardSettingNames()' order: "flag", "card" or "default".
+std::vector<std::pair<std::string, std::string>> applyModelCard(const ModelCard& card,
+                                                                const std::set<std::string>& given,
+                                                                const CardTargets& targets);
+
+}  // namespace tiler

@@ -1,0 +1,23 @@
+// npy: NumPy's .npy files (format versions 1, 2 and 3) read as float64 values with their shape: bioimage.io's
+// test tensors are stored so. Debian packages no maintained C++ reader (cnpy is not in the archive), so this
+// is tiler's own, for the little it needs. Promise: C-order arrays of little-endian <f4, <f8, <i1/|i1,
+// <u1/|u1, <i2, <u2, <i4, <u4, <i8 are read exactly (every value, integers past 2^53 rounded); anything else
+// (a Fortran-order array, another dtype, big-endian data, a bad magic, header or shape, a file shorter or
+// longer than its shape says) is an IoError naming the file and the problem. No LibTorch.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tiler {
+
+struct NpyArray {
+  std::string dtype;           // as the header gives it: "<f4", "|u1", ...
+  std::vector<int64_t> shape;  // () is a scalar: one value
+  std::vector<double> values;  // row-major (C order)
+};
+
+NpyArray readNpy(const std::string& path);
+
+}  // namespace tiler

@@ -1,0 +1,408 @@
+// model_card: WSInfer's config.json and bioimage.io's rdf.yaml read into tiler's settings, each refusal by
+// name; end to end, a card's run equals the run with its settings as flags, a flag wins and the report says
+// so, and `tiler check-model` reproduces a package's test tensors and fails on altered weights.
+#include "tiler/model_card.hpp"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "test_util.hpp"
+#include "tiler/error.hpp"
+
+namespace fs = std::filesystem;
+using namespace tiler;
+
+namespace {
+
+const std::string kTiler = std::string(TILER_BIN_DIR) + "/tiler";
+const std::string kSamples = std::string(TILER_TEST_SOURCE_DIR) + "/samples";
+
+std::string writeFile(const std::string& path, const std::string& text) {
+  fs::create_directories(fs::path(path).parent_path());
+  std::ofstream(path) << text;
+  return path;
+}
+
+std::string configError(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const ConfigError& e) {
+    return e.message();
+  }
+  return "no error";
+}
+
+const char* kWsinferConfig = R"({
+  "spec_version": "1.0", "architecture": "resnet34", "num_classes": 2, "class_names": ["notumor", "tumor"],
+  "patch_size_pixels": 350, "spacing_um_px": 0.25,
+  "transform": [{"name": "Resize", "arguments": {"size": 224}}, {"name": "ToTensor"},
+                {"name": "Normalize", "arguments": {"mean": [0.7, 0.5, 0.6], "std": [0.2, 0.25, 0.3]}}]})";
+
+// A bioimage.io 0.5 description of a segmentation model; `patch` replaces one line of it.
+std::string rdfText(const std::string& from = "", const std::string& to = "") {
+  std::string text = R"(type: model
+format_version: 0.5.4
+name: two-class blobs
+description: a test package
+authors: [{name: tiler tests}]
+license: MIT
+inputs:
+  - id: raw
+    axes:
+      - type: batch
+      - type: channel
+        channel_names: [r, g, b]
+      - {type: space, id: y, size: {min: 64, step: 32}, unit: micrometer, scale: 0.5}
+      - {type: space, id: x, size: {min: 64, step: 32}, unit: micrometer, scale: 0.5}
+    test_tensor: {source: test_input.npy}
+    preprocessing:
+      - id: ensure_dtype
+        kwargs: {dtype: float32}
+      - id: scale_linear
+        kwargs: {gain: 0.00392156862745098, offset: 0.0}
+      - id: fixed_zero_mean_unit_variance
+        kwargs: {axis: channel, mean: [0.5, 0.25, 0.5], std: [0.5, 0.25, 1.0]}
+outputs:
+  - id: probs
+    axes:
+      - type: batch
+      - type: channel
+        channel_names: [background, blob]
+      - {type: space, id: y, size: {tensor_id: raw, axis_id: y}}
+      - {type: space, id: x, size: {tensor_id: raw, axis_id: x}}
+    test_tensor: {source: test_output.npy}
+    postprocessing:
+      - id: softmax
+        kwargs: {axis: channel}
+weights:
+  torchscript: {source: weights.pt, pytorch_version: "1.13"}
+  onnx: {source: weights.onnx, opset_version: 15}
+config:
+  bioimageio:
+    reproducibility_tolerance:
+      - {weights_formats: [onnx], relative_tolerance: 0.1}
+      - {relative_tolerance: 0.002, absolute_tolerance: 0.0005, mismatched_elements_per_million: 10}
+)";
+  if (!from.empty()) {
+    const size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    if (at != std::string::npos) text.replace(at, from.size(), to);
+  }
+  return text;
+}
+
+}  // namespace
+
+TEST(ModelCard, WsinferConfigGivesWindowResolutionNormalisationAndClasses) {
+  const std::string dir = test::scratchDir("card_wsinfer");
+  writeFile(dir + "/config.json", kWsinferConfig);
+  const auto card = findModelCard(dir + "/torchscript_model.pt");
+  ASSERT_TRUE(card);
+  EXPECT_EQ(card->kind, "wsinfer");
+  EXPECT_EQ(card->weights, dir + "/torchscript_model.pt");
+  // 350 px at 0.25 um/px resized to 224: 224 px windows at 0.25 * 350 / 224 um/px.
+  EXPECT_EQ(*card->window, "224");
+  EXPECT_DOUBLE_EQ(*card->mpp, 0.25 * 350 / 224);
+  EXPECT_FALSE(card->scale);  // ToTensor's 1/255 of 8-bit values: tiler's default
+  EXPECT_EQ(*card->mean, (std::vector<double>{0.7, 0.5, 0.6}));
+  EXPECT_EQ(*card->std, (std::vector<double>{0.2, 0.25, 0.3}));
+  EXPECT_EQ(*card->classes, "notumor,tumor");
+  EXPECT_EQ(*card->activation, "softmax");
+  EXPECT_EQ(*card->task, "classify");
+  // Without Resize the patch is the window; one class is read through a sigmoid, as WSInfer does.
+  nlohmann::json one = nlohmann::json::parse(kWsinferConfig);
+  one["num_classes"] = 1;
+  one["class_names"] = {"tumor"};
+  one["transform"].erase(0);
+  writeFile(dir + "/config.json", one.dump());
+  const auto single = findModelCard(dir + "/m.pt");
+  EXPECT_EQ(*single->window, "350");
+  EXPECT_DOUBLE_EQ(*single->mpp, 0.25);
+  EXPECT_EQ(*single->activation, "sigmoid");
+  // Another tool's config.json beside a model is not a card.
+  writeFile(dir + "/config.json", R"({"model_type": "vit", "hidden_size": 768})");
+  EXPECT_FALSE(findModelCard(dir + "/m.pt"));
+  EXPECT_FALSE(findModelCard(""));
+}
+
+TEST(ModelCard, WsinferFieldsTilerLacksAreRefusedByName) {
+  const std::string dir = test::scratchDir("card_wsinfer_bad");
+  auto refusal = [&](const std::function<void(nlohmann::json&)>& spoil) {
+    nlohmann::json j = nlohmann::json::parse(kWsinferConfig);
+    spoil(j);
+    writeFile(dir + "/config.json", j.dump());
+    return configError([&] { findModelCard(dir + "/m.pt"); });
+  };
+  const std::string crop = refusal([](auto& j) { j["transform"][1] = {{"name", "CenterCrop"}}; });
+  EXPECT_NE(crop.find("config.json': transform CenterCrop is not a step tiler has"), std::string::npos)
+      << crop;
+  const std::string field = refusal([](auto& j) { j["stain_normalization"] = "macenko"; });
+  EXPECT_NE(field.find("field 'stain_normalization' is not a WSInfer model config field"), std::string::npos)
+      << field;
+  const std::string names = refusal([](auto& j) { j["class_names"].push_back("other"); });
+  EXPECT_NE(names.find("class_names has 3 name(s), num_classes is 2"), std::string::npos) << names;
+  const std::string missing = refusal([](auto& j) { j.erase("spacing_um_px"); });
+  EXPECT_NE(missing.find("WSInfer's field 'spacing_um_px' is missing"), std::string::npos) << missing;
+  const std::string interp =
+      refusal([](auto& j) { j["transform"][0]["arguments"]["interpolation"] = "nearest"; });
+  EXPECT_NE(interp.find("Resize's argument 'interpolation' is not one tiler takes"), std::string::npos)
+      << interp;
+  const std::string comma = refusal([](auto& j) { j["class_names"][1] = "tumor,high grade"; });
+  EXPECT_NE(comma.find("class name 'tumor,high grade'"), std::string::npos) << comma;
+}
+
+TEST(ModelCard, BioimageioRdfGivesWindowResolutionPreprocessingAndOutputs) {
+  const std::string dir = test::scratchDir("card_rdf");
+  writeFile(dir + "/pkg/rdf.yaml", rdfText());
+  const auto card = findModelCard(dir + "/pkg");  // a package directory
+  ASSERT_TRUE(card);
+  EXPECT_EQ(card->kind, "bioimageio");
+  EXPECT_EQ(card->path, dir + "/pkg/rdf.yaml");
+  EXPECT_EQ(card->weights, dir + "/pkg/weights.pt");
+  EXPECT_EQ(card->test_input, dir + "/pkg/test_input.npy");
+  EXPECT_EQ(card->test_output, dir + "/pkg/test_output.npy");
+  EXPECT_EQ(*card->window, "256");  // {min 64, step 32}: the first size of at least 256
+  EXPECT_DOUBLE_EQ(*card->mpp, 0.5);
+  // x / 255 then (. - m) / (s + 1e-6): tiler's (x * 1 - mean) / std.
+  EXPECT_EQ(*card->scale, 1.0);
+  const std::vector<double> m{0.5, 0.25, 0.5}, s{0.5, 0.25, 1.0};
+  for (size_t c = 0; c < 3; ++c) {
+    EXPECT_NEAR((*card->mean)[c], m[c] * 255, 1e-9);
+    EXPECT_NEAR((*card->std)[c], (s[c] + 1e-6) * 255, 1e-9);
+  }
+  EXPECT_EQ(*card->classes, "background,blob");
+  EXPECT_EQ(*card->activation, "softmax");
+  EXPECT_EQ(*card->task, "segment");
+  // A step without kwargs takes the spec's defaults (softmax and sigmoid along channel).
+  const auto sigmoid = readBioimageioRdf(
+      writeFile(dir + "/sigmoid.yaml",
+                rdfText("      - id: softmax\n        kwargs: {axis: channel}", "      - id: sigmoid")));
+  EXPECT_EQ(*sigmoid.activation, "sigmoid");
+  // The tolerance of torchscript weights: the onnx-only entry is not theirs.
+  EXPECT_EQ(card->tolerance.relative, 0.002);
+  EXPECT_EQ(card->tolerance.absolute, 0.0005);
+  EXPECT_EQ(card->tolerance.mismatched_per_million, 10);
+  // A fixed size and no preprocessing: raw values (scale 1), no mean or std; bioimage.io's default tolerance.
+  writeFile(dir + "/plain.yaml",
+            rdfText("size: {min: 64, step: 32}, unit: micrometer, scale: 0.5}\n      - {type: space, id: x, "
+                    "size: {min: 64, step: 32}, unit: micrometer, scale: 0.5}",
+                    "size: 96}\n      - {type: space, id: x, size: 128}"));
+  std::string text = tiler::test::slurp(dir + "/plain.yaml");
+  text.replace(text.find("    preprocessing:"), text.find("outputs:") - text.find("    preprocessing:"), "");
+  text.replace(text.find("config:"), std::string::npos, "");
+  writeFile(dir + "/plain.yaml", text);
+  const auto plain = findModelCard(dir + "/plain.yaml");
+  EXPECT_EQ(*plain->window, "128,96");
+  EXPECT_FALSE(plain->mpp);
+  EXPECT_EQ(*plain->scale, 1.0);
+  EXPECT_FALSE(plain->mean);
+  EXPECT_EQ(plain->tolerance.relative, 1e-3);
+  EXPECT_EQ(plain->tolerance.absolute, 1e-3);
+}
+
+TEST(ModelCard, BioimageioFieldsTilerLacksAreRefusedByName) {
+  const std::string dir = test::scratchDir("card_rdf_bad");
+  auto refusal = [&](const std::string& from, const std::string& to) {
+    const std::string path = writeFile(dir + "/rdf.yaml", rdfText(from, to));
+    return configError([&] { readBioimageioRdf(path); });
+  };
+  const std::string onnx = refusal("  torchscript: {source: weights.pt, pytorch_version: \"1.13\"}\n", "");
+  EXPECT_NE(onnx.find("rdf.yaml': weights has onnx only; tiler runs torchscript weights"), std::string::npos)
+      << onnx;
+  const std::string zmuv = refusal("id: fixed_zero_mean_unit_variance", "id: zero_mean_unit_variance");
+  EXPECT_NE(zmuv.find("preprocessing 'zero_mean_unit_variance' is not a step tiler has"), std::string::npos)
+      << zmuv;
+  const std::string range = refusal("id: scale_linear", "id: scale_range");
+  EXPECT_NE(range.find("preprocessing 'scale_range' is not a step tiler has"), std::string::npos) << range;
+  const std::string post = refusal("id: softmax", "id: binarize");
+  EXPECT_NE(post.find("postprocessing 'binarize' is not a step tiler has"), std::string::npos) << post;
+  const std::string axes = refusal("      - type: channel\n        channel_names: [r, g, b]\n", "");
+  EXPECT_NE(axes.find("inputs[0].axes are batch,y,x; tiler feeds batch,channel,y,x"), std::string::npos)
+      << axes;
+  const std::string version = refusal("format_version: 0.5.4", "format_version: 0.4.10");
+  EXPECT_NE(version.find("format_version '0.4.10'"), std::string::npos) << version;
+  const std::string unknown = refusal("license: MIT", "license: MIT\ntiling: {halo: 8}");
+  EXPECT_NE(unknown.find("field 'tiling' is not one tiler knows"), std::string::npos) << unknown;
+  const std::string url = refusal("source: weights.pt", "source: https://zenodo.org/weights.pt");
+  EXPECT_NE(url.find("weights.torchscript.source is a URL"), std::string::npos) << url;
+  const std::string yaml = refusal("inputs:", "inputs: [");
+  EXPECT_NE(yaml.find("rdf.yaml': not a YAML model description"), std::string::npos) << yaml;
+  fs::create_directories(dir + "/empty");
+  EXPECT_NE(configError([&] { findModelCard(dir + "/empty"); }).find("without rdf.yaml"), std::string::npos);
+}
+
+TEST(ModelCard, AFlagWinsAndEachSettingSaysWhereItCameFrom) {
+  ModelCard card;
+  card.window = "224";
+  card.mpp = 0.5;
+  card.mean = std::vector<double>{0.5};
+  card.activation = "softmax";
+  std::string window = "256", activation = "none", task = "auto", classes;
+  double mpp = 0.0, scale = 0.0;
+  std::vector<double> mean, std;
+  const auto from =
+      applyModelCard(card, {"mpp"}, {&window, &mpp, &scale, &mean, &std, &classes, &activation, &task});
+  EXPECT_EQ(window, "224");
+  EXPECT_EQ(mpp, 0.0);  // the flag's (given: left alone)
+  EXPECT_EQ(mean, std::vector<double>{0.5});
+  EXPECT_EQ(activation, "softmax");
+  EXPECT_EQ(task, "auto");
+  const std::vector<std::pair<std::string, std::string>> expected = {
+      {"window", "card"}, {"mpp", "flag"},        {"scale", "default"},   {"mean", "card"},
+      {"std", "default"}, {"classes", "default"}, {"activation", "card"}, {"task", "default"}};
+  EXPECT_EQ(from, expected);
+}
+
+namespace {
+
+std::map<std::string, std::string> outputFiles(const std::string& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename() != "report.json")
+      files[e.path().filename().string()] = test::slurp(e.path().string());
+  return files;
+}
+
+nlohmann::json reportOf(const std::string& dir) {
+  return nlohmann::json::parse(test::slurp(dir + "/report.json"));
+}
+
+}  // namespace
+
+// A WSInfer-style config.json beside the bundled classifier: a run without flags is the run with its settings
+// as flags, byte for byte; a flag wins over the card, and the report says where each setting came from.
+TEST(ModelCard, AWsinferCardRunsAsItsSettingsGivenAsFlags) {
+  const std::string root = test::scratchDir("card_wsinfer_run");
+  fs::create_directories(root + "/zoo");
+  fs::create_directories(root + "/plain");
+  fs::copy_file(kSamples + "/models/classifier.pt", root + "/zoo/torchscript_model.pt");
+  fs::copy_file(kSamples + "/models/classifier.pt", root + "/plain/classifier.pt");
+  writeFile(root + "/zoo/config.json", R"({"spec_version": "1.0", "architecture": "test", "num_classes": 2,
+    "class_names": ["glass", "blob"], "patch_size_pixels": 48, "spacing_um_px": 1.0,
+    "transform": [{"name": "ToTensor"},
+                  {"name": "Normalize", "arguments": {"mean": [0.5, 0.4, 0.3], "std": [0.25, 0.2, 0.3]}}]})");
+  const std::string common =
+      kTiler + " -i " + kSamples + "/images/small.png --input_mpp 0.5 --threads 1 --no_progress";
+  const auto card =
+      test::runCommand(common + " -m " + root + "/zoo/torchscript_model.pt -o " + root + "/by_card");
+  ASSERT_EQ(card.code, 0) << card.output;
+  const auto flags = test::runCommand(common + " -m " + root + "/plain/classifier.pt -o " + root +
+                                      "/by_flags --window 48 --mpp 1 --mean 0.5,0.4,0.3 --std 0.25,0.2,0.3 "
+                                      "--classes glass,blob --activation softmax --task classify");
+  ASSERT_EQ(flags.code, 0) << flags.output;
+  const auto by_card = outputFiles(root + "/by_card"), by_flags = outputFiles(root + "/by_flags");
+  EXPECT_EQ(by_card.size(), 2u);  // classify's csv and tiles
+  EXPECT_TRUE(by_card == by_flags) << "a card's run is the run with its settings as flags, byte for byte";
+  const auto report = reportOf(root + "/by_card");
+  EXPECT_EQ(report["model_card"], root + "/zoo/config.json");
+  EXPECT_EQ(report["model"], root + "/zoo/torchscript_model.pt");
+  EXPECT_EQ(report["window"], nlohmann::json({48, 48}));
+  EXPECT_EQ(report["task"], "classify");
+  const nlohmann::json from = {{"window", "card"},     {"mpp", "card"}, {"scale", "default"},
+                               {"mean", "card"},       {"std", "card"}, {"classes", "card"},
+                               {"activation", "card"}, {"task", "card"}};
+  EXPECT_EQ(report["settings_from"], from);
+  EXPECT_FALSE(reportOf(root + "/by_flags").contains("settings_from"));
+  // A flag wins: --window 32 over the card's 48, and the report says it came from the flag.
+  const auto over =
+      test::runCommand(common + " -m " + root + "/zoo/torchscript_model.pt -o " + root + "/over --window 32");
+  ASSERT_EQ(over.code, 0) << over.output;
+  const auto over_report = reportOf(root + "/over");
+  EXPECT_EQ(over_report["window"], nlohmann::json({32, 32}));
+  EXPECT_EQ(over_report["settings_from"]["window"], "flag");
+  EXPECT_EQ(over_report["settings_from"]["mpp"], "card");
+  EXPECT_FALSE(outputFiles(root + "/over") == by_card);
+  // A field tiler lacks stops the run in one line naming the file.
+  writeFile(root + "/zoo/config.json", R"({"num_classes": 2, "class_names": ["glass", "blob"],
+    "patch_size_pixels": 48, "spacing_um_px": 1.0, "transform": [{"name": "ToTensor"}, {"name": "RandomCrop"}]})");
+  const auto bad = test::runCommand(common + " -m " + root + "/zoo/torchscript_model.pt -o " + root + "/bad");
+  EXPECT_EQ(bad.code, 1) << bad.output;
+  EXPECT_NE(bad.output.find("config.json': transform RandomCrop is not a step tiler has"), std::string::npos)
+      << bad.output;
+}
+
+namespace {
+
+// A bioimage.io package made here: a small TorchScript segmentation net, a test input and the test output the
+// net gives for it with the card's preprocessing and softmax (PyTorch and NumPy of TILER_PYTHON or the
+// system's Python), and the same net with one output channel's weights shifted (altered.pt). Empty, with the
+// reason in `why`, where that Python has no PyTorch or NumPy.
+std::string makePackage(const std::string& dir, std::string* why) {
+  const char* env = std::getenv("TILER_PYTHON");
+  const std::string python = env && *env ? env : "/usr/bin/python3";
+  if (test::runCommand(python + " -c 'import torch, numpy'").code != 0) {
+    *why = python + " has no PyTorch or NumPy to make the package's test tensors";
+    return "";
+  }
+  writeFile(dir + "/make.py", R"(import sys, torch, numpy as np
+d = sys.argv[1]
+torch.manual_seed(0)
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.b = torch.nn.Conv2d(8, 2, 1)
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+net = Net().eval()
+torch.jit.script(net).save(d + '/weights.pt')
+x = torch.rand(1, 3, 64, 64) * 255
+mean = torch.tensor([0.5, 0.25, 0.5]).view(1, 3, 1, 1)
+std = torch.tensor([0.5, 0.25, 1.0]).view(1, 3, 1, 1)
+with torch.no_grad():
+    y = torch.softmax(net((x / 255 - mean) / (std + 1e-6)), 1)
+    net.b.weight[0] += 0.05
+np.save(d + '/test_input.npy', x.numpy())
+np.save(d + '/test_output.npy', y.numpy())
+torch.jit.script(net).save(d + '/altered.pt')
+)");
+  const auto r = test::runCommand(python + " " + dir + "/make.py " + dir);
+  EXPECT_EQ(r.code, 0) << r.output;
+  // Fixed 64 px input, no unit (so no --mpp), and neither onnx weights nor their tolerance.
+  std::string rdf = rdfText("{min: 64, step: 32}, unit: micrometer, scale: 0.5}", "64}");
+  rdf = rdf.replace(rdf.find("{min: 64, step: 32}, unit: micrometer, scale: 0.5}"),
+                    std::string("{min: 64, step: 32}, unit: micrometer, scale: 0.5}").size(), "64}");
+  rdf.replace(rdf.find("  onnx:"), rdf.find("config:") - rdf.find("  onnx:"), "");
+  writeFile(dir + "/rdf.yaml", rdf);
+  return r.code == 0 ? dir : "";
+}
+
+}  // namespace
+
+// check-model reproduces the package's own test output (exit 0) and fails on altered weights (exit 1), each
+// with the largest difference; infer takes the package as -m.
+TEST(ModelCard, CheckModelReproducesAPackagesTestTensorsAndFailsOnAlteredWeights) {
+  const std::string root = test::scratchDir("card_check");
+  std::string why;
+  const std::string pkg = makePackage(root + "/pkg", &why);
+  if (pkg.empty()) GTEST_SKIP() << why;
+  const auto good = test::runCommand(kTiler + " check-model " + pkg);
+  EXPECT_EQ(good.code, 0) << good.output;
+  EXPECT_NE(good.output.find("8192 values, largest difference "), std::string::npos) << good.output;
+  EXPECT_NE(good.output.find(": pass"), std::string::npos) << good.output;
+  fs::copy(pkg, root + "/bad");
+  fs::copy_file(pkg + "/altered.pt", root + "/bad/weights.pt", fs::copy_options::overwrite_existing);
+  const auto bad = test::runCommand(kTiler + " check-model " + root + "/bad/rdf.yaml");
+  EXPECT_EQ(bad.code, 1) << bad.output;
+  EXPECT_NE(bad.output.find("largest difference "), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find(": FAIL"), std::string::npos) << bad.output;
+  // A card without test tensors has nothing to check.
+  const auto none = test::runCommand(kTiler + " check-model " + kSamples + "/models/sample.pt");
+  EXPECT_EQ(none.code, 1) << none.output;
+  EXPECT_NE(none.output.find("names no test tensors"), std::string::npos) << none.output;
+  // The package as infer's -m: its window, normalisation, activation and classes.
+  const auto run = test::runCommand(kTiler + " -m " + pkg + " -i " + kSamples +
+                                    "/images/small.png --threads 1 --no_progress -o " + root + "/out");
+  ASSERT_EQ(run.code, 0) << run.output;
+  const auto report = reportOf(root + "/out");
+  EXPECT_EQ(report["model"], pkg + "/weights.pt");
+  EXPECT_EQ(report["window"], nlohmann::json({64, 64}));
+  EXPECT_EQ(report["settings_from"]["scale"], "card");
+  EXPECT_EQ(report["settings_from"]["mpp"], "default");
+  EXPECT_EQ(report["settings_from"]["activation"], "card");
+}
