@@ -3,7 +3,7 @@
 # so that tiler builds on a machine that has only a compiler, CMake and PyTorch (a GPU image, a cluster without
 # root). From Debian's own source packages, fetched through this machine's apt sources (no host named here):
 #   zlib, zstd, libdeflate, libjpeg-turbo, libpng, libtiff (zlib, JPEG, zstd, libdeflate),
-#   OpenCV core/imgproc/imgcodecs (no IPP, TBB, OpenCL, GDAL), HDF5's C library, GoogleTest,
+#   OpenCV core/imgproc/imgcodecs (no IPP, TBB, OpenCL, GDAL), HDF5's C library, GoogleTest, yaml-cpp,
 #   and the headers of CLI11, nlohmann_json, spdlog (trixie's: it compiles against the fmt 12 of PyTorch's
 #   wheels) and gloo (trixie's, which matches the wheels' c10d headers).
 # Not in it: GDAL and OpenSlide (tiler builds without them: TILER_WITH_GDAL/OPENSLIDE), fmt (LibTorch's or the
@@ -91,7 +91,7 @@ apt_in() {  # apt_in own|trixie apt-get|apt-cache ARGS...: apt over one private 
   "$tool" -o Dir::Etc::SourceList="$d/sources.list" -o Dir::Etc::SourceParts=/dev/null \
     -o Dir::State::Lists="$d/lists" -o APT::Sandbox::User=root -qq "$@"
 }
-own_packages=(zlib libzstd libdeflate libjpeg-turbo libpng1.6 tiff opencv hdf5 googletest cli11 nlohmann-json3)
+own_packages=(zlib libzstd libdeflate libjpeg-turbo libpng1.6 tiff opencv hdf5 googletest yaml-cpp cli11 nlohmann-json3)
 trixie_packages=(spdlog gloo)
 # Update the indices at most once a day; the versions they name are part of the stamp.
 for list in own trixie; do
@@ -260,6 +260,11 @@ fi
 src=$(fetch own googletest)
 cmake_build googletest "$src" -DBUILD_GMOCK=ON -DINSTALL_GTEST=ON
 
+# Model cards' YAML (bioimage.io's rdf.yaml): the library alone.
+src=$(fetch own yaml-cpp)
+cmake_build yaml-cpp "$src" -DYAML_CPP_BUILD_TESTS=OFF -DYAML_CPP_BUILD_TOOLS=OFF -DYAML_CPP_BUILD_CONTRIB=OFF \
+  -DYAML_BUILD_SHARED_LIBS=OFF
+
 cli11=$(fetch own cli11)
 json=$(fetch own nlohmann-json3)
 spdlog=$(fetch trixie spdlog)
@@ -324,6 +329,7 @@ _tiler_deps_static(opencv_core libopencv_core.a ZLIB::ZLIB \${_ocv_3p} \${CMAKE_
 _tiler_deps_static(opencv_imgproc libopencv_imgproc.a opencv_core)
 _tiler_deps_static(opencv_imgcodecs libopencv_imgcodecs.a opencv_imgproc opencv_core TIFF::TIFF PNG::PNG JPEG::JPEG)
 set_property(TARGET opencv_core APPEND PROPERTY INTERFACE_INCLUDE_DIRECTORIES "\${_td}/include/opencv4")
+_tiler_deps_static(yaml-cpp libyaml-cpp.a)
 _tiler_deps_headers(CLI11::CLI11)
 _tiler_deps_headers(nlohmann_json::nlohmann_json)
 # spdlog header-only over LibTorch's (or the system's) fmt, itself header-only: no spdlog or fmt library.
