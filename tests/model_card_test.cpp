@@ -308,13 +308,16 @@ TEST(ModelCard, AWsinferCardRunsAsItsSettingsGivenAsFlags) {
                                {"activation", "card"}, {"task", "card"}};
   EXPECT_EQ(report["settings_from"], from);
   EXPECT_FALSE(reportOf(root + "/by_flags").contains("settings_from"));
-  // A flag wins: --window 32 over the card's 48, and the report says it came from the flag.
-  const auto over =
-      test::runCommand(common + " -m " + root + "/zoo/torchscript_model.pt -o " + root + "/over --window 32");
+  // A flag wins, or a --config key: window 32 (--config) over the card's 48; --mean as the card's values,
+  // still the flag's; the report says where each came from.
+  writeFile(root + "/over.toml", "window = \"32\"\n");
+  const auto over = test::runCommand(common + " -m " + root + "/zoo/torchscript_model.pt -o " + root +
+                                     "/over --config " + root + "/over.toml --mean 0.5,0.4,0.3");
   ASSERT_EQ(over.code, 0) << over.output;
   const auto over_report = reportOf(root + "/over");
   EXPECT_EQ(over_report["window"], nlohmann::json({32, 32}));
   EXPECT_EQ(over_report["settings_from"]["window"], "flag");
+  EXPECT_EQ(over_report["settings_from"]["mean"], "flag");
   EXPECT_EQ(over_report["settings_from"]["mpp"], "card");
   EXPECT_FALSE(outputFiles(root + "/over") == by_card);
   // A field tiler lacks stops the run in one line naming the file.
