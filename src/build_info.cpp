@@ -20,7 +20,8 @@ std::string buildInfo(const std::string& tool) {
 
 const std::vector<OptionalFeature>& optionalFeatures() {
   static const std::vector<OptionalFeature> features = {
-      {"gdal", TILER_WITH_GDAL != 0, "--save polygons", "-DTILER_WITH_GDAL=ON with libgdal-dev"},
+      {"gdal", TILER_WITH_GDAL != 0, "--save polygons, remote inputs",
+       "-DTILER_WITH_GDAL=ON with libgdal-dev"},
       {"openslide", TILER_WITH_OPENSLIDE != 0, "vendor whole-slide formats (.svs, .ndpi, .mrxs, ...)",
        "-DTILER_WITH_OPENSLIDE=ON with libopenslide-dev"},
       {"hdf5", TILER_WITH_HDF5 != 0, "--save features", "-DTILER_WITH_HDF5=ON with libhdf5-dev"},

@@ -15,6 +15,7 @@
 #include "tiler/output_kinds.hpp"
 #include "tiler/platform.hpp"
 #include "tiler/readers.hpp"
+#include "tiler/remote_input.hpp"
 
 namespace fs = std::filesystem;
 
@@ -54,7 +55,9 @@ std::vector<std::string> listImages(const std::vector<std::string>& inputs, bool
   std::vector<std::string> files;
   for (const auto& in : inputs) {
     std::error_code ec;
-    if (!fs::is_directory(in, ec)) {
+    if (isInputList(in)) {
+      for (const auto& listed : readInputList(in)) files.push_back(listed);
+    } else if (isRemoteInput(in) || !fs::is_directory(in, ec)) {
       files.push_back(in);
     } else if (recursive) {
       listDirectory<fs::recursive_directory_iterator>(in, files);
@@ -229,7 +232,8 @@ std::vector<std::string> withoutTilerOutputs(std::vector<std::string> files,
                                              const std::vector<std::string>& named) {
   std::vector<std::string> skipped;
   const auto ours = [&](const std::string& f) {
-    if (std::find(named.begin(), named.end(), f) != named.end() || !isTilerOutputFile(f)) return false;
+    if (isRemoteInput(f) || std::find(named.begin(), named.end(), f) != named.end() || !isTilerOutputFile(f))
+      return false;
     skipped.push_back(fs::path(f).filename().string());
     return true;
   };
@@ -296,7 +300,7 @@ WindowCatalog buildInferCatalog(const InferCatalogOptions& o, const CatalogSpec&
   std::map<std::string, std::string> stems;  // output stem -> input, to catch collisions
   std::vector<std::string> existing;
   for (const auto& path : files) {
-    const std::string stem = fs::path(path).stem().string();
+    const std::string stem = inputStem(path);  // a URL's: its last path element's
     auto [first, fresh] = stems.emplace(stem, path);
     CatalogImage img;
     if (fresh) {

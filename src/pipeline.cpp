@@ -721,9 +721,16 @@ int InferJob::finishRun(OutputStage& outputs, int64_t steps) {
   stats_.images_owned = outputs.stats().images_owned;
   auto packed = exchange().allgather(torch::tensor(stats_.pack(), torch::kDouble), "the final statistics");
   const std::vector<std::string> results = exchange().allgatherStrings(owned, "the images' results");
+  // Every rank fetched its own windows' bytes of a remote input: rank 0 sums them (remote_bytes_read).
+  std::vector<torch::Tensor> fetched;
+  if (anyRemoteInput(catalog_))
+    fetched =
+        exchange().allgather(torch::tensor(fetchedBytesPerImage(catalog_), torch::kDouble), "bytes fetched");
   // Rank 0's verdict (or its fatal error) reaches every rank, so ctrun sees one code from all of them.
   return session_->finish([&] {
     for (int r = 1; r < worldSize(); ++r) OutputStage::applyResults(catalog_, results[size_t(r)]);
+    for (const auto& t : fetched)
+      addFetchedBytes(catalog_, std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel()));
     std::vector<RankStats> per_rank;
     for (const auto& t : packed)
       per_rank.push_back(

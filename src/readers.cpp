@@ -9,6 +9,7 @@
 
 #include "tiff_support.hpp"
 #include "tiler/error.hpp"
+#include "tiler/remote_input.hpp"
 
 namespace fs = std::filesystem;
 
@@ -43,7 +44,26 @@ const std::vector<ReaderBackend>& readerBackends() {
   return backends;
 }
 
+namespace {
+
+// A remote input is read by libtiff over byte ranges (OpenSlide and the decoders of whole files read local
+// files only): a TIFF, BigTIFF, SVS or COG; anything else is refused naming what it is not.
+std::unique_ptr<ImageReader> openRemote(const std::string& url) {
+  RemoteFile file(url);
+  unsigned char magic[4] = {0, 0, 0, 0};
+  const int64_t got = file.read(magic, 4);
+  TILER_CHECK(got >= 0, IoError, "'" << url << "': " << file.takeError());
+  TILER_CHECK(got == 4 && isTiffMagic(magic), IoError,
+              "'" << url
+                  << "': not a TIFF; remote inputs are read by byte ranges as TIFFs only (tiled TIFF, "
+                     "BigTIFF, SVS, COG): download other formats first");
+  return openTiff(url);
+}
+
+}  // namespace
+
 std::unique_ptr<ImageReader> ImageReader::open(const std::string& path) {
+  if (isRemoteInput(path)) return openRemote(path);
   std::error_code ec;
   const fs::file_status target = fs::status(path, ec);
   if (!fs::exists(target) || (ec && target.type() == fs::file_type::none)) {

@@ -12,6 +12,7 @@
 
 #include "tiler/error.hpp"
 #include "tiler/platform.hpp"
+#include "tiler/remote_input.hpp"
 
 namespace fs = std::filesystem;
 
@@ -101,10 +102,32 @@ nlohmann::json inferReport(const RunSummary& run, const WindowCatalog& catalog,
         e["objects_at_window_edge"] = img.objects_at_window_edge;
       }
     }
+    if (isRemoteInput(img.input)) e["remote_bytes_read"] = img.remote_bytes_read;
     if (status == "ok" || status == "skipped") e["outputs"] = img.outputs;
     j["images"].push_back(e);
   }
   return j;
+}
+
+bool anyRemoteInput(const WindowCatalog& catalog) {
+  for (const auto& img : catalog.images())
+    if (isRemoteInput(img.input)) return true;
+  return false;
+}
+
+std::vector<double> fetchedBytesPerImage(const WindowCatalog& catalog) {
+  std::vector<double> bytes;
+  for (const auto& img : catalog.images())
+    bytes.push_back(isRemoteInput(img.input) ? double(remoteBytesFetched(img.input)) : 0.0);
+  return bytes;
+}
+
+void addFetchedBytes(WindowCatalog& catalog, const std::vector<double>& per_image) {
+  TILER_CHECK(
+      per_image.size() == catalog.images().size(), ConfigError,
+      "bytes fetched: " << per_image.size() << " images, the catalog has " << catalog.images().size());
+  for (size_t id = 0; id < per_image.size(); ++id)
+    catalog.image(int(id)).remote_bytes_read += int64_t(per_image[id]);
 }
 
 int exitCodeOf(const nlohmann::json& report) {

@@ -1,13 +1,14 @@
 // The TIFF backend of the reader registry (readers.hpp): libtiff, tile by tile, through a cache that the
 // reading threads share, each on a libtiff handle of its own.
 #include <spdlog/spdlog.h>
-#include <sys/stat.h>
 #include <tiffio.h>
 
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cmath>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <limits>
@@ -41,6 +42,22 @@ bool selectPage(TIFF* tif, const TiffPage& page) {
                             : TIFFSetDirectory(tif, page.index) != 0;
 }
 
+// An Aperio SVS's first ImageDescription ("Aperio Image Library ...|AppMag = 40|MPP = 0.25|..."): its µm/px
+// and magnification, as OpenSlide reads them, so that a slide read here (remotely, or in a build without
+// OpenSlide) has the resolution it has there.
+void readAperioDescription(const std::string& description, ImageInfo& info) {
+  if (description.rfind("Aperio", 0) != 0) return;
+  auto field = [&](const std::string& key) -> std::optional<double> {
+    const size_t at = description.find("|" + key + " = ");
+    if (at == std::string::npos) return std::nullopt;
+    char* end = nullptr;
+    const double value = std::strtod(description.c_str() + at + key.size() + 4, &end);
+    return value > 0 && std::isfinite(value) ? std::optional<double>(value) : std::nullopt;
+  };
+  if (const auto mpp = field("MPP")) info.mpp = mpp;
+  if (const auto magnification = field("AppMag")) info.objective_power = magnification;
+}
+
 // Reads tiles and strips through a cache of decoded chunks that every reading thread shares: a chunk is
 // decoded once, by the first thread that wants it, on a libtiff handle of that thread's own for the time
 // (a handle's codec state is not shareable); threads that want it meanwhile wait for it. So a rank's
@@ -53,7 +70,7 @@ class TiffReader final : public ImageReader {
     info_.format = "tiff";
     info_.reader = "tiff";
     clearTiffError();
-    tif_ = TIFFOpen(path.c_str(), kTiffReadMode);
+    tif_ = openTiffForReading(path);
     if (tif_ == nullptr) TILER_THROW(IoError, "'" << path << "': not a readable TIFF: " << takeTiffError());
     try {
       const bool level0 = page.index == 0 && page.subifd_offset == 0;
@@ -199,6 +216,7 @@ class TiffReader final : public ImageReader {
     char* description = nullptr;
     if (TIFFGetField(tif_, TIFFTAG_IMAGEDESCRIPTION, &description) && description != nullptr)
       info_.description = description;
+    readAperioDescription(info_.description, info_);
     char* nodata = nullptr;
     if (TIFFGetField(tif_, kGdalNodata, &nodata) && nodata != nullptr) {
       try {
@@ -306,14 +324,13 @@ class TiffReader final : public ImageReader {
     // Cheap plausibility check before anything is decoded: the chunk tables must exist and lie in the file.
     const uint32_t chunks = info_.tiled ? TIFFNumberOfTiles(tif_) : TIFFNumberOfStrips(tif_);
     TILER_CHECK(chunks > 0, IoError, "'" << p << "': no image data (no strips or tiles)");
-    struct stat st {};
-    if (stat(p.c_str(), &st) == 0) {
-      const uint64_t last = chunks - 1;
+    {
+      const uint64_t last = chunks - 1, file_size = tiffFileSize(tif_);
       uint64_t off = TIFFGetStrileOffset(tif_, uint32_t(last));
       uint64_t cnt = TIFFGetStrileByteCount(tif_, uint32_t(last));
-      TILER_CHECK(off + cnt <= uint64_t(st.st_size) && (comp != COMPRESSION_NONE || cnt > 0), IoError,
+      TILER_CHECK(off + cnt <= file_size && (comp != COMPRESSION_NONE || cnt > 0), IoError,
                   "'" << p << "': truncated: the image data ends at byte " << off + cnt
-                      << " but the file has " << st.st_size << " bytes");
+                      << " but the file has " << file_size << " bytes");
     }
     chunks_across_ = (int64_t(w) + chunk_w_ - 1) / chunk_w_;
     chunks_down_ = (int64_t(h) + chunk_h_ - 1) / chunk_h_;
@@ -396,7 +413,7 @@ class TiffReader final : public ImageReader {
 
   TIFF* openHandle() {
     clearTiffError();
-    TIFF* tif = TIFFOpen(info_.path.c_str(), kTiffReadMode);
+    TIFF* tif = openTiffForReading(info_.path);
     if (tif == nullptr)
       TILER_THROW(IoError, "'" << info_.path << "': cannot open it again for reading: " << takeTiffError());
     if (!selectPage(tif, page_)) {

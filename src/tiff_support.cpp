@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "tiler/error.hpp"
+#include "tiler/remote_input.hpp"
 
 namespace tiler {
 namespace {
@@ -76,7 +77,56 @@ std::optional<uint16_t> geoKey(const std::vector<uint16_t>& directory, uint16_t 
   return std::nullopt;
 }
 
+// libtiff's client procedures over a RemoteFile: a read the server cuts short is libtiff's read error, with
+// the URL and the cause as the error libtiff's message follows.
+tmsize_t remoteRead(thandle_t handle, void* data, tmsize_t n) {
+  auto* file = static_cast<RemoteFile*>(handle);
+  const int64_t got = file->read(data, size_t(n));
+  if (got < 0) TIFFErrorExt(handle, file->url().c_str(), "%s", file->takeError().c_str());
+  return tmsize_t(got);
+}
+
+tmsize_t remoteWrite(thandle_t, void*, tmsize_t) {
+  return -1;
+}
+
+toff_t remoteSeek(thandle_t handle, toff_t offset, int whence) {
+  auto* file = static_cast<RemoteFile*>(handle);
+  const uint64_t base = whence == SEEK_CUR ? file->position() : whence == SEEK_END ? file->size() : 0;
+  file->seek(base + offset);
+  return file->position();
+}
+
+int remoteClose(thandle_t handle) {
+  delete static_cast<RemoteFile*>(handle);
+  return 0;
+}
+
+toff_t remoteSize(thandle_t handle) {
+  return static_cast<RemoteFile*>(handle)->size();
+}
+
+int noMapping(thandle_t, void**, toff_t*) {
+  return 0;
+}
+
+void noUnmapping(thandle_t, void*, toff_t) {}
+
 }  // namespace
+
+TIFF* openTiffForReading(const std::string& path) {
+  if (!isRemoteInput(path)) return TIFFOpen(path.c_str(), kTiffReadMode);
+  auto file = std::make_unique<RemoteFile>(path);
+  // Once open, the TIFF closes its client (remoteClose); a failed open leaves it to us, as TIFFOpen does.
+  TIFF* tif = TIFFClientOpen(path.c_str(), kTiffReadMode, file.get(), remoteRead, remoteWrite, remoteSeek,
+                             remoteClose, remoteSize, noMapping, noUnmapping);
+  if (tif != nullptr) file.release();
+  return tif;
+}
+
+uint64_t tiffFileSize(TIFF* tif) {
+  return TIFFGetSizeProc(tif)(TIFFClientdata(tif));
+}
 
 void installTiffHandlers() {
   static std::once_flag once;
@@ -158,9 +208,14 @@ TiffMetadata readMetadata(TIFF* tif) {
 }
 
 TiffMetadata readMetadata(const std::string& path) {
-  if (path.empty() || !looksLikeTiff(path)) return {};
+  if (path.empty() || (!isRemoteInput(path) && !looksLikeTiff(path))) return {};
   installTiffHandlers();
-  TIFF* tif = TIFFOpen(path.c_str(), kTiffReadMode);
+  TIFF* tif = nullptr;
+  try {
+    tif = openTiffForReading(path);
+  } catch (const Error&) {
+    return {};
+  }
   if (tif == nullptr) {
     takeTiffError();
     return {};

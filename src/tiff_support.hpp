@@ -34,6 +34,15 @@ bool isTiffMagic(const unsigned char (&magic)[4]);
 // resident memory (time -v, top, Slurm's accounting) though they are the file's, and each tile is read once.
 constexpr const char* kTiffReadMode = "rm";
 
+// Opens the TIFF at `path` for reading: a local file with read(2) (kTiffReadMode), a remote input
+// (isRemoteInput) by byte ranges through a RemoteFile that libtiff reads as its client (TIFFClientOpen), so
+// every page, level and tile is read the same way wherever the file is. nullptr when libtiff cannot read
+// it (takeTiffError() says why, naming the URL when the server cut a read short); throws IoError when a
+// remote input cannot be opened at all.
+TIFF* openTiffForReading(const std::string& path);
+// The size in bytes of the file `tif` reads, local or remote.
+uint64_t tiffFileSize(TIFF* tif);
+
 struct TiffMetadata {
   bool has_resolution = false;
   float xres = 0, yres = 0;

@@ -23,6 +23,7 @@
 #include <set>
 #include <sstream>
 
+#include "range_server.hpp"
 #include "slide_util.hpp"
 #include "test_util.hpp"
 #include "tiler/error.hpp"
@@ -2912,6 +2913,123 @@ TEST_F(Pipeline, Pt2PackageIsByteIdenticalAcrossRanksAndRunsLikeItsTorchScript) 
   const cv::Mat a = ImageReader::open(dir + "/one/wave_labels.tif")->readRegion({0, 0, 420, 300});
   const cv::Mat b = ImageReader::open(dir + "/script/wave_labels.tif")->readRegion({0, 0, 420, 300});
   EXPECT_LE(cv::countNonZero(a != b), 420 * 300 / 10000) << "labels differ only where two classes tie";
+}
+
+}  // namespace
+}  // namespace tiler
+
+// Remote inputs: URLs served by tests/range_server.py (HTTP with Range), read by byte ranges through GDAL.
+namespace tiler {
+namespace {
+
+std::string remoteArgs(const std::string& inputs, const std::string& model, const std::string& out) {
+  return kTiler + " -i " + inputs + " -m " + model + " -o " + out +
+         " --window 128 --batch_size 4 --threads 1 --save labels,probs --no_progress ";
+}
+
+void writeList(const std::string& path, const std::vector<std::string>& lines) {
+  std::ofstream list(path);
+  list << "# inputs of a remote run\n\n";
+  for (const auto& line : lines) list << line << "\n";
+}
+
+// A tiled TIFF and an SVS named in a list of URLs write the bytes their local files write; the SVS, which
+// OpenSlide reads here, is read by libtiff there, at OpenSlide's µm/px.
+TEST_F(Pipeline, RemoteInputsInAListOfUrlsWriteTheLocalFilesBytes) {
+  TILER_SKIP_WITHOUT_FEATURE("gdal");
+  if (!test::haveSlideTools()) GTEST_SKIP() << "vips/openslide-tools not installed (scripts/setup-deps.sh)";
+  const std::string dir = root_ + "/remote_src";
+  fs::create_directories(dir);
+  test::writeNoiseTiff(dir + "/tiled.tif", 640);
+  cv::Mat rgb = pattern(500, 600, CV_8UC3, 255);
+  test::makeSlide(rgb, dir + "/plain.tif", dir + "/slide.svs");
+  test::RangeServer server(dir);
+  writeList(root_ + "/local.txt", {dir + "/tiled.tif", dir + "/slide.svs"});
+  writeList(root_ + "/urls.txt", {server.url("tiled.tif"), server.url("slide.svs?token=a/b")});
+  const std::string local = root_ + "/remote_local_out", remote = root_ + "/remote_out";
+  auto l = run(remoteArgs(root_ + "/local.txt", model_, local));
+  ASSERT_EQ(l.code, 0) << l.output;
+  auto r = run(remoteArgs(root_ + "/urls.txt", model_, remote));
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* f : {"/tiled_labels.tif", "/tiled_probs.tif", "/slide_labels.tif", "/slide_probs.tif"}) {
+    ASSERT_TRUE(fs::exists(remote + f)) << f;
+    EXPECT_TRUE(slurp(local + f) == slurp(remote + f)) << f << ": remote outputs are the local ones";
+  }
+  const nlohmann::json images = report(remote)["images"];
+  ASSERT_EQ(images.size(), 2u);
+  for (const auto& e : images) {
+    EXPECT_EQ(e["reader"], "tiff") << e;
+    EXPECT_GT(e["remote_bytes_read"].get<int64_t>(), 0) << e;
+  }
+  EXPECT_EQ(images[0]["input"], server.url("slide.svs?token=a/b"));
+  EXPECT_EQ(images[0]["mpp"], 0.25) << "the SVS's µm/px from its Aperio description";
+  EXPECT_FALSE(report(local)["images"][0].contains("remote_bytes_read"))
+      << "local inputs read no bytes remotely";
+}
+
+// A mask that keeps a corner: its windows' tiles (and the header) are all that comes over the network, on
+// one rank or two (the report sums what each rank fetched; two ranks both read the tiles their windows
+// share).
+TEST_F(Pipeline, ACornerOfARemoteImageFetchesLittleOfTheFile) {
+  TILER_SKIP_WITHOUT_FEATURE("gdal");
+  const std::string dir = root_ + "/remote_corner";
+  fs::create_directories(dir);
+  test::writeNoiseTiff(dir + "/big.tif", 2048);
+  const auto file_size = int64_t(fs::file_size(dir + "/big.tif"));
+  cv::Mat mask = cv::Mat::zeros(2048, 2048, CV_8U);
+  mask(cv::Rect(0, 0, 256, 256)).setTo(255);
+  writeImage(root_ + "/corner_mask.png", mask, SampleType::kU8);
+  for (const int ranks : {1, 2}) {
+    test::RangeServer server(dir);
+    const std::string out = root_ + "/remote_corner_out" + std::to_string(ranks);
+    auto r = run(kCtrun + " --nproc_per_node " + std::to_string(ranks) + " --master_port 0 " +
+                 remoteArgs(server.url("big.tif"), model_, out) + " --mask " + root_ + "/corner_mask.png");
+    ASSERT_EQ(r.code, 0) << r.output;
+    const nlohmann::json e = report(out)["images"][0];
+    EXPECT_LT(e["windows_processed"].get<int64_t>(), e["windows"].get<int64_t>() / 10) << e;
+    const int64_t fetched = e["remote_bytes_read"].get<int64_t>();
+    EXPECT_GT(fetched, 256 * 256 * 3) << e;
+    EXPECT_LT(fetched, file_size / 6) << ranks << " rank(s) fetched " << fetched << " of " << file_size;
+    EXPECT_EQ(fetched, server.bytesSent()) << "the report counts what the server sent";
+  }
+}
+
+// A server that loses the connection mid-read fails that image alone, naming the URL and what happened; the
+// batch's other image is written, the exit code says some failed, and --resume against a good server redoes
+// the failed one to the local file's bytes.
+TEST_F(Pipeline, ALostConnectionFailsThatImageAloneAndResumeRedoesIt) {
+  TILER_SKIP_WITHOUT_FEATURE("gdal");
+  const std::string dir = root_ + "/remote_drop";
+  fs::create_directories(dir);
+  test::writeNoiseTiff(dir + "/small.tif", 256);
+  test::writeNoiseTiff(dir + "/cut.tif", 1024);
+  test::RangeServer good(dir), cutting(dir, long(fs::file_size(dir + "/cut.tif") / 3));
+  const std::string out = root_ + "/remote_drop_out", local = root_ + "/remote_drop_local";
+  writeList(root_ + "/drop.txt", {good.url("small.tif"), cutting.url("cut.tif")});
+  auto r = run(remoteArgs(root_ + "/drop.txt", model_, out));
+  EXPECT_EQ(r.code, kExitSomeFailed) << r.output;
+  const nlohmann::json images = report(out)["images"];
+  ASSERT_EQ(images.size(), 2u);
+  const auto& cut = images[0]["input"] == cutting.url("cut.tif") ? images[0] : images[1];
+  const auto& small = images[0]["input"] == cutting.url("cut.tif") ? images[1] : images[0];
+  EXPECT_EQ(small["status"], "ok") << small;
+  EXPECT_EQ(cut["status"], "error") << cut;
+  const std::string error = cut["error"].get<std::string>();
+  EXPECT_NE(error.find("'" + cutting.url("cut.tif") + "': TIFFReadTile failed at tile"), std::string::npos)
+      << error;
+  EXPECT_NE(error.find("the connection was lost or the transfer cut short"), std::string::npos) << error;
+  EXPECT_FALSE(fs::exists(out + "/cut_labels.tif")) << "nothing of the failed image is final";
+
+  writeList(root_ + "/drop_again.txt", {good.url("small.tif"), good.url("cut.tif")});
+  auto again = run(remoteArgs(root_ + "/drop_again.txt", model_, out) + " --resume");
+  ASSERT_EQ(again.code, 0) << again.output;
+  const nlohmann::json resumed = report(out)["images"];
+  for (const auto& e : resumed)
+    EXPECT_EQ(e["status"], e["input"] == good.url("small.tif") ? "skipped" : "ok") << e;
+  auto l = run(remoteArgs(dir + "/cut.tif", model_, local));
+  ASSERT_EQ(l.code, 0) << l.output;
+  for (const char* f : {"/cut_labels.tif", "/cut_probs.tif"})
+    EXPECT_TRUE(slurp(local + f) == slurp(out + f)) << f << ": the resumed image is the local file's";
 }
 
 }  // namespace

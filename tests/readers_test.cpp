@@ -1,6 +1,7 @@
 // The reader registry: what each file's probe shows and which backend claims it, in order: OpenSlide for a
 // vendor slide whatever its name, libtiff for other TIFFs, OpenSlide's own error for a slide name it cannot
-// read, OpenCV for the rest, and a refusal for a .tif that is not a TIFF.
+// read, OpenCV for the rest, and a refusal for a .tif that is not a TIFF; remote inputs (URLs) go to libtiff
+// by byte ranges through GDAL, served in these tests by tests/range_server.py.
 #include "tiler/readers.hpp"
 
 #include <gtest/gtest.h>
@@ -10,10 +11,12 @@
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 
+#include "range_server.hpp"
 #include "slide_util.hpp"
 #include "test_util.hpp"
 #include "tiler/error.hpp"
 #include "tiler/platform.hpp"
+#include "tiler/remote_input.hpp"
 
 namespace fs = std::filesystem;
 
@@ -146,6 +149,154 @@ TEST(Readers, AVendorSlideGoesToOpenSlideWhateverItsName) {
     EXPECT_EQ(ImageReader::open(dir + name)->info().reader, "openslide") << name;
   }
   EXPECT_EQ(claimant(dir + "/plain.tif"), "tiff");
+  removeTree(dir);
+}
+
+TEST(Readers, UrlsNameTheirOutputsByTheLastPathElementAndListsHoldInputs) {
+  for (const char* url : {"https://host/a/slide.svs", "http://h:8080/slide.svs", "s3://bucket/x/slide.svs",
+                          "gs://bucket/slide.svs"})
+    EXPECT_TRUE(isRemoteInput(url)) << url;
+  for (const char* local : {"/data/slide.svs", "slide.svs", "https:/x.tif", "ftp://h/x.tif", "S3/x.tif"})
+    EXPECT_FALSE(isRemoteInput(local)) << local;
+  EXPECT_EQ(inputFileName("https://host/a/b/slide.svs?X-Amz-Signature=a/b.c#part"), "slide.svs");
+  EXPECT_EQ(inputStem("https://host/a/b/slide.svs?X-Amz-Signature=a/b.c"), "slide");
+  EXPECT_EQ(inputStem("s3://bucket/cohort/scene.cog.tif"), "scene.cog");
+  EXPECT_EQ(inputStem("/data/in/a_large.tif"), "a_large");
+  EXPECT_EQ(inputStem("/data/in/.hidden"), ".hidden");
+
+  const std::string dir = test::scratchDir("readers_list");
+  std::ofstream(dir + "/inputs.txt")
+      << "# the cohort\n\n  https://host/a.svs  \r\n"
+      << "\t# s3 too\ns3://bucket/b.tif\nhttps://host/c.tif#frag\n/local/d.tif\n";
+  EXPECT_TRUE(isInputList(dir + "/inputs.txt"));
+  EXPECT_FALSE(isInputList(dir + "/a.tif"));
+  EXPECT_FALSE(isInputList("https://host/list.txt")) << "a remote list is not read";
+  EXPECT_EQ(readInputList(dir + "/inputs.txt"),
+            (std::vector<std::string>{"https://host/a.svs", "s3://bucket/b.tif", "https://host/c.tif#frag",
+                                      "/local/d.tif"}));
+  try {
+    readInputList(dir + "/missing.txt");
+    FAIL() << "read a list that is not there";
+  } catch (const IoError& e) {
+    EXPECT_NE(e.message().find("missing.txt': cannot read the list of inputs"), std::string::npos)
+        << e.message();
+  }
+  removeTree(dir);
+}
+
+TEST(Readers, ARemoteTiffIsReadByByteRangesAsTheLocalFileIs) {
+  TILER_SKIP_WITHOUT_FEATURE("gdal");
+  const std::string dir = test::scratchDir("readers_remote");
+  test::writeNoiseTiff(dir + "/noise.tif", 1024);
+  const auto file_size = int64_t(fs::file_size(dir + "/noise.tif"));
+  test::RangeServer server(dir);
+  const std::string url = server.url("noise.tif");
+  auto local = ImageReader::open(dir + "/noise.tif");
+  auto remote = ImageReader::open(url);
+  EXPECT_EQ(remote->info().reader, "tiff");
+  EXPECT_EQ(remote->info().path, url);
+  EXPECT_EQ(remote->info().width, 1024);
+  ASSERT_EQ(remote->info().levels.size(), local->info().levels.size());
+  // A corner: only its tiles (and the header) come over the network.
+  const Rect corner{0, 0, 200, 200};
+  EXPECT_EQ(cv::norm(remote->readRegion(corner), local->readRegion(corner), cv::NORM_INF), 0);
+  const int64_t fetched = remoteBytesFetched(url);
+  EXPECT_GT(fetched, 200 * 200 * 3);
+  EXPECT_LT(fetched, file_size / 8) << "a corner fetched " << fetched << " of " << file_size << " bytes";
+  EXPECT_LE(server.bytesSent(), fetched + 4096) << "GDAL counts what the server sent";
+  for (const Rect r : {Rect{300, 517, 700, 300}, Rect{0, 0, 1024, 1024}})
+    EXPECT_EQ(cv::norm(remote->readRegion(r), local->readRegion(r), cv::NORM_INF), 0);
+  const Rect half{0, 0, 512, 512};
+  EXPECT_EQ(cv::norm(remote->readRegion(half, 1), local->readRegion(half, 1), cv::NORM_INF), 0) << "level 1";
+  EXPECT_EQ(remoteBytesFetched(dir + "/noise.tif"), 0);
+  removeTree(dir);
+}
+
+TEST(Readers, AConnectionLostMidReadFailsTheReadNamingTheUrlNeverWithZeros) {
+  TILER_SKIP_WITHOUT_FEATURE("gdal");
+  const std::string dir = test::scratchDir("readers_drop");
+  test::writeNoiseTiff(dir + "/noise.tif", 1024);
+  // The header and the first tiles arrive; the connection is lost a quarter of the way in.
+  test::RangeServer server(dir, long(fs::file_size(dir + "/noise.tif") / 4));
+  const std::string url = server.url("noise.tif");
+  auto remote = ImageReader::open(url);
+  try {
+    remote->readRegion({0, 0, 1024, 1024});
+    FAIL() << "a read the server cut short returned pixels";
+  } catch (const IoError& e) {
+    EXPECT_NE(e.message().find("'" + url + "': TIFFReadTile failed at tile"), std::string::npos)
+        << e.message();
+    EXPECT_NE(e.message().find(url + ": the server sent"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("the connection was lost or the transfer cut short"), std::string::npos)
+        << e.message();
+  }
+  removeTree(dir);
+}
+
+TEST(Readers, ARemoteInputIsATiffOrIsRefusedAndAMissingOneNamesTheServersAnswer) {
+  TILER_SKIP_WITHOUT_FEATURE("gdal");
+  const std::string dir = test::scratchDir("readers_remote_png");
+  ASSERT_TRUE(cv::imwrite(dir + "/a.png", cv::Mat(20, 30, CV_8UC3, cv::Scalar(1, 2, 3))));
+  test::RangeServer server(dir);
+  try {
+    ImageReader::open(server.url("a.png"));
+    FAIL() << "opened a remote PNG";
+  } catch (const IoError& e) {
+    EXPECT_NE(e.message().find("a.png': not a TIFF; remote inputs are read by byte ranges as TIFFs only"),
+              std::string::npos)
+        << e.message();
+  }
+  try {
+    ImageReader::open(server.url("missing.tif"));
+    FAIL() << "opened a missing URL";
+  } catch (const IoError& e) {
+    EXPECT_NE(e.message().find("'" + server.url("missing.tif") + "': cannot open it: "), std::string::npos)
+        << e.message();
+    EXPECT_NE(e.message().find("404"), std::string::npos) << e.message();
+  }
+  removeTree(dir);
+}
+
+TEST(Readers, ARemoteInputWithoutGdalSaysTheBuildLacksIt) {
+  if (test::featureBuilt("gdal"))
+    GTEST_SKIP() << "this build has GDAL (scripts/test.sh --features-off has not)";
+  try {
+    ImageReader::open("https://example.org/slide.svs");
+    FAIL() << "a build without GDAL opened a URL";
+  } catch (const IoError& e) {
+    EXPECT_NE(e.message().find("'https://example.org/slide.svs': a remote input needs GDAL"),
+              std::string::npos)
+        << e.message();
+    EXPECT_NE(e.message().find("which this tiler was built without"), std::string::npos) << e.message();
+  }
+}
+
+// An Aperio SVS on a server is read by libtiff (OpenSlide reads local files only) as OpenSlide reads it here:
+// the same size, levels, µm/px, magnification and pixels.
+TEST(Readers, ARemoteSvsReadsAsOpenSlideReadsItLocally) {
+  TILER_SKIP_WITHOUT_FEATURE("gdal");
+  TILER_SKIP_WITHOUT_FEATURE("openslide");
+  if (!test::haveSlideTools()) GTEST_SKIP() << "vips/openslide-tools not installed (scripts/setup-deps.sh)";
+  const std::string dir = test::scratchDir("readers_remote_svs");
+  cv::Mat rgb(600, 700, CV_8UC3);
+  cv::randu(rgb, 0, 255);
+  cv::GaussianBlur(rgb, rgb, cv::Size(5, 5), 2);
+  test::makeSlide(rgb, dir + "/plain.tif", dir + "/slide.svs", 0.5, 20);
+  test::RangeServer server(dir);
+  auto local = ImageReader::open(dir + "/slide.svs");
+  auto remote = ImageReader::open(server.url("slide.svs"));
+  ASSERT_EQ(local->info().reader, "openslide");
+  EXPECT_EQ(remote->info().reader, "tiff");
+  EXPECT_EQ(remote->info().mpp, std::optional<double>(0.5));
+  EXPECT_EQ(remote->info().objective_power, std::optional<double>(20));
+  ASSERT_EQ(remote->info().levels.size(), local->info().levels.size());
+  for (size_t l = 0; l < local->info().levels.size(); ++l) {
+    const auto& level = local->info().levels[l];
+    EXPECT_EQ(remote->info().levels[l].width, level.width);
+    const Rect all{0, 0, level.width, level.height};
+    EXPECT_EQ(cv::norm(remote->readRegion(all, int(l)), local->readRegion(all, int(l)), cv::NORM_INF), 0)
+        << "level " << l;
+  }
   removeTree(dir);
 }
 

@@ -21,7 +21,8 @@
 namespace tiler {
 
 // Files under `inputs` (directories walked, recursive when asked) with image extensions, sorted; a named
-// file is taken as it is (if it is missing, its error is the image's).
+// file or URL is taken as it is (if it is missing, its error is the image's); a named *.txt file gives the
+// inputs it lists (readInputList), each taken as named.
 std::vector<std::string> listImages(const std::vector<std::string>& inputs, bool recursive);
 // Default input scale for a sample type: 1/max for integers, 1 for float.
 double defaultScale(SampleType type);
@@ -53,6 +54,7 @@ struct CatalogImage {
   std::string status = "ok";  // ok | skipped | error (infer: done once its outputs are committed)
   std::string error;
   int64_t non_finite_values = 0;  // infer: NaN/Inf values in this image's stitched predictions
+  int64_t remote_bytes_read = 0;  // infer, a remote input: the bytes every rank fetched from the server
   // detect: the objects written (-1: not an object task) and those of them a window edge inside the image
   // cut.
   int64_t objects = -1, objects_at_window_edge = 0;

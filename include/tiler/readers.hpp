@@ -2,8 +2,9 @@
 // from what their first bytes and name show (FileProbe), and ImageReader::open asks the backends in order:
 // OpenSlide for the vendor formats it knows (whatever the extension), libtiff for any other TIFF (even named
 // .svs), OpenSlide again for a slide extension that is not a TIFF (it says why it cannot read it), libjpeg
-// for a JPEG, OpenCV for the rest; a file named .tif/.tiff that is not a TIFF is refused. Adding a reader is
-// a row of readerBackends() and a file of its own (docs/design.md). No LibTorch.
+// for a JPEG, OpenCV for the rest; a file named .tif/.tiff that is not a TIFF is refused. A remote input
+// (remote_input.hpp) goes to libtiff over byte ranges when it is a TIFF, and is refused otherwise. Adding a
+// reader is a row of readerBackends() and a file of its own (docs/design.md). No LibTorch.
 #pragma once
 
 #include <memory>

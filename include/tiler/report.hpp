@@ -53,6 +53,11 @@ struct RunSummary {
 // is reported as ok; a planned image never finished is an error).
 nlohmann::json inferReport(const RunSummary& run, const WindowCatalog& catalog,
                            const std::vector<RankStats>& per_rank);
+// Remote inputs (remote_input.hpp): whether the catalog has any; per image, the bytes this process fetched
+// for it (0 for a local input), which every rank sends and addFetchedBytes sums into remote_bytes_read.
+bool anyRemoteInput(const WindowCatalog& catalog);
+std::vector<double> fetchedBytesPerImage(const WindowCatalog& catalog);
+void addFetchedBytes(WindowCatalog& catalog, const std::vector<double>& per_image);
 // kExitOk, or kExitSomeFailed when any image of the report failed.
 int exitCodeOf(const nlohmann::json& report);
 // Writes `j` to "<path>.partial" and renames it into place; throws IoError.
