@@ -5,7 +5,7 @@
 set(tiler_floors
     "ground: error slots fault platform"
     "plain logic: grid sampler cpu_layout cli build_info version queue job_options output_kinds launcher rendezvous npy model_card agent failures options signals streams worker_group handler registry static c10d"
-    "pixels: image_io handle_pool remote_input readers tiff_support tiff_reader openslide_reader jpeg_reader opencv_reader resolution mask polygons geojson blend zarr_writer map_writers"
+    "pixels: image_io handle_pool remote_input readers tiff_support tiff_reader openslide_reader jpeg_reader opencv_reader resolution mask annotations train_metrics polygons geojson blend zarr_writer map_writers"
     "planning: catalog window_outputs instances"
     "compute: torch_compat runtime_info block_cache model model_runtime torchscript_runtime pt2_runtime dist loader exchange session device_stitch outputs report"
     "jobs: pipeline finetune"

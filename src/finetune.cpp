@@ -14,9 +14,11 @@
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 #include <random>
 
+#include "tiler/annotations.hpp"
 #include "tiler/catalog.hpp"
 #include "tiler/dist.hpp"
 #include "tiler/error.hpp"
@@ -24,11 +26,14 @@
 #include "tiler/fault.hpp"
 #include "tiler/loader.hpp"
 #include "tiler/model.hpp"
+#include "tiler/model_runtime.hpp"
 #include "tiler/platform.hpp"
+#include "tiler/polygons.hpp"
 #include "tiler/report.hpp"
 #include "tiler/sampler.hpp"
 #include "tiler/session.hpp"
 #include "tiler/torch_compat.hpp"
+#include "tiler/train_metrics.hpp"
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -70,8 +75,9 @@ class Trainer {
  private:
   // The phases of run(), in order.
   void validateOptions();
-  void loadModel();  // the model in training mode, its parameters and the optimiser
-  void connect();    // the process group, the checkpoint directory's lock and the data, on every rank
+  void validateLabelOptions();  // labels, classes, weights
+  void loadModel();             // the model in training mode, its parameters and the optimiser
+  void connect();  // the process group, the checkpoint directory's lock and the data, on every rank
   int resumeEpoch(nlohmann::json& history);  // the last epoch done (0: none), its state loaded everywhere
   void planSteps();
   void trainEpoch(int epoch, nlohmann::json& history, Progress& progress);
@@ -86,6 +92,19 @@ class Trainer {
   StepExchange& exchange() { return session_->exchange(); }
 
   void loadData();
+  // The images of `images_dir` with their labels (label images or annotations), held out when `held_out`.
+  void addImages(const std::string& images_dir, const std::string& labels_dir, const std::string& annotations,
+                 bool held_out);
+  // The labels of one window at the output's scale into target [h,w,tc] and valid [h,w] (1: counted).
+  void readLabels(const CatalogImage& img, int image_id, int64_t local, ReaderCache& readers, float* target,
+                  float* valid);
+  // --class_weights auto: inverse frequency over the training windows' labelled pixels (every rank's share).
+  void computeClassWeights();
+  // Rank 0, after each epoch: the CSV and the plot of the epochs, and --save_best's model.
+  void writeEpochOutputs(int epoch, const nlohmann::json& history);
+  std::string csvPath() const { return o_.output + ".epochs.csv"; }
+  std::string plotPath() const { return o_.output + ".curves.png"; }
+  std::string bestPath() const { return o_.output + ".best.pt"; }
   // Rank 0's outputs (-o, --report, the checkpoints and their lock) are none of the files training reads
   // (the model, images, labels) nor each other: a ConfigError naming the clash.
   void checkWrittenPaths() const;
@@ -123,11 +142,16 @@ class Trainer {
   ModelProbe probe_;
   WindowCatalog catalog_;
   std::vector<WindowRef> train_, val_;
+  std::vector<bool> held_out_;  // by image id: a --val_images image
+  // By image id: its annotations (null: a label image), read once, then only read by any thread.
+  std::vector<std::shared_ptr<const AnnotationLabels>> annotations_;
+  std::vector<std::string> class_names_;  // --classes, else class_0.. (the metrics' keys)
+  torch::Tensor class_weights_;           // float32 [K] on the device; undefined: none
   // Open readers of images and labels, kept across steps (a PNG is decoded once, not per batch): one cache
   // for the read-ahead thread, one for validation on the main thread.
   ReaderCache train_readers_, val_readers_;
-  double loss_scale_ = 65536.0;  // fp16 dynamic loss scaling
-  int64_t good_steps_ = 0;
+  LossScaler scaler_;     // dynamic loss scaling (fp16, or --loss_scale)
+  bool scaling_ = false;  // whether losses are scaled
   int64_t total_steps_ = 0, step_ = 0;
   int64_t micro_per_epoch_ = 0, steps_per_epoch_ = 0;  // this rank's micro-batches, the optimiser's steps
   double sync_seconds_ = 0, step_seconds_ = 0;         // for the report
@@ -166,40 +190,79 @@ void Trainer::checkLabels(const CatalogImage& t) {
 }
 
 void Trainer::loadData() {
-  TILER_CHECK(fs::is_directory(o_.images_dir), ConfigError,
-              "--images '" << o_.images_dir << "' is not a directory");
-  TILER_CHECK(fs::is_directory(o_.labels_dir), ConfigError,
-              "--labels '" << o_.labels_dir << "' is not a directory");
+  addImages(o_.images_dir, o_.labels_dir, o_.annotations, false);
+  if (!o_.val_images.empty()) addImages(o_.val_images, o_.val_labels, o_.val_annotations, true);
+  splitValidation();
+}
+
+void Trainer::addImages(const std::string& images_dir, const std::string& labels_dir,
+                        const std::string& annotations, bool held_out) {
+  const char* images_flag = held_out ? "--val_images" : "--images";
+  TILER_CHECK(fs::is_directory(images_dir), ConfigError,
+              images_flag << " '" << images_dir << "' is not a directory");
   std::map<std::string, std::string> labels;
-  for (const auto& l : listImages({o_.labels_dir}, false)) labels[fs::path(l).stem().string()] = l;
-  auto files = listImages({o_.images_dir}, false);
-  TILER_CHECK(!files.empty(), ConfigError, "no images in '" << o_.images_dir << "'");
-  const CatalogSpec spec{spec_,      probe_.input_channels, probe_.scale, o_.scale,
-                         MaskSpec{}, ResolutionSpec{},      true,         parseChannelList(o_.channels)};
+  if (annotations.empty()) {
+    TILER_CHECK(fs::is_directory(labels_dir), ConfigError,
+                (held_out ? "--val_labels" : "--labels") << " '" << labels_dir << "' is not a directory");
+    for (const auto& l : listImages({labels_dir}, false)) labels[fs::path(l).stem().string()] = l;
+  }
+  auto files = listImages({images_dir}, false);
+  TILER_CHECK(!files.empty(), ConfigError, "no images in '" << images_dir << "'");
+  TILER_CHECK(annotations.empty() || files.size() == 1 || fs::is_directory(annotations), ConfigError,
+              "'" << annotations << "': one annotation file is for one image; " << images_flag << " has "
+                  << files.size() << " (give a directory of <stem>.geojson)");
+  // Annotations are also the region windows are drawn from (as --roi is for infer).
+  const CatalogSpec spec{spec_,
+                         probe_.input_channels,
+                         probe_.scale,
+                         o_.scale,
+                         parseMaskSpec(o_.mask, o_.mask_fraction, annotations.empty() ? o_.roi : annotations),
+                         ResolutionSpec{o_.level, o_.mpp, o_.magnification, o_.input_mpp},
+                         true,
+                         parseChannelList(o_.channels)};
   for (const auto& f : files) {
-    auto it = labels.find(fs::path(f).stem().string());
-    TILER_CHECK(it != labels.end(), IoError,
-                "'" << f << "': no label with the same stem in '" << o_.labels_dir << "'");
+    std::shared_ptr<const AnnotationLabels> vector_labels;
+    std::string label;
+    if (annotations.empty()) {
+      auto it = labels.find(fs::path(f).stem().string());
+      TILER_CHECK(it != labels.end(), IoError,
+                  "'" << f << "': no label with the same stem in '" << labels_dir << "'");
+      label = it->second;
+    } else {
+      label = roiFileFor(annotations, f);
+      TILER_CHECK(fs::is_regular_file(label), IoError, "'" << f << "': no annotations '" << label << "'");
+    }
     CatalogImage t = WindowCatalog::describe(f, spec);
     // Training needs every pair: a bad one stops the run (on every rank) rather than train on less.
     TILER_CHECK(t.status == "ok", IoError, t.error);
-    t.label = it->second;
-    t.label_info = ImageReader::open(t.label)->info();
-    checkLabels(t);
+    t.label = label;
+    if (annotations.empty()) {
+      t.label_info = ImageReader::open(t.label)->info();
+      checkLabels(t);
+    } else {
+      vector_labels = std::make_shared<AnnotationLabels>(AnnotationLabels::read(label, t.info, class_names_));
+    }
     catalog_.add(std::move(t), true);
+    annotations_.push_back(std::move(vector_labels));
+    held_out_.push_back(held_out);
   }
-  splitValidation();
 }
 
 void Trainer::splitValidation() {
   const int n = int(catalog_.images().size());
+  auto windowsOf = [&](int img, std::vector<WindowRef>& into) {
+    const CatalogImage& image = catalog_.image(img);
+    for (int64_t k = 0; k < image.plannedWindows(); ++k) into.push_back({img, image.gridWindow(k)});
+  };
+  if (!o_.val_images.empty()) {
+    for (int i = 0; i < n; ++i) windowsOf(i, held_out_[size_t(i)] ? val_ : train_);
+    TILER_CHECK(!train_.empty(), ConfigError, "no training windows (no annotated window of the images?)");
+    return;
+  }
   std::vector<int> order(static_cast<size_t>(n));
   std::iota(order.begin(), order.end(), 0);
   std::mt19937_64 rng(o_.seed);
   for (int i = n - 1; i > 0; --i) std::swap(order[size_t(i)], order[size_t(rng() % uint64_t(i + 1))]);
-  auto windowsOf = [&](int img, std::vector<WindowRef>& into) {
-    for (int64_t k = 0; k < catalog_.image(img).grid.count(); ++k) into.push_back({img, k});
-  };
   if (o_.val_fraction <= 0) {
     for (int i = 0; i < n; ++i) windowsOf(i, train_);
   } else if (n >= 2) {
@@ -211,6 +274,7 @@ void Trainer::splitValidation() {
   } else {
     std::vector<WindowRef> all;
     windowsOf(0, all);
+    TILER_CHECK(!all.empty(), ConfigError, "no training windows (no annotated window of the image?)");
     std::vector<size_t> idx(all.size());
     std::iota(idx.begin(), idx.end(), 0);
     for (size_t i = idx.size() - 1; i > 0; --i) std::swap(idx[i], idx[rng() % (i + 1)]);
@@ -240,21 +304,45 @@ TrainBatch Trainer::readBatch(const std::vector<WindowRef>& refs, ReaderCache& r
     windowToModelInput(readWindow(readers.get(img), img.grid, local, pad_, 0.0, img.channels), img.adapt,
                        b.pixels[j].data_ptr<float>(), img.info.colormap.get());
     b.scales[j] = float(img.scale);
-    // The label window at the output's scale, clipped to the label; outside it the mask is 0.
-    Rect r = img.grid.imageWindow(local);
-    Rect o{probe_.scale.apply(r.x), probe_.scale.apply(r.y), ow, oh};
-    const int64_t x0 = std::max<int64_t>(o.x, 0), y0 = std::max<int64_t>(o.y, 0);
-    const int64_t x1 = std::min(o.right(), img.label_info.width),
-                  y1 = std::min(o.bottom(), img.label_info.height);
-    cv::Mat lab = readers.get(img.label).readRegion({x0, y0, x1 - x0, y1 - y0});
-    cv::Mat labf;
-    lab.convertTo(labf, CV_32F);
-    if (loss_ == Loss::kBce) cv::threshold(labf, labf, 0.0, 1.0, cv::THRESH_BINARY);
-    cv::Mat dst(int(oh), int(ow), CV_MAKETYPE(CV_32F, int(tc)), b.target[j].data_ptr<float>());
-    labf.copyTo(dst(cv::Rect(int(x0 - o.x), int(y0 - o.y), labf.cols, labf.rows)));
-    b.valid[j].narrow(0, y0 - o.y, y1 - y0).narrow(1, x0 - o.x, x1 - x0).fill_(1.0f);
+    readLabels(img, refs[size_t(j)].image, local, readers, b.target[j].data_ptr<float>(),
+               b.valid[j].data_ptr<float>());
   }
   return b;
+}
+
+void Trainer::readLabels(const CatalogImage& img, int image_id, int64_t local, ReaderCache& readers,
+                         float* target, float* valid) {
+  const int64_t oh = probe_.scale.apply(spec_.window_h), ow = probe_.scale.apply(spec_.window_w);
+  const int64_t tc = loss_ == Loss::kMse ? probe_.output_channels : 1;
+  // The label window at the output's scale, clipped to the image; outside it the mask is 0.
+  Rect r = img.grid.imageWindow(local);
+  Rect o{probe_.scale.apply(r.x), probe_.scale.apply(r.y), ow, oh};
+  const AnnotationLabels* vector_labels = annotations_[size_t(image_id)].get();
+  const int64_t label_w = vector_labels ? probe_.scale.apply(img.info.width) : img.label_info.width,
+                label_h = vector_labels ? probe_.scale.apply(img.info.height) : img.label_info.height;
+  const int64_t x0 = std::max<int64_t>(o.x, 0), y0 = std::max<int64_t>(o.y, 0);
+  const int64_t x1 = std::min(o.right(), label_w), y1 = std::min(o.bottom(), label_h);
+  cv::Mat dst(int(oh), int(ow), CV_MAKETYPE(CV_32F, int(tc)), target);
+  cv::Mat counted(int(oh), int(ow), CV_32F, valid);
+  const cv::Rect inside(int(x0 - o.x), int(y0 - o.y), int(x1 - x0), int(y1 - y0));
+  if (vector_labels) {
+    // Drawn at the output's resolution: output pixels per level-0 pixel.
+    cv::Mat classes, covered;
+    vector_labels->rasterize(o, probe_.scale.value() / img.resolution.downsample, classes, covered);
+    if (loss_ == Loss::kBce) cv::threshold(classes, classes, 0.0, 1.0, cv::THRESH_BINARY);
+    classes(inside).copyTo(dst(inside));
+    if (o_.unlabeled == "background")
+      counted(inside).setTo(1.0f);  // unannotated pixels are class 0
+    else
+      covered(inside).copyTo(counted(inside));
+    return;
+  }
+  cv::Mat lab = readers.get(img.label).readRegion({x0, y0, x1 - x0, y1 - y0});
+  cv::Mat labf;
+  lab.convertTo(labf, CV_32F);
+  if (loss_ == Loss::kBce) cv::threshold(labf, labf, 0.0, 1.0, cv::THRESH_BINARY);
+  labf.copyTo(dst(inside));
+  counted(inside).setTo(1.0f);
 }
 
 void Trainer::toDevice(const TrainBatch& b, const std::vector<WindowRef>& refs, int64_t epoch,
@@ -289,9 +377,12 @@ torch::Tensor Trainer::lossOf(const torch::Tensor& out, const torch::Tensor& tar
   const auto denom = mask.sum().clamp_min(1.0);
   switch (loss_) {
     case Loss::kCe: {
-      auto per_px = F::cross_entropy(out, target.squeeze(1).to(torch::kLong),
-                                     F::CrossEntropyFuncOptions().reduction(torch::kNone));
-      return (per_px * mask).sum() / denom;
+      const auto truth = target.squeeze(1).to(torch::kLong);
+      auto per_px = F::cross_entropy(out, truth, F::CrossEntropyFuncOptions().reduction(torch::kNone));
+      if (!class_weights_.defined()) return (per_px * mask).sum() / denom;
+      // PyTorch's weighted mean: each counted pixel weighs its class's weight, in the sum and the divisor.
+      const auto w = class_weights_.index({truth}) * mask;
+      return (per_px * w).sum() / w.sum().clamp_min(1e-12);
     }
     case Loss::kBce: {
       auto logits = out.size(1) == 1 ? out.squeeze(1) : out.select(1, 1) - out.select(1, 0);
@@ -310,7 +401,9 @@ torch::Tensor Trainer::lossOf(const torch::Tensor& out, const torch::Tensor& tar
           mask.unsqueeze(1);
       auto inter = (probs * onehot).sum({0, 2, 3});
       auto total = probs.sum({0, 2, 3}) + onehot.sum({0, 2, 3});
-      return 1.0 - ((2.0 * inter + 1.0) / (total + 1.0)).mean();
+      auto dice = (2.0 * inter + 1.0) / (total + 1.0);
+      if (!class_weights_.defined()) return 1.0 - dice.mean();
+      return 1.0 - (dice * class_weights_).sum() / class_weights_.sum().clamp_min(1e-12);
     }
   }
   return {};
@@ -436,17 +529,11 @@ nlohmann::json Trainer::validate() {
   if (loss_ == Loss::kMse) {
     j["val_psnr"] = 10.0 * std::log10(1.0 / std::max(a[2] / pixels, 1e-12));  // targets in [0,1]
   } else {
-    double iou = 0, dice = 0;
-    int present = 0;
-    for (int64_t c = 0; c < classes; ++c) {
-      const double inter = a[3 + 3 * c], pred = a[4 + 3 * c], truth = a[5 + 3 * c];
-      if (pred + truth == 0) continue;  // a class absent from both counts for neither metric
-      iou += inter / (pred + truth - inter);
-      dice += 2 * inter / (pred + truth);
-      ++present;
-    }
-    j["val_iou"] = present ? iou / present : 0.0;
-    j["val_dice"] = present ? dice / present : 0.0;
+    std::vector<ClassCounts> counts;
+    for (int64_t c = 0; c < classes; ++c) counts.push_back({a[3 + 3 * c], a[4 + 3 * c], a[5 + 3 * c]});
+    std::vector<std::string> names = class_names_;
+    for (int64_t c = int64_t(names.size()); c < classes; ++c) names.push_back("class_" + std::to_string(c));
+    j.update(segmentationMetrics(counts, names));
   }
   runner_->module().train();
   return j;
@@ -457,7 +544,14 @@ void Trainer::saveModule(torch::jit::Module& module, const std::string& path) {
   module.eval();
   std::string error;
   try {
-    error = writeFileAtomically(path, [&](std::ostream& out) { module.save(out); });
+    // What infer needs to run it as it was trained (readTrainedSettings).
+    nlohmann::json settings = {
+        {"window", std::to_string(spec_.window_w) + "," + std::to_string(spec_.window_h)},
+        {"mpp", o_.mpp},
+        {"magnification", o_.magnification},
+        {"classes", o_.classes}};
+    const torch::jit::ExtraFilesMap extra{{"tiler.json", settings.dump()}};
+    error = writeFileAtomically(path, [&](std::ostream& out) { module.save(out, extra); });
   } catch (...) {
     error = describeException(std::current_exception());
   }
@@ -484,8 +578,15 @@ void Trainer::saveCheckpoint(int epoch, const nlohmann::json& history) {
   const std::string optimizer_error =
       writeFileAtomically(dir + "/optimizer.pt", [&](std::ostream& out) { torch::save(*optimizer_, out); });
   TILER_CHECK(optimizer_error.empty(), IoError, "cannot save the optimizer state: " << optimizer_error);
-  nlohmann::json state = {{"epoch", epoch}, {"loss_scale", loss_scale_}, {"good_steps", good_steps_},
-                          {"step", step_},  {"seed", o_.seed},           {"history", history}};
+  // The scheduler is a function of the step, the sampler of (seed, epoch): both resume from these.
+  nlohmann::json state = {{"epoch", epoch},
+                          {"loss_scale", scaler_.scale},
+                          {"good_steps", scaler_.good_steps},
+                          {"skipped_steps", scaler_.skipped_steps},
+                          {"step", step_},
+                          {"total_steps", total_steps_},
+                          {"seed", o_.seed},
+                          {"history", history}};
   writeJsonAtomically(dir + "/state.json", state);
   removeTree(final_dir);
   TILER_CHECK(std::rename(dir.c_str(), final_dir.c_str()) == 0, IoError,
@@ -569,8 +670,15 @@ void Trainer::loadCheckpoint(int epoch, nlohmann::json& history) {
   TILER_CHECK(state.contains("loss_scale") && state["loss_scale"].is_number() &&
                   std::isfinite(state["loss_scale"].get<double>()) && state["loss_scale"].get<double>() > 0,
               IoError, "'" << state_file << "': loss_scale is not a number > 0");
-  loss_scale_ = state["loss_scale"].get<double>();
-  good_steps_ = checkpointCount(state, "good_steps", std::numeric_limits<int64_t>::max(), state_file);
+  scaler_.scale = state["loss_scale"].get<double>();
+  scaler_.good_steps = checkpointCount(state, "good_steps", std::numeric_limits<int64_t>::max(), state_file);
+  if (state.contains("skipped_steps"))
+    scaler_.skipped_steps =
+        checkpointCount(state, "skipped_steps", std::numeric_limits<int64_t>::max(), state_file);
+  // Another seed would shuffle and augment the remaining epochs otherwise than the run being continued.
+  TILER_CHECK(!state.contains("seed") || state["seed"] == o_.seed, ConfigError,
+              "'" << state_file << "': the run used --seed " << state["seed"].dump() << ", this one "
+                  << o_.seed << "; resume with the same seed");
   step_ = checkpointCount(state, "step", std::numeric_limits<int64_t>::max(), state_file);
   history = state["history"];
   if (rank() == 0) spdlog::info("resuming after epoch {} from '{}'", epoch, dir.string());
@@ -585,6 +693,7 @@ int Trainer::run() {
   nlohmann::json history = nlohmann::json::array();
   const int first_epoch = resumeEpoch(history);
   broadcastState();
+  if (o_.class_weights == "auto") computeClassWeights();
   planSteps();
   Progress progress(total_steps_, "steps", !o_.no_progress && rank() == 0);
   for (int epoch = first_epoch + 1; epoch <= o_.epochs; ++epoch) trainEpoch(epoch, history, progress);
@@ -608,6 +717,47 @@ void Trainer::validateOptions() {
               "--optimizer must be adam or sgd; got '" << o_.optimizer << "'");
   TILER_CHECK(!o_.resume || !o_.checkpoint_dir.empty(), ConfigError, "--resume needs --checkpoint_dir");
   if (o_.report.empty()) o_.report = o_.output + ".report.json";
+  validateLabelOptions();
+  TILER_CHECK(o_.loss_scale >= 0 && std::isfinite(o_.loss_scale) && o_.loss_scale_growth_steps >= 1,
+              ConfigError, "--loss_scale must be a finite number >= 0 and its growth steps >= 1");
+}
+
+void Trainer::validateLabelOptions() {
+  for (const auto& c : parseClasses(o_.classes)) class_names_.push_back(c.name);
+  const bool vector_labels = !o_.annotations.empty();
+  TILER_CHECK(vector_labels != !o_.labels_dir.empty(), ConfigError,
+              "give --labels (label images) or --annotations (GeoJSON), one of them");
+  TILER_CHECK(o_.val_images.empty() || (vector_labels ? !o_.val_annotations.empty() : !o_.val_labels.empty()),
+              ConfigError,
+              "--val_images needs " << (vector_labels ? "--val_annotations" : "--val_labels")
+                                    << " as training has " << (vector_labels ? "--annotations" : "--labels"));
+  TILER_CHECK(o_.val_images.empty() == (o_.val_labels.empty() && o_.val_annotations.empty()), ConfigError,
+              "--val_labels and --val_annotations go with --val_images");
+  for (const auto* path : {&o_.annotations, &o_.val_annotations})
+    TILER_CHECK(path->empty() || fs::exists(*path), ConfigError,
+                "--annotations '" << *path << "': no such GeoJSON file or directory");
+  TILER_CHECK(!vector_labels || !class_names_.empty(), ConfigError,
+              "--annotations needs --classes: the class names its annotations use, class 0 first");
+  TILER_CHECK(!vector_labels || loss_ != Loss::kMse, ConfigError,
+              "--annotations label classes: not --loss mse");
+  TILER_CHECK(!vector_labels || o_.roi.empty(), ConfigError,
+              "--roi with --annotations: the annotations are the region windows are drawn from");
+  TILER_CHECK(o_.unlabeled == "ignore" || o_.unlabeled == "background", ConfigError,
+              "--unlabeled must be ignore or background; got '" << o_.unlabeled << "'");
+  if (o_.class_weights.empty()) return;
+  TILER_CHECK(loss_ == Loss::kCe || loss_ == Loss::kDice, ConfigError,
+              "--class_weights weigh the classes of --loss ce or dice");
+  if (o_.class_weights == "auto") return;
+  std::vector<float> weights;
+  std::stringstream list(o_.class_weights);
+  for (std::string item; std::getline(list, item, ',');) {
+    char* end = nullptr;
+    const double w = std::strtod(item.c_str(), &end);
+    TILER_CHECK(!item.empty() && *end == 0 && std::isfinite(w) && w >= 0, ConfigError,
+                "--class_weights: '" << item << "' is not a number >= 0 (auto | w1,w2,...)");
+    weights.push_back(float(w));
+  }
+  class_weights_ = torch::tensor(weights, torch::kFloat32);
 }
 
 void Trainer::loadModel() {
@@ -621,6 +771,16 @@ void Trainer::loadModel() {
     params_.push_back(p);
   }
   TILER_CHECK(!params_.empty(), ModelError, "'" << o_.model << "': the model has no parameters to train");
+  const int64_t classes = loss_ == Loss::kBce ? 2 : probe_.output_channels;
+  TILER_CHECK(class_names_.empty() || loss_ == Loss::kMse || int64_t(class_names_.size()) == classes,
+              ConfigError, "--classes names " << class_names_.size() << " classes, the model's " << classes);
+  TILER_CHECK(!class_weights_.defined() || class_weights_.numel() == probe_.output_channels, ConfigError,
+              "--class_weights has " << class_weights_.numel() << " weights, the model "
+                                     << probe_.output_channels << " classes");
+  if (class_weights_.defined()) class_weights_ = class_weights_.to(runner_->device());
+  scaling_ = runner_->precision() == Precision::kFp16 || o_.loss_scale > 0;
+  if (o_.loss_scale > 0) scaler_.scale = o_.loss_scale;
+  scaler_.growth_steps = o_.loss_scale_growth_steps;
   if (o_.optimizer == "adam")
     optimizer_ = std::make_unique<torch::optim::Adam>(
         params_, torch::optim::AdamOptions(o_.lr).weight_decay(o_.weight_decay));
@@ -655,6 +815,9 @@ void Trainer::checkWrittenPaths() const {
   }
   if (clash.empty()) clash = roles.claim(o_.output, "-o");
   if (clash.empty()) clash = roles.claim(o_.report, "--report");
+  if (clash.empty()) clash = roles.claim(csvPath(), "the epochs CSV");
+  if (clash.empty()) clash = roles.claim(plotPath(), "the curves PNG");
+  if (clash.empty() && o_.save_best) clash = roles.claim(bestPath(), "--save_best's model");
   TILER_CHECK(clash.empty(), ConfigError, clash);
 }
 
@@ -708,6 +871,8 @@ void Trainer::trainEpoch(int epoch, nlohmann::json& history, Progress& progress)
       {"epoch", epoch},
       {"train_loss", train_loss[0].item<double>() / std::max(1.0, train_loss[1].item<double>())}};
   e.update(validate());
+  e["lr"] = lrAt(double(step_) / double(total_steps_));
+  if (scaling_) e["loss_scale"] = scaler_.scale;
   e["seconds"] = std::chrono::duration<double>(Clock::now() - t0).count();
   history.push_back(e);
   if (rank() == 0 && !o_.no_progress) {
@@ -718,14 +883,82 @@ void Trainer::trainEpoch(int epoch, nlohmann::json& history, Progress& progress)
                              e["train_loss"].get<double>(), metrics, e["seconds"].get<double>())
               << std::endl;
   }
-  session_->setup("the checkpoint of epoch " + std::to_string(epoch),
-                  [&] { saveCheckpoint(epoch, history); });
+  session_->setup("the checkpoint of epoch " + std::to_string(epoch), [&] {
+    saveCheckpoint(epoch, history);
+    writeEpochOutputs(epoch, history);
+  });
+}
+
+namespace {
+
+// The epoch of `history` with the highest validation mean Dice (the first of equals); 0: none validated.
+int bestEpoch(const nlohmann::json& history) {
+  int best = 0;
+  double best_dice = -1;
+  for (const auto& e : history)
+    if (e.contains("val_dice") && e["val_dice"].get<double>() > best_dice) {
+      best_dice = e["val_dice"].get<double>();
+      best = e["epoch"].get<int>();
+    }
+  return best;
+}
+
+}  // namespace
+
+void Trainer::writeEpochOutputs(int epoch, const nlohmann::json& history) {
+  if (rank() != 0) return;
+  std::vector<std::string> names;  // the classes the metrics name, in class order
+  if (!history.empty() && history.back().contains("val_class_dice"))
+    for (size_t c = 0; c < history.back()["val_class_dice"].size(); ++c)
+      names.push_back(c < class_names_.size() ? class_names_[c] : "class_" + std::to_string(c));
+  const std::string csv = epochsCsv(history, names);
+  std::string error = writeFileAtomically(csvPath(), [&](std::ostream& out) { out << csv; });
+  TILER_CHECK(error.empty(), IoError, "'" << csvPath() << "': " << error);
+  std::vector<uchar> png;
+  TILER_CHECK(cv::imencode(".png", drawCurves(history), png), IoError,
+              "'" << plotPath() << "': cannot encode");
+  error = writeFileAtomically(plotPath(), [&](std::ostream& out) {
+    out.write(reinterpret_cast<const char*>(png.data()), std::streamsize(png.size()));
+  });
+  TILER_CHECK(error.empty(), IoError, "'" << plotPath() << "': " << error);
+  if (o_.save_best && bestEpoch(history) == epoch) saveModule(runner_->module(), bestPath());
+}
+
+void Trainer::computeClassWeights() {
+  const int64_t K = probe_.output_channels;
+  auto counts = torch::zeros({K}, torch::kDouble);
+  std::vector<bool> padded;
+  const auto mine = epochWindows(train_, 0, false, &padded);
+  const int64_t oh = probe_.scale.apply(spec_.window_h), ow = probe_.scale.apply(spec_.window_w);
+  auto failure = captureFailure([&] {
+    auto target = torch::zeros({oh, ow}, torch::kFloat32), valid = torch::zeros({oh, ow}, torch::kFloat32);
+    for (size_t k = 0; k < mine.size(); ++k) {
+      if (padded[k]) continue;  // a duplicate counts once
+      target.zero_();
+      valid.zero_();
+      readLabels(catalog_.image(mine[k].image), mine[k].image, mine[k].local, train_readers_,
+                 target.data_ptr<float>(), valid.data_ptr<float>());
+      const auto labelled = target.masked_select(valid > 0).to(torch::kLong).clamp(0, K - 1);
+      counts += torch::bincount(labelled, {}, K).to(torch::kDouble);
+    }
+  });
+  exchange().check(failure, "the class weights");
+  exchange().allreduceSum(counts, "the class counts");
+  // Inverse frequency, normalised so that balanced classes weigh 1 each; a class never labelled weighs 0.
+  const double total = counts.sum().item<double>();
+  TILER_CHECK(total > 0, ConfigError, "--class_weights auto: the training windows hold no labelled pixel");
+  auto weights = torch::where(counts > 0, total / (double(K) * counts), torch::zeros_like(counts));
+  class_weights_ = weights.to(torch::kFloat32).to(runner_->device());
+  if (rank() == 0) {
+    std::string shown;
+    for (int64_t c = 0; c < K; ++c) shown += fmt::format("{}{:.4g}", c ? "," : "", weights[c].item<double>());
+    spdlog::info("class weights (inverse frequency of {} labelled pixels): {}", int64_t(total), shown);
+  }
 }
 
 void Trainer::trainStep(int epoch, int64_t s, const std::vector<WindowRef>& mine,
                         ReadAhead<TrainBatch>& ahead, double& loss_sum, int64_t& counted) {
   const auto ts = Clock::now();
-  const bool fp16 = runner_->precision() == Precision::kFp16;
   const int64_t K = o_.grad_accum_steps;
   const int64_t first = s * K, micros = std::min(K, micro_per_epoch_ - first);
   for (auto& g : optimizer_->param_groups())
@@ -741,7 +974,7 @@ void Trainer::trainStep(int epoch, int64_t s, const std::vector<WindowRef>& mine
       torch::Tensor x, target, mask;
       toDevice(*batch, microBatch(mine, first + m), epoch, x, target, mask);
       torch::Tensor loss = lossOf(runner_->apply(x), target, mask);
-      ((fp16 ? loss * loss_scale_ : loss) / double(micros)).backward();
+      ((scaling_ ? loss * scaler_.scale : loss) / double(micros)).backward();
       loss_sum += loss.item<double>();
       ++counted;
     }
@@ -750,17 +983,16 @@ void Trainer::trainStep(int epoch, int64_t s, const std::vector<WindowRef>& mine
   exchange().check(failure, "step " + std::to_string(s + 1) + " of epoch " + std::to_string(epoch));
   const bool finite = syncGradients();
   sync_seconds_ += std::chrono::duration<double>(Clock::now() - tsync).count();
-  if (fp16) {
+  if (scaling_) {
+    // Every rank sees the same all-reduced gradients, so every rank takes the same decision.
     torch::NoGradGuard ng;
-    if (!finite) {
-      loss_scale_ /= 2;
-      good_steps_ = 0;
-      if (rank() == 0) spdlog::warn("fp16 overflow: step skipped, loss scale now {}", loss_scale_);
+    const double used = scaler_.scale;
+    if (!scaler_.update(finite)) {
+      if (rank() == 0) spdlog::warn("loss scale {} overflowed: step skipped, now {}", used, scaler_.scale);
       ++step_;
       return;
     }
-    for (auto& p : params_) p.mutable_grad().div_(loss_scale_);
-    if (++good_steps_ % 2000 == 0) loss_scale_ *= 2;
+    for (auto& p : params_) p.mutable_grad().div_(used);
   }
   optimizer_->step();
   ++step_;
@@ -791,7 +1023,20 @@ int Trainer::finishRun(const nlohmann::json& history) {
                              {"sync_seconds", sync_seconds_},
                              {"steps", step_},
                              {"grad_accum_steps", o_.grad_accum_steps},
-                             {"parameter_checksum", checksum}};
+                             {"parameter_checksum", checksum},
+                             {"classes", class_names_},
+                             {"epochs_csv", csvPath()},
+                             {"curves_png", plotPath()}};
+    if (class_weights_.defined()) {
+      auto w = class_weights_.to(torch::kCPU).to(torch::kDouble);
+      report["class_weights"] = std::vector<double>(w.data_ptr<double>(), w.data_ptr<double>() + w.numel());
+    }
+    if (scaling_) report["loss_scale"] = {{"scale", scaler_.scale}, {"skipped_steps", scaler_.skipped_steps}};
+    if (const int best = bestEpoch(history); o_.save_best && best > 0) {
+      report["best"] = {{"epoch", best}, {"path", bestPath()}};
+      for (const auto& e : history)
+        if (e["epoch"] == best) report["best"]["val_dice"] = e["val_dice"];
+    }
     writeJsonAtomically(o_.report, report);
     spdlog::info("finetune: wrote '{}' and '{}'", o_.output, o_.report);
     return kExitOk;
@@ -803,6 +1048,38 @@ int Trainer::finishRun(const nlohmann::json& history) {
 int runFinetune(const FinetuneOptions& options) {
   installLargeBlockCache();  // before the process group's and the stages' threads exist
   return Trainer(options).run();
+}
+
+bool LossScaler::update(bool finite_gradients) {
+  if (!finite_gradients) {
+    scale /= 2;
+    good_steps = 0;
+    ++skipped_steps;
+    return false;
+  }
+  if (++good_steps >= growth_steps) {
+    scale *= 2;
+    good_steps = 0;
+  }
+  return true;
+}
+
+std::optional<TrainedSettings> readTrainedSettings(const std::string& model_path) {
+  const auto text = findZipEntry(
+      model_path, [](const std::string& name) { return nameEndsWith(name, "/extra/tiler.json"); }, 1 << 20);
+  if (!text || text->empty()) return std::nullopt;
+  const auto j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return std::nullopt;
+  TrainedSettings s;
+  try {
+    s.window = j.value("window", std::string());
+    s.classes = j.value("classes", std::string());
+    s.mpp = j.value("mpp", 0.0);
+    s.magnification = j.value("magnification", 0.0);
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;  // not what finetune writes: a file of someone else's
+  }
+  return s;
 }
 
 }  // namespace tiler

@@ -170,7 +170,8 @@ RoiPolygon polygonOf(const nlohmann::json& rings, const std::string& where) {
 
 }  // namespace
 
-std::vector<RoiPolygon> readRoi(const std::string& file, const std::string& roi_class) {
+std::vector<RoiPolygon> readRoi(const std::string& file, const std::string& roi_class,
+                                std::vector<std::string>* names) {
   std::ifstream in(file, std::ios::binary);
   TILER_CHECK(in, IoError, "ROI '" << file << "': cannot be read");
   std::stringstream text;
@@ -222,6 +223,7 @@ std::vector<RoiPolygon> readRoi(const std::string& file, const std::string& roi_
       for (size_t k = 0; k < coordinates->size(); ++k)
         polygons.push_back(polygonOf((*coordinates)[k], where + ", polygon " + std::to_string(k)));
     }
+    if (names) names->resize(polygons.size(), name);
   }
   TILER_CHECK(areas > 0, IoError,
               "ROI '" << file << "': no Polygon or MultiPolygon annotation among its " << features.size()
@@ -273,6 +275,21 @@ cv::Mat rasterizeRoi(const std::vector<RoiPolygon>& polygons, int width, int hei
   return map;
 }
 
+void roiToPixels(const ImageInfo& info, std::vector<RoiPolygon>& polygons) {
+  const auto frame = geoFrameOf(info.path);
+  if (!frame) return;
+  // CRS -> level-0 pixel: the inverse of the affine geotransform.
+  const auto& g = frame->gt;
+  const double det = g[1] * g[5] - g[2] * g[4];
+  TILER_CHECK(det != 0, IoError, "'" << info.path << "': its geotransform cannot be inverted");
+  for (auto& polygon : polygons)
+    for (auto& ring : polygon)
+      for (auto& p : ring) {
+        const double dx = p.x - g[0], dy = p.y - g[3];
+        p = {(g[5] * dx - g[2] * dy) / det, (-g[4] * dx + g[1] * dy) / det};
+      }
+}
+
 namespace {
 
 // The ROI of `source`'s image as a width x height map (its level-0 coordinates, or its CRS when it is
@@ -286,18 +303,7 @@ cv::Mat roiMap(const ImageReader& source, const MaskSpec& spec, int width, int h
   } catch (const Error& e) {
     TILER_THROW(IoError, "'" << info.path << "': " << e.message());
   }
-  if (const auto frame = geoFrameOf(info.path)) {
-    // CRS -> level-0 pixel: the inverse of the affine geotransform.
-    const auto& g = frame->gt;
-    const double det = g[1] * g[5] - g[2] * g[4];
-    TILER_CHECK(det != 0, IoError, "'" << info.path << "': its geotransform cannot be inverted");
-    for (auto& polygon : polygons)
-      for (auto& ring : polygon)
-        for (auto& p : ring) {
-          const double dx = p.x - g[0], dy = p.y - g[3];
-          p = {(g[5] * dx - g[2] * dy) / det, (-g[4] * dx + g[1] * dy) / det};
-        }
-  }
+  roiToPixels(info, polygons);
   const int samples =
       std::clamp(int(std::min(double(info.width) / width, double(info.height) / height)), 1, 4);
   cv::Mat map = rasterizeRoi(polygons, width * samples, height * samples,

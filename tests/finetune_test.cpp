@@ -14,9 +14,12 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "slide_util.hpp"
 #include "test_util.hpp"
+#include "tiler/annotations.hpp"
 #include "tiler/image_io.hpp"
 #include "tiler/platform.hpp"
+#include "tiler/train_metrics.hpp"
 
 namespace fs = std::filesystem;
 
@@ -384,6 +387,306 @@ TEST_F(Finetune, APackageIsRefusedAsUntrainableWhateverItsMetadata) {
   EXPECT_NE(r.output.find("'" + package + "': training needs a TorchScript model"), std::string::npos)
       << r.output;
   EXPECT_FALSE(fs::exists(dir_ + "/x.pt"));
+}
+
+// QuPath's GeoJSON export: a FeatureCollection of annotations, each with classification.name.
+struct QuPathFeature {
+  std::string name;
+  std::vector<std::vector<std::array<double, 2>>> rings;  // outer ring, then holes (closed by this writer)
+};
+
+std::string writeQuPathGeoJson(const std::string& path, const std::vector<QuPathFeature>& features) {
+  nlohmann::json fc = {{"type", "FeatureCollection"}, {"features", nlohmann::json::array()}};
+  for (const auto& f : features) {
+    nlohmann::json rings = nlohmann::json::array();
+    for (auto ring : f.rings) {
+      ring.push_back(ring.front());
+      rings.push_back(ring);
+    }
+    fc["features"].push_back(
+        {{"type", "Feature"},
+         {"geometry", {{"type", "Polygon"}, {"coordinates", rings}}},
+         {"properties",
+          {{"objectType", "annotation"}, {"classification", {{"name", f.name}, {"color", {1, 2, 3}}}}}}});
+  }
+  std::ofstream(path) << fc.dump(1);
+  return path;
+}
+
+std::vector<std::array<double, 2>> square(double x0, double y0, double x1, double y1) {
+  return {{x0, y0}, {x1, y0}, {x1, y1}, {x0, y1}};
+}
+
+TEST(Annotations, LaterAnnotationsWinHolesStayOutAndUnknownClassesAreNamed) {
+  const std::string dir = test::scratchDir("annotations");
+  ImageInfo info;
+  info.path = dir + "/image.png";  // not georeferenced: level-0 pixels
+  const std::string file = writeQuPathGeoJson(
+      dir + "/a.geojson", {{"Stroma", {square(0, 0, 40, 40), square(10, 10, 20, 20)}},  // a hole
+                           {"Tumor", {square(30, 0, 60, 40)}}});                        // over Stroma
+  const auto labels = AnnotationLabels::read(file, info, {"Background", "Stroma", "Tumor"});
+  cv::Mat classes, covered;
+  // Pixels of 2 level-0 pixels (0.5 per level-0 pixel), the window from x 4 (level-0 x 8).
+  labels.rasterize({4, 0, 30, 25}, 0.5, classes, covered);
+  ASSERT_EQ(classes.size(), cv::Size(30, 25));
+  EXPECT_EQ(classes.at<float>(2, 0), 1.0f) << "Stroma at level-0 (9, 5)";
+  EXPECT_EQ(covered.at<float>(7, 3), 0.0f) << "the hole at level-0 (15, 15) is unlabelled";
+  EXPECT_EQ(classes.at<float>(7, 3), 0.0f);
+  EXPECT_EQ(classes.at<float>(10, 12), 2.0f) << "Tumor, drawn later, wins at level-0 (33, 21)";
+  EXPECT_EQ(classes.at<float>(10, 10), 1.0f) << "Stroma alone at level-0 (29, 21)";
+  EXPECT_EQ(covered.at<float>(22, 5), 0.0f) << "below every annotation";
+  // Centres at level-0 x 9, 11, .. 59 (26 columns) and y 1, 3, .. 39 (20 rows), less the hole's 5 x 5.
+  EXPECT_EQ(cv::countNonZero(covered), 26 * 20 - 25);
+  try {
+    AnnotationLabels::read(file, info, {"Background", "Tumor"});
+    ADD_FAILURE() << "an unknown class was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("'" + file + "': class 'Stroma' is not one of --classes (Background, Tumor)"),
+              std::string::npos)
+        << e.message();
+  }
+}
+
+TEST(LossScaler, SkipsAndHalvesOnOverflowAndDoublesAfterGoodSteps) {
+  LossScaler s;
+  s.scale = 1024;
+  s.growth_steps = 3;
+  EXPECT_FALSE(s.update(false));
+  EXPECT_EQ(s.scale, 512);
+  EXPECT_EQ(s.skipped_steps, 1);
+  EXPECT_TRUE(s.update(true));
+  EXPECT_TRUE(s.update(true));
+  EXPECT_EQ(s.scale, 512) << "two good steps of three";
+  EXPECT_TRUE(s.update(true));
+  EXPECT_EQ(s.scale, 1024) << "grown after three";
+  EXPECT_EQ(s.good_steps, 0);
+  EXPECT_TRUE(s.update(true));
+  EXPECT_FALSE(s.update(false));
+  EXPECT_EQ(s.scale, 512);
+  EXPECT_EQ(s.good_steps, 0) << "an overflow starts the count again";
+}
+
+TEST(TrainMetrics, PerClassMetricsCsvAndCurves) {
+  // Class a: 6 of 8 predicted right of 10 true; class c absent from both.
+  const auto m = segmentationMetrics({{6, 8, 10}, {0, 0, 0}, {1, 2, 2}}, {"a", "c", "b,x"});
+  EXPECT_DOUBLE_EQ(m["val_class_iou"]["a"].get<double>(), 6.0 / 12.0);
+  EXPECT_DOUBLE_EQ(m["val_class_dice"]["a"].get<double>(), 12.0 / 18.0);
+  EXPECT_TRUE(m["val_class_dice"]["c"].is_null());
+  EXPECT_DOUBLE_EQ(m["val_dice"].get<double>(), (12.0 / 18.0 + 0.5) / 2);
+  nlohmann::json e1 = {{"epoch", 1}, {"train_loss", 2.0}, {"val_loss", 1.5}, {"lr", 0.01}, {"seconds", 1.0}};
+  e1.update(m);
+  nlohmann::json e2 = {{"epoch", 2}, {"train_loss", 1.0}, {"seconds", 2.0}};
+  const nlohmann::json history = {e1, e2};
+  const std::string csv = epochsCsv(history);
+  EXPECT_EQ(csv.substr(0, csv.find('\n')),
+            "epoch,train_loss,val_loss,val_iou,val_dice,val_psnr,lr,seconds,iou_a,\"iou_b,x\",iou_c,dice_a,"
+            "\"dice_b,x\",dice_c")
+      << "names as the report orders them; a comma quoted";
+  EXPECT_NE(csv.find("\n2,1,,,,,,2,,,,,,\n"), std::string::npos) << csv;
+  const cv::Mat plot = drawCurves(history, 400, 300);
+  ASSERT_EQ(plot.size(), cv::Size(400, 300));
+  // The train loss curve (BGR 200,80,0) is drawn from epoch 1 (top: loss 2 of 2) to epoch 2.
+  cv::Mat train_colour;
+  cv::inRange(plot, cv::Scalar(200, 80, 0), cv::Scalar(200, 80, 0), train_colour);
+  EXPECT_GT(cv::countNonZero(train_colour), 100);
+  cv::Mat dice_colour;
+  cv::inRange(plot, cv::Scalar(40, 40, 200), cv::Scalar(40, 40, 200), dice_colour);
+  EXPECT_GT(cv::countNonZero(dice_colour), 10) << "one point and its legend";
+}
+
+// A small fully convolutional model of random weights: 3 channels in, 3 classes out.
+std::string writeShapeModel(const std::string& path) {
+  torch::manual_seed(7);
+  torch::jit::Module m("ShapeNet");
+  m.register_parameter("w1", torch::randn({8, 3, 3, 3}) * 0.3, false);
+  m.register_parameter("b1", torch::zeros({8}), false);
+  m.register_parameter("w2", torch::randn({3, 8, 1, 1}) * 0.3, false);
+  m.register_parameter("b2", torch::zeros({3}), false);
+  m.define(
+      "def forward(self, x):\n"
+      "    h = torch.relu(torch.conv2d(x, self.w1, self.b1, [1, 1], [1, 1]))\n"
+      "    return torch.conv2d(h, self.w2, self.b2)\n");
+  m.save(path);
+  return path;
+}
+
+// A 1024 x 1024 slide at 0.25 um/px: a 4 x 4 grid of shapes on white, Tumor (red discs, class 1) and Stroma
+// (blue squares, class 2, one with a white hole); `truth` is the class map at 0.5 um/px. The annotations
+// cover the left half: a Background rectangle first, the shapes after it (later wins).
+struct ShapeSlide {
+  std::string slide, annotations;
+  cv::Mat truth;
+};
+
+ShapeSlide makeShapeSlide(const std::string& dir) {
+  cv::Mat rgb(1024, 1024, CV_8UC3, cv::Scalar(240, 240, 240));
+  cv::Mat truth = cv::Mat::zeros(512, 512, CV_8U);
+  std::vector<QuPathFeature> features = {{"Background", {square(0, 0, 512, 1024)}}};
+  for (int row = 0; row < 4; ++row)
+    for (int col = 0; col < 4; ++col) {
+      const double cx = 128 + 256 * col, cy = 128 + 256 * row;
+      const bool tumor = (row + col) % 2 == 0, annotated = cx < 512;
+      QuPathFeature f{tumor ? "Tumor" : "Stroma", {}};
+      if (tumor) {
+        cv::circle(rgb, {int(cx), int(cy)}, 70, cv::Scalar(200, 30, 30), cv::FILLED);
+        cv::circle(truth, {int(cx / 2), int(cy / 2)}, 35, cv::Scalar(1), cv::FILLED);
+        std::vector<std::array<double, 2>> ring;
+        for (int k = 0; k < 64; ++k)
+          ring.push_back({cx + 70 * std::cos(k * M_PI / 32), cy + 70 * std::sin(k * M_PI / 32)});
+        f.rings.push_back(ring);
+      } else {
+        cv::rectangle(rgb, cv::Rect(int(cx) - 70, int(cy) - 70, 140, 140), cv::Scalar(30, 30, 200),
+                      cv::FILLED);
+        cv::rectangle(truth, cv::Rect(int(cx / 2) - 35, int(cy / 2) - 35, 70, 70), cv::Scalar(2), cv::FILLED);
+        f.rings.push_back(square(cx - 70, cy - 70, cx + 70, cy + 70));
+        if (row == 1 && col == 0) {  // a hole, white in the image
+          cv::rectangle(rgb, cv::Rect(int(cx) - 25, int(cy) - 25, 50, 50), cv::Scalar(240, 240, 240),
+                        cv::FILLED);
+          cv::rectangle(truth, cv::Rect(int(cx / 2) - 12, int(cy / 2) - 12, 25, 25), cv::Scalar(0),
+                        cv::FILLED);
+          f.rings.push_back(square(cx - 25, cy - 25, cx + 25, cy + 25));
+        }
+      }
+      if (annotated) features.push_back(f);
+    }
+  ShapeSlide s;
+  s.slide = dir + "/slide.svs";
+  test::makeSlide(rgb, dir + "/slide.tif", s.slide, 0.25, 40);
+  fs::remove(dir + "/slide.tif");
+  s.annotations = writeQuPathGeoJson(dir + "/slide.geojson", features);
+  s.truth = truth;
+  return s;
+}
+
+// The user's story: a slide at 40x, a QuPath export over half of it, training at 0.5 um/px from random
+// weights in one command; per-class Dice every epoch in the report, CSV and plot; then infer with the trained
+// file alone (window, um/px and classes from the file) finds the shapes of the half never annotated.
+TEST_F(Finetune, ASlideAndItsQuPathAnnotationsTrainAtHalfAMicronAndInferFindsTheShapes) {
+  if (!test::haveSlideTools()) GTEST_SKIP() << "vips, tiffset and openslide-show-properties are needed";
+  fs::create_directories(dir_ + "/slides");
+  const ShapeSlide s = makeShapeSlide(dir_ + "/slides");
+  fs::rename(s.annotations, dir_ + "/slide.geojson");
+  const std::string model = writeShapeModel(dir_ + "/random.pt");
+  auto r = run(kTiler + " finetune -m " + model + " -o " + dir_ + "/shapes.pt --images " + dir_ +
+               "/slides --annotations " + dir_ + "/slide.geojson --classes Background,Tumor:#c81e1e,Stroma " +
+               "--mpp 0.5 --window 64 --overlap 0 --batch_size 8 --epochs 8 --lr 0.05 --val_fraction 0.25 " +
+               "--threads 1 --no_progress --seed 1 --save_best");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto report = readJson(dir_ + "/shapes.pt.report.json");
+  ASSERT_EQ(report["epochs"].size(), 8u);
+  const auto& last = report["epochs"][7];
+  for (const char* name : {"Background", "Tumor", "Stroma"}) {
+    EXPECT_TRUE(last["val_class_dice"].contains(name)) << name;
+    EXPECT_TRUE(last["val_class_iou"].contains(name)) << name;
+  }
+  // The threshold: every class of the validation windows at Dice 0.8 or more.
+  for (const auto& [name, dice] :
+       report["epochs"][size_t(report["best"]["epoch"].get<int>() - 1)]["val_class_dice"].items())
+    if (!dice.is_null()) {
+      EXPECT_GT(dice.get<double>(), 0.8) << name << "\n" << report.dump(1);
+    }
+  EXPECT_GT(report["best"]["val_dice"].get<double>(), report["epochs"][0]["val_dice"].get<double>());
+  EXPECT_TRUE(fs::exists(dir_ + "/shapes.pt.best.pt"));
+  const std::string csv = test::slurp(dir_ + "/shapes.pt.epochs.csv");
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 9) << csv;
+  EXPECT_NE(csv.find(",dice_Background,dice_Tumor,dice_Stroma\n"), std::string::npos) << csv;
+  const cv::Mat plot = cv::imread(dir_ + "/shapes.pt.curves.png");
+  EXPECT_FALSE(plot.empty());
+  // Infer with the file alone: the window, --mpp 0.5 and the classes come from it.
+  const auto settings = readTrainedSettings(dir_ + "/shapes.pt");
+  ASSERT_TRUE(settings.has_value());
+  EXPECT_EQ(settings->window, "64,64");
+  EXPECT_EQ(settings->mpp, 0.5);
+  auto infer = run(kTiler + " -m " + dir_ + "/shapes.pt.best.pt -i " + s.slide + " -o " + dir_ +
+                   "/out --threads 1 --no_progress");
+  ASSERT_EQ(infer.code, 0) << infer.output;
+  const auto infer_report = readJson(dir_ + "/out/report.json");
+  EXPECT_EQ(infer_report["model_card"], dir_ + "/shapes.pt.best.pt") << "the file is its own card";
+  for (const char* setting : {"window", "mpp", "classes"})
+    EXPECT_EQ(infer_report["settings_from"][setting], "card") << setting;
+  EXPECT_EQ(infer_report["window"], nlohmann::json({64, 64}));
+  EXPECT_EQ(infer_report["images"][0]["mpp"], 0.5);
+  const auto labels = ImageReader::open(dir_ + "/out/slide_labels.tif");
+  ASSERT_EQ(labels->info().width, 512) << "at 0.5 um/px";
+  const cv::Mat predicted = labels->readRegion({256, 0, 256, 512});
+  const cv::Mat truth = s.truth(cv::Rect(256, 0, 256, 512));
+  for (int c = 1; c <= 2; ++c) {
+    const double inter = cv::countNonZero((predicted == c) & (truth == c)),
+                 uni = cv::countNonZero((predicted == c) | (truth == c));
+    EXPECT_GT(inter / uni, 0.8) << "class " << c << " in the half never annotated";
+  }
+}
+
+// --class_weights auto weighs each class by the inverse of its labelled pixels in the training windows:
+// with --unlabeled ignore only annotated pixels count (the Background rectangle's), with background every
+// unannotated pixel is class 0 too.
+TEST_F(Finetune, AutoClassWeightsCountOnlyLabelledPixels) {
+  fs::create_directories(dir_ + "/img");
+  cv::Mat image(128, 128, CV_8UC3, cv::Scalar(200, 200, 200));
+  ASSERT_TRUE(cv::imwrite(dir_ + "/img/a.png", image));
+  // Background 32x16 = 512 px, Tumor 16x16 = 256 (over Background's corner: later wins), Stroma 8x8 = 64.
+  writeQuPathGeoJson(dir_ + "/a.geojson", {{"Background", {square(0, 0, 32, 16)}},
+                                           {"Tumor", {square(16, 0, 32, 16)}},
+                                           {"Stroma", {square(64, 64, 72, 72)}}});
+  const std::string model = writeShapeModel(dir_ + "/random.pt");
+  const std::string args = " finetune -m " + model + " --images " + dir_ + "/img --annotations " + dir_ +
+                           "/a.geojson --window 32 --overlap 0 --mask_fraction 0 " +
+                           "--val_fraction 0 --epochs 1 --threads 1 --no_progress --class_weights auto";
+  const std::string classes = " --classes Background,Tumor,Stroma";
+  auto ignore = run(kTiler + args + classes + " -o " + dir_ + "/i.pt");
+  ASSERT_EQ(ignore.code, 0) << ignore.output;
+  auto weights = readJson(dir_ + "/i.pt.report.json")["class_weights"];
+  const double total = 256 + 256 + 64;
+  ASSERT_EQ(weights.size(), 3u);
+  EXPECT_NEAR(weights[0].get<double>(), total / (3 * 256), 1e-5);
+  EXPECT_NEAR(weights[1].get<double>(), total / (3 * 256), 1e-5);
+  EXPECT_NEAR(weights[2].get<double>(), total / (3 * 64), 1e-5);
+  auto background = run(kTiler + args + classes + " -o " + dir_ + "/b.pt --unlabeled background");
+  ASSERT_EQ(background.code, 0) << background.output;
+  weights = readJson(dir_ + "/b.pt.report.json")["class_weights"];
+  const double all = 128 * 128;
+  EXPECT_NEAR(weights[0].get<double>(), all / (3 * (all - 256 - 64)), 1e-5);
+  EXPECT_NEAR(weights[2].get<double>(), all / (3 * 64), 1e-5);
+  // Unknown names stop the run, naming the class and the file.
+  auto unknown = run(kTiler + args + " -o " + dir_ + "/u.pt --classes Background,Tumor,Other");
+  EXPECT_EQ(unknown.code, 1);
+  EXPECT_NE(
+      unknown.output.find("a.geojson': class 'Stroma' is not one of --classes (Background, Tumor, Other)"),
+      std::string::npos)
+      << unknown.output;
+}
+
+// A forced overflow on the CPU: a first loss scale past float32's range makes the gradients infinite, so
+// steps are skipped and the scale halved until they are finite; the scaler's state is checkpointed, and a
+// resumed run ends with the weights of an uninterrupted one, bit for bit.
+TEST_F(Finetune, AnOverflowSkipsTheStepHalvesTheScaleAndResumesBitwise) {
+  const std::string args = data() + " --batch_size 4 --loss_scale 1e39 --loss_scale_growth_steps 4";
+  auto straight = run(kTiler + common("straight.pt", args + " --epochs 2 --checkpoint_dir " + dir_ + "/ck1"));
+  ASSERT_EQ(straight.code, 0) << straight.output;
+  const auto report = readJson(dir_ + "/straight.pt.report.json");
+  EXPECT_GE(report["loss_scale"]["skipped_steps"].get<int>(), 2) << "1e39 and 5e39 overflow float32";
+  EXPECT_LT(report["loss_scale"]["scale"].get<double>(), 3.4e38);
+  EXPECT_NE(straight.output.find("loss scale 1e+39 overflowed: step skipped, now 5e+38"), std::string::npos)
+      << straight.output;
+  EXPECT_GT(maxDifference(parametersOf(dir_ + "/straight.pt"), parametersOf(kSamples + "/models/init.pt")),
+            1e-4)
+      << "the finite steps were taken";
+  auto first = run(kTiler + common("resumed.pt", args + " --epochs 1 --checkpoint_dir " + dir_ + "/ck2"));
+  ASSERT_EQ(first.code, 0) << first.output;
+  auto state = readJson(dir_ + "/ck2/epoch-000001/state.json");
+  EXPECT_EQ(state["loss_scale"], readJson(dir_ + "/ck1/epoch-000002/state.json")["history"][0]["loss_scale"]);
+  auto second =
+      run(kTiler + common("resumed.pt", args + " --epochs 2 --resume --checkpoint_dir " + dir_ + "/ck2"));
+  ASSERT_EQ(second.code, 0) << second.output;
+  EXPECT_EQ(maxDifference(parametersOf(dir_ + "/straight.pt"), parametersOf(dir_ + "/resumed.pt")), 0.0);
+  EXPECT_EQ(readJson(dir_ + "/resumed.pt.report.json")["loss_scale"], report["loss_scale"]);
+  // Another seed would continue another run: refused, naming both.
+  auto reseeded =
+      run(kTiler + " finetune -m " + kSamples + "/models/init.pt -o " + dir_ +
+          "/r.pt --window 96 --overlap 0 --threads 1 --no_progress --seed 4 --epochs 3 --resume " +
+          "--checkpoint_dir " + dir_ + "/ck2 " + args);
+  EXPECT_EQ(reseeded.code, 1);
+  EXPECT_NE(reseeded.output.find("the run used --seed 3, this one 4"), std::string::npos) << reseeded.output;
 }
 
 }  // namespace

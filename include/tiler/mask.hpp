@@ -49,7 +49,13 @@ std::string roiFileFor(const std::string& roi, const std::string& image_path);
 // annotations when objectType is given), those of class `roi_class` when it is not empty. Throws IoError
 // naming `file` and the problem: not JSON, no polygon features, a ring of fewer than 4 positions, a
 // coordinate that is not a finite number, a class that no feature has.
-std::vector<RoiPolygon> readRoi(const std::string& file, const std::string& roi_class);
+// `names` (optional) receives each polygon's classification name (empty: none), one per polygon, in order.
+std::vector<RoiPolygon> readRoi(const std::string& file, const std::string& roi_class,
+                                std::vector<std::string>* names = nullptr);
+// `polygons` in a georeferenced image's CRS moved to its level-0 pixels (the inverted geotransform); other
+// images' polygons are level-0 pixels already and stay. Throws IoError naming the image when the geotransform
+// cannot be inverted.
+void roiToPixels(const ImageInfo& info, std::vector<RoiPolygon>& polygons);
 // `polygons` (coordinates scaled by sx, sy) drawn into a width x height map: 1 where a pixel's centre is
 // inside a polygon (even-odd within a polygon, so holes are out; polygons united), else 0; float32.
 cv::Mat rasterizeRoi(const std::vector<RoiPolygon>& polygons, int width, int height, double sx, double sy);

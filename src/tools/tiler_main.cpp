@@ -88,10 +88,26 @@ void addResolutionFlags(CLI::App& app, int& level, double& mpp, double& magnific
       ->check(positiveNumber());
 }
 
+// A model `tiler finetune` wrote records how it was trained (its window, um/px and classes): a card of its
+// own (kind "tiler", the file itself), so it runs as trained without re-typed flags, a flag still winning.
+std::optional<tiler::ModelCard> trainedModelCard(const std::string& model) {
+  if (model.empty()) return std::nullopt;
+  const auto trained = tiler::readTrainedSettings(model);
+  if (!trained) return std::nullopt;
+  tiler::ModelCard card;
+  card.kind = "tiler";
+  card.path = card.weights = model;
+  if (!trained->window.empty()) card.window = trained->window;
+  if (trained->mpp > 0) card.mpp = trained->mpp;
+  if (!trained->classes.empty()) card.classes = trained->classes;
+  return card;
+}
+
 // A model card (-m naming a bioimage.io rdf.yaml or package, or a WSInfer config.json beside the model): its
 // settings where no flag or --config key gives them; -m becomes the weights it names.
 void takeModelCard(const CLI::App& app, tiler::InferOptions& o) {
-  const auto card = tiler::findModelCard(o.model);
+  auto card = tiler::findModelCard(o.model);
+  if (!card) card = trainedModelCard(o.model);
   if (!card) return;
   std::set<std::string> given;
   for (const auto& name : tiler::cardSettingNames())
@@ -276,7 +292,39 @@ int runFinetuneCli(int argc, char** argv) {
   CLI::App app{"tiler finetune: data-parallel training on tiles"};
   app.set_config(flagNames("--config"), "", "TOML/INI file with any of these flags");
   app.add_option(flagNames("--images"), o.images_dir, "directory of training images")->required();
-  app.add_option(flagNames("--labels"), o.labels_dir, "directory of labels, paired by file stem")->required();
+  app.add_option(flagNames("--labels"), o.labels_dir, "directory of label images, paired by file stem");
+  app.add_option(flagNames("--annotations"), o.annotations,
+                 "GeoJSON annotations (QuPath export; level-0 pixels or the image's CRS), or a directory of "
+                 "<stem>.geojson: labels instead of --labels, windows only where annotations are");
+  app.add_option(flagNames("--classes"), o.classes,
+                 "class names NAME[:#rrggbb],... for classes 0..K-1 (annotations' classification names)");
+  app.add_option(flagNames("--unlabeled"), o.unlabeled,
+                 "ignore | background: pixels outside every annotation are left out of the loss, or class 0")
+      ->capture_default_str();
+  app.add_option(
+      flagNames("--class_weights"), o.class_weights,
+      "auto (inverse frequency over the training windows' labelled pixels) | w1,w2,... (ce, dice)");
+  app.add_option(flagNames("--val_images"), o.val_images, "held-out images (instead of --val_fraction)");
+  app.add_option(flagNames("--val_labels"), o.val_labels, "their label images");
+  app.add_option(flagNames("--val_annotations"), o.val_annotations, "their annotations");
+  app.add_flag(flagNames("--save_best"), o.save_best,
+               "also write <output>.best.pt: the model of the epoch with the best validation mean Dice");
+  app.add_option(flagNames("--mask"), o.mask, "none | auto | PATH: train only on windows in it")
+      ->capture_default_str();
+  app.add_option(flagNames("--mask_fraction"), o.mask_fraction,
+                 "share of a window inside the mask (or the annotations) to train on it")
+      ->capture_default_str()
+      ->check(nonNegativeNumber());
+  app.add_option(flagNames("--roi"), o.roi, "GeoJSON or directory of <stem>.geojson: train only in it");
+  addResolutionFlags(app, o.level, o.mpp, o.magnification, o.input_mpp);
+  app.add_option(flagNames("--loss_scale"), o.loss_scale,
+                 "first dynamic loss scale (default: 65536 with fp16, none otherwise; given: scaled in any "
+                 "precision)")
+      ->check(nonNegativeNumber());
+  app.add_option(flagNames("--loss_scale_growth_steps"), o.loss_scale_growth_steps,
+                 "finite steps after which the loss scale doubles")
+      ->capture_default_str()
+      ->check(positiveNumber());
   addJobFlags(app, o);
   app.add_option(flagNames("--grad_accum_steps"), o.grad_accum_steps, "micro-batches per optimizer step")
       ->capture_default_str()
