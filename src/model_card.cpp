@@ -396,7 +396,15 @@ std::optional<ModelCard> findModelCard(const std::string& model) {
     for (const char* name : {"rdf.yaml", "bioimageio.yaml"})
       if (fs::is_regular_file(fs::path(model) / name, ec))
         return readBioimageioRdf((fs::path(model) / name).string());
-    TILER_THROW(ConfigError, "-m '" << model << "' is a directory without rdf.yaml or bioimageio.yaml");
+    // A WSInfer zoo model as Hugging Face holds it: config.json beside torchscript_model.pt.
+    const fs::path config = fs::path(model) / "config.json",
+                   weights = fs::path(model) / "torchscript_model.pt";
+    if (fs::is_regular_file(config, ec) && fs::is_regular_file(weights, ec))
+      return readWsinferConfig(config.string(), weights.string());
+    TILER_THROW(ConfigError,
+                "-m '" << model
+                       << "' is a directory without rdf.yaml or bioimageio.yaml (bioimage.io), or "
+                          "config.json and torchscript_model.pt (WSInfer)");
   }
   const std::string ext = fs::path(model).extension().string();
   if (ext == ".yaml" || ext == ".yml") return readBioimageioRdf(model);

@@ -124,6 +124,10 @@ TEST(ModelCard, WsinferConfigGivesWindowResolutionNormalisationAndClasses) {
   EXPECT_EQ(*single->window, "350");
   EXPECT_DOUBLE_EQ(*single->mpp, 0.25);
   EXPECT_EQ(*single->activation, "sigmoid");
+  // A WSInfer zoo directory (as Hugging Face holds one) names its TorchScript file.
+  writeFile(dir + "/zoo/config.json", kWsinferConfig);
+  writeFile(dir + "/zoo/torchscript_model.pt", "");
+  EXPECT_EQ(findModelCard(dir + "/zoo")->weights, dir + "/zoo/torchscript_model.pt");
   // Another tool's config.json beside a model is not a card.
   writeFile(dir + "/config.json", R"({"model_type": "vit", "hidden_size": 768})");
   EXPECT_FALSE(findModelCard(dir + "/m.pt"));

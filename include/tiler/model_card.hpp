@@ -37,9 +37,9 @@ struct ModelCard {
 };
 
 // The card of `-m`'s value: a bioimage.io description (a .yaml file, or a directory holding rdf.yaml or
-// bioimageio.yaml), or a model file with a WSInfer config.json beside it (one that has WSInfer's keys:
-// another tool's config.json there is not a card). nullopt: no card (an empty value: the bundled sample
-// model).
+// bioimageio.yaml), a WSInfer zoo directory (config.json and torchscript_model.pt), or a model file with a
+// WSInfer config.json beside it (one that has WSInfer's keys: another tool's config.json there is not a
+// card). nullopt: no card (an empty value: the bundled sample model).
 std::optional<ModelCard> findModelCard(const std::string& model);
 ModelCard readWsinferConfig(const std::string& config_path, const std::string& weights);
 ModelCard readBioimageioRdf(const std::string& rdf_path);
