@@ -3032,5 +3032,26 @@ TEST_F(Pipeline, ALostConnectionFailsThatImageAloneAndResumeRedoesIt) {
     EXPECT_TRUE(slurp(local + f) == slurp(out + f)) << f << ": the resumed image is the local file's";
 }
 
+// A busy server (503) is asked again after GDAL's back-off (tiler's default: 4 retries from 1 s, doubling)
+// unless the user set GDAL_HTTP_MAX_RETRY, whose value then holds.
+TEST_F(Pipeline, ABusyServerIsAskedAgainUnlessTheUserSetsNoRetries) {
+  TILER_SKIP_WITHOUT_FEATURE("gdal");
+  const std::string dir = root_ + "/remote_busy";
+  fs::create_directories(dir);
+  test::writeNoiseTiff(dir + "/busy.tif", 256);
+  test::RangeServer busy(dir, -1, 1);
+  auto retried = run(kTiler + " info " + busy.url("busy.tif"));
+  EXPECT_EQ(retried.code, 0) << retried.output;
+  EXPECT_NE(retried.output.find("256x256, 3 channel(s)"), std::string::npos) << retried.output;
+  EXPECT_GT(retried.seconds, 1.0) << "the retry waited GDAL_HTTP_RETRY_DELAY";
+  test::RangeServer busy_again(dir, -1, 1);
+  auto refused = run("GDAL_HTTP_MAX_RETRY=0 " + kTiler + " info " + busy_again.url("busy.tif"));
+  EXPECT_NE(refused.code, 0) << refused.output;
+  EXPECT_NE(
+      refused.output.find("'" + busy_again.url("busy.tif") + "': cannot open it: HTTP response code: 503"),
+      std::string::npos)
+      << refused.output;
+}
+
 }  // namespace
 }  // namespace tiler

@@ -1,6 +1,7 @@
 // A local HTTP server with Range support (tests/range_server.py) for the remote-input tests: started on an
 // ephemeral port, serving a directory, optionally cutting every response once it has sent a number of bytes
-// (a lost connection), and counting the bytes it sent. Stopped when the object goes. And the file it serves.
+// (a lost connection) or answering its first requests 503 (busy), and counting the bytes it sent. Stopped
+// when the object goes. And the file it serves.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -32,8 +33,9 @@ inline void writeNoiseTiff(const std::string& path, int side) {
 
 class RangeServer {
  public:
-  // Serves `root`; `drop_after` >= 0: every response is cut once that many bytes have been sent in all.
-  explicit RangeServer(const std::string& root, long drop_after = -1)
+  // Serves `root`; `drop_after` >= 0: every response is cut once that many bytes have been sent in all;
+  // `fail_first`: the first requests are answered 503 (busy).
+  explicit RangeServer(const std::string& root, long drop_after = -1, int fail_first = 0)
       : count_file_(root + "/.served_" + std::to_string(servers_++)) {
     std::remove(count_file_.c_str());
     int out[2];
@@ -44,9 +46,9 @@ class RangeServer {
       close(out[0]);
       close(out[1]);
       const std::string script = std::string(TILER_TEST_SOURCE_DIR) + "/tests/range_server.py";
-      const std::string drop = std::to_string(drop_after);
+      const std::string drop = std::to_string(drop_after), fail = std::to_string(fail_first);
       execlp("python3", "python3", script.c_str(), "--root", root.c_str(), "--drop_after", drop.c_str(),
-             "--count", count_file_.c_str(), nullptr);
+             "--count", count_file_.c_str(), "--fail_first", fail.c_str(), nullptr);
       _exit(127);
     }
     close(out[1]);

@@ -4,7 +4,8 @@
 Prints "port N" on stdout once it listens (port 0: an ephemeral one). Answers HEAD and GET, with one
 "bytes=a-b" range (206) or the whole file (200). --drop_after N: once N body bytes have been sent in all, every
 response is cut (its headers promise more than is sent, then the connection closes), as a lost connection is.
---count FILE: the body bytes sent so far, rewritten after each response.
+--count FILE: the body bytes sent so far, rewritten after each response. --fail_first K: the first K requests are
+answered 503 (Service Unavailable), as a busy object store answers.
 """
 import argparse
 import os
@@ -15,6 +16,7 @@ from threading import Lock
 
 ARGS = None
 SENT = [0]
+FAILED = [0]  # requests answered so far, the first --fail_first of them with 503
 LOCK = Lock()
 
 
@@ -31,6 +33,14 @@ class Handler(BaseHTTPRequestHandler):
         self.answer(body=True)
 
     def answer(self, body):
+        with LOCK:
+            FAILED[0] += 1
+            unavailable = FAILED[0] <= ARGS.fail_first
+        if unavailable:
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         path = os.path.join(ARGS.root, self.path.split("?", 1)[0].lstrip("/"))
         if not os.path.isfile(path):
             self.send_response(404)
@@ -81,6 +91,7 @@ def main():
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--drop_after", type=int, default=-1)
     parser.add_argument("--count", default="")
+    parser.add_argument("--fail_first", type=int, default=0)
     ARGS = parser.parse_args()
     server = ThreadingHTTPServer(("127.0.0.1", ARGS.port), Handler)
     print("port %d" % server.server_address[1], flush=True)
