@@ -20,6 +20,7 @@
 #include "tiler/catalog.hpp"
 #include "tiler/error.hpp"
 #include "tiler/platform.hpp"
+#include "tiler/tasks/registry.hpp"
 #include "tiler/torch_compat.hpp"
 #include "tiler/window_outputs.hpp"
 
@@ -165,6 +166,7 @@ ModelRunner::ModelRunner(const ModelRunner& other, std::unique_ptr<ModelRuntime>
       current_device_(device_),
       runtime_(std::move(runtime)),
       probe_(other.probe_),
+      head_probes_(other.head_probes_),
       mean_(other.mean_),
       inv_std_(other.inv_std_) {}
 
@@ -198,7 +200,7 @@ torch::jit::Module& ModelRunner::module() {
   return *module;
 }
 
-torch::Tensor ModelRunner::extractTensor(const c10::IValue& out) const {
+torch::Tensor ModelRunner::extractTensor(const c10::IValue& out, const std::string& key) const {
   const std::string& path = options_.path;
   if (out.isTensor()) return out.toTensor();
   if (out.isTuple() || out.isList()) {
@@ -209,14 +211,13 @@ torch::Tensor ModelRunner::extractTensor(const c10::IValue& out) const {
     } else {
       for (const auto& e : out.toList()) items.push_back(e);
     }
-    if (!options_.output_key.empty()) {
+    if (!key.empty()) {
       size_t k = 0;
       try {
-        k = std::stoul(options_.output_key);
+        k = std::stoul(key);
       } catch (const std::exception&) {
         TILER_THROW(ModelError, "'" << path << "': output is a " << kind
-                                    << "; --output_key must be an index, got '" << options_.output_key
-                                    << "'");
+                                    << "; --output_key must be an index, got '" << key << "'");
       }
       TILER_CHECK(k < items.size() && items[k].isTensor(), ModelError,
                   "'" << path << "': output element " << k << " is not a tensor");
@@ -234,15 +235,15 @@ torch::Tensor ModelRunner::extractTensor(const c10::IValue& out) const {
   }
   if (out.isGenericDict()) {
     auto dict = out.toGenericDict();
-    if (!options_.output_key.empty()) {
+    if (!key.empty()) {
       for (const auto& entry : dict) {
-        if (entry.key().isString() && entry.key().toStringRef() == options_.output_key) {
+        if (entry.key().isString() && entry.key().toStringRef() == key) {
           TILER_CHECK(entry.value().isTensor(), ModelError,
-                      "'" << path << "': output '" << options_.output_key << "' is not a tensor");
+                      "'" << path << "': output '" << key << "' is not a tensor");
           return entry.value().toTensor();
         }
       }
-      TILER_THROW(ModelError, "'" << path << "': output dict has no key '" << options_.output_key << "'");
+      TILER_THROW(ModelError, "'" << path << "': output dict has no key '" << key << "'");
     }
     for (const auto& entry : dict) {
       if (entry.value().isTensor()) return entry.value().toTensor();
@@ -257,48 +258,66 @@ torch::Tensor ModelRunner::apply(const torch::Tensor& nchw) {
   const auto dtype = precision_ == Precision::kBf16 ? at::kBFloat16 : at::kHalf;
   compat::AutocastScope scope(device_.type(), autocast, dtype);
   c10::IValue out = runtime_->run(nchw);
-  return extractTensor(out).to(predictionType(options_.task));
+  return extractTensor(out, options_.output_key).to(predictionType(options_.task));
+}
+
+std::vector<torch::Tensor> ModelRunner::applyHeads(const torch::Tensor& nchw) {
+  if (options_.heads.empty()) return {apply(nchw)};
+  const bool autocast = precision_ != Precision::kFp32;
+  const auto dtype = precision_ == Precision::kBf16 ? at::kBFloat16 : at::kHalf;
+  compat::AutocastScope scope(device_.type(), autocast, dtype);
+  // One forward for every head.
+  c10::IValue out = runtime_->run(nchw);
+  std::vector<torch::Tensor> heads;
+  for (const HeadOptions& head : options_.heads)
+    heads.push_back(extractTensor(out, head.key).to(predictionType(head.task)));
+  return heads;
 }
 
 torch::ScalarType predictionType(ModelTask task) {
-  return task == ModelTask::kInstances ? torch::kFloat64 : torch::kFloat32;
+  return task == ModelTask::kAuto ? torch::kFloat32 : taskOf(task).predictionType();
 }
 
-ModelTask resolveTask(ModelTask requested, const std::vector<int64_t>& sizes, Activation activation,
-                      bool classes_named, const std::string& path) {
-  const std::string shape = c10::str(torch::IntArrayRef(sizes));
-  if (requested == ModelTask::kDetect) {
-    TILER_CHECK(sizes.size() == 3 && sizes[2] == 6, ModelError,
-                "'" << path << "': --task detect needs boxes [batch, N, 6] (x1, y1, x2, y2, score, class in "
-                    << "window pixels), but the output is " << shape);
-    return ModelTask::kDetect;
-  }
-  if (requested == ModelTask::kInstances) {
-    TILER_CHECK(sizes.size() == 4 && sizes[1] >= 1, ModelError,
-                "'" << path << "': --task instances needs an instance map [batch, 1 + K, h, w] (object ids, "
-                    << "then K class scores), but the output is " << shape);
-    return ModelTask::kInstances;
-  }
-  const bool vector = sizes.size() == 2 || (sizes.size() == 4 && requested != ModelTask::kSegment &&
-                                            requested != ModelTask::kAuto && sizes[2] == 1 && sizes[3] == 1);
-  const char* choices =
-      "tiler takes NCHW maps (--task segment), one vector per window, [batch, D] (--task classify | embed), "
-      "boxes, [batch, N, 6] (--task detect) or instance maps, [batch, 1 + K, h, w] (--task instances)";
-  if (sizes.size() == 4 && !vector) {
-    TILER_CHECK(requested == ModelTask::kAuto || requested == ModelTask::kSegment, ModelError,
-                "'" << path << "': --task " << taskName(requested)
-                    << " needs one vector per window, but the output " << shape << " is a map; " << choices);
-    return ModelTask::kSegment;
-  }
-  TILER_CHECK(
-      vector, ModelError,
-      "'" << path << "': output " << shape << " has " << sizes.size() << " dimension(s); " << choices);
-  TILER_CHECK(requested != ModelTask::kSegment, ModelError,
-              "'" << path << "': --task segment needs NCHW maps, but the output " << shape
-                  << " is one vector per window; " << choices);
-  if (requested != ModelTask::kAuto) return requested;
-  return activation != Activation::kNone || classes_named ? ModelTask::kClassify : ModelTask::kEmbed;
+bool ModelProbe::perWindow() const {
+  return task != ModelTask::kAuto && taskOf(task).perWindow();
 }
+
+namespace {
+
+// What one output of a window of `window_w` x `window_h` is: its task (as `task` asks, or as its shape says),
+// channels and scale; ModelError starting with 'path' (and the head) when it is none of the tasks'.
+ModelProbe probeOutput(torch::Tensor out, ModelTask task, Activation activation, bool classes_named,
+                       int64_t window_w, int64_t window_h, const std::string& path) {
+  ModelProbe probe;
+  probe.task = resolveTask(task, out.sizes().vec(), activation, classes_named, path);
+  TILER_CHECK(out.size(0) == 1, ModelError,
+              "'" << path << "': output batch " << out.size(0) << " for input batch 1");
+  // A detector may find nothing: [1, 0, 6] is no boxes.
+  TILER_CHECK(out.numel() > 0 || probe.task == ModelTask::kDetect, ModelError,
+              "'" << path << "': output " << c10::str(out.sizes())
+                  << " is empty; tiler needs at least one channel (a map) or one value (a vector) a window");
+  Scale s;
+  if (probe.perWindow()) {
+    out = out.flatten(1);
+  } else {
+    const int64_t oh = out.size(2), ow = out.size(3);
+    if (oh >= window_h && oh % window_h == 0) {
+      s = Scale{oh / window_h, 1};
+    } else if (oh > 0 && oh < window_h && window_h % oh == 0) {
+      s = Scale{1, window_h / oh};
+    } else {
+      s = Scale{1, 0};
+    }
+    TILER_CHECK(s.den > 0 && s.apply(window_h) == oh && s.apply(window_w) == ow, ModelError,
+                "'" << path << "': output " << ow << "x" << oh << " for a " << window_w << "x" << window_h
+                    << " window is not an exact integer multiple or fraction of it");
+  }
+  probe.output_channels = int(out.size(1));
+  probe.scale = s;
+  return probe;
+}
+
+}  // namespace
 
 const ModelProbe& ModelRunner::probe(int64_t window_w, int64_t window_h) {
   if (probe_.input_channels > 0) return probe_;
@@ -317,9 +336,9 @@ const ModelProbe& ModelRunner::probe(int64_t window_w, int64_t window_h) {
   }
   std::string first_error;
   for (int c : counts) {
-    torch::Tensor out;
+    std::vector<torch::Tensor> outs;
     try {
-      out = apply(torch::zeros({1, c, window_h, window_w}, torch::TensorOptions().device(device_)));
+      outs = applyHeads(torch::zeros({1, c, window_h, window_w}, torch::TensorOptions().device(device_)));
     } catch (const ModelError&) {
       throw;
     } catch (const std::exception& e) {
@@ -331,34 +350,17 @@ const ModelProbe& ModelRunner::probe(int64_t window_w, int64_t window_h) {
       if (first_error.empty()) first_error = firstLine(e.what());
       continue;
     }
-    probe_.task =
-        resolveTask(options_.task, out.sizes().vec(), options_.activation, options_.classes_named, path);
-    TILER_CHECK(out.size(0) == 1, ModelError,
-                "'" << path << "': output batch " << out.size(0) << " for input batch 1");
-    // A detector may find nothing: [1, 0, 6] is no boxes.
-    TILER_CHECK(
-        out.numel() > 0 || probe_.task == ModelTask::kDetect, ModelError,
-        "'" << path << "': output " << c10::str(out.sizes())
-            << " is empty; tiler needs at least one channel (a map) or one value (a vector) a window");
-    Scale s;
-    if (probe_.perWindow()) {
-      out = out.flatten(1);
-    } else {
-      const int64_t oh = out.size(2), ow = out.size(3);
-      if (oh >= window_h && oh % window_h == 0) {
-        s = Scale{oh / window_h, 1};
-      } else if (oh > 0 && oh < window_h && window_h % oh == 0) {
-        s = Scale{1, window_h / oh};
-      } else {
-        s = Scale{1, 0};
-      }
-      TILER_CHECK(s.den > 0 && s.apply(window_h) == oh && s.apply(window_w) == ow, ModelError,
-                  "'" << path << "': output " << ow << "x" << oh << " for a " << window_w << "x" << window_h
-                      << " window is not an exact integer multiple or fraction of it");
+    head_probes_.clear();
+    if (options_.heads.empty())
+      head_probes_.push_back(probeOutput(outs[0], options_.task, options_.activation, options_.classes_named,
+                                         window_w, window_h, path));
+    for (size_t h = 0; h < options_.heads.size(); ++h) {
+      const HeadOptions& head = options_.heads[h];
+      head_probes_.push_back(probeOutput(outs[h], head.task, head.activation, head.classes_named, window_w,
+                                         window_h, path + "' head '" + head.name));
     }
-    probe_.input_channels = c;
-    probe_.output_channels = int(out.size(1));
-    probe_.scale = s;
+    for (ModelProbe& p : head_probes_) p.input_channels = c;
+    probe_ = head_probes_.front();
     break;
   }
   TILER_CHECK(probe_.input_channels > 0, ModelError,
@@ -442,28 +444,44 @@ torch::Tensor ModelRunner::normalize(const torch::Tensor& batch, const torch::Te
   return x.contiguous();
 }
 
+std::vector<torch::Tensor> ModelRunner::activatedHeads(const torch::Tensor& x) {
+  std::vector<torch::Tensor> outs = applyHeads(x);
+  for (size_t h = 0; h < outs.size(); ++h) {
+    const ModelProbe& probe = h < head_probes_.size() ? head_probes_[h] : probe_;  // unprobed: segment
+    torch::Tensor& out = outs[h];
+    // Boxes are flattened below: a shape that is not the probe's is shown as the model gave it.
+    const int64_t boxes = probe.output_channels / 6;
+    TILER_CHECK(
+        probe.task != ModelTask::kDetect || out.sizes() == torch::IntArrayRef({x.size(0), boxes, int64_t(6)}),
+        ModelError,
+        "'" << options_.path << "': the model's output is " << out.sizes() << " for " << x.size(0)
+            << " windows, not [" << x.size(0) << ", " << boxes << ", 6] as at the probe (a detector "
+            << "gives every window the same N rows, padding with a score of 0 or less)");
+    // A per-window model's [B, D, 1, 1] as [B, D].
+    if (probe.perWindow()) out = out.flatten(1);
+    const Activation activation = options_.heads.empty() ? options_.activation : options_.heads[h].activation;
+    if (activation == Activation::kSoftmax) out = torch::softmax(out, 1);
+    if (activation == Activation::kSigmoid) out = torch::sigmoid(out);
+  }
+  return outs;
+}
+
+namespace {
+
+// One output as it is; several side by side, each window's values of every head in a row.
+torch::Tensor packHeads(const std::vector<torch::Tensor>& heads) {
+  if (heads.size() == 1) return heads.front().contiguous();
+  std::vector<torch::Tensor> rows;
+  for (const torch::Tensor& head : heads) rows.push_back(head.flatten(1));
+  return torch::cat(rows, 1).contiguous();
+}
+
+}  // namespace
+
 torch::Tensor ModelRunner::forward(const torch::Tensor& batch, const torch::Tensor& scales) {
   c10::InferenceMode guard;
-  auto activate = [this](torch::Tensor t) {
-    if (options_.activation == Activation::kSoftmax) return torch::softmax(t, 1);
-    if (options_.activation == Activation::kSigmoid) return torch::sigmoid(t);
-    return t;
-  };
-  // A per-window model's [B, D, 1, 1] as [B, D].
-  auto outputOf = [this](const torch::Tensor& in) {
-    torch::Tensor out = apply(in);
-    // Boxes are flattened below: a shape that is not the probe's is shown as the model gave it.
-    const int64_t boxes = probe_.output_channels / 6;
-    TILER_CHECK(probe_.task != ModelTask::kDetect ||
-                    out.sizes() == torch::IntArrayRef({in.size(0), boxes, int64_t(6)}),
-                ModelError,
-                "'" << options_.path << "': the model's output is " << out.sizes() << " for " << in.size(0)
-                    << " windows, not [" << in.size(0) << ", " << boxes << ", 6] as at the probe (a detector "
-                    << "gives every window the same N rows, padding with a score of 0 or less)");
-    return probe_.perWindow() ? out.flatten(1) : out;
-  };
   const torch::Tensor x = normalize(batch, scales);
-  if (options_.tta == Tta::kNone) return activate(outputOf(x)).contiguous();
+  if (options_.tta == Tta::kNone) return packHeads(activatedHeads(x));
   // (quarter turns, mirrored): the copies of the batch, all in one forward.
   std::vector<std::pair<int64_t, bool>> views = {{0, false}, {0, true}};
   if (options_.tta == Tta::kD4)
@@ -473,17 +491,23 @@ torch::Tensor ModelRunner::forward(const torch::Tensor& batch, const torch::Tens
     const torch::Tensor v = mirrored ? x.flip({3}) : x;
     copies.push_back(turns ? torch::rot90(v, turns, {2, 3}) : v);
   }
-  const auto parts = activate(outputOf(torch::cat(copies, 0))).chunk(int64_t(views.size()), 0);
-  torch::Tensor sum;
-  for (size_t i = 0; i < views.size(); ++i) {
-    const auto& [turns, mirrored] = views[i];
-    // A map goes back to the window's orientation; a vector belongs to the whole window as it is.
-    torch::Tensor back = parts[i];
-    if (!probe_.perWindow() && turns) back = torch::rot90(back, -turns, {2, 3});
-    if (!probe_.perWindow() && mirrored) back = back.flip({3});
-    sum = sum.defined() ? sum + back : back;
+  const std::vector<torch::Tensor> outs = activatedHeads(torch::cat(copies, 0));
+  std::vector<torch::Tensor> means;
+  for (size_t h = 0; h < outs.size(); ++h) {
+    const bool map = !(h < head_probes_.size() ? head_probes_[h] : probe_).perWindow();
+    const auto parts = outs[h].chunk(int64_t(views.size()), 0);
+    torch::Tensor sum;
+    for (size_t i = 0; i < views.size(); ++i) {
+      const auto& [turns, mirrored] = views[i];
+      // A map goes back to the window's orientation; a vector belongs to the whole window as it is.
+      torch::Tensor back = parts[i];
+      if (map && turns) back = torch::rot90(back, -turns, {2, 3});
+      if (map && mirrored) back = back.flip({3});
+      sum = sum.defined() ? sum + back : back;
+    }
+    means.push_back(sum / double(views.size()));
   }
-  return (sum / double(views.size())).contiguous();
+  return packHeads(means);
 }
 
 ForwardPool::ForwardPool(ModelRunner& model, ForwardLayout layout) {

@@ -32,6 +32,7 @@
 #include "tiler/report.hpp"
 #include "tiler/sampler.hpp"
 #include "tiler/session.hpp"
+#include "tiler/tasks/registry.hpp"
 #include "tiler/version.hpp"
 #include "tiler/window_outputs.hpp"
 
@@ -101,6 +102,7 @@ class InferJob {
   int runSteps(Deal deal);
 
   OutputOptions outputOptions() const;
+  TaskFlags taskFlags() const;  // what the task checks and its outputs are made from
   LoaderOptions loaderOptions() const;
   StepExchange& exchange() { return session_->exchange(); }
   int rank() const { return session_->rank(); }
@@ -172,7 +174,7 @@ class InferJob {
   bool stitch_on_device_ = false;  // blend on the model's device (--stitch)
   ModelProbe probe_;
   // Object tasks (instances, detect): what this rank sends of a window's output: the record of what it keeps.
-  std::function<std::string(const CatalogImage&, int64_t window, const torch::Tensor& output)> record_of_;
+  RecordMaker record_of_;
   WindowCatalog catalog_;
   std::set<int> failed_;                 // images this rank knows to have failed (main thread)
   std::vector<int> owners_;              // the rank that stitches and writes each image (assignOwners)
@@ -256,104 +258,48 @@ void InferJob::parseSaveKinds() {
   }
   // The first task that writes every kind asked for (objects: detect, unless --task instances says so).
   ModelTask task = task_;
-  for (ModelTask t : {ModelTask::kSegment, ModelTask::kEmbed, ModelTask::kClassify, ModelTask::kDetect,
-                      ModelTask::kInstances})
-    if (task == ModelTask::kAuto && std::all_of(save_kinds_.begin(), save_kinds_.end(),
-                                                [t](const std::string& kind) { return taskWrites(t, kind); }))
-      task = t;
+  for (const Task* t : allTasks())
+    if (task == ModelTask::kAuto &&
+        std::all_of(save_kinds_.begin(), save_kinds_.end(),
+                    [t](const std::string& kind) { return taskWrites(t->id(), kind); }))
+      task = t->id();
   TILER_CHECK(task != ModelTask::kAuto, ConfigError,
               "--save " << save << " mixes the outputs of two tasks ("
                         << taskName(taskOfOutputKind(save_kinds_.front())) << " and "
                         << taskName(taskOfOutputKind(save_kinds_.back())) << ")");
   // No output shape says "boxes" or "instances" for sure: the outputs asked for say it.
-  if (task == ModelTask::kDetect || task == ModelTask::kInstances) task_ = task;
+  if (task != ModelTask::kAuto && !taskOf(task).claimedByShape()) task_ = task;
 }
 
 void InferJob::settleTask() {
-  const ModelTask task = probe_.task;
-  const std::string shape =
-      probe_.perWindow() ? "one vector of " + std::to_string(probe_.output_channels) + " values per window"
-                         : "NCHW maps";
-  if (save_kinds_.empty()) save_kinds_ = defaultOutputKinds(task);
+  const Task& task = taskOf(probe_.task);
+  if (save_kinds_.empty()) save_kinds_ = task.defaultKinds();
   for (const std::string& kind : save_kinds_)
     if (*findOutputKind(kind)->feature) requireFeature(findOutputKind(kind)->feature, "--save " + kind);
-  for (const std::string& kind : save_kinds_)
-    TILER_CHECK(taskWrites(task, kind), ConfigError,
-                "--save " << *o_.save << " is an output of --task " << taskName(taskOfOutputKind(kind))
-                          << ", but '" << o_.model << "' gives " << shape << " (--task " << taskName(task)
-                          << ")");
-  TILER_CHECK(task == ModelTask::kDetect || o_.nms == 0, ConfigError,
-              "--nms is for --task detect's boxes, but '" << o_.model << "' gives " << shape);
-  if (task == ModelTask::kSegment) {
-    TILER_CHECK(o_.edge != "lattice", ConfigError,
-                "--edge lattice is for per-window tasks (classify, embed); a segmentation's stitched map "
-                "keeps MONAI's grid (--edge shift)");
-    const int label_classes = labelClassCount(probe_.output_channels);
-    TILER_CHECK(
-        classes_.empty() || int(classes_.size()) == label_classes, ConfigError,
-        "--classes names " << classes_.size() << " class(es), the model's labels have " << label_classes);
-    return;
-  }
-  if (task == ModelTask::kDetect) {
-    // Boxes are in the window's pixels: a flip or turn of the window would move them, and averaging the
-    // records of views would mix different boxes.
-    TILER_CHECK(tta_ == Tta::kNone, ConfigError, "--tta is for maps and vectors, not --task detect's boxes");
-    TILER_CHECK(o_.nms >= 0 && o_.nms < 1, ConfigError,
-                "--nms is an IoU in [0, 1) (0: none), not " << o_.nms);
-    TILER_CHECK(activation_ == Activation::kNone, ConfigError,
-                "--activation " << o_.activation << " is for maps and vectors; --task detect reads scores as "
-                                << "the model gives them");
-    // The cores of overlapping windows decide which window keeps an object: the overlap stays as asked
-    // (--overlap, default 0.25), and the last window of a row or column is padded past the edge.
-    spec_.lattice = o_.edge != "shift";
-    return;
-  }
-  if (task == ModelTask::kInstances) {
-    // Ids are labels, not values: a flipped window's ids are other ids, and activations or blending would
-    // make them fractions.
-    TILER_CHECK(tta_ == Tta::kNone, ConfigError, "--tta is for maps and vectors, not --task instances' ids");
-    TILER_CHECK(activation_ == Activation::kNone, ConfigError,
-                "--activation " << o_.activation << " would turn --task instances' ids into fractions; class "
-                                << "scores are read as the model gives them");
-    TILER_CHECK(classes_.empty() || int(classes_.size()) == probe_.output_channels - 1, ConfigError,
-                "--classes names " << classes_.size() << " class(es), the model gives "
-                                   << probe_.output_channels - 1 << " class channel(s) after its ids");
-    // Ids are found, never blended or stored as maps: the flags that shape a stitched map do nothing here.
-    const InferOptions defaults;
-    const std::pair<const char*, bool> map_flags[] = {
-        {"--blend", o_.blend != defaults.blend},
-        {"--format", o_.format != defaults.format},
-        {"--probs_dtype", o_.probs_dtype != defaults.probs_dtype},
-        {"--stitch", o_.stitch != defaults.stitch}};
-    for (const auto& [flag, given] : map_flags)
-      TILER_CHECK(!given, ConfigError,
-                  flag << " is for a stitched map (--task segment); --task instances finds objects in each "
-                       << "window's ids and writes them as they are: leave " << flag << " out");
-    // The lattice lays windows out in input pixels; a map at another scale needs MONAI's grid, which lays
-    // them out in output pixels so that each window maps to whole output pixels.
-    const bool scaled = !(probe_.scale == Scale{});
-    TILER_CHECK(!scaled || o_.edge != "lattice", ConfigError,
-                "--edge lattice needs maps of the window's size; '"
-                    << o_.model << "' gives maps at " << probe_.scale.value()
-                    << "x the window (--edge shift, or leave --edge at auto, which takes shift for it)");
-    spec_.lattice = o_.edge == "lattice" || (o_.edge == "auto" && !scaled);
-    return;
-  }
-  TILER_CHECK(task == ModelTask::kClassify || classes_.empty(), ConfigError,
-              "--classes names classes, but '" << o_.model
-                                               << "' is an encoder (--task embed): its features have none");
-  TILER_CHECK(classes_.empty() || int64_t(classes_.size()) == probe_.output_channels, ConfigError,
-              "--classes names " << classes_.size() << " class(es), the model gives "
-                                 << probe_.output_channels << " scores per window");
-  const bool heatmap = std::find(save_kinds_.begin(), save_kinds_.end(), "heatmap") != save_kinds_.end();
-  TILER_CHECK(!heatmap || probe_.output_channels <= kHeatmapMaxClasses, ConfigError,
-              "--save heatmap holds at most " << kHeatmapMaxClasses << " classes (a band each), but '"
-                                              << o_.model << "' gives " << probe_.output_channels
-                                              << " scores per window (save csv or tiles)");
-  // Per-window outputs describe whole windows: without --overlap they tile the image without overlap, on the
-  // patch lattice TRIDENT, CLAM and WSInfer cut (coordinates / patch size name distinct cells).
-  if (!o_.overlap_given) spec_.overlap_x = spec_.overlap_y = 0.0;
-  spec_.lattice = o_.edge != "shift";
+  task.settle(probe_, taskFlags(), spec_);
+}
+
+TaskFlags InferJob::taskFlags() const {
+  TaskFlags f;
+  f.model = o_.model;
+  f.save = o_.save;
+  f.kinds = save_kinds_;
+  f.edge = o_.edge;
+  f.overlap_given = o_.overlap_given;
+  f.nms = o_.nms;
+  f.tta = tta_;
+  f.activation = activation_;
+  f.activation_name = o_.activation;
+  f.classes = classes_;
+  const InferOptions defaults;
+  const std::pair<const char*, bool> map_flags[] = {{"--blend", o_.blend != defaults.blend},
+                                                    {"--format", o_.format != defaults.format},
+                                                    {"--probs_dtype", o_.probs_dtype != defaults.probs_dtype},
+                                                    {"--stitch", o_.stitch != defaults.stitch}};
+  for (const auto& [flag, given] : map_flags)
+    if (given) f.map_flags.push_back(flag);
+  f.encoder = o_.encoder_name.empty() ? fs::path(o_.model).stem().string() : o_.encoder_name;
+  return f;
 }
 
 OutputOptions InferJob::outputOptions() const {
@@ -376,28 +322,7 @@ OutputOptions InferJob::outputOptions() const {
   oo.stitched_window = faults_.stitched_window;
   if (stitch_on_device_) oo.stitch_device = model_->device();
   oo.before_device_stitcher = faults_.before_device_stitcher;
-  if (probe_.perWindow()) {
-    WindowOutputOptions wo;
-    wo.task = probe_.task;
-    wo.kinds = save_kinds_;
-    wo.dim = probe_.output_channels;
-    wo.encoder = o_.encoder_name.empty() ? fs::path(o_.model).stem().string() : o_.encoder_name;
-    wo.overlap = spec_.overlap_x;
-    wo.classes = classes_;
-    wo.compression = compression_;
-    wo.nms_iou = o_.nms;
-    oo.per_window = wo;
-  }
-  if (probe_.task == ModelTask::kInstances) {
-    InstanceOptions io;
-    io.kinds = save_kinds_;
-    io.channels = probe_.output_channels;
-    io.height = probe_.scale.apply(spec_.window_h);
-    io.width = probe_.scale.apply(spec_.window_w);
-    io.scale = probe_.scale;
-    if (io.channels > 1) io.classes = classNames(io.channels - 1, classes_);
-    oo.instances = io;
-  }
+  oo.consumer = consumersFor(probe_.task, TaskOutputs{oo, probe_, spec_, taskFlags()});
   return oo;
 }
 
@@ -466,9 +391,7 @@ torch::Tensor InferJob::zeroPredictions() const {
 }
 
 std::vector<int64_t> InferJob::predictionSizes(int64_t windows) const {
-  if (probe_.perWindow()) return {windows, probe_.output_channels};
-  return {windows, probe_.output_channels, probe_.scale.apply(spec_.window_h),
-          probe_.scale.apply(spec_.window_w)};
+  return taskOf(probe_.task).predictionSizes(probe_, spec_, windows);
 }
 
 void InferJob::forwardSlots(ModelRunner& model, WindowBatch& batch, int64_t first, int64_t count,
@@ -822,7 +745,7 @@ void InferJob::loadModel() {
   }
   // The owner's windows of other ranks must arrive on the model's device too: one rank, or ranks that gather
   // on it (NCCL; gloo between CPU ranks); through the host (gloo between GPU ranks) the host stitches.
-  stitch_on_device_ = probe_.task == ModelTask::kSegment &&
+  stitch_on_device_ = taskOf(probe_.task).stitches() &&
                       (o_.stitch == "device" || (o_.stitch == "auto" && model_->device().is_cuda()));
   read_threads_ =
       chooseReadThreads(o_.read_threads, layout_, model_->device().is_cuda(), defaultIntraOpThreads());
@@ -932,16 +855,7 @@ InferJob::Deal InferJob::dealWindows() {
 int InferJob::runSteps(Deal deal) {
   // Object tasks send only what each window keeps, found where the window ran.
   const OutputOptions oo = outputOptions();
-  if (oo.instances)
-    record_of_ = [options = *oo.instances](const CatalogImage& image, int64_t window,
-                                           const torch::Tensor& map) {
-      return encodeWindowObjects(keepWindowObjects(image, options, window, map.data_ptr<double>()));
-    };
-  if (probe_.task == ModelTask::kDetect)
-    record_of_ = [options = *oo.per_window](const CatalogImage& image, int64_t window,
-                                            const torch::Tensor& boxes) {
-      return detectionRecord(image, options, window, boxes.data_ptr<float>());
-    };
+  record_of_ = taskOf(probe_.task).recordMaker(TaskOutputs{oo, probe_, spec_, taskFlags()});
   const int64_t B = o_.batch_size, steps = deal.steps;
   OutputStage outputs(catalog_, oo);
   WindowLoader loader(catalog_, spec_, loaderOptions(), std::move(deal.slots), steps);

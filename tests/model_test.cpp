@@ -27,6 +27,7 @@
 #include "tiler/error.hpp"
 #include "tiler/launcher.hpp"
 #include "tiler/platform.hpp"
+#include "tiler/tasks/registry.hpp"
 
 namespace fs = std::filesystem;
 

@@ -12,6 +12,7 @@
 
 #include "test_util.hpp"
 #include "tiler/fault.hpp"
+#include "tiler/tasks/registry.hpp"
 
 namespace fs = std::filesystem;
 
@@ -67,6 +68,14 @@ WindowCatalog smallCatalog(const std::string& dir, int n) {
   return c;
 }
 
+// The stage as the job makes it for a segmentation: each image's consumer from the task's row.
+OutputOptions segmentStage(OutputOptions o) {
+  TaskOutputs outputs;
+  outputs.stage = o;
+  o.consumer = consumersFor(ModelTask::kSegment, outputs);
+  return o;
+}
+
 StepResult stepOf(int n) {
   StepResult s;
   s.preds = torch::rand({n, 3, 8, 8});
@@ -87,7 +96,7 @@ TEST(Outputs, AWriteFailureFailsThatImageAloneAndLeavesNoFinalFile) {
   OutputOptions o = threeClasses();
   o.write_threads = 2;
   o.stitched_window = faultHooks(Fault{0, 2, "throw", "write"}, 0).stitched_window;
-  OutputStage stage(c, o);
+  OutputStage stage(c, segmentStage(o));
   ASSERT_TRUE(stage.submit(stepOf(3)));
   stage.finish();
   EXPECT_FALSE(stage.error());
@@ -112,7 +121,7 @@ TEST(Outputs, AStageWritesOnlyItsOwnImagesAndReportsThem) {
   OutputOptions o = threeClasses();
   o.owners = {1, 0, 1};
   o.rank = 1;
-  OutputStage stage(mine, o);
+  OutputStage stage(mine, segmentStage(o));
   StepResult step = stepOf(3);
   step.slots[1] = WindowSlot{};  // image 1's slot goes to rank 0: never sent here
   step.failures[1] = "'in1.png': failed on rank 0";
@@ -142,11 +151,10 @@ TEST(Outputs, PerWindowVectorsAreWrittenByTheStageAndAFaultFailsOneImage) {
     c.image(i).outputs["features"] = dir + "/img" + std::to_string(i) + ".h5";
   }
   OutputOptions o;
-  WindowOutputOptions wo;
-  wo.task = ModelTask::kEmbed;
-  wo.kinds = {"features"};
-  wo.dim = 5;
-  o.per_window = wo;
+  TaskOutputs embed;
+  embed.flags.kinds = {"features"};
+  embed.probe.output_channels = 5;
+  o.consumer = consumersFor(ModelTask::kEmbed, embed);
   o.stitched_window = faultHooks(Fault{0, 2, "throw", "write"}, 0).stitched_window;
   OutputStage stage(c, o);
   StepResult step;
@@ -175,7 +183,7 @@ TEST(Outputs, AbortStopsTheStageAndRefusesMoreSteps) {
   WindowCatalog c = smallCatalog(dir, 2);
   OutputOptions o = threeClasses();
   o.abort_on_error = true;
-  OutputStage stage(c, o);
+  OutputStage stage(c, segmentStage(o));
   StepResult first = stepOf(1);
   first.failures[0] = "'in0.png': bad tile";
   ASSERT_TRUE(stage.submit(std::move(first)));
@@ -238,7 +246,7 @@ void runEdgeStage(const std::string& dir, OutputOptions o, int64_t window, Scale
   torch::Tensor preds = edgePredictions(c.totalWindows(), o.classes, size);
   preds[nan_window][0][size / 2][size / 2].fill_(std::numeric_limits<float>::quiet_NaN());  // in its core
   {
-    OutputStage stage(c, o);
+    OutputStage stage(c, segmentStage(o));
     std::vector<int64_t> firsts;
     for (int64_t first = 0; first < c.totalWindows(); first += 5) firsts.push_back(first);
     if (backwards) std::reverse(firsts.begin(), firsts.end());

@@ -42,6 +42,15 @@ Tta parseTta(const std::string& name);
 const char* ttaName(Tta tta);
 const char* precisionName(Precision p);
 
+// One output of a model that gives several (a tuple's or dict's tensors), run as a task of its own.
+struct HeadOptions {
+  std::string name;                           // what its outputs are named by (<stem>_<name>_...)
+  std::string key;                            // a dict key, else a tuple or list index
+  ModelTask task = ModelTask::kAuto;          // as --task, for this head
+  Activation activation = Activation::kNone;  // as --activation, for this head
+  bool classes_named = false;                 // --classes given for it
+};
+
 struct ModelOptions {
   std::string path;
   std::string device = "auto";     // auto | cpu | cuda | cuda:K
@@ -57,6 +66,10 @@ struct ModelOptions {
   bool classes_named = false;            // --classes given: a [B, K] output of kAuto is a classifier
   int64_t batch_size = 1;                // the most windows forward() takes (a package is probed at it)
   int preferred_input_channels = 0;      // probe() tries this count first (--channels' count); 0: none
+  // Several outputs of one forward (--heads): each probed as its own task, activated on its own, and
+  // forward() gives them side by side, each window's values of head 0, then head 1, ... ([B, sum of each
+  // head's values a window]). Empty: one output (output_key, task, activation).
+  std::vector<HeadOptions> heads;
 };
 
 // The model flags of a job (path, default: the bundled sample model; device, precision, threads, output
@@ -68,21 +81,12 @@ struct ModelProbe {
   int output_channels = 0;  // segment: channels C; classify: classes K; embed: features D
   Scale scale;              // output size / window size (segment)
   ModelTask task = ModelTask::kSegment;
-  // Classify, embed and detect (its [N, 6] boxes flattened): one record of fixed size a window.
-  bool perWindow() const {
-    return task == ModelTask::kClassify || task == ModelTask::kEmbed || task == ModelTask::kDetect;
-  }
+  // A task of one record of fixed size a window (classify, embed, detect: its [N, 6] boxes flattened).
+  bool perWindow() const;
 };
 
-// The task of a model whose output for one window has `sizes`, when `requested` (--task): NCHW maps are
-// segment; [1, D] vectors (or [1, D, 1, 1] when classify or embed is asked for) are classify when asked,
-// or when auto and the outputs are activated (softmax, sigmoid) or classes are named, else embed. Throws
-// ModelError naming `path`, the shape and the --task choices for any other shape or a mismatch.
-ModelTask resolveTask(ModelTask requested, const std::vector<int64_t>& sizes, Activation activation,
-                      bool classes_named, const std::string& path);
-
-// What a model's outputs become for `task`: float32, but float64 for instance maps, whose ids float32 holds
-// exactly only below 2^24 (float64 holds every id below 2^31, whatever the model's integer or float type).
+// What a model's outputs become for `task` (its row's predictionType: float64 for instance maps, whose ids
+// float32 holds exactly only below 2^24), float32 for kAuto.
 torch::ScalarType predictionType(ModelTask task);
 
 // Whether a forward failed for want of memory: c10's OutOfMemoryError, or that error (or the CPU allocator's)
@@ -104,6 +108,8 @@ class ModelRunner {
   // One forward of a zero batch of the window size; cached.
   const ModelProbe& probe(int64_t window_w, int64_t window_h);
   const ModelProbe& probed() const { return probe_; }
+  // With ModelOptions::heads: each head's probe, in their order (probe()'s is the first's); else probe()'s.
+  const std::vector<ModelProbe>& headProbes() const { return head_probes_; }
   // Seconds per window of zero windows of the probed size through forward(), one window twice, then batches
   // of `batch`: on the CPU, CPU seconds of one intra-op thread (what the machine's other load does not
   // change); on a GPU, wall seconds to the result. The fastest of up to eight runs, stopping at the first
@@ -130,7 +136,12 @@ class ModelRunner {
 
  private:
   ModelRunner(const ModelRunner& other, std::unique_ptr<ModelRuntime> runtime);
-  torch::Tensor extractTensor(const c10::IValue& out) const;
+  // The output tensor of `key` (a dict key or tuple index; empty: the first tensor).
+  torch::Tensor extractTensor(const c10::IValue& out, const std::string& key) const;
+  // Each head's output of one forward (one: apply's), in predictionType().
+  std::vector<torch::Tensor> applyHeads(const torch::Tensor& nchw);
+  // Each head's output of one forward, activated, per-window ones as [B, D].
+  std::vector<torch::Tensor> activatedHeads(const torch::Tensor& x);
 
   ModelOptions options_;
   torch::Device device_;
@@ -140,6 +151,7 @@ class ModelRunner {
   c10::DeviceGuard current_device_;
   std::unique_ptr<ModelRuntime> runtime_;
   ModelProbe probe_;
+  std::vector<ModelProbe> head_probes_;
   torch::Tensor mean_, inv_std_;  // [1,C,1,1] on device, or undefined
 };
 

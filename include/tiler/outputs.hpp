@@ -1,8 +1,8 @@
 // outputs: the image outputs a rank owns (assignOwners). A thread of its own takes each step's predictions
 // for them, stitches them per image (blend) in global window order and streams finished bands to the image's
 // writers, whose tiles a pool of write_threads compresses.
-// A per-window model's vectors and an instance model's maps skip the stitcher: a WindowConsumer
-// (window_outputs, instances) takes them and writes in window order.
+// What takes an image's windows is its task's consumer (tasks/: an ImageConsumer made by
+// OutputOptions::consumer): the stage knows only that interface.
 // Promise: an image's outputs (every kind of every task: outputKindsOf) are written as
 // .partial files and renamed together, only once every one of them is closed (two-phase commit): a failed
 // image never leaves a file under a final name. Any exception while stitching or writing one image fails that
@@ -36,6 +36,37 @@
 
 namespace tiler {
 
+// One window's result as its image's owner receives it: the model's prediction (on the host, or on
+// OutputOptions::stitch_device), or the record its rank made of it (object tasks).
+struct WindowResult {
+  int64_t window = 0;                   // grid window of the image
+  const float* values = nullptr;        // on the host: the window's prediction, as the model gave it
+  torch::Tensor on_device;              // or on the stitch device: [C, h, w]
+  const std::string* record = nullptr;  // or its record
+};
+
+// What takes an image's window results (MONAI's Merger: aggregate, finalize). Not thread safe (the output
+// stage's thread).
+class ImageConsumer {
+ public:
+  virtual ~ImageConsumer() = default;
+  // A step's windows of the image, in window order, each once (a stitcher accumulates a grid row's
+  // together).
+  virtual void aggregate(const std::vector<WindowResult>& windows) = 0;
+  // Every planned window aggregated (true at once for an image without any).
+  virtual bool done() const = 0;
+  // Closes every file under its partial name (throws IoError; nothing is renamed then), then renames them
+  // all, or none; counts what the image's report holds (non-finite values, objects). Returns the paths.
+  virtual std::vector<std::string> finalize() = 0;
+  // TILER_FAULT's write failure: true when the consumer's tiles now fail as they are compressed; false when
+  // it writes no tiles (the stage fails the image itself).
+  virtual bool injectTileFault() { return false; }
+};
+
+// Makes an image's consumer with its partial files; `writer` holds the stage's TIFF options (pool,
+// compression, metadata).
+using ConsumerFactory = std::function<std::unique_ptr<ImageConsumer>(CatalogImage&, const WriterOptions&)>;
+
 struct OutputOptions {
   std::string format = "tif";              // labels: tif | png; probs are always tif
   std::optional<Compression> compression;  // unset: defaultCompression of each output's sample type
@@ -54,12 +85,8 @@ struct OutputOptions {
   // The images this stage writes: those whose owners[i] is `rank` (every image when owners is empty).
   std::vector<int> owners;
   int rank = 0;
-  // A per-window model (classify, embed): its vectors go to window_outputs (options.dim = classes above),
-  // not to a stitcher.
-  std::optional<WindowOutputOptions> per_window;
-  // An instance model (instances): its maps go to an InstanceOutputs (the TIFF's writer options are the
-  // stage's), not to a stitcher.
-  std::optional<InstanceOptions> instances;
+  // The consumer of each image's windows (the task's: tasks/registry's consumersFor).
+  ConsumerFactory consumer;
   // segment: blend on this device (device_stitch; the steps' predictions are there), an image whose
   // accumulator the device cannot hold on the host; unset: on the host.
   std::optional<torch::Device> stitch_device;
@@ -127,9 +154,8 @@ class OutputStage {
   void stitchImageWindows(const StepResult& step, const std::vector<LocatedSlot>& located, size_t first,
                           size_t last, const float* base, int64_t per_window);
   // The image's consumer of window results, created with its partial files at its first window.
-  WindowConsumer& outputsFor(int image_id);
+  ImageConsumer& outputsFor(int image_id);
   void finishImage(int image_id, const std::string& error);
-  void commit(CatalogImage& img, WindowConsumer& out);
   bool owns(int image_id) const {
     return options_.owners.empty() || options_.owners[size_t(image_id)] == options_.rank;
   }
@@ -138,8 +164,8 @@ class OutputStage {
   OutputOptions options_;
   std::shared_ptr<WorkPool> pool_;  // compresses the tiles of every writer of the stage
   BoundedQueue<StepResult> steps_;
-  std::map<int, std::unique_ptr<WindowConsumer>> open_;  // stage thread only
-  OutputStats stats_;                                    // stage thread only, until finish() joined it
+  std::map<int, std::unique_ptr<ImageConsumer>> open_;  // stage thread only
+  OutputStats stats_;                                   // stage thread only, until finish() joined it
   std::mutex error_mutex_;
   std::optional<std::string> error_;  // guarded by error_mutex_
   std::thread thread_;                // last: starts once the members above exist

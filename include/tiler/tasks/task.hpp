@@ -1,0 +1,129 @@
+// tasks/task: what a model's output is for (segment, classify, embed, detect, instances) behind one
+// interface, so that the job, the model and the output stage ask a task instead of naming it. A task says
+// which model outputs it accepts (their shape), checks the flags against them, gives a window's prediction
+// size and type, what a window sends its image's owner (the prediction itself, or a record its rank makes)
+// and makes the consumer that writes an image's outputs (its --save kinds, output_kinds.hpp's rows).
+// Promise: tasks are constant rows (tasks/registry), read from any thread; nothing outside a task's file
+// knows its consumer's type. Adding a task is one file here plus one registry row.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tiler/catalog.hpp"
+#include "tiler/grid.hpp"
+#include "tiler/model.hpp"
+#include "tiler/output_kinds.hpp"
+#include "tiler/outputs.hpp"
+#include "tiler/polygons.hpp"
+
+namespace tiler {
+
+// The job's flags a task checks and its outputs are made from.
+struct TaskFlags {
+  std::string model;                // the model's path, for messages
+  std::optional<std::string> save;  // --save as given
+  std::vector<std::string> kinds;   // the output kinds written (--save, or the task's defaults)
+  std::string edge = "auto";        // --edge
+  bool overlap_given = false;       // --overlap was given
+  double nms = 0.0;                 // --nms
+  Tta tta = Tta::kNone;
+  Activation activation = Activation::kNone;
+  std::string activation_name = "none";  // --activation as given
+  std::vector<ClassInfo> classes;        // --classes
+  // Flags that shape a stitched map, given other than their default ("--blend", "--format", ...).
+  std::vector<std::string> map_flags;
+  std::string encoder;  // embed: the name written in the features file
+};
+
+// Everything an image's consumer is made from: the stage's options (maps), the model's output and the grid
+// as the task settled them, and the flags.
+struct TaskOutputs {
+  OutputOptions stage;
+  ModelProbe probe;
+  GridSpec spec;
+  TaskFlags flags;
+};
+
+// What a window sends its image's owner in place of its prediction (object tasks): `output` is the window's
+// prediction on the CPU (predictionType()).
+using RecordMaker =
+    std::function<std::string(const CatalogImage& image, int64_t window, const torch::Tensor& output)>;
+
+class Task {
+ public:
+  virtual ~Task() = default;
+  virtual ModelTask id() const = 0;
+  const char* name() const { return taskName(id()); }
+  // A model output of `sizes` (one window's, batch first) named by --task: "" when this task takes it,
+  // else why not (the model's path and the shape are added by the registry).
+  virtual std::string refuses(const std::vector<int64_t>& sizes) const = 0;
+  // Whether --task auto takes a model output of `sizes` for this task (the registry asks in its order):
+  // `activated` (--activation softmax or sigmoid) or `classes_named` (--classes) say class scores.
+  virtual bool claims(const std::vector<int64_t>& /*sizes*/, bool /*activated*/,
+                      bool /*classes_named*/) const {
+    return false;
+  }
+  // Whether an output's shape can say this task (false: only --task or the --save kinds asked for say it).
+  virtual bool claimedByShape() const { return true; }
+  // The shape it takes, for the registry's list of choices: "NCHW maps (--task segment)".
+  virtual std::string shapeWords() const = 0;
+  // A fixed-size record (a vector, boxes) a window instead of a map.
+  virtual bool perWindow() const { return false; }
+  // Maps blended into one map per image (the stitcher; on the model's device with --stitch).
+  virtual bool stitches() const { return false; }
+  // The prediction's type: float32, but float64 for instance maps (ids past 2^24).
+  virtual torch::ScalarType predictionType() const { return torch::kFloat32; }
+  // Checks the flags against the model's output and the kinds asked for (ConfigError naming them), and
+  // settles the grid (overlap, lattice) for this task's outputs.
+  void settle(const ModelProbe& probe, const TaskFlags& flags, GridSpec& spec) const;
+  // A forward's output for `windows` windows.
+  std::vector<int64_t> predictionSizes(const ModelProbe& probe, const GridSpec& spec, int64_t windows) const;
+  // What a window sends its owner: null (the prediction, gathered as it is) or its record.
+  virtual RecordMaker recordMaker(const TaskOutputs&) const { return nullptr; }
+  // The consumer of an image's windows, with its partial files (the stage's writer options `writer`).
+  virtual std::unique_ptr<ImageConsumer> makeConsumer(CatalogImage& image, const TaskOutputs& outputs,
+                                                      const WriterOptions& writer) const = 0;
+  // The --save kinds it writes, and those it writes by default (output_kinds' rows).
+  std::vector<std::string> outputKinds() const { return outputKindsOf(id()); }
+  std::vector<std::string> defaultKinds() const { return defaultOutputKinds(id()); }
+
+ protected:
+  // This task's own flag rules (settle() has checked the kinds and --nms).
+  virtual void checkFlags(const ModelProbe& probe, const TaskFlags& flags, GridSpec& spec) const = 0;
+  // Whether --nms means something to it.
+  virtual bool takesNms() const { return false; }
+};
+
+// Adds `more` non-finite prediction values to the image's count and, when it holds any, warns once that
+// they mean nothing (a consumer's finalize(), before its files are committed).
+void addNonFinite(CatalogImage& image, int64_t more);
+// "output [1, 5, 6, 7] has 4 dimension(s); tiler takes ...": a shape no task takes as it is.
+std::string dimensionsRefusal(const std::vector<int64_t>& sizes);
+
+// classify and embed: one vector a window ([B, D], or [B, D, 1, 1] when named), into window_outputs' files.
+class VectorTask : public Task {
+ public:
+  std::string refuses(const std::vector<int64_t>& sizes) const override;
+  std::string shapeWords() const override {
+    return "one vector per window, [batch, D] (--task classify | embed)";
+  }
+  bool perWindow() const override { return true; }
+  std::unique_ptr<ImageConsumer> makeConsumer(CatalogImage& image, const TaskOutputs& outputs,
+                                              const WriterOptions& writer) const override;
+};
+// classify and embed: whole windows on the patch lattice TRIDENT, CLAM and WSInfer cut (no overlap unless
+// --overlap is given; the last windows on whole strides past the edge unless --edge shift).
+void settlePatchLattice(const TaskFlags& flags, GridSpec& spec);
+
+// The per-window writers (window_outputs) of classify, embed and detect as an image consumer: vectors are
+// counted for non-finite values here, boxes where their rank made their records.
+std::unique_ptr<ImageConsumer> windowOutputsConsumer(CatalogImage& image, const WindowOutputOptions& options);
+// classify, embed and detect's window_outputs options.
+WindowOutputOptions windowOutputOptions(ModelTask task, const TaskOutputs& outputs);
+
+}  // namespace tiler

@@ -1,0 +1,59 @@
+#include "tiler/tasks/detect.hpp"
+
+#include "tiler/error.hpp"
+#include "tiler/window_outputs.hpp"
+
+namespace tiler {
+namespace {
+
+class DetectTask : public Task {
+ public:
+  ModelTask id() const override { return ModelTask::kDetect; }
+  std::string refuses(const std::vector<int64_t>& sizes) const override {
+    if (sizes.size() == 3 && sizes[2] == 6) return "";
+    return "--task detect needs boxes [batch, N, 6] (x1, y1, x2, y2, score, class in window pixels), but the "
+           "output is " +
+           c10::str(torch::IntArrayRef(sizes));
+  }
+  // No output shape says "boxes" for sure: --task or --save says it.
+  bool claimedByShape() const override { return false; }
+  std::string shapeWords() const override { return "boxes, [batch, N, 6] (--task detect)"; }
+  bool perWindow() const override { return true; }
+  // The boxes a window keeps, found where it ran.
+  RecordMaker recordMaker(const TaskOutputs& outputs) const override {
+    return [options = windowOutputOptions(id(), outputs)](const CatalogImage& image, int64_t window,
+                                                          const torch::Tensor& boxes) {
+      return detectionRecord(image, options, window, boxes.data_ptr<float>());
+    };
+  }
+  std::unique_ptr<ImageConsumer> makeConsumer(CatalogImage& image, const TaskOutputs& outputs,
+                                              const WriterOptions&) const override {
+    return windowOutputsConsumer(image, windowOutputOptions(id(), outputs));
+  }
+
+ protected:
+  bool takesNms() const override { return true; }
+  void checkFlags(const ModelProbe&, const TaskFlags& flags, GridSpec& spec) const override {
+    // Boxes are in the window's pixels: a flip or turn of the window would move them, and averaging the
+    // records of views would mix different boxes.
+    TILER_CHECK(flags.tta == Tta::kNone, ConfigError,
+                "--tta is for maps and vectors, not --task detect's boxes");
+    TILER_CHECK(flags.nms >= 0 && flags.nms < 1, ConfigError,
+                "--nms is an IoU in [0, 1) (0: none), not " << flags.nms);
+    TILER_CHECK(flags.activation == Activation::kNone, ConfigError,
+                "--activation " << flags.activation_name << " is for maps and vectors; --task detect reads "
+                                << "scores as the model gives them");
+    // The cores of overlapping windows decide which window keeps an object: the overlap stays as asked
+    // (--overlap, default 0.25), and the last window of a row or column is padded past the edge.
+    spec.lattice = flags.edge != "shift";
+  }
+};
+
+}  // namespace
+
+const Task& detectTask() {
+  static const DetectTask task;
+  return task;
+}
+
+}  // namespace tiler

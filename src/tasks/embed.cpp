@@ -1,0 +1,31 @@
+#include "tiler/tasks/embed.hpp"
+
+#include "tiler/error.hpp"
+#include "tiler/window_outputs.hpp"
+
+namespace tiler {
+namespace {
+
+class EmbedTask : public VectorTask {
+ public:
+  ModelTask id() const override { return ModelTask::kEmbed; }
+  // Any other vector: features (classify claims class scores first).
+  bool claims(const std::vector<int64_t>& sizes, bool, bool) const override { return sizes.size() == 2; }
+
+ protected:
+  void checkFlags(const ModelProbe&, const TaskFlags& flags, GridSpec& spec) const override {
+    TILER_CHECK(flags.classes.empty(), ConfigError,
+                "--classes names classes, but '" << flags.model
+                                                 << "' is an encoder (--task embed): its features have none");
+    settlePatchLattice(flags, spec);
+  }
+};
+
+}  // namespace
+
+const Task& embedTask() {
+  static const EmbedTask task;
+  return task;
+}
+
+}  // namespace tiler

@@ -1,0 +1,207 @@
+#include "tiler/tasks/segment.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <filesystem>
+
+#include "tiler/blend.hpp"
+#include "tiler/device_stitch.hpp"
+#include "tiler/error.hpp"
+#include "tiler/map_writers.hpp"
+#include "tiler/platform.hpp"
+#include "tiler/tasks/registry.hpp"
+
+namespace fs = std::filesystem;
+
+namespace tiler {
+
+namespace {
+
+// Where a band of probabilities goes as stored: the band itself for f32, else a matrix of the stored type.
+cv::Mat storedProbabilitiesBuffer(const cv::Mat& band, SampleType type) {
+  if (type == SampleType::kF32) return band;
+  return cv::Mat(
+      band.rows, band.cols,
+      type == SampleType::kU8 ? CV_MAKETYPE(CV_8U, band.channels()) : CV_MAKETYPE(CV_16F, band.channels()));
+}
+
+// Rows of probabilities as stored, into `out` (its rows, of the stored type): u8 probabilitiesToBytes
+// (`large`: some value may be 2^23 or more); f16 as converted.
+void storeProbabilities(const cv::Mat& rows, SampleType type, cv::Mat out, bool large) {
+  if (type != SampleType::kU8) return rows.convertTo(out, out.type());
+  for (int y = 0; y < rows.rows; ++y)
+    probabilitiesToBytes(rows.ptr<float>(y), int64_t(rows.cols) * rows.channels(), out.ptr<uint8_t>(y),
+                         large);
+}
+
+// segment: an image's stitched maps (blend), each finished band handed to the image's writers (map_writers:
+// one per --save kind) as the labels and stored probabilities they ask for.
+class StitchedOutputs : public ImageConsumer {
+ public:
+  StitchedOutputs(CatalogImage& img, const OutputOptions& o, const WriterOptions& wo)
+      : img_(img), o_(o), pool_(wo.pool.get()) {
+    fs::create_directories(fs::path(img.outputs.begin()->second).parent_path());
+    MapOutput map;
+    map.width = o.scale.apply(img.info.width);
+    map.height = o.scale.apply(img.info.height);
+    map.classes = o.classes;
+    map.probs_type = o.probs_type;
+    map.classes_named = o.classes_named;
+    map.format = o.format;
+    map.writer = wo;
+    map.simplify = o.simplify;
+    map.input_pixels_per_label_pixel = 1.0 / wo.metadata_scale;
+    // In the table's order, so that the labels come before the polygons traced from them.
+    for (const OutputKind& kind : outputKinds()) {
+      if (!img.outputs.count(kind.name)) continue;
+      auto writer = makeMapWriter(kind.name, img.outputs.at(kind.name), map);
+      TILER_CHECK(writer != nullptr, ConfigError,
+                  "--save " << kind.name << " is not an output of a stitched map");
+      if (map.labels_raster.empty()) map.labels_raster = writer->labelsRaster();
+      needs_labels_ = needs_labels_ || writer->needsLabels();
+      needs_probs_ = needs_probs_ || writer->needsProbs();
+      writers_.push_back(std::move(writer));
+    }
+    StitchOptions stitch = o.stitch;
+    stitch.pool = wo.pool.get();
+    auto windows = img.masked ? std::optional<std::vector<int64_t>>(img.kept) : std::nullopt;
+    if (o.stitch_device) {
+      try {
+        if (o.before_device_stitcher) o.before_device_stitcher();
+        DeviceBandOptions band{needs_labels_, needs_probs_, o.probs_type, o.label_threshold};
+        device_stitcher_ = std::make_unique<DeviceStitcher>(
+            img.grid, o.classes, stitch, band, *o.stitch_device,
+            [this](const DeviceStitcher::Band& b) { writeDeviceBand(b); }, windows);
+      } catch (const std::exception& e) {
+        if (!isOutOfMemory(e)) throw;
+        spdlog::warn("'{}': stitched on the host: {} is out of memory for its accumulator ({})", img.input,
+                     o.stitch_device->str(), firstLine(e.what()));
+      }
+    }
+    if (!device_stitcher_)
+      stitcher_ = std::make_unique<Stitcher>(
+          img.grid, o.classes, stitch, [this](const cv::Mat& band, int64_t) { writeBand(band); }, windows);
+  }
+
+  // A step's windows of one grid row are accumulated together; windows on OutputOptions::stitch_device are
+  // blended there, or copied to the host for an image whose accumulator did not fit there.
+  void aggregate(const std::vector<WindowResult>& windows) override {
+    std::vector<torch::Tensor> host;
+    std::vector<std::pair<int64_t, const float*>> values;
+    std::vector<std::pair<int64_t, torch::Tensor>> tensors;
+    for (const WindowResult& w : windows) {
+      if (!w.on_device.defined()) {
+        values.emplace_back(w.window, w.values);
+      } else if (device_stitcher_) {
+        tensors.emplace_back(w.window, w.on_device);
+      } else {
+        host.push_back(w.on_device.to(torch::kCPU).contiguous());
+        values.emplace_back(w.window, host.back().data_ptr<float>());
+      }
+    }
+    if (!tensors.empty()) device_stitcher_->addMany(tensors);
+    if (!values.empty()) stitcher_->addMany(values);
+  }
+  bool done() const override { return device_stitcher_ ? device_stitcher_->done() : stitcher_->done(); }
+  bool injectTileFault() override {
+    for (auto& writer : writers_) writer->injectFault();
+    return true;
+  }
+
+  std::vector<std::string> finalize() override {
+    addNonFinite(img_, 0);
+    // An image a mask left without a window: all zeros, band by band.
+    if (img_.plannedWindows() == 0 && device_stitcher_) device_stitcher_->finishEmpty();
+    if (img_.plannedWindows() == 0 && stitcher_) stitcher_->finishEmpty();
+    // Phase one: every output closed under its partial name. Phase two: all renamed, or none.
+    for (auto& writer : writers_) writer->finish();
+    return commitAllOrNothing([&](std::vector<std::string>& renamed) {
+      for (auto& writer : writers_) writer->commit(renamed);
+    });
+  }
+
+ private:
+  // Each output value once, while the band is at hand, in pieces of rows on the pool: non-finite predictions
+  // (they stay so through blending), the stored probabilities, the labels.
+  void writeBand(const cv::Mat& band) {
+    cv::Mat stored = needs_probs_ ? storedProbabilitiesBuffer(band, o_.probs_type) : cv::Mat();
+    cv::Mat label_rows;
+    if (needs_labels_) label_rows.create(band.rows, band.cols, cvDepthOf(labelSampleType(band.channels())));
+    std::atomic<int64_t> non_finite{0};
+    const float threshold = o_.label_threshold;
+    parallelRows(pool_, band.rows, kMinRowsPerPiece, [&](int64_t a, int64_t b) {
+      const cv::Mat rows = band.rowRange(int(a), int(b));
+      int64_t bad = 0;
+      bool large = false;
+      for (int y = 0; y < rows.rows; ++y)
+        bad += countNonFinite(rows.ptr<float>(y), int64_t(rows.cols) * rows.channels(), large);
+      non_finite += bad;
+      if (needs_probs_ && stored.data != band.data)
+        storeProbabilities(rows, o_.probs_type, stored.rowRange(int(a), int(b)), large);
+      if (needs_labels_) labelsInto(rows, threshold, label_rows.rowRange(int(a), int(b)));
+    });
+    img_.non_finite_values += non_finite.load();
+    writeToAll({needs_labels_ ? &label_rows : nullptr, needs_probs_ ? &stored : nullptr});
+  }
+
+  // A band the device converted, or one it gave back as floats (a value is not finite).
+  void writeDeviceBand(const DeviceStitcher::Band& band) {
+    if (!band.floats.empty()) return writeBand(band.floats);
+    writeToAll({needs_labels_ ? &band.labels : nullptr, needs_probs_ ? &band.probs : nullptr});
+  }
+
+  void writeToAll(const MapBand& band) {
+    for (auto& writer : writers_) writer->write(band);
+  }
+
+  CatalogImage& img_;       // the catalog's, which outlives the stage
+  const OutputOptions& o_;  // the stage's
+  WorkPool* pool_;          // the stage's: compressions and the bands' pieces of rows
+  std::vector<std::unique_ptr<MapWriter>> writers_;  // one per --save kind, in output_kinds' order (owned)
+  bool needs_labels_ = false, needs_probs_ = false;  // what some writer takes of each band
+  std::unique_ptr<Stitcher> stitcher_;               // on the host, or
+  std::unique_ptr<DeviceStitcher> device_stitcher_;  // on OutputOptions::stitch_device
+};
+
+}  // namespace
+
+namespace {
+
+class SegmentTask : public Task {
+ public:
+  ModelTask id() const override { return ModelTask::kSegment; }
+  std::string refuses(const std::vector<int64_t>& sizes) const override {
+    if (sizes.size() == 4) return "";
+    if (sizes.size() != 2) return dimensionsRefusal(sizes);
+    return "--task segment needs NCHW maps, but the output " + c10::str(torch::IntArrayRef(sizes)) +
+           " is one vector per window; " + taskChoicesText();
+  }
+  bool claims(const std::vector<int64_t>& sizes, bool, bool) const override { return sizes.size() == 4; }
+  std::string shapeWords() const override { return "NCHW maps (--task segment)"; }
+  bool stitches() const override { return true; }
+  std::unique_ptr<ImageConsumer> makeConsumer(CatalogImage& image, const TaskOutputs& outputs,
+                                              const WriterOptions& writer) const override {
+    return std::make_unique<StitchedOutputs>(image, outputs.stage, writer);
+  }
+
+ protected:
+  void checkFlags(const ModelProbe& probe, const TaskFlags& flags, GridSpec&) const override {
+    TILER_CHECK(flags.edge != "lattice", ConfigError,
+                "--edge lattice is for per-window tasks (classify, embed); a segmentation's stitched map "
+                "keeps MONAI's grid (--edge shift)");
+    const int label_classes = labelClassCount(probe.output_channels);
+    TILER_CHECK(flags.classes.empty() || int(flags.classes.size()) == label_classes, ConfigError,
+                "--classes names " << flags.classes.size() << " class(es), the model's labels have "
+                                   << label_classes);
+  }
+};
+
+}  // namespace
+
+const Task& segmentTask() {
+  static const SegmentTask task;
+  return task;
+}
+
+}  // namespace tiler

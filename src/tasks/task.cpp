@@ -1,0 +1,126 @@
+#include "tiler/tasks/task.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include "tiler/error.hpp"
+#include "tiler/tasks/registry.hpp"
+#include "tiler/window_outputs.hpp"
+
+namespace tiler {
+
+void Task::settle(const ModelProbe& probe, const TaskFlags& flags, GridSpec& spec) const {
+  const std::string shape =
+      perWindow() ? "one vector of " + std::to_string(probe.output_channels) + " values per window"
+                  : "NCHW maps";
+  for (const std::string& kind : flags.kinds)
+    TILER_CHECK(taskWrites(id(), kind), ConfigError,
+                "--save " << flags.save.value_or(kind) << " is an output of --task "
+                          << taskName(taskOfOutputKind(kind)) << ", but '" << flags.model << "' gives "
+                          << shape << " (--task " << name() << ")");
+  TILER_CHECK(takesNms() || flags.nms == 0, ConfigError,
+              "--nms is for --task detect's boxes, but '" << flags.model << "' gives " << shape);
+  checkFlags(probe, flags, spec);
+}
+
+std::vector<int64_t> Task::predictionSizes(const ModelProbe& probe, const GridSpec& spec,
+                                           int64_t windows) const {
+  if (perWindow()) return {windows, probe.output_channels};
+  return {windows, probe.output_channels, probe.scale.apply(spec.window_h), probe.scale.apply(spec.window_w)};
+}
+
+void addNonFinite(CatalogImage& image, int64_t more) {
+  image.non_finite_values += more;
+  if (image.non_finite_values > 0)
+    spdlog::warn(
+        "'{}': {} value(s) of the predictions are not finite (the model gave NaN or Inf); those values "
+        "mean nothing (a label, a class or a feature made of them neither)",
+        image.input, image.non_finite_values);
+}
+
+std::string dimensionsRefusal(const std::vector<int64_t>& sizes) {
+  return "output " + c10::str(torch::IntArrayRef(sizes)) + " has " + std::to_string(sizes.size()) +
+         " dimension(s); " + taskChoicesText();
+}
+
+std::string VectorTask::refuses(const std::vector<int64_t>& sizes) const {
+  if (sizes.size() == 2 || (sizes.size() == 4 && sizes[2] == 1 && sizes[3] == 1)) return "";
+  if (sizes.size() != 4) return dimensionsRefusal(sizes);
+  return std::string("--task ") + name() + " needs one vector per window, but the output " +
+         c10::str(torch::IntArrayRef(sizes)) + " is a map; " + taskChoicesText();
+}
+
+std::unique_ptr<ImageConsumer> VectorTask::makeConsumer(CatalogImage& image, const TaskOutputs& outputs,
+                                                        const WriterOptions&) const {
+  return windowOutputsConsumer(image, windowOutputOptions(id(), outputs));
+}
+
+void settlePatchLattice(const TaskFlags& flags, GridSpec& spec) {
+  // Per-window outputs describe whole windows: without --overlap they tile the image without overlap, on the
+  // patch lattice TRIDENT, CLAM and WSInfer cut (coordinates / patch size name distinct cells).
+  if (!flags.overlap_given) spec.overlap_x = spec.overlap_y = 0.0;
+  spec.lattice = flags.edge != "shift";
+}
+
+WindowOutputOptions windowOutputOptions(ModelTask task, const TaskOutputs& outputs) {
+  WindowOutputOptions wo;
+  wo.task = task;
+  wo.kinds = outputs.flags.kinds;
+  wo.dim = outputs.probe.output_channels;
+  wo.encoder = outputs.flags.encoder;
+  wo.overlap = outputs.spec.overlap_x;
+  wo.classes = outputs.flags.classes;
+  wo.compression = outputs.stage.compression;
+  wo.nms_iou = outputs.flags.nms;
+  return wo;
+}
+
+namespace {
+
+// classify, embed and detect: vectors or boxes into window_outputs' files, in window order.
+class WindowOutputsConsumer : public ImageConsumer {
+ public:
+  WindowOutputsConsumer(CatalogImage& image, const WindowOutputOptions& options)
+      : image_(image), dim_(options.dim), boxes_(options.task == ModelTask::kDetect), out_(image, options) {}
+
+  void aggregate(const std::vector<WindowResult>& windows) override {
+    for (const WindowResult& w : windows) {
+      if (w.record) {
+        out_.addRecord(w.window, *w.record);
+        continue;
+      }
+      // A vector's values are counted here; a box's where its rank made its record.
+      image_.non_finite_values += countNonFinite(w.values, dim_);
+      out_.add(w.window, w.values);
+    }
+  }
+  bool done() const override { return out_.done(); }
+  std::vector<std::string> finalize() override {
+    addNonFinite(image_, 0);
+    std::vector<std::string> paths = out_.commit();
+    const auto objects = out_.objects();
+    if (!objects) return paths;
+    image_.objects = (*objects)[0];
+    image_.objects_at_window_edge = (*objects)[1];
+    if (boxes_ && image_.objects_at_window_edge > 0)
+      spdlog::warn(
+          "'{}': {} of {} object(s) touch a window edge inside the image: a window saw them cut, and "
+          "another may have seen more of them (a larger --overlap than the largest object)",
+          image_.input, image_.objects_at_window_edge, image_.objects);
+    return paths;
+  }
+
+ private:
+  CatalogImage& image_;  // the catalog's, which outlives the stage
+  int64_t dim_;
+  bool boxes_;
+  WindowOutputs out_;
+};
+
+}  // namespace
+
+std::unique_ptr<ImageConsumer> windowOutputsConsumer(CatalogImage& image,
+                                                     const WindowOutputOptions& options) {
+  return std::make_unique<WindowOutputsConsumer>(image, options);
+}
+
+}  // namespace tiler
