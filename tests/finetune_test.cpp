@@ -99,6 +99,25 @@ TEST_F(Finetune, LossFallsRanksAgreeAndInferUsesTheOutput) {
   EXPECT_TRUE(fs::exists(dir_ + "/infer/small_labels.tif"));
 }
 
+// Three ranks of batch 2 take the steps of one rank of batch 6, class weights included: --class_weights auto
+// counts each rank's share of the training windows and sums them (48 windows: no rank pads).
+TEST_F(Finetune, ThreeRanksOfBatch2EqualOneRankOfBatch6WithAutoClassWeights) {
+  const std::string args =
+      data() + " --optimizer sgd --momentum 0 --lr 0.05 --epochs 1 --val_fraction 0.25 --class_weights auto";
+  auto three = run(kCtrun + " --nproc_per_node 3 --master_port 0 " + kTiler +
+                   common("three.pt", args + " --batch_size 2"));
+  ASSERT_EQ(three.code, 0) << three.output;
+  auto one = run(kTiler + common("one.pt", args + " --batch_size 6"));
+  ASSERT_EQ(one.code, 0) << one.output;
+  EXPECT_LT(maxDifference(parametersOf(dir_ + "/three.pt"), parametersOf(dir_ + "/one.pt")), 1e-5);
+  const auto w3 = readJson(dir_ + "/three.pt.report.json")["class_weights"],
+             w1 = readJson(dir_ + "/one.pt.report.json")["class_weights"];
+  ASSERT_EQ(w1.size(), 2u);
+  for (size_t c = 0; c < 2; ++c) EXPECT_NEAR(w3[c].get<double>(), w1[c].get<double>(), 1e-6) << c;
+  EXPECT_NE(w1[0], w1[1]) << "the classes are not balanced";
+  EXPECT_EQ(readJson(dir_ + "/three.pt.report.json")["world_size"], 3);
+}
+
 // Two ranks of batch B take the same steps as one rank of batch 2B, and as one rank summing 2 micro-batches
 // of B per step (--grad_accum_steps 2); without accumulation one rank of batch B takes other steps.
 TEST_F(Finetune, TwoRanksOfBatchBEqualOneRankOfBatch2BAndTwoMicroBatches) {
