@@ -380,9 +380,9 @@ torch::Tensor Trainer::lossOf(const torch::Tensor& out, const torch::Tensor& tar
       const auto truth = target.squeeze(1).to(torch::kLong);
       auto per_px = F::cross_entropy(out, truth, F::CrossEntropyFuncOptions().reduction(torch::kNone));
       if (!class_weights_.defined()) return (per_px * mask).sum() / denom;
-      // Each counted pixel's loss times its class's weight, over the counted pixels: not PyTorch's division by
-      // the batch's weight sum, which differs between ranks' batches, so that K ranks' batches still average
-      // to the step of one batch of them all.
+      // Each counted pixel's loss times its class's weight, over the counted pixels: not PyTorch's division
+      // by the batch's weight sum, which differs between ranks' batches, so that K ranks' batches still
+      // average to the step of one batch of them all.
       return (per_px * class_weights_.index({truth}) * mask).sum() / denom;
     }
     case Loss::kBce: {
