@@ -218,13 +218,19 @@ void readPreprocessing(const YAML::Node& steps, const std::string& rdf, ModelCar
   if (f.a.size() > 1 || f.a[0] != 1.0 || f.b[0] != 0.0) card.mean = mean, card.std = std;
 }
 
+// An axis's id: as given, else the spec's default (its type; "x" for a space axis).
+std::string axisId(const YAML::Node& axis) {
+  if (axis["id"]) return axis["id"].as<std::string>();
+  const std::string type = axis["type"] ? axis["type"].as<std::string>() : "?";
+  return type == "space" ? "x" : type;
+}
+
 // An axis list's types and ids as "batch,channel,y,x".
 std::string axesText(const YAML::Node& axes) {
   std::string text;
   for (const auto& axis : axes) {
     const std::string type = axis["type"] ? axis["type"].as<std::string>() : "?";
-    const std::string id = axis["id"] ? axis["id"].as<std::string>() : type;
-    text += (text.empty() ? "" : ",") + (type == "space" ? id : type);
+    text += (text.empty() ? "" : ",") + (type == "space" ? axisId(axis) : type);
   }
   return text;
 }
@@ -233,11 +239,10 @@ std::string axesText(const YAML::Node& axes) {
 // (tiler's default window).
 int64_t axisSize(const YAML::Node& axis, const std::string& rdf) {
   const YAML::Node size = axis["size"];
-  TILER_CHECK(size, ConfigError,
-              "'" << rdf << "': input axis " << axis["id"].as<std::string>() << " has no size");
+  TILER_CHECK(size, ConfigError, "'" << rdf << "': input axis " << axisId(axis) << " has no size");
   if (size.IsScalar()) return size.as<int64_t>();
   TILER_CHECK(size["min"] && size["step"], ConfigError,
-              "'" << rdf << "': input axis " << axis["id"].as<std::string>()
+              "'" << rdf << "': input axis " << axisId(axis)
                   << "'s size refers to another tensor; tiler takes a fixed size or {min, step}");
   const int64_t min = size["min"].as<int64_t>(), step = size["step"].as<int64_t>();
   if (step <= 0 || min >= 256) return min;

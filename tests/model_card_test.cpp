@@ -182,6 +182,10 @@ TEST(ModelCard, BioimageioRdfGivesWindowResolutionPreprocessingAndOutputs) {
   EXPECT_EQ(*card->classes, "background,blob");
   EXPECT_EQ(*card->activation, "softmax");
   EXPECT_EQ(*card->task, "segment");
+  // A space axis without an id is x (the spec's default).
+  const auto no_id = readBioimageioRdf(writeFile(
+      dir + "/no_id.yaml", rdfText("{type: space, id: x, size: {min: 64", "{type: space, size: {min: 64")));
+  EXPECT_EQ(*no_id.window, "256");
   // A step without kwargs takes the spec's defaults (softmax and sigmoid along channel).
   const auto sigmoid = readBioimageioRdf(
       writeFile(dir + "/sigmoid.yaml",
