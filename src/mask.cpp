@@ -12,6 +12,7 @@
 
 #include "tiler/error.hpp"
 #include "tiler/polygons.hpp"
+#include "tiler/remote_input.hpp"
 #include "tiler/resolution.hpp"
 
 namespace fs = std::filesystem;
@@ -122,7 +123,8 @@ cv::Mat tissueOf(const cv::Mat& small_rgb) {
 std::string roiFileFor(const std::string& roi, const std::string& image_path) {
   std::error_code ec;
   if (!fs::is_directory(roi, ec)) return roi;
-  return (fs::path(roi) / (fs::path(image_path).stem().string() + ".geojson")).string();
+  // By the input's stem as its outputs are named: a URL's last path element, less its query.
+  return (fs::path(roi) / (inputStem(image_path) + ".geojson")).string();
 }
 
 namespace {

@@ -201,6 +201,16 @@ TEST(Roi, QuPathExportReadAsIsAndDrawnAsItsRasterMask) {
   EXPECT_NEAR(both.coverage(), (280.0 * 220 - 100 * 100) / (700.0 * 500), 1e-9);
 }
 
+// A directory of ROIs is looked up by the input's stem, as its outputs are named: for a URL, its last path
+// element less the query (whose "/" is no folder).
+TEST(Roi, ADirectoryIsLookedUpByTheInputsStem) {
+  const std::string dir = test::scratchDir("roi_stems");
+  EXPECT_EQ(roiFileFor(dir, "/data/slides/a.b.svs"), dir + "/a.b.geojson");
+  EXPECT_EQ(roiFileFor(dir, "https://host/bucket/scene.tif?X-Amz-Signature=a/b"), dir + "/scene.geojson");
+  EXPECT_EQ(roiFileFor(dir + "/one.geojson", "s3://bucket/x.tif"), dir + "/one.geojson")
+      << "a file is taken as is";
+}
+
 TEST(Roi, AGeoreferencedImagesRoiIsInItsCrs) {
   TILER_SKIP_WITHOUT_FEATURE("gdal");
   if (test::runCommand("command -v gdal_translate").code != 0) GTEST_SKIP() << "no gdal_translate here";
