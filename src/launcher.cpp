@@ -110,6 +110,10 @@ std::map<std::string, std::string> workerEnvironment(const LaunchOptions& o, int
       {"TORCHELASTIC_ERROR_FILE", error_file},
       {"TORCHELASTIC_USE_AGENT_STORE", "False"},
   };
+  // NCCL's errors and timeouts end the worker instead of hanging it (torchrun 1.x's name, then 2.x's), unless
+  // the user chose otherwise.
+  for (const char* name : {"NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING"})
+    if (std::getenv(name) == nullptr) env[name] = "1";
   if (std::getenv("OMP_NUM_THREADS") == nullptr)
     env["OMP_NUM_THREADS"] = std::to_string(std::max(1, usableCpus() / nproc));
   return env;

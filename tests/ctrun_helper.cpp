@@ -37,6 +37,11 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
+  if (mode == "environ") {  // environ OUTDIR: the whole environment, NAME=VALUE a line
+    std::ofstream out(std::string(argv[2]) + "/environ_" + std::to_string(rank));
+    for (char** e = environ; *e != nullptr; ++e) out << *e << "\n";
+    return 0;
+  }
   if (mode == "exit-rank") {  // exit-rank R CODE: rank R exits CODE at once, the others sleep a minute
     if (rank == std::atoi(argv[2])) {
       sleepSeconds(0.3);

@@ -46,6 +46,7 @@ constexpr Row kTable[] = {
     {S::kFailed, E::kWorkersStopped, S::kStopped, A::kCollectFailures},
     {S::kStopped, E::kRestartAllowed, S::kInit, A::kRestart},
     {S::kStopped, E::kRestartsExhausted, S::kDone, A::kReportFailure},
+    {S::kStopped, E::kSignal, S::kDone, A::kEndOnSignal},
 };
 
 class Agent {
@@ -107,7 +108,8 @@ GroupEvent Agent::observe() {
     case GroupState::kSucceeded:
       return supervise();
     case GroupState::kFailed:
-      group_->stop(SIGTERM);
+      // A signal to ctrun meanwhile is kept: it outranks a restart.
+      signal_ = group_->stop(SIGTERM);
       return GroupEvent::kWorkersStopped;
     case GroupState::kStopped:
       return weighRestart();
@@ -161,6 +163,7 @@ GroupEvent Agent::supervise() {
 }
 
 GroupEvent Agent::weighRestart() const {
+  if (signal_ != 0) return GroupEvent::kSignal;
   const bool can = !last_failures_.empty() && attempt_ < o_.max_restarts && !link_lost_;
   return can ? GroupEvent::kRestartAllowed : GroupEvent::kRestartsExhausted;
 }
@@ -197,6 +200,12 @@ void Agent::perform(GroupAction action) {
       exit_code_ = 128 + signal_;
       last_failures_.clear();
       joined_ = false;
+      return;
+    case GroupAction::kEndOnSignal:
+      std::cerr << "ctrun: received " << signalName(signal_) << " while stopping the failed workers; not "
+                << "restarting" << std::endl;
+      withStore([&] { link_->publish({interruptedAgent(round_.node_rank, signal_)}); });
+      exit_code_ = 128 + signal_;
       return;
     case GroupAction::kCollectFailures:
       return collectFailures();
@@ -290,10 +299,10 @@ const char* groupEventName(GroupEvent event) {
 }
 
 const char* groupActionName(GroupAction action) {
-  static const char* const kNames[] = {"invalid",          "none",           "start_workers",
-                                       "mark_done",        "finish",         "publish_failures",
-                                       "publish_loss",     "stop_on_signal", "report_interrupted",
-                                       "collect_failures", "restart",        "report_failure"};
+  static const char* const kNames[] = {
+      "invalid",          "none",         "start_workers",  "mark_done",          "finish",
+      "publish_failures", "publish_loss", "stop_on_signal", "report_interrupted", "end_on_signal",
+      "collect_failures", "restart",      "report_failure"};
   return kNames[int(action)];
 }
 

@@ -136,18 +136,21 @@ int WorkerGroup::runningCount() const {
   return n;
 }
 
-void WorkerGroup::stop(int first_signal) {
+int WorkerGroup::stop(int first_signal) {
   signalAll(first_signal);
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(options_.grace_period * 1000));
+  int got_signal = 0;
   while (runningCount() > 0 && std::chrono::steady_clock::now() < deadline) {
-    if (monitor(50) != 0) break;  // a second signal to ctrun: no more patience
+    if ((got_signal = monitor(50)) != 0) break;  // ctrun is asked to stop: no more patience
   }
   if (runningCount() > 0) {
     signalAll(SIGKILL);
-    while (runningCount() > 0) monitor(50);
+    while (runningCount() > 0)
+      if (const int sig = monitor(50)) got_signal = sig;
   }
   closeStreams();
+  return got_signal != 0 ? got_signal : takeSignal();
 }
 
 void WorkerGroup::closeStreams() {

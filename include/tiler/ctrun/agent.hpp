@@ -29,7 +29,7 @@ enum class GroupEvent {
   kPeerFailed,         // another node published a failure
   kNodeLost,           // a node was silent for --heartbeat_timeout
   kStoreLost,          // the rendezvous store cannot be reached
-  kSignal,             // SIGINT, SIGTERM or SIGHUP reached ctrun
+  kSignal,             // SIGINT, SIGTERM or SIGHUP reached ctrun (in stopped: while the workers stopped)
   kWorkersStopped,     // the workers were stopped (SIGTERM, grace, SIGKILL)
   kRestartAllowed,     // restarts remain and the store is there
   kRestartsExhausted,  // no restart remains, or none can be agreed on
@@ -46,6 +46,7 @@ enum class GroupAction {
   kPublishLoss,        // the lost node onto the failure board
   kStopOnSignal,       // tell the others, stop the workers, exit 128 + signal
   kReportInterrupted,  // no workers run: exit 128 + signal
+  kEndOnSignal,        // the failed workers are stopped and ctrun was asked to stop: no restart, 128 + signal
   kCollectFailures,    // every node's failures, earliest first: the root cause
   kRestart,            // announce it; the next round
   kReportFailure,      // exit with the root cause's code

@@ -41,8 +41,9 @@ class WorkerGroup {
   // termination signal that reached ctrun meanwhile, or 0.
   int monitor(int timeout_ms);
   // SIGTERM (or `first_signal`) to every live worker, SIGKILL to what is left after the grace period (or at
-  // once on a second signal to ctrun); drains output meanwhile and closes it.
-  void stop(int first_signal);
+  // once when a termination signal reaches ctrun meanwhile); drains output meanwhile and closes it. Returns
+  // that signal, or 0: the caller decides what it means (after a failure: no restart).
+  int stop(int first_signal);
   // Drains and closes every worker's output (all have exited).
   void closeStreams();
 

@@ -86,6 +86,7 @@ RendezvousRound RendezvousHandler::join(int round, int min_nodes, int max_nodes)
   beats_.assign(size_t(nodes_), {std::string(), std::chrono::steady_clock::now()});
   beat_ = 0;
   last_beat_ = {};
+  lost_.clear();
   return r;
 }
 
@@ -131,6 +132,7 @@ std::optional<WorkerFailure> RendezvousHandler::heartbeat() {
       f.time = nowSeconds();
       f.exit_code = kExitFatal;
       f.error_message = "no heartbeat for " + std::to_string(int(o_.heartbeat_timeout)) + " s";
+      lost_.insert(n);
       return f;
     }
   }
@@ -163,6 +165,8 @@ std::vector<WorkerFailure> RendezvousHandler::failures() {
     }
   }
   std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.time < b.time; });
+  for (const auto& f : all)
+    if (f.lost) lost_.insert(f.node);
   return all;
 }
 
@@ -187,9 +191,14 @@ WorkerFailure RendezvousHandler::storeLost(const std::string& why) const {
 }
 
 void RendezvousHandler::leave() {
+  const auto everyLiveNodeLeft = [&] {
+    for (int n = 0; n < nodes_; ++n)
+      if (!lost_.count(n) && !client_->get(prefix_ + "left/" + std::to_string(n))) return false;
+    return true;
+  };
   try {
-    client_->add(prefix_ + "left", 1);
-    for (int i = 0; server_ && i < 100 && client_->add(prefix_ + "left", 0) < nodes_; ++i)
+    client_->set(prefix_ + "left/" + std::to_string(me_), "1");
+    for (int i = 0; server_ && i < 100 && !everyLiveNodeLeft(); ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
   } catch (const DistError&) {
   }

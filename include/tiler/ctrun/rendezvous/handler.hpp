@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -49,7 +50,8 @@ class RendezvousHandler {
   bool allDone();
   // The failure to report when the store cannot be reached: the node that hosted it is lost.
   WorkerFailure storeLost(const std::string& why) const;
-  // Before leaving: the store's host waits (a little) for the others to have read the outcome.
+  // Before leaving: the store's host waits (a little) for the others to have read the outcome; a node known
+  // lost (declared here or read from the failure board) is not waited for, it will never read it.
   void leave();
 
  protected:
@@ -91,6 +93,7 @@ class RendezvousHandler {
   int64_t beat_ = 0;
   std::chrono::steady_clock::time_point last_beat_{};
   std::vector<std::pair<std::string, std::chrono::steady_clock::time_point>> beats_;  // last value, since
+  std::set<int> lost_;  // this round's nodes known lost
 };
 
 }  // namespace tiler::ctrun
