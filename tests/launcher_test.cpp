@@ -302,9 +302,9 @@ void killCtrunAndCheckNoWorkerSurvives(int sig, bool workers_ignore_term) {
   kill(ctrun, sig);
   int status = 0;
   waitpid(ctrun, &status, 0);
-  if (sig == SIGTERM) {
-    EXPECT_TRUE(WIFEXITED(status));
-    EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM);
+  if (sig != SIGKILL) {  // ctrun handles the signal: it stops the workers, then exits 128 + signal
+    EXPECT_TRUE(WIFEXITED(status)) << "ctrun died of signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    EXPECT_EQ(WEXITSTATUS(status), 128 + sig);
   }
   auto deadline = Clock::now() + std::chrono::seconds(3);
   for (pid_t w : workers) {
@@ -318,6 +318,11 @@ TEST(Launcher, SigtermToCtrunStopsEveryWorker) {
 }
 TEST(Launcher, SigtermEscalatesToSigkillAfterGrace) {
   killCtrunAndCheckNoWorkerSurvives(SIGTERM, true);
+}
+// torchrun handles SIGQUIT as SIGTERM (torch elastic's multiprocessing/api.py): so does ctrun, rather than
+// dying of it and leaving the workers to PDEATHSIG's SIGKILL without a grace period or a summary.
+TEST(Launcher, SigquitToCtrunStopsEveryWorkerAsTorchrunDoes) {
+  killCtrunAndCheckNoWorkerSurvives(SIGQUIT, false);
 }
 TEST(Launcher, SigkillToCtrunStillKillsWorkers) {
   killCtrunAndCheckNoWorkerSurvives(SIGKILL, true);
@@ -404,6 +409,14 @@ TEST(Launcher, ResolvesNprocAndRejectsNonsense) {
   auto longest = run(kCtrun + " --master_port 0 --rdzv_timeout 2147483 --heartbeat_timeout 2147483 " +
                      kHelper + " env " + tempDir("longest"));
   EXPECT_EQ(longest.code, 0) << longest.output;
+  // torchrun's static world of several nodes without --node_rank: the flag to add is named (not a -1 the
+  // user never wrote).
+  auto rankless = run(kCtrun + " --nnodes 2 --master_port 29500 " + kHelper + " env /tmp");
+  EXPECT_EQ(rankless.code, 1) << rankless.output;
+  EXPECT_NE(
+      rankless.output.find("--nnodes 2 with the static rendezvous needs --node_rank (0..1) on each node"),
+      std::string::npos)
+      << rankless.output;
   auto missing = run(kCtrun + " --master_port 0 /no/such/program");
   EXPECT_EQ(missing.code, 127) << missing.output;
   EXPECT_NE(missing.output.find("cannot run '/no/such/program'"), std::string::npos);
@@ -423,9 +436,6 @@ TEST(Launcher, WorkerEnvironmentForMultiNode) {
   EXPECT_EQ(env["MASTER_ADDR"], "10.0.0.1");
 }
 
-// The agent's table, cell by cell: the transitions ctrun's supervision promises (a failure anywhere stops
-// every worker and restarts within bounds, a signal ends the job, success needs every node), and every
-// other (state, event) refused as impossible.
 TEST(Launcher, ASigtermWhileAFailedGroupStopsEndsTheJobInsteadOfRestarting) {
   // Rank 1 fails; rank 0 notes the SIGTERM that starts the stop and ignores it, so ctrun waits out the grace
   // period. ctrun's own SIGTERM then (the user's, or a scheduler's) must end the job, not be taken as a
@@ -460,6 +470,9 @@ TEST(Launcher, ASigtermWhileAFailedGroupStopsEndsTheJobInsteadOfRestarting) {
   EXPECT_LT(seconds, 10) << "SIGKILL at the signal, not after the 20 s grace period";
 }
 
+// The agent's table, cell by cell: the transitions ctrun's supervision promises (a failure anywhere stops
+// every worker and restarts within bounds, a signal ends the job, success needs every node), and every
+// other (state, event) refused as impossible.
 TEST(Launcher, TheAgentsStateTableCoversEveryStateAndEvent) {
   using ctrun::GroupAction;
   using ctrun::GroupEvent;

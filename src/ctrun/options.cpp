@@ -92,7 +92,7 @@ void addLaunchOptions(CLI::App& app, LaunchOptions& o, MeaninglessFlags& m) {
                  "node | socket | exclusive | core-complex: accepted and ignored (bind with numactl)")
       ->check(CLI::IsMember({"node", "socket", "exclusive", "core-complex"}));
   torchrunOption(app, "--signals_to_handle", m.signals_to_handle,
-                 "accepted and ignored: ctrun forwards SIGINT, SIGTERM and SIGHUP");
+                 "accepted and ignored: ctrun handles SIGINT, SIGTERM, SIGHUP and SIGQUIT");
 }
 
 void addCtrunOptions(CLI::App& app, LaunchOptions& o) {
@@ -172,7 +172,7 @@ void noteMeaningless(const CLI::App& app, const LaunchOptions& o, const Meaningl
           << ": it binds no worker; run the program under numactl (ignored)\n";
   if (given("--signals_to_handle"))
     notes << "ctrun: note: --signals_to_handle" << ignored
-          << ": it forwards SIGINT, SIGTERM and SIGHUP to the workers (ignored)\n";
+          << ": it handles SIGINT, SIGTERM, SIGHUP and SIGQUIT, as torchrun by default (ignored)\n";
   if (o.run_path)
     notes << "ctrun: note: --run_path runs the script as python3 -u SCRIPT (ctrun has no interpreter of its "
              "own to run it in)\n";

@@ -40,7 +40,7 @@ int openLog(const std::string& dir, const char* name) {
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
-  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE}) signal(s, SIG_DFL);
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD, SIGPIPE}) signal(s, SIG_DFL);
   if (out_pipe[1] >= 0) {
     dup2(out_pipe[1], 1);
     dup2(err_pipe[1], 2);

@@ -29,7 +29,7 @@ enum class GroupEvent {
   kPeerFailed,         // another node published a failure
   kNodeLost,           // a node was silent for --heartbeat_timeout
   kStoreLost,          // the rendezvous store cannot be reached
-  kSignal,             // SIGINT, SIGTERM or SIGHUP reached ctrun (in stopped: while the workers stopped)
+  kSignal,             // SIGINT, SIGTERM, SIGHUP or SIGQUIT reached ctrun (in stopped: while they stopped)
   kWorkersStopped,     // the workers were stopped (SIGTERM, grace, SIGKILL)
   kRestartAllowed,     // restarts remain and the store is there
   kRestartsExhausted,  // no restart remains, or none can be agreed on

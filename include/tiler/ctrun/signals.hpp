@@ -1,10 +1,12 @@
-// signals: how ctrun hears SIGINT, SIGTERM, SIGHUP and SIGCHLD. The handlers only write the signal's number
-// to a self-pipe; the agent reads it in order, outside handler context, between polls. No LibTorch.
+// signals: how ctrun hears SIGINT, SIGTERM, SIGHUP, SIGQUIT (the four torchrun handles) and SIGCHLD. The
+// handlers only write the signal's number to a self-pipe; the agent reads it in order, outside handler
+// context, between polls. No LibTorch.
 #pragma once
 
 namespace tiler::ctrun {
 
-// A termination signal (SIGINT, SIGTERM, SIGHUP) that reached ctrun while it waited at the rendezvous.
+// A termination signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT) that reached ctrun while it waited at the
+// rendezvous.
 struct Interrupted {
   int signal;
 };

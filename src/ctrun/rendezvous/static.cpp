@@ -34,7 +34,10 @@ void settleStaticRendezvous(LaunchOptions& o, int min_nodes, int max_nodes) {
   if (max_nodes > 1) {
     TILER_CHECK(min_nodes == max_nodes, ConfigError,
                 "--nnodes MIN:MAX needs --rdzv_backend c10d (static worlds have a fixed size)");
-    TILER_CHECK(o.node_rank >= 0 && o.node_rank < max_nodes, ConfigError,
+    TILER_CHECK(o.node_rank >= 0, ConfigError,
+                "--nnodes " << max_nodes << " with the static rendezvous needs --node_rank (0.."
+                            << max_nodes - 1 << ") on each node, or --rdzv_backend c10d, which assigns them");
+    TILER_CHECK(o.node_rank < max_nodes, ConfigError,
                 "--node_rank " << o.node_rank << " outside --nnodes " << max_nodes
                                << " (static rendezvous needs each node's rank; c10d assigns them)");
     TILER_CHECK(o.master_port > 0 && o.master_port < 65535, ConfigError,
