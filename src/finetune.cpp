@@ -53,18 +53,19 @@ Loss parseLoss(const std::string& name) {
   TILER_THROW(ConfigError, "--loss must be ce, bce, mse or dice; got '" << name << "'");
 }
 
-// One batch as the read-ahead thread reads it: CPU tensors, not yet normalised.
+// One batch as the window loader reads it: CPU tensors, not yet normalised.
 struct TrainBatch {
-  torch::Tensor pixels;  // float32 [B,C,H,W] raw values
+  torch::Tensor pixels;  // [B,C,H,W] raw values: uint8 (every image of 8-bit samples) or float32
   torch::Tensor scales;  // float32 [B]
   torch::Tensor target;  // float32 [B,h,w,tc]
   torch::Tensor valid;   // float32 [B,h,w]: 1 where the label covers the output
 };
 
-// A window of the pooled list: image and local window index.
+// A window of the pooled list: image, grid window index and its index in the catalog's global list.
 struct WindowRef {
   int image = 0;
   int64_t local = 0;
+  int64_t global = 0;
 };
 
 class Trainer {
@@ -83,7 +84,7 @@ class Trainer {
   void trainEpoch(int epoch, nlohmann::json& history, Progress& progress);
   // One optimiser step: `micros` micro-batches' gradients summed, synchronised and applied (or skipped on
   // an fp16 overflow). Adds the micro-batches' losses to `loss_sum`, their count to `counted`.
-  void trainStep(int epoch, int64_t s, const std::vector<WindowRef>& mine, ReadAhead<TrainBatch>& ahead,
+  void trainStep(int epoch, int64_t s, const std::vector<WindowRef>& mine, WindowLoader& loader,
                  double& loss_sum, int64_t& counted);
   int finishRun(const nlohmann::json& history);
   // Micro-batch `micro` of this rank's windows of an epoch.
@@ -110,9 +111,13 @@ class Trainer {
   void checkWrittenPaths() const;
   void checkLabels(const CatalogImage& t);
   void splitValidation();
-  // Reads windows and their labels (any thread, with that thread's readers); training reads count towards
-  // TILER_FAULT's window count.
-  TrainBatch readBatch(const std::vector<WindowRef>& refs, ReaderCache& readers, bool count_for_fault);
+  // The window loader inference reads with (the same readers, read-ahead and byte batches), over `windows`
+  // in batches of --batch_size, reading each window's labels beside its pixels (readers of `labels`);
+  // `count_for_fault`: the reads count towards TILER_FAULT's window count (training's).
+  std::unique_ptr<WindowLoader> loaderFor(const std::vector<WindowRef>& windows, ReaderCache& labels,
+                                          bool count_for_fault);
+  // The loader's next batch, its first `n` slots; a window that failed to read throws its error as thrown.
+  TrainBatch nextBatch(WindowLoader& loader, int64_t n);
   // The batch on the device: normalised input, target, valid mask; augmented when epoch >= 0.
   void toDevice(const TrainBatch& batch, const std::vector<WindowRef>& refs, int64_t epoch, torch::Tensor& x,
                 torch::Tensor& target, torch::Tensor& mask);
@@ -252,7 +257,8 @@ void Trainer::splitValidation() {
   const int n = int(catalog_.images().size());
   auto windowsOf = [&](int img, std::vector<WindowRef>& into) {
     const CatalogImage& image = catalog_.image(img);
-    for (int64_t k = 0; k < image.plannedWindows(); ++k) into.push_back({img, image.gridWindow(k)});
+    for (int64_t k = 0; k < image.plannedWindows(); ++k)
+      into.push_back({img, image.gridWindow(k), image.first_window + k});
   };
   if (!o_.val_images.empty()) {
     for (int i = 0; i < n; ++i) windowsOf(i, held_out_[size_t(i)] ? val_ : train_);
@@ -287,27 +293,44 @@ void Trainer::splitValidation() {
   TILER_CHECK(!train_.empty(), ConfigError, "no training windows left after the validation split");
 }
 
-TrainBatch Trainer::readBatch(const std::vector<WindowRef>& refs, ReaderCache& readers,
-                              bool count_for_fault) {
-  const int64_t B = int64_t(refs.size()), H = spec_.window_h, W = spec_.window_w, C = probe_.input_channels;
-  const int64_t oh = probe_.scale.apply(H), ow = probe_.scale.apply(W);
+std::unique_ptr<WindowLoader> Trainer::loaderFor(const std::vector<WindowRef>& windows, ReaderCache& labels,
+                                                 bool count_for_fault) {
+  LoaderOptions lo;
+  lo.batch_size = o_.batch_size;
+  lo.input_channels = probe_.input_channels;
+  lo.pad = pad_;
+  lo.depth = size_t(o_.prefetch);
+  lo.read_threads = 1;  // `labels` is one thread's reader cache
+  lo.pinned = runner_->device().is_cuda();
+  lo.bytes = inputAsBytes(catalog_);
+  lo.device = runner_->device();
+  lo.in_order = false;  // shuffled: readers stay open across images
+  const int64_t oh = probe_.scale.apply(spec_.window_h), ow = probe_.scale.apply(spec_.window_w);
   const int64_t tc = loss_ == Loss::kMse ? probe_.output_channels : 1;
-  TrainBatch b;
-  b.pixels = torch::zeros({B, C, H, W}, torch::kFloat32);
-  b.scales = torch::ones({B}, torch::kFloat32);
-  b.target = torch::zeros({B, oh, ow, tc}, torch::kFloat32);
-  b.valid = torch::zeros({B, oh, ow}, torch::kFloat32);
-  for (int64_t j = 0; j < B; ++j) {
-    const CatalogImage& img = catalog_.image(refs[size_t(j)].image);
-    const int64_t local = refs[size_t(j)].local;
+  lo.make_labels = [oh, ow, tc](int64_t B) {
+    return std::vector<torch::Tensor>{torch::zeros({B, oh, ow, tc}, torch::kFloat32),
+                                      torch::zeros({B, oh, ow}, torch::kFloat32)};
+  };
+  lo.read_labels = [this, &labels, count_for_fault](std::vector<torch::Tensor>& out, int64_t j, int image_id,
+                                                    int64_t local) {
+    const CatalogImage& img = catalog_.image(image_id);
     if (count_for_fault && faults_.before_read) faults_.before_read(img.label);
-    windowToModelInput(readWindow(readers.get(img), img.grid, local, pad_, 0.0, img.channels), img.adapt,
-                       b.pixels[j].data_ptr<float>(), img.info.colormap.get());
-    b.scales[j] = float(img.scale);
-    readLabels(img, refs[size_t(j)].image, local, readers, b.target[j].data_ptr<float>(),
-               b.valid[j].data_ptr<float>());
-  }
-  return b;
+    readLabels(img, image_id, local, labels, out[0][j].data_ptr<float>(), out[1][j].data_ptr<float>());
+  };
+  // Every window of an epoch is trained on, a sampler's repeat too (as PyTorch's DistributedSampler's).
+  std::vector<SampleSlot> slots;
+  for (const auto& w : windows) slots.push_back({w.global, false});
+  const int64_t steps = (int64_t(windows.size()) + o_.batch_size - 1) / o_.batch_size;
+  return std::make_unique<WindowLoader>(catalog_, spec_, std::move(lo), std::move(slots), steps);
+}
+
+TrainBatch Trainer::nextBatch(WindowLoader& loader, int64_t n) {
+  auto batch = loader.next();
+  TILER_CHECK(batch.has_value(), DistError, "the read-ahead stopped early");
+  if (batch->first_error) std::rethrow_exception(batch->first_error);
+  TILER_CHECK(batch->failures.empty(), IoError, batch->failures.front().second);
+  return {batch->pixels.narrow(0, 0, n), batch->scales.narrow(0, 0, n), batch->labels[0].narrow(0, 0, n),
+          batch->labels[1].narrow(0, 0, n)};
 }
 
 void Trainer::readLabels(const CatalogImage& img, int image_id, int64_t local, ReaderCache& readers,
@@ -490,11 +513,12 @@ nlohmann::json Trainer::validate() {
   auto stats = torch::zeros({3 + 3 * classes}, torch::kDouble);
   const int64_t B = o_.batch_size;
   auto failure = captureFailure([&] {
+    auto loader = loaderFor(mine, val_readers_, false);
     for (size_t s = 0; s < mine.size(); s += size_t(B)) {
       std::vector<WindowRef> refs(mine.begin() + long(s),
                                   mine.begin() + long(std::min(mine.size(), s + size_t(B))));
       torch::Tensor x, target, mask;
-      toDevice(readBatch(refs, val_readers_, false), refs, -1, x, target, mask);
+      toDevice(nextBatch(*loader, int64_t(refs.size())), refs, -1, x, target, mask);
       for (size_t k = 0; k < refs.size(); ++k)
         if (padded[s + k]) mask[int64_t(k)].zero_();  // a duplicate counts once
       auto out = runner_->apply(x);
@@ -856,14 +880,14 @@ std::vector<WindowRef> Trainer::microBatch(const std::vector<WindowRef>& mine, i
 void Trainer::trainEpoch(int epoch, nlohmann::json& history, Progress& progress) {
   const auto t0 = Clock::now();
   const auto mine = epochWindows(train_, epoch, true, nullptr);
-  ReadAhead<TrainBatch> ahead(micro_per_epoch_, size_t(o_.prefetch), [&](int64_t micro) {
-    const c10::DeviceGuard device(runner_->device());
-    return readBatch(microBatch(mine, micro), train_readers_, true);
-  });
+  // Windows past the epoch's micro-batches (--drop_last's tail) are never read.
+  const std::vector<WindowRef> read(
+      mine.begin(), mine.begin() + long(std::min(mine.size(), size_t(micro_per_epoch_ * o_.batch_size))));
+  auto loader = loaderFor(read, train_readers_, true);
   double loss_sum = 0;
   int64_t counted = 0;
   for (int64_t s = 0; s < steps_per_epoch_; ++s) {
-    trainStep(epoch, s, mine, ahead, loss_sum, counted);
+    trainStep(epoch, s, mine, *loader, loss_sum, counted);
     progress.update(step_);
   }
   auto train_loss = torch::tensor({loss_sum, double(counted)}, torch::kDouble);
@@ -957,8 +981,8 @@ void Trainer::computeClassWeights() {
   }
 }
 
-void Trainer::trainStep(int epoch, int64_t s, const std::vector<WindowRef>& mine,
-                        ReadAhead<TrainBatch>& ahead, double& loss_sum, int64_t& counted) {
+void Trainer::trainStep(int epoch, int64_t s, const std::vector<WindowRef>& mine, WindowLoader& loader,
+                        double& loss_sum, int64_t& counted) {
   const auto ts = Clock::now();
   const int64_t K = o_.grad_accum_steps;
   const int64_t first = s * K, micros = std::min(K, micro_per_epoch_ - first);
@@ -970,10 +994,9 @@ void Trainer::trainStep(int epoch, int64_t s, const std::vector<WindowRef>& mine
   // of them all (and as `micros` ranks each taking one).
   auto failure = captureFailure([&] {
     for (int64_t m = 0; m < micros; ++m) {
-      auto batch = ahead.next();
-      TILER_CHECK(batch.has_value(), DistError, "the read-ahead stopped early");
+      const auto refs = microBatch(mine, first + m);
       torch::Tensor x, target, mask;
-      toDevice(*batch, microBatch(mine, first + m), epoch, x, target, mask);
+      toDevice(nextBatch(loader, int64_t(refs.size())), refs, epoch, x, target, mask);
       torch::Tensor loss = lossOf(runner_->apply(x), target, mask);
       ((scaling_ ? loss * scaler_.scale : loss) / double(micros)).backward();
       loss_sum += loss.item<double>();

@@ -211,6 +211,7 @@ WindowBatch WindowLoader::assemble(int64_t step) {
   batch.pixels = torch::empty({B, C, H, W}, torch::TensorOptions(type).pinned_memory(options_.pinned));
   batch.scales = torch::ones({B}, torch::kFloat32);
   batch.slots.assign(size_t(B), WindowSlot{});
+  if (options_.make_labels) batch.labels = options_.make_labels(B);
   // Serial: which slots to read, with which reader (in slot order, as before_read counts them).
   std::vector<std::optional<SlotRead>> reads(static_cast<size_t>(B));
   std::map<int, std::exception_ptr> open_failures;
@@ -229,7 +230,7 @@ WindowBatch WindowLoader::assemble(int64_t step) {
       continue;
     }
     const CatalogImage& img = catalog_.image(image_id);
-    if (!dropped) {
+    if (!dropped && options_.in_order) {
       readers_.dropBefore(img.input);  // the shard walks the global order: earlier images are done
       dropped = true;
     }
@@ -262,6 +263,7 @@ WindowBatch WindowLoader::assemble(int64_t step) {
         windowToModelInput(window, img.adapt, batch.pixels.data_ptr<uint8_t>() + at, img.info.colormap.get());
       else
         windowToModelInput(window, img.adapt, batch.pixels.data_ptr<float>() + at, img.info.colormap.get());
+      if (options_.read_labels) options_.read_labels(batch.labels, j, read->image_id, read->local);
     } catch (...) {
       read->error = std::current_exception();
     }
@@ -276,6 +278,7 @@ WindowBatch WindowLoader::assemble(int64_t step) {
       slot.status = SlotStatus::kSkipped;
     } else if (read->error) {
       slot.status = SlotStatus::kFailed;
+      if (!batch.first_error) batch.first_error = read->error;
       batch.failures.emplace_back(read->image_id,
                                   errorRankPrefix() + describeImageException(read->error, img.input));
       skipImage(read->image_id);

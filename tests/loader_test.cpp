@@ -201,6 +201,53 @@ TEST_P(LoaderThreads, AFailingImageFailsItsSlotsOnly) {
   removeTree(dir);
 }
 
+// Training's labels come with the pixels (one batch path for infer and finetune): read_labels fills each read
+// slot's labels on the thread that read its pixels, in slots of any order; what it throws fails the slot and
+// is kept as thrown (first_error).
+TEST_P(LoaderThreads, LabelsAreReadBesideThePixelsAndTheirErrorsKeptAsThrown) {
+  const std::string dir = test::scratchDir("loader_labels");
+  writeImage(dir + "/a.tif", cv::Mat(64, 64, CV_8UC1, cv::Scalar(7)), SampleType::kU8);
+  writeImage(dir + "/b.tif", cv::Mat(64, 64, CV_8UC1, cv::Scalar(9)), SampleType::kU8);
+  const GridSpec spec{32, 32, 0.0, 0.0};
+  auto [catalog, slots] = catalogOf(dir, spec, 1);
+  std::reverse(slots.begin(), slots.end());  // shuffled: b's windows first
+  LoaderOptions lo;
+  lo.batch_size = 8;
+  lo.input_channels = 1;
+  lo.read_threads = GetParam();
+  lo.in_order = false;
+  lo.make_labels = [](int64_t B) { return std::vector<torch::Tensor>{torch::full({B}, -1.0f)}; };
+  lo.read_labels = [](std::vector<torch::Tensor>& labels, int64_t j, int image_id, int64_t local) {
+    labels[0][j] = float(image_id * 100 + local);
+  };
+  {
+    WindowLoader loader(catalog, spec, lo, slots, 1);
+    auto batch = loader.next();
+    ASSERT_TRUE(batch);
+    ASSERT_EQ(batch->labels.size(), 1u);
+    for (int64_t j = 0; j < 8; ++j) {
+      const auto [image, local] = catalog.locate(slots[size_t(j)].index);
+      EXPECT_EQ(batch->labels[0][j].item<float>(), float(image * 100 + local)) << "slot " << j;
+      EXPECT_EQ(batch->pixels[j][0][0][0].item<float>(), image == 0 ? 7.f : 9.f) << "slot " << j;
+    }
+    EXPECT_FALSE(batch->first_error);
+  }
+  lo.read_labels = [](std::vector<torch::Tensor>&, int64_t, int image_id, int64_t) {
+    if (image_id == 0) throw IoError("no labels for a.tif");
+  };
+  WindowLoader loader(catalog, spec, lo, slots, 1);
+  auto batch = loader.next();
+  ASSERT_TRUE(batch);
+  ASSERT_TRUE(batch->first_error);
+  try {
+    std::rethrow_exception(batch->first_error);
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.message(), "no labels for a.tif");
+  }
+  EXPECT_EQ(batch->valid, 4) << "b's four; a's first window failed and its others were skipped";
+  removeTree(dir);
+}
+
 // A batch that spans more images than the reader cache holds (8): readers the cache closes mid-batch stay
 // open for the windows that still read them, and every window holds its own image's pixels.
 TEST_P(LoaderThreads, ABatchOverMoreImagesThanTheReaderCacheHolds) {

@@ -156,7 +156,9 @@ struct WindowBatch {
   torch::Tensor scales;                               // float32 [B]
   StepSlots slots;                                    // [B]: the window each slot holds and its fate
   std::vector<std::pair<int, std::string>> failures;  // (image id, message) found while reading
-  int64_t valid = 0;                                  // slots with kOk
+  std::exception_ptr first_error;     // the first failed slot's exception as thrown (training rethrows it)
+  std::vector<torch::Tensor> labels;  // LoaderOptions::make_labels's, filled by read_labels
+  int64_t valid = 0;                  // slots with kOk
   double read_seconds = 0;
 };
 
@@ -174,6 +176,16 @@ struct LoaderOptions {
   // Called before each window is read, with its file, in slot order on the read-ahead thread; what it
   // throws fails that window's image (the job installs TILER_FAULT's read hook here).
   std::function<void(const std::string& input)> before_read;
+  // Training: labels read beside the pixels, so that one loader serves infer and finetune. make_labels(B)
+  // makes a batch's label tensors (owned CPU tensors, slot j at index j of each); read_labels(labels, j,
+  // image id, grid window) fills slot j's after its pixels, on the thread that read them (what it throws
+  // fails the window as a read error does). Unset: no labels.
+  std::function<std::vector<torch::Tensor>(int64_t batch_size)> make_labels;
+  std::function<void(std::vector<torch::Tensor>& labels, int64_t slot, int image_id, int64_t local)>
+      read_labels;
+  // The shard walks the global order (inference), so a batch closes the readers of the images before its
+  // first; a shuffled shard (training) keeps them, up to the cache's capacity.
+  bool in_order = true;
 };
 
 // Reads this rank's shard (`slots`, `steps` batches of batch_size) of `catalog`, ahead of the consumer.
