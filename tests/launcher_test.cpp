@@ -641,6 +641,22 @@ TEST(Launcher, ParsesEveryFormOfTorchrunsCommandLine) {
   auto keep_alive = parseCtrun({"--rdzv_conf", "keep_alive_interval=2,keep_alive_max_attempt=4", "prog"});
   EXPECT_EQ(keep_alive.options.heartbeat_interval, 2);
   EXPECT_EQ(keep_alive.options.heartbeat_timeout, 8);
+  // torchrun's argparse takes a long flag's unambiguous prefix (`torchrun --nproc 2` is common): so does
+  // ctrun, up to the program's name; an ambiguous one is refused naming what it could be.
+  auto brief = parseCtrun({"--nproc", "2", "-r", "3", "--max_rest=3", "--monitor", "0.5", "-t1", "--no-py",
+                           "--stand", "prog", "--nproc", "4"});
+  ASSERT_EQ(brief.code, -1) << brief.notes;
+  EXPECT_EQ(brief.options.nproc_per_node, "2");
+  EXPECT_EQ(brief.options.redirects, "3");
+  EXPECT_EQ(brief.options.max_restarts, 3);
+  EXPECT_EQ(brief.options.monitor_interval, 0.5);
+  EXPECT_EQ(brief.options.tee, "1");
+  EXPECT_TRUE(brief.options.no_python && brief.options.standalone);
+  EXPECT_EQ(brief.options.command, (std::vector<std::string>{"prog", "--nproc", "4"})) << "the program's own";
+  auto ambiguous = run(kCtrun + " --rdzv c10d prog");
+  EXPECT_EQ(ambiguous.code, 1);
+  EXPECT_NE(ambiguous.output.find("ambiguous option '--rdzv' could be --"), std::string::npos)
+      << ambiguous.output;
   // torchrun's PET_* environment stands for a flag.
   setenv("PET_NPROC_PER_NODE", "3", 1);
   auto env = parseCtrun({"prog"});

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <iostream>
 #include <random>
+#include <set>
 #include <sstream>
 #include <tuple>
 
@@ -211,6 +212,44 @@ bool isPythonScript(const std::string& program) {
   return py || (std::filesystem::is_regular_file(program, ec) && access(program.c_str(), X_OK) != 0);
 }
 
+// The option `arg` names: a whole name, or (long flags) an unambiguous prefix of one, as torchrun's argparse
+// takes them (`--nproc 2`); nullptr when none. `ambiguous` lists the names a prefix could mean.
+const CLI::Option* optionNamedBy(const CLI::App& app, const std::string& arg, std::string& ambiguous) {
+  const bool long_flag = arg.rfind("--", 0) == 0;
+  const std::string name = long_flag ? arg.substr(2, arg.find('=') - 2) : arg.substr(1, 1);  // -r3: r
+  std::set<const CLI::Option*> prefixed;
+  for (const CLI::Option* opt : app.get_options()) {
+    const auto& names = long_flag ? opt->get_lnames() : opt->get_snames();
+    for (const std::string& n : names) {
+      if (n == name) return opt;
+      if (long_flag && !name.empty() && n.rfind(name, 0) == 0) prefixed.insert(opt);
+    }
+  }
+  if (prefixed.size() == 1) return *prefixed.begin();
+  for (const CLI::Option* opt : prefixed)
+    ambiguous += (ambiguous.empty() ? "--" : ", --") + opt->get_lnames()[0];
+  return nullptr;
+}
+
+// torchrun's flags may be abbreviated (argparse takes any unambiguous prefix of a long flag, so argv written
+// for torchrun does: `--nproc 2`); CLI11 takes whole names only. Spells out the flags before the program's
+// name (its arguments are its own). ConfigError for an ambiguous prefix, as argparse refuses it.
+void spellOutFlagPrefixes(const CLI::App& app, std::vector<std::string>& args) {
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::string arg = args[i];
+    if (arg == "--" || arg.size() < 2 || arg[0] != '-') return;
+    std::string ambiguous;
+    const CLI::Option* opt = optionNamedBy(app, arg, ambiguous);
+    TILER_CHECK(ambiguous.empty(), ConfigError, "ambiguous option '" << arg << "' could be " << ambiguous);
+    if (opt == nullptr) return;  // unknown: CLI11 or the program check names it
+    const bool long_flag = arg.rfind("--", 0) == 0;
+    const size_t eq = arg.find('=');
+    if (long_flag) args[i] = "--" + opt->get_lnames()[0] + (eq == std::string::npos ? "" : arg.substr(eq));
+    const bool value_attached = eq != std::string::npos || (!long_flag && arg.size() > 2);
+    if (opt->get_items_expected_min() > 0 && !value_attached) ++i;  // its value
+  }
+}
+
 }  // namespace
 
 int parseCtrunCommandLine(int argc, char** argv, LaunchOptions& o, std::ostream& notes) {
@@ -229,8 +268,20 @@ int parseCtrunCommandLine(int argc, char** argv, LaunchOptions& o, std::ostream&
       "training_script [ARGS...]: the program each worker runs. A Python script (*.py, or a file that is not "
       "executable) runs as python3 -u SCRIPT ARGS, -m MODULE as python3 -u -m MODULE ARGS (PYTHON_EXEC names "
       "another interpreter), anything else (or everything with --no_python) as it is. Every torchrun flag is "
-      "also read from PET_<FLAG> (e.g. PET_NPROC_PER_NODE).");
-  if (const int code = parseCommandLine(app, argc, argv, "ctrun"); code >= 0) return code;
+      "also read from PET_<FLAG> (e.g. PET_NPROC_PER_NODE), and a long flag may be shortened to any "
+      "unambiguous "
+      "prefix (--nproc 2), as torchrun's.");
+  std::vector<std::string> args(argv, argv + argc);
+  try {
+    spellOutFlagPrefixes(app, args);
+  } catch (const ConfigError& e) {
+    std::cerr << "ctrun: error: " << e.message() << std::endl;
+    return kExitFatal;
+  }
+  std::vector<char*> spelled;
+  for (auto& a : args) spelled.push_back(a.data());
+  if (const int code = parseCommandLine(app, int(spelled.size()), spelled.data(), "ctrun"); code >= 0)
+    return code;
   o.command = app.remaining();
   // The program starts at the first word CLI11 does not know; one that looks like a flag is a typo, as
   // torchrun's argparse says (a program really named so can follow "--").
