@@ -675,6 +675,56 @@ TEST_F(Finetune, AutoClassWeightsCountOnlyLabelledPixels) {
       << unknown.output;
 }
 
+// Held-out slides validate with their own annotations (--val_images, --val_annotations); --roi draws label
+// images' windows as it draws infer's; the label flags that do not go together are refused in one line.
+TEST_F(Finetune, HeldOutImagesRoiAndLabelFlagsThatDoNotGoTogether) {
+  for (const char* sub : {"/train", "/val", "/ann"}) fs::create_directories(dir_ + sub);
+  ASSERT_TRUE(cv::imwrite(dir_ + "/train/a.png", cv::Mat(128, 128, CV_8UC3, cv::Scalar(200, 200, 200))));
+  ASSERT_TRUE(cv::imwrite(dir_ + "/val/b.png", cv::Mat(128, 128, CV_8UC3, cv::Scalar(90, 90, 90))));
+  // a: two of its 16 windows of 32 annotated; b: three.
+  writeQuPathGeoJson(dir_ + "/ann/a.geojson", {{"Tumor", {square(0, 0, 64, 32)}}});
+  writeQuPathGeoJson(dir_ + "/ann/b.geojson", {{"Stroma", {square(32, 64, 128, 96)}}});
+  const std::string model = writeShapeModel(dir_ + "/random.pt");
+  const std::string base =
+      kTiler + " finetune -m " + model + " -o " + dir_ +
+      "/x.pt --window 32 --overlap 0 --epochs 1 --threads 1 --classes Background,Tumor,Stroma ";
+  auto held_out = run(base + "--images " + dir_ + "/train --annotations " + dir_ + "/ann --val_images " +
+                      dir_ + "/val --val_annotations " + dir_ + "/ann");
+  ASSERT_EQ(held_out.code, 0) << held_out.output;
+  EXPECT_NE(held_out.output.find("finetune: 2 train / 3 val windows of 32x32"), std::string::npos)
+      << held_out.output;
+  const auto epoch = readJson(dir_ + "/x.pt.report.json")["epochs"][0];
+  EXPECT_GT(epoch["val_class_dice"]["Stroma"].get<double>(), -1) << "b's Stroma was validated";
+  // Label images with an ROI: the windows inside it only.
+  fs::create_directories(dir_ + "/labels");
+  ASSERT_TRUE(cv::imwrite(dir_ + "/labels/a.png", cv::Mat(128, 128, CV_8UC1, cv::Scalar(1))));
+  auto roi = run(base + "--images " + dir_ + "/train --labels " + dir_ + "/labels --roi " + dir_ +
+                 "/ann --val_fraction 0");
+  ASSERT_EQ(roi.code, 0) << roi.output;
+  EXPECT_NE(roi.output.find("finetune: 2 train / 0 val windows"), std::string::npos) << roi.output;
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"--labels " + dir_ + "/labels --annotations " + dir_ + "/ann",
+       "give --labels (label images) or --annotations (GeoJSON), one of them"},
+      {"--annotations " + dir_ + "/ann --roi " + dir_ + "/ann",
+       "--roi with --annotations: the annotations are the region windows are drawn from"},
+      {"--annotations " + dir_ + "/ann --val_images " + dir_ + "/val --val_labels " + dir_ + "/labels",
+       "--val_images needs --val_annotations as training has --annotations"},
+      {"--annotations " + dir_ + "/ann --unlabeled some",
+       "--unlabeled must be ignore or background; got 'some'"},
+      {"--annotations " + dir_ + "/ann --class_weights 1,x,2", "--class_weights: 'x' is not a number >= 0"},
+      {"--annotations " + dir_ + "/ann --class_weights 1,2",
+       "--class_weights has 2 weights, the model 3 classes"},
+  };
+  for (const auto& [flags, message] : refused) {
+    auto r = run(base + "--images " + dir_ + "/train " + flags);
+    EXPECT_EQ(r.code, 1) << flags;
+    EXPECT_NE(r.output.find(message), std::string::npos) << flags << "\n" << r.output;
+  }
+  auto no_classes = run(kTiler + " finetune -m " + model + " -o " + dir_ + "/x.pt --window 32 --images " +
+                        dir_ + "/train --annotations " + dir_ + "/ann");
+  EXPECT_NE(no_classes.output.find("--annotations needs --classes"), std::string::npos) << no_classes.output;
+}
+
 // A forced overflow on the CPU: a first loss scale past float32's range makes the gradients infinite, so
 // steps are skipped and the scale halved until they are finite; the scaler's state is checkpointed, and a
 // resumed run ends with the weights of an uninterrupted one, bit for bit.
