@@ -657,6 +657,12 @@ TEST(Launcher, ParsesEveryFormOfTorchrunsCommandLine) {
   EXPECT_EQ(ambiguous.code, 1);
   EXPECT_NE(ambiguous.output.find("ambiguous option '--rdzv' could be --"), std::string::npos)
       << ambiguous.output;
+  // -r/-t without --log_dir: no file to put the output in; said, not silently dropped.
+  auto no_logs = parseCtrun({"-r", "3", "prog"});
+  EXPECT_NE(no_logs.notes.find("-r/--redirects and -t/--tee without --log_dir mean nothing"),
+            std::string::npos)
+      << no_logs.notes;
+  EXPECT_EQ(parseCtrun({"--log_dir", "/tmp/l", "-r", "3", "prog"}).notes, "");
   // torchrun's PET_* environment stands for a flag.
   setenv("PET_NPROC_PER_NODE", "3", 1);
   auto env = parseCtrun({"prog"});

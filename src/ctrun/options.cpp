@@ -174,6 +174,9 @@ void noteMeaningless(const CLI::App& app, const LaunchOptions& o, const Meaningl
   if (given("--signals_to_handle"))
     notes << "ctrun: note: --signals_to_handle" << ignored
           << ": it handles SIGINT, SIGTERM, SIGHUP and SIGQUIT, as torchrun by default (ignored)\n";
+  if (o.log_dir.empty() && (o.redirects != "0" || o.tee != "0"))
+    notes << "ctrun: note: -r/--redirects and -t/--tee without --log_dir mean nothing for ctrun: the output "
+             "stays on the console (torchrun writes it under a temporary directory); give --log_dir\n";
   if (o.run_path)
     notes << "ctrun: note: --run_path runs the script as python3 -u SCRIPT (ctrun has no interpreter of its "
              "own to run it in)\n";
