@@ -7,7 +7,7 @@ set(tiler_floors
     "plain logic: grid sampler cpu_layout cli build_info version queue job_options output_kinds launcher rendezvous npy model_card agent failures options signals streams worker_group handler registry static c10d"
     "pixels: image_io handle_pool remote_input readers tiff_support tiff_reader openslide_reader jpeg_reader opencv_reader resolution mask annotations train_metrics polygons geojson blend zarr_writer map_writers"
     "planning: catalog window_outputs instances"
-    "compute: torch_compat runtime_info block_cache model model_runtime torchscript_runtime pt2_runtime dist loader exchange session device_stitch outputs report tasks/task tasks/registry tasks/segment tasks/classify tasks/embed tasks/detect tasks/instances"
+    "compute: torch_compat runtime_info block_cache model model_runtime torchscript_runtime pt2_runtime dist loader exchange session device_stitch outputs report tasks/task tasks/registry tasks/segment tasks/classify tasks/embed tasks/detect tasks/instances tasks/heads"
     "jobs: pipeline finetune"
     "tools: commands tiler_main ctrun_main bench_main")
 set(tiler_first_torch_floor 4)  # compute

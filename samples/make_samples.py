@@ -12,17 +12,22 @@ Images show bright round blobs ("cells") on a smooth textured background; labels
                                   four strided convolutions and a global mean (`tiler --task embed`)
   samples/models/classifier.pt    encoder.pt with a linear head: 2 class logits per window (`--task classify`)
   samples/models/detector.pt      bright blobs as boxes, [B, 64, 6] (`--task detect`): no weights, erosions
+  samples/models/heads.pt         a tiny fixed-seed HoVerNet-style net (untrained) with three heads, a dict:
+                                  np [B, 2, H, W] (2-class segmentation), hv [B, 2, H, W] (a regression map,
+                                  run with activation none), tp [B, 3, H, W] (3-class segmentation) (`--heads`)
 samples/models/sample.pt is init.pt fine-tuned on samples/train by `tiler finetune` (scripts/make_sample_model.sh).
 
 Needs Debian's python3-torch, python3-numpy, python3-pil and libtiff-tools (tiffcp). Run from the repo root:
   /usr/bin/python3 samples/make_samples.py              (everything)
   /usr/bin/python3 samples/make_samples.py --encoders   (encoder.pt and classifier.pt only)
   /usr/bin/python3 samples/make_samples.py --detector   (detector.pt only)
+  /usr/bin/python3 samples/make_samples.py --heads      (heads.pt only)
 """
 import os
 import subprocess
 import sys
 import tempfile
+from typing import Dict
 
 import numpy as np
 import torch
@@ -209,6 +214,28 @@ class BlobInstances(torch.nn.Module):
         return ids.float()
 
 
+class ThreeHeads(torch.nn.Module):
+    """HoVerNet's three outputs from one small trunk: nuclear pixels, horizontal/vertical maps, types."""
+
+    def __init__(self, cin: int = 3, width: int = 8, types: int = 3):
+        super().__init__()
+        self.trunk = torch.nn.Sequential(
+            torch.nn.Conv2d(cin, width, 3, padding=1), torch.nn.ReLU(),
+            torch.nn.Conv2d(width, width, 3, padding=1), torch.nn.ReLU())
+        self.np_head = torch.nn.Conv2d(width, 2, 1)
+        self.hv_head = torch.nn.Conv2d(width, 2, 1)
+        self.tp_head = torch.nn.Conv2d(width, types, 1)
+
+    def forward(self, x) -> Dict[str, torch.Tensor]:
+        f = self.trunk(x)
+        return {"np": self.np_head(f), "hv": torch.tanh(self.hv_head(f)), "tp": self.tp_head(f)}
+
+
+def make_heads():
+    torch.manual_seed(0)
+    torch.jit.script(ThreeHeads().eval()).save(os.path.join(ROOT, "models/heads.pt"))
+
+
 def make_encoders():
     torch.manual_seed(0)
     encoder = Encoder().eval()
@@ -234,6 +261,9 @@ def main():
     if "--instances" in sys.argv[1:]:
         make_instances()
         return
+    if "--heads" in sys.argv[1:]:
+        make_heads()
+        return
     rng = np.random.default_rng(1234)
     img, _ = rgb_image(4096, 4096, 900, rng)
     tiff_via_tiffcp(img, os.path.join(ROOT, "images/blobs_4096.tif"),
@@ -256,6 +286,7 @@ def main():
     make_encoders()
     make_detector()
     make_instances()
+    make_heads()
 
 
 if __name__ == "__main__":

@@ -63,9 +63,14 @@ const std::vector<OutputKind>& outputKinds() {
 }
 
 const OutputKind* findOutputKind(const std::string& name) {
+  const std::string bare = name.substr(name.find('/') + 1);  // a head's kind is its kind's row
   for (const OutputKind& kind : outputKinds())
-    if (name == kind.name) return &kind;
+    if (bare == kind.name) return &kind;
   return nullptr;
+}
+
+std::string headKind(const std::string& head, const std::string& kind) {
+  return head.empty() ? kind : head + "/" + kind;
 }
 
 namespace {
@@ -102,7 +107,9 @@ std::string outputFileName(const std::string& kind, const std::string& stem, con
   const OutputKind* row = findOutputKind(kind);
   TILER_CHECK(row != nullptr, ConfigError, "no output kind '" << kind << "'");
   std::string name = row->pattern;
-  const std::pair<std::string, std::string> fields[] = {{"{stem}", stem}, {"{format}", format}};
+  const size_t slash = kind.find('/');
+  const std::string named = slash == std::string::npos ? stem : stem + "_" + kind.substr(0, slash);
+  const std::pair<std::string, std::string> fields[] = {{"{stem}", named}, {"{format}", format}};
   for (const auto& [key, value] : fields) {
     const size_t at = name.find(key);
     if (at != std::string::npos) name.replace(at, key.size(), value);

@@ -125,9 +125,9 @@ void OutputStage::loop() {
   open_.clear();
 }
 
-ImageConsumer& OutputStage::outputsFor(int image_id) {
+std::vector<std::unique_ptr<ImageConsumer>>& OutputStage::outputsFor(int image_id) {
   auto it = open_.find(image_id);
-  if (it != open_.end()) return *it->second;
+  if (it != open_.end()) return it->second;
   CatalogImage& img = catalog_.image(image_id);
   WriterOptions wo;
   wo.compression = options_.compression;
@@ -139,8 +139,10 @@ ImageConsumer& OutputStage::outputsFor(int image_id) {
   wo.pyramid = options_.pyramid;
   wo.background = true;  // compression off the stage's thread
   wo.pool = pool_;
-  TILER_CHECK(options_.consumer != nullptr, ConfigError, "the output stage was given no task's consumer");
-  return *open_.emplace(image_id, options_.consumer(img, wo)).first->second;
+  TILER_CHECK(!options_.parts.empty(), ConfigError, "the output stage was given no task's consumer");
+  std::vector<std::unique_ptr<ImageConsumer>> consumers;
+  for (const OutputPart& part : options_.parts) consumers.push_back(part.consumer(img, wo));
+  return open_.emplace(image_id, std::move(consumers)).first->second;
 }
 
 void OutputStage::finishImage(int image_id, const std::string& error) {
@@ -149,7 +151,8 @@ void OutputStage::finishImage(int image_id, const std::string& error) {
   auto it = open_.find(image_id);
   if (it != open_.end() && err.empty()) {
     try {
-      for (const auto& path : it->second->finalize()) stats_.bytes_written += bytesOnDisk(path);
+      for (auto& consumer : it->second)
+        for (const auto& path : consumer->finalize()) stats_.bytes_written += bytesOnDisk(path);
     } catch (...) {
       err = describeImageException(std::current_exception(), img.input);
     }
@@ -196,32 +199,56 @@ void OutputStage::stitchStep(StepResult& step) {
   }
 }
 
+namespace {
+
+// Part `part`'s share of slot `slot` of a step's predictions (`per_window` values a slot from `base`).
+WindowResult partOfSlot(const StepResult& step, const OutputPart& part, int64_t slot, const float* base,
+                        int64_t per_window, bool on_device) {
+  WindowResult result;
+  if (!step.records.empty()) {
+    result.record = &step.records[size_t(slot)];
+  } else if (!on_device) {
+    result.values = base + slot * per_window + part.offset;
+  } else if (part.window_sizes.empty()) {
+    result.on_device = step.preds[slot];
+  } else {
+    int64_t count = 1;
+    for (int64_t size : part.window_sizes) count *= size;
+    result.on_device = step.preds[slot].narrow(0, part.offset, count).view(part.window_sizes);
+  }
+  return result;
+}
+
+}  // namespace
+
 void OutputStage::stitchImageWindows(const StepResult& step, const std::vector<LocatedSlot>& located,
                                      size_t first, size_t last, const float* base, int64_t per_window) {
   const int image_id = located[first].image;
   try {
-    ImageConsumer& out = outputsFor(image_id);
+    auto& consumers = outputsFor(image_id);
     const CatalogImage& img = catalog_.image(image_id);
     // Predictions stay where they are: on the stitch device when the job gave one.
     const bool on_device = step.records.empty() && step.preds.defined() && options_.stitch_device;
-    std::vector<WindowResult> windows;
+    std::vector<std::vector<WindowResult>> windows(consumers.size());
     for (size_t i = first; i < last; ++i) {
       // A consumer that compresses tiles fails as they are written; the others fail here.
-      const bool fault = options_.stitched_window && options_.stitched_window();
-      TILER_CHECK(!fault || out.injectTileFault(), IoError,
-                  "'" << img.input << "': " << injectedFailure("write failure"));
-      WindowResult result;
-      result.window = located[i].window;
-      if (!step.records.empty())
-        result.record = &step.records[size_t(located[i].slot)];
-      else if (on_device)
-        result.on_device = step.preds[located[i].slot];
-      else
-        result.values = base + located[i].slot * per_window;
-      windows.push_back(std::move(result));
+      if (options_.stitched_window && options_.stitched_window()) {
+        bool in_tiles = false;
+        for (auto& consumer : consumers) in_tiles = consumer->injectTileFault() || in_tiles;
+        TILER_CHECK(in_tiles, IoError, "'" << img.input << "': " << injectedFailure("write failure"));
+      }
+      for (size_t p = 0; p < consumers.size(); ++p) {
+        windows[p].push_back(
+            partOfSlot(step, options_.parts[p], located[i].slot, base, per_window, on_device));
+        windows[p].back().window = located[i].window;
+      }
     }
-    out.aggregate(windows);
-    if (out.done()) finishImage(image_id, "");
+    bool done = true;
+    for (size_t p = 0; p < consumers.size(); ++p) {
+      consumers[p]->aggregate(windows[p]);
+      done = done && consumers[p]->done();
+    }
+    if (done) finishImage(image_id, "");
   } catch (...) {
     finishImage(image_id, describeImageException(std::current_exception(), catalog_.image(image_id).input));
   }

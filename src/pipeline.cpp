@@ -32,6 +32,7 @@
 #include "tiler/report.hpp"
 #include "tiler/sampler.hpp"
 #include "tiler/session.hpp"
+#include "tiler/tasks/heads.hpp"
 #include "tiler/tasks/registry.hpp"
 #include "tiler/version.hpp"
 #include "tiler/window_outputs.hpp"
@@ -76,6 +77,38 @@ int usefulThreads(const char* flag, int requested, int useful) {
   return cap;
 }
 
+// --save's kinds, checked against `requested` (--task) when it is given; a task no output shape says (detect,
+// instances) becomes `requested` when the kinds say it.
+std::vector<std::string> saveKindsOf(const std::string& save, ModelTask& requested) {
+  std::vector<std::string> kinds;
+  const std::string bad_save = "--save takes " + saveKindsText() + ", comma-separated; got '" + save + "'";
+  // "" and "labels," name nothing (or end in nothing), which getline would not return.
+  TILER_CHECK(!save.empty() && save.back() != ',', ConfigError, bad_save);
+  std::stringstream ss(save);
+  std::string part;
+  while (std::getline(ss, part, ',')) {
+    TILER_CHECK(taskOfOutputKind(part) != ModelTask::kAuto, ConfigError, bad_save);
+    TILER_CHECK(requested == ModelTask::kAuto || taskWrites(requested, part), ConfigError,
+                "--save " << part << " is an output of --task " << taskName(taskOfOutputKind(part))
+                          << ", not of --task " << taskName(requested));
+    if (std::find(kinds.begin(), kinds.end(), part) == kinds.end()) kinds.push_back(part);
+  }
+  // The first task that writes every kind asked for (objects: detect, unless --task instances says so).
+  ModelTask task = requested;
+  for (const Task* t : allTasks())
+    if (task == ModelTask::kAuto && std::all_of(kinds.begin(), kinds.end(), [t](const std::string& kind) {
+          return taskWrites(t->id(), kind);
+        }))
+      task = t->id();
+  TILER_CHECK(task != ModelTask::kAuto, ConfigError,
+              "--save " << save << " mixes the outputs of two tasks ("
+                        << taskName(taskOfOutputKind(kinds.front())) << " and "
+                        << taskName(taskOfOutputKind(kinds.back())) << ")");
+  // No output shape says "boxes" or "instances" for sure: the outputs asked for say it.
+  if (task != ModelTask::kAuto && !taskOf(task).claimedByShape()) requested = task;
+  return kinds;
+}
+
 class InferJob {
  public:
   explicit InferJob(InferOptions o) : o_(std::move(o)) {}
@@ -86,8 +119,25 @@ class InferJob {
   void validateOptions();
   void parseSaveKinds();  // --save's kinds, checked against --task when it is given
   void settleTask();      // after the probe: the task, its outputs and (per window) the overlap
-  void loadModel();       // the model, its probe, the forward layout and the read threads
-  void connect();         // the process group, on the model's device
+  // A head of a model with several outputs (--heads): its own task, flags and outputs, and where its values
+  // lie in each window's prediction.
+  struct JobHead {
+    HeadSpec spec;
+    ModelTask task = ModelTask::kAuto;  // its own, or --task
+    Activation activation = Activation::kNone;
+    std::vector<ClassInfo> classes;
+    SampleType probs_type = SampleType::kF32;
+    std::vector<std::string> kinds;  // its --save, or its task's defaults
+    ModelProbe probe;
+    int64_t offset = 0, values = 0;  // its values in a window's prediction
+  };
+  void parseHeadFlags();  // --heads and --head_opt, each head's flags parsed
+  void settleHeads();     // after the probe: each head's task and outputs, one grid for all
+  TaskFlags headFlags(const JobHead& head) const;
+  std::vector<std::string> catalogKinds() const;  // the outputs' kinds (a head's: headKind)
+  std::string reportedTask() const;               // the task, or the heads' NAME:TASK,...
+  void loadModel();  // the model, its probe, the forward layout and the read threads
+  void connect();    // the process group, on the model's device
   // The images and their windows, the same on every rank (or every rank stops with the reason).
   void planImages();
   // The report (rank 0's) is none of the files the run reads (inputs, the model, the mask), its outputs or
@@ -173,6 +223,7 @@ class InferJob {
   std::string cpu_blas_;           // cpuBlasName(), asked once
   bool stitch_on_device_ = false;  // blend on the model's device (--stitch)
   ModelProbe probe_;
+  std::vector<JobHead> heads_;  // --heads; empty: one output
   // Object tasks (instances, detect): what this rank sends of a window's output: the record of what it keeps.
   RecordMaker record_of_;
   WindowCatalog catalog_;
@@ -224,6 +275,7 @@ void InferJob::validateOptions() {
   o_.write_threads = usefulThreads("--write_threads", o_.write_threads, std::numeric_limits<int>::max());
   task_ = parseTask(o_.task);
   parseSaveKinds();
+  parseHeadFlags();
   mask_ = parseMaskSpec(o_.mask, o_.mask_fraction, o_.roi, o_.roi_class);
   channels_ = parseChannelList(o_.channels);
   TILER_CHECK((o_.level >= 0) + (o_.mpp > 0) + (o_.magnification > 0) <= 1, ConfigError,
@@ -241,34 +293,7 @@ void InferJob::validateOptions() {
 
 void InferJob::parseSaveKinds() {
   save_kinds_.clear();
-  if (!o_.save) return;  // the task's default, once the model says which task it is
-  const std::string& save = *o_.save;
-  const std::string bad_save = "--save takes " + saveKindsText() + ", comma-separated; got '" + save + "'";
-  // "" and "labels," name nothing (or end in nothing), which getline would not return.
-  TILER_CHECK(!save.empty() && save.back() != ',', ConfigError, bad_save);
-  std::stringstream ss(save);
-  std::string part;
-  while (std::getline(ss, part, ',')) {
-    TILER_CHECK(taskOfOutputKind(part) != ModelTask::kAuto, ConfigError, bad_save);
-    TILER_CHECK(task_ == ModelTask::kAuto || taskWrites(task_, part), ConfigError,
-                "--save " << part << " is an output of --task " << taskName(taskOfOutputKind(part))
-                          << ", not of --task " << taskName(task_));
-    if (std::find(save_kinds_.begin(), save_kinds_.end(), part) == save_kinds_.end())
-      save_kinds_.push_back(part);
-  }
-  // The first task that writes every kind asked for (objects: detect, unless --task instances says so).
-  ModelTask task = task_;
-  for (const Task* t : allTasks())
-    if (task == ModelTask::kAuto &&
-        std::all_of(save_kinds_.begin(), save_kinds_.end(),
-                    [t](const std::string& kind) { return taskWrites(t->id(), kind); }))
-      task = t->id();
-  TILER_CHECK(task != ModelTask::kAuto, ConfigError,
-              "--save " << save << " mixes the outputs of two tasks ("
-                        << taskName(taskOfOutputKind(save_kinds_.front())) << " and "
-                        << taskName(taskOfOutputKind(save_kinds_.back())) << ")");
-  // No output shape says "boxes" or "instances" for sure: the outputs asked for say it.
-  if (task != ModelTask::kAuto && !taskOf(task).claimedByShape()) task_ = task;
+  if (o_.save) save_kinds_ = saveKindsOf(*o_.save, task_);  // else the task's default, once it is known
 }
 
 void InferJob::settleTask() {
@@ -302,6 +327,82 @@ TaskFlags InferJob::taskFlags() const {
   return f;
 }
 
+void InferJob::parseHeadFlags() {
+  for (const HeadSpec& spec : parseHeads(o_.heads, o_.head_opt)) {
+    JobHead head;
+    head.spec = spec;
+    head.task = spec.task.value_or(task_);
+    head.activation = spec.activation ? parseActivation(*spec.activation) : activation_;
+    head.classes = spec.classes ? parseClasses(*spec.classes) : classes_;
+    head.probs_type = spec.probs_dtype ? parseProbsType(*spec.probs_dtype) : probs_type_;
+    if (spec.save || o_.save) head.kinds = saveKindsOf(spec.save.value_or(o_.save.value_or("")), head.task);
+    heads_.push_back(head);
+  }
+  TILER_CHECK(heads_.empty() || o_.output_key.empty(), ConfigError,
+              "--output_key picks one output, --heads several: give one of them");
+}
+
+void InferJob::settleHeads() {
+  const std::vector<ModelProbe>& probes = model_->headProbes();
+  int64_t offset = 0;
+  for (size_t h = 0; h < heads_.size(); ++h) {
+    JobHead& head = heads_[h];
+    const JobHead& first = heads_.front();
+    head.probe = probes[h];
+    head.task = head.probe.task;
+    const Task& task = taskOf(head.task);
+    // Records are made where a window ran, from its whole prediction, and routed on their own.
+    TILER_CHECK(task.recordMaker(TaskOutputs{}) == nullptr, ConfigError,
+                "--heads: head '" << head.spec.name << "' is --task " << task.name() << ", whose windows "
+                                  << "send records, not predictions: run it alone (--output_key "
+                                  << head.spec.name << ")");
+    TILER_CHECK(head.probe.perWindow() == first.probe.perWindow(), ConfigError,
+                "--heads mixes a stitched map and one vector a window (head '"
+                    << first.spec.name << "': --task " << taskName(first.task) << ", head '" << head.spec.name
+                    << "': --task " << task.name() << "): a map takes MONAI's grid, a vector the patch "
+                    << "lattice, and one run lays one grid: run them as two jobs (--output_key)");
+    TILER_CHECK(head.probe.scale == first.probe.scale, ConfigError,
+                "--heads: head '" << head.spec.name << "' gives maps at " << head.probe.scale.value()
+                                  << "x the window, head '" << first.spec.name << "' at "
+                                  << first.probe.scale.value() << "x: the heads of one run share one scale");
+    if (head.kinds.empty()) head.kinds = task.defaultKinds();
+    for (const std::string& kind : head.kinds)
+      if (*findOutputKind(kind)->feature) requireFeature(findOutputKind(kind)->feature, "--save " + kind);
+    task.settle(head.probe, headFlags(head), spec_);
+    head.offset = offset;
+    head.values = 1;
+    for (int64_t size : task.predictionSizes(head.probe, spec_, 1)) head.values *= size;
+    offset += head.values;
+  }
+}
+
+TaskFlags InferJob::headFlags(const JobHead& head) const {
+  TaskFlags f = taskFlags();
+  f.save = head.spec.save ? head.spec.save : o_.save;
+  f.kinds = head.kinds;
+  f.activation = head.activation;
+  f.activation_name = head.spec.activation.value_or(o_.activation);
+  f.classes = head.classes;
+  f.head = head.spec.name;
+  return f;
+}
+
+std::string InferJob::reportedTask() const {
+  if (heads_.empty()) return taskName(probe_.task);
+  std::string text;
+  for (const JobHead& head : heads_)
+    text += (text.empty() ? "" : ",") + head.spec.name + ":" + taskName(head.task);
+  return text;
+}
+
+std::vector<std::string> InferJob::catalogKinds() const {
+  if (heads_.empty()) return save_kinds_;
+  std::vector<std::string> kinds;
+  for (const JobHead& head : heads_)
+    for (const std::string& kind : head.kinds) kinds.push_back(headKind(head.spec.name, kind));
+  return kinds;
+}
+
 OutputOptions InferJob::outputOptions() const {
   OutputOptions oo;
   oo.format = o_.format;
@@ -322,7 +423,18 @@ OutputOptions InferJob::outputOptions() const {
   oo.stitched_window = faults_.stitched_window;
   if (stitch_on_device_) oo.stitch_device = model_->device();
   oo.before_device_stitcher = faults_.before_device_stitcher;
-  oo.consumer = consumersFor(probe_.task, TaskOutputs{oo, probe_, spec_, taskFlags()});
+  if (heads_.empty()) oo.parts = {{consumersFor(probe_.task, TaskOutputs{oo, probe_, spec_, taskFlags()})}};
+  for (const JobHead& head : heads_) {
+    OutputOptions part = oo;
+    part.classes = head.probe.output_channels;
+    part.classes_named = head.classes;
+    part.probs_type = head.probs_type;
+    part.label_threshold = head.activation == Activation::kSigmoid ? 0.5f : 0.0f;
+    std::vector<int64_t> sizes = taskOf(head.task).predictionSizes(head.probe, spec_, 1);
+    sizes.erase(sizes.begin());
+    oo.parts.push_back(
+        {consumersFor(head.task, TaskOutputs{part, head.probe, spec_, headFlags(head)}), head.offset, sizes});
+  }
   return oo;
 }
 
@@ -391,6 +503,7 @@ torch::Tensor InferJob::zeroPredictions() const {
 }
 
 std::vector<int64_t> InferJob::predictionSizes(int64_t windows) const {
+  if (!heads_.empty()) return {windows, heads_.back().offset + heads_.back().values};
   return taskOf(probe_.task).predictionSizes(probe_, spec_, windows);
 }
 
@@ -673,7 +786,7 @@ int InferJob::finishRun(OutputStage& outputs, int64_t steps) {
                    shard_run_,
                    cpu_blas_,
                    session_->dist().gatherTransport(),
-                   taskName(probe_.task),
+                   reportedTask(),
                    probe_.perWindow() ? int64_t(probe_.output_channels) : 0,
                    model_->runtimeName(),
                    stitch_on_device_ ? "device" : "host"};
@@ -725,12 +838,18 @@ void InferJob::loadModel() {
   mo.jit_optimize = o_.jit_optimize;
   mo.task = task_;
   mo.classes_named = !classes_.empty();
+  for (const JobHead& head : heads_)
+    mo.heads.push_back(
+        HeadOptions{head.spec.name, head.spec.name, head.task, head.activation, !head.classes.empty()});
   mo.batch_size = o_.batch_size;
   model_ = std::make_unique<ModelRunner>(mo);
   startupMark("model loaded");
   probe_ = model_->probe(spec_.window_w, spec_.window_h);
   startupMark("model probed");
-  settleTask();
+  if (heads_.empty())
+    settleTask();
+  else
+    settleHeads();
   if (o_.threads == 0 && o_.replicas == 0 && model_->device().is_cpu() && layout_.replicas > 1) {
     const double bar = lightModelSeconds(spec_, probe_.perWindow());
     const int timing_batch = std::min(o_.batch_size, kTimingBatch);
@@ -767,7 +886,7 @@ void InferJob::planImages() {
     co.recursive = o_.recursive;
     co.output_dir = o_.output_dir;
     co.format = o_.format;
-    co.kinds = save_kinds_;
+    co.kinds = catalogKinds();
     co.resume = o_.resume;
     co.overwrite = o_.overwrite;
     co.remove_stale_partials = rank() == 0;

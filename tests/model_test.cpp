@@ -315,6 +315,68 @@ def forward(self, x):
   EXPECT_THROW(parseTta("d8"), ConfigError);
 }
 
+// A model of three outputs (a dict) run with one HeadOptions each: one forward a batch (the module counts its
+// calls), every head probed as its own task and activated as its own, the heads side by side in each window's
+// row, each equal to a runner of that output alone (--output_key), under TTA too.
+TEST(Model, HeadsRunOnceAndEachEqualsItsOutputAlone) {
+  torch::jit::Module m("Heads");
+  torch::manual_seed(2);
+  m.register_parameter("w", torch::randn({4, 3, 1, 1}), false);
+  m.register_buffer("calls", torch::zeros({1}));
+  m.define(R"JIT(
+def forward(self, x):
+    self.calls += 1
+    f = torch.conv2d(x, self.w)
+    ramp = torch.arange(x.size(3), dtype=x.dtype).view(1, 1, 1, -1)
+    return {"np": f[:, 0:2] + ramp, "hv": torch.tanh(f[:, 2:4]), "v": torch.mean(f, [2, 3])}
+)JIT");
+  const std::string path = tempPath("heads.pt");
+  m.save(path);
+  const auto x = torch::rand({3, 3, 8, 8});
+  const auto scales = torch::ones({3});
+  for (Tta tta : {Tta::kNone, Tta::kD4}) {
+    ModelOptions o = cpuOptions(path);
+    o.tta = tta;
+    o.heads = {{"np", "np", ModelTask::kSegment, Activation::kSoftmax, false},
+               {"hv", "hv", ModelTask::kAuto, Activation::kNone, false},
+               {"v", "v", ModelTask::kClassify, Activation::kSigmoid, false}};
+    ModelRunner heads(o);
+    heads.probe(8, 8);
+    ASSERT_EQ(heads.headProbes().size(), 3u);
+    EXPECT_EQ(heads.headProbes()[1].task, ModelTask::kSegment) << "a map without a task named: segment";
+    EXPECT_EQ(heads.headProbes()[2].task, ModelTask::kClassify);
+    const double before = heads.module().attr("calls").toTensor().item<double>();
+    const auto packed = heads.forward(x, scales);
+    EXPECT_EQ(heads.module().attr("calls").toTensor().item<double>() - before, 1.0) << "one forward";
+    ASSERT_EQ(packed.sizes(), torch::IntArrayRef({3, 2 * 64 + 2 * 64 + 4}));
+    int64_t at = 0;
+    for (const HeadOptions& head : o.heads) {
+      ModelOptions alone = cpuOptions(path);
+      alone.tta = tta;
+      alone.output_key = head.key;
+      alone.task = head.task;
+      alone.activation = head.activation;
+      ModelRunner one(alone);
+      one.probe(8, 8);
+      const auto expected = one.forward(x, scales).flatten(1);
+      EXPECT_TRUE(torch::equal(packed.narrow(1, at, expected.size(1)), expected))
+          << head.name << ttaName(tta);
+      at += expected.size(1);
+    }
+  }
+  // A head whose output is no tensor is named.
+  ModelOptions o = cpuOptions(path);
+  o.heads = {{"np", "np", ModelTask::kAuto, Activation::kNone, false},
+             {"x", "x", ModelTask::kAuto, Activation::kNone, false}};
+  ModelRunner bad(o);
+  try {
+    bad.probe(8, 8);
+    FAIL() << "no error for a missing head";
+  } catch (const ModelError& e) {
+    EXPECT_NE(e.message().find("output dict has no key 'x'"), std::string::npos) << e.message();
+  }
+}
+
 // A convolution (padding 1) whose running sums are rounded to bf16 after every product added, in one order:
 // what LibTorch 1.13's own bf16 GEMM does on a CPU without AVX-512 (oneDNN's bf16 kernels need it), where
 // the accumulator is the output's bf16 element. `x` and `w` hold bf16 values.

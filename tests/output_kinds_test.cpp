@@ -77,3 +77,16 @@ TEST(OutputKinds, HelpAndRefusalsListEveryKind) {
       "(embed; default features), csv, tiles, heatmap (classify; default csv,tiles), objects, objects_csv, "
       "coco (detect; default objects), objects, objects_csv, instances (instances; default objects)");
 }
+
+// A head of a model with several outputs writes its kinds under <stem>_<head>_...; its kind is its row's.
+TEST(OutputKinds, AHeadsKindsAreNamedAfterTheStemAndTheHead) {
+  EXPECT_EQ(headKind("np", "labels"), "np/labels");
+  EXPECT_EQ(headKind("", "labels"), "labels");
+  EXPECT_EQ(outputFileName(headKind("np", "labels"), "slide", "tif"), "slide_np_labels.tif");
+  EXPECT_EQ(outputFileName(headKind("hv", "zarr"), "slide", "tif"), "slide_hv.ome.zarr");
+  EXPECT_EQ(outputFileName(headKind("0", "features"), "slide", "tif"), "slide_0.h5");
+  ASSERT_NE(findOutputKind("np/zarr"), nullptr);
+  EXPECT_TRUE(findOutputKind("np/zarr")->directory);
+  EXPECT_TRUE(taskWrites(ModelTask::kSegment, "np/probs"));
+  EXPECT_EQ(findOutputKind("np/nothing"), nullptr);
+}

@@ -28,8 +28,11 @@ const char* taskName(ModelTask task);
 
 // Every kind, in the order --help and the docs list them.
 const std::vector<OutputKind>& outputKinds();
-// The row of `name`, or null when --save has no such word.
+// The row of `name` (or of a head's kind, "<head>/<kind>"), or null when --save has no such word.
 const OutputKind* findOutputKind(const std::string& name);
+// The kind `kind` of head `head` of a model with several outputs (--heads): "<head>/<kind>", written as
+// <stem>_<head>_... (outputFileName); an empty head: `kind` itself.
+std::string headKind(const std::string& head, const std::string& kind);
 
 // The output kinds (--save) a task writes, in table order; its defaults (defaultOutputKinds) among them.
 std::vector<std::string> outputKindsOf(ModelTask task);
@@ -38,7 +41,8 @@ std::vector<std::string> defaultOutputKinds(ModelTask task);
 bool taskWrites(ModelTask task, const std::string& kind);
 // The first task that writes an output kind (objects and objects_csv: detect; kAuto: no such kind).
 ModelTask taskOfOutputKind(const std::string& kind);
-// An output's name for an image's stem, by kind (the row's pattern); throws ConfigError for no such kind.
+// An output's name for an image's stem, by kind (the row's pattern; a head's kind puts _<head> after the
+// stem); throws ConfigError for no such kind.
 std::string outputFileName(const std::string& kind, const std::string& stem, const std::string& format);
 // "labels, probs and polygons (segment), ...": what --save takes, for its help and its refusals.
 std::string saveKindsText();

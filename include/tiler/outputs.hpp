@@ -67,6 +67,13 @@ class ImageConsumer {
 // compression, metadata).
 using ConsumerFactory = std::function<std::unique_ptr<ImageConsumer>(CatalogImage&, const WriterOptions&)>;
 
+// A share of every window's prediction and the consumer of it.
+struct OutputPart {
+  ConsumerFactory consumer;
+  int64_t offset = 0;                 // where its values start in a window's prediction
+  std::vector<int64_t> window_sizes;  // its shape for one window ([C, h, w] or [D]); empty: the whole of it
+};
+
 struct OutputOptions {
   std::string format = "tif";              // labels: tif | png; probs are always tif
   std::optional<Compression> compression;  // unset: defaultCompression of each output's sample type
@@ -85,8 +92,9 @@ struct OutputOptions {
   // The images this stage writes: those whose owners[i] is `rank` (every image when owners is empty).
   std::vector<int> owners;
   int rank = 0;
-  // The consumer of each image's windows (the task's: tasks/registry's consumersFor).
-  ConsumerFactory consumer;
+  // What takes each image's windows: one part (the task's consumer: tasks/registry's consumersFor), or a
+  // part per head of a model with several outputs, each its share of a window's prediction.
+  std::vector<OutputPart> parts;
   // segment: blend on this device (device_stitch; the steps' predictions are there), an image whose
   // accumulator the device cannot hold on the host; unset: on the host.
   std::optional<torch::Device> stitch_device;
@@ -154,7 +162,7 @@ class OutputStage {
   void stitchImageWindows(const StepResult& step, const std::vector<LocatedSlot>& located, size_t first,
                           size_t last, const float* base, int64_t per_window);
   // The image's consumer of window results, created with its partial files at its first window.
-  ImageConsumer& outputsFor(int image_id);
+  std::vector<std::unique_ptr<ImageConsumer>>& outputsFor(int image_id);
   void finishImage(int image_id, const std::string& error);
   bool owns(int image_id) const {
     return options_.owners.empty() || options_.owners[size_t(image_id)] == options_.rank;
@@ -164,8 +172,9 @@ class OutputStage {
   OutputOptions options_;
   std::shared_ptr<WorkPool> pool_;  // compresses the tiles of every writer of the stage
   BoundedQueue<StepResult> steps_;
-  std::map<int, std::unique_ptr<ImageConsumer>> open_;  // stage thread only
-  OutputStats stats_;                                   // stage thread only, until finish() joined it
+  std::map<int, std::vector<std::unique_ptr<ImageConsumer>>>
+      open_;           // a consumer a part  // stage thread only
+  OutputStats stats_;  // stage thread only, until finish() joined it
   std::mutex error_mutex_;
   std::optional<std::string> error_;  // guarded by error_mutex_
   std::thread thread_;                // last: starts once the members above exist

@@ -32,7 +32,11 @@ struct InferOptions : JobOptions {
   std::optional<std::string> save;
   std::string task = "auto";  // auto | segment | classify | embed | detect | instances (ModelTask)
   std::string encoder_name;   // embed: the HDF5 attribute `encoder`; empty: the model file's stem
-  double nms = 0.0;           // detect: --nms IOU (0: none)
+  // A model with several outputs run once per batch, each its own task and outputs (tasks/heads.hpp):
+  // NAME[:TASK],...; empty: one output (--output_key).
+  std::string heads;
+  std::vector<std::string> head_opt;  // NAME.KEY=VALUE: a head's activation, classes, save or probs_dtype
+  double nms = 0.0;                   // detect: --nms IOU (0: none)
   // --overlap given: a per-window task (classify, embed) uses it; else its windows do not overlap (0).
   bool overlap_given = false;
   // Where the last column and row of windows go: lattice (whole strides, padded past the edge: TRIDENT's

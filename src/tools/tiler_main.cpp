@@ -175,6 +175,11 @@ int runInferCli(int argc, char** argv) {
                  "detect: drop a box that a box of its class overlapping it by more than this IoU outscores "
                  "(0: none; the window cores alone keep each box once)")
       ->capture_default_str();
+  app.add_option(flagNames("--heads"), o.heads,
+                 "NAME[:TASK],...: a model's several outputs (dict keys, else tuple indices), run once per "
+                 "batch, each a task (segment | classify | embed) with outputs <stem>_<NAME>_...");
+  app.add_option(flagNames("--head_opt"), o.head_opt,
+                 "NAME.KEY=VALUE (repeat it): a head's own activation, classes, save or probs_dtype");
   app.add_option(flagNames("--encoder_name"), o.encoder_name,
                  "embed: the encoder named in the features file (default: the model file's stem)");
   app.add_option(flagNames("--format"), o.format, "tif | png (labels)")->capture_default_str();

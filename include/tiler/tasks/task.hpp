@@ -38,6 +38,8 @@ struct TaskFlags {
   // Flags that shape a stitched map, given other than their default ("--blend", "--format", ...).
   std::vector<std::string> map_flags;
   std::string encoder;  // embed: the name written in the features file
+  // A head of a model with several outputs: its outputs are the image's kinds headKind(head, kind).
+  std::string head;
 };
 
 // Everything an image's consumer is made from: the stage's options (maps), the model's output and the grid

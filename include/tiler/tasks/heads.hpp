@@ -1,0 +1,28 @@
+// tasks/heads: a model with several outputs (a tuple's or a dict's tensors) run once per batch, each output
+// ("head") its own task with its own outputs. --heads names them: NAME[:TASK],... (NAME: a dict key, else a
+// tuple index; TASK: segment | classify | embed, default --task); --head_opt NAME.KEY=VALUE (repeatable;
+// KEY: activation, classes, save, probs_dtype) gives a head its own flag, where the job-wide one is the
+// default. Plain parsing: ConfigError naming the flag and the part that is wrong.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tiler/job_options.hpp"
+
+namespace tiler {
+
+struct HeadSpec {
+  std::string name;                        // its outputs: <stem>_<name>_...; the model output's key or index
+  std::optional<ModelTask> task;           // unset: --task
+  std::optional<std::string> activation;   // unset: --activation
+  std::optional<std::string> classes;      // unset: --classes
+  std::optional<std::string> save;         // unset: --save
+  std::optional<std::string> probs_dtype;  // unset: --probs_dtype
+};
+
+// --heads and its --head_opt settings; empty `heads`: none (one output, --output_key).
+std::vector<HeadSpec> parseHeads(const std::string& heads, const std::vector<std::string>& options);
+
+}  // namespace tiler
