@@ -348,6 +348,18 @@ TEST(Launcher, BusyMasterPortIsReportedBeforeAnyWorkerStarts) {
   EXPECT_TRUE(fs::is_empty(dir)) << "no worker may start";
 }
 
+// A progress bar (tqdm) redraws its line after a carriage return: each redraw is passed on as it comes,
+// prefixed, rather than held until the bar's last newline; "\r\n" stays one line end.
+TEST(Launcher, AProgressBarsRedrawsAreLinesOfTheirOwn) {
+  auto r =
+      run(kCtrun + " --nproc_per_node 2 --master_port 0 --local_ranks_filter 0 sh -c " +
+          "'printf \"10%%\\r\"; sleep 0.2; printf \"50%%\\r\"; sleep 0.2; printf \"done\\r\\nnext\\n\"'");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("[rank 0]: 10%\r[rank 0]: 50%\r[rank 0]: done\r\n[rank 0]: next\n"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST(Launcher, OutputLinesArePrefixedAndNeverBroken) {
   auto r = run(kCtrun + " --nproc_per_node 2 --master_port 0 " + kHelper + " lines 3000");
   ASSERT_EQ(r.code, 0);

@@ -85,8 +85,13 @@ void Stream::drain(bool eof) {
     }
     pending.append(buf, size_t(n));
     size_t start = 0, nl;
-    // Whole lines only, each in one write, so ranks never interleave mid-line.
-    while ((nl = pending.find('\n', start)) != std::string::npos) {
+    // Whole lines only, each in one write, so ranks never interleave mid-line. A carriage return ends a line
+    // too: a progress bar (tqdm) redraws itself with one, so its updates reach the console as they come, each
+    // prefixed, and are not held (and piled up) until the bar's last newline. "\r\n" is one end: a "\r"
+    // last waits for what follows.
+    while ((nl = pending.find_first_of("\r\n", start)) != std::string::npos) {
+      if (pending[nl] == '\r' && nl + 1 == pending.size()) break;
+      if (pending[nl] == '\r' && pending[nl + 1] == '\n') ++nl;
       emit(pending.substr(start, nl + 1 - start));
       start = nl + 1;
     }

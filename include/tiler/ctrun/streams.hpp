@@ -1,6 +1,7 @@
 // streams: a worker's stdout and stderr as ctrun carries them (torch elastic's tail_log and redirects):
-// whole lines, each in one write, to the console (prefixed "[rank N]: " with several workers) and/or a log
-// file, and torchrun's -r/--redirects and -t/--tee values (3, or 0:1,1:2 per local rank). No LibTorch.
+// whole lines (ended by a newline, or a progress bar's carriage return), each in one write, to the console
+// (prefixed "[rank N]: " with several workers) and/or a log file, and torchrun's -r/--redirects and
+// -t/--tee values (3, or 0:1,1:2 per local rank). No LibTorch.
 #pragma once
 
 #include <map>
