@@ -932,6 +932,8 @@ int bestEpoch(const nlohmann::json& history) {
 
 void Trainer::writeEpochOutputs(int epoch, const nlohmann::json& history) {
   if (rank() != 0) return;
+  // Beside -o, whose directory the model's first save would make: made here, before the first epoch's files.
+  if (fs::path(o_.output).has_parent_path()) fs::create_directories(fs::path(o_.output).parent_path());
   std::vector<std::string> names;  // the classes the metrics name, in class order
   if (!history.empty() && history.back().contains("val_class_dice"))
     for (size_t c = 0; c < history.back()["val_class_dice"].size(); ++c)

@@ -652,9 +652,11 @@ TEST_F(Finetune, AutoClassWeightsCountOnlyLabelledPixels) {
                            "/a.geojson --window 32 --overlap 0 --mask_fraction 0 " +
                            "--val_fraction 0 --epochs 1 --threads 1 --no_progress --class_weights auto";
   const std::string classes = " --classes Background,Tumor,Stroma";
-  auto ignore = run(kTiler + args + classes + " -o " + dir_ + "/i.pt");
+  // -o in a directory that does not exist yet: the epochs' CSV and plot, written first, make it.
+  auto ignore = run(kTiler + args + classes + " -o " + dir_ + "/new/i.pt");
   ASSERT_EQ(ignore.code, 0) << ignore.output;
-  auto weights = readJson(dir_ + "/i.pt.report.json")["class_weights"];
+  EXPECT_TRUE(fs::exists(dir_ + "/new/i.pt.epochs.csv"));
+  auto weights = readJson(dir_ + "/new/i.pt.report.json")["class_weights"];
   const double total = 256 + 256 + 64;
   ASSERT_EQ(weights.size(), 3u);
   EXPECT_NEAR(weights[0].get<double>(), total / (3 * 256), 1e-5);
