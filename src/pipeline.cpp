@@ -198,6 +198,7 @@ class InferJob {
                     torch::Tensor& out);
   // After the last of `steps`: every output stage drained, the report written.
   int finishRun(OutputStage& outputs, int64_t steps);
+  RunSummary runSummary() const;  // the report's run fields, by name
 
   InferOptions o_;
   std::unique_ptr<RankSession> session_;  // from run() on
@@ -739,6 +740,32 @@ StepResult InferJob::routePredictions(const std::vector<StepSlots>& every_rank, 
   return result;
 }
 
+RunSummary InferJob::runSummary() const {
+  RunSummary run;
+  run.world_size = worldSize();
+  run.backend = session_->dist().backendName();
+  run.device = model_->device().str();
+  run.precision = precisionName(model_->precision());
+  run.model = o_.model;
+  run.seconds = session_->seconds();
+  run.window = spec_;
+  run.output_scale = probe_.scale.value();
+  run.tta = ttaName(tta_);
+  run.replicas = layout_.replicas;
+  run.threads = layout_.threads;
+  run.read_threads = read_threads_;
+  run.shard_run = shard_run_;
+  run.cpu_blas = cpu_blas_;
+  run.gather = session_->dist().gatherTransport();
+  run.task = reportedTask();
+  run.feature_dim = probe_.perWindow() ? int64_t(probe_.output_channels) : 0;
+  run.runtime = model_->runtimeName();
+  run.stitch = stitch_on_device_ ? "device" : "host";
+  run.model_card = o_.model_card;
+  run.settings_from = o_.settings_from;
+  return run;
+}
+
 int InferJob::finishRun(OutputStage& outputs, int64_t steps) {
   // Every rank's output stage drains; a failure of one ends every rank here with its message.
   std::string owned;
@@ -771,27 +798,7 @@ int InferJob::finishRun(OutputStage& outputs, int64_t steps) {
     for (const auto& t : packed)
       per_rank.push_back(
           RankStats::unpack(std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel())));
-    RunSummary run{worldSize(),
-                   session_->dist().backendName(),
-                   model_->device().str(),
-                   precisionName(model_->precision()),
-                   o_.model,
-                   session_->seconds(),
-                   spec_,
-                   probe_.scale.value(),
-                   ttaName(tta_),
-                   layout_.replicas,
-                   layout_.threads,
-                   read_threads_,
-                   shard_run_,
-                   cpu_blas_,
-                   session_->dist().gatherTransport(),
-                   reportedTask(),
-                   probe_.perWindow() ? int64_t(probe_.output_channels) : 0,
-                   model_->runtimeName(),
-                   stitch_on_device_ ? "device" : "host"};
-    run.model_card = o_.model_card;
-    run.settings_from = o_.settings_from;
+    const RunSummary run = runSummary();
     nlohmann::json j = inferReport(run, catalog_, per_rank);
     writeJsonAtomically(o_.report, j);
     int failed = 0, ok = 0, skipped = 0;
