@@ -152,7 +152,7 @@ Launcher::Launcher(LaunchOptions options) : options_(std::move(options)) {}
 
 int Launcher::run() {
   const ctrun::LaunchPlan plan = ctrun::settleOptions(options_);
-  ctrun::installSignalPipe();
+  ctrun::installSignalPipe(plan.signals);
   const RunDirectory run_dir(options_);
   return ctrun::runAgent(options_, plan, run_dir.path);
 }

@@ -3,6 +3,7 @@
 #include "test_util.hpp"
 #include "tiler/ctrun/agent.hpp"
 #include "tiler/ctrun/options.hpp"
+#include "tiler/ctrun/signals.hpp"
 #include "tiler/ctrun/streams.hpp"
 #include "tiler/platform.hpp"
 #include "tiler/rendezvous.hpp"
@@ -48,6 +49,17 @@ bool alive(pid_t pid) {
   std::string stat = slurp("/proc/" + std::to_string(pid) + "/stat");
   auto close_paren = stat.rfind(')');
   return close_paren != std::string::npos && stat[close_paren + 2] != 'Z';
+}
+
+// ctrun (or one agent of a multi-node job) started in the background: its output goes to `log`; with
+// prefix "exec " the pid is ctrun's own.
+pid_t startAgent(const std::string& args, const std::string& log, const std::string& prefix = "") {
+  pid_t pid = fork();
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", (prefix + kCtrun + " " + args + " >" + log + " 2>&1").c_str(), nullptr);
+    _exit(127);
+  }
+  return pid;
 }
 
 // NAME=VALUE lines (the helper's env and environ modes).
@@ -324,6 +336,34 @@ TEST(Launcher, SigtermEscalatesToSigkillAfterGrace) {
 TEST(Launcher, SigquitToCtrunStopsEveryWorkerAsTorchrunDoes) {
   killCtrunAndCheckNoWorkerSurvives(SIGQUIT, false);
 }
+// torch 2.x's --signals_to_handle: Slurm's SIGUSR1 (sent before a preemption) reaches the workers as
+// SIGUSR1, so they can save their state, and stops the job; it used to kill ctrun outright, its workers
+// following by PDEATHSIG's SIGKILL.
+TEST(Launcher, SignalsToHandleAreForwardedToTheWorkers) {
+  const std::string dir = tempDir("usr1");
+  const pid_t ctrun = startAgent(
+      "--nproc_per_node 2 --master_port 0 --signals_to_handle SIGTERM,SIGUSR1 "
+      "bash -c 'trap \"touch " +
+          dir + "/usr1_$LOCAL_RANK; exit 0\" USR1; touch " + dir +
+          "/ready_$LOCAL_RANK; while :; do sleep 30 & wait; done'",
+      dir + "/ctrun.log", "exec ");
+  for (int i = 0; i < 400 && !(fs::exists(dir + "/ready_0") && fs::exists(dir + "/ready_1")); ++i)
+    usleep(25000);
+  ASSERT_TRUE(fs::exists(dir + "/ready_1")) << slurp(dir + "/ctrun.log");
+  kill(ctrun, SIGUSR1);
+  int status = 0;
+  waitpid(ctrun, &status, 0);
+  const std::string log = slurp(dir + "/ctrun.log");
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGUSR1) << status << "\n" << log;
+  EXPECT_TRUE(fs::exists(dir + "/usr1_0") && fs::exists(dir + "/usr1_1")) << "each worker got SIGUSR1\n"
+                                                                          << log;
+  EXPECT_NE(log.find("received SIGUSR1, stopping workers"), std::string::npos) << log;
+  EXPECT_THROW(ctrun::parseSignalList("SIGTERM,SIGNOPE", "--signals_to_handle"), ConfigError);
+  EXPECT_THROW(ctrun::parseSignalList("SIGKILL", "--signals_to_handle"), ConfigError);
+  EXPECT_EQ(ctrun::parseSignalList("SIGUSR1,SIGUSR2", "--signals_to_handle"),
+            (std::vector<int>{SIGUSR1, SIGUSR2}));
+}
+
 TEST(Launcher, SigkillToCtrunStillKillsWorkers) {
   killCtrunAndCheckNoWorkerSurvives(SIGKILL, true);
 }
@@ -453,18 +493,12 @@ TEST(Launcher, ASigtermWhileAFailedGroupStopsEndsTheJobInsteadOfRestarting) {
   // period. ctrun's own SIGTERM then (the user's, or a scheduler's) must end the job, not be taken as a
   // second signal of the stop and forgotten by the restart that --max_restarts would allow.
   const std::string dir = tempDir("term_in_stop");
-  const std::string cmd = kCtrun +
-                          " --nproc_per_node 2 --master_port 0 --max_restarts 3 --grace_period 20 bash -c '" +
-                          "if [ $LOCAL_RANK = 1 ]; then sleep 0.2; exit 3; fi; " + "trap \"touch " + dir +
-                          "/termed_$TORCHELASTIC_RESTART_COUNT\" TERM; while :; do sleep 30 & wait; done'";
-  pid_t ctrun = fork();
-  if (ctrun == 0) {
-    const int out = open((dir + "/ctrun.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(out, 1);
-    dup2(out, 2);
-    execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), nullptr);
-    _exit(127);
-  }
+  const pid_t ctrun = startAgent(
+      "--nproc_per_node 2 --master_port 0 --max_restarts 3 --grace_period 20 bash -c 'if [ $LOCAL_RANK = 1 "
+      "]; "
+      "then sleep 0.2; exit 3; fi; trap \"touch " +
+          dir + "/termed_$TORCHELASTIC_RESTART_COUNT\" TERM; while :; do sleep 30 & wait; done'",
+      dir + "/ctrun.log", "exec ");
   for (int i = 0; i < 400 && !fs::exists(dir + "/termed_0"); ++i) usleep(25000);
   ASSERT_TRUE(fs::exists(dir + "/termed_0")) << slurp(dir + "/ctrun.log");
   const auto t0 = Clock::now();
@@ -639,12 +673,13 @@ TEST(Launcher, ParsesEveryFormOfTorchrunsCommandLine) {
   EXPECT_EQ(o.command, (std::vector<std::string>{"train.py", "--lr", "1"}));
   // One line for each flag that means nothing for ctrun, and for the rendezvous key it has no use for.
   for (const char* flag : {"--start_method fork", "--logs_specs mine", "--event_log_handler x",
-                           "--numa_binding node", "--signals_to_handle", "--rdzv_conf read_timeout"})
+                           "--numa_binding node", "--rdzv_conf read_timeout"})
     EXPECT_NE(p.notes.find(std::string("ctrun: note: ") + flag + " means nothing for ctrun"),
               std::string::npos)
         << flag << "\n"
         << p.notes;
-  EXPECT_EQ(std::count(p.notes.begin(), p.notes.end(), '\n'), 6) << p.notes;
+  EXPECT_EQ(std::count(p.notes.begin(), p.notes.end(), '\n'), 5) << p.notes;
+  EXPECT_EQ(o.signals_to_handle, "SIGUSR1");
 
   auto flags = parseCtrun({"-m", "--no-python", "--run_path", "pkg.mod", "-x"});
   ASSERT_EQ(flags.code, -1);
@@ -806,16 +841,6 @@ TEST(Launcher, ALaunchErrorIsNamedAndLeavesNoWorkerBehind) {
 
 namespace tiler {
 namespace {
-
-// One ctrun agent of a multi-node job on this machine: its output goes to `log`.
-pid_t startAgent(const std::string& args, const std::string& log, const std::string& prefix = "") {
-  pid_t pid = fork();
-  if (pid == 0) {
-    execl("/bin/sh", "sh", "-c", (prefix + kCtrun + " " + args + " >" + log + " 2>&1").c_str(), nullptr);
-    _exit(127);
-  }
-  return pid;
-}
 
 int waitAgent(pid_t pid) {
   int status = 0;

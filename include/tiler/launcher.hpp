@@ -45,6 +45,9 @@ struct LaunchOptions {
   std::string redirects = "0";     // 1 stdout, 2 stderr, 3 both only to log files; or LOCAL:N,... per rank
   std::string tee = "0";           // the same, to log files and console
   std::string local_ranks_filter;  // "0,2": only these local ranks' output on the console; empty: all
+  // Signals that stop the workers, forwarded to them (torchrun 2.x's --signals_to_handle; SIGINT, SIGTERM,
+  // SIGHUP and SIGQUIT always are, as SIGINT to the workers for SIGINT, else SIGTERM); e.g. Slurm's SIGUSR1.
+  std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
   std::string run_id = "none";
   std::string role = "default";  // ROLE_NAME of the workers
   std::string local_addr;        // where the other nodes reach this one (c10d's MASTER_ADDR); empty: found

@@ -237,7 +237,7 @@ void Agent::stopOnSignal() {
     } catch (const DistError&) {
     }
   }
-  group_->stop(signal_ == SIGINT ? SIGINT : SIGTERM);
+  group_->stop(forwardedSignal(signal_));
   exit_code_ = 128 + signal_;
 }
 

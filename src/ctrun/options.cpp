@@ -15,6 +15,7 @@
 
 #include "tiler/cli.hpp"
 #include "tiler/ctrun/rendezvous/registry.hpp"
+#include "tiler/ctrun/signals.hpp"
 #include "tiler/ctrun/streams.hpp"
 #include "tiler/platform.hpp"
 #include "tiler/rendezvous.hpp"
@@ -25,7 +26,7 @@ namespace {
 
 // torchrun's flags that cannot mean anything for ctrun: accepted, each given one noted.
 struct MeaninglessFlags {
-  std::string start_method = "spawn", event_log_handler = "null", logs_specs, numa_binding, signals_to_handle;
+  std::string start_method = "spawn", event_log_handler = "null", logs_specs, numa_binding;
 };
 
 // torchrun reads every flag also from PET_<NAME> (torch.distributed.argparse_util's env action).
@@ -92,8 +93,10 @@ void addLaunchOptions(CLI::App& app, LaunchOptions& o, MeaninglessFlags& m) {
   app.add_option(flagNames("--numa_binding"), m.numa_binding,
                  "node | socket | exclusive | core-complex: accepted and ignored (bind with numactl)")
       ->check(CLI::IsMember({"node", "socket", "exclusive", "core-complex"}));
-  torchrunOption(app, "--signals_to_handle", m.signals_to_handle,
-                 "accepted and ignored: ctrun handles SIGINT, SIGTERM, SIGHUP and SIGQUIT");
+  torchrunOption(app, "--signals_to_handle", o.signals_to_handle,
+                 "signals that stop the workers and are forwarded to them, e.g. SIGTERM,SIGUSR1 (SIGINT, "
+                 "SIGTERM, SIGHUP and SIGQUIT always are)")
+      ->capture_default_str();
 }
 
 void addCtrunOptions(CLI::App& app, LaunchOptions& o) {
@@ -171,9 +174,6 @@ void noteMeaningless(const CLI::App& app, const LaunchOptions& o, const Meaningl
   if (given("--numa_binding"))
     notes << "ctrun: note: --numa_binding " << m.numa_binding << ignored
           << ": it binds no worker; run the program under numactl (ignored)\n";
-  if (given("--signals_to_handle"))
-    notes << "ctrun: note: --signals_to_handle" << ignored
-          << ": it handles SIGINT, SIGTERM, SIGHUP and SIGQUIT, as torchrun by default (ignored)\n";
   if (o.log_dir.empty() && (o.redirects != "0" || o.tee != "0"))
     notes << "ctrun: note: -r/--redirects and -t/--tee without --log_dir mean nothing for ctrun: the output "
              "stays on the console (torchrun writes it under a temporary directory); give --log_dir\n";
@@ -331,6 +331,7 @@ LaunchPlan settleOptions(LaunchOptions& o) {
   StdStreams::parse(o.redirects, "--redirects");
   StdStreams::parse(o.tee, "--tee");
   parseLocalRanksFilter(o.local_ranks_filter);
+  plan.signals = parseSignalList(o.signals_to_handle, "--signals_to_handle");
   o.nnodes = plan.max_nodes;
   if (!plan.multi()) {
     if (o.node_rank < 0) o.node_rank = 0;

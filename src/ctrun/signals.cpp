@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <sstream>
 
 #include "tiler/launcher.hpp"
 
@@ -24,7 +25,27 @@ void onSignal(int signo) {
 
 }  // namespace
 
-void installSignalPipe() {
+std::vector<int> parseSignalList(const std::string& names, const std::string& flag) {
+  std::vector<int> signals;
+  std::stringstream in(names);
+  for (std::string name; std::getline(in, name, ',');) {
+    int sig = 0;
+    for (int s = 1; s < NSIG && sig == 0; ++s)
+      if (const char* abbrev = sigabbrev_np(s); abbrev && name == std::string("SIG") + abbrev) sig = s;
+    TILER_CHECK(sig != 0 && sig != SIGKILL && sig != SIGSTOP && sig != SIGCHLD && sig != SIGPIPE, ConfigError,
+                flag << " must list signals by name, e.g. SIGTERM,SIGUSR1 (not SIGKILL, SIGSTOP, SIGCHLD or "
+                     << "SIGPIPE); got '" << name << "' in '" << names << "'");
+    signals.push_back(sig);
+  }
+  return signals;
+}
+
+int forwardedSignal(int sig) {
+  if (sig == SIGINT) return SIGINT;
+  return sig == SIGTERM || sig == SIGHUP || sig == SIGQUIT ? SIGTERM : sig;
+}
+
+void installSignalPipe(const std::vector<int>& more) {
   if (g_signal_pipe[0] >= 0) return;
   TILER_CHECK(pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) == 0, LaunchError,
               "cannot make the signal pipe: " << std::strerror(errno));
@@ -33,6 +54,7 @@ void installSignalPipe() {
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
   for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD}) sigaction(s, &sa, nullptr);
+  for (int s : more) sigaction(s, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 }
 

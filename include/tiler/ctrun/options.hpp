@@ -20,6 +20,7 @@ constexpr double kMaxLaunchSeconds = 2147483.647;
 struct LaunchPlan {
   int min_nodes = 1, max_nodes = 1;
   int nproc = 1;
+  std::vector<int> signals;  // --signals_to_handle's, by number
   bool multi() const { return max_nodes > 1; }
 };
 

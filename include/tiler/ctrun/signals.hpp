@@ -3,6 +3,9 @@
 // context, between polls. No LibTorch.
 #pragma once
 
+#include <string>
+#include <vector>
+
 namespace tiler::ctrun {
 
 // A termination signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT) that reached ctrun while it waited at the
@@ -11,9 +14,16 @@ struct Interrupted {
   int signal;
 };
 
-// Installs the handlers and the pipe (once per process); SIGPIPE is ignored. Throws LaunchError when the
+// "SIGTERM,SIGUSR1" (torchrun's --signals_to_handle form) as signal numbers; ConfigError naming `flag` for a
+// name that is no signal or one ctrun cannot take (SIGKILL, SIGSTOP, SIGCHLD, SIGPIPE).
+std::vector<int> parseSignalList(const std::string& names, const std::string& flag);
+// The signal the workers get when `sig` stops them: SIGINT for SIGINT, SIGTERM for SIGTERM, SIGHUP and
+// SIGQUIT (as before torchrun 2.x's list), any other handled signal itself (Slurm's SIGUSR1: checkpoint).
+int forwardedSignal(int sig);
+// Installs the handlers (SIGINT, SIGTERM, SIGHUP, SIGQUIT, `more`) and the pipe (once per process); SIGPIPE
+// is ignored. Throws LaunchError when the
 // pipe cannot be made.
-void installSignalPipe();
+void installSignalPipe(const std::vector<int>& more = {});
 // The pipe's read end, to poll beside the workers' output.
 int signalPipeFd();
 // The last termination signal waiting on the pipe (SIGCHLD only wakes the poll), or 0; empties the pipe.
