@@ -160,4 +160,15 @@ std::string StepExchange::laggards(int64_t step) {
   return behind.empty() ? std::string() : "; behind:" + behind + ": still at work, hung or dead";
 }
 
+StepRoutes routeSlots(const std::vector<StepSlots>& every_rank, const std::vector<int>& owners) {
+  const size_t world = every_rank.size();
+  StepRoutes routes(world, std::vector<std::vector<int64_t>>(world));
+  for (size_t r = 0; r < world; ++r) {
+    const StepSlots& slots = every_rank[r];
+    for (size_t k = 0; k < slots.size(); ++k)
+      if (slots[k].ok()) routes[size_t(owners[size_t(slots[k].image)])][r].push_back(int64_t(k));
+  }
+  return routes;
+}
+
 }  // namespace tiler

@@ -188,8 +188,6 @@ class InferJob {
   // rank's records end to end and padded to the most bytes any rank sends that owner.
   StepResult routeRecords(const std::vector<StepSlots>& every_rank, const std::vector<std::string>& records,
                           const std::string& what);
-  // routes[owner][rank]: the slots of `rank` that hold a window of an image `owner` writes, in slot order.
-  std::vector<std::vector<std::vector<int64_t>>> routesOf(const std::vector<StepSlots>& every_rank) const;
   torch::Tensor forward(ModelRunner& model, WindowBatch& batch, int64_t fault_slot);
   std::vector<int64_t> predictionSizes(int64_t windows) const;  // a forward's output for this many windows
   torch::Tensor zeroPredictions() const;                        // a batch's, on the exchange's device
@@ -611,19 +609,6 @@ void InferJob::runStep(int64_t step, int64_t steps, ForwardedBatch forwarded, Wi
   outputs.submit(std::move(result));  // a stopped stage says why at the next step
 }
 
-std::vector<std::vector<std::vector<int64_t>>> InferJob::routesOf(
-    const std::vector<StepSlots>& every_rank) const {
-  const int W = worldSize();
-  auto routes =
-      std::vector<std::vector<std::vector<int64_t>>>(size_t(W), std::vector<std::vector<int64_t>>(size_t(W)));
-  for (int r = 0; r < W; ++r) {
-    const StepSlots& slots = every_rank[size_t(r)];
-    for (size_t k = 0; k < slots.size(); ++k)
-      if (slots[k].ok()) routes[size_t(owners_[size_t(slots[k].image)])][size_t(r)].push_back(int64_t(k));
-  }
-  return routes;
-}
-
 std::vector<std::string> InferJob::windowRecords(WindowBatch& batch, const torch::Tensor& preds) {
   std::vector<std::string> records(batch.slots.size());
   if (!preds.defined()) return records;  // every slot failed in the forward
@@ -649,7 +634,7 @@ std::vector<std::string> InferJob::windowRecords(WindowBatch& batch, const torch
 StepResult InferJob::routeRecords(const std::vector<StepSlots>& every_rank,
                                   const std::vector<std::string>& records, const std::string& what) {
   const int W = worldSize();
-  const auto routes = routesOf(every_rank);
+  const auto routes = routeSlots(every_rank, owners_);
   StepResult result;
   for (int owner = 0; owner < W; ++owner) {
     const auto& mine = routes[size_t(owner)];
@@ -689,7 +674,7 @@ StepResult InferJob::routeRecords(const std::vector<StepSlots>& every_rank,
 StepResult InferJob::routePredictions(const std::vector<StepSlots>& every_rank, const torch::Tensor& preds,
                                       const std::string& what) {
   const int W = worldSize();
-  const auto routes = routesOf(every_rank);
+  const auto routes = routeSlots(every_rank, owners_);
   std::vector<int64_t> ok(size_t(W), 0);
   for (int r = 0; r < W; ++r)
     for (const WindowSlot& slot : every_rank[size_t(r)]) ok[size_t(r)] += slot.ok();

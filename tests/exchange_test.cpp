@@ -17,6 +17,26 @@ namespace {
 
 class ExchangeWorlds : public ::testing::TestWithParam<int> {};
 
+// Routing without a process group: each ok slot goes to its image's owner, in slot order per rank; failed and
+// padded slots go nowhere.
+TEST(Exchange, RoutesSendEachOkSlotToItsImagesOwner) {
+  const std::vector<int> owners = {0, 1, 0};  // images 0 and 2 written by rank 0, image 1 by rank 1
+  const StepSlots rank0 = {{0, 0, SlotStatus::kOk},
+                           {1, 7, SlotStatus::kOk},
+                           {2, 9, SlotStatus::kFailed},
+                           {2, 10, SlotStatus::kOk}};
+  const StepSlots rank1 = {{1, 8, SlotStatus::kOk}, {0, 1, SlotStatus::kOk}, {-1, -1, SlotStatus::kPadded}};
+  const StepRoutes routes = routeSlots({rank0, rank1}, owners);
+  ASSERT_EQ(routes.size(), 2u);
+  EXPECT_EQ(routes[0][0], (std::vector<int64_t>{0, 3}));
+  EXPECT_EQ(routes[0][1], (std::vector<int64_t>{1}));
+  EXPECT_EQ(routes[1][0], (std::vector<int64_t>{1}));
+  EXPECT_EQ(routes[1][1], (std::vector<int64_t>{0}));
+  // One rank: every ok slot to itself.
+  const StepRoutes one = routeSlots({rank0}, {0, 0, 0});
+  EXPECT_EQ(one[0][0], (std::vector<int64_t>{0, 1, 3}));
+}
+
 TEST_P(ExchangeWorlds, ShareReturnsEveryRanksRowsInRankOrder) {
   const int size = GetParam();
   test::runRanks(size, [size](DistContext& ctx) {

@@ -89,6 +89,13 @@ class StepExchange {
   int64_t marked_ = -1;                      // markStep's last step (-1: none marked)
 };
 
+// A step's routes: routes[owner][rank] are the slots of `rank` (every_rank[rank], the step's window lists as
+// shareSlots gave them) that hold a window of an image whose writer is `owner` (owners[image]), in slot
+// order; failed and padded slots go nowhere. Plain logic, the same on every rank: each owner gathers from
+// every rank the slots its route names.
+using StepRoutes = std::vector<std::vector<std::vector<int64_t>>>;
+StepRoutes routeSlots(const std::vector<StepSlots>& every_rank, const std::vector<int>& owners);
+
 // Runs `body` and returns the message of any exception it throws (describeException), nullopt otherwise:
 // the way a rank turns a failure into a status for the next share().
 template <typename F>
