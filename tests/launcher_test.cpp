@@ -245,6 +245,9 @@ TEST(Launcher, FailedRankTearsDownTheGroupAndIsNamedWithItsCode) {
   EXPECT_NE(r.output.find("Root cause (first failure):\n  rank:        1 (local_rank 1)"), std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("exitcode:    3\n"), std::string::npos) << r.output;
+  // The two ranks ctrun stopped did not fail (torchrun's summary: <NO_OTHER_FAILURES>).
+  EXPECT_NE(r.output.find("(1 worker(s) failed"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("Other failures"), std::string::npos) << r.output;
 }
 
 TEST(Launcher, WhatAFailedWorkerStartedDiesWithTheGroup) {

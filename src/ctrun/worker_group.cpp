@@ -126,7 +126,7 @@ void WorkerGroup::reap() {
     // Whatever the worker wrote before it died still belongs to it.
     w.out.drain(true);
     w.err.drain(true);
-    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) failures_.push_back(failureOf(w));
+    if (!stopping_ && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) failures_.push_back(failureOf(w));
   }
 }
 
@@ -137,6 +137,8 @@ int WorkerGroup::runningCount() const {
 }
 
 int WorkerGroup::stop(int first_signal) {
+  reap();  // what failed on its own before the stop is a failure
+  stopping_ = true;
   signalAll(first_signal);
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(options_.grace_period * 1000));

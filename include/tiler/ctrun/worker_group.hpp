@@ -50,7 +50,8 @@ class WorkerGroup {
   int runningCount() const;
   bool allSucceeded() const { return started_ && runningCount() == 0 && failures_.empty(); }
   bool anyFailed() const { return !failures_.empty(); }
-  // This node's failed workers, in the order they were reaped.
+  // This node's failed workers, in the order they were reaped; those ctrun stopped are none (as torchrun's
+  // summary has them not): one failed worker of three is one failure, on one node as across several.
   const std::vector<WorkerFailure>& failures() const { return failures_; }
 
  private:
@@ -68,6 +69,7 @@ class WorkerGroup {
   StdStreams redirects_;         // --tee needs nothing more: with --log_dir both logs are always written
   std::set<int> console_ranks_;  // empty: every local rank
   bool started_ = false;
+  bool stopping_ = false;  // stop() began: what exits now was stopped, it did not fail
   std::vector<Worker> workers_;
   std::vector<WorkerFailure> failures_;
 };
