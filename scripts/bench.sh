@@ -379,6 +379,24 @@ if want finetune; then
       emit "finetune: $n rank(s), batch 4/rank" sync_share "$(ratio "$sync" "$step")"
     done
   done
+  # PyTorch's own training loop (scripts/python_finetune.py: windows in memory, the same model, batch, Adam
+  # and threads) against tiler's steps, reading and the all-reduce included: tiler's steps/s and PyTorch's.
+  if /usr/bin/python3 -c "import torch" 2>/dev/null; then
+    for _ in $(seq "$runs"); do
+      rm -rf "$cache/ft1"
+      "$bin/tiler" finetune --images samples/train/images --labels samples/train/labels -m samples/models/init.pt \
+        -o "$cache/ft1/out.pt" --epochs 5 --window 128 --overlap 0 --batch_size 4 --threads 1 --val_fraction 0 \
+        --no_progress >/dev/null 2>&1
+      r="$cache/ft1/out.pt.report.json"
+      steps=$(report_field "$r" steps)
+      out=$(/usr/bin/python3 scripts/python_finetune.py -m samples/models/init.pt --steps "$steps" --window 128 \
+        --batch_size 4 --threads 1)
+      emit "finetune vs PyTorch's loop: 1 rank, batch 4, 1 thread" steps_per_second \
+        "$(ratio "$steps" "$(report_field "$r" step_seconds)")"
+      emit "finetune vs PyTorch's loop: 1 rank, batch 4, 1 thread" pytorch_steps_per_second \
+        "$(json "$out" steps_per_second)"
+    done
+  fi
 fi
 
 if want mask; then

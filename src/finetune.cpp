@@ -452,6 +452,15 @@ bool Trainer::syncGradients() {
   torch::NoGradGuard ng;
   const double world = double(session_->world().world_size);
   bool finite = true;
+  if (world == 1) {
+    // Nothing to exchange (the sum of one, divided by one, is the gradient itself, bit for bit): only
+    // whether the loss scaler may step, without flattening and copying every gradient twice.
+    for (auto& p : params_) {
+      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+      if (scaling_ && finite) finite = p.grad().isfinite().all().item<bool>();
+    }
+    return finite;
+  }
   size_t start = 0;
   while (start < params_.size()) {
     // A bucket of about kBucketBytes of gradients, flattened into one tensor for one all-reduce.
