@@ -468,9 +468,10 @@ std::vector<torch::Tensor> ModelRunner::activatedHeads(const torch::Tensor& x) {
 
 namespace {
 
-// One output as it is; several side by side, each window's values of every head in a row.
-torch::Tensor packHeads(const std::vector<torch::Tensor>& heads) {
-  if (heads.size() == 1) return heads.front().contiguous();
+// One output as it is; heads (`packed`, one or several) side by side, each window's values of every head in a
+// row.
+torch::Tensor packHeads(const std::vector<torch::Tensor>& heads, bool packed) {
+  if (!packed) return heads.front().contiguous();
   std::vector<torch::Tensor> rows;
   for (const torch::Tensor& head : heads) rows.push_back(head.flatten(1));
   return torch::cat(rows, 1).contiguous();
@@ -481,7 +482,7 @@ torch::Tensor packHeads(const std::vector<torch::Tensor>& heads) {
 torch::Tensor ModelRunner::forward(const torch::Tensor& batch, const torch::Tensor& scales) {
   c10::InferenceMode guard;
   const torch::Tensor x = normalize(batch, scales);
-  if (options_.tta == Tta::kNone) return packHeads(activatedHeads(x));
+  if (options_.tta == Tta::kNone) return packHeads(activatedHeads(x), !options_.heads.empty());
   // (quarter turns, mirrored): the copies of the batch, all in one forward.
   std::vector<std::pair<int64_t, bool>> views = {{0, false}, {0, true}};
   if (options_.tta == Tta::kD4)
@@ -507,7 +508,7 @@ torch::Tensor ModelRunner::forward(const torch::Tensor& batch, const torch::Tens
     }
     means.push_back(sum / double(views.size()));
   }
-  return packHeads(means);
+  return packHeads(means, !options_.heads.empty());
 }
 
 ForwardPool::ForwardPool(ModelRunner& model, ForwardLayout layout) {

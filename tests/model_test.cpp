@@ -364,6 +364,12 @@ def forward(self, x):
       at += expected.size(1);
     }
   }
+  // One head of several outputs is a row a window too, as the job's prediction size says.
+  ModelOptions one = cpuOptions(path);
+  one.heads = {{"hv", "hv", ModelTask::kSegment, Activation::kNone, false}};
+  ModelRunner single(one);
+  single.probe(8, 8);
+  EXPECT_EQ(single.forward(x, scales).sizes(), torch::IntArrayRef({3, 2 * 64}));
   // A head whose output is no tensor is named.
   ModelOptions o = cpuOptions(path);
   o.heads = {{"np", "np", ModelTask::kAuto, Activation::kNone, false},
