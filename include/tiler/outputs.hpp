@@ -117,9 +117,9 @@ SampleType parseProbsType(const std::string& name);
 
 // One step's slots for this rank's images, as it gathered them from every rank.
 struct StepResult {
-  // float32 [slots, C, h, w] (per window: [slots, D]), contiguous (undefined: no slots); on the CPU, or on
-  // OutputOptions::stitch_device
-
+  // float32 [slots, C, h, w] (per window: [slots, D]; several heads: [slots, every head's values side by
+  // side], OutputOptions::parts), contiguous (undefined: no slots); on the CPU, or on
+  // OutputOptions::stitch_device.
   torch::Tensor preds;
   StepSlots slots;                      // [slots]: what each slot of preds (or records) holds
   std::vector<std::string> records;     // instances: each slot's record (preds undefined)
