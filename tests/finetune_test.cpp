@@ -466,6 +466,31 @@ TEST(Annotations, LaterAnnotationsWinHolesStayOutAndUnknownClassesAreNamed) {
   }
 }
 
+// A GeoTIFF scene's vector layer is in its CRS: the annotations are moved to its pixels by its geotransform.
+TEST(Annotations, AGeoreferencedSceneTakesItsLayerInItsCrs) {
+  TILER_SKIP_WITHOUT_FEATURE("gdal");
+  if (test::runCommand("command -v gdal_translate").code != 0) GTEST_SKIP() << "no gdal_translate here";
+  const std::string dir = test::scratchDir("annotations_crs");
+  ASSERT_TRUE(cv::imwrite(dir + "/plain.tif", cv::Mat(100, 200, CV_8UC3, cv::Scalar(1, 2, 3))));
+  // 2 m pixels, north up, the top-left corner at (1000, 6000): pixel (x, y) is (1000 + 2x, 6000 - 2y).
+  const auto r = test::runCommand("gdal_translate -q -a_srs EPSG:32633 -a_ullr 1000 6000 1400 5800 " + dir +
+                                  "/plain.tif " + dir + "/scene.tif");
+  ASSERT_EQ(r.code, 0) << r.output;
+  // A field of pixels x 10..30, y 20..40 in metres, classed Wheat.
+  const std::string file = writeQuPathGeoJson(
+      dir + "/fields.geojson", {{"Wheat", {{{1020, 5960}, {1060, 5960}, {1060, 5920}, {1020, 5920}}}}});
+  ImageInfo info;
+  info.path = dir + "/scene.tif";
+  const auto labels = AnnotationLabels::read(file, info, {"Other", "Wheat"});
+  cv::Mat classes, covered;
+  labels.rasterize({0, 0, 50, 50}, 1.0, classes, covered);
+  EXPECT_EQ(cv::countNonZero(covered), 20 * 20);
+  EXPECT_EQ(classes.at<float>(20, 10), 1.0f);
+  EXPECT_EQ(classes.at<float>(39, 29), 1.0f);
+  EXPECT_EQ(covered.at<float>(40, 29), 0.0f);
+  EXPECT_EQ(covered.at<float>(19, 10), 0.0f);
+}
+
 TEST(LossScaler, SkipsAndHalvesOnOverflowAndDoublesAfterGoodSteps) {
   LossScaler s;
   s.scale = 1024;
