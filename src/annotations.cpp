@@ -1,6 +1,7 @@
 #include "tiler/annotations.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "tiler/error.hpp"
@@ -43,14 +44,24 @@ void AnnotationLabels::rasterize(const Rect& window, double pixels_per_level0, c
     if (b.x > seen.x + seen.width || b.x + b.width < seen.x || b.y > seen.y + seen.height ||
         b.y + b.height < seen.y)
       continue;  // nowhere near the window
-    // The polygon in window pixels: rasterizeRoi scales, so the window's origin is taken off first.
+    // Drawn in the part of the window its bounding box covers only (a window may lie under thousands of
+    // small annotations): window pixels px0..px1 x py0..py1, the polygon moved there.
+    const double s = pixels_per_level0;
+    // Clamped as doubles: a vast polygon's corners lie past any int.
+    auto within = [](double v, int most) { return int(std::clamp(v, 0.0, double(most))); };
+    const int px0 = within(std::floor((b.x - seen.x) * s), w),
+              px1 = within(std::ceil((b.x + b.width - seen.x) * s) + 1, w),
+              py0 = within(std::floor((b.y - seen.y) * s), h),
+              py1 = within(std::ceil((b.y + b.height - seen.y) * s) + 1, h);
+    if (px1 <= px0 || py1 <= py0) continue;
     RoiPolygon moved = polygons_[i];
     for (auto& ring : moved)
-      for (auto& p : ring) p = {p.x - seen.x, p.y - seen.y};
+      for (auto& p : ring) p = {(p.x - seen.x) * s - px0, (p.y - seen.y) * s - py0};
     // File order: a later annotation overwrites an earlier one where they overlap.
-    const cv::Mat inside = rasterizeRoi({moved}, w, h, pixels_per_level0, pixels_per_level0) > 0;
-    classes.setTo(double(class_ids_[i]), inside);
-    covered.setTo(1.0, inside);
+    const cv::Mat inside = rasterizeRoi({moved}, px1 - px0, py1 - py0, 1.0, 1.0) > 0;
+    const cv::Rect part(px0, py0, px1 - px0, py1 - py0);
+    classes(part).setTo(double(class_ids_[i]), inside);
+    covered(part).setTo(1.0, inside);
   }
 }
 
