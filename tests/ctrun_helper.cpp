@@ -18,8 +18,12 @@ int envInt(const char* name) {
 void sleepSeconds(double s) {
   std::this_thread::sleep_for(std::chrono::duration<double>(s));
 }
+// Written whole under a temporary name and renamed: a test that sees pid_<rank> reads the whole pid (a test
+// that read the file between its creation and its write parsed an empty pid).
 void writePid(const std::string& dir) {
-  std::ofstream(dir + "/pid_" + std::to_string(envInt("RANK"))) << getpid() << "\n";
+  const std::string path = dir + "/pid_" + std::to_string(envInt("RANK"));
+  std::ofstream(path + ".tmp") << getpid() << "\n";
+  std::rename((path + ".tmp").c_str(), path.c_str());
 }
 }  // namespace
 
