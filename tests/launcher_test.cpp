@@ -962,6 +962,21 @@ TEST(Rendezvous, TheEarliestFailureOnAnyNodeIsTheRootCauseEverywhere) {
   EXPECT_EQ(cb, 3);
 }
 
+// torchrun's --monitor_interval (1.13's default is 5 s) may be longer than ctrun's --heartbeat_timeout:
+// the agents still beat every --heartbeat_interval, so silent, healthy workers are no lost node.
+TEST(Rendezvous, AMonitorIntervalLongerThanTheHeartbeatTimeoutLosesNoNode) {
+  const std::string dir = tempDir("rdzv_monitor");
+  // The workers outlast one monitor interval, so a loop that woke only then would beat too late.
+  const double monitor = kLostAfter + 0.5;
+  std::ostringstream args;
+  args << c10d(test::freePort(), "monitor") << "--monitor_interval " << monitor << " --nproc_per_node 1 "
+       << kHelper << " sleep " << dir << " " << monitor + 0.5;
+  const pid_t a = startAgent(args.str(), dir + "/a.log");
+  const pid_t b = startAgent(args.str(), dir + "/b.log");
+  EXPECT_EQ(waitAgent(a), 0) << test::slurp(dir + "/a.log");
+  EXPECT_EQ(waitAgent(b), 0) << test::slurp(dir + "/b.log");
+}
+
 TEST(Rendezvous, ALostNodeIsDeclaredWithinTheHeartbeatTimeout) {
   const std::string dir = tempDir("rdzv_lost");
   const int port = test::freePort();

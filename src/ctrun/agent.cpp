@@ -140,7 +140,10 @@ GroupEvent Agent::join() {
 
 // Watches this node's workers and, with several nodes, the others, until something happens.
 GroupEvent Agent::supervise() {
-  const int interval_ms = std::max(1, int(o_.monitor_interval * 1000));
+  // Several nodes: this loop sends the heartbeats, so it wakes at least every --heartbeat_interval (with a
+  // --monitor_interval longer than --heartbeat_timeout the others would declare this healthy node lost).
+  const double wake = link_ ? std::min(o_.monitor_interval, o_.heartbeat_interval) : o_.monitor_interval;
+  const int interval_ms = std::max(1, int(wake * 1000));
   for (;;) {
     if (state_ == GroupState::kSucceeded && !link_) return GroupEvent::kWorldSucceeded;
     if (link_lost_) return GroupEvent::kStoreLost;
