@@ -478,30 +478,24 @@ void InstanceOutputs::writeFeature(const KeptObject& kept, const Rect& rect) {
       coords += "]";
     }
     const bool multi = kept.outlines.size() > 1;
-    // The id also as a property, where GeoPandas and other tables read it.
-    std::string properties = fmt::format("\"id\": {}, \"objectType\": \"detection\"", id);
-    std::string measurements =
-        fmt::format("\"area\": {}, \"centroid_x\": {}, \"centroid_y\": {}", area, cx, cy);
-    // A score that is not a number (or past float's range) is left out, as in the classify tiles: JSON has
-    // no NaN, and QuPath reads a missing measurement as NaN. An object whose class scores are all NaN has no
-    // class.
-    const auto measure = [&](const std::string& name, double value) {
-      if (std::isfinite(float(value)))
-        measurements += fmt::format(", {}: {}", nlohmann::json(name).dump(), float(value));
-    };
+    GeoJsonFeature feature;
+    feature.id = objects_;
+    feature.geometry = fmt::format("{{\"type\": \"{}\", \"coordinates\": {}}}",
+                                   multi ? "MultiPolygon" : "Polygon", multi ? "[" + coords + "]" : coords);
+    feature.object_type = "detection";
+    feature.measurements =
+        GeoJsonMeasurements().add("area", area).add("centroid_x", cx).add("centroid_y", cy);
+    // Scores as floats (what the model gave); one that is not a finite float is left out. An object whose
+    // class scores are all NaN has no class.
+    ClassInfo c;
     if (kept.k >= 0) {
-      const ClassInfo c = objectClass(kept.k, options_.classes);
-      properties += fmt::format(", \"classification\": {{\"name\": {}, \"color\": [{},{},{}]}}",
-                                nlohmann::json(c.name).dump(), c.color[0], c.color[1], c.color[2]);
-      measure("score", kept.score);
+      c = objectClass(kept.k, options_.classes);
+      feature.classification = &c;
+      feature.measurements->add("score", float(kept.score));
     }
-    for (size_t c = 0; c < o.class_means.size(); ++c)
-      measure("prob_" + options_.classes[c].name, o.class_means[c]);
-    geojson_->write(fmt::format(
-        "{}\n{{\"type\": \"Feature\", \"id\": {}, \"geometry\": {{\"type\": \"{}\", \"coordinates\": {}}}, "
-        "\"properties\": {{{}, \"measurements\": {{{}}}}}}}",
-        objects_ > 1 ? "," : "", id, multi ? "MultiPolygon" : "Polygon", multi ? "[" + coords + "]" : coords,
-        properties, measurements));
+    for (size_t k = 0; k < o.class_means.size(); ++k)
+      feature.measurements->add("prob_" + options_.classes[k].name, float(o.class_means[k]));
+    geojson_->writer.add(feature);
   }
   if (csv_) {
     std::string row = fmt::format("{},{},{},{},{},{},{},{},{},{}", id,
@@ -547,17 +541,14 @@ std::vector<std::string> InstanceOutputs::commit() {
               "'" << image_.input << "': " << order_.written() << " of " << image_.plannedWindows()
                   << " windows written");
   // Phase one: every file closed under its partial name. Phase two: all renamed.
-  if (geojson_) {
-    geojson_->write("\n]}\n");
-    geojson_->finish();
-  }
+  if (geojson_) geojson_->finish();
   if (csv_) csv_->finish();
   if (raster_) {
     advanceRaster(out_h_);
     raster_->finish();
   }
   return commitAllOrNothing([&](std::vector<std::string>& renamed) {
-    if (geojson_) commitFile(*geojson_, renamed);
+    if (geojson_) commitFile(geojson_->file, renamed);
     if (csv_) commitFile(*csv_, renamed);
     if (raster_) commitFile(*raster_, renamed);
   });

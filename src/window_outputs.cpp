@@ -57,7 +57,7 @@ WindowPlace placeWindow(const CatalogImage& image, int64_t window) {
 std::vector<ClassInfo> classNames(int64_t classes, const std::vector<ClassInfo>& named) {
   std::vector<ClassInfo> out = named;
   for (int64_t k = int64_t(out.size()); k < classes && named.empty(); ++k)
-    out.push_back({"class_" + std::to_string(k), {}, false});
+    out.push_back({defaultClassName(int(k)), {}, false});
   // Every class of a classifier is a real class (none is background): those without a colour get the
   // palette's distinct colours, never black.
   for (size_t k = 0; k < out.size(); ++k)
@@ -78,7 +78,7 @@ std::optional<double> level0Magnification(const CatalogImage& image) {
 
 ClassInfo objectClass(int k, const std::vector<ClassInfo>& named) {
   if (k < int(named.size())) return named[size_t(k)];
-  return {"class_" + std::to_string(k), distinctColor(k), true};
+  return {defaultClassName(k), distinctColor(k), true};
 }
 
 std::string csvField(const std::string& text) {
@@ -504,8 +504,7 @@ class WindowOutputs::ClassFiles {
       csv_->write(header + "\n");
     }
     if (saved("tiles")) {
-      tiles_ = std::make_unique<TextFile>(image.outputs.at("tiles"));
-      tiles_->write("{\"type\": \"FeatureCollection\", \"features\": [");
+      tiles_ = std::make_unique<GeoJsonFile>(image.outputs.at("tiles"));
     }
     if (saved("heatmap")) {
       heatmap_path_ = image.outputs.at("heatmap");
@@ -532,29 +531,15 @@ class WindowOutputs::ClassFiles {
       // The argmax names the tile's class (the first of equals; NaN never wins): a tile whose every score
       // is NaN has no classification, as an object whose every class mean is NaN has none.
       const int best = highestClass(p, K);
-      const int64_t x0 = place.x, y0 = place.y, x1 = place.x + place.width, y1 = place.y + place.height;
-      std::string classification;
-      if (best >= 0) {
-        const ClassInfo& c = classes_[size_t(best)];
-        classification = fmt::format("\"classification\": {{\"name\": {}, \"color\": [{},{},{}]}}, ",
-                                     nlohmann::json(c.name).dump(), c.color[0], c.color[1], c.color[2]);
-      }
-      std::string f = fmt::format(
-          "{}\n{{\"type\": \"Feature\", \"geometry\": {{\"type\": \"Polygon\", \"coordinates\": "
-          "[[[{},{}],[{},{}],[{},{}],[{},{}],[{},{}]]]}}, \"properties\": {{\"objectType\": \"tile\", "
-          "{}\"measurements\": {{",
-          tiles_written_ ? "," : "", x0, y0, x1, y0, x1, y1, x0, y1, x0, y0, classification);
-      // A score that is not a number is left out: QuPath reads a missing measurement as NaN, and JSON has
-      // no NaN for other readers.
-      bool first = true;
-      for (size_t k = 0; k < K; ++k) {
-        if (!std::isfinite(p[k])) continue;
-        f += fmt::format("{}{}: {}", first ? "" : ", ", nlohmann::json("prob_" + classes_[k].name).dump(),
-                         fmt::format("{}", p[k]));
-        first = false;
-      }
-      tiles_->write(f + "}}}");
-      ++tiles_written_;
+      const double x0 = double(place.x), y0 = double(place.y), x1 = x0 + double(place.width),
+                   y1 = y0 + double(place.height);
+      GeoJsonFeature tile;
+      tile.geometry = quadGeometry({{{x0, y0}, {x1, y0}, {x1, y1}, {x0, y1}}});
+      tile.object_type = "tile";
+      if (best >= 0) tile.classification = &classes_[size_t(best)];
+      tile.measurements.emplace();
+      for (size_t k = 0; k < K; ++k) tile.measurements->add("prob_" + classes_[k].name, p[k]);
+      tiles_->writer.add(tile);
     }
     if (!heatmap_.empty())
       std::memcpy(heatmap_.ptr<float>(int(place.row)) + place.column * int64_t(K), p, K * sizeof(float));
@@ -562,16 +547,13 @@ class WindowOutputs::ClassFiles {
 
   void finish() {
     if (csv_) csv_->finish();
-    if (tiles_) {
-      tiles_->write("\n]}\n");
-      tiles_->finish();
-    }
+    if (tiles_) tiles_->finish();
     if (!heatmap_.empty()) writeHeatmap();
   }
   // Renames every file; a failure takes back those already renamed. Returns the final paths.
   std::vector<std::string> commit(std::vector<std::string>& renamed) {
     if (csv_) commitFile(*csv_, renamed);
-    if (tiles_) commitFile(*tiles_, renamed);
+    if (tiles_) commitFile(tiles_->file, renamed);
     if (heatmap_writer_) commitFile(*heatmap_writer_, renamed);
     return renamed;
   }
@@ -608,8 +590,8 @@ class WindowOutputs::ClassFiles {
   const CatalogImage& image_;
   std::vector<ClassInfo> classes_;
   std::optional<Compression> compression_;
-  std::unique_ptr<TextFile> csv_, tiles_;  // owned; null unless saved
-  int64_t tiles_written_ = 0;
+  std::unique_ptr<TextFile> csv_;       // owned; null unless saved
+  std::unique_ptr<GeoJsonFile> tiles_;  // owned; null unless saved
   std::string heatmap_path_;
   cv::Mat heatmap_;                              // [grid rows, grid columns] x K floats, NaN where no window
   std::unique_ptr<ImageWriter> heatmap_writer_;  // from finish() on
@@ -738,10 +720,7 @@ class WindowOutputs::DetectionFiles {
 
   void finish() {
     settle(std::numeric_limits<int64_t>::max());
-    if (geojson_) {
-      geojson_->write("\n]}\n");
-      geojson_->finish();
-    }
+    if (geojson_) geojson_->finish();
     if (csv_) csv_->finish();
     if (coco_) {
       std::string categories;
@@ -754,7 +733,7 @@ class WindowOutputs::DetectionFiles {
     }
   }
   void commit(std::vector<std::string>& renamed) {
-    if (geojson_) commitFile(*geojson_, renamed);
+    if (geojson_) commitFile(geojson_->file, renamed);
     if (csv_) commitFile(*csv_, renamed);
     if (coco_) commitFile(*coco_, renamed);
   }
@@ -882,14 +861,13 @@ class WindowOutputs::DetectionFiles {
       std::array<std::array<double, 2>, 4> corner = {{{x1, y1}, {x2, y1}, {x2, y2}, {x1, y2}}};
       if (geo_)
         for (auto& p : corner) p = geo_->apply(p[0], p[1]);
-      geojson_->write(fmt::format(
-          "{}\n{{\"type\": \"Feature\", \"id\": {}, \"geometry\": {{\"type\": \"Polygon\", \"coordinates\": "
-          "[[[{},{}],[{},{}],[{},{}],[{},{}],[{},{}]]]}}, \"properties\": {{\"id\": {}, \"objectType\": "
-          "\"detection\", \"classification\": {{\"name\": {}, \"color\": [{},{},{}]}}, \"measurements\": "
-          "{{\"score\": {}}}}}}}",
-          objects_ > 1 ? "," : "", objects_, corner[0][0], corner[0][1], corner[1][0], corner[1][1],
-          corner[2][0], corner[2][1], corner[3][0], corner[3][1], corner[0][0], corner[0][1], objects_, name,
-          c.color[0], c.color[1], c.color[2], score));
+      GeoJsonFeature feature;
+      feature.id = objects_;
+      feature.geometry = quadGeometry(corner);
+      feature.object_type = "detection";
+      feature.classification = &c;
+      feature.measurements = GeoJsonMeasurements().add("score", score);
+      geojson_->writer.add(feature);
     }
     if (csv_)
       csv_->write(fmt::format("{},{},{},{},{},{},{}\n", objects_, csvField(c.name), score, x1, y1, x2, y2));
@@ -902,8 +880,9 @@ class WindowOutputs::DetectionFiles {
   }
 
   const CatalogImage& image_;
-  std::vector<ClassInfo> named_;                    // --classes (empty: class_<k>)
-  std::unique_ptr<TextFile> geojson_, csv_, coco_;  // owned; null unless saved
+  std::vector<ClassInfo> named_;          // --classes (empty: class_<k>)
+  std::unique_ptr<GeoJsonFile> geojson_;  // owned; null unless saved
+  std::unique_ptr<TextFile> csv_, coco_;  // owned; null unless saved
   double nms_;  // IoU above which the lower-scoring of two boxes of a class goes; 0: none
   double level0_width_, level0_height_;  // the image at level 0, where boxes are clipped (COCO's size)
   std::optional<GeoFrame> geo_;          // the input's CRS, where the GeoJSON is written in it
@@ -914,15 +893,9 @@ class WindowOutputs::DetectionFiles {
   std::vector<Box> pending_;    // NMS: kept boxes not yet written, and written ones a later box may meet
 };
 
-std::unique_ptr<TextFile> openObjectsGeojson(const CatalogImage& image, std::optional<GeoFrame>& geo) {
-  auto file = std::make_unique<TextFile>(image.outputs.at("objects"));
+std::unique_ptr<GeoJsonFile> openObjectsGeojson(const CatalogImage& image, std::optional<GeoFrame>& geo) {
   if (image.info.format == "tiff") geo = geoFrameOf(image.input);
-  file->write(std::string("{\"type\": \"FeatureCollection\", ") +
-              (geo ? "\"crs\": {\"type\": \"name\", \"properties\": {\"name\": " +
-                         nlohmann::json(geo->crs).dump() + "}}, "
-                   : "") +
-              "\"features\": [");
-  return file;
+  return std::make_unique<GeoJsonFile>(image.outputs.at("objects"), geo ? geo->crs : "");
 }
 
 void WindowConsumer::addRecord(int64_t window, const std::string&) {

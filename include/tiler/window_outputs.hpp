@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "tiler/catalog.hpp"
+#include "tiler/geojson.hpp"
 #include "tiler/image_io.hpp"
 #include "tiler/job_options.hpp"
 #include "tiler/output_kinds.hpp"
@@ -145,9 +146,24 @@ class InWindowOrder {
   std::map<int64_t, T> early_;  // grid window -> its result, until its turn
 };
 
-// Creates `image`'s objects GeoJSON (outputs["objects"]) and writes the start of its FeatureCollection; a
-// georeferenced TIFF's objects are placed in its CRS (QGIS), which `geo` receives and the file names.
-std::unique_ptr<TextFile> openObjectsGeojson(const CatalogImage& image, std::optional<GeoFrame>& geo);
+// A GeoJSON output: a TextFile under its partial name, written through the one GeoJSON writer (geojson.hpp).
+struct GeoJsonFile {
+  explicit GeoJsonFile(const std::string& path, const std::string& crs = "")
+      : file(path), writer([this](const std::string& text) { file.write(text); }, crs) {}
+  GeoJsonFile(const GeoJsonFile&) = delete;
+  GeoJsonFile& operator=(const GeoJsonFile&) = delete;
+  // Closes the collection and the file (still under its partial name).
+  void finish() {
+    writer.finish();
+    file.finish();
+  }
+  TextFile file;
+  GeoJsonWriter writer;  // writes into `file`
+};
+
+// Creates `image`'s objects GeoJSON (outputs["objects"]); a georeferenced TIFF's objects are placed in its
+// CRS (QGIS), which `geo` receives and the file names.
+std::unique_ptr<GeoJsonFile> openObjectsGeojson(const CatalogImage& image, std::optional<GeoFrame>& geo);
 
 // What takes an image's window results (MONAI's Merger): stitched maps (outputs.cpp's StitchedOutputs),
 // per-window vectors and boxes (WindowOutputs), instance maps (InstanceOutputs). The output stage hands it
