@@ -2934,10 +2934,14 @@ TEST_F(Pipeline, AnOutputThatIsNeitherMapNorVectorFailsNamingItsShapeAndTheTasks
     }
     EXPECT_FALSE(fs::exists(out + "/report.json"));
   }
-  // A directory where the model belongs says so.
+  // A directory where the model belongs says what a model directory must hold (a model card's package).
   auto r = run(kTiler + base + root_ + "/out_bad_dir -m " + root_);
   EXPECT_EQ(r.code, 1);
-  EXPECT_NE(r.output.find("is a directory; -m takes a model file"), std::string::npos) << r.output;
+  EXPECT_NE(
+      r.output.find("is a directory without rdf.yaml or bioimageio.yaml (bioimage.io), or config.json and "
+                    "torchscript_model.pt (WSInfer)"),
+      std::string::npos)
+      << r.output;
   // --task and --save that disagree are refused before the model loads.
   r = run(kTiler + base + root_ + "/out_bad_save --task embed --save csv -m /nonexistent.pt");
   EXPECT_EQ(r.code, 1);
