@@ -324,9 +324,37 @@ TEST_F(Pipeline, TorchrunNamesAKilledRankAsTheRootCause) {
   EXPECT_NE(r.output.find("rank      : 2 (local_rank: 2)", root), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("Signal 11 (SIGSEGV)", root), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("<NO_OTHER_FAILURES>"), std::string::npos) << "no follow-on listed: " << r.output;
-  EXPECT_NE(r.output.find("rank 2's connection closed (it exited or was killed)"), std::string::npos)
-      << r.output;
+  // A survivor that noticed before torchrun stopped it names the vanished rank (on a loaded machine
+  // torchrun's check may stop them first: ASurvivorNamesItsVanishedPeer tests the message without a
+  // launcher).
+  if (r.output.find("[default0]:tiler: error") != std::string::npos ||
+      r.output.find("[default1]:tiler: error") != std::string::npos) {
+    EXPECT_NE(r.output.find("rank 2's connection closed (it exited or was killed)"), std::string::npos)
+        << r.output;
+  }
   EXPECT_EQ(r.output.find("failed after waiting"), std::string::npos) << "not a timeout: " << r.output;
+}
+
+// Rank 1 of 2 crashes with no launcher to stop rank 0 (srun's environment): the survivor says its peer's
+// connection closed, at once, not that it waited up to --timeout.
+TEST_F(Pipeline, ASurvivorNamesItsVanishedPeer) {
+  const std::string out = root_ + "/out_vanished", port = std::to_string(freePort());
+  std::vector<std::string> commands;
+  for (int r = 0; r < 2; ++r)
+    // A shell of its own keeps its output (runConcurrently sends the outer one's to /dev/null).
+    commands.push_back("sh -c 'TILER_FAULT=rank:1,after_windows:4,kind:crash SLURM_STEP_ID=0 SLURM_PROCID=" +
+                       std::to_string(r) + " SLURM_NTASKS=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " " +
+                       tilerArgs(out, "--timeout 300") + " > " + root_ + "/vanished_" + std::to_string(r) +
+                       ".log 2>&1'");
+  const auto t0 = Clock::now();
+  const auto codes = test::runConcurrently(commands);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 60) << "well before --timeout 300";
+  EXPECT_EQ(codes[0], 1);
+  EXPECT_NE(codes[1], 0);
+  const std::string survivor = test::slurp(root_ + "/vanished_0.log");
+  EXPECT_NE(survivor.find("rank 1's connection closed (it exited or was killed)"), std::string::npos)
+      << survivor;
+  EXPECT_EQ(survivor.find("failed after waiting"), std::string::npos) << survivor;
 }
 
 // Open MPI's mpirun (openmpi-bin): its ranks read OMPI_COMM_WORLD_*; MASTER_ADDR/PORT passed with -x.
