@@ -103,6 +103,10 @@ TEST(Launcher, EveryRankGetsTorchrunsEnvironment) {
   }
 }
 
+// Debian trixie's python3-torch 2.6 is built without libuv, yet its TCPStore asks for it unless USE_LIBUV=0
+// (torch 2.4+ reads it; 1.13 ignores it): set for PyTorch's own launcher and scripts in these tests.
+const std::string kNoLibuv = "USE_LIBUV=0";
+
 // The whole environment of a worker, compared with what PyTorch's own torchrun (Debian's 1.13) gives the same
 // worker for the same flags: every variable either sets, with the same value.
 TEST(Launcher, EveryWorkerGetsTheEnvironmentTorchrunGivesIt) {
@@ -112,13 +116,13 @@ TEST(Launcher, EveryWorkerGetsTheEnvironmentTorchrunGivesIt) {
   const std::string flags = "--nproc_per_node 2 --master_port " + std::to_string(test::freePort()) +
                             " --rdzv_id envjob --max_restarts 1 --role trainer --monitor_interval 0.1 ";
   // Debian's 1.13 cannot parse its own -r/-t defaults (docs/cli.md).
-  auto t =
-      run("env -u NCCL_ASYNC_ERROR_HANDLING -u TORCH_NCCL_ASYNC_ERROR_HANDLING /usr/bin/python3 -m "
-          "torch.distributed.run -r 2 -t 2 " +
-          flags + "--no_python " + kHelper + " environ " + theirs);
+  // USE_LIBUV=0 for both (a worker inherits it): trixie's torch 2.6 has no libuv (kNoLibuv).
+  auto t = run("env -u NCCL_ASYNC_ERROR_HANDLING -u TORCH_NCCL_ASYNC_ERROR_HANDLING " + kNoLibuv +
+               " /usr/bin/python3 -m torch.distributed.run -r 2 -t 2 " + flags + "--no_python " + kHelper +
+               " environ " + theirs);
   ASSERT_EQ(t.code, 0) << t.output;
-  auto c = run("env -u NCCL_ASYNC_ERROR_HANDLING -u TORCH_NCCL_ASYNC_ERROR_HANDLING " + kCtrun + " " + flags +
-               "--no_python " + kHelper + " environ " + ours);
+  auto c = run("env -u NCCL_ASYNC_ERROR_HANDLING -u TORCH_NCCL_ASYNC_ERROR_HANDLING " + kNoLibuv + " " +
+               kCtrun + " " + flags + "--no_python " + kHelper + " environ " + ours);
   ASSERT_EQ(c.code, 0) << c.output;
   // Where they differ by design: each worker's own error file; OMP_NUM_THREADS is ctrun's share of the CPUs
   // (torchrun: 1); ctrun's agent serves no c10d store on MASTER_PORT, so tiler's rank 0 hosts it.
@@ -806,8 +810,8 @@ TEST(Launcher, RunsAPythonDdpScriptByFileAndByModule) {
          "dist.all_reduce(t)\n"
          "print(f'rank {dist.get_rank()} of {dist.get_world_size()} sum {t.item():g}', flush=True)\n"
          "dist.destroy_process_group()\n";
-  const std::string ctrun =
-      "cd " + dir + " && PATH=" + bin + ":$PATH " + kCtrun + " --nproc_per_node=2 --master_port 0 ";
+  const std::string ctrun = "cd " + dir + " && " + kNoLibuv + " PATH=" + bin + ":$PATH " + kCtrun +
+                            " --nproc_per_node=2 --master_port 0 ";
   for (const std::string& target : {std::string("ddp_pkg/sum.py"), std::string("-m ddp_pkg.sum")}) {
     const auto r = run(ctrun + target);
     EXPECT_EQ(r.code, 0) << target << "\n" << r.output;

@@ -150,7 +150,9 @@ TEST(Store, RepliesUnreadByAllClientsTogetherAreBounded) {
   // One reply past the bound at most: the bound is checked before each request is answered.
   EXPECT_LE(most, limits.max_total_unread_reply_bytes + big.size() + 64) << most;
   EXPECT_GT(most, size_t(4) << 20) << "the hogs did hold replies (the test measures something)";
-  StoreClient reader("127.0.0.1", server.port(), milliseconds(10000));
+  // Without the drop the reader would wait forever; 30 s leaves a loaded CI machine room (10 s ran out once
+  // beside two builds).
+  StoreClient reader("127.0.0.1", server.port(), milliseconds(30000));
   EXPECT_EQ(reader.get("big"), big) << "served once the hogs are dropped";
   for (int fd : hogs) ::close(fd);
 }
