@@ -90,7 +90,9 @@ TEST_P(DistWorlds, SharedMemoryGathersKeepEveryCallApart) {
     // The name is gone once every rank mapped it: a killed job leaves nothing in /dev/shm.
     for (const auto& line : gatherSegmentMappings())
       EXPECT_NE(line.find("(deleted)"), std::string::npos) << line;
-    if (r == 0) EXPECT_FALSE(gatherSegmentMappings().empty());
+    if (r == 0) {
+      EXPECT_FALSE(gatherSegmentMappings().empty());
+    }
     auto big = ctx.gather(torch::full({128, 257}, float(r)), size - 1, "a larger gather");
     for (int q = 0; r == size - 1 && q < size; ++q)
       EXPECT_TRUE(torch::equal(big.narrow(0, 128 * q, 128), torch::full({128, 257}, float(q))));
@@ -107,8 +109,9 @@ TEST(Dist, ARankWithoutSharedMemoryKeepsEveryRankOnGloo) {
         [](DistContext& ctx) {
           auto gathered = ctx.gather(torch::full({4}, float(ctx.rank())), 2, "test gather");
           EXPECT_EQ(ctx.gatherTransport(), "gloo");
-          if (ctx.rank() == 2)
+          if (ctx.rank() == 2) {
             EXPECT_TRUE(torch::equal(gathered, torch::arange(3, torch::kFloat).repeat_interleave(4)));
+          }
         },
         std::chrono::seconds(30), [without](int rank, DistOptions& o) { o.shared_memory = rank != without; });
   }

@@ -234,12 +234,14 @@ TEST_P(ZarrStores, RealReadersSeeWhatWasWritten) {
 INSTANTIATE_TEST_SUITE_P(
     Shapes, ZarrStores,
     ::testing::Values(
-        StoreCase{"u8_one_channel", 300, 200, 1, SampleType::kU8, true, SampleType::kU8, false, 64, 0, {}},
-        StoreCase{"f16_pyramid", 517, 389, 3, SampleType::kF16, true, SampleType::kU16, true, 64, 3, 0.25},
-        StoreCase{"f32_pyramid", 700, 450, 3, SampleType::kF32, true, SampleType::kU8, true, 128, 2, 0.5},
         StoreCase{
-            "probabilities_only", 333, 129, 2, SampleType::kF32, false, SampleType::kU8, true, 64, 2, {}},
-        StoreCase{"labels_only", 260, 390, 0, SampleType::kF32, true, SampleType::kU16, true, 64, 0, {}},
+            "u8_one_channel", 300, 200, 1, SampleType::kU8, true, SampleType::kU8, false, 64, 0, {}, ""},
+        StoreCase{"f16_pyramid", 517, 389, 3, SampleType::kF16, true, SampleType::kU16, true, 64, 3, 0.25,
+                  ""},
+        StoreCase{"f32_pyramid", 700, 450, 3, SampleType::kF32, true, SampleType::kU8, true, 128, 2, 0.5, ""},
+        StoreCase{
+            "probabilities_only", 333, 129, 2, SampleType::kF32, false, SampleType::kU8, true, 64, 2, {}, ""},
+        StoreCase{"labels_only", 260, 390, 0, SampleType::kF32, true, SampleType::kU16, true, 64, 0, {}, ""},
         // --compression as the user gives it for the TIFFs: zstd at a level, deflate past zlib's 9, none.
         StoreCase{"zstd_9", 300, 200, 2, SampleType::kF32, true, SampleType::kU8, false, 64, 2, {}, "zstd:9"},
         StoreCase{"deflate_12",
@@ -262,7 +264,7 @@ INSTANTIATE_TEST_SUITE_P(
 // otherwise; the labels' colours and names; no chunk file for chunks of zeros.
 TEST(ZarrWriter, MetadataSaysScalesColoursAndNames) {
   const std::string dir = test::scratchDir("zarr_metadata");
-  StoreCase c{"meta", 300, 140, 2, SampleType::kU8, true, SampleType::kU8, true, 64, 0, 0.5};
+  StoreCase c{"meta", 300, 140, 2, SampleType::kU8, true, SampleType::kU8, true, 64, 0, 0.5, ""};
   writeStore(dir + "/a.ome.zarr", c, randomProbabilities(140, 300, 2, SampleType::kU8, 1),
              randomLabels(140, 300, SampleType::kU8, 3, 2));
   const auto root = nlohmann::json::parse(test::slurp(dir + "/a.ome.zarr/.zattrs"));
@@ -321,7 +323,7 @@ TEST(ZarrWriter, ArraysNameTheirCompressor) {
 // and from bands of any height.
 TEST(ZarrWriter, BytesDoNotDependOnThreadsOrBands) {
   const std::string dir = test::scratchDir("zarr_threads");
-  StoreCase c{"t", 410, 300, 3, SampleType::kF32, true, SampleType::kU8, true, 64, 0, 0.5};
+  StoreCase c{"t", 410, 300, 3, SampleType::kF32, true, SampleType::kU8, true, 64, 0, 0.5, ""};
   const cv::Mat probs = randomProbabilities(c.height, c.width, 3, SampleType::kF32, 5);
   const cv::Mat labels = randomLabels(c.height, c.width, SampleType::kU8, 3, 6);
   writeStore(dir + "/none.zarr", c, probs, labels);
@@ -363,7 +365,7 @@ TEST(ZarrWriter, HoldsRowsOfChunksNotTheImage) {
 // partial directory.
 TEST(ZarrWriter, NothingLeftWhenAWriterDiesMidway) {
   const std::string dir = test::scratchDir("zarr_midway");
-  StoreCase c{"m", 300, 300, 2, SampleType::kF32, true, SampleType::kU8, true, 64, 2, {}};
+  StoreCase c{"m", 300, 300, 2, SampleType::kF32, true, SampleType::kU8, true, 64, 2, {}, ""};
   const cv::Mat probs = randomProbabilities(300, 300, 2, SampleType::kF32, 3);
   const cv::Mat labels = randomLabels(300, 300, SampleType::kU8, 3, 4);
   const std::string store = dir + "/s.ome.zarr";
@@ -404,7 +406,7 @@ TEST(ZarrWriter, NothingLeftWhenAWriterDiesMidway) {
 // left alone; a stale partial directory (a crashed run's) is replaced; commit never replaces a directory.
 TEST(ZarrWriter, RefusesLinksAndNeverReplaces) {
   const std::string dir = test::scratchDir("zarr_links");
-  StoreCase c{"l", 100, 80, 1, SampleType::kU8, true, SampleType::kU8, false, 64, 0, {}};
+  StoreCase c{"l", 100, 80, 1, SampleType::kU8, true, SampleType::kU8, false, 64, 0, {}, ""};
   const std::string store = dir + "/s.ome.zarr";
   const std::string victim = dir + "/victim";
   fs::create_directories(victim);
