@@ -112,6 +112,13 @@ const std::string kNoLibuv = "USE_LIBUV=0";
 TEST(Launcher, EveryWorkerGetsTheEnvironmentTorchrunGivesIt) {
   if (run("/usr/bin/python3 -c 'import torch.distributed.run' 2>/dev/null").code != 0)
     GTEST_SKIP() << "no PyTorch for /usr/bin/python3 (python3-torch)";
+  // Debian trixie's 2.6 is built without libuv yet its TCPStore asks for it, and torchrun's static rendezvous
+  // passes no use_libuv: torchrun itself cannot start there.
+  if (run("/usr/bin/python3 -c 'import torch.distributed as d; d.TCPStore(\"127.0.0.1\", " +
+          std::to_string(test::freePort()) + ", 1, True)' 2>/dev/null")
+          .code != 0)
+    GTEST_SKIP()
+        << "this PyTorch's TCPStore cannot start with its defaults (built without libuv): no torchrun";
   const std::string ours = tempDir("environ_ctrun"), theirs = tempDir("environ_torchrun");
   const std::string flags = "--nproc_per_node 2 --master_port " + std::to_string(test::freePort()) +
                             " --rdzv_id envjob --max_restarts 1 --role trainer --monitor_interval 0.1 ";

@@ -281,8 +281,21 @@ TEST_F(Pipeline, TwoCtrunNodesOnLoopbackFormOneWorld) {
 // parse its own defaults of -r and -t ("0": IntFlag no longer iterates its zero member), so both are given as
 // a value it parses (2: each worker's stderr in a log file and on the console). --monitor_interval 0.2: its
 // checks 5 times a second, not every 5 s.
+// Why PyTorch's torchrun cannot run here, or "": python3-torch missing, or a TCPStore that cannot start with
+// its defaults (Debian trixie's 2.6 is built without libuv yet asks for it, and torchrun's static rendezvous
+// passes no use_libuv: torchrun itself fails).
+std::string torchrunUnusable() {
+  if (run("/usr/bin/python3 -c 'import torch.distributed.run' 2>/dev/null").code != 0)
+    return "python3-torch is missing";
+  if (run("/usr/bin/python3 -c 'import torch.distributed as d; d.TCPStore(\"127.0.0.1\", " +
+          std::to_string(freePort()) + ", 1, True)' 2>/dev/null")
+          .code != 0)
+    return "this PyTorch's TCPStore cannot start with its defaults (built without libuv, which it asks for)";
+  return "";
+}
+
 std::string torchrun(int nproc = 2) {
-  if (run("/usr/bin/python3 -c 'import torch.distributed.run' 2>/dev/null").code != 0) return "";
+  if (!torchrunUnusable().empty()) return "";
   // USE_LIBUV=0: Debian trixie's python3-torch 2.6 is built without libuv, yet its TCPStore asks for it
   // unless told not to (torch 2.4+ reads the variable; 1.13 ignores it).
   return "USE_LIBUV=0 /usr/bin/python3 -m torch.distributed.run -r 2 -t 2 --monitor_interval 0.2 "
@@ -294,8 +307,7 @@ std::string torchrun(int nproc = 2) {
 // a client under /worker/attempt_0) and c10d (the workers' rank 0 hosts it): the bytes of one process.
 TEST_F(Pipeline, TorchrunsStaticAndC10dRendezvousWriteTheBytesOfOneProcess) {
   const std::string launcher = torchrun();
-  if (launcher.empty())
-    GTEST_SKIP() << "python3-torch is missing: tiler was not run under PyTorch's torchrun";
+  if (launcher.empty()) GTEST_SKIP() << torchrunUnusable() << ": tiler was not run under PyTorch's torchrun";
   const std::string ref = reference();
   const std::string static_out = root_ + "/out_torchrun_static";
   auto r = run(launcher + "--rdzv_backend static --master_addr 127.0.0.1 --master_port " +
@@ -315,8 +327,7 @@ TEST_F(Pipeline, TorchrunsStaticAndC10dRendezvousWriteTheBytesOfOneProcess) {
 // an error file when its check finds it dead, names rank 2 alone.
 TEST_F(Pipeline, TorchrunNamesAKilledRankAsTheRootCause) {
   const std::string launcher = torchrun(3);
-  if (launcher.empty())
-    GTEST_SKIP() << "python3-torch is missing: tiler was not run under PyTorch's torchrun";
+  if (launcher.empty()) GTEST_SKIP() << torchrunUnusable() << ": tiler was not run under PyTorch's torchrun";
   auto r = run("TILER_FAULT=rank:2,after_windows:4,kind:crash " + launcher + "--master_addr 127.0.0.1 " +
                "--master_port " + std::to_string(freePort()) + " --no_python " +
                tilerArgs(root_ + "/out_torchrun_killed"));
