@@ -68,11 +68,11 @@ std::string blockedBy(const std::string& path) {
 
 // An array's codec as a Zarr reader names it: `--compression` mapped to numcodecs' zstd and zlib (libtiff's
 // deflate levels 10-12 are libdeflate's: zlib stops at 9; lzw has no Zarr codec), else the TIFF outputs'
-// defaults: zstd:1 for floats (the same cost as their probabilities), zlib:1 for integers.
+// defaults (defaultCompression: zstd:1 for floats, deflate:1, i.e. zlib:1, for integers), without the
+// predictor.
 Compression zarrCompression(const std::optional<Compression>& asked, SampleType type) {
-  const bool floats = type == SampleType::kF32 || type == SampleType::kF16;
-  if (!asked) return floats ? Compression{Codec::kZstd, 1, false} : Compression{Codec::kDeflate, 1, false};
-  Compression c = *asked;
+  Compression c = asked ? *asked : defaultCompression(type);
+  c.predictor = false;  // no Zarr filter: the codec alone
   if (c.codec == Codec::kLzw) return {Codec::kDeflate, 1, false};
   if (c.codec == Codec::kDeflate) c.level = c.level == 0 ? 6 : std::min(c.level, 9);
   if (c.codec == Codec::kZstd && c.level == 0) c.level = ZSTD_CLEVEL_DEFAULT;
