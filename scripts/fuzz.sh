@@ -29,8 +29,8 @@ clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-omit-frame-po
   -Iinclude -Isrc -Itests/fuzz -I/usr/include/opencv4 $(pkg-config --cflags openslide) \
   -DTILER_VERSION=\"fuzz\" -DTILER_SOURCE_DIR=\"$PWD\" -DTILER_WITH_OPENSLIDE=1 \
   tests/fuzz/image_reader_fuzzer.cpp src/readers.cpp src/tiff_reader.cpp src/tiff_support.cpp \
-  src/opencv_reader.cpp src/jpeg_reader.cpp src/openslide_reader.cpp src/image_io.cpp src/platform.cpp \
-  src/error.cpp src/fault.cpp src/grid.cpp \
+  src/opencv_reader.cpp src/jpeg_reader.cpp src/openslide_reader.cpp src/remote_input.cpp src/image_io.cpp \
+  src/platform.cpp src/error.cpp src/fault.cpp src/grid.cpp \
   -o build-fuzz/image_reader_fuzzer \
   -ltiff -ljpeg $(pkg-config --libs openslide) -lopencv_imgcodecs -lopencv_imgproc -lopencv_core -lspdlog -lfmt
 work=build-fuzz/corpus
