@@ -28,9 +28,9 @@ mkdir -p build-fuzz tests/fuzz/regressions
 clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-omit-frame-pointer \
   -Iinclude -Isrc -Itests/fuzz -I/usr/include/opencv4 $(pkg-config --cflags openslide) \
   -DTILER_VERSION=\"fuzz\" -DTILER_SOURCE_DIR=\"$PWD\" -DTILER_WITH_OPENSLIDE=1 \
-  tests/fuzz/image_reader_fuzzer.cpp src/readers.cpp src/tiff_reader.cpp src/tiff_support.cpp \
-  src/opencv_reader.cpp src/jpeg_reader.cpp src/openslide_reader.cpp src/remote_input.cpp src/image_io.cpp \
-  src/platform.cpp src/error.cpp src/fault.cpp src/grid.cpp \
+  tests/fuzz/image_reader_fuzzer.cpp src/io/readers/{readers,tiff_reader,tiff_support,opencv_reader}.cpp \
+  src/io/readers/{jpeg_reader,openslide_reader,remote_input}.cpp src/io/image_io.cpp \
+  src/core/{platform,error,fault,grid}.cpp \
   -o build-fuzz/image_reader_fuzzer \
   -ltiff -ljpeg $(pkg-config --libs openslide) -lopencv_imgcodecs -lopencv_imgproc -lopencv_core -lspdlog -lfmt
 work=build-fuzz/corpus

@@ -1,4 +1,4 @@
-#include "tiler/blend.hpp"
+#include "tiler/writers/blend.hpp"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -8,7 +8,7 @@
 #include <limits>
 #include <random>
 
-#include "tiler/error.hpp"
+#include "tiler/core/error.hpp"
 
 namespace tiler {
 namespace {

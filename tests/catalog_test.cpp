@@ -1,5 +1,5 @@
 // The window catalog: inputs, per-image checks that never throw, the global window index.
-#include "tiler/catalog.hpp"
+#include "tiler/io/catalog.hpp"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -12,8 +12,8 @@
 #include <map>
 
 #include "test_util.hpp"
-#include "tiler/error.hpp"
-#include "tiler/platform.hpp"
+#include "tiler/core/error.hpp"
+#include "tiler/core/platform.hpp"
 
 namespace fs = std::filesystem;
 

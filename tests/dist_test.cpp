@@ -1,4 +1,4 @@
-#include "tiler/dist.hpp"
+#include "tiler/dist/dist.hpp"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -15,9 +15,9 @@
 
 #include "ranks_util.hpp"
 #include "test_util.hpp"
-#include "tiler/cpu_layout.hpp"
-#include "tiler/error.hpp"
-#include "tiler/torch_compat.hpp"
+#include "tiler/core/cpu_layout.hpp"
+#include "tiler/core/error.hpp"
+#include "tiler/model/torch_compat.hpp"
 
 namespace tiler {
 namespace {

@@ -1,4 +1,4 @@
-#include "tiler/error.hpp"
+#include "tiler/core/error.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // The step exchange with ranks as threads over an in-process store: statuses travel with the step's first
 // collective, and a rank that fails makes every rank throw at the same step, none left waiting.
-#include "tiler/exchange.hpp"
+#include "tiler/dist/exchange.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,11 +1,11 @@
 // TILER_FAULT: what the environment may say, and the hooks a rank installs: each fires at its stage's K-th
 // window of that rank only, as often as the fault's kind says, and nothing is installed elsewhere.
-#include "tiler/fault.hpp"
+#include "tiler/core/fault.hpp"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
-#include "tiler/error.hpp"
+#include "tiler/core/error.hpp"
 
 namespace tiler {
 namespace {

@@ -1,5 +1,5 @@
 // End-to-end tests of `tiler finetune`: real processes through ctrun, on small generated image/label pairs.
-#include "tiler/finetune.hpp"
+#include "tiler/finetune/finetune.hpp"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -16,10 +16,10 @@
 
 #include "slide_util.hpp"
 #include "test_util.hpp"
-#include "tiler/annotations.hpp"
-#include "tiler/image_io.hpp"
-#include "tiler/platform.hpp"
-#include "tiler/train_metrics.hpp"
+#include "tiler/core/platform.hpp"
+#include "tiler/finetune/train_metrics.hpp"
+#include "tiler/io/annotations.hpp"
+#include "tiler/io/image_io.hpp"
 
 namespace fs = std::filesystem;
 

@@ -1,6 +1,6 @@
 // The one GeoJSON writer: its text is JSON that json parsers read, one feature a line, members in one order,
 // non-finite measurements left out, the CRS where there is one.
-#include "tiler/geojson.hpp"
+#include "tiler/io/geojson.hpp"
 
 #include <gtest/gtest.h>
 

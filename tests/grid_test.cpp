@@ -1,8 +1,8 @@
-#include "tiler/grid.hpp"
+#include "tiler/core/grid.hpp"
 
 #include <gtest/gtest.h>
 
-#include "tiler/error.hpp"
+#include "tiler/core/error.hpp"
 
 namespace tiler {
 namespace {

@@ -1,6 +1,6 @@
 // The handle pool with a fake library: a lease takes an idle handle before it opens one, handles in use at
 // once are distinct, a discarded handle is closed and never handed out again, and the pool closes the rest.
-#include "tiler/handle_pool.hpp"
+#include "tiler/io/readers/handle_pool.hpp"
 
 #include <gtest/gtest.h>
 

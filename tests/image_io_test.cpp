@@ -1,4 +1,4 @@
-#include "tiler/image_io.hpp"
+#include "tiler/io/image_io.hpp"
 
 #include <gtest/gtest.h>
 #include <tiffio.h>
@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "test_util.hpp"
-#include "tiler/error.hpp"
+#include "tiler/core/error.hpp"
 
 namespace fs = std::filesystem;
 

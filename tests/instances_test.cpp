@@ -2,7 +2,7 @@
 // at a corner apart), objects measured from their pixels, ids that are no ids refused, and each object kept
 // once, by the window whose core holds its centroid, in any arrival order, into GeoJSON, CSV and a uint32
 // TIFF equal to the image's own objects; objects cut by a window edge counted, never duplicated.
-#include "tiler/instances.hpp"
+#include "tiler/writers/instances.hpp"
 
 #include <gtest/gtest.h>
 #include <opencv2/imgproc.hpp>
@@ -17,7 +17,7 @@
 #include <set>
 
 #include "test_util.hpp"
-#include "tiler/error.hpp"
+#include "tiler/core/error.hpp"
 
 namespace fs = std::filesystem;
 

@@ -1,12 +1,12 @@
-#include "tiler/launcher.hpp"
+#include "tiler/ctrun/launcher.hpp"
 
 #include "test_util.hpp"
+#include "tiler/core/platform.hpp"
+#include "tiler/core/rendezvous.hpp"
 #include "tiler/ctrun/agent.hpp"
 #include "tiler/ctrun/options.hpp"
 #include "tiler/ctrun/signals.hpp"
 #include "tiler/ctrun/streams.hpp"
-#include "tiler/platform.hpp"
-#include "tiler/rendezvous.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

@@ -1,6 +1,6 @@
 // The window loader: padding, channel adaptation of every sample type, read-ahead that stops promptly and
 // carries errors, and per-image failures that never stop the batch.
-#include "tiler/loader.hpp"
+#include "tiler/dist/loader.hpp"
 
 #include <gtest/gtest.h>
 
@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "test_util.hpp"
-#include "tiler/error.hpp"
+#include "tiler/core/error.hpp"
 
 namespace fs = std::filesystem;
 

@@ -1,5 +1,5 @@
 // Masks: tissue, nodata, alpha and file masks at low resolution, and the share of a window inside them.
-#include "tiler/mask.hpp"
+#include "tiler/io/mask.hpp"
 
 #include <gtest/gtest.h>
 #include <tiffio.h>
@@ -9,7 +9,7 @@
 #include <opencv2/imgproc.hpp>
 
 #include "test_util.hpp"
-#include "tiler/error.hpp"
+#include "tiler/core/error.hpp"
 
 namespace fs = std::filesystem;
 

@@ -1,4 +1,4 @@
-#include "tiler/model.hpp"
+#include "tiler/model/model.hpp"
 
 #include <ATen/Parallel.h>
 #include <c10/core/CPUAllocator.h>
@@ -24,9 +24,9 @@
 #include <tuple>
 
 #include "test_util.hpp"
-#include "tiler/error.hpp"
-#include "tiler/launcher.hpp"
-#include "tiler/platform.hpp"
+#include "tiler/core/error.hpp"
+#include "tiler/core/platform.hpp"
+#include "tiler/ctrun/launcher.hpp"
 #include "tiler/tasks/registry.hpp"
 
 namespace fs = std::filesystem;

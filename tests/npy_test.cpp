@@ -1,5 +1,5 @@
 // npy: the .npy reader's formats, byte by byte, and its refusals.
-#include "tiler/npy.hpp"
+#include "tiler/core/npy.hpp"
 
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include <fstream>
 
 #include "test_util.hpp"
-#include "tiler/error.hpp"
+#include "tiler/core/error.hpp"
 
 using namespace tiler;
 

@@ -1,11 +1,11 @@
 // output_kinds: the one table of --save's kinds.
-#include "tiler/output_kinds.hpp"
+#include "tiler/core/output_kinds.hpp"
 
 #include <gtest/gtest.h>
 
 #include <set>
 
-#include "tiler/error.hpp"
+#include "tiler/core/error.hpp"
 
 using namespace tiler;
 

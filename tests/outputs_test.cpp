@@ -2,7 +2,7 @@
 // and goes on, or stops at once with abort_on_error, and the device stitcher (device_stitch), run here on
 // the CPU device with the same LibTorch operations a GPU runs: the host's bytes, and the host's path for an
 // image whose accumulator the device cannot hold.
-#include "tiler/outputs.hpp"
+#include "tiler/stitch/outputs.hpp"
 
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
@@ -11,7 +11,7 @@
 #include <limits>
 
 #include "test_util.hpp"
-#include "tiler/fault.hpp"
+#include "tiler/core/fault.hpp"
 #include "tiler/tasks/registry.hpp"
 
 namespace fs = std::filesystem;

@@ -1,5 +1,5 @@
 // End-to-end tests of `tiler infer`: real processes, launched through ctrun or with launcher variables.
-#include "tiler/pipeline.hpp"
+#include "tiler/infer/pipeline.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -26,11 +26,11 @@
 #include "range_server.hpp"
 #include "slide_util.hpp"
 #include "test_util.hpp"
-#include "tiler/error.hpp"
-#include "tiler/image_io.hpp"
-#include "tiler/model.hpp"
-#include "tiler/model_runtime.hpp"
-#include "tiler/platform.hpp"
+#include "tiler/core/error.hpp"
+#include "tiler/core/platform.hpp"
+#include "tiler/io/image_io.hpp"
+#include "tiler/model/model.hpp"
+#include "tiler/model/model_runtime.hpp"
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;

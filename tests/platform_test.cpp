@@ -1,5 +1,5 @@
 // platform: files created anew (never through a planted link), atomic writes, the output directory's lock.
-#include "tiler/platform.hpp"
+#include "tiler/core/platform.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // Polygons and class names: parsing --classes, the palette, and GeoJSON outlines whose areas are pixel
 // counts.
-#include "tiler/polygons.hpp"
+#include "tiler/io/polygons.hpp"
 
 #include <gtest/gtest.h>
 
@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "test_util.hpp"
-#include "tiler/error.hpp"
-#include "tiler/image_io.hpp"
+#include "tiler/core/error.hpp"
+#include "tiler/io/image_io.hpp"
 
 namespace fs = std::filesystem;
 

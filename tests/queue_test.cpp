@@ -1,4 +1,4 @@
-#include "tiler/queue.hpp"
+#include "tiler/core/queue.hpp"
 
 #include <gtest/gtest.h>
 

@@ -14,7 +14,7 @@
 #include <string>
 
 #include "test_util.hpp"
-#include "tiler/image_io.hpp"
+#include "tiler/io/image_io.hpp"
 
 namespace tiler::test {
 

@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "tiler/dist.hpp"
+#include "tiler/dist/dist.hpp"
 
 namespace tiler::test {
 

@@ -2,7 +2,7 @@
 // vendor slide whatever its name, libtiff for other TIFFs, OpenSlide's own error for a slide name it cannot
 // read, OpenCV for the rest, and a refusal for a .tif that is not a TIFF; remote inputs (URLs) go to libtiff
 // by byte ranges through GDAL, served in these tests by tests/range_server.py.
-#include "tiler/readers.hpp"
+#include "tiler/io/readers/readers.hpp"
 
 #include <gtest/gtest.h>
 
@@ -14,9 +14,9 @@
 #include "range_server.hpp"
 #include "slide_util.hpp"
 #include "test_util.hpp"
-#include "tiler/error.hpp"
-#include "tiler/platform.hpp"
-#include "tiler/remote_input.hpp"
+#include "tiler/core/error.hpp"
+#include "tiler/core/platform.hpp"
+#include "tiler/io/readers/remote_input.hpp"
 
 namespace fs = std::filesystem;
 

@@ -1,6 +1,6 @@
 // rendezvous: the agents' store (set/get/add/wait, bounded calls, a host that goes away) and flag parsing.
 // The agents themselves are tested as real processes in launcher_test (Rendezvous.*).
-#include "tiler/rendezvous.hpp"
+#include "tiler/core/rendezvous.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -20,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-#include "tiler/error.hpp"
+#include "tiler/core/error.hpp"
 
 namespace tiler {
 namespace {

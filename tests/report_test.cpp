@@ -1,5 +1,5 @@
 // The report: statuses as users read them, the exit code they imply, atomic writes.
-#include "tiler/report.hpp"
+#include "tiler/dist/report.hpp"
 
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "test_util.hpp"
-#include "tiler/error.hpp"
+#include "tiler/core/error.hpp"
 
 namespace fs = std::filesystem;
 

@@ -1,5 +1,5 @@
 // slide: resolution choice, resampling that tiles exactly, TIFF levels (pages and SubIFDs) and OpenSlide.
-#include "tiler/resolution.hpp"
+#include "tiler/io/resolution.hpp"
 
 #include <gtest/gtest.h>
 #include <tiffio.h>
@@ -11,8 +11,8 @@
 
 #include "slide_util.hpp"
 #include "test_util.hpp"
-#include "tiler/error.hpp"
-#include "tiler/readers.hpp"
+#include "tiler/core/error.hpp"
+#include "tiler/io/readers/readers.hpp"
 
 namespace fs = std::filesystem;
 

@@ -1,4 +1,4 @@
-#include "tiler/sampler.hpp"
+#include "tiler/core/sampler.hpp"
 
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include <random>
 #include <set>
 
-#include "tiler/error.hpp"
+#include "tiler/core/error.hpp"
 
 namespace tiler {
 namespace {

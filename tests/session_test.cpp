@@ -1,7 +1,7 @@
 // A job's rank session with ranks as threads over an in-process store: setup that one rank fails ends every
 // rank there with that rank's message, finish() gives every rank rank 0's exit code (or its failure), and
 // a directory is locked by one session at a time.
-#include "tiler/session.hpp"
+#include "tiler/dist/session.hpp"
 
 #include <gtest/gtest.h>
 

@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-#include "tiler/error.hpp"
+#include "tiler/core/error.hpp"
 #include "tiler/tasks/heads.hpp"
 
 namespace tiler {

@@ -22,10 +22,10 @@
 #include <string>
 #include <vector>
 
-#include "tiler/error.hpp"
-#include "tiler/launcher.hpp"
-#include "tiler/platform.hpp"
-#include "tiler/version.hpp"
+#include "tiler/core/error.hpp"
+#include "tiler/core/platform.hpp"
+#include "tiler/core/version.hpp"
+#include "tiler/ctrun/launcher.hpp"
 
 namespace tiler::test {
 

@@ -1,9 +1,9 @@
-#include "tiler/version.hpp"
-#include "tiler/runtime_info.hpp"
+#include "tiler/core/version.hpp"
+#include "tiler/model/runtime_info.hpp"
 
 #include <gtest/gtest.h>
 
-#include "tiler/error.hpp"
+#include "tiler/core/error.hpp"
 
 #include <array>
 #include <cstdio>

@@ -2,7 +2,7 @@
 // where installed, Python's torch.load) and class scores (CSV, QuPath tiles, heatmap) in window order
 // whatever order the vectors arrive in, level-0 coordinates, masked windows absent, the same bytes for any
 // arrival order, and nothing left behind by an image that is not committed.
-#include "tiler/window_outputs.hpp"
+#include "tiler/writers/window_outputs.hpp"
 
 #include <gtest/gtest.h>
 #include <torch/script.h>
@@ -20,7 +20,7 @@
 #include <sstream>
 
 #include "test_util.hpp"
-#include "tiler/error.hpp"
+#include "tiler/core/error.hpp"
 
 namespace fs = std::filesystem;
 

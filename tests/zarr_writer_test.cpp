@@ -1,4 +1,4 @@
-#include "tiler/zarr_writer.hpp"
+#include "tiler/writers/zarr_writer.hpp"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "test_util.hpp"
-#include "tiler/error.hpp"
-#include "tiler/image_io.hpp"
+#include "tiler/core/error.hpp"
+#include "tiler/io/image_io.hpp"
 
 namespace fs = std::filesystem;
 

@@ -7,7 +7,7 @@
 #include <ctime>
 #include <sstream>
 
-#include "tiler/platform.hpp"
+#include "tiler/core/platform.hpp"
 
 namespace tiler::ctrun {
 namespace {

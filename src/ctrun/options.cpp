@@ -13,13 +13,13 @@
 #include <sstream>
 #include <tuple>
 
-#include "tiler/cli.hpp"
+#include "tiler/core/cli.hpp"
+#include "tiler/core/platform.hpp"
+#include "tiler/core/rendezvous.hpp"
+#include "tiler/core/version.hpp"
 #include "tiler/ctrun/rendezvous/registry.hpp"
 #include "tiler/ctrun/signals.hpp"
 #include "tiler/ctrun/streams.hpp"
-#include "tiler/platform.hpp"
-#include "tiler/rendezvous.hpp"
-#include "tiler/version.hpp"
 
 namespace tiler::ctrun {
 namespace {

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <sstream>
 
-#include "tiler/launcher.hpp"
+#include "tiler/ctrun/launcher.hpp"
 
 namespace tiler::ctrun {
 namespace {

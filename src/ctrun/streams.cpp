@@ -6,8 +6,8 @@
 #include <optional>
 #include <sstream>
 
-#include "tiler/error.hpp"
-#include "tiler/platform.hpp"
+#include "tiler/core/error.hpp"
+#include "tiler/core/platform.hpp"
 
 namespace tiler::ctrun {
 namespace {

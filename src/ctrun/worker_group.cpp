@@ -13,9 +13,9 @@
 #include <cstring>
 #include <filesystem>
 
+#include "tiler/core/platform.hpp"
 #include "tiler/ctrun/failures.hpp"
 #include "tiler/ctrun/signals.hpp"
-#include "tiler/platform.hpp"
 
 namespace fs = std::filesystem;
 

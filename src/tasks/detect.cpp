@@ -1,7 +1,7 @@
 #include "tiler/tasks/detect.hpp"
 
-#include "tiler/error.hpp"
-#include "tiler/window_outputs.hpp"
+#include "tiler/core/error.hpp"
+#include "tiler/writers/window_outputs.hpp"
 
 namespace tiler {
 namespace {

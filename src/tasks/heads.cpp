@@ -2,8 +2,8 @@
 
 #include <sstream>
 
-#include "tiler/error.hpp"
-#include "tiler/output_kinds.hpp"
+#include "tiler/core/error.hpp"
+#include "tiler/core/output_kinds.hpp"
 
 namespace tiler {
 namespace {

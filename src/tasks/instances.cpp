@@ -2,8 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
-#include "tiler/error.hpp"
-#include "tiler/instances.hpp"
+#include "tiler/core/error.hpp"
+#include "tiler/writers/instances.hpp"
 
 namespace tiler {
 namespace {

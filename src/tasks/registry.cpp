@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "tiler/error.hpp"
+#include "tiler/core/error.hpp"
 #include "tiler/tasks/classify.hpp"
 #include "tiler/tasks/detect.hpp"
 #include "tiler/tasks/embed.hpp"

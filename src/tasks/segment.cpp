@@ -5,12 +5,12 @@
 #include <atomic>
 #include <filesystem>
 
-#include "tiler/blend.hpp"
-#include "tiler/device_stitch.hpp"
-#include "tiler/error.hpp"
-#include "tiler/map_writers.hpp"
-#include "tiler/platform.hpp"
+#include "tiler/core/error.hpp"
+#include "tiler/core/platform.hpp"
+#include "tiler/stitch/device_stitch.hpp"
 #include "tiler/tasks/registry.hpp"
+#include "tiler/writers/blend.hpp"
+#include "tiler/writers/map_writers.hpp"
 
 namespace fs = std::filesystem;
 

@@ -2,9 +2,9 @@
 
 #include <spdlog/spdlog.h>
 
-#include "tiler/error.hpp"
+#include "tiler/core/error.hpp"
 #include "tiler/tasks/registry.hpp"
-#include "tiler/window_outputs.hpp"
+#include "tiler/writers/window_outputs.hpp"
 
 namespace tiler {
 

@@ -20,16 +20,16 @@
 #include <sstream>
 #include <thread>
 
-#include "tiler/blend.hpp"
-#include "tiler/cli.hpp"
-#include "tiler/dist.hpp"
-#include "tiler/error.hpp"
-#include "tiler/image_io.hpp"
-#include "tiler/loader.hpp"
-#include "tiler/model.hpp"
-#include "tiler/pipeline.hpp"
-#include "tiler/platform.hpp"
-#include "tiler/report.hpp"
+#include "tiler/core/cli.hpp"
+#include "tiler/core/error.hpp"
+#include "tiler/core/platform.hpp"
+#include "tiler/dist/dist.hpp"
+#include "tiler/dist/loader.hpp"
+#include "tiler/dist/report.hpp"
+#include "tiler/infer/pipeline.hpp"
+#include "tiler/io/image_io.hpp"
+#include "tiler/model/model.hpp"
+#include "tiler/writers/blend.hpp"
 
 namespace {
 

@@ -5,15 +5,15 @@
 #include <opencv2/imgproc.hpp>
 
 #include "commands.hpp"
-#include "tiler/catalog.hpp"
-#include "tiler/error.hpp"
-#include "tiler/image_io.hpp"
-#include "tiler/mask.hpp"
-#include "tiler/model.hpp"
-#include "tiler/model_card.hpp"
-#include "tiler/npy.hpp"
-#include "tiler/output_kinds.hpp"
-#include "tiler/platform.hpp"
+#include "tiler/core/error.hpp"
+#include "tiler/core/model_card.hpp"
+#include "tiler/core/npy.hpp"
+#include "tiler/core/output_kinds.hpp"
+#include "tiler/core/platform.hpp"
+#include "tiler/io/catalog.hpp"
+#include "tiler/io/image_io.hpp"
+#include "tiler/io/mask.hpp"
+#include "tiler/model/model.hpp"
 
 namespace tiler::tools {
 

@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
-#include "tiler/grid.hpp"
-#include "tiler/mask.hpp"
-#include "tiler/resolution.hpp"
+#include "tiler/core/grid.hpp"
+#include "tiler/io/mask.hpp"
+#include "tiler/io/resolution.hpp"
 
 namespace tiler::tools {
 

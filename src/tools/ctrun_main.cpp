@@ -1,9 +1,9 @@
 // ctrun: torchrun's launcher contract in C++. Parses torchrun's flags and hands them to tiler::Launcher.
 #include <iostream>
 
+#include "tiler/core/error.hpp"
+#include "tiler/ctrun/launcher.hpp"
 #include "tiler/ctrun/options.hpp"
-#include "tiler/error.hpp"
-#include "tiler/launcher.hpp"
 
 int main(int argc, char** argv) {
   tiler::LaunchOptions o;

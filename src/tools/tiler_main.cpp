@@ -8,14 +8,14 @@
 #include <set>
 
 #include "commands.hpp"
-#include "tiler/cli.hpp"
-#include "tiler/error.hpp"
-#include "tiler/finetune.hpp"
-#include "tiler/model_card.hpp"
-#include "tiler/output_kinds.hpp"
-#include "tiler/pipeline.hpp"
-#include "tiler/runtime_info.hpp"
-#include "tiler/version.hpp"
+#include "tiler/core/cli.hpp"
+#include "tiler/core/error.hpp"
+#include "tiler/core/model_card.hpp"
+#include "tiler/core/output_kinds.hpp"
+#include "tiler/core/version.hpp"
+#include "tiler/finetune/finetune.hpp"
+#include "tiler/infer/pipeline.hpp"
+#include "tiler/model/runtime_info.hpp"
 
 namespace {
 

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "read_everything.hpp"
-#include "tiler/readers.hpp"
+#include "tiler/io/readers/readers.hpp"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   setenv("OPENCV_IO_MAX_IMAGE_PIXELS", "1048576", 1);  // keep OpenCV's own allocations small

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <string>
 
-#include "tiler/error.hpp"
-#include "tiler/image_io.hpp"
+#include "tiler/core/error.hpp"
+#include "tiler/io/image_io.hpp"
 
 namespace tiler::fuzz {
 

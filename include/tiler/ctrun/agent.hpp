@@ -6,8 +6,8 @@
 
 #include <string>
 
+#include "tiler/ctrun/launcher.hpp"
 #include "tiler/ctrun/options.hpp"
-#include "tiler/launcher.hpp"
 
 namespace tiler::ctrun {
 

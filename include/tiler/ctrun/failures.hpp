@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tiler/launcher.hpp"
+#include "tiler/ctrun/launcher.hpp"
 
 namespace tiler::ctrun {
 

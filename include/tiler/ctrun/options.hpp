@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "tiler/launcher.hpp"
+#include "tiler/ctrun/launcher.hpp"
 
 namespace tiler::ctrun {
 

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "tiler/ctrun/launcher.hpp"
 #include "tiler/ctrun/streams.hpp"
-#include "tiler/launcher.hpp"
 
 namespace tiler::ctrun {
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "tiler/job_options.hpp"
+#include "tiler/core/job_options.hpp"
 
 namespace tiler {
 

@@ -14,12 +14,12 @@
 #include <string>
 #include <vector>
 
-#include "tiler/catalog.hpp"
-#include "tiler/grid.hpp"
-#include "tiler/model.hpp"
-#include "tiler/output_kinds.hpp"
-#include "tiler/outputs.hpp"
-#include "tiler/polygons.hpp"
+#include "tiler/core/grid.hpp"
+#include "tiler/core/output_kinds.hpp"
+#include "tiler/io/catalog.hpp"
+#include "tiler/io/polygons.hpp"
+#include "tiler/model/model.hpp"
+#include "tiler/stitch/outputs.hpp"
 
 namespace tiler {
 

@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <memory>
 
+#include "tiler/core/error.hpp"
 #include "tiler/ctrun/rendezvous/handler.hpp"
 #include "tiler/ctrun/signals.hpp"
-#include "tiler/error.hpp"
 
 namespace tiler::ctrun {
 namespace {

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <thread>
 
+#include "tiler/core/error.hpp"
 #include "tiler/ctrun/failures.hpp"
 #include "tiler/ctrun/signals.hpp"
-#include "tiler/error.hpp"
 
 namespace tiler::ctrun {
 

@@ -1,6 +1,6 @@
 #include "tiler/ctrun/rendezvous/registry.hpp"
 
-#include "tiler/error.hpp"
+#include "tiler/core/error.hpp"
 
 namespace tiler::ctrun {
 

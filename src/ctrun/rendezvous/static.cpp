@@ -3,8 +3,8 @@
 // the workers' MASTER is --master_addr:--master_port.
 #include <memory>
 
+#include "tiler/core/error.hpp"
 #include "tiler/ctrun/rendezvous/handler.hpp"
-#include "tiler/error.hpp"
 
 namespace tiler::ctrun {
 namespace {

@@ -16,8 +16,8 @@
 #include <utility>
 #include <vector>
 
-#include "tiler/launcher.hpp"
-#include "tiler/rendezvous.hpp"
+#include "tiler/core/rendezvous.hpp"
+#include "tiler/ctrun/launcher.hpp"
 
 namespace tiler::ctrun {
 

@@ -1,0 +1,75 @@
+// map_writers: the outputs of a stitched map (--task segment) behind one interface, one registry row per
+// --save kind (output_kinds.hpp names the kinds): labels (TIFF or PNG), probs (TIFF), polygons (GeoJSON
+// traced from the labels), zarr (an OME-Zarr store). The stitcher hands each finished band, top to bottom, to
+// every writer of an image, as the labels and stored probabilities each asked for; an image commits in two
+// phases (every writer finished under its partial name, then all renamed or none: commitAllOrNothing). No
+// LibTorch. Promise: a writer holds a band of rows (or rows of tiles/chunks), never the image; a writer
+// destroyed before its commit removes what it wrote; every failure is an IoError naming the file.
+#pragma once
+
+#include <memory>
+#include <opencv2/core.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tiler/io/image_io.hpp"
+#include "tiler/io/polygons.hpp"
+
+namespace tiler {
+
+// What every writer of one image's map knows: sizes, classes, the stage's writer options.
+struct MapOutput {
+  int64_t width = 0, height = 0;             // output pixels
+  int classes = 2;                           // the model's output channels
+  SampleType probs_type = SampleType::kF32;  // probabilities as stored (--probs_dtype)
+  std::vector<ClassInfo> classes_named;      // --classes
+  std::string format = "tif";                // labels: tif | png
+  WriterOptions writer;                      // compression, pool, metadata, µm/px, pyramid: the stage's
+  double simplify = 0.0;                     // polygons: tolerance in input pixels
+  double input_pixels_per_label_pixel = 1.0;
+  // polygons: the labels file another writer of the image makes (its partial name; GDAL reads TIFF and PNG),
+  // read instead of a copy of its own.
+  std::string labels_raster;
+};
+
+// One band of the map, as its writers asked for it: labels (labelSampleType, one channel) and the
+// probabilities as stored (probs_type, C channels); each null when no writer of the image needs it.
+struct MapBand {
+  const cv::Mat* labels = nullptr;
+  const cv::Mat* probs = nullptr;
+};
+
+class MapWriter {
+ public:
+  virtual ~MapWriter() = default;
+  virtual bool needsLabels() const = 0;
+  virtual bool needsProbs() const = 0;
+  virtual void write(const MapBand& band) = 0;
+  // Phase one: everything written and closed under the partial name.
+  virtual void finish() = 0;
+  // Phase two: renamed into place, the final names added to `renamed` (taken back if a later one fails).
+  virtual void commit(std::vector<std::string>& renamed) = 0;
+  // TILER_FAULT stage:write: what it compresses from now on throws.
+  virtual void injectFault() = 0;
+  // The labels file this writer makes (its partial name), for the polygons to read; "": none.
+  virtual std::string labelsRaster() const { return ""; }
+};
+
+// The probabilities' description (TIFF ImageDescription, Zarr attributes): how to read them back (tiler info
+// prints it), with the class names.
+std::string probabilitiesDescription(SampleType type, const std::vector<ClassInfo>& named);
+
+// The writer of --save kind `kind` for an image whose output is `path` (its output name); null when `kind`
+// is not a map's output. Writers are made in output_kinds' table order, so a labels TIFF comes before the
+// polygons that read it.
+std::unique_ptr<MapWriter> makeMapWriter(const std::string& kind, const std::string& path,
+                                         const MapOutput& output);
+
+// The registry's rows: each kind's opener (one file of its own each, e.g. zarr_writer.cpp).
+std::unique_ptr<MapWriter> openLabelsWriter(const std::string& path, const MapOutput& output);
+std::unique_ptr<MapWriter> openProbsWriter(const std::string& path, const MapOutput& output);
+std::unique_ptr<MapWriter> openPolygonsWriter(const std::string& path, const MapOutput& output);
+std::unique_ptr<MapWriter> openZarrWriter(const std::string& path, const MapOutput& output);
+
+}  // namespace tiler

@@ -1,0 +1,240 @@
+// window_outputs: the outputs of a model that gives one vector per window instead of a map: an encoder's
+// features (embed), a classifier's class scores (classify) or a detector's boxes (detect: a fixed number of
+// box records a window, merged by the windows' cores, clipped to the image; NMS near linear in the boxes,
+// through a spatial index). No LibTorch, no blending.
+// Promise: an image's vectors are written in its window order (the catalog's, whatever order they arrive
+// in: early ones wait in memory, as the stitcher's rows do), each window with its level-0 rectangle.
+// Every file is written as "<name>.partial" and renamed by commit() together with the image's others; a
+// writer destroyed before commit removes its partial files. Bytes depend only on the vectors and the
+// options: the HDF5 file is written in whole chunks in a fixed order with no timestamps, and the tensor file
+// is torch.save's zip layout with fixed records, so any world size gives the same files. Every failure is an
+// IoError naming the file. Neither file is ever all in memory: rows are written (or set aside) as they come.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tiler/core/job_options.hpp"
+#include "tiler/core/output_kinds.hpp"
+#include "tiler/io/catalog.hpp"
+#include "tiler/io/geojson.hpp"
+#include "tiler/io/image_io.hpp"
+#include "tiler/io/polygons.hpp"
+
+namespace tiler {
+
+// A window where the level-0 image has it (pixels; the window may reach past an image smaller than it), and
+// its cell in the grid.
+struct WindowPlace {
+  int64_t x = 0, y = 0, width = 0, height = 0;
+  int64_t column = 0, row = 0;
+};
+// Grid window `window` of `image` in level-0 pixels: processing pixels x the processing downsample, rounded.
+WindowPlace placeWindow(const CatalogImage& image, int64_t window);
+
+struct WindowOutputOptions {
+  ModelTask task = ModelTask::kEmbed;      // kEmbed, kClassify or kDetect
+  std::vector<std::string> kinds;          // what to write (outputKindsOf(task))
+  int64_t dim = 0;                         // features D, classes K, or 6 N for N boxes
+  std::string encoder;                     // embed: the HDF5 attribute `encoder`
+  double overlap = 0.0;                    // the grid's overlap (x), for the HDF5 attribute
+  std::vector<ClassInfo> classes;          // classify: names and colours of classes 0..K-1 (classNames)
+  std::optional<Compression> compression;  // the heatmap's (unset: defaultCompression)
+  // detect: a kept box that a box of its class overlapping it by more than this IoU outscores is dropped
+  // (non-maximum suppression across windows; 0: none).
+  double nms_iou = 0.0;
+};
+
+// The most classes a classify heatmap holds (a band each: OpenCV's channel limit); a job asking for a heatmap
+// of more is refused at set-up.
+constexpr int64_t kHeatmapMaxClasses = 512;
+
+// Class names for K classes: --classes as given, else class_0, class_1, ... (CSV column prob_<name>);
+// classes without a colour of their own get distinct palette colours (none black).
+std::vector<ClassInfo> classNames(int64_t classes, const std::vector<ClassInfo>& named);
+// An object's class k: --classes' k-th where named, else class_<k> in a distinct colour.
+ClassInfo objectClass(int k, const std::vector<ClassInfo>& named);
+// The objective power of `image`'s level 0: the slide's own, else TRIDENT's bucket of its µm/px (0.25 -> 40x,
+// 0.5 -> 20x, 1.0 -> 10x); none when neither is known.
+std::optional<double> level0Magnification(const CatalogImage& image);
+// A CSV field per RFC 4180: quoted (inner quotes doubled) when it holds a comma, a quote or a line break.
+std::string csvField(const std::string& text);
+
+// Whether `at` (padded-image pixels along one axis) lies in window `i`'s share of that axis: the points
+// nearer its centre (starts[i] + size / 2) than any other window's, the first and last windows' shares
+// running on past the grid. The crop blend's partition: an object is kept by the one window whose core holds
+// its centre, whatever the world size. Twice and four times the coordinates keep half pixels exact.
+bool inWindowCore(const std::vector<int64_t>& starts, int64_t size, size_t i, double at);
+
+// One text output written under "<path>.partial" (created anew); removed when destroyed uncommitted. Every
+// failure is an IoError naming the file.
+class TextFile {
+ public:
+  explicit TextFile(std::string path);
+  ~TextFile();
+  TextFile(const TextFile&) = delete;
+  TextFile& operator=(const TextFile&) = delete;
+  void write(const std::string& text) { write(text.data(), text.size()); }
+  void write(const void* data, size_t bytes);
+  // Flushes and closes; `durable`: synced to disk first (a scratch file, read back and removed, need not be).
+  void finish(bool durable = true);
+  std::string partial() const { return path_ + ".partial"; }
+  const std::string& path() const { return path_; }
+  void committed() { committed_ = true; }
+
+ private:
+  std::string path_;
+  FILE* file_ = nullptr;  // owned
+  bool committed_ = false;
+};
+
+// Renames `path`.partial to `path`.
+void renameFromPartial(const std::string& path);
+// Renames a finished file (path(), committed()) into place and adds it to `renamed`, the files a later
+// failure takes back.
+template <typename File>
+void commitFile(File& file, std::vector<std::string>& renamed) {
+  renameFromPartial(file.path());
+  file.committed();
+  renamed.push_back(file.path());
+}
+
+// Renames a finished TIFF (ImageWriter::finish) into place and adds it to `renamed`.
+void commitFile(ImageWriter& writer, std::vector<std::string>& renamed);
+// Phase two of committing an image's files, all or nothing: `rename_all` renames each finished file into
+// place (commitFile), adding it to the list it is given; when one fails, those already renamed are removed
+// and the error goes on. Returns the final paths.
+std::vector<std::string> commitAllOrNothing(
+    const std::function<void(std::vector<std::string>& renamed)>& rename_all);
+
+// An image's window results in its window order, whatever order they arrive in: the result whose turn it is
+// is written at once, then those that waited for it; one that comes early is held until its turn.
+template <typename T>
+class InWindowOrder {
+ public:
+  explicit InWindowOrder(const CatalogImage& image) : image_(image) {}
+  // write(window, result) for `window`'s result when its turn has come, then for each held one whose turn
+  // follows.
+  template <typename Write>
+  void take(int64_t window, T result, const Write& write) {
+    if (done() || window != image_.gridWindow(written_)) {
+      early_.emplace(window, std::move(result));
+      return;
+    }
+    write(window, result);
+    ++written_;
+    for (auto it = early_.begin(); !done() && it != early_.end() && it->first == image_.gridWindow(written_);
+         it = early_.erase(it)) {
+      write(it->first, it->second);
+      ++written_;
+    }
+  }
+  bool done() const { return written_ == image_.plannedWindows(); }
+  int64_t written() const { return written_; }   // planned windows written
+  size_t held() const { return early_.size(); }  // results waiting for their turn
+
+ private:
+  const CatalogImage& image_;  // the catalog's, which outlives its user
+  int64_t written_ = 0;
+  std::map<int64_t, T> early_;  // grid window -> its result, until its turn
+};
+
+// A GeoJSON output: a TextFile under its partial name, written through the one GeoJSON writer (geojson.hpp).
+struct GeoJsonFile {
+  explicit GeoJsonFile(const std::string& path, const std::string& crs = "")
+      : file(path), writer([this](const std::string& text) { file.write(text); }, crs) {}
+  GeoJsonFile(const GeoJsonFile&) = delete;
+  GeoJsonFile& operator=(const GeoJsonFile&) = delete;
+  // Closes the collection and the file (still under its partial name).
+  void finish() {
+    writer.finish();
+    file.finish();
+  }
+  TextFile file;
+  GeoJsonWriter writer;  // writes into `file`
+};
+
+// Creates `image`'s objects GeoJSON (outputs["objects"]); a georeferenced TIFF's objects are placed in its
+// CRS (QGIS), which `geo` receives and the file names.
+std::unique_ptr<GeoJsonFile> openObjectsGeojson(const CatalogImage& image, std::optional<GeoFrame>& geo);
+
+// What takes an image's window results (MONAI's Merger): stitched maps (outputs.cpp's StitchedOutputs),
+// per-window vectors and boxes (WindowOutputs), instance maps (InstanceOutputs). The output stage hands it
+// each window once, in any order, and commits it when done. Not thread safe (the output stage's thread).
+class WindowConsumer {
+ public:
+  virtual ~WindowConsumer() = default;
+  // The result of grid window `window` (one of the image's planned windows) as the model gave it.
+  virtual void add(int64_t window, const float* values) = 0;
+  // A window's result as the record its rank made of it (a task that exchanges records: instances).
+  virtual void addRecord(int64_t window, const std::string& record);
+  // A step's windows of the image, in window order (a stitcher accumulates a grid row's together).
+  virtual void addMany(const std::vector<std::pair<int64_t, const float*>>& windows) {
+    for (const auto& [window, values] : windows) add(window, values);
+  }
+  // Every planned window added (true at once for an image without any).
+  virtual bool done() const = 0;
+  // Closes every file under its partial name (throws IoError; nothing is renamed then), then renames them
+  // all; a failed rename takes back those already renamed. Returns the final paths.
+  virtual std::vector<std::string> commit() = 0;
+  // Object tasks: the objects written and those a window edge inside the image cut; nullopt otherwise.
+  virtual std::optional<std::array<int64_t, 2>> objects() const { return std::nullopt; }
+  // Values of the windows' results that were not finite, where the consumer counts them itself (records).
+  virtual int64_t nonFiniteValues() const { return 0; }
+  // TILER_FAULT's write failure: true when the consumer's tiles now fail as they are compressed; false when
+  // it writes no tiles (the stage fails the image itself).
+  virtual bool injectTileFault() { return false; }
+};
+
+// detect: what the rank that ran grid window `window` sends its image's owner: the boxes (rows of 6 floats,
+// as the model gave them) that the window keeps, those whose centre lies in its core and inside the image.
+// Padding rows (a score <= 0) are neither sent nor checked, whatever they hold; a box that is no box (a value
+// that is not finite among them) throws an IoError naming window and box, so a kept box is always finite.
+std::string detectionRecord(const CatalogImage& image, const WindowOutputOptions& options, int64_t window,
+                            const float* values);
+
+// The outputs of one image. Not thread safe (the output stage's thread).
+class WindowOutputs : public WindowConsumer {
+ public:
+  // Creates the partial files of `image`'s outputs (image.outputs names them, by kind).
+  WindowOutputs(const CatalogImage& image, WindowOutputOptions options);
+  ~WindowOutputs() override;
+  WindowOutputs(const WindowOutputs&) = delete;
+  WindowOutputs& operator=(const WindowOutputs&) = delete;
+
+  // The vector (dim floats) of grid window `window`, one of the image's planned windows, in any order.
+  void add(int64_t window, const float* values) override;
+  // detect: the boxes its rank kept of the window (detectionRecord).
+  void addRecord(int64_t window, const std::string& record) override;
+  bool done() const override { return order_.done(); }
+  // Vectors held because they arrived before their turn.
+  size_t heldVectors() const { return order_.held(); }
+  std::vector<std::string> commit() override;
+  // detect: the objects written and those of them cut by a window edge inside the image; nullopt otherwise.
+  std::optional<std::array<int64_t, 2>> objects() const override;
+
+ private:
+  class FeatureFile;
+  class TensorFile;
+  class ClassFiles;
+  class DetectionFiles;
+  void take(int64_t window, std::vector<float> values);
+  void write(int64_t window, const std::vector<float>& values);
+
+  const CatalogImage& image_;  // the catalog's, which outlives the stage
+  WindowOutputOptions options_;
+  InWindowOrder<std::vector<float>> order_;     // a window's vector, or a detector's rows, 6 floats a box
+  std::unique_ptr<FeatureFile> features_;       // owned; null unless saved
+  std::unique_ptr<TensorFile> tensor_;          // owned; null unless features_pt is saved
+  std::unique_ptr<ClassFiles> classes_;         // owned; null unless csv, tiles or heatmap
+  std::unique_ptr<DetectionFiles> detections_;  // owned; null unless objects, objects_csv or coco
+};
+
+}  // namespace tiler

@@ -1,0 +1,459 @@
+#include "tiler/core/rendezvous.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "tiler/core/error.hpp"
+
+namespace tiler {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+bool writeAllTo(int fd, const std::string& s) {
+  size_t off = 0;
+  while (off < s.size()) {
+    ssize_t n = ::send(fd, s.data() + off, s.size() - off, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    off += size_t(n);
+  }
+  return true;
+}
+
+std::string firstWord(const std::string& s, size_t& rest) {
+  const size_t space = s.find(' ');
+  rest = space == std::string::npos ? s.size() : space + 1;
+  return s.substr(0, space);
+}
+
+// The IPv4 address to listen on for an endpoint's host (see StoreServer's constructor).
+in_addr_t bindAddressFor(const std::string& host) {
+  if (host.empty() || host == "0.0.0.0" || host == "*") return htonl(INADDR_ANY);
+  in_addr numeric{};
+  if (inet_pton(AF_INET, host.c_str(), &numeric) == 1) return numeric.s_addr;
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  TILER_CHECK(rc == 0 && found != nullptr, DistError,
+              "cannot host the rendezvous store at '" << host << "': " << gai_strerror(rc));
+  const in_addr_t addr = reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr.s_addr;
+  freeaddrinfo(found);
+  const bool loopback = (ntohl(addr) >> 24) == 127;
+  // "localhost" means this machine only; another name mapped to loopback here is reached by other nodes at
+  // the address their resolver gives, so it must be heard on every interface.
+  if (loopback && host != "localhost") return htonl(INADDR_ANY);
+  return addr;
+}
+
+}  // namespace
+
+struct StoreServer::Client {
+  int fd = -1;
+  std::string in;   // bytes received past the last whole request
+  std::string out;  // replies not yet sent, from out_sent on
+  size_t out_sent = 0;
+  Clock::time_point waiting_since{};  // when `out` last became non-empty or last drained a byte
+  Clock::time_point heard_from{};     // when it last sent a byte (or connected)
+};
+
+StoreServer::StoreServer(const std::string& bind_host, int port, StoreLimits limits) : limits_(limits) {
+  const in_addr_t address = bindAddressFor(bind_host);
+  listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  TILER_CHECK(listen_fd_ >= 0, DistError, "rendezvous store: socket: " << std::strerror(errno));
+  int one = 1;
+  setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = address;
+  addr.sin_port = htons(uint16_t(port));
+  socklen_t len = sizeof addr;
+  if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || listen(listen_fd_, 64) != 0 ||
+      getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    const int err = errno;
+    ::close(listen_fd_);
+    // Waiting cannot help: the endpoint names another machine.
+    TILER_CHECK(err != EADDRNOTAVAIL, ConfigError,
+                "cannot host the rendezvous store at " << bind_host << ": not an address of this machine");
+    TILER_THROW(DistError, "cannot host the rendezvous store on "
+                               << (bind_host.empty() ? "port " : bind_host + ":") << port << ": "
+                               << std::strerror(err));
+  }
+  port_ = ntohs(addr.sin_port);
+  char text[INET_ADDRSTRLEN] = {0};
+  inet_ntop(AF_INET, &addr.sin_addr, text, sizeof text);
+  bound_address_ = text;
+  spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  TILER_CHECK(pipe2(wake_, O_CLOEXEC) == 0, DistError, "pipe: " << std::strerror(errno));
+  thread_ = std::thread([this] { loop(); });
+}
+
+StoreServer::~StoreServer() {
+  const char b = 0;
+  (void)!write(wake_[1], &b, 1);
+  if (thread_.joinable()) thread_.join();
+  ::close(listen_fd_);
+  if (spare_fd_ >= 0) ::close(spare_fd_);
+  ::close(wake_[0]);
+  ::close(wake_[1]);
+}
+
+std::string StoreServer::handle(const std::string& request) {
+  size_t rest = 0;
+  const std::string op = firstWord(request, rest);
+  size_t value_at = 0;
+  const std::string key = firstWord(request.substr(rest), value_at);
+  const std::string value = request.substr(std::min(request.size(), rest + value_at));
+  if (key.size() > limits_.max_key_bytes)
+    return "ERR key of " + std::to_string(key.size()) + " bytes (at most " +
+           std::to_string(limits_.max_key_bytes) + ")";
+  auto it = data_.find(key);
+  // Stores `v` at `key`, within the store's bounds; "" or the refusal.
+  auto put = [&](const std::string& v) -> std::string {
+    if (v.size() > limits_.max_value_bytes)
+      return "ERR value of " + std::to_string(v.size()) + " bytes (at most " +
+             std::to_string(limits_.max_value_bytes) + ")";
+    const size_t before = it == data_.end() ? 0 : key.size() + it->second.size();
+    if (data_bytes_ - before + key.size() + v.size() > limits_.max_store_bytes)
+      return "ERR store full (" + std::to_string(limits_.max_store_bytes) + " bytes)";
+    data_bytes_ = data_bytes_ - before + key.size() + v.size();
+    data_[key] = v;
+    return "";
+  };
+  if (op == "SET") {
+    const std::string refused = put(value);
+    return refused.empty() ? "OK" : refused;
+  }
+  if (op == "GET") return it == data_.end() ? "NONE" : "VAL " + it->second;
+  if (op == "ADD") {
+    int64_t sum = 0;
+    try {
+      sum = (it == data_.end() ? 0 : std::stoll(it->second)) + std::stoll(value);
+    } catch (const std::exception&) {
+      return "ERR not an integer";
+    }
+    const std::string text = std::to_string(sum), refused = put(text);
+    return refused.empty() ? "VAL " + text : refused;
+  }
+  return "ERR unknown request";
+}
+
+void StoreServer::acceptClients(std::vector<Client>& clients) {
+  for (;;) {
+    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0 && (errno == EMFILE || errno == ENFILE) && spare_fd_ >= 0) {
+      // Out of descriptors: the pending connection would keep the listener readable and the loop spinning.
+      // A spare descriptor given up for a moment accepts it, to close it at once.
+      // (accept reports EMFILE before it looks at the queue, so an empty queue ends the round here.)
+      ::close(spare_fd_);
+      fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd >= 0) ::close(fd);
+      spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+      if (fd < 0) return;
+      continue;
+    }
+    if (fd < 0) return;  // EAGAIN: none left (or an error the next poll retries)
+    if (clients.size() >= limits_.max_clients) {
+      ::close(fd);
+      continue;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    clients.push_back(Client{fd, "", "", 0, {}, Clock::now()});
+  }
+}
+
+bool StoreServer::sendReplies(Client& c, Clock::time_point now) {
+  while (c.out_sent < c.out.size()) {
+    const ssize_t n = ::send(c.fd, c.out.data() + c.out_sent, c.out.size() - c.out_sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;  // the rest when it reads
+    if (n <= 0) return false;
+    c.out_sent += size_t(n);
+    c.waiting_since = now;
+  }
+  return true;
+}
+
+void StoreServer::loop() {
+  // The longest request line: "SET <key> <value>".
+  const size_t max_line = limits_.max_key_bytes + limits_.max_value_bytes + 16;
+  std::vector<Client> clients;
+  auto drop = [](Client& c) {
+    ::close(c.fd);
+    c.fd = -1;
+  };
+  size_t total = 0;  // reply bytes not read by any client
+  const auto unread = [](const Client& c) { return c.out.size() - c.out_sent; };
+  for (;;) {
+    std::vector<pollfd> fds{{wake_[0], POLLIN, 0}, {listen_fd_, POLLIN, 0}};
+    total = 0;
+    for (const auto& c : clients) total += unread(c);
+    unread_total_ = total;
+    for (const auto& c : clients) {
+      short events = unread(c) > 0 ? POLLOUT : 0;
+      // Back-pressure: a client that does not read its replies gets no more of its requests handled, nor
+      // does any client while all of them together hold the store's bound.
+      if (unread(c) <= limits_.max_unread_reply_bytes && total <= limits_.max_total_unread_reply_bytes)
+        events |= POLLIN;
+      fds.push_back({c.fd, events, 0});
+    }
+    // Wake up for the stall and idle timeouts of connected clients.
+    const int timeout_ms = clients.empty() ? -1 : 250;
+    if (poll(fds.data(), fds.size(), timeout_ms) < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    if (fds[0].revents) break;
+    const auto now = Clock::now();
+    for (size_t i = 2; i < fds.size(); ++i) {
+      Client& c = clients[i - 2];
+      const short revents = fds[i].revents;
+      if ((revents & (POLLERR | POLLNVAL)) || ((revents & POLLHUP) && !(revents & POLLIN))) {
+        drop(c);  // gone both ways: its replies could not be delivered
+        continue;
+      }
+      if (revents & POLLIN) {
+        char buf[65536];
+        const ssize_t n = ::recv(c.fd, buf, sizeof buf, 0);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+          drop(c);
+          continue;
+        }
+        if (n > 0) {
+          c.in.append(buf, size_t(n));
+          c.heard_from = now;
+        }
+      }
+      // Requests are answered while the client reads its replies; what it sends meanwhile waits in `in`.
+      for (;;) {
+        size_t begin = 0, nl;
+        while (unread(c) <= limits_.max_unread_reply_bytes && total <= limits_.max_total_unread_reply_bytes &&
+               (nl = c.in.find('\n', begin)) != std::string::npos) {
+          if (c.out.size() == c.out_sent) {
+            c.out.clear();
+            c.out_sent = 0;
+            c.waiting_since = now;
+          }
+          const size_t before = c.out.size();
+          c.out += handle(c.in.substr(begin, nl - begin)) + "\n";
+          total += c.out.size() - before;
+          begin = nl + 1;
+        }
+        c.in.erase(0, begin);
+        // A line longer than any request can be is garbage (or an attack): not allowed to grow.
+        if (c.in.find('\n') == std::string::npos && c.in.size() > max_line) {
+          drop(c);
+          break;
+        }
+        const size_t waiting = unread(c);
+        if (!sendReplies(c, now)) {
+          drop(c);
+          break;
+        }
+        total -= waiting - unread(c);
+        // Again while it takes replies and asks more, unless the store's bound stopped it (handled none).
+        if (begin == 0 || c.out_sent < c.out.size() || c.in.find('\n') == std::string::npos) break;
+      }
+      if (c.fd >= 0 && c.out_sent < c.out.size() && now - c.waiting_since > limits_.stall_timeout) drop(c);
+      if (c.fd >= 0 && now - c.heard_from > limits_.idle_timeout) drop(c);
+    }
+    clients.erase(std::remove_if(clients.begin(), clients.end(), [](const Client& c) { return c.fd < 0; }),
+                  clients.end());
+    if (fds[1].revents & POLLIN) acceptClients(clients);
+  }
+  for (auto& c : clients) ::close(c.fd);
+}
+
+int connectTcp(const std::string& host, int port, std::chrono::milliseconds timeout,
+               const std::string& what) {
+  const auto deadline = Clock::now() + timeout;
+  std::string last_error = "not tried";
+  for (;;) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    const int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
+    if (rc != 0) {
+      last_error = gai_strerror(rc);
+    } else {
+      for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+        const int fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd >= 0 && connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+          freeaddrinfo(found);
+          return fd;
+        }
+        last_error = std::strerror(errno);
+        if (fd >= 0) ::close(fd);
+      }
+      freeaddrinfo(found);
+    }
+    if (Clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  TILER_THROW(TimeoutError, what << " at " << host << ":" << port << " within " << timeout.count() / 1000.0
+                                 << " s: " << last_error);
+}
+
+StoreClient::StoreClient(const std::string& host, int port, std::chrono::milliseconds timeout)
+    : endpoint_(host + ":" + std::to_string(port)), timeout_(timeout) {
+  fd_ = connectTcp(host, port, timeout, "cannot reach the rendezvous store");
+  int one = 1;
+  setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+StoreClient::~StoreClient() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::string StoreClient::request(const std::string& line) {
+  TILER_CHECK(fd_ >= 0, DistError, "the rendezvous store at " << endpoint_ << " is gone");
+  if (!writeAllTo(fd_, line + "\n")) {
+    ::close(fd_);
+    fd_ = -1;
+    TILER_THROW(DistError, "the rendezvous store at " << endpoint_ << " is gone (send failed)");
+  }
+  const auto deadline = Clock::now() + timeout_;
+  size_t nl;
+  while ((nl = pending_.find('\n')) == std::string::npos) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    pollfd p{fd_, POLLIN, 0};
+    const int r = left > 0 ? poll(&p, 1, int(left)) : 0;
+    if (r < 0 && errno == EINTR) continue;
+    if (r == 0) TILER_THROW(TimeoutError, "the rendezvous store at " << endpoint_ << " did not answer");
+    char buf[4096];
+    const ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+    if (n <= 0) {
+      ::close(fd_);
+      fd_ = -1;
+      TILER_THROW(DistError, "the rendezvous store at " << endpoint_ << " closed the connection");
+    }
+    pending_.append(buf, size_t(n));
+  }
+  std::string reply = pending_.substr(0, nl);
+  pending_.erase(0, nl + 1);
+  TILER_CHECK(reply.rfind("ERR", 0) != 0, DistError,
+              "the rendezvous store at " << endpoint_ << " refused '" << line << "': " << reply);
+  return reply;
+}
+
+void StoreClient::set(const std::string& key, const std::string& value) {
+  request("SET " + key + " " + value);
+}
+
+std::optional<std::string> StoreClient::get(const std::string& key) {
+  const std::string reply = request("GET " + key);
+  if (reply == "NONE") return std::nullopt;
+  return valueOf(reply, key);
+}
+
+int64_t StoreClient::add(const std::string& key, int64_t delta) {
+  return parseStoreInteger(valueOf(request("ADD " + key + " " + std::to_string(delta)), key), key, endpoint_);
+}
+
+std::string StoreClient::valueOf(const std::string& reply, const std::string& key) const {
+  TILER_CHECK(reply.rfind("VAL ", 0) == 0, DistError,
+              "malformed reply from the rendezvous store at " << endpoint_ << " for '" << key << "': '"
+                                                              << reply.substr(0, 64) << "'");
+  return reply.substr(4);
+}
+
+int64_t parseStoreInteger(const std::string& text, const std::string& key, const std::string& endpoint) {
+  size_t used = 0;
+  int64_t value = 0;
+  try {
+    value = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  TILER_CHECK(used > 0 && used == text.size(), DistError,
+              "malformed rendezvous data at " << endpoint << ": '" << key << "' holds '" << text.substr(0, 64)
+                                              << (text.size() > 64 ? "..." : "") << "', not an integer");
+  return value;
+}
+
+std::string StoreClient::wait(const std::string& key, std::chrono::milliseconds timeout,
+                              const std::function<void()>& between) {
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    if (auto v = get(key)) return *v;
+    if (between) between();
+    TILER_CHECK(Clock::now() < deadline, TimeoutError,
+                "waited " << timeout.count() / 1000.0 << " s for '" << key << "' at the rendezvous store "
+                          << endpoint_);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+std::string StoreClient::localAddress() const {
+  sockaddr_in addr{};
+  socklen_t len = sizeof addr;
+  if (fd_ < 0 || getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "";
+  char text[INET_ADDRSTRLEN] = {0};
+  inet_ntop(AF_INET, &addr.sin_addr, text, sizeof text);
+  return text;
+}
+
+std::pair<std::string, int> parseEndpoint(const std::string& endpoint, const std::string& flag) {
+  const size_t colon = endpoint.rfind(':');
+  int port = -1;
+  if (colon != std::string::npos && colon > 0) {
+    try {
+      size_t used = 0;
+      port = std::stoi(endpoint.substr(colon + 1), &used);
+      if (used != endpoint.size() - colon - 1) port = -1;
+    } catch (const std::exception&) {
+    }
+  }
+  TILER_CHECK(port > 0 && port < 65536, ConfigError,
+              "" << flag << " must be HOST:PORT with a port in 1..65535; got '" << endpoint << "'");
+  return {endpoint.substr(0, colon), port};
+}
+
+std::pair<int, int> parseNodeRange(const std::string& spec) {
+  const size_t colon = spec.find(':');
+  try {
+    size_t used_min = 0, used_max = 0;
+    const int lo = std::stoi(spec.substr(0, colon), &used_min);
+    const int hi = colon == std::string::npos ? lo : std::stoi(spec.substr(colon + 1), &used_max);
+    const bool whole = used_min == (colon == std::string::npos ? spec.size() : colon) &&
+                       (colon == std::string::npos || used_max == spec.size() - colon - 1);
+    if (whole && lo >= 1 && hi >= lo) return {lo, hi};
+  } catch (const std::exception&) {
+  }
+  TILER_THROW(ConfigError, "--nnodes must be N or MIN:MAX with 1 <= MIN <= MAX; got '" << spec << "'");
+}
+
+bool isLocalHost(const std::string& host) {
+  if (host == "localhost" || host.rfind("127.", 0) == 0 || host == "0.0.0.0") return true;
+  char name[256] = {0};
+  if (gethostname(name, sizeof name - 1) == 0 && host == name) return true;
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return false;
+  bool local = false;
+  for (ifaddrs* a = list; a != nullptr && !local; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    char text[INET_ADDRSTRLEN] = {0};
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, text, sizeof text);
+    local = host == text;
+  }
+  freeifaddrs(list);
+  return local;
+}
+
+}  // namespace tiler

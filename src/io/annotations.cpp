@@ -1,0 +1,68 @@
+#include "tiler/io/annotations.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "tiler/core/error.hpp"
+
+namespace tiler {
+
+AnnotationLabels AnnotationLabels::read(const std::string& file, const ImageInfo& info,
+                                        const std::vector<std::string>& classes) {
+  AnnotationLabels labels;
+  std::vector<std::string> names;
+  labels.polygons_ = readRoi(file, "", &names);
+  roiToPixels(info, labels.polygons_);
+  std::string known;
+  for (const auto& c : classes) known += (known.empty() ? "" : ", ") + c;
+  for (size_t i = 0; i < labels.polygons_.size(); ++i) {
+    const auto it = std::find(classes.begin(), classes.end(), names[i]);
+    TILER_CHECK(it != classes.end(), IoError,
+                "annotations '" << file << "': class '" << (names[i].empty() ? "(none)" : names[i])
+                                << "' is not one of --classes (" << known << ")");
+    labels.class_ids_.push_back(int(it - classes.begin()));
+    double x0 = std::numeric_limits<double>::infinity(), y0 = x0, x1 = -x0, y1 = -x0;
+    for (const auto& ring : labels.polygons_[i])
+      for (const auto& p : ring) {
+        x0 = std::min(x0, p.x), y0 = std::min(y0, p.y), x1 = std::max(x1, p.x), y1 = std::max(y1, p.y);
+      }
+    labels.bounds_.emplace_back(x0, y0, x1 - x0, y1 - y0);
+  }
+  return labels;
+}
+
+void AnnotationLabels::rasterize(const Rect& window, double pixels_per_level0, cv::Mat& classes,
+                                 cv::Mat& covered) const {
+  const int w = int(window.w), h = int(window.h);
+  classes = cv::Mat::zeros(h, w, CV_32F);
+  covered = cv::Mat::zeros(h, w, CV_32F);
+  const cv::Rect2d seen(double(window.x) / pixels_per_level0, double(window.y) / pixels_per_level0,
+                        double(window.w) / pixels_per_level0, double(window.h) / pixels_per_level0);
+  for (size_t i = 0; i < polygons_.size(); ++i) {
+    const cv::Rect2d& b = bounds_[i];
+    if (b.x > seen.x + seen.width || b.x + b.width < seen.x || b.y > seen.y + seen.height ||
+        b.y + b.height < seen.y)
+      continue;  // nowhere near the window
+    // Drawn in the part of the window its bounding box covers only (a window may lie under thousands of
+    // small annotations): window pixels px0..px1 x py0..py1, the polygon moved there.
+    const double s = pixels_per_level0;
+    // Clamped as doubles: a vast polygon's corners lie past any int.
+    auto within = [](double v, int most) { return int(std::clamp(v, 0.0, double(most))); };
+    const int px0 = within(std::floor((b.x - seen.x) * s), w),
+              px1 = within(std::ceil((b.x + b.width - seen.x) * s) + 1, w),
+              py0 = within(std::floor((b.y - seen.y) * s), h),
+              py1 = within(std::ceil((b.y + b.height - seen.y) * s) + 1, h);
+    if (px1 <= px0 || py1 <= py0) continue;
+    RoiPolygon moved = polygons_[i];
+    for (auto& ring : moved)
+      for (auto& p : ring) p = {(p.x - seen.x) * s - px0, (p.y - seen.y) * s - py0};
+    // File order: a later annotation overwrites an earlier one where they overlap.
+    const cv::Mat inside = rasterizeRoi({moved}, px1 - px0, py1 - py0, 1.0, 1.0) > 0;
+    const cv::Rect part(px0, py0, px1 - px0, py1 - py0);
+    classes(part).setTo(double(class_ids_[i]), inside);
+    covered(part).setTo(1.0, inside);
+  }
+}
+
+}  // namespace tiler

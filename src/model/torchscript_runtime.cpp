@@ -1,0 +1,104 @@
+// The TorchScript runtime: torch::jit::load, the forward's schema checked, optionally frozen and optimised.
+#include <cerrno>
+#include <filesystem>
+
+#include "tiler/core/error.hpp"
+#include "tiler/model/model_runtime.hpp"
+
+namespace fs = std::filesystem;
+
+namespace tiler {
+
+namespace {
+
+// What stands at `path` where a model file should, or "" for a regular file: a FIFO would block the load
+// for ever, a device is endless or no file at all, and a link that leads nowhere is not "not found".
+std::string notAModelFile(const std::string& path) {
+  std::error_code ec, link_ec;
+  const fs::file_status target = fs::status(path, ec);
+  if (ec && ec.value() == ELOOP) return "is a loop of symbolic links";
+  if (!fs::exists(target))
+    return fs::is_symlink(fs::symlink_status(path, link_ec)) ? "is a symbolic link to nothing"
+                                                             : "model file not found";
+  switch (target.type()) {
+    case fs::file_type::regular:
+      return "";
+    case fs::file_type::directory:
+      return "is a directory";
+    case fs::file_type::fifo:
+      return "is a FIFO (named pipe)";
+    case fs::file_type::character:
+      return "is a character device";
+    case fs::file_type::block:
+      return "is a block device";
+    case fs::file_type::socket:
+      return "is a socket";
+    default:
+      return "is not a regular file";
+  }
+}
+
+}  // namespace
+
+torch::jit::Module loadTorchScript(const std::string& path, const torch::Device& device) {
+  const std::string not_a_file = notAModelFile(path);
+  TILER_CHECK(not_a_file.empty(), ModelError,
+              "'" << path << "': " << not_a_file
+                  << "; -m takes a model file (.pt from torch.jit.save, or a .pt2 package)");
+  try {
+    return torch::jit::load(path, device);
+  } catch (const c10::Error& e) {
+    std::string what = e.what_without_backtrace();
+    if (what.find("constants.pkl") != std::string::npos || what.find("code/") != std::string::npos) {
+      TILER_THROW(ModelError,
+                  "'" << path << "' is not a TorchScript file (it looks like a torch.save() of a "
+                      << "state_dict or a whole model); export it with torch.jit.script(model).save() "
+                      << "or torch.jit.trace(model, example).save(), or as a .pt2 package "
+                      << "(scripts/export_model.py)");
+    }
+    TILER_THROW(ModelError, "'" << path << "' is not a TorchScript file or is corrupt: " << firstLine(what));
+  } catch (const std::exception& e) {
+    TILER_THROW(ModelError, "'" << path << "' cannot be loaded: " << firstLine(e.what()));
+  }
+}
+
+namespace {
+
+class TorchScriptRuntime final : public ModelRuntime {
+ public:
+  explicit TorchScriptRuntime(torch::jit::Module module) : module_(std::move(module)) {}
+
+  const char* name() const override { return "torchscript"; }
+  c10::IValue run(const torch::Tensor& nchw) override { return module_.forward({nchw}); }
+  std::unique_ptr<ModelRuntime> replicate() const override {
+    return std::make_unique<TorchScriptRuntime>(module_.clone());
+  }
+  bool autocasts() const override { return true; }
+  torch::jit::Module* module() override { return &module_; }
+
+ private:
+  torch::jit::Module module_;
+};
+
+}  // namespace
+
+std::unique_ptr<ModelRuntime> openTorchScriptRuntime(const RuntimeOptions& options) {
+  const std::string& path = options.path;
+  torch::jit::Module module = loadTorchScript(path, options.device);
+  module.eval();
+  auto forward = module.find_method("forward");
+  TILER_CHECK(forward.has_value(), ModelError,
+              "'" << path << "' is not a TorchScript model: it has no forward() (saved tensors or a "
+                  << "state_dict?); export the model with torch.jit.script(model).save()");
+  const auto& args = forward->function().getSchema().arguments();
+  // args[0] is self.
+  TILER_CHECK(args.size() == 2, ModelError,
+              "'" << path << "': forward() takes " << args.size() - 1
+                  << " inputs; tiler passes exactly one tensor (NCHW)");
+  TILER_CHECK(args[1].type()->kind() == c10::TypeKind::TensorType, ModelError,
+              "'" << path << "': forward() takes a " << args[1].type()->str() << ", not a Tensor");
+  if (options.jit_optimize) module = torch::jit::optimize_for_inference(module);
+  return std::make_unique<TorchScriptRuntime>(std::move(module));
+}
+
+}  // namespace tiler
