@@ -434,19 +434,41 @@ TEST(Launcher, OutputLinesArePrefixedAndNeverBroken) {
       << "last partial line flushed";
 }
 
+// The run directories that ctrun made under `log_dir` for `run_id` (torchrun's `<run_id>_<random>`).
+std::vector<std::string> runDirectories(const std::string& log_dir, const std::string& run_id) {
+  std::vector<std::string> dirs;
+  for (const auto& entry : fs::directory_iterator(log_dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(run_id + "_", 0) == 0 && name.size() == run_id.size() + 7)
+      dirs.push_back(entry.path().string());
+  }
+  return dirs;
+}
+
 TEST(Launcher, LogDirRedirectsAndTees) {
   auto dir = tempDir("logs");
   auto r = run(kCtrun + " --nproc_per_node 2 --master_port 0 --run_id r1 --log_dir " + dir +
                " --redirects 3 " + kHelper + " lines 5");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(r.output.find("line 0"), std::string::npos) << "redirected output stays off the console";
-  std::string log = slurp(dir + "/r1/attempt_0/1/stdout.log");
+  auto r1 = runDirectories(dir, "r1");
+  ASSERT_EQ(r1.size(), 1u) << r.output;
+  EXPECT_NE(r.output.find("ctrun: logs under " + r1[0]), std::string::npos) << r.output;
+  std::string log = slurp(r1[0] + "/attempt_0/1/stdout.log");
   EXPECT_NE(log.find("rank 1 line 4 "), std::string::npos) << log;
-  EXPECT_TRUE(fs::exists(dir + "/r1/attempt_0/0/stderr.log"));
+  EXPECT_TRUE(fs::exists(r1[0] + "/attempt_0/0/stderr.log"));
   auto tee = run(kCtrun + " --nproc_per_node 2 --master_port 0 --run_id r2 --log_dir " + dir + " --tee 3 " +
                  kHelper + " lines 5");
   EXPECT_NE(tee.output.find("[rank 0]: rank 0 line 4"), std::string::npos);
-  EXPECT_NE(slurp(dir + "/r2/attempt_0/0/stdout.log").find("rank 0 line 4"), std::string::npos);
+  auto r2 = runDirectories(dir, "r2");
+  ASSERT_EQ(r2.size(), 1u) << tee.output;
+  EXPECT_NE(slurp(r2[0] + "/attempt_0/0/stdout.log").find("rank 0 line 4"), std::string::npos);
+  // The same run id again (a rerun, or another node on a shared directory) keeps the first run's logs.
+  auto again = run(kCtrun + " --nproc_per_node 1 --master_port 0 --run_id r1 --log_dir " + dir +
+                   " --redirects 3 " + kHelper + " lines 1");
+  ASSERT_EQ(again.code, 0) << again.output;
+  EXPECT_EQ(runDirectories(dir, "r1").size(), 2u);
+  EXPECT_NE(slurp(r1[0] + "/attempt_0/1/stdout.log").find("rank 1 line 4 "), std::string::npos);
 }
 
 TEST(Launcher, ResolvesNprocAndRejectsNonsense) {
@@ -756,8 +778,10 @@ TEST(Launcher, RedirectsTeeAndRankFiltersTakeTorchrunsForms) {
   EXPECT_NE(r.output.find("[rank 0]: err0"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("[rank 1]: out1"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("err1"), std::string::npos) << r.output;
-  EXPECT_EQ(slurp(dir + "/a/attempt_0/0/stdout.log"), "out0\n");
-  EXPECT_EQ(slurp(dir + "/a/attempt_0/1/stderr.log"), "err1\n");
+  const auto run_dirs = runDirectories(dir, "a");
+  ASSERT_EQ(run_dirs.size(), 1u);
+  EXPECT_EQ(slurp(run_dirs[0] + "/attempt_0/0/stdout.log"), "out0\n");
+  EXPECT_EQ(slurp(run_dirs[0] + "/attempt_0/1/stderr.log"), "err1\n");
   auto filtered = run(kCtrun + " --nproc_per_node 2 --master_port 0 --local_ranks_filter 1" + worker);
   ASSERT_EQ(filtered.code, 0) << filtered.output;
   EXPECT_EQ(filtered.output.find("0"), std::string::npos) << filtered.output;

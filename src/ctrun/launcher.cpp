@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <iostream>
 #include <vector>
 
 #include "tiler/core/error.hpp"
@@ -121,23 +122,33 @@ std::map<std::string, std::string> workerEnvironment(const LaunchOptions& o, int
 
 namespace {
 
-// Where error files (and logs) live, one directory per run; without --log_dir a temporary one, removed at
-// the end.
+// A new directory named `prefix` and six random characters (mkdtemp), made with its parents.
+std::string makeUniqueDirectory(const fs::path& prefix, const char* what) {
+  std::error_code ec;
+  fs::create_directories(prefix.parent_path(), ec);
+  std::string tmpl = prefix.string() + "XXXXXX";
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  TILER_CHECK(mkdtemp(buf.data()) != nullptr, LaunchError,
+              "cannot make a directory for " << what << " under " << prefix.parent_path() << ": "
+                                             << std::strerror(errno));
+  return buf.data();
+}
+
+// Where error files (and logs) live, one directory per run. With --log_dir, torchrun's
+// `<dir>/<run_id>_<random>` (never an earlier run's: a second run with the same id, or another node writing
+// to the same shared directory, keeps its own logs), said on stderr; without, a temporary one, removed at the
+// end.
 struct RunDirectory {
   std::string path;
   bool temporary = false;
   explicit RunDirectory(const LaunchOptions& o) : temporary(o.log_dir.empty()) {
     if (!temporary) {
-      path = o.log_dir + "/" + o.run_id;
+      path = makeUniqueDirectory(fs::path(o.log_dir) / (o.run_id + "_"), "the workers' logs");
+      std::cerr << "ctrun: logs under " << path << "\n";
       return;
     }
-    std::string tmpl = (fs::temp_directory_path() / "ctrun-XXXXXX").string();
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    TILER_CHECK(mkdtemp(buf.data()) != nullptr, LaunchError,
-                "cannot make a directory for the workers' error files under "
-                    << fs::temp_directory_path() << ": " << std::strerror(errno));
-    path = buf.data();
+    path = makeUniqueDirectory(fs::temp_directory_path() / "ctrun-", "the workers' error files");
   }
   ~RunDirectory() {
     if (temporary) removeTree(path);

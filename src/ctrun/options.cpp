@@ -75,7 +75,7 @@ void addLaunchOptions(CLI::App& app, LaunchOptions& o, MeaninglessFlags& m) {
   torchrunFlag(app, "--run_path", o.run_path,
                "run the script under python3 -u (takes precedence over --no_python)");
   torchrunOption(app, "--log_dir", o.log_dir,
-                 "write <dir>/<run_id>/attempt_<k>/<local_rank>/{stdout,stderr}.log");
+                 "write <dir>/<run_id>_<random>/attempt_<k>/<local_rank>/{stdout,stderr}.log");
   torchrunOption(app, "-r,--redirects", o.redirects,
                  "with --log_dir, only to the logs: 1 stdout, 2 stderr, 3 both; or per local rank, 0:1,1:2")
       ->capture_default_str();
