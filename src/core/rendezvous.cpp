@@ -69,6 +69,11 @@ struct StoreServer::Client {
   size_t out_sent = 0;
   Clock::time_point waiting_since{};  // when `out` last became non-empty or last drained a byte
   Clock::time_point heard_from{};     // when it last sent a byte (or connected)
+  size_t unread() const { return out.size() - out_sent; }
+  void drop() {
+    ::close(fd);
+    fd = -1;
+  }
 };
 
 StoreServer::StoreServer(const std::string& bind_host, int port, StoreLimits limits) : limits_(limits) {
@@ -190,25 +195,17 @@ bool StoreServer::sendReplies(Client& c, Clock::time_point now) {
 }
 
 void StoreServer::loop() {
-  // The longest request line: "SET <key> <value>".
-  const size_t max_line = limits_.max_key_bytes + limits_.max_value_bytes + 16;
   std::vector<Client> clients;
-  auto drop = [](Client& c) {
-    ::close(c.fd);
-    c.fd = -1;
-  };
-  size_t total = 0;  // reply bytes not read by any client
-  const auto unread = [](const Client& c) { return c.out.size() - c.out_sent; };
   for (;;) {
     std::vector<pollfd> fds{{wake_[0], POLLIN, 0}, {listen_fd_, POLLIN, 0}};
-    total = 0;
-    for (const auto& c : clients) total += unread(c);
+    size_t total = 0;  // reply bytes not read by any client
+    for (const auto& c : clients) total += c.unread();
     unread_total_ = total;
     for (const auto& c : clients) {
-      short events = unread(c) > 0 ? POLLOUT : 0;
+      short events = c.unread() > 0 ? POLLOUT : 0;
       // Back-pressure: a client that does not read its replies gets no more of its requests handled, nor
       // does any client while all of them together hold the store's bound.
-      if (unread(c) <= limits_.max_unread_reply_bytes && total <= limits_.max_total_unread_reply_bytes)
+      if (c.unread() <= limits_.max_unread_reply_bytes && total <= limits_.max_total_unread_reply_bytes)
         events |= POLLIN;
       fds.push_back({c.fd, events, 0});
     }
@@ -220,63 +217,65 @@ void StoreServer::loop() {
     }
     if (fds[0].revents) break;
     const auto now = Clock::now();
-    for (size_t i = 2; i < fds.size(); ++i) {
-      Client& c = clients[i - 2];
-      const short revents = fds[i].revents;
-      if ((revents & (POLLERR | POLLNVAL)) || ((revents & POLLHUP) && !(revents & POLLIN))) {
-        drop(c);  // gone both ways: its replies could not be delivered
-        continue;
-      }
-      if (revents & POLLIN) {
-        char buf[65536];
-        const ssize_t n = ::recv(c.fd, buf, sizeof buf, 0);
-        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
-          drop(c);
-          continue;
-        }
-        if (n > 0) {
-          c.in.append(buf, size_t(n));
-          c.heard_from = now;
-        }
-      }
-      // Requests are answered while the client reads its replies; what it sends meanwhile waits in `in`.
-      for (;;) {
-        size_t begin = 0, nl;
-        while (unread(c) <= limits_.max_unread_reply_bytes && total <= limits_.max_total_unread_reply_bytes &&
-               (nl = c.in.find('\n', begin)) != std::string::npos) {
-          if (c.out.size() == c.out_sent) {
-            c.out.clear();
-            c.out_sent = 0;
-            c.waiting_since = now;
-          }
-          const size_t before = c.out.size();
-          c.out += handle(c.in.substr(begin, nl - begin)) + "\n";
-          total += c.out.size() - before;
-          begin = nl + 1;
-        }
-        c.in.erase(0, begin);
-        // A line longer than any request can be is garbage (or an attack): not allowed to grow.
-        if (c.in.find('\n') == std::string::npos && c.in.size() > max_line) {
-          drop(c);
-          break;
-        }
-        const size_t waiting = unread(c);
-        if (!sendReplies(c, now)) {
-          drop(c);
-          break;
-        }
-        total -= waiting - unread(c);
-        // Again while it takes replies and asks more, unless the store's bound stopped it (handled none).
-        if (begin == 0 || c.out_sent < c.out.size() || c.in.find('\n') == std::string::npos) break;
-      }
-      if (c.fd >= 0 && c.out_sent < c.out.size() && now - c.waiting_since > limits_.stall_timeout) drop(c);
-      if (c.fd >= 0 && now - c.heard_from > limits_.idle_timeout) drop(c);
-    }
+    for (size_t i = 2; i < fds.size(); ++i) serveClient(clients[i - 2], fds[i].revents, now, total);
     clients.erase(std::remove_if(clients.begin(), clients.end(), [](const Client& c) { return c.fd < 0; }),
                   clients.end());
     if (fds[1].revents & POLLIN) acceptClients(clients);
   }
   for (auto& c : clients) ::close(c.fd);
+}
+
+void StoreServer::serveClient(Client& c, short revents, Clock::time_point now, size_t& total) {
+  if ((revents & (POLLERR | POLLNVAL)) || ((revents & POLLHUP) && !(revents & POLLIN))) {
+    c.drop();  // gone both ways: its replies could not be delivered
+    return;
+  }
+  if (revents & POLLIN) {
+    char buf[65536];
+    const ssize_t n = ::recv(c.fd, buf, sizeof buf, 0);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+      c.drop();
+      return;
+    }
+    if (n > 0) {
+      c.in.append(buf, size_t(n));
+      c.heard_from = now;
+    }
+  }
+  // The longest request line: "SET <key> <value>".
+  const size_t max_line = limits_.max_key_bytes + limits_.max_value_bytes + 16;
+  // Requests are answered while the client reads its replies; what it sends meanwhile waits in `in`.
+  for (;;) {
+    size_t begin = 0, nl;
+    while (c.unread() <= limits_.max_unread_reply_bytes && total <= limits_.max_total_unread_reply_bytes &&
+           (nl = c.in.find('\n', begin)) != std::string::npos) {
+      if (c.out.size() == c.out_sent) {
+        c.out.clear();
+        c.out_sent = 0;
+        c.waiting_since = now;
+      }
+      const size_t before = c.out.size();
+      c.out += handle(c.in.substr(begin, nl - begin)) + "\n";
+      total += c.out.size() - before;
+      begin = nl + 1;
+    }
+    c.in.erase(0, begin);
+    // A line longer than any request can be is garbage (or an attack): not allowed to grow.
+    if (c.in.find('\n') == std::string::npos && c.in.size() > max_line) {
+      c.drop();
+      return;
+    }
+    const size_t waiting = c.unread();
+    if (!sendReplies(c, now)) {
+      c.drop();
+      return;
+    }
+    total -= waiting - c.unread();
+    // Again while it takes replies and asks more, unless the store's bound stopped it (handled none).
+    if (begin == 0 || c.out_sent < c.out.size() || c.in.find('\n') == std::string::npos) break;
+  }
+  if (c.out_sent < c.out.size() && now - c.waiting_since > limits_.stall_timeout) c.drop();
+  if (c.fd >= 0 && now - c.heard_from > limits_.idle_timeout) c.drop();
 }
 
 int connectTcp(const std::string& host, int port, std::chrono::milliseconds timeout,

@@ -61,6 +61,9 @@ class StoreServer {
  private:
   struct Client;
   void loop();
+  // One client's turn of the loop: reads, answers within the bounds, sends; drops it when it is gone,
+  // talks garbage or stalls. `total`: every client's unread reply bytes, kept current.
+  void serveClient(Client& c, short revents, std::chrono::steady_clock::time_point now, size_t& total);
   void acceptClients(std::vector<Client>& clients);
   // Sends what the socket takes now; false when the client is gone.
   bool sendReplies(Client& c, std::chrono::steady_clock::time_point now);
