@@ -5,15 +5,15 @@
 set(tiler_floors
     "ground: error slots fault platform"
     "plain logic: grid sampler cpu_layout cli build_info version queue job_options output_kinds launcher rendezvous npy model_card agent failures options signals streams worker_group handler registry static c10d"
-    "pixels: image_io handle_pool remote_input readers tiff_support tiff_reader openslide_reader jpeg_reader opencv_reader resolution mask annotations train_metrics polygons geojson blend zarr_writer map_writers"
+    "pixels: image_io handle_pool remote_input readers tiff_support tiff_reader openslide_reader jpeg_reader opencv_reader resolution mask annotations train_metrics polygons geojson writers/output_file writers/csv writers/coco writers/geojson_file writers/heatmap writers/hdf5 writers/torch_tensor blend zarr_writer map_writers"
     "planning: catalog window_outputs instances"
     "compute: torch_compat runtime_info block_cache model model_runtime torchscript_runtime pt2_runtime dist loader exchange session device_stitch outputs report tasks/task tasks/registry tasks/segment tasks/classify tasks/embed tasks/detect tasks/instances tasks/heads"
     "jobs: pipeline finetune"
     "tools: commands tiler_main ctrun_main bench_main")
 set(tiler_first_torch_floor 4)  # compute
-# Below the compute floor, the one LibTorch header allowed: c10's zip writer (the features tensor file writes
-# torch.save's archive; no tensor library).
-set(tiler_floor_torch_exceptions "window_outputs.cpp:caffe2/serialize/inline_container.h")
+# Below the compute floor, the one LibTorch header allowed: c10's zip writer, in the features tensor writer
+# alone (writers/torch_tensor writes torch.save's archive; no tensor library).
+set(tiler_floor_torch_exceptions "torch_tensor.cpp:caffe2/serialize/inline_container.h")
 
 function(tiler_check_floors)
   set(floor 0)
@@ -27,7 +27,8 @@ function(tiler_check_floors)
   endforeach()
   file(GLOB files ${CMAKE_SOURCE_DIR}/src/*.cpp ${CMAKE_SOURCE_DIR}/src/*.hpp ${CMAKE_SOURCE_DIR}/src/tools/*.cpp
        ${CMAKE_SOURCE_DIR}/src/tools/*.hpp ${CMAKE_SOURCE_DIR}/include/tiler/*.hpp ${CMAKE_SOURCE_DIR}/src/tasks/*.cpp
-       ${CMAKE_SOURCE_DIR}/include/tiler/tasks/*.hpp)
+       ${CMAKE_SOURCE_DIR}/include/tiler/tasks/*.hpp ${CMAKE_SOURCE_DIR}/src/writers/*.cpp
+       ${CMAKE_SOURCE_DIR}/include/tiler/writers/*.hpp)
   # ctrun's layers (src/ctrun/, include/tiler/ctrun/): units by their file stems.
   file(GLOB ctrun_files ${CMAKE_SOURCE_DIR}/src/ctrun/*.cpp ${CMAKE_SOURCE_DIR}/src/ctrun/rendezvous/*.cpp
        ${CMAKE_SOURCE_DIR}/include/tiler/ctrun/*.hpp ${CMAKE_SOURCE_DIR}/include/tiler/ctrun/rendezvous/*.hpp)
@@ -35,9 +36,9 @@ function(tiler_check_floors)
   set(errors "")
   foreach(file IN LISTS files)
     get_filename_component(unit ${file} NAME_WE)
-    # A task's file is unit tasks/<stem> (tasks/instances beside instances).
-    if(file MATCHES "/tasks/[^/]*$")
-      set(unit tasks/${unit})
+    # A task's file is unit tasks/<stem> (tasks/instances beside instances), a writer's writers/<stem>.
+    if(file MATCHES "/(tasks|writers)/[^/]*$")
+      set(unit ${CMAKE_MATCH_1}/${unit})
     endif()
     get_filename_component(name ${file} NAME)
     file(RELATIVE_PATH shown ${CMAKE_SOURCE_DIR} ${file})
@@ -48,7 +49,7 @@ function(tiler_check_floors)
     file(STRINGS ${file} includes REGEX "^#include [<\"]")
     foreach(line IN LISTS includes)
       string(REGEX REPLACE "^#include \"tiler/ctrun/(rendezvous/)?" "#include \"tiler/" line "${line}")
-      if(line MATCHES "^#include \"(tiler/)?((tasks/)?[a-z0-9_]+)\\.hpp\"")
+      if(line MATCHES "^#include \"(tiler/)?(((tasks|writers)/)?[a-z0-9_]+)\\.hpp\"")
         set(used ${CMAKE_MATCH_2})
         if(DEFINED floor_of_${used} AND floor_of_${used} GREATER floor_of_${unit})
           string(APPEND errors "  ${shown}: ${line} runs up a floor ('${unit}' is below '${used}')\n")
