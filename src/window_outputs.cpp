@@ -80,89 +80,41 @@ bool inWindowCore(const std::vector<int64_t>& starts, int64_t size, size_t i, do
          (i + 1 == starts.size() || 4 * at < twice_centre(i) + twice_centre(i + 1));
 }
 
-// Classify: <stem>.csv (WSInfer's columns), <stem>_tiles.geojson (QuPath's tile objects) and
-// <stem>_heatmap.tif (K float bands, one pixel per window: the grid's column and row).
-class WindowOutputs::ClassFiles {
+// A per-window output as the glue feeds it: each window's vector, in window order, with its level-0 place.
+class WindowRowOutput : public OutputWriter {
  public:
-  ClassFiles(const CatalogImage& image, const WindowOutputOptions& o)
-      : classes_(classNames(o.dim, o.classes)) {
-    TILER_CHECK(int64_t(classes_.size()) == o.dim, ConfigError,
-                "--classes names " << classes_.size() << " class(es), the model gives " << o.dim);
-    const auto saved = [&](const char* kind) {
-      return std::find(o.kinds.begin(), o.kinds.end(), kind) != o.kinds.end();
-    };
-    if (saved("csv")) {
-      std::vector<std::string> columns = {"minx", "miny", "width", "height"};
-      for (const auto& c : classes_) columns.push_back("prob_" + c.name);
-      csv_ = std::make_unique<CsvFile>(image.outputs.at("csv"), columns);
-    }
-    if (saved("tiles")) tiles_ = std::make_unique<GeoJsonFile>(image.outputs.at("tiles"));
-    if (saved("heatmap"))
-      heatmap_ =
-          std::make_unique<HeatmapTiff>(image.outputs.at("heatmap"), int64_t(image.grid.startsY().size()),
-                                        image.grid.columns(), o.dim, heatmapOptions(image, o));
-  }
-
-  void append(const WindowPlace& place, const float* p) {
-    const size_t K = classes_.size();
-    if (csv_) {
-      std::string line = fmt::format("{},{},{},{}", place.x, place.y, place.width, place.height);
-      for (size_t k = 0; k < K; ++k) line += "," + fmt::format("{}", p[k]);
-      csv_->row(line);
-    }
-    if (tiles_) {
-      // The argmax names the tile's class (the first of equals; NaN never wins): a tile whose every score
-      // is NaN has no classification, as an object whose every class mean is NaN has none.
-      const int best = highestClass(p, K);
-      const double x0 = double(place.x), y0 = double(place.y), x1 = x0 + double(place.width),
-                   y1 = y0 + double(place.height);
-      GeoJsonFeature tile;
-      tile.geometry = quadGeometry({{{x0, y0}, {x1, y0}, {x1, y1}, {x0, y1}}});
-      tile.object_type = "tile";
-      if (best >= 0) tile.classification = &classes_[size_t(best)];
-      tile.measurements.emplace();
-      for (size_t k = 0; k < K; ++k) tile.measurements->add("prob_" + classes_[k].name, p[k]);
-      tiles_->writer.add(tile);
-    }
-    if (heatmap_) heatmap_->set(place.column, place.row, p);
-  }
-  // In commit order.
-  std::vector<OutputWriter*> writers() const { return {csv_.get(), tiles_.get(), heatmap_.get()}; }
-
- private:
-  // The heatmap TIFF's options: a pixel spans a stride of processing pixels.
-  WriterOptions heatmapOptions(const CatalogImage& image, const WindowOutputOptions& o) const {
-    const int64_t stride_x = gridStride(image.grid.startsX(), image.grid.windowWidth());
-    const int64_t stride_y = gridStride(image.grid.startsY(), image.grid.windowHeight());
-    WriterOptions wo;
-    // One pixel a window: too small for speed to matter, so the codec every reader knows, as it always was.
-    wo.compression = o.compression ? *o.compression : Compression{Codec::kDeflate};
-    wo.software = kTilerSoftware;
-    // Its geotransform and resolution are the input's scaled by the stride (exact for square strides; a
-    // non-square one takes x's).
-    wo.metadata_from = image.info.format == "tiff" ? image.input : "";
-    wo.metadata_scale = 1.0 / (double(stride_x) * image.resolution.downsample);
-    if (image.resolution.mpp) wo.mpp = *image.resolution.mpp * double(stride_x);
-    wo.nodata = std::numeric_limits<double>::quiet_NaN();
-    nlohmann::json names = nlohmann::json::array();
-    for (const auto& c : classes_) names.push_back(c.name);
-    wo.description =
-        nlohmann::json{{"heatmap",
-                        {{"classes", names},
-                         {"stride", {stride_x, stride_y}},
-                         {"window", {image.grid.windowWidth(), image.grid.windowHeight()}},
-                         {"meaning", "pixel (column, row) = the scores of grid window (column, row)"}}}}
-            .dump();
-    return wo;
-  }
-
-  std::vector<ClassInfo> classes_;
-  std::unique_ptr<CsvFile> csv_;          // owned; null unless saved
-  std::unique_ptr<GeoJsonFile> tiles_;    // owned; null unless saved
-  std::unique_ptr<HeatmapTiff> heatmap_;  // owned; null unless saved
+  virtual void append(const WindowPlace& place, const float* values) = 0;
 };
 
 namespace {
+
+// A writer of src/writers/ fed rows through `Append(writer, place, values)`.
+template <typename Writer, typename Append>
+class RowsInto : public WindowRowOutput {
+ public:
+  RowsInto(std::unique_ptr<Writer> writer, Append append)
+      : writer_(std::move(writer)), append_(std::move(append)) {}
+  void append(const WindowPlace& place, const float* values) override { append_(*writer_, place, values); }
+  void finish() override { writer_->finish(); }
+  void commit(std::vector<std::string>& renamed) override { writer_->commit(renamed); }
+
+ private:
+  std::unique_ptr<Writer> writer_;
+  Append append_;
+};
+
+template <typename Writer, typename Append>
+std::unique_ptr<WindowRowOutput> rowsInto(std::unique_ptr<Writer> writer, Append append) {
+  return std::make_unique<RowsInto<Writer, Append>>(std::move(writer), std::move(append));
+}
+
+// What a row output's opener gets: the image, the options, and (classify) the class names.
+struct RowContext {
+  const CatalogImage& image;
+  const WindowOutputOptions& options;
+  const std::vector<ClassInfo>& classes;  // classNames of the model's K scores; empty unless classify
+  const std::string& path;                // the output's name (image.outputs)
+};
 
 // The attributes of the features HDF5 (TRIDENT's and CLAM's), in the order they are written.
 FeaturesHdf5Layout featuresLayout(const CatalogImage& image, const WindowOutputOptions& o) {
@@ -197,6 +149,96 @@ FeaturesHdf5Layout featuresLayout(const CatalogImage& image, const WindowOutputO
   layout.features_attributes = {{"name", name}, {"encoder", encoder}};
   return layout;
 }
+
+std::unique_ptr<WindowRowOutput> openFeatures(const RowContext& c) {
+  return rowsInto(std::make_unique<FeaturesHdf5>(c.path, featuresLayout(c.image, c.options)),
+                  [](FeaturesHdf5& f, const WindowPlace& p, const float* v) { f.append(v, p.x, p.y); });
+}
+
+std::unique_ptr<WindowRowOutput> openFeaturesTensor(const RowContext& c) {
+  return rowsInto(std::make_unique<TorchTensorFile>(c.path, c.options.dim),
+                  [](TorchTensorFile& f, const WindowPlace&, const float* v) { f.append(v); });
+}
+
+// <stem>.csv: WSInfer's columns.
+std::unique_ptr<WindowRowOutput> openClassCsv(const RowContext& c) {
+  std::vector<std::string> columns = {"minx", "miny", "width", "height"};
+  for (const auto& k : c.classes) columns.push_back("prob_" + k.name);
+  const size_t K = c.classes.size();
+  return rowsInto(std::make_unique<CsvFile>(c.path, columns),
+                  [K](CsvFile& f, const WindowPlace& p, const float* v) {
+                    std::string line = fmt::format("{},{},{},{}", p.x, p.y, p.width, p.height);
+                    for (size_t k = 0; k < K; ++k) line += "," + fmt::format("{}", v[k]);
+                    f.row(line);
+                  });
+}
+
+// <stem>_tiles.geojson: QuPath's tile objects, classified by their highest score.
+std::unique_ptr<WindowRowOutput> openTiles(const RowContext& c) {
+  return rowsInto(std::make_unique<GeoJsonFile>(c.path),
+                  [classes = c.classes](GeoJsonFile& f, const WindowPlace& p, const float* v) {
+                    const size_t K = classes.size();
+                    // The argmax names the tile's class (the first of equals; NaN never wins): a tile whose
+                    // every score is NaN has no classification, as an object whose every class mean is NaN.
+                    const int best = highestClass(v, K);
+                    const double x0 = double(p.x), y0 = double(p.y), x1 = x0 + double(p.width),
+                                 y1 = y0 + double(p.height);
+                    GeoJsonFeature tile;
+                    tile.geometry = quadGeometry({{{x0, y0}, {x1, y0}, {x1, y1}, {x0, y1}}});
+                    tile.object_type = "tile";
+                    if (best >= 0) tile.classification = &classes[size_t(best)];
+                    tile.measurements.emplace();
+                    for (size_t k = 0; k < K; ++k) tile.measurements->add("prob_" + classes[k].name, v[k]);
+                    f.writer.add(tile);
+                  });
+}
+
+// The heatmap TIFF's options: a pixel spans a stride of processing pixels.
+WriterOptions heatmapOptions(const CatalogImage& image, const WindowOutputOptions& o,
+                             const std::vector<ClassInfo>& classes) {
+  const int64_t stride_x = gridStride(image.grid.startsX(), image.grid.windowWidth());
+  const int64_t stride_y = gridStride(image.grid.startsY(), image.grid.windowHeight());
+  WriterOptions wo;
+  // One pixel a window: too small for speed to matter, so the codec every reader knows, as it always was.
+  wo.compression = o.compression ? *o.compression : Compression{Codec::kDeflate};
+  wo.software = kTilerSoftware;
+  // Its geotransform and resolution are the input's scaled by the stride (exact for square strides; a
+  // non-square one takes x's).
+  wo.metadata_from = image.info.format == "tiff" ? image.input : "";
+  wo.metadata_scale = 1.0 / (double(stride_x) * image.resolution.downsample);
+  if (image.resolution.mpp) wo.mpp = *image.resolution.mpp * double(stride_x);
+  wo.nodata = std::numeric_limits<double>::quiet_NaN();
+  nlohmann::json names = nlohmann::json::array();
+  for (const auto& c : classes) names.push_back(c.name);
+  wo.description =
+      nlohmann::json{{"heatmap",
+                      {{"classes", names},
+                       {"stride", {stride_x, stride_y}},
+                       {"window", {image.grid.windowWidth(), image.grid.windowHeight()}},
+                       {"meaning", "pixel (column, row) = the scores of grid window (column, row)"}}}}
+          .dump();
+  return wo;
+}
+
+// <stem>_heatmap.tif: K float bands, one pixel per window (the grid's column and row).
+std::unique_ptr<WindowRowOutput> openHeatmap(const RowContext& c) {
+  const CatalogImage& image = c.image;
+  return rowsInto(
+      std::make_unique<HeatmapTiff>(c.path, int64_t(image.grid.startsY().size()), image.grid.columns(),
+                                    c.options.dim, heatmapOptions(image, c.options, c.classes)),
+      [](HeatmapTiff& f, const WindowPlace& p, const float* v) { f.set(p.column, p.row, v); });
+}
+
+// The registry of per-window outputs: one row per --save kind (output_kinds' table names it), its opener.
+struct WindowRowWriter {
+  const char* kind;
+  std::unique_ptr<WindowRowOutput> (*open)(const RowContext& context);
+};
+constexpr WindowRowWriter kRowWriters[] = {
+    {"features", openFeatures}, {"features_pt", openFeaturesTensor},
+    {"csv", openClassCsv},      {"tiles", openTiles},
+    {"heatmap", openHeatmap},
+};
 
 }  // namespace
 
@@ -249,6 +291,95 @@ std::string detectionRecord(const CatalogImage& image, const WindowOutputOptions
   return record;
 }
 
+namespace {
+
+// A kept box as detect's outputs take it: level-0 pixels, clipped to the image; `id` from 1.
+struct KeptBox {
+  int64_t id = 0;
+  int k = 0;
+  const ClassInfo* c = nullptr;  // its class (objectClass)
+  float score = 0;
+  double x1 = 0, y1 = 0, x2 = 0, y2 = 0;
+};
+
+// An object output as detect's glue feeds it: each kept box, in window order.
+class BoxOutput : public OutputWriter {
+ public:
+  virtual void add(const KeptBox& box) = 0;
+};
+
+// A writer of src/writers/ fed boxes through `Add(writer, box)`.
+template <typename Writer, typename Add>
+class BoxesInto : public BoxOutput {
+ public:
+  BoxesInto(std::unique_ptr<Writer> writer, Add add) : writer_(std::move(writer)), add_(std::move(add)) {}
+  void add(const KeptBox& box) override { add_(*writer_, box); }
+  void finish() override { writer_->finish(); }
+  void commit(std::vector<std::string>& renamed) override { writer_->commit(renamed); }
+
+ private:
+  std::unique_ptr<Writer> writer_;
+  Add add_;
+};
+
+template <typename Writer, typename Add>
+std::unique_ptr<BoxOutput> boxesInto(std::unique_ptr<Writer> writer, Add add) {
+  return std::make_unique<BoxesInto<Writer, Add>>(std::move(writer), std::move(add));
+}
+
+// <stem>_objects.geojson: QuPath's detections, in the input's CRS where it has one (a rotated grid turns the
+// rectangle there). The id also in the properties, where GeoPandas and other tables read it.
+std::unique_ptr<BoxOutput> openBoxesGeojson(const CatalogImage& image, const std::string&, double, double) {
+  std::optional<GeoFrame> geo;
+  auto file = openObjectsGeojson(image, geo);
+  return boxesInto(std::move(file), [geo](GeoJsonFile& f, const KeptBox& b) {
+    std::array<std::array<double, 2>, 4> corner = {{{b.x1, b.y1}, {b.x2, b.y1}, {b.x2, b.y2}, {b.x1, b.y2}}};
+    if (geo)
+      for (auto& p : corner) p = geo->apply(p[0], p[1]);
+    GeoJsonFeature feature;
+    feature.id = b.id;
+    feature.geometry = quadGeometry(corner);
+    feature.object_type = "detection";
+    feature.classification = b.c;
+    feature.measurements = GeoJsonMeasurements().add("score", b.score);
+    f.writer.add(feature);
+  });
+}
+
+// <stem>_objects.csv, in pixels.
+std::unique_ptr<BoxOutput> openBoxesCsv(const CatalogImage&, const std::string& path, double, double) {
+  return boxesInto(std::make_unique<CsvFile>(
+                       path, std::vector<std::string>{"id", "class", "score", "x1", "y1", "x2", "y2"}),
+                   [](CsvFile& f, const KeptBox& b) {
+                     f.row(fmt::format("{},{},{},{},{},{},{}", b.id, csvField(b.c->name), b.score, b.x1, b.y1,
+                                       b.x2, b.y2));
+                   });
+}
+
+// <stem>_coco.json, in pixels; the image's level-0 size is COCO's.
+std::unique_ptr<BoxOutput> openCoco(const CatalogImage& image, const std::string& path, double width,
+                                    double height) {
+  const std::string file = utf8Safe(fs::path(image.input).filename().string());
+  return boxesInto(std::make_unique<CocoFile>(path, "tiler --task detect: " + file, file, width, height),
+                   [](CocoFile& f, const KeptBox& b) {
+                     f.add(b.id, b.k + 1, b.c->name, b.x1, b.y1, b.x2, b.y2, b.score);
+                   });
+}
+
+// The registry of detect's outputs: one row per --save kind, its opener (image, path, level-0 size).
+struct BoxWriterRow {
+  const char* kind;
+  std::unique_ptr<BoxOutput> (*open)(const CatalogImage& image, const std::string& path, double width,
+                                     double height);
+};
+constexpr BoxWriterRow kBoxWriters[] = {
+    {"objects", openBoxesGeojson},
+    {"objects_csv", openBoxesCsv},
+    {"coco", openCoco},
+};
+
+}  // namespace
+
 // detect: a window's boxes [N, 6] (x1, y1, x2, y2, score, class in window pixels; a score <= 0 pads). A box
 // is kept by the one window whose core holds its centre (the partition of the window centres, the crop
 // blend's), so an object every window that sees it whole finds alike is written once, whatever the world
@@ -266,17 +397,9 @@ class WindowOutputs::DetectionFiles {
     const auto saved = [&](const char* kind) {
       return std::find(o.kinds.begin(), o.kinds.end(), kind) != o.kinds.end();
     };
-    // The CSV and COCO stay in pixels.
-    if (saved("objects")) geojson_ = openObjectsGeojson(image, geo_);
-    if (saved("objects_csv"))
-      csv_ =
-          std::make_unique<CsvFile>(image.outputs.at("objects_csv"),
-                                    std::vector<std::string>{"id", "class", "score", "x1", "y1", "x2", "y2"});
-    if (saved("coco")) {
-      const std::string file = utf8Safe(fs::path(image.input).filename().string());
-      coco_ = std::make_unique<CocoFile>(image.outputs.at("coco"), "tiler --task detect: " + file, file,
-                                         level0_width_, level0_height_);
-    }
+    for (const BoxWriterRow& row : kBoxWriters)
+      if (saved(row.kind))
+        writers_.push_back(row.open(image, image.outputs.at(row.kind), level0_width_, level0_height_));
   }
 
   // The window's `rows` boxes, those its rank kept (detectionRecord).
@@ -318,7 +441,11 @@ class WindowOutputs::DetectionFiles {
   // Writes the boxes NMS still held.
   void settleAll() { settle(std::numeric_limits<int64_t>::max()); }
   // In commit order.
-  std::vector<OutputWriter*> writers() const { return {geojson_.get(), csv_.get(), coco_.get()}; }
+  std::vector<OutputWriter*> writers() const {
+    std::vector<OutputWriter*> writers;
+    for (const auto& writer : writers_) writers.push_back(writer.get());
+    return writers;
+  }
   int64_t objects() const { return objects_; }
   int64_t atWindowEdge() const { return at_window_edge_; }
 
@@ -430,38 +557,17 @@ class WindowOutputs::DetectionFiles {
   }
   void write(const Box& box) {
     at_window_edge_ += box.at_window_edge;
-    const int k = box.k;
-    const float score = box.score;
-    const double x1 = box.x1, y1 = box.y1, x2 = box.x2, y2 = box.y2;
-    const ClassInfo c = objectClass(k, named_);
+    const ClassInfo c = objectClass(box.k, named_);
     ++objects_;
-    if (geojson_) {
-      // The rectangle's corners, in the CRS where there is one (a rotated grid turns it there). The id also
-      // in the properties, where GeoPandas and other tables read it (QuPath takes it there too).
-      std::array<std::array<double, 2>, 4> corner = {{{x1, y1}, {x2, y1}, {x2, y2}, {x1, y2}}};
-      if (geo_)
-        for (auto& p : corner) p = geo_->apply(p[0], p[1]);
-      GeoJsonFeature feature;
-      feature.id = objects_;
-      feature.geometry = quadGeometry(corner);
-      feature.object_type = "detection";
-      feature.classification = &c;
-      feature.measurements = GeoJsonMeasurements().add("score", score);
-      geojson_->writer.add(feature);
-    }
-    if (csv_)
-      csv_->row(fmt::format("{},{},{},{},{},{},{}", objects_, csvField(c.name), score, x1, y1, x2, y2));
-    if (coco_) coco_->add(objects_, k + 1, c.name, x1, y1, x2, y2, score);
+    const KeptBox kept{objects_, box.k, &c, box.score, box.x1, box.y1, box.x2, box.y2};
+    for (auto& writer : writers_) writer->add(kept);
   }
 
   const CatalogImage& image_;
-  std::vector<ClassInfo> named_;          // --classes (empty: class_<k>)
-  std::unique_ptr<GeoJsonFile> geojson_;  // owned; null unless saved
-  std::unique_ptr<CsvFile> csv_;          // owned; null unless saved
-  std::unique_ptr<CocoFile> coco_;        // owned; null unless saved
+  std::vector<ClassInfo> named_;                     // --classes (empty: class_<k>)
+  std::vector<std::unique_ptr<BoxOutput>> writers_;  // one per saved kind, in kBoxWriters' order
   double nms_;  // IoU above which the lower-scoring of two boxes of a class goes; 0: none
   double level0_width_, level0_height_;  // the image at level 0, where boxes are clipped (COCO's size)
-  std::optional<GeoFrame> geo_;          // the input's CRS, where the GeoJSON is written in it
   int64_t objects_ = 0, at_window_edge_ = 0;
   int64_t order_ = 0;         // kept boxes so far
   int64_t last_row_ = -1;     // the grid row of the last kept box
@@ -483,17 +589,19 @@ WindowOutputs::WindowOutputs(const CatalogImage& image, WindowOutputOptions opti
   TILER_CHECK(options_.dim > 0 || options_.task == ModelTask::kDetect, ConfigError,
               "a per-window output needs a vector of at least one value");
   fs::create_directories(fs::path(image.outputs.begin()->second).parent_path());
-  for (const auto& kind : options_.kinds) {
-    if (kind == "features")
-      features_ =
-          std::make_unique<FeaturesHdf5>(image.outputs.at("features"), featuresLayout(image, options_));
-    else if (kind == "features_pt")
-      tensor_ = std::make_unique<TorchTensorFile>(image.outputs.at("features_pt"), options_.dim);
-    else if (!classes_ && taskOfOutputKind(kind) == ModelTask::kClassify)
-      classes_ = std::make_unique<ClassFiles>(image, options_);
-    else if (!detections_ && taskOfOutputKind(kind) == ModelTask::kDetect)
-      detections_ = std::make_unique<DetectionFiles>(image, options_);
+  std::vector<ClassInfo> classes;
+  if (options_.task == ModelTask::kClassify) {
+    classes = classNames(options_.dim, options_.classes);
+    TILER_CHECK(int64_t(classes.size()) == options_.dim, ConfigError,
+                "--classes names " << classes.size() << " class(es), the model gives " << options_.dim);
   }
+  // In the registry's order, whatever order --save named them in.
+  for (const WindowRowWriter& row : kRowWriters)
+    if (std::find(options_.kinds.begin(), options_.kinds.end(), row.kind) != options_.kinds.end())
+      rows_.push_back(row.open(RowContext{image, options_, classes, image.outputs.at(row.kind)}));
+  for (const auto& kind : options_.kinds)
+    if (!detections_ && taskOfOutputKind(kind) == ModelTask::kDetect)
+      detections_ = std::make_unique<DetectionFiles>(image, options_);
 }
 
 WindowOutputs::~WindowOutputs() = default;
@@ -519,9 +627,7 @@ void WindowOutputs::take(int64_t window, std::vector<float> values) {
 
 void WindowOutputs::write(int64_t window, const std::vector<float>& values) {
   const WindowPlace place = placeWindow(image_, window);
-  if (features_) features_->append(values.data(), place.x, place.y);
-  if (tensor_) tensor_->append(values.data());
-  if (classes_) classes_->append(place, values.data());
+  for (auto& row : rows_) row->append(place, values.data());
   if (detections_) detections_->append(window, values.data(), int64_t(values.size()) / 6);
 }
 
@@ -530,10 +636,10 @@ std::vector<std::string> WindowOutputs::commit() {
               "'" << image_.input << "': " << order_.written() << " of " << image_.plannedWindows()
                   << " windows written");
   if (detections_) detections_->settleAll();
-  std::vector<OutputWriter*> writers = {features_.get(), tensor_.get()};
-  for (const auto& more : {classes_ ? classes_->writers() : std::vector<OutputWriter*>{},
-                           detections_ ? detections_->writers() : std::vector<OutputWriter*>{}})
-    writers.insert(writers.end(), more.begin(), more.end());
+  std::vector<OutputWriter*> writers;
+  for (auto& row : rows_) writers.push_back(row.get());
+  if (detections_)
+    for (OutputWriter* writer : detections_->writers()) writers.push_back(writer);
   return commitWriters(writers);
 }
 

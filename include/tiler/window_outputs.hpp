@@ -34,8 +34,7 @@
 
 namespace tiler {
 
-class FeaturesHdf5;
-class TorchTensorFile;
+class WindowRowOutput;  // a per-window output's writer (window_outputs.cpp)
 
 // A window where the level-0 image has it (pixels; the window may reach past an image smaller than it), and
 // its cell in the grid.
@@ -166,18 +165,15 @@ class WindowOutputs : public WindowConsumer {
   std::optional<std::array<int64_t, 2>> objects() const override;
 
  private:
-  class ClassFiles;
   class DetectionFiles;
   void take(int64_t window, std::vector<float> values);
   void write(int64_t window, const std::vector<float>& values);
 
   const CatalogImage& image_;  // the catalog's, which outlives the stage
   WindowOutputOptions options_;
-  InWindowOrder<std::vector<float>> order_;     // a window's vector, or a detector's rows, 6 floats a box
-  std::unique_ptr<FeaturesHdf5> features_;      // owned; null unless saved
-  std::unique_ptr<TorchTensorFile> tensor_;     // owned; null unless features_pt is saved
-  std::unique_ptr<ClassFiles> classes_;         // owned; null unless csv, tiles or heatmap
-  std::unique_ptr<DetectionFiles> detections_;  // owned; null unless objects, objects_csv or coco
+  InWindowOrder<std::vector<float>> order_;  // a window's vector, or a detector's rows, 6 floats a box
+  std::vector<std::unique_ptr<WindowRowOutput>> rows_;  // the per-window outputs saved, in registry order
+  std::unique_ptr<DetectionFiles> detections_;          // owned; null unless objects, objects_csv or coco
 };
 
 }  // namespace tiler
