@@ -231,6 +231,31 @@ TEST(Catalog, ExistingOutputsNeedResumeOrOverwrite) {
   removeTree(dir);
 }
 
+// What a killed run's writers left goes as their rows name it (a polygons' scratch labels level under
+// --pyramid); what no writer of the saved kinds makes stays.
+TEST(Catalog, StalePartialsOfTheSavedKindsAreSwept) {
+  const std::string dir = test::scratchDir("catalog_sweep");
+  writeRgb(dir + "/b.tif", 64, 64);
+  fs::create_directories(dir + "/out");
+  const std::vector<std::string> stale = {
+      "b_polygons.geojson.partial", "b_polygons.geojson.labels.tif.partial",
+      "b_polygons.geojson.labels.tif.level2.partial", "b.pt.rows.partial"};
+  for (const auto& name : stale) std::ofstream(dir + "/out/" + name) << "left by a killed run";
+  std::ofstream(dir + "/out/b.csv.partial") << "no writer of this run's kinds";
+  InferCatalogOptions o;
+  o.inputs = {dir + "/b.tif"};
+  o.output_dir = dir + "/out";
+  o.kinds = {"polygons", "features_pt"};
+  o.resume = true;
+  o.remove_stale_partials = true;
+  CatalogSpec spec{GridSpec{64, 64, 0.25, 0.25}, 3, Scale{}, 0.0, MaskSpec{}, ResolutionSpec{}};
+  WindowCatalog c = buildInferCatalog(o, spec);
+  EXPECT_EQ(c.image(0).status, "ok");
+  for (const auto& name : stale) EXPECT_FALSE(fs::exists(dir + "/out/" + name)) << name;
+  EXPECT_TRUE(fs::exists(dir + "/out/b.csv.partial"));
+  removeTree(dir);
+}
+
 TEST(Catalog, SameStemTwiceFailsTheSecond) {
   const std::string dir = test::scratchDir("catalog_stem");
   writeRgb(dir + "/a.tif", 64, 64);

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 
 #include "tiler/core/error.hpp"
@@ -62,6 +63,26 @@ TEST(OutputKinds, AStoreIsADirectoryKindOfSegment) {
   EXPECT_FALSE(findOutputKind("labels")->directory);
   EXPECT_EQ(std::string(findOutputKind("polygons")->feature), "gdal");
   EXPECT_EQ(std::string(findOutputKind("features")->feature), "hdf5");
+}
+
+// The stale-partial sweep reads what each writer leaves from its row: scratch files and TIFF levels, a
+// scratch's levels too (polygons' own labels TIFF under --pyramid).
+TEST(OutputKinds, PartialPathsComeFromTheRow) {
+  const auto has = [](const std::vector<std::string>& paths, const std::string& path) {
+    return std::find(paths.begin(), paths.end(), path) != paths.end();
+  };
+  const auto polygons = partialPaths(*findOutputKind("polygons"), "o/s_polygons.geojson");
+  EXPECT_EQ(polygons.front(), "o/s_polygons.geojson.partial");
+  EXPECT_TRUE(has(polygons, "o/s_polygons.geojson.labels.tif.partial"));
+  EXPECT_TRUE(has(polygons, "o/s_polygons.geojson.labels.tif.level1.partial"));
+  EXPECT_TRUE(
+      has(polygons, "o/s_polygons.geojson.labels.tif.level" + std::to_string(kMaxTiffLevels) + ".partial"));
+  const auto pt = partialPaths(*findOutputKind("features_pt"), "o/s.pt");
+  EXPECT_EQ(pt, (std::vector<std::string>{"o/s.pt.partial", "o/s.pt.rows.partial"}));
+  EXPECT_TRUE(has(partialPaths(*findOutputKind("probs"), "o/s_probs.tif"), "o/s_probs.tif.level3.partial"));
+  EXPECT_EQ(partialPaths(*findOutputKind("zarr"), "o/s.ome.zarr"),
+            std::vector<std::string>{"o/s.ome.zarr.partial"});
+  EXPECT_EQ(partialPaths(*findOutputKind("csv"), "o/s.csv"), std::vector<std::string>{"o/s.csv.partial"});
 }
 
 // --save's help and refusals are made from the table: a new row shows in both.

@@ -40,12 +40,14 @@ const char* taskName(ModelTask task) {
 const std::vector<OutputKind>& outputKinds() {
   using T = ModelTask;
   static const std::vector<OutputKind> kinds = {
-      {"labels", {T::kSegment}, "{stem}_labels.{format}", false, "", {T::kSegment}},
-      {"probs", {T::kSegment}, "{stem}_probs.tif", false, "", {}},
-      {"polygons", {T::kSegment}, "{stem}_polygons.geojson", false, "gdal", {}},
+      {"labels", {T::kSegment}, "{stem}_labels.{format}", false, "", {T::kSegment}, {}, true},
+      {"probs", {T::kSegment}, "{stem}_probs.tif", false, "", {}, {}, true},
+      // Traced from a scratch labels TIFF of its own when labels are not saved.
+      {"polygons", {T::kSegment}, "{stem}_polygons.geojson", false, "gdal", {}, {".labels.tif"}, true},
       {"zarr", {T::kSegment}, "{stem}.ome.zarr", true, "", {}},
       {"features", {T::kEmbed}, "{stem}.h5", false, "hdf5", {T::kEmbed}},
-      {"features_pt", {T::kEmbed}, "{stem}.pt", false, "", {}},
+      // The rows go to a scratch file until the archive is written.
+      {"features_pt", {T::kEmbed}, "{stem}.pt", false, "", {}, {".rows"}},
       {"csv", {T::kClassify}, "{stem}.csv", false, "", {T::kClassify}},
       {"tiles", {T::kClassify}, "{stem}_tiles.geojson", false, "", {T::kClassify}},
       {"heatmap", {T::kClassify}, "{stem}_heatmap.tif", false, "", {}},
@@ -57,7 +59,7 @@ const std::vector<OutputKind>& outputKinds() {
        {T::kDetect, T::kInstances}},
       {"objects_csv", {T::kDetect, T::kInstances}, "{stem}_objects.csv", false, "", {}},
       {"coco", {T::kDetect}, "{stem}_coco.json", false, "", {}},
-      {"instances", {T::kInstances}, "{stem}_instances.tif", false, "", {}},
+      {"instances", {T::kInstances}, "{stem}_instances.tif", false, "", {}, {}, true},
   };
   return kinds;
 }
@@ -115,6 +117,18 @@ std::string outputFileName(const std::string& kind, const std::string& stem, con
     if (at != std::string::npos) name.replace(at, key.size(), value);
   }
   return name;
+}
+
+std::vector<std::string> partialPaths(const OutputKind& kind, const std::string& path) {
+  std::vector<std::string> bases = {path};
+  for (const char* suffix : kind.scratch) bases.push_back(path + suffix);
+  std::vector<std::string> paths;
+  for (const std::string& base : bases) {
+    paths.push_back(base + ".partial");
+    for (int level = 1; kind.tiff_levels && level <= kMaxTiffLevels; ++level)
+      paths.push_back(base + ".level" + std::to_string(level) + ".partial");
+  }
+  return paths;
 }
 
 namespace {

@@ -287,6 +287,39 @@ void unmarkReading(const CatalogImage& img) {
   if (!img.reading_mark.empty() && isPlainFile(img.reading_mark)) fs::remove(img.reading_mark, ec);
 }
 
+namespace {
+
+// A planned image's outputs as they stand: a dead run's partial paths swept (with remove_stale_partials), the
+// image skipped when every output is there and complete (--resume), else those that exist added to
+// `existing` (refused without --resume or --overwrite).
+void settleExistingOutputs(const InferCatalogOptions& o, CatalogImage& img,
+                           std::vector<std::string>& existing) {
+  std::error_code ec;
+  size_t present = 0;
+  for (auto& [kind, out] : img.outputs) {
+    const OutputKind& row = *findOutputKind(kind);
+    if (o.remove_stale_partials) {
+      // A crashed run's: its writer's partial paths, as its row names them (a store's is a directory).
+      for (const std::string& partial : partialPaths(row, out)) {
+        if (row.directory && partial == out + ".partial") removeTree(partial);
+        fs::remove(partial, ec);
+      }
+    }
+    // Only a plain file (a store: a directory) counts as finished: a link (planted, or dangling) is never
+    // this run's output; a store appears under its name only when complete.
+    present += (row.directory ? isPlainDirectory(out) : isPlainFile(out)) ? 1 : 0;
+  }
+  if (present == img.outputs.size() && o.resume) {
+    img.status = "skipped";
+    if (o.remove_stale_partials) unmarkReading(img);  // finished: a mark beside it is stale
+  } else if (!o.resume && !o.overwrite) {
+    for (auto& [kind, out] : img.outputs)
+      if (fs::symlink_status(out, ec).type() != fs::file_type::not_found) existing.push_back(out);
+  }
+}
+
+}  // namespace
+
 WindowCatalog buildInferCatalog(const InferCatalogOptions& o, const CatalogSpec& spec) {
   const std::vector<std::string> listed = listImages(o.inputs, o.recursive);
   TILER_CHECK(!listed.empty(), ConfigError, "no input images found in the given --input paths");
@@ -341,34 +374,7 @@ WindowCatalog buildInferCatalog(const InferCatalogOptions& o, const CatalogSpec&
                     " pixels is too large for PNG; use --format tif";
       }
     }
-    if (img.status == "ok") {
-      std::error_code ec;
-      size_t present = 0;
-      for (auto& [kind, out] : img.outputs) {
-        const bool store = findOutputKind(kind)->directory;
-        if (o.remove_stale_partials) {
-          if (store) removeTree(out + ".partial");
-          fs::remove(out + ".partial", ec);
-          fs::remove(out + ".labels.tif.partial", ec);
-          fs::remove(out + ".rows.partial", ec);  // features_pt's scratch rows
-          for (int level = 1; level <= 32; ++level)
-            fs::remove(out + ".level" + std::to_string(level) + ".partial", ec);
-        }
-        // Only a plain file (a store: a directory) counts as finished: a link (planted, or dangling) is
-        // never this run's output; a store appears under its name only when complete.
-        present += (store ? isPlainDirectory(out) : isPlainFile(out)) ? 1 : 0;
-      }
-      auto occupied = [&](const std::string& out) {
-        return fs::symlink_status(out, ec).type() != fs::file_type::not_found;
-      };
-      if (present == img.outputs.size() && o.resume) {
-        img.status = "skipped";
-        if (o.remove_stale_partials) unmarkReading(img);  // finished: a mark beside it is stale
-      } else if (!o.resume && !o.overwrite) {
-        for (auto& [kind, out] : img.outputs)
-          if (occupied(out)) existing.push_back(out);
-      }
-    }
+    if (img.status == "ok") settleExistingOutputs(o, img, existing);
     if (img.status == "ok" && isPlainFile(img.reading_mark)) readAgainAfterACrash(img);
     const bool planned = img.status == "ok";
     catalog.add(std::move(img), planned);

@@ -115,10 +115,9 @@ class StitchedOutputs : public ImageConsumer {
     if (img_.plannedWindows() == 0 && device_stitcher_) device_stitcher_->finishEmpty();
     if (img_.plannedWindows() == 0 && stitcher_) stitcher_->finishEmpty();
     // Phase one: every output closed under its partial name. Phase two: all renamed, or none.
-    for (auto& writer : writers_) writer->finish();
-    return commitAllOrNothing([&](std::vector<std::string>& renamed) {
-      for (auto& writer : writers_) writer->commit(renamed);
-    });
+    std::vector<OutputWriter*> writers;
+    for (auto& writer : writers_) writers.push_back(writer.get());
+    return commitWriters(writers);
   }
 
  private:

@@ -232,18 +232,18 @@ InstanceOutputs::InstanceOutputs(const CatalogImage& image, InstanceOptions opti
   };
   if (saved("objects")) geojson_ = openObjectsGeojson(image, geo_);
   if (saved("objects_csv")) {
-    csv_ = std::make_unique<TextFile>(image.outputs.at("objects_csv"));
-    std::string header = "id,class,score,area,centroid_x,centroid_y,x1,y1,x2,y2";
-    for (const ClassInfo& c : options_.classes) header += "," + csvField("prob_" + c.name);
-    csv_->write(header + "\n");
+    std::vector<std::string> columns = {"id",         "class", "score", "area", "centroid_x",
+                                        "centroid_y", "x1",    "y1",    "x2",   "y2"};
+    for (const ClassInfo& c : options_.classes) columns.push_back("prob_" + c.name);
+    csv_ = std::make_unique<CsvFile>(image.outputs.at("objects_csv"), columns);
   }
   if (saved("instances")) {
     out_w_ = options_.scale.apply(image.info.width);
     out_h_ = options_.scale.apply(image.info.height);
     WriterOptions wo = options_.tiff;
     wo.nearest = true;  // reduced levels keep ids, never mean them
-    raster_ =
-        std::make_unique<ImageWriter>(image.outputs.at("instances"), out_w_, out_h_, 1, SampleType::kU32, wo);
+    raster_ = std::make_unique<ImageOutput>(std::make_unique<ImageWriter>(
+        image.outputs.at("instances"), out_w_, out_h_, 1, SampleType::kU32, wo));
     band_ = cv::Mat::zeros(int(options_.height), int(out_w_), CV_32S);
   }
 }
@@ -504,7 +504,7 @@ void InstanceOutputs::writeFeature(const KeptObject& kept, const Rect& rect) {
                                   level0x(double(o.x0)), level0y(double(o.y0)), level0x(double(o.x1)),
                                   level0y(double(o.y1)));
     for (double m : o.class_means) row += fmt::format(",{}", float(m));
-    csv_->write(row + "\n");
+    csv_->row(row);
   }
 }
 
@@ -512,7 +512,7 @@ void InstanceOutputs::advanceRaster(int64_t to) {
   to = std::min(to, out_h_);
   while (band_top_ < to) {
     const int rows = int(std::min<int64_t>(to - band_top_, band_.rows));
-    raster_->writeRows(band_.rowRange(0, rows));
+    raster_->image().writeRows(band_.rowRange(0, rows));
     // The rows still open move up; those freed below are cleared.
     const size_t row_bytes = band_.step[0];
     std::memmove(band_.data, band_.data + size_t(rows) * row_bytes, size_t(band_.rows - rows) * row_bytes);
@@ -540,18 +540,8 @@ std::vector<std::string> InstanceOutputs::commit() {
   TILER_CHECK(done(), IoError,
               "'" << image_.input << "': " << order_.written() << " of " << image_.plannedWindows()
                   << " windows written");
-  // Phase one: every file closed under its partial name. Phase two: all renamed.
-  if (geojson_) geojson_->finish();
-  if (csv_) csv_->finish();
-  if (raster_) {
-    advanceRaster(out_h_);
-    raster_->finish();
-  }
-  return commitAllOrNothing([&](std::vector<std::string>& renamed) {
-    if (geojson_) commitFile(geojson_->file, renamed);
-    if (csv_) commitFile(*csv_, renamed);
-    if (raster_) commitFile(*raster_, renamed);
-  });
+  if (raster_) advanceRaster(out_h_);
+  return commitWriters({geojson_.get(), csv_.get(), raster_.get()});
 }
 
 std::optional<std::array<int64_t, 2>> InstanceOutputs::objects() const {

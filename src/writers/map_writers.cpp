@@ -1,8 +1,6 @@
 #include "tiler/writers/map_writers.hpp"
 
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "tiler/core/error.hpp"
@@ -96,8 +94,7 @@ class PolygonsWriter : public MapWriter {
     scratch_.reset();  // its partial file goes: it only fed the polygons
   }
   void commit(std::vector<std::string>& renamed) override {
-    TILER_CHECK(std::rename(partial().c_str(), path_.c_str()) == 0, IoError,
-                "'" << path_ << "': rename from .partial failed: " << std::strerror(errno));
+    renameFromPartial(path_);
     committed_ = true;
     renamed.push_back(path_);
   }

@@ -129,9 +129,9 @@ class InstanceOutputs : public WindowConsumer {
   InWindowOrder<WindowObjects> order_;  // each window's kept objects
   int64_t objects_ = 0, cut_ = 0, non_finite_ = 0;
   std::unique_ptr<GeoJsonFile> geojson_;  // owned; null unless saved
-  std::unique_ptr<TextFile> csv_;         // owned; null unless saved
+  std::unique_ptr<CsvFile> csv_;          // owned; null unless saved
   std::optional<GeoFrame> geo_;           // the input's CRS, where the GeoJSON is written in it
-  std::unique_ptr<ImageWriter> raster_;   // the instance TIFF; null unless saved
+  std::unique_ptr<ImageOutput> raster_;   // the instance TIFF; null unless saved
   int64_t out_w_ = 0, out_h_ = 0;         // its size
   cv::Mat band_;                          // int32 rows [band_top_, band_top_ + window height) of it
   int64_t band_top_ = 0;

@@ -2,7 +2,7 @@
 // --save kind (output_kinds.hpp names the kinds): labels (TIFF or PNG), probs (TIFF), polygons (GeoJSON
 // traced from the labels), zarr (an OME-Zarr store). The stitcher hands each finished band, top to bottom, to
 // every writer of an image, as the labels and stored probabilities each asked for; an image commits in two
-// phases (every writer finished under its partial name, then all renamed or none: commitAllOrNothing). No
+// phases (every writer finished under its partial name, then all renamed or none: commitWriters). No
 // LibTorch. Promise: a writer holds a band of rows (or rows of tiles/chunks), never the image; a writer
 // destroyed before its commit removes what it wrote; every failure is an IoError naming the file.
 #pragma once
@@ -15,6 +15,7 @@
 
 #include "tiler/io/image_io.hpp"
 #include "tiler/io/polygons.hpp"
+#include "tiler/writers/output_file.hpp"
 
 namespace tiler {
 
@@ -40,16 +41,12 @@ struct MapBand {
   const cv::Mat* probs = nullptr;
 };
 
-class MapWriter {
+// A writer of the map's bands; finish() and commit() are the commit protocol's (output_file.hpp).
+class MapWriter : public OutputWriter {
  public:
-  virtual ~MapWriter() = default;
   virtual bool needsLabels() const = 0;
   virtual bool needsProbs() const = 0;
   virtual void write(const MapBand& band) = 0;
-  // Phase one: everything written and closed under the partial name.
-  virtual void finish() = 0;
-  // Phase two: renamed into place, the final names added to `renamed` (taken back if a later one fails).
-  virtual void commit(std::vector<std::string>& renamed) = 0;
   // TILER_FAULT stage:write: what it compresses from now on throws.
   virtual void injectFault() = 0;
   // The labels file this writer makes (its partial name), for the polygons to read; "": none.

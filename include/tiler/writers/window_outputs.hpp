@@ -1,14 +1,14 @@
-// window_outputs: the outputs of a model that gives one vector per window instead of a map: an encoder's
-// features (embed), a classifier's class scores (classify) or a detector's boxes (detect: a fixed number of
-// box records a window, merged by the windows' cores, clipped to the image; NMS near linear in the boxes,
-// through a spatial index). No LibTorch, no blending.
+// window_outputs: the glue between a model that gives one vector per window instead of a map and the
+// writers of its outputs (writers/): an encoder's features (embed: hdf5, torch_tensor), a classifier's class
+// scores (classify: csv, geojson_file tiles, heatmap) or a detector's boxes (detect: a fixed number of box
+// records a window, merged by the windows' cores, clipped to the image; NMS near linear in the boxes, through
+// a spatial index; written by geojson_file, csv and coco). No LibTorch, no blending, no file format.
 // Promise: an image's vectors are written in its window order (the catalog's, whatever order they arrive
-// in: early ones wait in memory, as the stitcher's rows do), each window with its level-0 rectangle.
-// Every file is written as "<name>.partial" and renamed by commit() together with the image's others; a
-// writer destroyed before commit removes its partial files. Bytes depend only on the vectors and the
-// options: the HDF5 file is written in whole chunks in a fixed order with no timestamps, and the tensor file
-// is torch.save's zip layout with fixed records, so any world size gives the same files. Every failure is an
-// IoError naming the file. Neither file is ever all in memory: rows are written (or set aside) as they come.
+// in: early ones wait in memory, as the stitcher's rows do), each window with its level-0 rectangle, so any
+// world size gives the same files. An image's writers are committed together by the one commit protocol
+// (output_file.hpp's commitWriters): every file under its partial name until all are finished, then all
+// renamed or none; a writer destroyed before commit removes its partial files. Every failure is an IoError
+// naming the file.
 #pragma once
 
 #include <array>
@@ -21,14 +21,20 @@
 #include <string>
 #include <vector>
 
-#include "tiler/core/job_options.hpp"
-#include "tiler/core/output_kinds.hpp"
 #include "tiler/io/catalog.hpp"
 #include "tiler/io/geojson.hpp"
 #include "tiler/io/image_io.hpp"
+#include "tiler/core/job_options.hpp"
+#include "tiler/core/output_kinds.hpp"
 #include "tiler/io/polygons.hpp"
+#include "tiler/writers/csv.hpp"
+#include "tiler/writers/geojson_file.hpp"
+#include "tiler/writers/heatmap.hpp"
+#include "tiler/writers/output_file.hpp"
 
 namespace tiler {
+
+class WindowRowOutput;  // a per-window output's writer (window_outputs.cpp)
 
 // A window where the level-0 image has it (pixels; the window may reach past an image smaller than it), and
 // its cell in the grid.
@@ -52,10 +58,6 @@ struct WindowOutputOptions {
   double nms_iou = 0.0;
 };
 
-// The most classes a classify heatmap holds (a band each: OpenCV's channel limit); a job asking for a heatmap
-// of more is refused at set-up.
-constexpr int64_t kHeatmapMaxClasses = 512;
-
 // Class names for K classes: --classes as given, else class_0, class_1, ... (CSV column prob_<name>);
 // classes without a colour of their own get distinct palette colours (none black).
 std::vector<ClassInfo> classNames(int64_t classes, const std::vector<ClassInfo>& named);
@@ -64,55 +66,12 @@ ClassInfo objectClass(int k, const std::vector<ClassInfo>& named);
 // The objective power of `image`'s level 0: the slide's own, else TRIDENT's bucket of its µm/px (0.25 -> 40x,
 // 0.5 -> 20x, 1.0 -> 10x); none when neither is known.
 std::optional<double> level0Magnification(const CatalogImage& image);
-// A CSV field per RFC 4180: quoted (inner quotes doubled) when it holds a comma, a quote or a line break.
-std::string csvField(const std::string& text);
 
 // Whether `at` (padded-image pixels along one axis) lies in window `i`'s share of that axis: the points
 // nearer its centre (starts[i] + size / 2) than any other window's, the first and last windows' shares
 // running on past the grid. The crop blend's partition: an object is kept by the one window whose core holds
 // its centre, whatever the world size. Twice and four times the coordinates keep half pixels exact.
 bool inWindowCore(const std::vector<int64_t>& starts, int64_t size, size_t i, double at);
-
-// One text output written under "<path>.partial" (created anew); removed when destroyed uncommitted. Every
-// failure is an IoError naming the file.
-class TextFile {
- public:
-  explicit TextFile(std::string path);
-  ~TextFile();
-  TextFile(const TextFile&) = delete;
-  TextFile& operator=(const TextFile&) = delete;
-  void write(const std::string& text) { write(text.data(), text.size()); }
-  void write(const void* data, size_t bytes);
-  // Flushes and closes; `durable`: synced to disk first (a scratch file, read back and removed, need not be).
-  void finish(bool durable = true);
-  std::string partial() const { return path_ + ".partial"; }
-  const std::string& path() const { return path_; }
-  void committed() { committed_ = true; }
-
- private:
-  std::string path_;
-  FILE* file_ = nullptr;  // owned
-  bool committed_ = false;
-};
-
-// Renames `path`.partial to `path`.
-void renameFromPartial(const std::string& path);
-// Renames a finished file (path(), committed()) into place and adds it to `renamed`, the files a later
-// failure takes back.
-template <typename File>
-void commitFile(File& file, std::vector<std::string>& renamed) {
-  renameFromPartial(file.path());
-  file.committed();
-  renamed.push_back(file.path());
-}
-
-// Renames a finished TIFF (ImageWriter::finish) into place and adds it to `renamed`.
-void commitFile(ImageWriter& writer, std::vector<std::string>& renamed);
-// Phase two of committing an image's files, all or nothing: `rename_all` renames each finished file into
-// place (commitFile), adding it to the list it is given; when one fails, those already renamed are removed
-// and the error goes on. Returns the final paths.
-std::vector<std::string> commitAllOrNothing(
-    const std::function<void(std::vector<std::string>& renamed)>& rename_all);
 
 // An image's window results in its window order, whatever order they arrive in: the result whose turn it is
 // is written at once, then those that waited for it; one that comes early is held until its turn.
@@ -144,21 +103,6 @@ class InWindowOrder {
   const CatalogImage& image_;  // the catalog's, which outlives its user
   int64_t written_ = 0;
   std::map<int64_t, T> early_;  // grid window -> its result, until its turn
-};
-
-// A GeoJSON output: a TextFile under its partial name, written through the one GeoJSON writer (geojson.hpp).
-struct GeoJsonFile {
-  explicit GeoJsonFile(const std::string& path, const std::string& crs = "")
-      : file(path), writer([this](const std::string& text) { file.write(text); }, crs) {}
-  GeoJsonFile(const GeoJsonFile&) = delete;
-  GeoJsonFile& operator=(const GeoJsonFile&) = delete;
-  // Closes the collection and the file (still under its partial name).
-  void finish() {
-    writer.finish();
-    file.finish();
-  }
-  TextFile file;
-  GeoJsonWriter writer;  // writes into `file`
 };
 
 // Creates `image`'s objects GeoJSON (outputs["objects"]); a georeferenced TIFF's objects are placed in its
@@ -221,20 +165,15 @@ class WindowOutputs : public WindowConsumer {
   std::optional<std::array<int64_t, 2>> objects() const override;
 
  private:
-  class FeatureFile;
-  class TensorFile;
-  class ClassFiles;
   class DetectionFiles;
   void take(int64_t window, std::vector<float> values);
   void write(int64_t window, const std::vector<float>& values);
 
   const CatalogImage& image_;  // the catalog's, which outlives the stage
   WindowOutputOptions options_;
-  InWindowOrder<std::vector<float>> order_;     // a window's vector, or a detector's rows, 6 floats a box
-  std::unique_ptr<FeatureFile> features_;       // owned; null unless saved
-  std::unique_ptr<TensorFile> tensor_;          // owned; null unless features_pt is saved
-  std::unique_ptr<ClassFiles> classes_;         // owned; null unless csv, tiles or heatmap
-  std::unique_ptr<DetectionFiles> detections_;  // owned; null unless objects, objects_csv or coco
+  InWindowOrder<std::vector<float>> order_;  // a window's vector, or a detector's rows, 6 floats a box
+  std::vector<std::unique_ptr<WindowRowOutput>> rows_;  // the per-window outputs saved, in registry order
+  std::unique_ptr<DetectionFiles> detections_;          // owned; null unless objects, objects_csv or coco
 };
 
 }  // namespace tiler
