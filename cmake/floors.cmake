@@ -8,7 +8,7 @@ set(tiler_floors
     "pixels: image_io handle_pool remote_input readers tiff_support tiff_reader openslide_reader jpeg_reader opencv_reader resolution mask annotations train_metrics polygons geojson blend zarr_writer map_writers"
     "planning: catalog window_outputs instances"
     "compute: torch_compat runtime_info block_cache model model_runtime torchscript_runtime pt2_runtime dist loader exchange session device_stitch outputs report tasks/task tasks/registry tasks/segment tasks/classify tasks/embed tasks/detect tasks/instances tasks/heads"
-    "jobs: pipeline finetune"
+    "jobs: pipeline finetune infer/plan infer/forward infer/routing infer/summary infer/job"
     "tools: commands tiler_main ctrun_main bench_main")
 set(tiler_first_torch_floor 4)  # compute
 # Below the compute floor, the one LibTorch header allowed: c10's zip writer (the features tensor file writes
@@ -27,7 +27,8 @@ function(tiler_check_floors)
   endforeach()
   file(GLOB files ${CMAKE_SOURCE_DIR}/src/*.cpp ${CMAKE_SOURCE_DIR}/src/*.hpp ${CMAKE_SOURCE_DIR}/src/tools/*.cpp
        ${CMAKE_SOURCE_DIR}/src/tools/*.hpp ${CMAKE_SOURCE_DIR}/include/tiler/*.hpp ${CMAKE_SOURCE_DIR}/src/tasks/*.cpp
-       ${CMAKE_SOURCE_DIR}/include/tiler/tasks/*.hpp)
+       ${CMAKE_SOURCE_DIR}/include/tiler/tasks/*.hpp ${CMAKE_SOURCE_DIR}/src/infer/*.cpp
+       ${CMAKE_SOURCE_DIR}/include/tiler/infer/*.hpp)
   # ctrun's layers (src/ctrun/, include/tiler/ctrun/): units by their file stems.
   file(GLOB ctrun_files ${CMAKE_SOURCE_DIR}/src/ctrun/*.cpp ${CMAKE_SOURCE_DIR}/src/ctrun/rendezvous/*.cpp
        ${CMAKE_SOURCE_DIR}/include/tiler/ctrun/*.hpp ${CMAKE_SOURCE_DIR}/include/tiler/ctrun/rendezvous/*.hpp)
@@ -35,9 +36,9 @@ function(tiler_check_floors)
   set(errors "")
   foreach(file IN LISTS files)
     get_filename_component(unit ${file} NAME_WE)
-    # A task's file is unit tasks/<stem> (tasks/instances beside instances).
-    if(file MATCHES "/tasks/[^/]*$")
-      set(unit tasks/${unit})
+    # A task's file is unit tasks/<stem> (tasks/instances beside instances), an infer part's infer/<stem>.
+    if(file MATCHES "/(tasks|infer)/[^/]*$")
+      set(unit ${CMAKE_MATCH_1}/${unit})
     endif()
     get_filename_component(name ${file} NAME)
     file(RELATIVE_PATH shown ${CMAKE_SOURCE_DIR} ${file})
@@ -48,7 +49,7 @@ function(tiler_check_floors)
     file(STRINGS ${file} includes REGEX "^#include [<\"]")
     foreach(line IN LISTS includes)
       string(REGEX REPLACE "^#include \"tiler/ctrun/(rendezvous/)?" "#include \"tiler/" line "${line}")
-      if(line MATCHES "^#include \"(tiler/)?((tasks/)?[a-z0-9_]+)\\.hpp\"")
+      if(line MATCHES "^#include \"(tiler/)?(((tasks|infer)/)?[a-z0-9_]+)\\.hpp\"")
         set(used ${CMAKE_MATCH_2})
         if(DEFINED floor_of_${used} AND floor_of_${used} GREATER floor_of_${unit})
           string(APPEND errors "  ${shown}: ${line} runs up a floor ('${unit}' is below '${used}')\n")
