@@ -264,7 +264,7 @@ OutputOptions InferJob::outputOptions() const {
   if (stitch_on_device_) oo.stitch_device = model_->device();
   oo.before_device_stitcher = faults_.before_device_stitcher;
   if (plan_.heads.empty())
-    oo.parts = {{consumersFor(probe_.task, TaskOutputs{oo, probe_, plan_.spec, taskFlags()})}};
+    oo.parts = {{consumersFor(probe_.task, TaskOutputs{oo, probe_, plan_.spec, taskFlags()}), 0, {}}};
   for (const InferHead& head : plan_.heads) {
     OutputOptions part = oo;
     part.classes = head.probe.output_channels;
