@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmarks: scripts/bench.sh [--quick] [io|slide|tta|model|light|pipeline|blas|ceiling|gather|memory|scaling|ctrun|finetune|naive|mask|outputs|zarr|objects|codecs|gpu|runtimes|all]
+# Benchmarks: scripts/bench.sh [--quick] [io|slide|tta|model|light|pipeline|blas|ceiling|gather|memory|scaling|ctrun|finetune|naive|mask|outputs|zarr|objects|codecs|heads|gpu|runtimes|all]
 # Generates its own deterministic inputs (cached in $TILER_BENCH_CACHE, default ~/.cache/tiler-bench), runs each
 # scenario $RUNS times (3; --quick: 1 run on small inputs), writes bench-results/bench.json and a table of
 # medians (min-max). fp32 on the CPU. Never part of CI's test run.
@@ -569,6 +569,39 @@ if want objects; then
     read -r _ few_rss few <<<"$(objects_run "$(discs 82)" 1 --task instances --save objects,objects_csv,instances)"
     read -r _ many_rss lots <<<"$(objects_run "$(discs 26)" 1 --task instances --save objects,objects_csv,instances)"
     emit "objects: ${n}px, $lots vs $few discs, instances" rss_ratio "$(ratio "$many_rss" "$few_rss")"
+  done
+fi
+
+if want heads; then
+  # Models with several heads (issue 56): the bundled three-head model (np 2 classes, hv a 2-channel regression,
+  # tp 3 classes) over blobs_4096.tif, the whole process (wall and CPU seconds), the three heads in one job
+  # against one head alone (--output_key np, np's settings), once with every head's labels and probabilities
+  # (docs/cli.md's example: 2.8x the single head's bytes) and once with labels only (the heads' accumulators
+  # without their probability files); and the three heads' job against the three single-head jobs together.
+  heads_model="$PWD/samples/models/heads.pt"
+  heads_run() {  # heads_run FLAGS... -> "wall_seconds cpu_seconds"
+    rm -rf "$cache/out_heads"
+    /usr/bin/time -f "%e %U %S" -o "$cache/heads_time" "$bin/tiler" -i "$sample" -m "$heads_model" \
+      -o "$cache/out_heads" --no_progress "$@" >/dev/null 2>&1
+    awk '{ print $1, $2 + $3 }' "$cache/heads_time"
+  }
+  three=(--heads np:segment,hv:segment,tp:segment --head_opt np.activation=softmax --head_opt tp.activation=softmax
+    --head_opt tp.classes=bg,a,b --head_opt hv.save=probs --head_opt hv.probs_dtype=f16)
+  for _ in $(seq "$runs"); do
+    read -r one_w one_c <<<"$(heads_run --output_key np --activation softmax --save labels,probs)"
+    read -r three_w three_c <<<"$(heads_run "${three[@]}" --save labels,probs)"
+    read -r hv_w _ <<<"$(heads_run --output_key hv --save probs --probs_dtype f16)"
+    read -r tp_w _ <<<"$(heads_run --output_key tp --activation softmax --classes bg,a,b --save labels,probs)"
+    read -r onel_w onel_c <<<"$(heads_run --output_key np --activation softmax --save labels)"
+    read -r threel_w threel_c <<<"$(heads_run --heads np,hv,tp --activation softmax --save labels)"
+    emit "heads: np alone, labels+probs (process)" seconds "$one_w"
+    emit "heads: np,hv,tp in one job, labels+probs (process)" seconds "$three_w"
+    emit "heads: three heads / np alone, labels+probs" time_ratio "$(ratio "$three_w" "$one_w")"
+    emit "heads: three heads / np alone, labels+probs" cpu_ratio "$(ratio "$three_c" "$one_c")"
+    emit "heads: three heads / the three single-head jobs" time_ratio \
+      "$(ratio "$three_w" "$(awk -v a="$one_w" -v b="$hv_w" -v c="$tp_w" 'BEGIN { print a + b + c }')")"
+    emit "heads: three heads / np alone, labels only" time_ratio "$(ratio "$threel_w" "$onel_w")"
+    emit "heads: three heads / np alone, labels only" cpu_ratio "$(ratio "$threel_c" "$onel_c")"
   done
 fi
 

@@ -14,8 +14,8 @@
 #include <set>
 #include <tuple>
 
-#include "tiler/writers/blend.hpp"
 #include "tiler/core/error.hpp"
+#include "tiler/writers/blend.hpp"
 #include "tiler/writers/coco.hpp"
 #include "tiler/writers/hdf5.hpp"
 #include "tiler/writers/torch_tensor.hpp"

@@ -21,11 +21,11 @@
 #include <string>
 #include <vector>
 
+#include "tiler/core/job_options.hpp"
+#include "tiler/core/output_kinds.hpp"
 #include "tiler/io/catalog.hpp"
 #include "tiler/io/geojson.hpp"
 #include "tiler/io/image_io.hpp"
-#include "tiler/core/job_options.hpp"
-#include "tiler/core/output_kinds.hpp"
 #include "tiler/io/polygons.hpp"
 #include "tiler/writers/csv.hpp"
 #include "tiler/writers/geojson_file.hpp"

@@ -1,0 +1,62 @@
+// plan: `tiler infer`'s flags parsed and checked once, into typed values the job's phases read (no flag
+// string is looked at again past planInfer, but for what a task's own flag rules take from InferOptions).
+// Promise: planInfer throws a ConfigError naming the flag for any value tiler cannot run; what depends on the
+// model (the task --task auto becomes, each head's outputs) is settled by the job after the probe.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tiler/core/grid.hpp"
+#include "tiler/dist/loader.hpp"
+#include "tiler/infer/pipeline.hpp"
+#include "tiler/io/image_io.hpp"
+#include "tiler/io/mask.hpp"
+#include "tiler/io/polygons.hpp"
+#include "tiler/io/resolution.hpp"
+#include "tiler/model/model.hpp"
+#include "tiler/tasks/heads.hpp"
+#include "tiler/writers/blend.hpp"
+
+namespace tiler {
+
+enum class StitchPlace { kAuto, kHost, kDevice };  // --stitch
+
+// A head of a model with several outputs (--heads): its own task, flags and outputs, and where its values
+// lie in each window's prediction (offset, values: set after the probe).
+struct InferHead {
+  HeadSpec spec;
+  ModelTask task = ModelTask::kAuto;  // its own, or --task
+  Activation activation = Activation::kNone;
+  std::vector<ClassInfo> classes;
+  SampleType probs_type = SampleType::kF32;
+  std::vector<std::string> kinds;  // its --save, or (after the probe) its task's defaults
+  ModelProbe probe;
+  int64_t offset = 0, values = 0;
+};
+
+struct InferPlan {
+  GridSpec spec;
+  PadMode pad = PadMode::kConstant;
+  StitchOptions stitch;
+  StitchPlace stitch_place = StitchPlace::kAuto;
+  MaskSpec mask;
+  std::vector<int> channels;  // --channels
+  ResolutionSpec resolution;
+  std::vector<ClassInfo> classes;  // --classes
+  Activation activation = Activation::kNone;
+  Tta tta = Tta::kNone;
+  ModelTask task = ModelTask::kAuto;       // --task; the probe says what auto becomes
+  std::vector<std::string> save_kinds;     // --save; empty: the task's default, once it is known
+  bool abort_on_error = false;             // --on_error abort
+  std::optional<Compression> compression;  // unset: each output's default
+  SampleType probs_type = SampleType::kF32;
+  std::vector<InferHead> heads;  // --heads; empty: one output
+};
+
+// Parses and checks `o`'s flags; caps its thread counts (usefulThreads) and fills its defaulted inputs and
+// report path.
+InferPlan planInfer(InferOptions& o);
+
+}  // namespace tiler
