@@ -14,12 +14,11 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "qupath_util.hpp"
 #include "slide_util.hpp"
 #include "test_util.hpp"
-#include "tiler/annotations.hpp"
 #include "tiler/image_io.hpp"
 #include "tiler/platform.hpp"
-#include "tiler/train_metrics.hpp"
 
 namespace fs = std::filesystem;
 
@@ -34,6 +33,9 @@ const std::string kTiler = std::string(TILER_BIN_DIR) + "/tiler";
 const std::string kSamples = std::string(TILER_TEST_SOURCE_DIR) + "/samples";
 
 auto run = test::runCommand;
+using test::QuPathFeature;
+using test::square;
+using test::writeQuPathGeoJson;
 
 nlohmann::json readJson(const std::string& path) {
   std::ifstream in(path);
@@ -408,89 +410,6 @@ TEST_F(Finetune, APackageIsRefusedAsUntrainableWhateverItsMetadata) {
   EXPECT_FALSE(fs::exists(dir_ + "/x.pt"));
 }
 
-// QuPath's GeoJSON export: a FeatureCollection of annotations, each with classification.name.
-struct QuPathFeature {
-  std::string name;
-  std::vector<std::vector<std::array<double, 2>>> rings;  // outer ring, then holes (closed by this writer)
-};
-
-std::string writeQuPathGeoJson(const std::string& path, const std::vector<QuPathFeature>& features) {
-  nlohmann::json fc = {{"type", "FeatureCollection"}, {"features", nlohmann::json::array()}};
-  for (const auto& f : features) {
-    nlohmann::json rings = nlohmann::json::array();
-    for (auto ring : f.rings) {
-      ring.push_back(ring.front());
-      rings.push_back(ring);
-    }
-    fc["features"].push_back(
-        {{"type", "Feature"},
-         {"geometry", {{"type", "Polygon"}, {"coordinates", rings}}},
-         {"properties",
-          {{"objectType", "annotation"}, {"classification", {{"name", f.name}, {"color", {1, 2, 3}}}}}}});
-  }
-  std::ofstream(path) << fc.dump(1);
-  return path;
-}
-
-std::vector<std::array<double, 2>> square(double x0, double y0, double x1, double y1) {
-  return {{x0, y0}, {x1, y0}, {x1, y1}, {x0, y1}};
-}
-
-TEST(Annotations, LaterAnnotationsWinHolesStayOutAndUnknownClassesAreNamed) {
-  const std::string dir = test::scratchDir("annotations");
-  ImageInfo info;
-  info.path = dir + "/image.png";  // not georeferenced: level-0 pixels
-  const std::string file = writeQuPathGeoJson(
-      dir + "/a.geojson", {{"Stroma", {square(0, 0, 40, 40), square(10, 10, 20, 20)}},  // a hole
-                           {"Tumor", {square(30, 0, 60, 40)}}});                        // over Stroma
-  const auto labels = AnnotationLabels::read(file, info, {"Background", "Stroma", "Tumor"});
-  cv::Mat classes, covered;
-  // Pixels of 2 level-0 pixels (0.5 per level-0 pixel), the window from x 4 (level-0 x 8).
-  labels.rasterize({4, 0, 30, 25}, 0.5, classes, covered);
-  ASSERT_EQ(classes.size(), cv::Size(30, 25));
-  EXPECT_EQ(classes.at<float>(2, 0), 1.0f) << "Stroma at level-0 (9, 5)";
-  EXPECT_EQ(covered.at<float>(7, 3), 0.0f) << "the hole at level-0 (15, 15) is unlabelled";
-  EXPECT_EQ(classes.at<float>(7, 3), 0.0f);
-  EXPECT_EQ(classes.at<float>(10, 12), 2.0f) << "Tumor, drawn later, wins at level-0 (33, 21)";
-  EXPECT_EQ(classes.at<float>(10, 10), 1.0f) << "Stroma alone at level-0 (29, 21)";
-  EXPECT_EQ(covered.at<float>(22, 5), 0.0f) << "below every annotation";
-  // Centres at level-0 x 9, 11, .. 59 (26 columns) and y 1, 3, .. 39 (20 rows), less the hole's 5 x 5.
-  EXPECT_EQ(cv::countNonZero(covered), 26 * 20 - 25);
-  try {
-    AnnotationLabels::read(file, info, {"Background", "Tumor"});
-    ADD_FAILURE() << "an unknown class was taken";
-  } catch (const Error& e) {
-    EXPECT_NE(e.message().find("'" + file + "': class 'Stroma' is not one of --classes (Background, Tumor)"),
-              std::string::npos)
-        << e.message();
-  }
-}
-
-// A GeoTIFF scene's vector layer is in its CRS: the annotations are moved to its pixels by its geotransform.
-TEST(Annotations, AGeoreferencedSceneTakesItsLayerInItsCrs) {
-  TILER_SKIP_WITHOUT_FEATURE("gdal");
-  if (test::runCommand("command -v gdal_translate").code != 0) GTEST_SKIP() << "no gdal_translate here";
-  const std::string dir = test::scratchDir("annotations_crs");
-  ASSERT_TRUE(cv::imwrite(dir + "/plain.tif", cv::Mat(100, 200, CV_8UC3, cv::Scalar(1, 2, 3))));
-  // 2 m pixels, north up, the top-left corner at (1000, 6000): pixel (x, y) is (1000 + 2x, 6000 - 2y).
-  const auto r = test::runCommand("gdal_translate -q -a_srs EPSG:32633 -a_ullr 1000 6000 1400 5800 " + dir +
-                                  "/plain.tif " + dir + "/scene.tif");
-  ASSERT_EQ(r.code, 0) << r.output;
-  // A field of pixels x 10..30, y 20..40 in metres, classed Wheat.
-  const std::string file = writeQuPathGeoJson(
-      dir + "/fields.geojson", {{"Wheat", {{{1020, 5960}, {1060, 5960}, {1060, 5920}, {1020, 5920}}}}});
-  ImageInfo info;
-  info.path = dir + "/scene.tif";
-  const auto labels = AnnotationLabels::read(file, info, {"Other", "Wheat"});
-  cv::Mat classes, covered;
-  labels.rasterize({0, 0, 50, 50}, 1.0, classes, covered);
-  EXPECT_EQ(cv::countNonZero(covered), 20 * 20);
-  EXPECT_EQ(classes.at<float>(20, 10), 1.0f);
-  EXPECT_EQ(classes.at<float>(39, 29), 1.0f);
-  EXPECT_EQ(covered.at<float>(40, 29), 0.0f);
-  EXPECT_EQ(covered.at<float>(19, 10), 0.0f);
-}
-
 TEST(LossScaler, SkipsAndHalvesOnOverflowAndDoublesAfterGoodSteps) {
   LossScaler s;
   s.scale = 1024;
@@ -508,34 +427,6 @@ TEST(LossScaler, SkipsAndHalvesOnOverflowAndDoublesAfterGoodSteps) {
   EXPECT_FALSE(s.update(false));
   EXPECT_EQ(s.scale, 512);
   EXPECT_EQ(s.good_steps, 0) << "an overflow starts the count again";
-}
-
-TEST(TrainMetrics, PerClassMetricsCsvAndCurves) {
-  // Class a: 6 of 8 predicted right of 10 true; class c absent from both.
-  const auto m = segmentationMetrics({{6, 8, 10}, {0, 0, 0}, {1, 2, 2}}, {"a", "c", "b,x"});
-  EXPECT_DOUBLE_EQ(m["val_class_iou"]["a"].get<double>(), 6.0 / 12.0);
-  EXPECT_DOUBLE_EQ(m["val_class_dice"]["a"].get<double>(), 12.0 / 18.0);
-  EXPECT_TRUE(m["val_class_dice"]["c"].is_null());
-  EXPECT_DOUBLE_EQ(m["val_dice"].get<double>(), (12.0 / 18.0 + 0.5) / 2);
-  nlohmann::json e1 = {{"epoch", 1}, {"train_loss", 2.0}, {"val_loss", 1.5}, {"lr", 0.01}, {"seconds", 1.0}};
-  e1.update(m);
-  nlohmann::json e2 = {{"epoch", 2}, {"train_loss", 1.0}, {"seconds", 2.0}};
-  const nlohmann::json history = {e1, e2};
-  const std::string csv = epochsCsv(history);
-  EXPECT_EQ(csv.substr(0, csv.find('\n')),
-            "epoch,train_loss,val_loss,val_iou,val_dice,val_psnr,lr,seconds,iou_a,\"iou_b,x\",iou_c,dice_a,"
-            "\"dice_b,x\",dice_c")
-      << "names as the report orders them; a comma quoted";
-  EXPECT_NE(csv.find("\n2,1,,,,,,2,,,,,,\n"), std::string::npos) << csv;
-  const cv::Mat plot = drawCurves(history, 400, 300);
-  ASSERT_EQ(plot.size(), cv::Size(400, 300));
-  // The train loss curve (BGR 200,80,0) is drawn from epoch 1 (top: loss 2 of 2) to epoch 2.
-  cv::Mat train_colour;
-  cv::inRange(plot, cv::Scalar(200, 80, 0), cv::Scalar(200, 80, 0), train_colour);
-  EXPECT_GT(cv::countNonZero(train_colour), 100);
-  cv::Mat dice_colour;
-  cv::inRange(plot, cv::Scalar(40, 40, 200), cv::Scalar(40, 40, 200), dice_colour);
-  EXPECT_GT(cv::countNonZero(dice_colour), 10) << "one point and its legend";
 }
 
 // A small fully convolutional model of random weights: 3 channels in, 3 classes out.
