@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <opencv2/imgcodecs.hpp>
 
 #include "qupath_util.hpp"
@@ -70,6 +71,41 @@ TEST(Annotations, AGeoreferencedSceneTakesItsLayerInItsCrs) {
   EXPECT_EQ(classes.at<float>(39, 29), 1.0f);
   EXPECT_EQ(covered.at<float>(40, 29), 0.0f);
   EXPECT_EQ(covered.at<float>(19, 10), 0.0f);
+}
+
+// --window_labels' CSV: classes by name or index, quoted fields, and each refusal with its line.
+TEST(WindowLabels, NamesOrIndicesAndEachBadRowByItsLine) {
+  const std::string dir = test::scratchDir("window_labels");
+  auto write = [&](const std::string& text) {
+    std::ofstream(dir + "/w.csv") << text;
+    return dir + "/w.csv";
+  };
+  const auto rows = readWindowLabels(write("image,x,y,label\r\n\n\"a, b.png\", 512 ,1024.0,Tumor\nc,0,0,0\n"),
+                                     {"Other", "Tumor"});
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].image, "a, b.png");
+  EXPECT_EQ(rows[0].x, 512);
+  EXPECT_EQ(rows[0].y, 1024);
+  EXPECT_EQ(rows[0].label, 1);
+  EXPECT_EQ(rows[0].line, 3);
+  EXPECT_EQ(rows[1].label, 0);
+  const std::pair<std::string, std::string> bad[] = {
+      {"x,y,label\n", "line 1: the header must be 'image,x,y,label'"},
+      {"image,x,y,label\na,1,2\n", "line 2: 4 fields (image,x,y,label) wanted"},
+      {"image,x,y,label\na,1,nan,0\n", "line 2: x and y must be numbers"},
+      {"image,x,y,label\na,1,2,Stroma\n", "line 2: label 'Stroma' is neither a class of --classes nor"},
+      {"image,x,y,label\na,1,2,-1\n", "line 2: label '-1' is neither"},
+      {"image,x,y,label\na,1,2,0\na,1,2,1\n", "line 3: the window (1, 2) of 'a' is labelled twice"},
+      {"", "empty"}};
+  for (const auto& [text, expected] : bad) {
+    try {
+      readWindowLabels(write(text), {"Other", "Tumor"});
+      ADD_FAILURE() << "taken: " << text;
+    } catch (const IoError& e) {
+      EXPECT_NE(e.message().find("window labels '" + dir + "/w.csv'"), std::string::npos) << e.message();
+      EXPECT_NE(e.message().find(expected), std::string::npos) << e.message();
+    }
+  }
 }
 
 }  // namespace

@@ -622,7 +622,12 @@ TEST_F(Finetune, HeldOutImagesRoiAndLabelFlagsThatDoNotGoTogether) {
   EXPECT_NE(roi.output.find("finetune: 2 train / 0 val windows"), std::string::npos) << roi.output;
   const std::vector<std::pair<std::string, std::string>> refused = {
       {"--labels " + dir_ + "/labels --annotations " + dir_ + "/ann",
-       "give --labels (label images) or --annotations (GeoJSON), one of them"},
+       "give --labels (label images), --annotations (GeoJSON) or --window_labels (CSV), one of them"},
+      {"--window_labels " + dir_ + "/ann/a.geojson --loss dice",
+       "--window_labels trains a model's [B,K] class scores by cross-entropy: --loss ce, not 'dice'"},
+      {"--window_labels " + dir_ + "/ann/a.geojson --val_images " + dir_ + "/val --val_labels " + dir_ +
+           "/labels",
+       "--window_labels labels --val_images' windows too: not --val_labels or --val_annotations"},
       {"--annotations " + dir_ + "/ann --roi " + dir_ + "/ann",
        "--roi with --annotations: the annotations are the region windows are drawn from"},
       {"--annotations " + dir_ + "/ann --val_images " + dir_ + "/val --val_labels " + dir_ + "/labels",
@@ -674,6 +679,120 @@ TEST_F(Finetune, AnOverflowSkipsTheStepHalvesTheScaleAndResumesBitwise) {
           "--checkpoint_dir " + dir_ + "/ck2 " + args);
   EXPECT_EQ(reseeded.code, 1);
   EXPECT_NE(reseeded.output.find("the run used --seed 3, this one 4"), std::string::npos) << reseeded.output;
+}
+
+// A 256 x 256 image of 8 x 8 windows of 32, each red (class 1) or blue (class 0) with noise, chosen by
+// `seed`; `classes` gets each window's class, row by row.
+cv::Mat colourWindows(uint32_t seed, std::vector<int>& classes) {
+  cv::RNG rng(seed);
+  cv::Mat image(256, 256, CV_8UC3);
+  for (int wy = 0; wy < 8; ++wy)
+    for (int wx = 0; wx < 8; ++wx) {
+      const int c = int(rng.uniform(0, 2));
+      classes.push_back(c);
+      cv::Mat window = image(cv::Rect(wx * 32, wy * 32, 32, 32));
+      window.setTo(c ? cv::Scalar(60, 60, 200) : cv::Scalar(200, 60, 60));  // BGR: red, blue
+      cv::Mat noise(32, 32, CV_8UC3);
+      rng.fill(noise, cv::RNG::UNIFORM, cv::Scalar::all(0), cv::Scalar::all(50));
+      window += noise;
+    }
+  return image;
+}
+
+// Per-window classification: a [B,K] model (samples/models/classifier.pt) learns the windows' colours from a
+// CSV of window labels, validates on a held-out image, agrees across ranks, and `tiler infer` runs it.
+TEST_F(Finetune, WindowLabelsTrainAClassifierThatInferRuns) {
+  for (const char* sub : {"/train", "/val"}) fs::create_directories(dir_ + sub);
+  std::vector<int> train_classes, val_classes;
+  ASSERT_TRUE(cv::imwrite(dir_ + "/train/a.png", colourWindows(1, train_classes)));
+  ASSERT_TRUE(cv::imwrite(dir_ + "/val/b.png", colourWindows(2, val_classes)));
+  // a's windows by class name, all but its last row (left out: --unlabeled ignore); b's by class index.
+  std::ofstream csv(dir_ + "/windows.csv");
+  csv << "image,x,y,label\n";
+  int counts[2] = {0, 0};
+  for (int k = 0; k < 56; ++k) {
+    csv << "a.png," << k % 8 * 32 << "," << k / 8 * 32 << "," << (train_classes[size_t(k)] ? "Red" : "Blue")
+        << "\n";
+    ++counts[train_classes[size_t(k)]];
+  }
+  for (int k = 0; k < 64; ++k)
+    csv << "b," << k % 8 * 32 << "," << k / 8 * 32 << "," << val_classes[size_t(k)] << "\n";
+  csv.close();
+  const std::string base =
+      " finetune -m " + kSamples + "/models/classifier.pt --images " + dir_ + "/train --val_images " + dir_ +
+      "/val --window_labels " + dir_ +
+      "/windows.csv --classes Blue,Red --window 32 --overlap 0 --threads 1 --no_progress "
+      "--seed 5 ";
+  auto trained = run(kTiler + base + "-o " + dir_ + "/c.pt --epochs 4 --lr 3e-3 --batch_size 8");
+  ASSERT_EQ(trained.code, 0) << trained.output;
+  EXPECT_NE(trained.output.find("finetune: 56 train / 64 val windows of 32x32"), std::string::npos)
+      << trained.output;
+  const auto epochs = readJson(dir_ + "/c.pt.report.json")["epochs"];
+  ASSERT_EQ(epochs.size(), 4u);
+  EXPECT_LT(epochs[3]["train_loss"].get<double>(), epochs[0]["train_loss"].get<double>());
+  EXPECT_GE(epochs[3]["val_accuracy"].get<double>(), 0.9) << epochs;
+  EXPECT_TRUE(epochs[3]["val_class_dice"].contains("Red")) << epochs;
+  std::ifstream epochs_csv(dir_ + "/c.pt.epochs.csv");
+  std::string header;
+  std::getline(epochs_csv, header);
+  EXPECT_NE(header.find(",val_accuracy,"), std::string::npos) << header;
+  // infer's classify task on the held-out image: the trained model's classes are the windows' colours.
+  auto infer = run(kTiler + " -m " + dir_ + "/c.pt -i " + dir_ + "/val/b.png -o " + dir_ +
+                   "/infer --task classify --overlap 0 --save csv --no_progress");
+  ASSERT_EQ(infer.code, 0) << infer.output;
+  std::ifstream rows(dir_ + "/infer/b.csv");
+  std::string line;
+  std::getline(rows, line);
+  EXPECT_EQ(line, "minx,miny,width,height,prob_Blue,prob_Red") << "the window and classes from the model";
+  int right = 0, seen = 0;
+  while (std::getline(rows, line)) {
+    double x, y, w, h, blue, red;
+    ASSERT_EQ(std::sscanf(line.c_str(), "%lf,%lf,%lf,%lf,%lf,%lf", &x, &y, &w, &h, &blue, &red), 6) << line;
+    right += (red > blue) == (val_classes[size_t(y / 32 * 8 + x / 32)] == 1);
+    ++seen;
+  }
+  EXPECT_EQ(seen, 64);
+  EXPECT_GE(right, 58);
+  // Two ranks of batch 4 reach one rank's two micro-batches of 4, with class weights of the windows' labels.
+  const std::string same = base + "--epochs 1 --batch_size 4 --optimizer sgd --lr 0.05 --class_weights auto ";
+  auto two = run(kCtrun + " --nproc_per_node 2 --master_port 0 " + kTiler + same + "-o " + dir_ + "/two.pt");
+  ASSERT_EQ(two.code, 0) << two.output;
+  auto one = run(kTiler + same + "--grad_accum_steps 2 -o " + dir_ + "/one.pt");
+  ASSERT_EQ(one.code, 0) << one.output;
+  EXPECT_LT(maxDifference(parametersOf(dir_ + "/two.pt"), parametersOf(dir_ + "/one.pt")), 1e-5);
+  EXPECT_GT(maxDifference(parametersOf(dir_ + "/one.pt"), parametersOf(kSamples + "/models/classifier.pt")),
+            1e-4);
+  const auto weights = readJson(dir_ + "/one.pt.report.json")["class_weights"];
+  ASSERT_EQ(weights.size(), 2u);
+  EXPECT_NEAR(weights[0].get<double>(), 56.0 / (2 * counts[0]), 1e-5);
+  EXPECT_NEAR(weights[1].get<double>(), 56.0 / (2 * counts[1]), 1e-5);
+}
+
+// A row that is no window of the grid, or of no image, stops the run before training, naming the line.
+TEST_F(Finetune, AWindowLabelOffTheGridIsNamed) {
+  fs::create_directories(dir_ + "/img");
+  ASSERT_TRUE(cv::imwrite(dir_ + "/img/a.png", cv::Mat(64, 64, CV_8UC3, cv::Scalar(9, 9, 9))));
+  const std::string base = kTiler + " finetune -m " + kSamples + "/models/classifier.pt --images " + dir_ +
+                           "/img --window 32 --overlap 0 --threads 1 --no_progress -o " + dir_ +
+                           "/x.pt --window_labels " + dir_ + "/w.csv";
+  std::ofstream(dir_ + "/w.csv") << "image,x,y,label\na,0,0,1\na,16,0,0\n";
+  auto off = run(base);
+  EXPECT_EQ(off.code, 1) << off.output;
+  EXPECT_NE(off.output.find("w.csv' line 3: (16, 0) of '" + dir_ +
+                            "/img/a.png' is not the level-0 top-left corner of a window of --window 32"),
+            std::string::npos)
+      << off.output;
+  std::ofstream(dir_ + "/w.csv") << "image,x,y,label\na,0,0,1\nb,32,0,0\n";
+  auto other = run(base);
+  EXPECT_EQ(other.code, 1) << other.output;
+  EXPECT_NE(other.output.find("w.csv' line 3: image 'b' is none of --images"), std::string::npos)
+      << other.output;
+  std::ofstream(dir_ + "/w.csv") << "image,x,y,label\na,0,0,2\n";
+  auto too_many = run(base);
+  EXPECT_EQ(too_many.code, 1) << too_many.output;
+  EXPECT_NE(too_many.output.find("w.csv' line 2: class 2 but the model has 2 classes"), std::string::npos)
+      << too_many.output;
+  EXPECT_FALSE(fs::exists(dir_ + "/x.pt"));
 }
 
 }  // namespace

@@ -36,5 +36,19 @@ TEST(TrainMetrics, PerClassMetricsCsvAndCurves) {
   EXPECT_GT(cv::countNonZero(dice_colour), 10) << "one point and its legend";
 }
 
+// Window classification's epochs carry val_accuracy: a CSV column after val_dice and a curve of its own.
+TEST(TrainMetrics, AccuracyHasAColumnAndACurveWhereEpochsHaveIt) {
+  const nlohmann::json history = {{{"epoch", 1}, {"train_loss", 1.0}, {"val_accuracy", 0.25}},
+                                  {{"epoch", 2}, {"train_loss", 0.5}, {"val_accuracy", 0.75}}};
+  const std::string csv = epochsCsv(history);
+  EXPECT_EQ(csv,
+            "epoch,train_loss,val_loss,val_iou,val_dice,val_accuracy,val_psnr,lr,seconds\n"
+            "1,1,,,,0.25,,,\n2,0.5,,,,0.75,,,\n");
+  cv::Mat accuracy_colour;
+  cv::inRange(drawCurves(history, 400, 300), cv::Scalar(160, 40, 160), cv::Scalar(160, 40, 160),
+              accuracy_colour);
+  EXPECT_GT(cv::countNonZero(accuracy_colour), 100);
+}
+
 }  // namespace
 }  // namespace tiler
