@@ -1,5 +1,6 @@
 #include "tiler/finetune.hpp"
 
+#include <malloc.h>
 #include <spdlog/spdlog.h>
 #include <torch/nn/functional.h>
 #include <torch/optim.h>
@@ -44,6 +45,7 @@ namespace {
 constexpr size_t kBucketBytes = 25u << 20;  // gradient all-reduce bucket, as DDP's default
 
 enum class Loss { kCe, kBce, kMse, kDice };
+constexpr int64_t kIgnore = -100;  // cross-entropy's ignore index (PyTorch's default) for uncounted pixels
 
 Loss parseLoss(const std::string& name) {
   if (name == "ce") return Loss::kCe;
@@ -475,13 +477,15 @@ torch::Tensor Trainer::lossOf(const torch::Tensor& out, const torch::Tensor& tar
       // A map's pixels, or a [B,K] model's windows (its target and mask [B,1,1,1] and [B,1,1]).
       const bool windows = out.dim() == 2;
       const auto m = windows ? mask.reshape({-1}) : mask;
-      const auto truth = (windows ? target.reshape({-1}) : target.squeeze(1)).to(torch::kLong);
-      auto per_px = F::cross_entropy(out, truth, F::CrossEntropyFuncOptions().reduction(torch::kNone));
-      if (!class_weights_.defined()) return (per_px * m).sum() / denom;
-      // Each counted pixel's loss times its class's weight, over the counted pixels: not PyTorch's division
-      // by the batch's weight sum, which differs between ranks' batches, so that K ranks' batches still
-      // average to the step of one batch of them all.
-      return (per_px * class_weights_.index({truth}) * m).sum() / denom;
+      // Uncounted pixels take the ignore index: one fused loss kernel, no per-pixel tensor to weigh and mask.
+      const auto truth =
+          (windows ? target.reshape({-1}) : target.squeeze(1)).to(torch::kLong).masked_fill(m == 0, kIgnore);
+      auto options = F::CrossEntropyFuncOptions().reduction(torch::kSum).ignore_index(kIgnore);
+      // Each counted pixel's loss times its class's weight (a sum: PyTorch divides by the weights only for
+      // a mean), over the counted pixels: not PyTorch's division by the batch's weight sum, which differs
+      // between ranks' batches, so that K ranks' batches still average to the step of one batch of them all.
+      if (class_weights_.defined()) options.weight(class_weights_);
+      return F::cross_entropy(out, truth, options) / denom;
     }
     case Loss::kBce: {
       auto logits = out.size(1) == 1 ? out.squeeze(1) : out.select(1, 1) - out.select(1, 0);
@@ -1184,6 +1188,15 @@ int Trainer::finishRun(const nlohmann::json& history) {
 
 int runFinetune(const FinetuneOptions& options) {
   installLargeBlockCache();  // before the process group's and the stages' threads exist
+  // A step allocates and frees the same tensors under 1 MiB (the large block cache's floor) every step;
+  // glibc's default thresholds give them back to the system (mmap, heap trim) and take page faults on each
+  // new step: 4 ms of a 40 ms step of the bench's loss and input alone. Kept on the heap, as PyTorch's loop
+  // is run (scripts/python_finetune.py), unless the environment sets glibc's malloc.
+  if (!std::getenv("GLIBC_TUNABLES") && !std::getenv("MALLOC_MMAP_THRESHOLD_") &&
+      !std::getenv("MALLOC_TRIM_THRESHOLD_")) {
+    mallopt(M_MMAP_THRESHOLD, 64 << 20);
+    mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  }
   return Trainer(options).run();
 }
 
