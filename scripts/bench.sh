@@ -380,7 +380,8 @@ if want finetune; then
     done
   done
   # PyTorch's own training loop (scripts/python_finetune.py: windows in memory, the same model, batch, Adam
-  # and threads) against tiler's steps, reading and the all-reduce included: tiler's steps/s and PyTorch's.
+  # and threads) against tiler's steps, reading and the all-reduce included: tiler's steps/s and PyTorch's, both
+  # over every step from the first (--warmup 0: tiler's step_seconds count the first, profiling runs too).
   if /usr/bin/python3 -c "import torch" 2>/dev/null; then
     for _ in $(seq "$runs"); do
       rm -rf "$cache/ft1"
@@ -390,7 +391,7 @@ if want finetune; then
       r="$cache/ft1/out.pt.report.json"
       steps=$(report_field "$r" steps)
       out=$(/usr/bin/python3 scripts/python_finetune.py -m samples/models/init.pt --steps "$steps" --window 128 \
-        --batch_size 4 --threads 1)
+        --batch_size 4 --threads 1 --warmup 0)
       emit "finetune vs PyTorch's loop: 1 rank, batch 4, 1 thread" steps_per_second \
         "$(ratio "$steps" "$(report_field "$r" step_seconds)")"
       emit "finetune vs PyTorch's loop: 1 rank, batch 4, 1 thread" pytorch_steps_per_second \

@@ -3,7 +3,9 @@
 python3-torch) over windows already in memory: each step normalises a uint8 batch (x / 255), runs the
 TorchScript model in training mode, cross-entropy, backward and Adam's step, as tiler's step does, minus
 tiler's reading, read-ahead and gradient all-reduce. The windows are random bytes and labels of the window
-size (a step's cost does not depend on the values). Prints one JSON line: steps, seconds, steps_per_second.
+size (a step's cost does not depend on the values). --warmup steps run first, uncounted (8: the steady state;
+bench.sh passes 0, as tiler's step_seconds count every step from the first, the TorchScript profiling
+executor's first runs included). Prints one JSON line: steps, seconds, steps_per_second.
 Used by scripts/bench.sh (finetune)."""
 import argparse
 import json
@@ -26,6 +28,7 @@ parser.add_argument("--batch_size", type=int, default=4)
 parser.add_argument("--classes", type=int, default=2)
 parser.add_argument("--threads", type=int, default=1)
 parser.add_argument("--lr", type=float, default=1e-3)
+parser.add_argument("--warmup", type=int, default=8)
 args = parser.parse_args()
 
 torch.set_num_threads(args.threads)
@@ -48,7 +51,7 @@ def step(pixels, labels):
     return loss.item()
 
 
-for k in range(8):  # warm-up: the profiling executor's first runs
+for k in range(args.warmup):  # the profiling executor's first runs
     step(*batches[k % len(batches)])
 t0 = time.perf_counter()
 for k in range(args.steps):

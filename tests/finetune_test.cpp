@@ -14,11 +14,10 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "qupath_util.hpp"
 #include "slide_util.hpp"
 #include "test_util.hpp"
 #include "tiler/core/platform.hpp"
-#include "tiler/finetune/train_metrics.hpp"
-#include "tiler/io/annotations.hpp"
 #include "tiler/io/image_io.hpp"
 
 namespace fs = std::filesystem;
@@ -34,6 +33,9 @@ const std::string kTiler = std::string(TILER_BIN_DIR) + "/tiler";
 const std::string kSamples = std::string(TILER_TEST_SOURCE_DIR) + "/samples";
 
 auto run = test::runCommand;
+using test::QuPathFeature;
+using test::square;
+using test::writeQuPathGeoJson;
 
 nlohmann::json readJson(const std::string& path) {
   std::ifstream in(path);
@@ -408,89 +410,6 @@ TEST_F(Finetune, APackageIsRefusedAsUntrainableWhateverItsMetadata) {
   EXPECT_FALSE(fs::exists(dir_ + "/x.pt"));
 }
 
-// QuPath's GeoJSON export: a FeatureCollection of annotations, each with classification.name.
-struct QuPathFeature {
-  std::string name;
-  std::vector<std::vector<std::array<double, 2>>> rings;  // outer ring, then holes (closed by this writer)
-};
-
-std::string writeQuPathGeoJson(const std::string& path, const std::vector<QuPathFeature>& features) {
-  nlohmann::json fc = {{"type", "FeatureCollection"}, {"features", nlohmann::json::array()}};
-  for (const auto& f : features) {
-    nlohmann::json rings = nlohmann::json::array();
-    for (auto ring : f.rings) {
-      ring.push_back(ring.front());
-      rings.push_back(ring);
-    }
-    fc["features"].push_back(
-        {{"type", "Feature"},
-         {"geometry", {{"type", "Polygon"}, {"coordinates", rings}}},
-         {"properties",
-          {{"objectType", "annotation"}, {"classification", {{"name", f.name}, {"color", {1, 2, 3}}}}}}});
-  }
-  std::ofstream(path) << fc.dump(1);
-  return path;
-}
-
-std::vector<std::array<double, 2>> square(double x0, double y0, double x1, double y1) {
-  return {{x0, y0}, {x1, y0}, {x1, y1}, {x0, y1}};
-}
-
-TEST(Annotations, LaterAnnotationsWinHolesStayOutAndUnknownClassesAreNamed) {
-  const std::string dir = test::scratchDir("annotations");
-  ImageInfo info;
-  info.path = dir + "/image.png";  // not georeferenced: level-0 pixels
-  const std::string file = writeQuPathGeoJson(
-      dir + "/a.geojson", {{"Stroma", {square(0, 0, 40, 40), square(10, 10, 20, 20)}},  // a hole
-                           {"Tumor", {square(30, 0, 60, 40)}}});                        // over Stroma
-  const auto labels = AnnotationLabels::read(file, info, {"Background", "Stroma", "Tumor"});
-  cv::Mat classes, covered;
-  // Pixels of 2 level-0 pixels (0.5 per level-0 pixel), the window from x 4 (level-0 x 8).
-  labels.rasterize({4, 0, 30, 25}, 0.5, classes, covered);
-  ASSERT_EQ(classes.size(), cv::Size(30, 25));
-  EXPECT_EQ(classes.at<float>(2, 0), 1.0f) << "Stroma at level-0 (9, 5)";
-  EXPECT_EQ(covered.at<float>(7, 3), 0.0f) << "the hole at level-0 (15, 15) is unlabelled";
-  EXPECT_EQ(classes.at<float>(7, 3), 0.0f);
-  EXPECT_EQ(classes.at<float>(10, 12), 2.0f) << "Tumor, drawn later, wins at level-0 (33, 21)";
-  EXPECT_EQ(classes.at<float>(10, 10), 1.0f) << "Stroma alone at level-0 (29, 21)";
-  EXPECT_EQ(covered.at<float>(22, 5), 0.0f) << "below every annotation";
-  // Centres at level-0 x 9, 11, .. 59 (26 columns) and y 1, 3, .. 39 (20 rows), less the hole's 5 x 5.
-  EXPECT_EQ(cv::countNonZero(covered), 26 * 20 - 25);
-  try {
-    AnnotationLabels::read(file, info, {"Background", "Tumor"});
-    ADD_FAILURE() << "an unknown class was taken";
-  } catch (const Error& e) {
-    EXPECT_NE(e.message().find("'" + file + "': class 'Stroma' is not one of --classes (Background, Tumor)"),
-              std::string::npos)
-        << e.message();
-  }
-}
-
-// A GeoTIFF scene's vector layer is in its CRS: the annotations are moved to its pixels by its geotransform.
-TEST(Annotations, AGeoreferencedSceneTakesItsLayerInItsCrs) {
-  TILER_SKIP_WITHOUT_FEATURE("gdal");
-  if (test::runCommand("command -v gdal_translate").code != 0) GTEST_SKIP() << "no gdal_translate here";
-  const std::string dir = test::scratchDir("annotations_crs");
-  ASSERT_TRUE(cv::imwrite(dir + "/plain.tif", cv::Mat(100, 200, CV_8UC3, cv::Scalar(1, 2, 3))));
-  // 2 m pixels, north up, the top-left corner at (1000, 6000): pixel (x, y) is (1000 + 2x, 6000 - 2y).
-  const auto r = test::runCommand("gdal_translate -q -a_srs EPSG:32633 -a_ullr 1000 6000 1400 5800 " + dir +
-                                  "/plain.tif " + dir + "/scene.tif");
-  ASSERT_EQ(r.code, 0) << r.output;
-  // A field of pixels x 10..30, y 20..40 in metres, classed Wheat.
-  const std::string file = writeQuPathGeoJson(
-      dir + "/fields.geojson", {{"Wheat", {{{1020, 5960}, {1060, 5960}, {1060, 5920}, {1020, 5920}}}}});
-  ImageInfo info;
-  info.path = dir + "/scene.tif";
-  const auto labels = AnnotationLabels::read(file, info, {"Other", "Wheat"});
-  cv::Mat classes, covered;
-  labels.rasterize({0, 0, 50, 50}, 1.0, classes, covered);
-  EXPECT_EQ(cv::countNonZero(covered), 20 * 20);
-  EXPECT_EQ(classes.at<float>(20, 10), 1.0f);
-  EXPECT_EQ(classes.at<float>(39, 29), 1.0f);
-  EXPECT_EQ(covered.at<float>(40, 29), 0.0f);
-  EXPECT_EQ(covered.at<float>(19, 10), 0.0f);
-}
-
 TEST(LossScaler, SkipsAndHalvesOnOverflowAndDoublesAfterGoodSteps) {
   LossScaler s;
   s.scale = 1024;
@@ -508,34 +427,6 @@ TEST(LossScaler, SkipsAndHalvesOnOverflowAndDoublesAfterGoodSteps) {
   EXPECT_FALSE(s.update(false));
   EXPECT_EQ(s.scale, 512);
   EXPECT_EQ(s.good_steps, 0) << "an overflow starts the count again";
-}
-
-TEST(TrainMetrics, PerClassMetricsCsvAndCurves) {
-  // Class a: 6 of 8 predicted right of 10 true; class c absent from both.
-  const auto m = segmentationMetrics({{6, 8, 10}, {0, 0, 0}, {1, 2, 2}}, {"a", "c", "b,x"});
-  EXPECT_DOUBLE_EQ(m["val_class_iou"]["a"].get<double>(), 6.0 / 12.0);
-  EXPECT_DOUBLE_EQ(m["val_class_dice"]["a"].get<double>(), 12.0 / 18.0);
-  EXPECT_TRUE(m["val_class_dice"]["c"].is_null());
-  EXPECT_DOUBLE_EQ(m["val_dice"].get<double>(), (12.0 / 18.0 + 0.5) / 2);
-  nlohmann::json e1 = {{"epoch", 1}, {"train_loss", 2.0}, {"val_loss", 1.5}, {"lr", 0.01}, {"seconds", 1.0}};
-  e1.update(m);
-  nlohmann::json e2 = {{"epoch", 2}, {"train_loss", 1.0}, {"seconds", 2.0}};
-  const nlohmann::json history = {e1, e2};
-  const std::string csv = epochsCsv(history);
-  EXPECT_EQ(csv.substr(0, csv.find('\n')),
-            "epoch,train_loss,val_loss,val_iou,val_dice,val_psnr,lr,seconds,iou_a,\"iou_b,x\",iou_c,dice_a,"
-            "\"dice_b,x\",dice_c")
-      << "names as the report orders them; a comma quoted";
-  EXPECT_NE(csv.find("\n2,1,,,,,,2,,,,,,\n"), std::string::npos) << csv;
-  const cv::Mat plot = drawCurves(history, 400, 300);
-  ASSERT_EQ(plot.size(), cv::Size(400, 300));
-  // The train loss curve (BGR 200,80,0) is drawn from epoch 1 (top: loss 2 of 2) to epoch 2.
-  cv::Mat train_colour;
-  cv::inRange(plot, cv::Scalar(200, 80, 0), cv::Scalar(200, 80, 0), train_colour);
-  EXPECT_GT(cv::countNonZero(train_colour), 100);
-  cv::Mat dice_colour;
-  cv::inRange(plot, cv::Scalar(40, 40, 200), cv::Scalar(40, 40, 200), dice_colour);
-  EXPECT_GT(cv::countNonZero(dice_colour), 10) << "one point and its legend";
 }
 
 // A small fully convolutional model of random weights: 3 channels in, 3 classes out.
@@ -731,7 +622,12 @@ TEST_F(Finetune, HeldOutImagesRoiAndLabelFlagsThatDoNotGoTogether) {
   EXPECT_NE(roi.output.find("finetune: 2 train / 0 val windows"), std::string::npos) << roi.output;
   const std::vector<std::pair<std::string, std::string>> refused = {
       {"--labels " + dir_ + "/labels --annotations " + dir_ + "/ann",
-       "give --labels (label images) or --annotations (GeoJSON), one of them"},
+       "give --labels (label images), --annotations (GeoJSON) or --window_labels (CSV), one of them"},
+      {"--window_labels " + dir_ + "/ann/a.geojson --loss dice",
+       "--window_labels trains a model's [B,K] class scores by cross-entropy: --loss ce, not 'dice'"},
+      {"--window_labels " + dir_ + "/ann/a.geojson --val_images " + dir_ + "/val --val_labels " + dir_ +
+           "/labels",
+       "--window_labels labels --val_images' windows too: not --val_labels or --val_annotations"},
       {"--annotations " + dir_ + "/ann --roi " + dir_ + "/ann",
        "--roi with --annotations: the annotations are the region windows are drawn from"},
       {"--annotations " + dir_ + "/ann --val_images " + dir_ + "/val --val_labels " + dir_ + "/labels",
@@ -783,6 +679,120 @@ TEST_F(Finetune, AnOverflowSkipsTheStepHalvesTheScaleAndResumesBitwise) {
           "--checkpoint_dir " + dir_ + "/ck2 " + args);
   EXPECT_EQ(reseeded.code, 1);
   EXPECT_NE(reseeded.output.find("the run used --seed 3, this one 4"), std::string::npos) << reseeded.output;
+}
+
+// A 256 x 256 image of 8 x 8 windows of 32, each red (class 1) or blue (class 0) with noise, chosen by
+// `seed`; `classes` gets each window's class, row by row.
+cv::Mat colourWindows(uint32_t seed, std::vector<int>& classes) {
+  cv::RNG rng(seed);
+  cv::Mat image(256, 256, CV_8UC3);
+  for (int wy = 0; wy < 8; ++wy)
+    for (int wx = 0; wx < 8; ++wx) {
+      const int c = int(rng.uniform(0, 2));
+      classes.push_back(c);
+      cv::Mat window = image(cv::Rect(wx * 32, wy * 32, 32, 32));
+      window.setTo(c ? cv::Scalar(60, 60, 200) : cv::Scalar(200, 60, 60));  // BGR: red, blue
+      cv::Mat noise(32, 32, CV_8UC3);
+      rng.fill(noise, cv::RNG::UNIFORM, cv::Scalar::all(0), cv::Scalar::all(50));
+      window += noise;
+    }
+  return image;
+}
+
+// Per-window classification: a [B,K] model (samples/models/classifier.pt) learns the windows' colours from a
+// CSV of window labels, validates on a held-out image, agrees across ranks, and `tiler infer` runs it.
+TEST_F(Finetune, WindowLabelsTrainAClassifierThatInferRuns) {
+  for (const char* sub : {"/train", "/val"}) fs::create_directories(dir_ + sub);
+  std::vector<int> train_classes, val_classes;
+  ASSERT_TRUE(cv::imwrite(dir_ + "/train/a.png", colourWindows(1, train_classes)));
+  ASSERT_TRUE(cv::imwrite(dir_ + "/val/b.png", colourWindows(2, val_classes)));
+  // a's windows by class name, all but its last row (left out: --unlabeled ignore); b's by class index.
+  std::ofstream csv(dir_ + "/windows.csv");
+  csv << "image,x,y,label\n";
+  int counts[2] = {0, 0};
+  for (int k = 0; k < 56; ++k) {
+    csv << "a.png," << k % 8 * 32 << "," << k / 8 * 32 << "," << (train_classes[size_t(k)] ? "Red" : "Blue")
+        << "\n";
+    ++counts[train_classes[size_t(k)]];
+  }
+  for (int k = 0; k < 64; ++k)
+    csv << "b," << k % 8 * 32 << "," << k / 8 * 32 << "," << val_classes[size_t(k)] << "\n";
+  csv.close();
+  const std::string base =
+      " finetune -m " + kSamples + "/models/classifier.pt --images " + dir_ + "/train --val_images " + dir_ +
+      "/val --window_labels " + dir_ +
+      "/windows.csv --classes Blue,Red --window 32 --overlap 0 --threads 1 --no_progress "
+      "--seed 5 ";
+  auto trained = run(kTiler + base + "-o " + dir_ + "/c.pt --epochs 4 --lr 3e-3 --batch_size 8");
+  ASSERT_EQ(trained.code, 0) << trained.output;
+  EXPECT_NE(trained.output.find("finetune: 56 train / 64 val windows of 32x32"), std::string::npos)
+      << trained.output;
+  const auto epochs = readJson(dir_ + "/c.pt.report.json")["epochs"];
+  ASSERT_EQ(epochs.size(), 4u);
+  EXPECT_LT(epochs[3]["train_loss"].get<double>(), epochs[0]["train_loss"].get<double>());
+  EXPECT_GE(epochs[3]["val_accuracy"].get<double>(), 0.9) << epochs;
+  EXPECT_TRUE(epochs[3]["val_class_dice"].contains("Red")) << epochs;
+  std::ifstream epochs_csv(dir_ + "/c.pt.epochs.csv");
+  std::string header;
+  std::getline(epochs_csv, header);
+  EXPECT_NE(header.find(",val_accuracy,"), std::string::npos) << header;
+  // infer's classify task on the held-out image: the trained model's classes are the windows' colours.
+  auto infer = run(kTiler + " -m " + dir_ + "/c.pt -i " + dir_ + "/val/b.png -o " + dir_ +
+                   "/infer --task classify --overlap 0 --save csv --no_progress");
+  ASSERT_EQ(infer.code, 0) << infer.output;
+  std::ifstream rows(dir_ + "/infer/b.csv");
+  std::string line;
+  std::getline(rows, line);
+  EXPECT_EQ(line, "minx,miny,width,height,prob_Blue,prob_Red") << "the window and classes from the model";
+  int right = 0, seen = 0;
+  while (std::getline(rows, line)) {
+    double x, y, w, h, blue, red;
+    ASSERT_EQ(std::sscanf(line.c_str(), "%lf,%lf,%lf,%lf,%lf,%lf", &x, &y, &w, &h, &blue, &red), 6) << line;
+    right += (red > blue) == (val_classes[size_t(y / 32 * 8 + x / 32)] == 1);
+    ++seen;
+  }
+  EXPECT_EQ(seen, 64);
+  EXPECT_GE(right, 58);
+  // Two ranks of batch 4 reach one rank's two micro-batches of 4, with class weights of the windows' labels.
+  const std::string same = base + "--epochs 1 --batch_size 4 --optimizer sgd --lr 0.05 --class_weights auto ";
+  auto two = run(kCtrun + " --nproc_per_node 2 --master_port 0 " + kTiler + same + "-o " + dir_ + "/two.pt");
+  ASSERT_EQ(two.code, 0) << two.output;
+  auto one = run(kTiler + same + "--grad_accum_steps 2 -o " + dir_ + "/one.pt");
+  ASSERT_EQ(one.code, 0) << one.output;
+  EXPECT_LT(maxDifference(parametersOf(dir_ + "/two.pt"), parametersOf(dir_ + "/one.pt")), 1e-5);
+  EXPECT_GT(maxDifference(parametersOf(dir_ + "/one.pt"), parametersOf(kSamples + "/models/classifier.pt")),
+            1e-4);
+  const auto weights = readJson(dir_ + "/one.pt.report.json")["class_weights"];
+  ASSERT_EQ(weights.size(), 2u);
+  EXPECT_NEAR(weights[0].get<double>(), 56.0 / (2 * counts[0]), 1e-5);
+  EXPECT_NEAR(weights[1].get<double>(), 56.0 / (2 * counts[1]), 1e-5);
+}
+
+// A row that is no window of the grid, or of no image, stops the run before training, naming the line.
+TEST_F(Finetune, AWindowLabelOffTheGridIsNamed) {
+  fs::create_directories(dir_ + "/img");
+  ASSERT_TRUE(cv::imwrite(dir_ + "/img/a.png", cv::Mat(64, 64, CV_8UC3, cv::Scalar(9, 9, 9))));
+  const std::string base = kTiler + " finetune -m " + kSamples + "/models/classifier.pt --images " + dir_ +
+                           "/img --window 32 --overlap 0 --threads 1 --no_progress -o " + dir_ +
+                           "/x.pt --window_labels " + dir_ + "/w.csv";
+  std::ofstream(dir_ + "/w.csv") << "image,x,y,label\na,0,0,1\na,16,0,0\n";
+  auto off = run(base);
+  EXPECT_EQ(off.code, 1) << off.output;
+  EXPECT_NE(off.output.find("w.csv' line 3: (16, 0) of '" + dir_ +
+                            "/img/a.png' is not the level-0 top-left corner of a window of --window 32"),
+            std::string::npos)
+      << off.output;
+  std::ofstream(dir_ + "/w.csv") << "image,x,y,label\na,0,0,1\nb,32,0,0\n";
+  auto other = run(base);
+  EXPECT_EQ(other.code, 1) << other.output;
+  EXPECT_NE(other.output.find("w.csv' line 3: image 'b' is none of --images"), std::string::npos)
+      << other.output;
+  std::ofstream(dir_ + "/w.csv") << "image,x,y,label\na,0,0,2\n";
+  auto too_many = run(base);
+  EXPECT_EQ(too_many.code, 1) << too_many.output;
+  EXPECT_NE(too_many.output.find("w.csv' line 2: class 2 but the model has 2 classes"), std::string::npos)
+      << too_many.output;
+  EXPECT_FALSE(fs::exists(dir_ + "/x.pt"));
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "tiler/finetune/finetune.hpp"
 
+#include <malloc.h>
 #include <spdlog/spdlog.h>
 #include <torch/nn/functional.h>
 #include <torch/optim.h>
@@ -44,6 +45,7 @@ namespace {
 constexpr size_t kBucketBytes = 25u << 20;  // gradient all-reduce bucket, as DDP's default
 
 enum class Loss { kCe, kBce, kMse, kDice };
+constexpr int64_t kIgnore = -100;  // cross-entropy's ignore index (PyTorch's default) for uncounted pixels
 
 Loss parseLoss(const std::string& name) {
   if (name == "ce") return Loss::kCe;
@@ -77,8 +79,10 @@ class Trainer {
   // The phases of run(), in order.
   void validateOptions();
   void validateLabelOptions();  // labels, classes, weights
-  void loadModel();             // the model in training mode, its parameters and the optimiser
-  void connect();  // the process group, the checkpoint directory's lock and the data, on every rank
+  void validateWindowLabelOptions();
+  void parseClassWeights();  // --class_weights w1,w2,... (auto: computeClassWeights)
+  void loadModel();          // the model in training mode, its parameters and the optimiser
+  void connect();            // the process group, the checkpoint directory's lock and the data, on every rank
   int resumeEpoch(nlohmann::json& history);  // the last epoch done (0: none), its state loaded everywhere
   void planSteps();
   void trainEpoch(int epoch, nlohmann::json& history, Progress& progress);
@@ -93,6 +97,15 @@ class Trainer {
   StepExchange& exchange() { return session_->exchange(); }
 
   void loadData();
+  // --window_labels: the class of every row's window of image `image_id` (rows naming it by file name or
+  // stem), into window_classes_; a row that is no window to train on is an IoError naming its line.
+  void assignWindowLabels(int image_id);
+  bool perWindow() const { return !o_.window_labels.empty(); }
+  // A window's target as the loader holds it: [h,w,c] at the output's scale; 1x1x1 for a window label.
+  struct LabelShape {
+    int64_t h, w, c;
+  };
+  LabelShape labelShape() const;
   // The images of `images_dir` with their labels (label images or annotations), held out when `held_out`.
   void addImages(const std::string& images_dir, const std::string& labels_dir, const std::string& annotations,
                  bool held_out);
@@ -151,7 +164,11 @@ class Trainer {
   // By image id: its annotations (null: a label image), read once, then only read by any thread.
   std::vector<std::shared_ptr<const AnnotationLabels>> annotations_;
   std::vector<std::string> class_names_;  // --classes, else class_0.. (the metrics' keys)
-  torch::Tensor class_weights_;           // float32 [K] on the device; undefined: none
+  // --window_labels: its rows, whether an image took each, and by image id each labelled grid window's class.
+  std::vector<WindowLabel> window_rows_;
+  std::vector<bool> row_used_;
+  std::vector<std::map<int64_t, int>> window_classes_;
+  torch::Tensor class_weights_;  // float32 [K] on the device; undefined: none
   // Open readers of images and labels, kept across steps (a PNG is decoded once, not per batch): one cache
   // for the read-ahead thread, one for validation on the main thread.
   ReaderCache train_readers_, val_readers_;
@@ -195,9 +212,55 @@ void Trainer::checkLabels(const CatalogImage& t) {
 }
 
 void Trainer::loadData() {
+  if (perWindow()) {
+    window_rows_ = readWindowLabels(o_.window_labels, class_names_);
+    row_used_.assign(window_rows_.size(), false);
+  }
   addImages(o_.images_dir, o_.labels_dir, o_.annotations, false);
   if (!o_.val_images.empty()) addImages(o_.val_images, o_.val_labels, o_.val_annotations, true);
+  for (size_t i = 0; i < window_rows_.size(); ++i)
+    TILER_CHECK(row_used_[i], IoError,
+                "window labels '" << o_.window_labels << "' line " << window_rows_[i].line << ": image '"
+                                  << window_rows_[i].image << "' is none of --images"
+                                  << (o_.val_images.empty() ? "" : " or --val_images")
+                                  << " (a file name or stem)");
   splitValidation();
+}
+
+void Trainer::assignWindowLabels(int image_id) {
+  const CatalogImage& img = catalog_.image(image_id);
+  const std::string name = fs::path(img.input).filename().string(),
+                    stem = fs::path(img.input).stem().string();
+  std::map<std::pair<int64_t, int64_t>, int64_t> corners;  // the windows to train on, by top-left corner
+  for (int64_t k = 0; k < img.plannedWindows(); ++k) {
+    const Rect r = img.grid.imageWindow(img.gridWindow(k));
+    corners[{r.x, r.y}] = img.gridWindow(k);
+  }
+  auto& classes = window_classes_[size_t(image_id)];
+  for (size_t i = 0; i < window_rows_.size(); ++i) {
+    const WindowLabel& row = window_rows_[i];
+    if (row.image != name && row.image != stem) continue;
+    const auto where = "window labels '" + o_.window_labels + "' line " + std::to_string(row.line) + ": ";
+    // Level-0 corners at the processing resolution, to the nearest pixel.
+    const double d = img.resolution.downsample;
+    const auto it = corners.find({std::llround(row.x / d), std::llround(row.y / d)});
+    TILER_CHECK(it != corners.end(), IoError,
+                where << "(" << row.x << ", " << row.y << ") of '" << img.input
+                      << "' is not the level-0 top-left corner of a window of --window " << o_.window
+                      << " --overlap " << o_.overlap << " at the processing resolution"
+                      << (img.masked ? " inside the mask or --roi" : ""));
+    TILER_CHECK(row.label < probe_.output_channels, IoError,
+                where << "class " << row.label << " but the model has " << probe_.output_channels
+                      << " classes (0.." << probe_.output_channels - 1 << ")");
+    classes[it->second] = row.label;
+    row_used_[i] = true;
+  }
+}
+
+Trainer::LabelShape Trainer::labelShape() const {
+  if (perWindow()) return {1, 1, 1};
+  return {probe_.scale.apply(spec_.window_h), probe_.scale.apply(spec_.window_w),
+          loss_ == Loss::kMse ? probe_.output_channels : 1};
 }
 
 void Trainer::addImages(const std::string& images_dir, const std::string& labels_dir,
@@ -206,7 +269,8 @@ void Trainer::addImages(const std::string& images_dir, const std::string& labels
   TILER_CHECK(fs::is_directory(images_dir), ConfigError,
               images_flag << " '" << images_dir << "' is not a directory");
   std::map<std::string, std::string> labels;
-  if (annotations.empty()) {
+  const bool label_images = annotations.empty() && !perWindow();
+  if (label_images) {
     TILER_CHECK(fs::is_directory(labels_dir), ConfigError,
                 (held_out ? "--val_labels" : "--labels") << " '" << labels_dir << "' is not a directory");
     for (const auto& l : listImages({labels_dir}, false)) labels[fs::path(l).stem().string()] = l;
@@ -227,13 +291,13 @@ void Trainer::addImages(const std::string& images_dir, const std::string& labels
                          parseChannelList(o_.channels)};
   for (const auto& f : files) {
     std::shared_ptr<const AnnotationLabels> vector_labels;
-    std::string label;
-    if (annotations.empty()) {
+    std::string label = o_.window_labels;
+    if (label_images) {
       auto it = labels.find(fs::path(f).stem().string());
       TILER_CHECK(it != labels.end(), IoError,
                   "'" << f << "': no label with the same stem in '" << labels_dir << "'");
       label = it->second;
-    } else {
+    } else if (!perWindow()) {
       label = roiFileFor(annotations, f);
       TILER_CHECK(fs::is_regular_file(label), IoError, "'" << f << "': no annotations '" << label << "'");
     }
@@ -241,15 +305,17 @@ void Trainer::addImages(const std::string& images_dir, const std::string& labels
     // Training needs every pair: a bad one stops the run (on every rank) rather than train on less.
     TILER_CHECK(t.status == "ok", IoError, t.error);
     t.label = label;
-    if (annotations.empty()) {
+    if (label_images) {
       t.label_info = ImageReader::open(t.label)->info();
       checkLabels(t);
-    } else {
+    } else if (!perWindow()) {
       vector_labels = std::make_shared<AnnotationLabels>(AnnotationLabels::read(label, t.info, class_names_));
     }
     catalog_.add(std::move(t), true);
     annotations_.push_back(std::move(vector_labels));
     held_out_.push_back(held_out);
+    window_classes_.emplace_back();
+    if (perWindow()) assignWindowLabels(int(catalog_.images().size()) - 1);
   }
 }
 
@@ -257,8 +323,11 @@ void Trainer::splitValidation() {
   const int n = int(catalog_.images().size());
   auto windowsOf = [&](int img, std::vector<WindowRef>& into) {
     const CatalogImage& image = catalog_.image(img);
+    const auto& labelled = window_classes_[size_t(img)];
     for (int64_t k = 0; k < image.plannedWindows(); ++k)
-      into.push_back({img, image.gridWindow(k), image.first_window + k});
+      // Window labels: only labelled windows, unless the others are class 0 (--unlabeled background).
+      if (!perWindow() || o_.unlabeled == "background" || labelled.count(image.gridWindow(k)))
+        into.push_back({img, image.gridWindow(k), image.first_window + k});
   };
   if (!o_.val_images.empty()) {
     for (int i = 0; i < n; ++i) windowsOf(i, held_out_[size_t(i)] ? val_ : train_);
@@ -305,9 +374,8 @@ std::unique_ptr<WindowLoader> Trainer::loaderFor(const std::vector<WindowRef>& w
   lo.bytes = inputAsBytes(catalog_);
   lo.device = runner_->device();
   lo.in_order = false;  // shuffled: readers stay open across images
-  const int64_t oh = probe_.scale.apply(spec_.window_h), ow = probe_.scale.apply(spec_.window_w);
-  const int64_t tc = loss_ == Loss::kMse ? probe_.output_channels : 1;
-  lo.make_labels = [oh, ow, tc](int64_t B) {
+  const auto [oh, ow, tc] = labelShape();
+  lo.make_labels = [oh = oh, ow = ow, tc = tc](int64_t B) {
     return std::vector<torch::Tensor>{torch::zeros({B, oh, ow, tc}, torch::kFloat32),
                                       torch::zeros({B, oh, ow}, torch::kFloat32)};
   };
@@ -335,8 +403,14 @@ TrainBatch Trainer::nextBatch(WindowLoader& loader, int64_t n) {
 
 void Trainer::readLabels(const CatalogImage& img, int image_id, int64_t local, ReaderCache& readers,
                          float* target, float* valid) {
-  const int64_t oh = probe_.scale.apply(spec_.window_h), ow = probe_.scale.apply(spec_.window_w);
-  const int64_t tc = loss_ == Loss::kMse ? probe_.output_channels : 1;
+  if (perWindow()) {
+    const auto& classes = window_classes_[size_t(image_id)];
+    const auto it = classes.find(local);
+    target[0] = it == classes.end() ? 0.0f : float(it->second);
+    valid[0] = it != classes.end() || o_.unlabeled == "background" ? 1.0f : 0.0f;
+    return;
+  }
+  const auto [oh, ow, tc] = labelShape();
   // The label window at the output's scale, clipped to the image; outside it the mask is 0.
   Rect r = img.grid.imageWindow(local);
   Rect o{probe_.scale.apply(r.x), probe_.scale.apply(r.y), ow, oh};
@@ -400,13 +474,18 @@ torch::Tensor Trainer::lossOf(const torch::Tensor& out, const torch::Tensor& tar
   const auto denom = mask.sum().clamp_min(1.0);
   switch (loss_) {
     case Loss::kCe: {
-      const auto truth = target.squeeze(1).to(torch::kLong);
-      auto per_px = F::cross_entropy(out, truth, F::CrossEntropyFuncOptions().reduction(torch::kNone));
-      if (!class_weights_.defined()) return (per_px * mask).sum() / denom;
-      // Each counted pixel's loss times its class's weight, over the counted pixels: not PyTorch's division
-      // by the batch's weight sum, which differs between ranks' batches, so that K ranks' batches still
-      // average to the step of one batch of them all.
-      return (per_px * class_weights_.index({truth}) * mask).sum() / denom;
+      // A map's pixels, or a [B,K] model's windows (its target and mask [B,1,1,1] and [B,1,1]).
+      const bool windows = out.dim() == 2;
+      const auto m = windows ? mask.reshape({-1}) : mask;
+      // Uncounted pixels take the ignore index: one fused loss kernel, no per-pixel tensor to weigh and mask.
+      const auto truth =
+          (windows ? target.reshape({-1}) : target.squeeze(1)).to(torch::kLong).masked_fill(m == 0, kIgnore);
+      auto options = F::CrossEntropyFuncOptions().reduction(torch::kSum).ignore_index(kIgnore);
+      // Each counted pixel's loss times its class's weight (a sum: PyTorch divides by the weights only for
+      // a mean), over the counted pixels: not PyTorch's division by the batch's weight sum, which differs
+      // between ranks' batches, so that K ranks' batches still average to the step of one batch of them all.
+      if (class_weights_.defined()) options.weight(class_weights_);
+      return F::cross_entropy(out, truth, options) / denom;
     }
     case Loss::kBce: {
       auto logits = out.size(1) == 1 ? out.squeeze(1) : out.select(1, 1) - out.select(1, 0);
@@ -545,8 +624,8 @@ nlohmann::json Trainer::validate() {
       } else {
         pred = out.argmax(1);
       }
-      auto truth = target.squeeze(1).to(torch::kLong);
-      auto m = mask > 0;
+      auto truth = (perWindow() ? target.reshape({-1}) : target.squeeze(1)).to(torch::kLong);
+      auto m = (perWindow() ? mask.reshape({-1}) : mask) > 0;
       for (int64_t c = 0; c < classes; ++c) {
         auto p = (pred == c) & m, t = (truth == c) & m;
         stats[3 + 3 * c] += (p & t).sum().item<double>();
@@ -568,6 +647,12 @@ nlohmann::json Trainer::validate() {
     std::vector<std::string> names = class_names_;
     for (int64_t c = int64_t(names.size()); c < classes; ++c) names.push_back("class_" + std::to_string(c));
     j.update(segmentationMetrics(counts, names));
+    if (perWindow()) {
+      // A window is right when its class is: the classes' intersections summed, over the windows counted.
+      double right = 0;
+      for (const auto& c : counts) right += c.intersection;
+      j["val_accuracy"] = right / pixels;
+    }
   }
   runner_->module().train();
   return j;
@@ -759,8 +844,14 @@ void Trainer::validateOptions() {
 void Trainer::validateLabelOptions() {
   for (const auto& c : parseClasses(o_.classes)) class_names_.push_back(c.name);
   const bool vector_labels = !o_.annotations.empty();
-  TILER_CHECK(vector_labels != !o_.labels_dir.empty(), ConfigError,
-              "give --labels (label images) or --annotations (GeoJSON), one of them");
+  TILER_CHECK(int(vector_labels) + int(!o_.labels_dir.empty()) + int(perWindow()) == 1, ConfigError,
+              "give --labels (label images), --annotations (GeoJSON) or --window_labels (CSV), one of them");
+  TILER_CHECK(o_.unlabeled == "ignore" || o_.unlabeled == "background", ConfigError,
+              "--unlabeled must be ignore or background; got '" << o_.unlabeled << "'");
+  if (perWindow()) {
+    validateWindowLabelOptions();
+    return;
+  }
   TILER_CHECK(o_.val_images.empty() || (vector_labels ? !o_.val_annotations.empty() : !o_.val_labels.empty()),
               ConfigError,
               "--val_images needs " << (vector_labels ? "--val_annotations" : "--val_labels")
@@ -776,8 +867,21 @@ void Trainer::validateLabelOptions() {
               "--annotations label classes: not --loss mse");
   TILER_CHECK(!vector_labels || o_.roi.empty(), ConfigError,
               "--roi with --annotations: the annotations are the region windows are drawn from");
-  TILER_CHECK(o_.unlabeled == "ignore" || o_.unlabeled == "background", ConfigError,
-              "--unlabeled must be ignore or background; got '" << o_.unlabeled << "'");
+  parseClassWeights();
+}
+
+void Trainer::validateWindowLabelOptions() {
+  TILER_CHECK(fs::is_regular_file(o_.window_labels), ConfigError,
+              "--window_labels '" << o_.window_labels << "': no such CSV file");
+  TILER_CHECK(o_.val_labels.empty() && o_.val_annotations.empty(), ConfigError,
+              "--window_labels labels --val_images' windows too: not --val_labels or --val_annotations");
+  TILER_CHECK(loss_ == Loss::kCe, ConfigError,
+              "--window_labels trains a model's [B,K] class scores by cross-entropy: --loss ce, not '"
+                  << o_.loss << "'");
+  parseClassWeights();
+}
+
+void Trainer::parseClassWeights() {
   if (o_.class_weights.empty()) return;
   TILER_CHECK(loss_ == Loss::kCe || loss_ == Loss::kDice, ConfigError,
               "--class_weights weigh the classes of --loss ce or dice");
@@ -795,7 +899,9 @@ void Trainer::validateLabelOptions() {
 }
 
 void Trainer::loadModel() {
-  const ModelOptions model = modelOptionsFor(o_, session_->world().local_rank);
+  ModelOptions model = modelOptionsFor(o_, session_->world().local_rank);
+  // Label maps train a map (the probe refuses any other output); window labels [B,K] class scores.
+  if (perWindow()) model.task = ModelTask::kClassify;
   requireTrainableModel(model.path);
   runner_ = std::make_unique<ModelRunner>(model);
   probe_ = runner_->probe(spec_.window_w, spec_.window_h);
@@ -911,7 +1017,7 @@ void Trainer::trainEpoch(int epoch, nlohmann::json& history, Progress& progress)
   history.push_back(e);
   if (rank() == 0 && !o_.no_progress) {
     std::string metrics;
-    for (const char* k : {"val_loss", "val_iou", "val_dice", "val_psnr"})
+    for (const char* k : {"val_loss", "val_accuracy", "val_iou", "val_dice", "val_psnr"})
       if (e.contains(k)) metrics += fmt::format(", {} {:.4f}", k, e[k].get<double>());
     std::cout << fmt::format("epoch {}/{}: train_loss {:.4f}{} ({:.1f} s)", epoch, o_.epochs,
                              e["train_loss"].get<double>(), metrics, e["seconds"].get<double>())
@@ -965,7 +1071,7 @@ void Trainer::computeClassWeights() {
   auto counts = torch::zeros({K}, torch::kDouble);
   std::vector<bool> padded;
   const auto mine = epochWindows(train_, 0, false, &padded);
-  const int64_t oh = probe_.scale.apply(spec_.window_h), ow = probe_.scale.apply(spec_.window_w);
+  const auto [oh, ow, tc] = labelShape();
   auto failure = captureFailure([&] {
     auto target = torch::zeros({oh, ow}, torch::kFloat32), valid = torch::zeros({oh, ow}, torch::kFloat32);
     for (size_t k = 0; k < mine.size(); ++k) {
@@ -1082,6 +1188,15 @@ int Trainer::finishRun(const nlohmann::json& history) {
 
 int runFinetune(const FinetuneOptions& options) {
   installLargeBlockCache();  // before the process group's and the stages' threads exist
+  // A step allocates and frees the same tensors under 1 MiB (the large block cache's floor) every step;
+  // glibc's default thresholds give them back to the system (mmap, heap trim) and take page faults on each
+  // new step: 4 ms of a 40 ms step of the bench's loss and input alone. Kept on the heap, as PyTorch's loop
+  // is run (scripts/python_finetune.py), unless the environment sets glibc's malloc.
+  if (!std::getenv("GLIBC_TUNABLES") && !std::getenv("MALLOC_MMAP_THRESHOLD_") &&
+      !std::getenv("MALLOC_TRIM_THRESHOLD_")) {
+    mallopt(M_MMAP_THRESHOLD, 64 << 20);
+    mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  }
   return Trainer(options).run();
 }
 

@@ -57,11 +57,17 @@ std::vector<std::string> classNames(const nlohmann::json& history) {
 }  // namespace
 
 std::string epochsCsv(const nlohmann::json& history, const std::vector<std::string>& classes) {
-  static const char* const kColumns[] = {"epoch",    "train_loss", "val_loss", "val_iou",
-                                         "val_dice", "val_psnr",   "lr",       "seconds"};
+  std::vector<const char*> columns = {"epoch",    "train_loss", "val_loss", "val_iou",
+                                      "val_dice", "val_psnr",   "lr",       "seconds"};
+  // Window classification's accuracy: a column after val_dice where an epoch has it (maps' CSVs keep theirs).
+  for (const auto& e : history)
+    if (e.contains("val_accuracy")) {
+      columns.insert(columns.begin() + 5, "val_accuracy");
+      break;
+    }
   const std::vector<std::string> names = classes.empty() ? classNames(history) : classes;
   std::string text;
-  for (const char* c : kColumns) text += std::string(text.empty() ? "" : ",") + c;
+  for (const char* c : columns) text += std::string(text.empty() ? "" : ",") + c;
   // Class names are --classes' (no control characters); a comma or quote is quoted as CSV says.
   auto quoted = [](const std::string& s) {
     if (s.find_first_of(",\"") == std::string::npos) return s;
@@ -74,7 +80,7 @@ std::string epochsCsv(const nlohmann::json& history, const std::vector<std::stri
   text += "\n";
   for (const auto& e : history) {
     std::string row;
-    for (const char* c : kColumns)
+    for (const char* c : columns)
       row += std::string(row.empty() ? "" : ",") + cell(e.value(c, nlohmann::json()));
     for (const char* kind : {"val_class_iou", "val_class_dice"})
       for (const auto& n : names)
@@ -95,7 +101,8 @@ struct Curve {
 const Curve kCurves[] = {{"train_loss", {200, 80, 0}, false},
                          {"val_loss", {0, 140, 255}, false},
                          {"val_iou", {60, 160, 60}, true},
-                         {"val_dice", {40, 40, 200}, true}};
+                         {"val_dice", {40, 40, 200}, true},
+                         {"val_accuracy", {160, 40, 160}, true}};  // window labels' only
 
 }  // namespace
 

@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <limits>
+#include <set>
+#include <tuple>
 
 #include "tiler/core/error.hpp"
 
@@ -63,6 +66,85 @@ void AnnotationLabels::rasterize(const Rect& window, double pixels_per_level0, c
     classes(part).setTo(double(class_ids_[i]), inside);
     covered(part).setTo(1.0, inside);
   }
+}
+
+namespace {
+
+// The comma-separated fields of a CSV line, trimmed, double quotes removed ("" inside them is one quote).
+std::vector<std::string> csvFields(const std::string& line) {
+  std::vector<std::string> fields(1);
+  bool quoted = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char ch = line[i];
+    if (ch == '"' && quoted && i + 1 < line.size() && line[i + 1] == '"') {
+      fields.back() += '"';
+      ++i;
+    } else if (ch == '"') {
+      quoted = !quoted;
+    } else if (ch == ',' && !quoted) {
+      fields.emplace_back();
+    } else if (ch != '\r') {
+      fields.back() += ch;
+    }
+  }
+  for (auto& f : fields) {
+    const size_t a = f.find_first_not_of(" \t"), b = f.find_last_not_of(" \t");
+    f = a == std::string::npos ? std::string() : f.substr(a, b - a + 1);
+  }
+  return fields;
+}
+
+bool parseNumber(const std::string& text, double& value) {
+  char* end = nullptr;
+  value = std::strtod(text.c_str(), &end);
+  return !text.empty() && *end == 0 && std::isfinite(value);
+}
+
+}  // namespace
+
+std::vector<WindowLabel> readWindowLabels(const std::string& file, const std::vector<std::string>& classes) {
+  std::ifstream in(file);
+  TILER_CHECK(in, IoError, "window labels '" << file << "': cannot open it");
+  std::vector<WindowLabel> rows;
+  std::set<std::tuple<std::string, double, double>> seen;
+  std::string line;
+  int number = 0;
+  bool header = false;
+  while (std::getline(in, line)) {
+    ++number;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const auto f = csvFields(line);
+    auto where = [&] { return "window labels '" + file + "' line " + std::to_string(number) + ": "; };
+    if (!header) {
+      TILER_CHECK(f == std::vector<std::string>({"image", "x", "y", "label"}), IoError,
+                  where() << "the header must be 'image,x,y,label', not '" << line << "'");
+      header = true;
+      continue;
+    }
+    TILER_CHECK(f.size() == 4 && !f[0].empty(), IoError, where() << "4 fields (image,x,y,label) wanted");
+    WindowLabel row;
+    row.image = f[0];
+    row.line = number;
+    TILER_CHECK(
+        parseNumber(f[1], row.x) && parseNumber(f[2], row.y), IoError,
+        where() << "x and y must be numbers (level-0 pixels), not '" << f[1] << "', '" << f[2] << "'");
+    const auto named = std::find(classes.begin(), classes.end(), f[3]);
+    double index = 0;
+    if (named != classes.end()) {
+      row.label = int(named - classes.begin());
+    } else {
+      TILER_CHECK(parseNumber(f[3], index) && index >= 0 && index == std::floor(index) && index < 1e9,
+                  IoError,
+                  where() << "label '" << f[3] << "' is neither a class of --classes nor a class index");
+      row.label = int(index);
+    }
+    TILER_CHECK(
+        seen.insert({row.image, row.x, row.y}).second, IoError,
+        where() << "the window (" << f[1] << ", " << f[2] << ") of '" << row.image << "' is labelled twice");
+    rows.push_back(std::move(row));
+  }
+  TILER_CHECK(header, IoError, "window labels '" << file << "': empty (the header image,x,y,label first)");
+  return rows;
 }
 
 }  // namespace tiler

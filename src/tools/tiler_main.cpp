@@ -301,6 +301,10 @@ int runFinetuneCli(int argc, char** argv) {
   app.add_option(flagNames("--annotations"), o.annotations,
                  "GeoJSON annotations (QuPath export; level-0 pixels or the image's CRS), or a directory of "
                  "<stem>.geojson: labels instead of --labels, windows only where annotations are");
+  app.add_option(
+      flagNames("--window_labels"), o.window_labels,
+      "CSV image,x,y,label: a class a window (level-0 top-left corners of grid windows) for a model "
+      "of [B,K] class scores, instead of --labels");
   app.add_option(flagNames("--classes"), o.classes,
                  "class names NAME[:#rrggbb],... for classes 0..K-1 (annotations' classification names)");
   app.add_option(flagNames("--unlabeled"), o.unlabeled,

@@ -11,7 +11,10 @@
 // records the window, the µm/px and the classes it was trained with (readTrainedSettings) for infer to take.
 // Labels are label images (paired by stem) or vector annotations (annotations.hpp) drawn per window at the
 // processing resolution (--level/--mpp/--magnification), windows drawn only where annotations are.
-// Validation reports per-class IoU and Dice every epoch, in the report, a CSV and a PNG plot beside -o.
+// A per-window model ([B,K] class scores) trains on window labels instead (--window_labels: a CSV of one
+// class a grid window), by cross-entropy over its [B,K] output, through the same loader, sampler and steps.
+// Validation reports per-class IoU and Dice every epoch (and accuracy for window labels), in the report, a
+// CSV and a PNG plot beside -o.
 #pragma once
 
 #include <cstdint>
@@ -30,8 +33,9 @@ struct FinetuneOptions : JobOptions {
   }
   std::string images_dir, labels_dir;
   std::string annotations;           // GeoJSON file (one image) or directory of <stem>.geojson
+  std::string window_labels;         // CSV image,x,y,label: a class a window, for [B,K] models
   std::string classes;               // NAME[:#rrggbb],... for classes 0..K-1 (annotations name them)
-  std::string unlabeled = "ignore";  // ignore | background: pixels outside every annotation
+  std::string unlabeled = "ignore";  // ignore | background: pixels (windows) no annotation (row) labels
   std::string class_weights;         // empty: none | auto | w1,w2,...
   std::string val_images, val_labels, val_annotations;  // held-out images instead of --val_fraction
   bool save_best = false;  // also <output>.best.pt: the model of the epoch with the best mean Dice

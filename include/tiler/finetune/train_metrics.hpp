@@ -23,12 +23,14 @@ nlohmann::json segmentationMetrics(const std::vector<ClassCounts>& counts,
                                    const std::vector<std::string>& classes);
 
 // The epochs of a report (`history`: objects with epoch, train_loss and, where validated, val_loss,
-// val_iou, val_dice, val_class_iou, val_class_dice, and lr, seconds) as CSV text with a header row; the
-// per-class columns (iou_<name>, then dice_<name>) in the order of `classes` (empty: the report's, by name).
+// val_iou, val_dice, val_accuracy (a column only where an epoch has it), val_class_iou, val_class_dice, and
+// lr, seconds) as CSV text with a header row; the per-class columns (iou_<name>, then dice_<name>) in the
+// order of `classes` (empty: the report's, by name).
 std::string epochsCsv(const nlohmann::json& history, const std::vector<std::string>& classes = {});
 
-// The curves of `history` (train and validation loss on the left axis, mean IoU and Dice in [0,1] on the
-// right) on a white BGR image of width x height, with axes, epoch ticks and a legend.
+// The curves of `history` (train and validation loss on the left axis, mean IoU and Dice, and accuracy where
+// there is one, in [0,1] on the right) on a white BGR image of width x height, with axes, epoch ticks and a
+// legend.
 cv::Mat drawCurves(const nlohmann::json& history, int width = 800, int height = 480);
 
 }  // namespace tiler
