@@ -401,110 +401,129 @@ ImageWriter::ImageWriter(const std::string& path, int64_t width, int64_t height,
     if (choose_predictor_) options_.compression->predictor = false;  // until chosen
   }
   if (tiff) {
-    TILER_CHECK(type != SampleType::kI16, IoError,
-                "'" << path << "': writer takes u8, u16, u32, f16 or f32 samples");
-    TILER_CHECK(options_.tile % 16 == 0 && options_.tile > 0, ConfigError,
-                "TIFF tile must be a multiple of 16");
-    installTiffHandlers();
-    TILER_CHECK(
-        options_.colormap.empty() || (channels == 1 && type != SampleType::kF32 && type != SampleType::kF16),
-        ConfigError, "'" << path << "': a colour map needs one integer channel");
-    const uint64_t raw = uint64_t(width) * uint64_t(height) * uint64_t(channels) * bytesPerSample(type);
-    // Reduced levels add at most a third.
-    const bool big = (options_.pyramid ? raw + raw / 3 : raw) > (uint64_t(1) << 31);
-    clearTiffError();
-    const int fd = createFileExclusively(partialPath());
-    TILER_CHECK(fd >= 0, IoError, "'" << partialPath() << "': cannot create: " << std::strerror(errno));
-    TIFF* tif = TIFFFdOpen(fd, partialPath().c_str(), big ? "w8" : "w");
-    if (tif == nullptr) {
-      // TIFFFdOpen writes the header at once: on a full disk the file exists, empty. Nothing is left behind.
-      const std::string why = takeTiffError();
-      ::close(fd);
-      ::unlink(partialPath().c_str());
-      TILER_THROW(IoError, "'" << partialPath() << "': cannot create: " << why);
-    }
-    tiff_ = tif;
-    setTiffFields(tif, width, height, channels, type, options_, false);
-    if (!options_.description.empty())
-      TIFFSetField(tif, TIFFTAG_IMAGEDESCRIPTION, options_.description.c_str());
-    if (!options_.software.empty()) TIFFSetField(tif, TIFFTAG_SOFTWARE, options_.software.c_str());
-    if (options_.value_scale) {
-      std::ostringstream items;
-      items.precision(17);
-      items << "<GDALMetadata>";
-      for (int band = 0; band < channels; ++band)
-        items << "<Item name=\"SCALE\" sample=\"" << band << "\" role=\"scale\">" << *options_.value_scale
-              << "</Item><Item name=\"OFFSET\" sample=\"" << band << "\" role=\"offset\">0</Item>";
-      items << "</GDALMetadata>";
-      TIFFSetField(tif, kGdalMetadata, items.str().c_str());
-    }
-    if (options_.nodata) {
-      std::ostringstream text;
-      text.precision(17);
-      text << *options_.nodata;
-      TIFFSetField(tif, kGdalNodata, std::isnan(*options_.nodata) ? "nan" : text.str().c_str());
-    }
-    writeMetadata(tif, readMetadata(options_.metadata_from), options_.metadata_scale, options_.mpp);
-    buffer_ = cv::Mat(options_.tile, int(width), cv_type);
-    if (options_.background) {
-      if (!options_.pool) options_.pool = std::make_shared<WorkPool>(1);
-      // One row queued while the tile thread writes the one before: both rows' tiles are in the pool, a row
-      // of tiles each (32 at 8192 px), which keeps the pool's threads busy without holding more rows.
-      tile_queue_ = std::make_unique<BoundedQueue<TileRow>>(1);
-      tile_thread_ = std::thread([this] {
-        while (auto row = tile_queue_->pop()) {
-          if (tileError()) continue;  // keep draining: the caller must never block on a dead thread
-          try {
-            writeTileRow(*row);
-          } catch (...) {
-            std::lock_guard<std::mutex> lock(tile_error_mutex_);
-            tile_error_ = std::current_exception();
-          }
-        }
-      });
-    }
-    if (options_.pyramid) {
-      WriterOptions lo = options_;
-      lo.pyramid = false;
-      lo.background = false;  // the level thread writes them
-      lo.metadata_from.clear();
-      lo.description.clear();
-      if (choose_predictor_) lo.compression.reset();  // each level chooses on its own first row
-      for (int64_t w = width, h = height; std::max(w, h) > options_.tile;) {
-        w = (w + 1) / 2;
-        h = (h + 1) / 2;
-        const std::string level_path = path + ".level" + std::to_string(levels_.size() + 1);
-        levels_.push_back(Level{std::make_unique<ImageWriter>(level_path, w, h, channels, type, lo), {}});
-      }
-    }
-    if (!levels_.empty()) {
-      level_queue_ = std::make_unique<BoundedQueue<cv::Mat>>(2);
-      level_thread_ = std::thread([this] {
-        while (auto band = level_queue_->pop()) {
-          if (level_error_) continue;  // keep draining: the writer must never block on a dead thread
-          try {
-            feedLevel(0, *band);
-          } catch (...) {
-            level_error_ = std::current_exception();
-          }
-        }
-      });
-    }
+    openTiff();
+    openLevels();
+    startThreads();
   } else if (options_.format == "png") {
-    TILER_CHECK(width * height <= kMaxInMemoryPixels && width < 65536 && height < 65536, IoError,
-                "'" << path << "': " << width << "x" << height << " is too large for " << options_.format
-                    << " output (at most " << kMaxInMemoryPixels
-                    << " pixels, 65535 a side); use --format tif");
-    TILER_CHECK((type != SampleType::kF32 && type != SampleType::kF16) || options_.format != "png", IoError,
-                "'" << path << "': PNG cannot hold float samples; use --format tif");
-    buffer_ = cv::Mat(int(height), int(width), cv_type);
-    // Claim the name early so that an unwritable directory fails before any work.
-    const int fd = createFileExclusively(partialPath());
-    TILER_CHECK(fd >= 0, IoError, "'" << partialPath() << "': cannot create: " << std::strerror(errno));
-    ::close(fd);
+    openPng();
   } else {
     TILER_THROW(ConfigError, "unknown output format '" << options_.format << "' (tif or png)");
   }
+}
+
+// The TIFF under its partial name, its fields and metadata, and the buffer of one row of tiles.
+void ImageWriter::openTiff() {
+  TILER_CHECK(type_ != SampleType::kI16, IoError,
+              "'" << path_ << "': writer takes u8, u16, u32, f16 or f32 samples");
+  TILER_CHECK(options_.tile % 16 == 0 && options_.tile > 0, ConfigError,
+              "TIFF tile must be a multiple of 16");
+  installTiffHandlers();
+  TILER_CHECK(
+      options_.colormap.empty() || (channels_ == 1 && type_ != SampleType::kF32 && type_ != SampleType::kF16),
+      ConfigError, "'" << path_ << "': a colour map needs one integer channel");
+  const uint64_t raw = uint64_t(width_) * uint64_t(height_) * uint64_t(channels_) * bytesPerSample(type_);
+  // Reduced levels add at most a third.
+  const bool big = (options_.pyramid ? raw + raw / 3 : raw) > (uint64_t(1) << 31);
+  clearTiffError();
+  const int fd = createFileExclusively(partialPath());
+  TILER_CHECK(fd >= 0, IoError, "'" << partialPath() << "': cannot create: " << std::strerror(errno));
+  TIFF* tif = TIFFFdOpen(fd, partialPath().c_str(), big ? "w8" : "w");
+  if (tif == nullptr) {
+    // TIFFFdOpen writes the header at once: on a full disk the file exists, empty. Nothing is left behind.
+    const std::string why = takeTiffError();
+    ::close(fd);
+    ::unlink(partialPath().c_str());
+    TILER_THROW(IoError, "'" << partialPath() << "': cannot create: " << why);
+  }
+  tiff_ = tif;
+  setTiffFields(tif, width_, height_, channels_, type_, options_, false);
+  if (!options_.description.empty())
+    TIFFSetField(tif, TIFFTAG_IMAGEDESCRIPTION, options_.description.c_str());
+  if (!options_.software.empty()) TIFFSetField(tif, TIFFTAG_SOFTWARE, options_.software.c_str());
+  if (options_.value_scale) {
+    std::ostringstream items;
+    items.precision(17);
+    items << "<GDALMetadata>";
+    for (int band = 0; band < channels_; ++band)
+      items << "<Item name=\"SCALE\" sample=\"" << band << "\" role=\"scale\">" << *options_.value_scale
+            << "</Item><Item name=\"OFFSET\" sample=\"" << band << "\" role=\"offset\">0</Item>";
+    items << "</GDALMetadata>";
+    TIFFSetField(tif, kGdalMetadata, items.str().c_str());
+  }
+  if (options_.nodata) {
+    std::ostringstream text;
+    text.precision(17);
+    text << *options_.nodata;
+    TIFFSetField(tif, kGdalNodata, std::isnan(*options_.nodata) ? "nan" : text.str().c_str());
+  }
+  writeMetadata(tif, readMetadata(options_.metadata_from), options_.metadata_scale, options_.mpp);
+  buffer_ = cv::Mat(options_.tile, int(width_), cv_type_);
+}
+
+// The reduced levels (--pyramid), each an ImageWriter of its own, fed by the level thread.
+void ImageWriter::openLevels() {
+  if (options_.pyramid) {
+    WriterOptions lo = options_;
+    lo.pyramid = false;
+    lo.background = false;  // the level thread writes them
+    lo.metadata_from.clear();
+    lo.description.clear();
+    if (choose_predictor_) lo.compression.reset();  // each level chooses on its own first row
+    for (int64_t w = width_, h = height_; std::max(w, h) > options_.tile;) {
+      w = (w + 1) / 2;
+      h = (h + 1) / 2;
+      const std::string level_path = path_ + ".level" + std::to_string(levels_.size() + 1);
+      levels_.push_back(Level{std::make_unique<ImageWriter>(level_path, w, h, channels_, type_, lo), {}});
+    }
+  }
+}
+
+// The tile thread (background compression) and the level thread, where they are asked for.
+void ImageWriter::startThreads() {
+  if (options_.background) {
+    if (!options_.pool) options_.pool = std::make_shared<WorkPool>(1);
+    // One row queued while the tile thread writes the one before: both rows' tiles are in the pool, a row
+    // of tiles each (32 at 8192 px), which keeps the pool's threads busy without holding more rows.
+    tile_queue_ = std::make_unique<BoundedQueue<TileRow>>(1);
+    tile_thread_ = std::thread([this] {
+      while (auto row = tile_queue_->pop()) {
+        if (tileError()) continue;  // keep draining: the caller must never block on a dead thread
+        try {
+          writeTileRow(*row);
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(tile_error_mutex_);
+          tile_error_ = std::current_exception();
+        }
+      }
+    });
+  }
+  if (!levels_.empty()) {
+    level_queue_ = std::make_unique<BoundedQueue<cv::Mat>>(2);
+    level_thread_ = std::thread([this] {
+      while (auto band = level_queue_->pop()) {
+        if (level_error_) continue;  // keep draining: the writer must never block on a dead thread
+        try {
+          feedLevel(0, *band);
+        } catch (...) {
+          level_error_ = std::current_exception();
+        }
+      }
+    });
+  }
+}
+
+// A PNG is encoded whole at the end: its buffer, and its name claimed now.
+void ImageWriter::openPng() {
+  TILER_CHECK(width_ * height_ <= kMaxInMemoryPixels && width_ < 65536 && height_ < 65536, IoError,
+              "'" << path_ << "': " << width_ << "x" << height_ << " is too large for " << options_.format
+                  << " output (at most " << kMaxInMemoryPixels << " pixels, 65535 a side); use --format tif");
+  TILER_CHECK((type_ != SampleType::kF32 && type_ != SampleType::kF16) || options_.format != "png", IoError,
+              "'" << path_ << "': PNG cannot hold float samples; use --format tif");
+  buffer_ = cv::Mat(int(height_), int(width_), cv_type_);
+  // Claim the name early so that an unwritable directory fails before any work.
+  const int fd = createFileExclusively(partialPath());
+  TILER_CHECK(fd >= 0, IoError, "'" << partialPath() << "': cannot create: " << std::strerror(errno));
+  ::close(fd);
 }
 
 ImageWriter::~ImageWriter() {

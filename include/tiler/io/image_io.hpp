@@ -233,6 +233,11 @@ class ImageWriter {
   void stopTileThread() noexcept;
   [[noreturn]] void failOnTileError();  // abandons the file and throws the tile thread's error
   void abandon() noexcept;
+  // The constructor's parts: a TIFF (openTiff, openLevels, startThreads) or a PNG (openPng).
+  void openTiff();
+  void openLevels();
+  void startThreads();
+  void openPng();
   // Pyramid: rows of level `li`'s parent, halved into level li (and on down).
   void feedLevel(size_t li, const cv::Mat& rows);
   void finishLevels();
