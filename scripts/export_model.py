@@ -26,8 +26,9 @@ or the one named by --output_key).
 package is for: --device): torch.export with a dynamic batch dimension, then AOTInductor compiles it for the
 one window size given. The package records that window, the dynamic batch and the input channels as metadata
 (tiler_window, tiler_batch, tiler_in_channels): a package does not check its inputs, so tiler runs it only at
-those. Outputs are a flat list (--output_key takes an index). The package runs in the precision it was compiled
-in: tiler runs it with --precision auto or fp32.
+those. A model that returns a dict of tensors keeps its keys (torch.export records them in the package's call
+spec): --output_key and --heads take them, or an index in the dict's order; a tuple's outputs are picked by
+index. The package runs in the precision it was compiled in: tiler runs it with --precision auto or fp32.
 
 Either file is checked against the eager model on a random batch before the script says it is done (a package
 in a child process: where PyTorch's Python loader crashes, the script says so and exits 3 with the package
@@ -109,7 +110,7 @@ CHECK_IN_CHILD = """
 import sys, torch, torch._inductor
 package, batch, result = sys.argv[1:]
 out = torch._inductor.aoti_load_package(package)(torch.load(batch))
-torch.save(out if torch.is_tensor(out) else list(out), result)
+torch.save(out if torch.is_tensor(out) else dict(out) if isinstance(out, dict) else list(out), result)
 """
 
 

@@ -64,15 +64,20 @@ ModelOptions cpuOptions(const std::string& path) {
   return o;
 }
 
-void expectModelError(const std::string& path, const std::string& needle, int64_t window = 32) {
+// Probing a runner of `o` at `window` is a ModelError naming the file and saying `needle`.
+void expectProbeError(const ModelOptions& o, const std::string& needle, int64_t window = 32) {
   try {
-    ModelRunner r(cpuOptions(path));
+    ModelRunner r(o);
     r.probe(window, window);
-    FAIL() << "no error for " << path;
+    FAIL() << "no error for " << o.path;
   } catch (const ModelError& e) {
     EXPECT_NE(e.message().find(needle), std::string::npos) << e.message();
-    EXPECT_NE(e.message().find(path), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find(o.path), std::string::npos) << e.message();
   }
+}
+
+void expectModelError(const std::string& path, const std::string& needle, int64_t window = 32) {
+  expectProbeError(cpuOptions(path), needle, window);
 }
 
 TEST(Model, ProbeFindsChannelsAndScale) {
@@ -167,6 +172,29 @@ def forward(self, x):
   } catch (const ModelError& e) {
     EXPECT_NE(e.message().find("no key 'nope'"), std::string::npos) << e.message();
   }
+  // An index picks a dict's entry in its order, as a .pt2 package's outputs were picked before their names
+  // (a key that is a name wins over a position).
+  const auto x = torch::rand({2, 3, 16, 16});
+  o.output_key = "seg";
+  ModelRunner by_name(o);
+  o.output_key = "1";
+  ModelRunner by_index(o);
+  EXPECT_EQ(by_index.probe(16, 16).output_channels, 2);
+  by_name.probe(16, 16);
+  EXPECT_TRUE(torch::equal(by_index.forward(x, torch::ones({2})), by_name.forward(x, torch::ones({2}))));
+  o.output_key = "2";
+  expectProbeError(o, "output dict has no key '2'", 16);
+  auto numbered = saveModule("numbered", 3, 2, R"JIT(
+def forward(self, x):
+    return {"1": torch.conv2d(x, self.w, self.b), "0": x}
+)JIT");
+  o = cpuOptions(numbered);
+  o.output_key = "1";
+  EXPECT_EQ(ModelRunner(o).probe(16, 16).output_channels, 2) << "the key named 1, not the entry at 1";
+  // A tuple takes an index only.
+  o = cpuOptions(tuple);
+  o.output_key = "seg";
+  expectProbeError(o, "output is a tuple; --output_key must be an index, got 'seg'", 16);
 }
 
 TEST(Model, EachMisfitIsAClearModelError) {
@@ -854,6 +882,38 @@ void writeStoredZip(const std::string& path, const std::vector<std::pair<std::st
   std::ofstream(path, std::ios::binary) << zip;
 }
 
+// A package's call spec names its outputs only where they are a flat dict of tensors with string keys; what
+// torch.export writes for ThreeHeads (samples/make_samples.py) is the first.
+TEST(ModelRuntime, Pt2OutputNamesComeOnlyFromAFlatDictSpec) {
+  const std::string leaf = R"({"type": null, "context": null, "children_spec": []})";
+  const auto spec = [](const std::string& type, const std::string& context, const std::string& children) {
+    return "[1, {\"type\": " + type + ", \"context\": " + context + ", \"children_spec\": [" + children +
+           "]}]";
+  };
+  const std::string three = leaf + ", " + leaf + ", " + leaf;
+  const std::string pair =
+      R"({"type": "builtins.tuple", "context": "null", "children_spec": [)" + leaf + ", " + leaf + "]}";
+  EXPECT_EQ(outputNamesOfSpec(spec(R"("builtins.dict")", R"("[\"np\", \"hv\", \"tp\"]")", three)),
+            (std::vector<std::string>{"np", "hv", "tp"}));
+  EXPECT_EQ(
+      outputNamesOfSpec(spec(R"("collections.OrderedDict")", R"("[\"b\", \"a\"]")", leaf + ", " + leaf)),
+      (std::vector<std::string>{"b", "a"}))
+      << "the spec's order, not sorted";
+  const std::vector<std::string> unnamed = {
+      spec(R"("builtins.tuple")", R"("null")", three),
+      spec(R"("builtins.list")", R"("null")", three),
+      "[1, " + leaf + "]",                                                        // one tensor
+      spec(R"("builtins.dict")", R"("[\"np\", \"rest\"]")", leaf + ", " + pair),  // nested
+      spec(R"("builtins.dict")", R"("[1, 2, 3]")", three),                        // keys not strings
+      spec(R"("builtins.dict")", R"("[\"np\", \"hv\"]")", three),                 // counts differ
+      spec(R"("collections.namedtuple")", R"("\"Out\"")", three),
+      "[2, {}]",
+      "",
+      "not json",
+      "[1, {\"type\": \"builtins.dict\"}]"};
+  for (const std::string& text : unnamed) EXPECT_TRUE(outputNamesOfSpec(text).empty()) << text;
+}
+
 TEST(ModelRuntime, Pt2PackagesAreKnownByTheirContentsNotTheirNames) {
   const std::string sample = std::string(TILER_TEST_SOURCE_DIR) + "/samples/models/sample.pt";
   writeStoredZip(tempPath("a.bin"), {{"version", "1"}, {"archive_format", "pt2"}, {"data/x", "xyz"}});
@@ -1064,6 +1124,51 @@ TEST_F(ModelPt2, AnEncoderPackageGivesItsTorchScriptsFeatures) {
   EXPECT_LT(
       (package.forward(x, torch::ones({5})) - script.forward(x, torch::ones({5}))).abs().max().item<double>(),
       1e-5);
+}
+
+// A package of a model that returns a dict (the bundled heads.pt's ThreeHeads): its call spec names the
+// outputs, so --output_key and --heads take the names as for the TorchScript model, an index picks the same
+// output as its name; a package whose outputs are a tuple refuses a name saying they have none.
+TEST_F(ModelPt2, ADictPackageTakesItsKeysLikeItsTorchScript) {
+  std::string why;
+  const std::string dict = test::exportSamplePt2(test::scratchDir("pt2_heads"), 64, &why, "ThreeHeads");
+  const std::string tuple =
+      test::exportSamplePt2(test::scratchDir("pt2_heads_tuple"), 64, &why, "ThreeHeadsAsTuple");
+  if (dict.empty() || tuple.empty()) GTEST_SKIP() << why;
+  const std::string script = std::string(TILER_TEST_SOURCE_DIR) + "/samples/models/heads.pt";
+  torch::manual_seed(9);
+  const auto x = torch::rand({3, 3, 64, 64});
+  const auto forward = [&x](ModelOptions o) {
+    ModelRunner r(o);
+    r.probe(64, 64);
+    return r.forward(x, torch::ones({3}));
+  };
+  const auto keyed = [](const std::string& path, const std::string& key) {
+    ModelOptions o = options(path);
+    o.output_key = key;
+    return o;
+  };
+  const std::vector<std::string> names = {"np", "hv", "tp"};
+  for (size_t k = 0; k < names.size(); ++k) {
+    const auto by_name = forward(keyed(dict, names[k]));
+    EXPECT_TRUE(torch::equal(by_name, forward(keyed(dict, std::to_string(k))))) << names[k];
+    EXPECT_TRUE(torch::equal(by_name, forward(keyed(tuple, std::to_string(k))))) << names[k];
+    EXPECT_LT((by_name - forward(keyed(script, names[k]))).abs().max().item<double>(), 1e-5) << names[k];
+  }
+  // --heads by name: each head as its TorchScript's.
+  ModelOptions heads = options(dict), script_heads = options(script);
+  heads.heads = script_heads.heads = {{"np", "np", ModelTask::kSegment, Activation::kSoftmax, false},
+                                      {"hv", "hv", ModelTask::kSegment, Activation::kNone, false},
+                                      {"tp", "tp", ModelTask::kSegment, Activation::kSoftmax, false}};
+  EXPECT_LT((forward(heads) - forward(script_heads)).abs().max().item<double>(), 1e-5);
+  // A name for a package without names, by --output_key or --heads: one line saying so, and how many.
+  const std::string refusal =
+      "'" + tuple +
+      "': the package's 3 outputs have no names (its call spec records no dict of tensors), so 'hv' names "
+      "none of them: pick one by index, 0 to 2";
+  expectProbeError(keyed(tuple, "hv"), refusal, 64);
+  heads.path = tuple;
+  expectProbeError(heads, "the package's 3 outputs have no names", 64);
 }
 
 TEST_F(ModelPt2, RefusesWhatItWasNotCompiledFor) {

@@ -62,10 +62,10 @@ inline CommandResult runCommand(const std::string& cmd) {
 
 // A .pt2 package (AOTInductor) of a bundled model for windows of `window` px, exported into `dir` by
 // scripts/export_model.py from the TorchScript model's weights: `network` is its class in
-// samples/make_samples.py (UNet: samples/models/sample.pt; Encoder: encoder.pt). Empty, with the reason in
-// `why`, where no Python here exports one (PyTorch 2.6 or later, setuptools and a compiler: Debian trixie's
-// python3-torch; `device` cuda: a wheel with CUDA on a GPU machine). An export that fails where Python could
-// export is a test failure.
+// samples/make_samples.py (UNet: samples/models/sample.pt; Encoder: encoder.pt; ThreeHeads and
+// ThreeHeadsAsTuple: heads.pt). Empty, with the reason in `why`, where no Python here exports one (PyTorch
+// 2.6 or later, setuptools and a compiler: Debian trixie's python3-torch; `device` cuda: a wheel with CUDA on
+// a GPU machine). An export that fails where Python could export is a test failure.
 inline std::string exportSamplePt2(const std::string& dir, int window, std::string* why,
                                    const std::string& network = "UNet", const std::string& device = "cpu") {
   const std::string src = TILER_TEST_SOURCE_DIR;
@@ -81,7 +81,9 @@ inline std::string exportSamplePt2(const std::string& dir, int window, std::stri
            can.output.substr(can.output.rfind('\n', can.output.size() - 2) + 1);
     return "";
   }
-  const std::string weights = network == "UNet" ? "sample.pt" : "encoder.pt";
+  const std::string weights = network == "UNet"                     ? "sample.pt"
+                              : network.rfind("ThreeHeads", 0) == 0 ? "heads.pt"
+                                                                    : "encoder.pt";
   const std::string out = dir + "/" + network + "_" + std::to_string(window) + "_" + device + ".pt2";
   const auto r = runCommand("PYTHONPATH=" + src + "/samples " + python + " " + src +
                             "/scripts/export_model.py --module make_samples:" + network + " --weights " +

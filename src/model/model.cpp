@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <thread>
 
 #include <mutex>
@@ -200,56 +201,82 @@ torch::jit::Module& ModelRunner::module() {
   return *module;
 }
 
-torch::Tensor ModelRunner::extractTensor(const c10::IValue& out, const std::string& key) const {
-  const std::string& path = options_.path;
-  if (out.isTensor()) return out.toTensor();
-  if (out.isTuple() || out.isList()) {
-    const char* kind = out.isTuple() ? "tuple" : "list";
-    std::vector<c10::IValue> items;
-    if (out.isTuple()) {
-      for (const auto& e : out.toTuple()->elements()) items.push_back(e);
-    } else {
-      for (const auto& e : out.toList()) items.push_back(e);
-    }
-    if (!key.empty()) {
-      size_t k = 0;
-      try {
-        k = std::stoul(key);
-      } catch (const std::exception&) {
-        TILER_THROW(ModelError, "'" << path << "': output is a " << kind
-                                    << "; --output_key must be an index, got '" << key << "'");
-      }
-      TILER_CHECK(k < items.size() && items[k].isTensor(), ModelError,
-                  "'" << path << "': output element " << k << " is not a tensor");
-      return items[k].toTensor();
-    }
-    for (const auto& e : items) {
-      if (e.isTensor()) return e.toTensor();
-    }
-    // Say what it holds instead (a list of lists of tensors, of numbers, nothing): the type names it.
-    TILER_THROW(ModelError,
-                "'" << path << "': the model's output is a " << kind << " of " << items.size() << " item(s), "
-                    << out.type()->annotation_str()
-                    << ", with no tensor among them; tiler takes a tensor, or one of a tuple, list "
-                    << "or dict (--output_key)");
+namespace {
+
+// `key` as an index below `size`, if it is one.
+std::optional<size_t> indexKey(const std::string& key, size_t size) {
+  if (key.empty() || key.find_first_not_of("0123456789") != std::string::npos || key.size() > 9)
+    return std::nullopt;
+  const size_t k = std::stoul(key);
+  return k < size ? std::optional<size_t>(k) : std::nullopt;
+}
+
+// The element of a tuple or list by `key`, an index (empty: the first tensor). A package's tuple is its
+// outputs where its call spec names none (`unnamed_package`): a name is refused saying so.
+torch::Tensor pickFromSequence(const std::string& path, const c10::IValue& out, const std::string& key,
+                               bool unnamed_package) {
+  const char* kind = out.isTuple() ? "tuple" : "list";
+  std::vector<c10::IValue> items;
+  if (out.isTuple()) {
+    for (const auto& e : out.toTuple()->elements()) items.push_back(e);
+  } else {
+    for (const auto& e : out.toList()) items.push_back(e);
   }
-  if (out.isGenericDict()) {
-    auto dict = out.toGenericDict();
-    if (!key.empty()) {
-      for (const auto& entry : dict) {
-        if (entry.key().isString() && entry.key().toStringRef() == key) {
-          TILER_CHECK(entry.value().isTensor(), ModelError,
-                      "'" << path << "': output '" << key << "' is not a tensor");
-          return entry.value().toTensor();
-        }
-      }
-      TILER_THROW(ModelError, "'" << path << "': output dict has no key '" << key << "'");
-    }
+  if (!key.empty()) {
+    const bool is_index = key.find_first_not_of("0123456789") == std::string::npos;
+    TILER_CHECK(is_index || !unnamed_package, ModelError,
+                "'" << path << "': the package's " << items.size()
+                    << " outputs have no names (its call spec records no dict of tensors), so '" << key
+                    << "' names none of them: pick one by index, 0 to " << items.size() - 1);
+    TILER_CHECK(
+        is_index, ModelError,
+        "'" << path << "': output is a " << kind << "; --output_key must be an index, got '" << key << "'");
+    const auto k = indexKey(key, items.size());
+    TILER_CHECK(k && items[*k].isTensor(), ModelError,
+                "'" << path << "': output element " << key << " is not a tensor");
+    return items[*k].toTensor();
+  }
+  for (const auto& e : items) {
+    if (e.isTensor()) return e.toTensor();
+  }
+  // Say what it holds instead (a list of lists of tensors, of numbers, nothing): the type names it.
+  TILER_THROW(ModelError, "'" << path << "': the model's output is a " << kind << " of " << items.size()
+                              << " item(s), " << out.type()->annotation_str()
+                              << ", with no tensor among them; tiler takes a tensor, or one of a tuple, list "
+                              << "or dict (--output_key)");
+}
+
+// The entry of a dict by `key`: its name, else its position in the dict's order (a .pt2 package's outputs
+// were picked by index before their names were known); empty: the first tensor.
+torch::Tensor pickFromDict(const std::string& path, const c10::impl::GenericDict& dict,
+                           const std::string& key) {
+  if (key.empty()) {
     for (const auto& entry : dict) {
       if (entry.value().isTensor()) return entry.value().toTensor();
     }
     TILER_THROW(ModelError, "'" << path << "': the model's output dict holds no tensor");
   }
+  const auto position = indexKey(key, dict.size());
+  std::optional<c10::IValue> by_name, by_position;
+  size_t k = 0;
+  for (const auto& entry : dict) {
+    if (entry.key().isString() && entry.key().toStringRef() == key) by_name = entry.value();
+    if (position == k++) by_position = entry.value();
+  }
+  const std::optional<c10::IValue>& value = by_name ? by_name : by_position;
+  TILER_CHECK(value.has_value(), ModelError, "'" << path << "': output dict has no key '" << key << "'");
+  TILER_CHECK(value->isTensor(), ModelError, "'" << path << "': output '" << key << "' is not a tensor");
+  return value->toTensor();
+}
+
+}  // namespace
+
+torch::Tensor ModelRunner::extractTensor(const c10::IValue& out, const std::string& key) const {
+  const std::string& path = options_.path;
+  if (out.isTensor()) return out.toTensor();
+  if (out.isTuple() || out.isList())
+    return pickFromSequence(path, out, key, std::strcmp(runtime_->name(), "pt2") == 0);
+  if (out.isGenericDict()) return pickFromDict(path, out.toGenericDict(), key);
   TILER_THROW(ModelError, "'" << path << "': the model returns " << out.tagKind() << ", not a tensor");
 }
 

@@ -184,6 +184,25 @@ std::string lastLine(const std::exception& e) {
   return what.substr(what.rfind('\n') == std::string::npos ? 0 : what.rfind('\n') + 1);
 }
 
+// Throws unless every tensor of a run's output (one, a tuple's, a dict's) is of the batch of `b` it was
+// given.
+void requireBatchOf(const c10::IValue& out, int64_t b) {
+  std::vector<torch::Tensor> tensors;
+  if (out.isTensor()) tensors.push_back(out.toTensor());
+  if (out.isTuple())
+    for (const auto& e : out.toTuple()->elements())
+      if (e.isTensor()) tensors.push_back(e.toTensor());
+  if (out.isGenericDict())  // a package whose call spec names its outputs
+    for (const auto& e : out.toGenericDict())
+      if (e.value().isTensor()) tensors.push_back(e.value().toTensor());
+  for (const auto& t : tensors) {
+    const torch::Tensor here = t.to(torch::kCPU);  // a device's errors surface by this copy
+    if (here.dim() == 0 || here.size(0) != b)
+      throw std::runtime_error("its output " + c10::str(here.sizes()) + " is not of the batch of " +
+                               std::to_string(b) + " it was given");
+  }
+}
+
 // The child: "FD;DEVICE;W;H;BATCH;FIRST;PATH". Tries the shapes from index FIRST on, writing to FD "try K",
 // then "pass K" or "fail K <why>", and "done" once a channel count has run at any batch (or none is left);
 // "error <why>" when no shape can be learnt.
@@ -250,18 +269,7 @@ int runShapeProbe(const std::string& spec) {
         const std::vector<int64_t> sizes = {b, c, h, w};
         const torch::Tensor x =
             options.device.is_cpu() ? zerosBeforeAGuardPage(sizes) : torch::zeros(sizes, options.device);
-        const c10::IValue out = runtime->run(x);
-        std::vector<torch::Tensor> tensors;
-        if (out.isTensor()) tensors.push_back(out.toTensor());
-        if (out.isTuple())
-          for (const auto& e : out.toTuple()->elements())
-            if (e.isTensor()) tensors.push_back(e.toTensor());
-        for (const auto& t : tensors) {
-          const torch::Tensor here = t.to(torch::kCPU);  // a device's errors surface by this copy
-          if (here.dim() == 0 || here.size(0) != b)
-            throw std::runtime_error("its output " + c10::str(here.sizes()) + " is not of the batch of " +
-                                     std::to_string(b) + " it was given");
-        }
+        requireBatchOf(runtime->run(x), b);
         say("pass " + std::to_string(k));
         passed_channels = c;
       } catch (const std::exception& e) {

@@ -4,7 +4,9 @@
 // only at a window size, batch and input channels it knows to fit, always on contiguous inputs: those its
 // metadata records (scripts/export_model.py writes them: tiler_window, tiler_batch, tiler_in_channels), or,
 // for a package without them (PyTorch's own aoti_compile_and_package), those that ran in a child process
-// (probeShapesInChild) at the job's window.
+// (probeShapesInChild) at the job's window. Its outputs come back as a flat list; where the package's call
+// spec says they are a dict of tensors (torch.export records the forward's output structure), they are
+// packed as that dict again, so --output_key and --heads take its keys as for TorchScript.
 #include "tiler/model/torch_compat.hpp"
 
 #include <spdlog/spdlog.h>
@@ -17,6 +19,37 @@
 #include "tiler/model/model_runtime.hpp"
 
 namespace tiler {
+
+namespace {
+
+// A TreeSpec node that is a leaf (a tensor): no type, no context, no children.
+bool isLeafSpec(const nlohmann::json& node) {
+  if (!node.is_object()) return false;
+  const auto type = node.find("type"), children = node.find("children_spec");
+  return type != node.end() && type->is_null() && children != node.end() && children->is_array() &&
+         children->empty();
+}
+
+}  // namespace
+
+std::vector<std::string> outputNamesOfSpec(const std::string& out_spec) {
+  const auto spec = nlohmann::json::parse(out_spec, nullptr, /*allow_exceptions=*/false);
+  if (!spec.is_array() || spec.size() != 2 || spec[0] != 1 || !spec[1].is_object()) return {};
+  const nlohmann::json& root = spec[1];
+  const auto type = root.find("type"), context = root.find("context"), children = root.find("children_spec");
+  if (type == root.end() || !(*type == "builtins.dict" || *type == "collections.OrderedDict")) return {};
+  if (context == root.end() || !context->is_string() || children == root.end() || !children->is_array())
+    return {};
+  // A dict's context is its keys as a JSON list, itself a string in the spec.
+  const auto keys = nlohmann::json::parse(context->get<std::string>(), nullptr, false);
+  if (!keys.is_array() || keys.size() != children->size()) return {};
+  std::vector<std::string> names;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!keys[i].is_string() || !isLeafSpec((*children)[i])) return {};
+    names.push_back(keys[i].get<std::string>());
+  }
+  return names;
+}
 
 #if TILER_HAVE_AOTI
 
@@ -60,6 +93,7 @@ class Pt2Runtime final : public ModelRuntime {
       TILER_THROW(ModelError, "'" << path << "': not a .pt2 package that LibTorch " << TORCH_VERSION
                                   << " can run: " << firstLine(e.what()));
     }
+    output_names_ = outputNamesFromCallSpec();
     const auto metadata = loader_->get_metadata();
     const auto field = [&metadata](const char* key) {
       auto it = metadata.find(key);
@@ -162,8 +196,26 @@ class Pt2Runtime final : public ModelRuntime {
   }
 
  private:
-  // One output as a tensor, several as a tuple (--output_key picks one by index).
-  static c10::IValue pack(std::vector<torch::Tensor> outputs) {
+  // The names its call spec gives its outputs (empty: none; LibTorch's loader says [in_spec, out_spec]).
+  std::vector<std::string> outputNamesFromCallSpec() const {
+    std::vector<std::string> spec;
+    try {
+      spec = loader_->get_call_spec();
+    } catch (const std::exception& e) {
+      spdlog::debug("'{}': no call spec ({}): its outputs are picked by index", options_.path,
+                    firstLine(e.what()));
+    }
+    return spec.size() == 2 ? outputNamesOfSpec(spec[1]) : std::vector<std::string>{};
+  }
+
+  // A dict by name where the call spec names every output (--output_key and --heads take its keys, as for
+  // TorchScript); else one output as a tensor, several as a tuple (picked by index).
+  c10::IValue pack(std::vector<torch::Tensor> outputs) const {
+    if (!output_names_.empty() && output_names_.size() == outputs.size()) {
+      c10::impl::GenericDict named(c10::StringType::get(), c10::TensorType::get());
+      for (size_t k = 0; k < outputs.size(); ++k) named.insert(output_names_[k], std::move(outputs[k]));
+      return c10::IValue(std::move(named));
+    }
     if (outputs.size() == 1) return outputs.front();
     std::vector<c10::IValue> items(outputs.begin(), outputs.end());
     return c10::ivalue::Tuple::create(std::move(items));
@@ -171,9 +223,10 @@ class Pt2Runtime final : public ModelRuntime {
 
   RuntimeOptions options_;
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader_;
-  bool learns_shape_ = false;            // no tiler metadata: refusesWindow learns window, batch, channels
-  int64_t window_w_ = 0, window_h_ = 0;  // 0: dynamic
-  int64_t batch_ = 0;                    // 0: dynamic
+  std::vector<std::string> output_names_;  // from the call spec: a dict's keys, in order; empty: a tuple
+  bool learns_shape_ = false;              // no tiler metadata: refusesWindow learns window, batch, channels
+  int64_t window_w_ = 0, window_h_ = 0;    // 0: dynamic
+  int64_t batch_ = 0;                      // 0: dynamic
   int channels_ = 0;
 };
 

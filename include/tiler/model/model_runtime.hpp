@@ -5,7 +5,7 @@
 // corrupt, not a model, a package for another device, a package this LibTorch cannot run, a package without
 // the shapes tiler must know before running it and that running it in a child process did not find). A
 // runtime runs one contiguous float32 NCHW tensor on its device and returns the model's output as the model
-// gave it.
+// gave it (a package: its outputs as a tensor, a dict by name where its call spec names them, else a tuple).
 #pragma once
 
 #include <torch/script.h>
@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace tiler {
 
@@ -73,6 +74,12 @@ torch::jit::Module loadTorchScript(const std::string& path, const torch::Device&
 // The runtimes, one file each (the registry in model_runtime.cpp lists them).
 std::unique_ptr<ModelRuntime> openTorchScriptRuntime(const RuntimeOptions& options);
 std::unique_ptr<ModelRuntime> openPt2Runtime(const RuntimeOptions& options);
+// The names of an AOTInductor package's outputs, from the out_spec of its call spec (torch.utils._pytree's
+// TreeSpec JSON, protocol 1: [1, {"type": ..., "context": ..., "children_spec": [...]}]): the keys, in the
+// spec's order, of a dict (or OrderedDict) whose entries are all leaves (tensors) with string keys. Empty for
+// anything else (one tensor, a tuple or list, a nested or unknown spec, an empty or malformed string): the
+// package's outputs are then picked by index only.
+std::vector<std::string> outputNamesOfSpec(const std::string& out_spec);
 // Whether a file is an AOTInductor package: a zip whose `archive_format` entry says "pt2".
 bool isPt2Package(const std::string& path);
 // Whether a zip entry's `name` ends with `suffix` (a package's entries sit under folders of its own naming).
