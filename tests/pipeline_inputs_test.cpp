@@ -10,7 +10,6 @@
 #include "slide_util.hpp"
 #include "tiler/core/grid.hpp"
 
-// Remote inputs: URLs served by tests/range_server.py (HTTP with Range), read by byte ranges through GDAL.
 namespace tiler::e2e {
 namespace {
 
@@ -205,6 +204,8 @@ TEST_F(Pipeline, ChosenChannelsEqualAPreSlicedCopy) {
   EXPECT_EQ(bad.code, 1) << bad.output;
   EXPECT_NE(bad.output.find("--channels '2-0': range '2-0' runs backwards"), std::string::npos) << bad.output;
 }
+
+// Remote inputs: URLs served by tests/range_server.py (HTTP with Range), read by byte ranges through GDAL.
 
 std::string remoteArgs(const std::string& inputs, const std::string& model, const std::string& out) {
   return kTiler + " -i " + inputs + " -m " + model + " -o " + out +
