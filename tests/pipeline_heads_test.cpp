@@ -1,0 +1,144 @@
+// End-to-end tests of `tiler infer` on models with several heads (--heads) and outputs no task takes.
+#include "pipeline_util.hpp"
+
+#include <torch/script.h>
+
+#include <algorithm>
+#include <map>
+
+namespace tiler::e2e {
+namespace {
+
+// The bundled three-head model (samples/models/heads.pt: np, hv, tp, HoVerNet's maps) with --heads: each
+// head's files, <stem>_<head>_..., are the bytes of a run of that head alone (--output_key) with the same
+// settings, on 1, 2 and 3 ranks.
+TEST_F(Pipeline, ThreeHeadsWriteWhatEachHeadAloneWritesOnOneToThreeRanks) {
+  const std::string common = " -i " + root_ + "/images/a_large.tif -i " + root_ + "/images/d_gray16.tif -m " +
+                             TILER_TEST_SOURCE_DIR + "/samples/models/heads.pt" +
+                             " --window 128 --batch_size 4 --threads 1 --no_progress -o ";
+  const std::string heads =
+      " --save labels,probs --heads np:segment,hv,tp --head_opt np.activation=softmax --head_opt "
+      "tp.activation=sigmoid "
+      "--head_opt hv.save=probs --head_opt tp.classes=a,b,c --head_opt tp.probs_dtype=u8";
+  const std::pair<std::string, std::string> alone[] = {
+      {"np", " --output_key np --activation softmax --save labels,probs"},
+      {"hv", " --output_key hv --save probs"},
+      {"tp", " --output_key tp --activation sigmoid --classes a,b,c --probs_dtype u8 --save labels,probs"}};
+  std::map<std::string, std::string> expected;  // a head's file name -> its bytes alone
+  for (const auto& [head, flags] : alone) {
+    const std::string out = root_ + "/heads_" + head;
+    auto r = run(kTiler + common + out + flags);
+    ASSERT_EQ(r.code, 0) << r.output;
+    for (const auto& e : fs::directory_iterator(out)) {
+      const std::string name = e.path().filename().string();
+      if (e.path().extension() != ".tif") continue;
+      for (const std::string stem : {"a_large", "d_gray16"})
+        if (name.rfind(stem + "_", 0) == 0)
+          expected[stem + "_" + head + name.substr(stem.size())] = slurp(e.path().string());
+    }
+  }
+  EXPECT_EQ(expected.size(), 10u) << "np and tp: labels and probs, hv: probs; two images";
+  for (int n : {1, 2, 3}) {
+    const std::string out = root_ + "/heads_all" + std::to_string(n);
+    const std::string launch =
+        n == 1 ? kTiler : kCtrun + " --nproc_per_node " + std::to_string(n) + " --master_port 0 " + kTiler;
+    auto r = run(launch + common + out + heads);
+    ASSERT_EQ(r.code, 0) << r.output;
+    for (const auto& [name, bytes] : expected)
+      EXPECT_TRUE(slurp(out + "/" + name) == bytes) << name << " on " << n << " rank(s)";
+    int files = 0;
+    for (const auto& e : fs::directory_iterator(out)) files += e.path().extension() == ".tif";
+    EXPECT_EQ(files, 10) << n;
+    EXPECT_EQ(report(out)["task"], "np:segment,hv:segment,tp:segment");
+  }
+  // Settings that cannot hold for several heads are refused before any work, in one line.
+  auto r = run(kTiler + common + root_ + "/heads_key" + heads + " --output_key np");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("--output_key picks one output, --heads several"), std::string::npos) << r.output;
+  r = run(kTiler + common + root_ + "/heads_opt --heads np --head_opt tp.activation=none");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("no head 'tp' in --heads"), std::string::npos) << r.output;
+}
+
+// A segment head and an embed head of one encoder: a stitched map takes MONAI's grid and a vector the patch
+// lattice, so the pair is refused in one line naming both; a detect head (records) likewise.
+TEST_F(Pipeline, HeadsOfAMapAndAVectorAreRefusedNamingWhy) {
+  torch::jit::Module m("Mixed");
+  torch::manual_seed(4);
+  m.register_parameter("w", torch::randn({4, 3, 1, 1}), false);
+  m.define(R"JIT(
+def forward(self, x):
+    f = torch.conv2d(x, self.w)
+    return (f[:, 0:2], torch.mean(f, [2, 3]))
+)JIT");
+  const std::string model = root_ + "/mixed_heads.pt";
+  m.save(model);
+  const std::string args = kTiler + " -i " + root_ + "/images/c_small.png -m " + model +
+                           " --window 64 --threads 1 --no_progress -o " + root_ + "/mixed_out";
+  auto r = run(args + " --heads 0:segment,1:embed");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("--heads mixes a stitched map and one vector a window (head '0': --task segment, "
+                          "head '1': --task embed)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  EXPECT_FALSE(fs::exists(root_ + "/mixed_out/c_small_0_labels.tif"));
+  // Each head alone runs.
+  r = run(args + " --output_key 1 --task embed --save features_pt");
+  EXPECT_EQ(r.code, 0) << r.output;
+}
+
+TEST_F(Pipeline, AnOutputThatIsNeitherMapNorVectorFailsNamingItsShapeAndTheTasks) {
+  const std::string base = " -i " + root_ + "/images/c_small.png --window 64 --threads 1 --no_progress -o ";
+  struct Case {
+    std::string forward, flags, message;
+  };
+  const std::vector<Case> cases = {
+      {"    return torch.mean(f, [1])\n", "", "output [1] has 1 dimension(s)"},
+      {"    return torch.stack([f, f], 2)\n", "", "output [1, 8, 2] has 3 dimension(s)"},
+      {"    return f\n", "--task segment", "--task segment needs NCHW maps, but the output [1, 8]"},
+      {"    return f\n", "--save labels", "--save labels is an output of --task segment"},
+      {"    return f\n", "--task embed --classes a,b", "--classes names classes"},
+      {"    return f[:, :0]\n", "--task embed", "output [1, 0] is empty"},
+  };
+  int k = 0;
+  for (const auto& c : cases) {
+    const std::string model = perWindowModel(root_, "bad" + std::to_string(k), c.forward);
+    const std::string out = root_ + "/out_bad" + std::to_string(k++);
+    auto r = run(kTiler + base + out + " -m " + model + " " + c.flags);
+    EXPECT_EQ(r.code, 1) << c.forward << c.flags << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.message), std::string::npos) << c.forward << c.flags << "\n" << r.output;
+    if (c.flags.empty() && c.message.find("empty") == std::string::npos) {
+      EXPECT_NE(r.output.find("--task classify | embed"), std::string::npos) << r.output;
+    }
+    EXPECT_FALSE(fs::exists(out + "/report.json"));
+  }
+  // A directory where the model belongs says what a model directory must hold (a model card's package).
+  auto r = run(kTiler + base + root_ + "/out_bad_dir -m " + root_);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(
+      r.output.find("is a directory without rdf.yaml or bioimageio.yaml (bioimage.io), or config.json and "
+                    "torchscript_model.pt (WSInfer)"),
+      std::string::npos)
+      << r.output;
+  // --task and --save that disagree are refused before the model loads.
+  r = run(kTiler + base + root_ + "/out_bad_save --task embed --save csv -m /nonexistent.pt");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("--save csv is an output of --task classify, not of --task embed"),
+            std::string::npos)
+      << r.output;
+  // A feature size that changes between batches fails the images of that batch, clearly.
+  const std::string varying = perWindowModel(root_, "varying", "    return f.repeat(1, x.size(0))\n");
+  const std::string out = root_ + "/out_varying";
+  r = run(kTiler + " -i " + root_ + "/images/a_large.tif -m " + varying + " -o " + out +
+          " --window 64 --batch_size 4 --threads 1 --no_progress");
+  EXPECT_EQ(r.code, 2) << r.output;
+  const std::string error = (*imageEntry(report(out), "a_large.tif"))["error"];
+  EXPECT_NE(error.find("the model's output is [4, 32] for 4 windows, not [4, 8]"), std::string::npos)
+      << error;
+  EXPECT_FALSE(fs::exists(out + "/a_large.h5"));
+  EXPECT_FALSE(fs::exists(out + "/a_large.h5.partial"));
+}
+
+}  // namespace
+}  // namespace tiler::e2e

@@ -1,0 +1,444 @@
+// End-to-end tests of `tiler infer`'s per-window tasks: detect (boxes each found once), embed and classify.
+#include "pipeline_util.hpp"
+
+#include <torch/script.h>
+
+#include <array>
+#include <cmath>
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+#include <set>
+#include <sstream>
+
+#include "tiler/core/grid.hpp"
+
+namespace tiler::e2e {
+namespace {
+
+// A detector of 8x8 cells: every cell of a window is a box row (x1, y1, x2, y2, score, class), its score the
+// cell's mean where that is over a half (else 0: padding), class 1 where it is over 0.9.
+const char* kCellDetector = R"JIT(
+def forward(self, x):
+    m = torch.avg_pool2d(x.mean([1], True), [8, 8], [8, 8])[:, 0]
+    b, h, w = m.size(0), m.size(1), m.size(2)
+    ys = (torch.arange(h).float() * 8).view(1, h, 1).expand(b, h, w)
+    xs = (torch.arange(w).float() * 8).view(1, 1, w).expand(b, h, w)
+    score = torch.where(m > 0.5, m, torch.zeros_like(m))
+    cls = (m > 0.9).float()
+    return torch.stack([xs, ys, xs + 8, ys + 8, score, cls], 3).reshape(b, h * w, 6)
+)JIT";
+
+// Boxes from the CSV of a detect run: "class x1 y1 x2 y2", one each.
+std::multiset<std::string> csvBoxes(const std::string& csv) {
+  std::multiset<std::string> boxes;
+  std::istringstream in(slurp(csv));
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line, "id,class,score,x1,y1,x2,y2");
+  while (std::getline(in, line)) {
+    std::vector<std::string> f;
+    std::stringstream fields(line);
+    for (std::string v; std::getline(fields, v, ',');) f.push_back(v);
+    EXPECT_EQ(f.size(), 7u) << line;
+    if (f.size() == 7) boxes.insert(f[1] + " " + f[3] + " " + f[4] + " " + f[5] + " " + f[6]);
+  }
+  return boxes;
+}
+
+// Squares of 8x8 px on the 8 px lattice, bright (class 1) and grey (class 0), some on the windows' core
+// boundaries, some in several windows' overlap, some at the image's edges: each is found once, by the window
+// whose core holds its centre, on 1, 2 and 3 ranks alike, in every output.
+TEST_F(Pipeline, DetectionsAreEachObjectOnceWhateverTheWorldSize) {
+  const int W = 200, H = 152;
+  cv::Mat img(H, W, CV_8UC3, cv::Scalar::all(0));
+  std::multiset<std::string> want;
+  const int cells[][3] = {{0, 0, 255},   {5, 2, 160},   {6, 6, 255},   {7, 6, 255},
+                          {12, 1, 160},  {13, 12, 255}, {18, 7, 160},  {24, 3, 255},
+                          {24, 18, 160}, {0, 18, 255},  {11, 11, 255}, {19, 12, 160}};
+  for (const auto& [cx, cy, v] : cells) {
+    img(cv::Rect(cx * 8, cy * 8, 8, 8)).setTo(cv::Scalar::all(v));
+    want.insert(std::string(v == 255 ? "class_1" : "class_0") + " " + std::to_string(cx * 8) + " " +
+                std::to_string(cy * 8) + " " + std::to_string(cx * 8 + 8) + " " + std::to_string(cy * 8 + 8));
+  }
+  const std::string dir = root_ + "/detect", model = saveDetector(root_ + "/cells.pt", kCellDetector);
+  fs::create_directories(dir);
+  writeImage(dir + "/squares.tif", img, SampleType::kU8);
+  const std::string args = " -i " + dir + " -m " + model + " --task detect --window 64 --overlap 0.25 " +
+                           "--batch_size 4 --threads 1 --save objects,objects_csv,coco --no_progress -o ";
+  auto r = run(kTiler + args + root_ + "/out_detect1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(csvBoxes(root_ + "/out_detect1/squares_objects.csv"), want);
+  const auto e = *imageEntry(report(root_ + "/out_detect1"), "squares.tif");
+  EXPECT_EQ(e["objects"], int64_t(std::size(cells))) << e;
+  EXPECT_EQ(e["objects_at_window_edge"], 0) << e;
+  const auto coco = nlohmann::json::parse(slurp(root_ + "/out_detect1/squares_coco.json"));
+  EXPECT_EQ(coco["annotations"].size(), std::size(cells));
+  EXPECT_EQ(coco["images"][0]["width"], W);
+  EXPECT_EQ(coco["categories"].size(), 2u);
+  const auto geojson = nlohmann::json::parse(slurp(root_ + "/out_detect1/squares_objects.geojson"));
+  ASSERT_EQ(geojson["features"].size(), std::size(cells));
+  EXPECT_EQ(geojson["features"][0]["properties"]["objectType"], "detection");
+  if (run("command -v ogrinfo").code == 0) {
+    auto ogr = run("ogrinfo -so -al " + root_ + "/out_detect1/squares_objects.geojson");
+    EXPECT_NE(ogr.output.find("Feature Count: " + std::to_string(std::size(cells))), std::string::npos)
+        << ogr.output;
+  }
+  for (int ranks : {2, 3}) {
+    const std::string out = root_ + "/out_detect" + std::to_string(ranks);
+    r = run(kCtrun + " --nproc_per_node " + std::to_string(ranks) + " --master_port 0 " + kTiler + args +
+            out);
+    ASSERT_EQ(r.code, 0) << r.output;
+    for (const char* file : {"squares_objects.geojson", "squares_objects.csv", "squares_coco.json"})
+      EXPECT_TRUE(slurp(out + "/" + file) == slurp(root_ + "/out_detect1/" + file))
+          << ranks << " ranks: " << file;
+  }
+}
+
+// A georeferenced scene's objects are placed in its CRS in the GeoJSON (QGIS reads them there); the CSV and
+// COCO stay in level-0 pixels.
+TEST_F(Pipeline, DetectionsOfAGeoreferencedSceneAreInItsCrs) {
+  TILER_SKIP_WITHOUT_FEATURE("gdal");
+  if (run("command -v gdal_translate && command -v ogrinfo").code != 0) GTEST_SKIP() << "no gdal-bin";
+  const std::string dir = root_ + "/detect_geo";
+  fs::create_directories(dir);
+  cv::Mat img(152, 200, CV_8UC3, cv::Scalar::all(0));
+  img(cv::Rect(16, 24, 8, 8)).setTo(cv::Scalar::all(255));
+  writeImage(dir + "/plain.tif", img, SampleType::kU8);
+  // 2 m pixels in UTM zone 33N, the top-left corner at (500000, 4600000).
+  auto r = run("gdal_translate -q -a_srs EPSG:32633 -a_ullr 500000 4600000 500400 4599696 " + dir +
+               "/plain.tif " + dir + "/scene.tif && rm " + dir + "/plain.tif");
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run(kTiler + " -i " + dir + " -m " + saveDetector(root_ + "/cells_geo.pt", kCellDetector) + " -o " +
+          root_ +
+          "/out_detect_geo --task detect --window 64 --save objects,objects_csv --threads 1 --no_progress");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto geojson = nlohmann::json::parse(slurp(root_ + "/out_detect_geo/scene_objects.geojson"));
+  EXPECT_EQ(geojson["crs"]["properties"]["name"], "urn:ogc:def:crs:EPSG::32633");
+  ASSERT_EQ(geojson["features"].size(), 1u);
+  EXPECT_EQ(geojson["features"][0]["geometry"]["coordinates"][0],
+            nlohmann::json::parse("[[500032,4599952],[500048,4599952],[500048,4599936],[500032,4599936],"
+                                  "[500032,4599952]]"));
+  EXPECT_EQ(slurp(root_ + "/out_detect_geo/scene_objects.csv"),
+            "id,class,score,x1,y1,x2,y2\n1,class_1,1,16,24,24,32\n");
+  const auto ogr = run("ogrinfo -so -al " + root_ + "/out_detect_geo/scene_objects.geojson");
+  EXPECT_NE(ogr.output.find("UTM zone 33N"), std::string::npos) << ogr.output;
+}
+
+// The bundled detector (samples/models/detector.pt) over discs of known centres and radii, some in two or
+// four windows' overlap, some at the image's edge: every disc once, where it is, as big as it is.
+TEST_F(Pipeline, TheBundledDetectorFindsEachDiscOnce) {
+  const int W = 300, H = 260;
+  const std::vector<std::array<double, 3>> discs = {{40.3, 30.6, 10}, {96.5, 100.2, 14}, {160.1, 96.4, 8},
+                                                    {130, 200.5, 20}, {250.7, 40.2, 12}, {290.4, 250.6, 7},
+                                                    {8.2, 240.5, 6},  {200.6, 170.3, 16}};
+  cv::Mat img(H, W, CV_8UC3, cv::Scalar::all(40));
+  for (const auto& [x, y, r] : discs)
+    for (int py = 0; py < H; ++py)
+      for (int px = 0; px < W; ++px)
+        if (std::hypot(px + 0.5 - x, py + 0.5 - y) <= r) img.at<cv::Vec3b>(py, px) = cv::Vec3b(220, 200, 180);
+  const std::string dir = root_ + "/discs";
+  fs::create_directories(dir);
+  writeImage(dir + "/discs.tif", img, SampleType::kU8);
+  auto r =
+      run(kTiler + " -i " + dir + " -m " + TILER_TEST_SOURCE_DIR + "/samples/models/detector.pt -o " + root_ +
+          "/out_discs --task detect --window 128 --overlap 0.5 --batch_size 4 --threads 1 "
+          "--save objects_csv --no_progress");
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::istringstream csv(slurp(root_ + "/out_discs/discs_objects.csv"));
+  std::string line;
+  std::getline(csv, line);
+  std::vector<int> found(discs.size(), 0);
+  int rows = 0;
+  while (std::getline(csv, line)) {
+    ++rows;
+    std::vector<double> f;
+    std::stringstream fields(line.substr(line.find(',', line.find(',') + 1) + 1));  // score onwards
+    for (std::string v; std::getline(fields, v, ',');) f.push_back(std::stod(v));
+    ASSERT_EQ(f.size(), 5u) << line;
+    const double cx = (f[1] + f[3]) / 2, cy = (f[2] + f[4]) / 2, half = (f[3] - f[1]) / 2;
+    for (size_t k = 0; k < discs.size(); ++k)
+      if (std::hypot(cx - discs[k][0], cy - discs[k][1]) < 2.0) {
+        ++found[k];
+        EXPECT_NEAR(half, discs[k][2], 1.5) << line;
+      }
+  }
+  EXPECT_EQ(rows, int(discs.size()));
+  for (size_t k = 0; k < discs.size(); ++k) EXPECT_EQ(found[k], 1) << "disc " << k;
+}
+
+// What a detector must not give: each is a clear error, of the model (exit 1) or of the image (exit 2).
+TEST_F(Pipeline, DetectionsThatMakeNoSenseAreClearErrors) {
+  const std::string dir = root_ + "/detect_bad";
+  fs::create_directories(dir);
+  writeImage(dir + "/grey.tif", cv::Mat(96, 96, CV_8UC3, cv::Scalar::all(200)), SampleType::kU8);
+  const auto tiler = [&](const std::string& name, const std::string& forward, const std::string& extra = "") {
+    return run(kTiler + " -i " + dir + " -m " + saveDetector(root_ + "/" + name + ".pt", forward) + " -o " +
+               root_ + "/out_" + name + " --task detect --window 64 --threads 1 --no_progress" + extra);
+  };
+  const std::string body = R"JIT(
+def forward(self, x):
+    b = x.size(0)
+    w = float(x.size(3))
+    h = float(x.size(2))
+)JIT";
+  auto r =
+      tiler("det_swapped",
+            body + "    return torch.tensor([w, 0.0, 0.0, h, 1.0, 0.0]).view(1, 1, 6).expand(b, 1, 6)\n");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("x2 < x1 or y2 < y1"), std::string::npos) << r.output;
+  r = tiler(
+      "det_nan",
+      body + "    return torch.tensor([0.0, 0.0, w, h, float('nan'), 0.0]).view(1, 1, 6).expand(b, 1, 6)\n");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("grey.tif': window 0 (column 0, row 0), box 0 of 1: its score is not a number"),
+            std::string::npos)
+      << r.output;
+  r = tiler("det_five", body + "    return torch.zeros(b, 3, 5)\n");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("--task detect needs boxes [batch, N, 6]"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("the output is [1, 3, 5]"), std::string::npos) << r.output;
+  // --save objects says the task; the output shape alone never does.
+  r = run(kTiler + " -i " + dir + " -m " + root_ + "/det_five.pt -o " + root_ +
+          "/out_det_saved --save objects --window 64 --threads 1 --no_progress");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("--task detect needs boxes [batch, N, 6]"), std::string::npos) << r.output;
+  r = tiler("det_nms", body + "    return torch.zeros(b, 3, 6)\n", " --nms 1.5");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("--nms is an IoU in [0, 1) (0: none), not 1.5"), std::string::npos) << r.output;
+  r = run(kTiler + " -i " + dir + " -m " + model_ + " -o " + root_ + "/out_seg_nms --nms 0.5 --no_progress");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("--nms is for --task detect's boxes"), std::string::npos) << r.output;
+  r = tiler("det_tta", body + "    return torch.zeros(b, 3, 6)\n", " --tta flip");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("--tta is for maps and vectors"), std::string::npos) << r.output;
+  // A box as large as the window: every window keeps its own, cut where the window ends inside the image.
+  r = tiler("det_whole",
+            body + "    return torch.tensor([0.0, 0.0, w, h, 1.0, 0.0]).view(1, 1, 6).expand(b, 1, 6)\n");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("touch a window edge inside the image"), std::string::npos) << r.output;
+  const auto e = *imageEntry(report(root_ + "/out_det_whole"), "grey.tif");
+  EXPECT_GT(e["objects_at_window_edge"].get<int64_t>(), 0) << e;
+  EXPECT_EQ(e["objects"], e["windows"]) << e;
+  for (const char* name : {"out_det_swapped", "out_det_nan"})
+    EXPECT_FALSE(fs::exists(root_ + "/" + name + "/grey_objects.geojson"))
+        << name << ": nothing half-written";
+}
+
+// What a detector may give and what tiler then says: no rows at all is an answer (nothing found); a row count
+// that changes is shown as the model gave it; NaN in padding rows is no value of the image; a classifier of
+// more classes than a heatmap holds is refused before any image.
+TEST_F(Pipeline, DetectorsWithoutRowsVaryingRowsOrNaNPaddingAreTakenAsTheyAre) {
+  const std::string dir = root_ + "/detect_shapes";
+  fs::create_directories(dir);
+  writeImage(dir + "/grey.tif", cv::Mat(96, 96, CV_8UC3, cv::Scalar::all(200)), SampleType::kU8);
+  const auto tiler = [&](const std::string& name, const std::string& forward, const std::string& extra) {
+    return run(kTiler + " -i " + dir + " -m " + saveDetector(root_ + "/" + name + ".pt", forward) + " -o " +
+               root_ + "/out_" + name + " --window 64 --batch_size 4 --threads 1 --no_progress " + extra);
+  };
+  auto r = tiler("det_none", "def forward(self, x):\n    return torch.zeros(x.size(0), 0, 6)\n",
+                 "--task detect --save objects,coco");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(imageEntry(report(root_ + "/out_det_none"), "grey.tif")->value("objects", -1), 0);
+  EXPECT_EQ(nlohmann::json::parse(slurp(root_ + "/out_det_none/grey_objects.geojson"))["features"].size(),
+            0u);
+  r = tiler("det_vary", "def forward(self, x):\n    return torch.zeros(x.size(0), 3 * x.size(0), 6)\n",
+            "--task detect");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("the model's output is [4, 12, 6] for 4 windows, not [4, 3, 6]"), std::string::npos)
+      << r.output;
+  r = tiler("det_nan_padding", R"JIT(
+def forward(self, x):
+    b = x.size(0)
+    nan = float('nan')
+    rows = torch.tensor([[nan, nan, nan, nan, 0.0, nan], [0.0, 0.0, 8.0, 8.0, 1.0, 0.0]])
+    return rows.view(1, 2, 6).expand(b, 2, 6)
+)JIT",
+            "--task detect --save objects_csv");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto e = *imageEntry(report(root_ + "/out_det_nan_padding"), "grey.tif");
+  EXPECT_EQ(e.value("non_finite_values", int64_t(0)), 0) << e;
+  EXPECT_EQ(e["objects"], 1) << e;
+  r = tiler("classes_600", "def forward(self, x):\n    return torch.zeros(x.size(0), 600)\n",
+            "--task classify --save csv,heatmap");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("--save heatmap holds at most 512 classes"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(root_ + "/out_classes_600/grey.csv")) << "refused before any image";
+}
+
+TEST_F(Pipeline, EmbedWritesTheGridsFeaturesByteIdenticalForOneToThreeRanks) {
+  TILER_SKIP_WITHOUT_FEATURE("hdf5");
+  TILER_SKIP_WITHOUT_TOOL("h5dump");
+  const std::string encoder = perWindowModel(root_, "encoder", "    return f\n");
+  const std::string args = " -i " + root_ + "/images -m " + encoder +
+                           " --window 64 --batch_size 4 --threads 1 --no_progress --encoder_name tiny"
+                           " --save features,features_pt -o ";
+  const std::string ref = root_ + "/out_embed1";
+  auto r = run(kTiler + args + ref);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto rep = report(ref);
+  EXPECT_EQ(rep["task"], "embed") << "a [B, D] output without an activation is an encoder";
+  EXPECT_EQ(rep["feature_dim"], 8);
+  // No overlap by default: a_large.tif (700 x 500) in 64 px windows is 11 x 8 on TRIDENT's and CLAM's patch
+  // lattice: the last column starts at 640 and reaches past the edge (padded), so that x / 64 names a cell.
+  const WindowGrid grid(700, 500, GridSpec{64, 64, 0.0, 0.0, /*lattice=*/true});
+  EXPECT_EQ(grid.count(), 88);
+  EXPECT_EQ(grid.imageWindow(10).x, 640);
+  const std::string h5 = ref + "/a_large.h5";
+  const auto coords = test::h5dumpValues(h5, "coords");
+  ASSERT_EQ(coords.size(), size_t(2 * grid.count()));
+  for (int64_t w = 0; w < grid.count(); ++w) {
+    EXPECT_EQ(coords[size_t(2 * w)], grid.imageWindow(w).x) << w;
+    EXPECT_EQ(coords[size_t(2 * w + 1)], grid.imageWindow(w).y) << w;
+  }
+  // The features are the model's forward of each window (window 13: column 2, row 1), values / 255.
+  cv::Mat pixels;
+  cv::cvtColor(cv::imread(root_ + "/images/a_large.tif", cv::IMREAD_UNCHANGED), pixels, cv::COLOR_BGR2RGB);
+  const Rect w13 = grid.imageWindow(13);
+  cv::Mat window;
+  pixels(cv::Rect(int(w13.x), int(w13.y), 64, 64)).convertTo(window, CV_32FC3, 1.0 / 255);
+  auto x = torch::from_blob(window.data, {1, 64, 64, 3}).permute({0, 3, 1, 2}).contiguous();
+  auto module = torch::jit::load(encoder);
+  const auto expected = module.forward({x}).toTensor();
+  const auto row = test::h5dumpValues(h5, "features", "-s 13,0 -c 1,8");
+  ASSERT_EQ(row.size(), 8u);
+  for (int d = 0; d < 8; ++d) EXPECT_NEAR(row[size_t(d)], expected[0][d].item<float>(), 1e-5) << d;
+  // CLAM's pt_files/<slide>.pt beside it: the same rows as one tensor.
+  const std::string pt = slurp(ref + "/a_large.pt");
+  const auto tensor = torch::jit::pickle_load(std::vector<char>(pt.begin(), pt.end())).toTensor();
+  ASSERT_EQ(tensor.sizes(), (std::vector<int64_t>{88, 8}));
+  for (int d = 0; d < 8; ++d)
+    EXPECT_NEAR(tensor[13][d].item<float>(), expected[0][d].item<float>(), 1e-5) << d;
+  auto attrs = run("h5dump -a /coords/encoder -a /coords/patch_size " + h5);
+  EXPECT_NE(attrs.output.find("\"tiny\""), std::string::npos) << attrs.output;
+  EXPECT_NE(attrs.output.find("(0): 64"), std::string::npos) << attrs.output;
+  // CLAM's and TRIDENT's reader, where Python has h5py.
+  if (run("/usr/bin/python3 -c 'import h5py'").code == 0) {
+    auto py = run("/usr/bin/python3 -c \"import h5py; f = h5py.File('" + h5 +
+                  "', 'r'); print(f['features'][:].shape, f['features'].dtype, f['coords'][:].shape, "
+                  "f['coords'].dtype, f['coords'].attrs['name'])\"");
+    EXPECT_NE(py.output.find("(88, 8) float32 (88, 2) int64 a_large"), std::string::npos) << py.output;
+  }
+  for (int n : {2, 3}) {
+    const std::string out = root_ + "/out_embed" + std::to_string(n);
+    r = run(kCtrun + " --nproc_per_node " + std::to_string(n) + " --master_port 0 " + kTiler + args + out);
+    ASSERT_EQ(r.code, 0) << r.output;
+    int files = 0;
+    for (const auto& e : fs::directory_iterator(ref)) {
+      if (e.path().extension() != ".h5" && e.path().extension() != ".pt") continue;
+      ++files;
+      EXPECT_TRUE(slurp(e.path().string()) == slurp(out + "/" + e.path().filename().string()))
+          << e.path().filename() << " with " << n << " ranks";
+    }
+    EXPECT_EQ(files, 10);
+  }
+  // --edge shift: MONAI's grid, the last column shifted back to end at the edge.
+  const std::string shifted = root_ + "/out_embed_shift";
+  r = run(kTiler + args + shifted + " --edge shift");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(test::h5dumpValues(shifted + "/a_large.h5", "coords")[2 * 10], 700 - 64);
+  r = run(kTiler + args + root_ + "/out_embed_bad_edge --edge diagonal");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("--edge must be auto, lattice or shift"), std::string::npos) << r.output;
+  // The model is never an output: slide.png's features_pt would be the model itself, slide.pt.
+  const std::string same = root_ + "/embed_model_dir";
+  fs::create_directories(same);
+  fs::copy_file(root_ + "/images/c_small.png", same + "/slide.png");
+  fs::copy_file(encoder, same + "/slide.pt");
+  const std::string model = slurp(same + "/slide.pt");
+  r = run(kTiler + " -i " + same + "/slide.png -m " + same +
+          "/slide.pt --window 64 --threads 1 --no_progress --save features_pt --overwrite -o " + same);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("is read by this run"), std::string::npos) << r.output;
+  EXPECT_TRUE(slurp(same + "/slide.pt") == model) << "the model was overwritten";
+}
+
+TEST_F(Pipeline, ClassifyWritesCsvTilesAndHeatmapThatGdalReads) {
+  const std::string classifier =
+      perWindowModel(root_, "classifier", "    return torch.matmul(f, self.head.t())\n");
+  const std::string out = root_ + "/out_classify";
+  auto r = run(kTiler + " -i " + root_ + "/images/a_large.tif -m " + classifier + " -o " + out +
+               " --window 64 --batch_size 4 --threads 1 --no_progress --activation softmax "
+               "--classes stroma,tumor:#ff0000,fat --save csv,tiles,heatmap");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(report(out)["task"], "classify") << "softmax over a [B, K] output: a classifier";
+  EXPECT_EQ(report(out)["feature_dim"], 3);
+  std::istringstream csv(slurp(out + "/a_large.csv"));
+  std::string line;
+  std::getline(csv, line);
+  EXPECT_EQ(line, "minx,miny,width,height,prob_stroma,prob_tumor,prob_fat");
+  int rows = 0;
+  while (std::getline(csv, line)) {
+    std::replace(line.begin(), line.end(), ',', ' ');
+    std::istringstream in(line);
+    double x, y, w, h, p0, p1, p2;
+    in >> x >> y >> w >> h >> p0 >> p1 >> p2;
+    EXPECT_NEAR(p0 + p1 + p2, 1.0, 1e-5) << line;
+    EXPECT_EQ(w, 64);
+    ++rows;
+  }
+  EXPECT_EQ(rows, 88);
+  const auto tiles = nlohmann::json::parse(slurp(out + "/a_large_tiles.geojson"));
+  ASSERT_EQ(tiles["features"].size(), 88u);
+  EXPECT_EQ(tiles["features"][0]["properties"]["objectType"], "tile");
+  if (have("ogrinfo")) {
+    for (const char* file : {"a_large.csv", "a_large_tiles.geojson"}) {
+      auto info = run("ogrinfo -ro -so -al " + out + "/" + file);
+      EXPECT_NE(info.output.find("Feature Count: 88"), std::string::npos) << file << "\n" << info.output;
+    }
+  }
+  if (have("gdalinfo")) {
+    auto info = run("gdalinfo " + out + "/a_large_heatmap.tif");
+    EXPECT_NE(info.output.find("Size is 11, 8"), std::string::npos) << info.output;
+    EXPECT_NE(info.output.find("Band 3 Block"), std::string::npos) << info.output;
+    EXPECT_NE(info.output.find("NoData Value=nan"), std::string::npos) << info.output;
+    // A GeoTIFF's heatmap is georeferenced: a pixel spans a stride (64 px of 10 m), from the same origin.
+    const std::string geo = root_ + "/geo_in";
+    fs::create_directories(geo);
+    auto t = run("gdal_translate -q -a_srs EPSG:32633 -a_ullr 500000 6000000 507000 5995000 " + root_ +
+                 "/images/a_large.tif " + geo + "/scene.tif");
+    ASSERT_EQ(t.code, 0) << t.output;
+    r = run(kTiler + " -i " + geo + " -m " + classifier + " -o " + out +
+            "_geo --window 64 --threads 1 --no_progress --task classify --save heatmap");
+    ASSERT_EQ(r.code, 0) << r.output;
+    info = run("gdalinfo " + out + "_geo/scene_heatmap.tif");
+    EXPECT_NE(info.output.find("Pixel Size = (640.000000000000000,-640.000000000000000)"), std::string::npos)
+        << info.output;
+    EXPECT_NE(info.output.find("Origin = (500000.000000000000000,6000000.000000000000000)"),
+              std::string::npos)
+        << info.output;
+    EXPECT_NE(info.output.find("32633"), std::string::npos) << info.output;
+  }
+}
+
+TEST_F(Pipeline, EmbedUnderAMaskAndAtAnotherResolution) {
+  TILER_SKIP_WITHOUT_FEATURE("hdf5");
+  TILER_SKIP_WITHOUT_TOOL("h5dump");
+  const std::string encoder = perWindowModel(root_, "encoder_mask", "    return f\n");
+  // The mask keeps the left 128 columns of a_large.tif (700 x 500): 2 of 11 window columns, 8 rows.
+  cv::Mat mask(500, 700, CV_8UC1, cv::Scalar(0));
+  mask(cv::Rect(0, 0, 128, 500)).setTo(255);
+  cv::imwrite(root_ + "/mask.png", mask);
+  const std::string out = root_ + "/out_embed_mask";
+  auto r = run(kTiler + " -i " + root_ + "/images/a_large.tif -m " + encoder + " -o " + out + " --mask " +
+               root_ + "/mask.png --window 64 --threads 1 --no_progress");
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto coords = test::h5dumpValues(out + "/a_large.h5", "coords");
+  ASSERT_EQ(coords.size(), 2u * 16) << "the masked windows are absent";
+  for (size_t k = 0; k < 16; ++k) EXPECT_LT(coords[2 * k], 128) << k;
+  // At twice the source's um/px: windows of 64 processing pixels are 128 level-0 pixels apart.
+  const std::string half = root_ + "/out_embed_mpp";
+  r = run(kTiler + " -i " + root_ + "/images/a_large.tif -m " + encoder + " -o " + half +
+          " --input_mpp 0.25 --mpp 0.5 --window 64 --threads 1 --no_progress");
+  ASSERT_EQ(r.code, 0) << r.output;
+  coords = test::h5dumpValues(half + "/a_large.h5", "coords");
+  const WindowGrid grid(350, 250, GridSpec{64, 64, 0.0, 0.0, /*lattice=*/true});
+  ASSERT_EQ(coords.size(), size_t(2 * grid.count()));
+  EXPECT_EQ(coords[2], 128);
+  EXPECT_EQ(coords[2 * 5], 2 * 320) << "the last column, on the lattice past the edge";
+  auto attrs = run("h5dump -a /coords/patch_size_level0 -a /coords/mpp " + half + "/a_large.h5");
+  EXPECT_NE(attrs.output.find("(0): 128"), std::string::npos) << attrs.output;
+  EXPECT_NE(attrs.output.find("(0): 0.5"), std::string::npos) << attrs.output;
+}
+
+}  // namespace
+}  // namespace tiler::e2e
