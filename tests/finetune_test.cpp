@@ -11,13 +11,16 @@
 #include <array>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "qupath_util.hpp"
 #include "slide_util.hpp"
 #include "test_util.hpp"
+#include "tiler/core/error.hpp"
 #include "tiler/core/platform.hpp"
+#include "tiler/infer/pipeline.hpp"
 #include "tiler/io/image_io.hpp"
 
 namespace fs = std::filesystem;
@@ -315,6 +318,38 @@ TEST_F(Finetune, ItsOutputsNeverReplaceWhatTrainingReads) {
       r.output.find("--timeout must be a number of seconds > 0 and at most 2147483 (24.8 days); got 1e+308"),
       std::string::npos)
       << r.output;
+}
+
+// infer and finetune check the flags they share in one function: a value either refuses, the other refuses in
+// the same words (finetune took --threads -1 and --scale -1 that infer refused: the command line's own checks
+// hid it, a --config file or a library caller did not).
+TEST(SharedJobFlags, ABadSharedFlagIsRefusedInTheSameWordsByInferAndFinetune) {
+  const auto refusal = [](const auto& run_job) {
+    try {
+      run_job();
+    } catch (const ConfigError& e) {
+      return e.message();
+    } catch (const std::exception& e) {
+      return std::string("not a ConfigError: ") + e.what();
+    }
+    return std::string("(taken)");
+  };
+  const std::vector<std::function<void(JobOptions&)>> bad = {
+      [](JobOptions& o) { o.threads = -1; },    [](JobOptions& o) { o.scale = -1; },
+      [](JobOptions& o) { o.batch_size = 0; },  [](JobOptions& o) { o.prefetch = 0; },
+      [](JobOptions& o) { o.timeout = 1e308; }, [](JobOptions& o) { o.pad = "mirror"; },
+      [](JobOptions& o) { o.window = "64,0"; }, [](JobOptions& o) { o.channels = "0,x"; },
+  };
+  for (const auto& set : bad) {
+    InferOptions infer;
+    FinetuneOptions finetune;
+    set(infer);
+    set(finetune);
+    finetune.images_dir = finetune.labels_dir = "/no/such/dir";
+    const std::string infer_says = refusal([&] { runInfer(infer); });
+    EXPECT_NE(infer_says, "(taken)");
+    EXPECT_EQ(refusal([&] { runFinetune(finetune); }), infer_says);
+  }
 }
 
 // A checkpoint's counts are whole numbers in range: `"epoch": 1e300` said "names epoch -2147483648".

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
 #include <stdexcept>
 
 #include "ranks_util.hpp"
@@ -144,6 +145,47 @@ TEST(Session, ATimeoutPastWhatTheClocksHoldIsRefused) {
   }
   o.timeout = kMaxTimeoutSeconds;
   EXPECT_EQ(distOptionsFor(o).timeout, std::chrono::milliseconds(2147483647));
+}
+
+// The flags both jobs share are checked by one function: each bad value is refused naming its flag, and a
+// good set comes back parsed.
+TEST(Session, TheSharedJobFlagsAreParsedOnceAndABadOneIsRefusedNamingItsFlag) {
+  JobOptions good;
+  good.window = "64,32";
+  good.overlap = "0.5";
+  good.pad = "replicate";
+  good.channels = "2,0-1";
+  const JobPlan plan = planJob(good);
+  EXPECT_EQ(plan.spec.window_w, 64);
+  EXPECT_EQ(plan.spec.window_h, 32);
+  EXPECT_EQ(plan.pad, PadMode::kReplicate);
+  EXPECT_EQ(plan.channels, (std::vector<int>{2, 0, 1}));
+  struct Case {
+    std::function<void(JobOptions&)> set;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](JobOptions& o) { o.window = "0"; }, "--window: expected N or W,H with positive integers, got '0'"},
+      {[](JobOptions& o) { o.overlap = "1"; }, "--overlap must be F or FX,FY with values in [0,1); got '1'"},
+      {[](JobOptions& o) { o.pad = "mirror"; }, "--pad must be constant, reflect or replicate; got 'mirror'"},
+      {[](JobOptions& o) { o.batch_size = 0; }, "--batch_size must be >= 1"},
+      {[](JobOptions& o) { o.prefetch = 0; }, "--prefetch must be >= 1"},
+      {[](JobOptions& o) { o.timeout = 1e308; }, "--timeout must be a number of seconds > 0 and at most"},
+      {[](JobOptions& o) { o.threads = -1; }, "--threads must be >= 0 (0: LibTorch's default); got -1"},
+      {[](JobOptions& o) { o.scale = -1; },
+       "--scale must be a finite number >= 0 (0: by sample type); got -1"},
+      {[](JobOptions& o) { o.channels = "x"; }, "--channels 'x': 'x' is not a channel index"},
+  };
+  for (const Case& c : cases) {
+    JobOptions o;
+    c.set(o);
+    try {
+      planJob(o);
+      ADD_FAILURE() << c.message << ": accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(e.message().find(c.message), 0u) << e.message();
+    }
+  }
 }
 
 TEST(Session, ItsClockStartsWhenItIsMade) {

@@ -212,6 +212,18 @@ WindowBatch WindowLoader::assemble(int64_t step) {
   batch.scales = torch::ones({B}, torch::kFloat32);
   batch.slots.assign(size_t(B), WindowSlot{});
   if (options_.make_labels) batch.labels = options_.make_labels(B);
+  std::vector<std::optional<SlotRead>> reads = planReads(step, batch);
+  readPixels(reads, batch);
+  settleSlots(reads, batch);
+  // Every slot but the windows read holds zeros: padding, skips, whatever a failed read left.
+  for (int64_t j = 0; j < B; ++j)
+    if (!batch.slots[size_t(j)].ok()) batch.pixels[j].zero_();
+  batch.read_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return batch;
+}
+
+std::vector<std::optional<WindowLoader::SlotRead>> WindowLoader::planReads(int64_t step, WindowBatch& batch) {
+  const int64_t B = options_.batch_size;
   // Serial: which slots to read, with which reader (in slot order, as before_read counts them).
   std::vector<std::optional<SlotRead>> reads(static_cast<size_t>(B));
   std::map<int, std::exception_ptr> open_failures;
@@ -250,8 +262,13 @@ WindowBatch WindowLoader::assemble(int64_t step) {
       open_failures.emplace(image_id, read.error);
     }
   }
+  return reads;
+}
+
+void WindowLoader::readPixels(std::vector<std::optional<SlotRead>>& reads, WindowBatch& batch) {
+  const int64_t H = spec_.window_h, W = spec_.window_w, C = options_.input_channels;
   // Parallel: the windows' pixels, each into its own slot.
-  reads_.run(B, [&](int64_t j) {
+  reads_.run(options_.batch_size, [&](int64_t j) {
     auto& read = reads[size_t(j)];
     if (!read || read->error) return;
     const CatalogImage& img = catalog_.image(read->image_id);
@@ -268,8 +285,11 @@ WindowBatch WindowLoader::assemble(int64_t step) {
       read->error = std::current_exception();
     }
   });
+}
+
+void WindowLoader::settleSlots(std::vector<std::optional<SlotRead>>& reads, WindowBatch& batch) {
   // Serial, in slot order: an image's first failure fails it, its later slots are skipped.
-  for (int64_t j = 0; j < B; ++j) {
+  for (int64_t j = 0; j < options_.batch_size; ++j) {
     auto& read = reads[size_t(j)];
     if (!read) continue;
     const CatalogImage& img = catalog_.image(read->image_id);
@@ -290,11 +310,6 @@ WindowBatch WindowLoader::assemble(int64_t step) {
       ++batch.valid;
     }
   }
-  // Every slot but the windows read holds zeros: padding, skips, whatever a failed read left.
-  for (int64_t j = 0; j < B; ++j)
-    if (!batch.slots[size_t(j)].ok()) batch.pixels[j].zero_();
-  batch.read_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return batch;
 }
 
 }  // namespace tiler

@@ -14,6 +14,21 @@ void checkTimeout(double seconds) {
                                                                        << " (24.8 days); got " << seconds);
 }
 
+JobPlan planJob(const JobOptions& o) {
+  JobPlan p;
+  p.spec = parseGridSpec(o.window, o.overlap);
+  p.pad = parsePadMode(o.pad);
+  TILER_CHECK(o.batch_size >= 1, ConfigError, "--batch_size must be >= 1");
+  TILER_CHECK(o.prefetch >= 1, ConfigError, "--prefetch must be >= 1");
+  checkTimeout(o.timeout);
+  TILER_CHECK(o.threads >= 0, ConfigError,
+              "--threads must be >= 0 (0: LibTorch's default); got " << o.threads);
+  TILER_CHECK(std::isfinite(o.scale) && o.scale >= 0, ConfigError,
+              "--scale must be a finite number >= 0 (0: by sample type); got " << o.scale);
+  p.channels = parseChannelList(o.channels);
+  return p;
+}
+
 DistOptions distOptionsFor(const JobOptions& options) {
   checkTimeout(options.timeout);
   DistOptions d;

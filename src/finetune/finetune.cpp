@@ -820,15 +820,14 @@ int Trainer::run() {
 }
 
 void Trainer::validateOptions() {
-  spec_ = parseGridSpec(o_.window, o_.overlap);
-  parseChannelList(o_.channels);  // refused here, in one line, before anything is read
-  pad_ = parsePadMode(o_.pad);
+  // The flags infer shares (--channels too: refused here, in one line, before anything is read).
+  const JobPlan job = planJob(o_);
+  spec_ = job.spec;
+  pad_ = job.pad;
   loss_ = parseLoss(o_.loss);
-  TILER_CHECK(o_.epochs >= 1 && o_.batch_size >= 1 && o_.lr > 0, ConfigError,
-              "--epochs, --batch_size and --lr must be positive");
+  // --batch_size is planJob's; these words are the ones this check has always said.
+  TILER_CHECK(o_.epochs >= 1 && o_.lr > 0, ConfigError, "--epochs, --batch_size and --lr must be positive");
   TILER_CHECK(o_.grad_accum_steps >= 1, ConfigError, "--grad_accum_steps must be >= 1");
-  checkTimeout(o_.timeout);
-  TILER_CHECK(o_.prefetch >= 1, ConfigError, "--prefetch must be >= 1");
   TILER_CHECK(o_.val_fraction >= 0 && o_.val_fraction < 1, ConfigError, "--val_fraction must be in [0,1)");
   TILER_CHECK(o_.schedule == "constant" || o_.schedule == "cosine", ConfigError,
               "--schedule: constant or cosine");

@@ -85,8 +85,10 @@ std::vector<InferHead> plannedHeads(const InferOptions& o, const InferPlan& p) {
 
 InferPlan planInfer(InferOptions& o) {
   InferPlan p;
-  p.spec = parseGridSpec(o.window, o.overlap);
-  p.pad = parsePadMode(o.pad);
+  const JobPlan job = planJob(o);  // the flags finetune shares, checked alike
+  p.spec = job.spec;
+  p.pad = job.pad;
+  p.channels = job.channels;
   p.stitch.mode = parseBlendMode(o.blend);
   p.stitch.sigma_scale = o.sigma_scale;
   if (p.stitch.mode == BlendMode::kGaussian) gaussianImportance(4, 4, o.sigma_scale);  // validates sigma
@@ -94,18 +96,11 @@ InferPlan planInfer(InferOptions& o) {
   p.tta = parseTta(o.tta);
   TILER_CHECK(p.tta != Tta::kD4 || p.spec.window_w == p.spec.window_h, ConfigError,
               "--tta d4 rotates windows, so they must be square; got --window " << o.window);
-  TILER_CHECK(o.batch_size >= 1, ConfigError, "--batch_size must be >= 1");
-  TILER_CHECK(o.prefetch >= 1, ConfigError, "--prefetch must be >= 1");
   TILER_CHECK(
       o.read_threads >= 0, ConfigError,
       "--read_threads must be >= 0 (0: the CPUs the forward leaves, up to " << kMaxAutoReadThreads << ")");
   TILER_CHECK(o.shard_buffer >= 0, ConfigError,
               "--shard_buffer must be >= 0 (MiB; 0: one batch a rank per piece of a row)");
-  checkTimeout(o.timeout);
-  TILER_CHECK(o.threads >= 0, ConfigError,
-              "--threads must be >= 0 (0: LibTorch's default); got " << o.threads);
-  TILER_CHECK(std::isfinite(o.scale) && o.scale >= 0, ConfigError,
-              "--scale must be a finite number >= 0 (0: by sample type); got " << o.scale);
   TILER_CHECK(o.on_error == "skip" || o.on_error == "abort", ConfigError, "--on_error must be skip or abort");
   p.abort_on_error = o.on_error == "abort";
   TILER_CHECK(o.format == "tif" || o.format == "png", ConfigError, "--format must be tif or png");
@@ -129,7 +124,6 @@ InferPlan planInfer(InferOptions& o) {
   p.task = parseTask(o.task);
   if (o.save) p.save_kinds = saveKindsOf(*o.save, p.task);  // else the task's default, once it is known
   p.mask = parseMaskSpec(o.mask, o.mask_fraction, o.roi, o.roi_class);
-  p.channels = parseChannelList(o.channels);
   TILER_CHECK((o.level >= 0) + (o.mpp > 0) + (o.magnification > 0) <= 1, ConfigError,
               "--level, --mpp and --magnification choose the same thing; give at most one");
   TILER_CHECK(o.mpp >= 0 && o.magnification >= 0 && o.input_mpp >= 0, ConfigError,

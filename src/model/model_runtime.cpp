@@ -184,9 +184,51 @@ std::string lastLine(const std::exception& e) {
   return what.substr(what.rfind('\n') == std::string::npos ? 0 : what.rfind('\n') + 1);
 }
 
-// Throws unless every tensor of a run's output (one, a tuple's, a dict's) is of the batch of `b` it was
-// given.
-void requireBatchOf(const c10::IValue& out, int64_t b) {
+// What the probe's runtime writes to stderr (a package's input checks say what they expected there), sent to
+// a memory file and read back after each run.
+class ProbeStderr {
+ public:
+  ProbeStderr() {
+    const int copy = memfd_create("tiler-shape-probe", 0);
+    if (copy >= 0) dup2(copy, 2);
+  }
+  // The first line of the last input check written since the last call; empty: none.
+  std::string lastInputCheck() {
+    std::string text(size_t(std::max<off_t>(lseek(2, 0, SEEK_END) - read_to_, 0)), '\0');
+    text.resize(size_t(std::max<ssize_t>(pread(2, text.data(), text.size(), read_to_), 0)));
+    read_to_ += off_t(text.size());
+    const size_t at = text.rfind("input_handles[");
+    return at == std::string::npos ? std::string() : firstLine(text.substr(at));
+  }
+
+ private:
+  off_t read_to_ = 0;
+};
+
+// Zeros of `sizes` on `device` (on the CPU before a guard page).
+torch::Tensor probeInput(const std::vector<int64_t>& sizes, const torch::Device& device) {
+  return device.is_cpu() ? zerosBeforeAGuardPage(sizes) : torch::zeros(sizes, device);
+}
+
+// A package learns nothing safely unless it checks its input's shape: one that does not reads as many
+// values as it was compiled for, and an input of as many values in another shape ([1, 12, 32, 32] for
+// [1, 3, 64, 64]) would run, into garbage. A shape no model takes must be refused by its checks.
+bool refusesAShapeNoModelTakes(ModelRuntime& runtime, const torch::Device& device, ProbeStderr& stderr_copy) {
+  try {
+    c10::InferenceMode inference;
+    runtime.run(probeInput({1, 1, 1, 1}, device));
+  } catch (const std::exception&) {
+    return !stderr_copy.lastInputCheck().empty();
+  }
+  return false;
+}
+
+// Runs zeros of [b, c, h, w]; throws unless it runs and every output tensor (one, a tuple's, a dict's) is of
+// the batch of b.
+void runProbedShape(ModelRuntime& runtime, const torch::Device& device, int c, int64_t b, int64_t h,
+                    int64_t w) {
+  c10::InferenceMode inference;
+  const c10::IValue out = runtime.run(probeInput({b, c, h, w}, device));
   std::vector<torch::Tensor> tensors;
   if (out.isTensor()) tensors.push_back(out.toTensor());
   if (out.isTuple())
@@ -225,33 +267,10 @@ int runShapeProbe(const std::string& spec) {
     c10::OptionalDeviceGuard on_device;
     if (!options.device.is_cpu()) on_device.reset_device(options.device);
     auto runtime = openModelRuntime(options);
-    // What the runtime writes to stderr (a package's input checks say what they expected there), read back
-    // after each run.
-    const int stderr_copy = memfd_create("tiler-shape-probe", 0);
-    if (stderr_copy >= 0) dup2(stderr_copy, 2);
-    off_t read_to = 0;
-    const auto checkLine = [&] {
-      std::string text(size_t(std::max<off_t>(lseek(2, 0, SEEK_END) - read_to, 0)), '\0');
-      text.resize(size_t(std::max<ssize_t>(pread(2, text.data(), text.size(), read_to), 0)));
-      read_to += off_t(text.size());
-      const size_t at = text.rfind("input_handles[");
-      return at == std::string::npos ? std::string() : firstLine(text.substr(at));
-    };
-    // A package learns nothing safely unless it checks its input's shape: one that does not reads as many
-    // values as it was compiled for, and an input of as many values in another shape ([1, 12, 32, 32] for
-    // [1, 3, 64, 64]) would run, into garbage. A shape no model takes must be refused by its checks.
+    ProbeStderr stderr_copy;
     if (std::string(runtime->name()) == "pt2") {
       say("checking");
-      std::string checks;
-      try {
-        c10::InferenceMode inference;
-        const std::vector<int64_t> one = {1, 1, 1, 1};
-        runtime->run(options.device.is_cpu() ? zerosBeforeAGuardPage(one)
-                                             : torch::zeros(one, options.device));
-      } catch (const std::exception&) {
-        checks = checkLine();
-      }
-      if (checks.empty()) {
+      if (!refusesAShapeNoModelTakes(*runtime, options.device, stderr_copy)) {
         say("error it does not check the shape of its input (a package compiled without AOTInductor's input "
             "checks, which AOTI_RUNTIME_CHECK_INPUTS turns on): a window of another shape would run into "
             "garbage undetected");
@@ -265,15 +284,11 @@ int runShapeProbe(const std::string& spec) {
       if (passed_channels != 0 && c != passed_channels) break;
       say("try " + std::to_string(k));
       try {
-        c10::InferenceMode inference;
-        const std::vector<int64_t> sizes = {b, c, h, w};
-        const torch::Tensor x =
-            options.device.is_cpu() ? zerosBeforeAGuardPage(sizes) : torch::zeros(sizes, options.device);
-        requireBatchOf(runtime->run(x), b);
+        runProbedShape(*runtime, options.device, c, b, h, w);
         say("pass " + std::to_string(k));
         passed_channels = c;
       } catch (const std::exception& e) {
-        const std::string check = checkLine();
+        const std::string check = stderr_copy.lastInputCheck();
         say("fail " + std::to_string(k) + " " + (check.empty() ? lastLine(e) : check));
       }
     }

@@ -14,6 +14,7 @@
 #include "tiler/core/output_kinds.hpp"
 #include "tiler/core/version.hpp"
 #include "tiler/finetune/finetune.hpp"
+#include "tiler/infer/inspect.hpp"
 #include "tiler/infer/pipeline.hpp"
 #include "tiler/model/runtime_info.hpp"
 
@@ -130,23 +131,8 @@ int runCheckModelCli(int argc, char** argv) {
   return tiler::tools::checkModel(card, device);
 }
 
-int runInferCli(int argc, char** argv) {
-  tiler::InferOptions o;
-  CLI::App app{
-      "tiler: run a TorchScript model over large images in overlapping windows and stitch the result"};
-  app.footer(
-      "Commands:\n"
-      "  tiler [infer] [FLAGS]               run a model over images (the default; the flags above)\n"
-      "  tiler finetune --images I --labels L  train a model on tiles of image/label pairs\n"
-      "  tiler info IMAGE...                 what tiler sees: size, type, levels, grid, mask\n"
-      "  tiler overlay IMAGE LABELS OUT.png  a colour overlay of a result, with grid and mask\n"
-      "  tiler check-model CARD              reproduce a bioimage.io package's test tensors\n"
-      "  tiler version                       versions, CUDA/NCCL, where the bundled samples are\n"
-      "Run 'tiler COMMAND --help' for a command's flags.");
-  app.set_config(flagNames("--config"), "", "TOML/INI file with any of these flags");
-  app.add_option(flagNames("-i,--input"), o.inputs, "files or directories (default: the bundled samples)");
-  app.add_option(flagNames("-o,--output"), o.output_dir, "output directory")->capture_default_str();
-  addJobFlags(app, o);
+// infer's flags, in --help's order: how windows are padded, blended and activated (after the shared flags).
+void addWindowFlags(CLI::App& app, tiler::InferOptions& o) {
   app.add_option(flagNames("--cval"), o.cval, "value for constant padding")
       ->capture_default_str()
       ->check(finiteNumber());
@@ -159,7 +145,11 @@ int runInferCli(int argc, char** argv) {
          flagNames("--tta"), o.tta,
          "none | flip | d4: also run each window mirrored (d4: rotated too, square windows), averaged")
       ->capture_default_str();
-  std::string save;
+}
+
+// What infer writes and for which task: --save (into `save`; the option returned, to tell whether it was
+// given), --task, --heads, formats, --resume and --report.
+CLI::Option* addOutputFlags(CLI::App& app, tiler::InferOptions& o, std::string& save) {
   auto* save_option = app.add_option(flagNames("--save"), save, tiler::saveHelpText());
   app.add_option(flagNames("--task"), o.task,
                  "auto | segment | classify | embed | detect | instances (auto: NCHW output segment; [B,D] "
@@ -190,6 +180,12 @@ int runInferCli(int argc, char** argv) {
   app.add_flag(flagNames("--overwrite"), o.overwrite, "redo images whose outputs exist");
   app.add_option(flagNames("--on_error"), o.on_error, "skip | abort")->capture_default_str();
   app.add_option(flagNames("--report"), o.report, "report JSON (default: <output>/report.json)");
+  return save_option;
+}
+
+// Where infer looks (--mask, --roi, the resolution), then --pyramid, --simplify, --classes, --recursive,
+// --output_key and --jit_optimize, as --help lists them.
+void addRegionFlags(CLI::App& app, tiler::InferOptions& o) {
   app.add_option(flagNames("--mask"), o.mask,
                  "none | auto (tissue, nodata or alpha) | PATH (non-zero: process)")
       ->capture_default_str();
@@ -210,6 +206,10 @@ int runInferCli(int argc, char** argv) {
   app.add_flag(flagNames("--recursive"), o.recursive, "walk input directories recursively");
   app.add_option(flagNames("--output_key"), o.output_key, "dict key or tuple index of the model's output");
   app.add_flag(flagNames("--jit_optimize"), o.jit_optimize, "freeze + optimize_for_inference");
+}
+
+// How infer's stages share the machine: read-ahead, replicas, threads, buffers, where it stitches.
+void addThroughputFlags(CLI::App& app, tiler::InferOptions& o) {
   app.add_option(flagNames("--prefetch"), o.prefetch, "batches read ahead")
       ->capture_default_str()
       ->check(positiveNumber());
@@ -241,6 +241,30 @@ int runInferCli(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag(flagNames("--no_shared_memory"), o.no_shared_memory,
                "ranks of one host gather predictions through gloo's sockets, not shared memory");
+}
+
+int runInferCli(int argc, char** argv) {
+  tiler::InferOptions o;
+  CLI::App app{
+      "tiler: run a TorchScript model over large images in overlapping windows and stitch the result"};
+  app.footer(
+      "Commands:\n"
+      "  tiler [infer] [FLAGS]               run a model over images (the default; the flags above)\n"
+      "  tiler finetune --images I --labels L  train a model on tiles of image/label pairs\n"
+      "  tiler info IMAGE...                 what tiler sees: size, type, levels, grid, mask\n"
+      "  tiler overlay IMAGE LABELS OUT.png  a colour overlay of a result, with grid and mask\n"
+      "  tiler check-model CARD              reproduce a bioimage.io package's test tensors\n"
+      "  tiler version                       versions, CUDA/NCCL, where the bundled samples are\n"
+      "Run 'tiler COMMAND --help' for a command's flags.");
+  app.set_config(flagNames("--config"), "", "TOML/INI file with any of these flags");
+  app.add_option(flagNames("-i,--input"), o.inputs, "files or directories (default: the bundled samples)");
+  app.add_option(flagNames("-o,--output"), o.output_dir, "output directory")->capture_default_str();
+  addJobFlags(app, o);
+  addWindowFlags(app, o);
+  std::string save;
+  CLI::Option* save_option = addOutputFlags(app, o, save);
+  addRegionFlags(app, o);
+  addThroughputFlags(app, o);
   if (const int code = tiler::parseCommandLine(app, argc, argv, "tiler"); code >= 0) return code;
   if (save_option->count() > 0) o.save = save;
   o.overlap_given = app.count("--overlap") > 0;
@@ -249,7 +273,7 @@ int runInferCli(int argc, char** argv) {
 }
 
 int runInfoCli(int argc, char** argv) {
-  tiler::tools::InfoOptions o;
+  tiler::InfoOptions o;
   CLI::App app{"tiler info: what tiler sees in each image, the window grid and the mask"};
   app.add_option("images", o.paths, "image files or directories")->required();
   app.add_option(flagNames("--window"), o.window, "show the grid for this window (N or W,H)");
@@ -265,7 +289,7 @@ int runInfoCli(int argc, char** argv) {
   addResolutionFlags(app, o.resolution.level, o.resolution.mpp, o.resolution.magnification,
                      o.resolution.input_mpp);
   if (const int code = tiler::parseCommandLine(app, argc, argv, "tiler info"); code >= 0) return code;
-  return tiler::tools::runInfo(o);
+  return tiler::runInfo(o);
 }
 
 int runOverlayCli(int argc, char** argv) {
@@ -288,7 +312,7 @@ int runOverlayCli(int argc, char** argv) {
   const tiler::MaskSpec mask_spec = tiler::parseMaskSpec(mask, 0.05);
   tiler::GridSpec spec;
   if (!window.empty()) spec = tiler::parseGridSpec(window, overlap);
-  tiler::tools::writeOverlay(image, labels, out, max_side, window.empty() ? nullptr : &spec, &mask_spec);
+  tiler::writeOverlay(image, labels, out, max_side, window.empty() ? nullptr : &spec, &mask_spec);
   return 0;
 }
 

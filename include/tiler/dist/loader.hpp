@@ -213,6 +213,12 @@ class WindowLoader {
     std::shared_ptr<ImageReader> reader;
     std::exception_ptr error;
   };
+  // assemble's passes over a batch's slots: which to read and with which reader (serial, in slot order, as
+  // before_read counts them), their pixels (in parallel, each into its own slot), each slot's status (serial:
+  // an image's first failure fails it, its later slots are skipped).
+  std::vector<std::optional<SlotRead>> planReads(int64_t step, WindowBatch& batch);
+  void readPixels(std::vector<std::optional<SlotRead>>& reads, WindowBatch& batch);
+  void settleSlots(std::vector<std::optional<SlotRead>>& reads, WindowBatch& batch);
 
   const WindowCatalog& catalog_;
   GridSpec spec_;

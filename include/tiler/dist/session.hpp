@@ -10,11 +10,14 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "tiler/core/grid.hpp"
 #include "tiler/core/job_options.hpp"
 #include "tiler/core/platform.hpp"
 #include "tiler/dist/dist.hpp"
 #include "tiler/dist/exchange.hpp"
+#include "tiler/dist/loader.hpp"
 
 namespace tiler {
 
@@ -27,6 +30,18 @@ DistOptions distOptionsFor(const JobOptions& options);
 constexpr double kMaxTimeoutSeconds = 2147483.647;
 // A ConfigError unless `seconds` (--timeout) is a number in (0, kMaxTimeoutSeconds].
 void checkTimeout(double seconds);
+
+// The flags both jobs share, parsed and checked by the one function infer's plan and finetune both call
+// first, so that either refuses a value in the same words: a ConfigError naming the flag for --window,
+// --overlap, --pad, --batch_size, --prefetch, --timeout, --threads, --scale or --channels. (--device,
+// --precision and --backend are checked where they are resolved, modelOptionsFor's runner and
+// distOptionsFor's process group, for both jobs alike.)
+struct JobPlan {
+  GridSpec spec;  // --window, --overlap
+  PadMode pad = PadMode::kConstant;
+  std::vector<int> channels;  // --channels; empty: all, in order
+};
+JobPlan planJob(const JobOptions& options);
 
 class RankSession {
  public:
