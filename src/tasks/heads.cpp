@@ -3,7 +3,7 @@
 #include <sstream>
 
 #include "tiler/core/error.hpp"
-#include "tiler/core/output_kinds.hpp"
+#include "tiler/tasks/registry.hpp"
 
 namespace tiler {
 namespace {
@@ -54,7 +54,7 @@ std::vector<HeadSpec> parseHeads(const std::string& heads, const std::vector<std
     const size_t colon = part.find(':');
     spec.name = part.substr(0, colon);
     TILER_CHECK(!spec.name.empty() && spec.name.find_first_of("/.=") == std::string::npos, ConfigError, bad);
-    if (colon != std::string::npos) spec.task = parseTask(part.substr(colon + 1));
+    if (colon != std::string::npos) spec.task = findTask(part.substr(colon + 1));
     for (const HeadSpec& other : specs)
       TILER_CHECK(other.name != spec.name, ConfigError, "--heads names '" << spec.name << "' twice");
     specs.push_back(spec);

@@ -11,11 +11,11 @@
 #include "tiler/core/cli.hpp"
 #include "tiler/core/error.hpp"
 #include "tiler/core/model_card.hpp"
-#include "tiler/core/output_kinds.hpp"
 #include "tiler/core/version.hpp"
 #include "tiler/finetune/finetune.hpp"
 #include "tiler/infer/pipeline.hpp"
 #include "tiler/model/runtime_info.hpp"
+#include "tiler/tasks/registry.hpp"
 
 namespace {
 
@@ -161,10 +161,12 @@ int runInferCli(int argc, char** argv) {
       ->capture_default_str();
   std::string save;
   auto* save_option = app.add_option(flagNames("--save"), save, tiler::saveHelpText());
-  app.add_option(flagNames("--task"), o.task,
-                 "auto | segment | classify | embed | detect | instances (auto: NCHW output segment; [B,D] "
-                 "classify with --activation softmax|sigmoid or --classes, else embed; detect and instances "
-                 "only when named or saved: boxes [B,N,6], instance ids [B,1+K,h,w])")
+  app.add_option(
+         flagNames("--task"), o.task,
+         tiler::taskWordsText() +
+             " (auto: NCHW output segment; [B,D] "
+             "classify with --activation softmax|sigmoid or --classes, else embed; detect and instances "
+             "only when named or saved: boxes [B,N,6], instance ids [B,1+K,h,w])")
       ->capture_default_str();
   app.add_option(flagNames("--edge"), o.edge,
                  "auto | lattice | shift: the last windows on whole strides past the edge (lattice, as "
