@@ -203,7 +203,8 @@ def forward(self, x):
 )JIT"),
                    "output [1, 32, 32] has 3 dimension(s); tiler takes NCHW maps (--task segment), one "
                    "vector per window, [batch, D] (--task classify | embed), boxes, [batch, N, 6] (--task "
-                   "detect) or instance maps, [batch, 1 + K, h, w] (--task instances)");
+                   "detect), instance maps, [batch, 1 + K, h, w] (--task instances) or regression maps, NCHW "
+                   "(--task regress)");
   expectModelError(saveModule("odd_size", 3, 2, R"JIT(
 def forward(self, x):
     return torch.conv2d(x, self.w, self.b)[:, :, :10, :10]

@@ -22,17 +22,18 @@ TEST(Tasks, EveryTaskHasOneRowWithItsOutputKinds) {
     for (const std::string& kind : task->outputKinds()) EXPECT_NE(findOutputKind(kind), nullptr) << kind;
     for (const std::string& kind : task->defaultKinds()) EXPECT_TRUE(task->writes(kind)) << kind;
   }
-  EXPECT_EQ(seen, (std::vector<std::string>{"segment", "classify", "embed", "detect", "instances"}));
+  EXPECT_EQ(seen,
+            (std::vector<std::string>{"segment", "classify", "embed", "detect", "instances", "regress"}));
   EXPECT_EQ(findTask("auto"), nullptr);
   EXPECT_STREQ(taskName(nullptr), "auto");
-  EXPECT_EQ(taskWordsText(), "auto | segment | classify | embed | detect | instances");
+  EXPECT_EQ(taskWordsText(), "auto | segment | classify | embed | detect | instances | regress");
   for (const char* bad : {"instance", "", "Segment"}) {
     try {
       findTask(bad);
       FAIL() << bad;
     } catch (const ConfigError& e) {
       EXPECT_EQ(e.message(),
-                std::string("--task must be auto, segment, classify, embed, detect or instances; "
+                std::string("--task must be auto, segment, classify, embed, detect, instances or regress; "
                             "got '") +
                     bad + "'");
     }
@@ -75,16 +76,15 @@ TEST(Tasks, EachTaskNamesItsOutputKindsAndDefaults) {
 
 // --save's help and refusals are made from the tasks' rows: a new task or kind shows in both.
 TEST(Tasks, SaveHelpAndRefusalsListEveryTasksKinds) {
-  EXPECT_EQ(
-      saveKindsText(),
-      "labels, probs, polygons and zarr (segment), features and features_pt (embed), csv, tiles and "
-      "heatmap (classify), objects, objects_csv and coco (detect), or objects, objects_csv and instances "
-      "(instances)");
-  EXPECT_EQ(
-      saveHelpText(),
-      "comma-separated: labels, probs, polygons, zarr (segment; default labels), features, features_pt "
-      "(embed; default features), csv, tiles, heatmap (classify; default csv,tiles), objects, objects_csv, "
-      "coco (detect; default objects), objects, objects_csv, instances (instances; default objects)");
+  EXPECT_EQ(saveKindsText(),
+            "labels, probs, polygons and zarr (segment), probs and zarr (regress), features and features_pt "
+            "(embed), csv, tiles and heatmap (classify), objects, objects_csv and coco (detect), or objects, "
+            "objects_csv and instances (instances)");
+  EXPECT_EQ(saveHelpText(),
+            "comma-separated: labels, probs, polygons, zarr (segment; default labels), probs, zarr (regress; "
+            "default probs), features, features_pt (embed; default features), csv, tiles, heatmap (classify; "
+            "default csv,tiles), objects, objects_csv, "
+            "coco (detect; default objects), objects, objects_csv, instances (instances; default objects)");
 }
 
 TEST(Tasks, AutoAsksTheRowsInOrderAndRefusalsListEveryTasksShape) {
@@ -98,8 +98,8 @@ TEST(Tasks, AutoAsksTheRowsInOrderAndRefusalsListEveryTasksShape) {
   EXPECT_FALSE(findTask("detect")->claimedByShape());
   EXPECT_EQ(taskChoicesText(),
             "tiler takes NCHW maps (--task segment), one vector per window, [batch, D] (--task classify | "
-            "embed), boxes, [batch, N, 6] (--task detect) or instance maps, [batch, 1 + K, h, w] (--task "
-            "instances)");
+            "embed), boxes, [batch, N, 6] (--task detect), instance maps, [batch, 1 + K, h, w] (--task "
+            "instances) or regression maps, NCHW (--task regress)");
   try {
     resolveTask(findTask("embed"), {1, 2, 8, 8}, none, false, "m.pt");
     FAIL();
@@ -110,6 +110,62 @@ TEST(Tasks, AutoAsksTheRowsInOrderAndRefusalsListEveryTasksShape) {
         std::string::npos)
         << e.message();
   }
+}
+
+// regress: a map stitched as segment's, written as its values (probs, zarr); never what auto picks, and
+// refused in one line for what would misread its values (u8, an activation, classes, labels).
+TEST(Tasks, RegressWritesValuesAndRefusesWhatWouldMisreadThem) {
+  const Task* regress = findTask("regress");
+  ASSERT_NE(regress, nullptr);
+  EXPECT_EQ(regress->defaultKinds(), std::vector<std::string>{"probs"});
+  EXPECT_TRUE(regress->writes("zarr"));
+  EXPECT_FALSE(regress->writes("labels"));
+  EXPECT_FALSE(regress->writes("polygons"));
+  EXPECT_TRUE(regress->stitches());
+  EXPECT_FALSE(regress->perWindow());
+  EXPECT_EQ(taskOfOutputKind("probs"), findTask("segment")) << "--save probs alone says segment";
+  for (bool activated : {false, true})
+    EXPECT_EQ(
+        &resolveTask(nullptr, {1, 2, 8, 8}, activated ? Activation::kSigmoid : Activation::kNone, false, "m"),
+        findTask("segment"));
+  EXPECT_EQ(&resolveTask(regress, {1, 2, 8, 8}, Activation::kNone, false, "m"), regress);
+  EXPECT_THROW(resolveTask(regress, {1, 2}, Activation::kNone, false, "m"), ModelError);
+  ModelProbe probe;
+  probe.task = regress;
+  probe.output_channels = 2;
+  TaskFlags flags;
+  flags.model = "hv.pt";
+  flags.kinds = {"probs", "zarr"};
+  GridSpec spec;
+  regress->settle(probe, flags, spec);  // f32, no activation: taken
+  flags.probs_type = SampleType::kF16;
+  regress->settle(probe, flags, spec);
+  const auto refusal = [&](TaskFlags bad) {
+    try {
+      regress->settle(probe, bad, spec);
+    } catch (const ConfigError& e) {
+      return e.message();
+    }
+    return std::string("no error");
+  };
+  TaskFlags u8 = flags;
+  u8.probs_type = SampleType::kU8;
+  EXPECT_EQ(
+      refusal(u8),
+      "--probs_dtype u8 stores values in [0, 1] as round(v x 255), but --task regress's values are not in "
+      "[0, 1]: save f32 or f16");
+  TaskFlags sigmoid = flags;
+  sigmoid.activation = Activation::kSigmoid;
+  sigmoid.activation_name = "sigmoid";
+  EXPECT_EQ(
+      refusal(sigmoid),
+      "--activation sigmoid is for class scores; --task regress takes a regression map as the model gave it");
+  TaskFlags labels = flags;
+  labels.kinds = {"labels"};
+  EXPECT_NE(refusal(labels).find("(--task regress)"), std::string::npos) << refusal(labels);
+  TaskFlags classes = flags;
+  classes.classes = parseClasses("h,v");
+  EXPECT_NE(refusal(classes).find("--task regress's maps are values"), std::string::npos);
 }
 
 TEST(Tasks, HeadsAndTheirOwnFlagsAreParsed) {

@@ -11,10 +11,12 @@
 
 namespace tiler {
 
+const Task& regressTask();  // tasks/regress.cpp (no header: only its row names it)
+
 const std::vector<const Task*>& allTasks() {
   // A new task: its file in tasks/ and its row here.
-  static const std::vector<const Task*> tasks = {&segmentTask(), &classifyTask(), &embedTask(), &detectTask(),
-                                                 &instancesTask()};
+  static const std::vector<const Task*> tasks = {&segmentTask(), &classifyTask(),  &embedTask(),
+                                                 &detectTask(),  &instancesTask(), &regressTask()};
   return tasks;
 }
 
