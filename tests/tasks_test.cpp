@@ -194,6 +194,21 @@ TEST(Tasks, HeadsAndTheirOwnFlagsAreParsed) {
       {"np", {"np.activation"}},
       {"np", {"np.save=labels", "np.save=probs"}}};
   for (const auto& [names, options] : bad) EXPECT_THROW(parseHeads(names, options), ConfigError) << names;
+  // The tasks a head can be are the registry's whose windows send their predictions.
+  try {
+    parseHeads("np:boxes", {});
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.message(),
+              "--task must be auto, segment, classify, embed, detect, instances or regress; got 'boxes'");
+  }
+  try {
+    parseHeads("np,", {});
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(
+        e.message(),
+        "--heads takes NAME[:TASK],... (NAME: a dict key or a tuple index; TASK: segment, classify, embed "
+        "or regress); got 'np,'");
+  }
   try {
     parseHeads("np", {"np.colour=red"});
   } catch (const ConfigError& e) {

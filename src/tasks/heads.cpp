@@ -34,6 +34,18 @@ void applyHeadOption(std::vector<HeadSpec>& heads, const std::string& option) {
   *field = value;
 }
 
+// "segment, classify or embed": the tasks a head can be, those whose windows send their predictions (a task
+// whose windows send records runs alone), in the registry's order.
+std::string headTaskWords() {
+  std::vector<std::string> names;
+  for (const Task* t : allTasks())
+    if (t->recordMaker(TaskOutputs{}) == nullptr) names.push_back(t->name());
+  std::string text;
+  for (size_t i = 0; i < names.size(); ++i)
+    text += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return text;
+}
+
 }  // namespace
 
 std::vector<HeadSpec> parseHeads(const std::string& heads, const std::vector<std::string>& options) {
@@ -43,9 +55,8 @@ std::vector<HeadSpec> parseHeads(const std::string& heads, const std::vector<std
     return specs;
   }
   const std::string bad =
-      "--heads takes NAME[:TASK],... (NAME: a dict key or a tuple index; TASK: segment, "
-      "classify or embed); got '" +
-      heads + "'";
+      "--heads takes NAME[:TASK],... (NAME: a dict key or a tuple index; TASK: " + headTaskWords() +
+      "); got '" + heads + "'";
   TILER_CHECK(heads.back() != ',', ConfigError, bad);
   std::stringstream parts(heads);
   std::string part;
