@@ -93,25 +93,32 @@ TEST(Model, ProbeFindsChannelsAndScale) {
 TEST(Model, TheOutputShapeAndTaskDecideWhatAModelIs) {
   const auto none = Activation::kNone, softmax = Activation::kSoftmax;
   const std::vector<int64_t> map = {1, 2, 32, 32}, vector = {1, 7}, pooled = {1, 7, 1, 1};
-  EXPECT_EQ(resolveTask(ModelTask::kAuto, map, none, false, "m"), ModelTask::kSegment);
-  EXPECT_EQ(resolveTask(ModelTask::kAuto, vector, none, false, "m"), ModelTask::kEmbed);
-  EXPECT_EQ(resolveTask(ModelTask::kAuto, vector, softmax, false, "m"), ModelTask::kClassify);
-  EXPECT_EQ(resolveTask(ModelTask::kAuto, vector, Activation::kSigmoid, false, "m"), ModelTask::kClassify);
-  EXPECT_EQ(resolveTask(ModelTask::kAuto, vector, none, true, "m"), ModelTask::kClassify) << "--classes";
-  EXPECT_EQ(resolveTask(ModelTask::kClassify, vector, none, false, "m"), ModelTask::kClassify);
-  EXPECT_EQ(resolveTask(ModelTask::kEmbed, vector, softmax, false, "m"), ModelTask::kEmbed);
-  EXPECT_EQ(resolveTask(ModelTask::kEmbed, pooled, none, false, "m"), ModelTask::kEmbed);
-  EXPECT_EQ(resolveTask(ModelTask::kAuto, pooled, none, false, "m"), ModelTask::kSegment)
+  EXPECT_EQ(&resolveTask(nullptr, map, none, false, "m"), findTask("segment"));
+  EXPECT_EQ(&resolveTask(nullptr, vector, none, false, "m"), findTask("embed"));
+  EXPECT_EQ(&resolveTask(nullptr, vector, softmax, false, "m"), findTask("classify"));
+  EXPECT_EQ(&resolveTask(nullptr, vector, Activation::kSigmoid, false, "m"), findTask("classify"));
+  EXPECT_EQ(&resolveTask(nullptr, vector, none, true, "m"), findTask("classify")) << "--classes";
+  EXPECT_EQ(&resolveTask(findTask("classify"), vector, none, false, "m"), findTask("classify"));
+  EXPECT_EQ(&resolveTask(findTask("embed"), vector, softmax, false, "m"), findTask("embed"));
+  EXPECT_EQ(&resolveTask(findTask("embed"), pooled, none, false, "m"), findTask("embed"));
+  EXPECT_EQ(&resolveTask(nullptr, pooled, none, false, "m"), findTask("segment"))
       << "a 1x1 map of a window is a valid segmentation at 1/window scale unless a task says otherwise";
-  EXPECT_THROW(resolveTask(ModelTask::kSegment, vector, none, false, "m"), ModelError);
-  EXPECT_THROW(resolveTask(ModelTask::kEmbed, map, none, false, "m"), ModelError);
+  EXPECT_THROW(resolveTask(findTask("segment"), vector, none, false, "m"), ModelError);
+  EXPECT_THROW(resolveTask(findTask("embed"), map, none, false, "m"), ModelError);
   // A detector's [1, N, 6], N = 0 included: a window where it found nothing.
-  EXPECT_EQ(resolveTask(ModelTask::kDetect, {1, 5, 6}, none, false, "m"), ModelTask::kDetect);
-  EXPECT_EQ(resolveTask(ModelTask::kDetect, {1, 0, 6}, none, false, "m"), ModelTask::kDetect);
-  EXPECT_THROW(resolveTask(ModelTask::kDetect, {1, 5, 5}, none, false, "m"), ModelError);
+  EXPECT_EQ(&resolveTask(findTask("detect"), {1, 5, 6}, none, false, "m"), findTask("detect"));
+  EXPECT_EQ(&resolveTask(findTask("detect"), {1, 0, 6}, none, false, "m"), findTask("detect"));
+  EXPECT_THROW(resolveTask(findTask("detect"), {1, 5, 5}, none, false, "m"), ModelError);
   for (const auto& bad : std::vector<std::vector<int64_t>>{{}, {1}, {1, 7, 3}, {1, 2, 3, 4, 5}})
-    for (ModelTask task : {ModelTask::kAuto, ModelTask::kEmbed, ModelTask::kClassify})
+    for (const Task* task : {static_cast<const Task*>(nullptr), findTask("embed"), findTask("classify")})
       EXPECT_THROW(resolveTask(task, bad, none, false, "m"), ModelError) << bad.size();
+}
+
+// A one-channel map's label threshold follows the activation: sigmoid probabilities at 0.5, logits at 0.
+TEST(Model, TheLabelThresholdFollowsTheActivation) {
+  EXPECT_EQ(labelThreshold(Activation::kSigmoid), 0.5f);
+  EXPECT_EQ(labelThreshold(Activation::kNone), 0.0f);
+  EXPECT_EQ(labelThreshold(Activation::kSoftmax), 0.0f);
 }
 
 TEST(Model, APooledClassifierIsFlattenedAndItsFlipsAveragedAsTheyAre) {
@@ -121,10 +128,10 @@ def forward(self, x):
     return torch.conv2d(torch.mean(x * torch.arange(x.size(3), dtype=x.dtype), [2, 3], True), self.w, self.b)
 )JIT");
   auto o = cpuOptions(pooled);
-  o.task = ModelTask::kClassify;
+  o.task = findTask("classify");
   ModelRunner r(o);
   const auto& p = r.probe(8, 8);
-  EXPECT_EQ(p.task, ModelTask::kClassify);
+  EXPECT_EQ(p.task, findTask("classify"));
   EXPECT_EQ(p.output_channels, 2);
   auto x = torch::rand({3, 3, 8, 8});
   auto plain = r.forward(x, torch::ones({3}));
@@ -224,7 +231,8 @@ def forward(self, x):
 )JIT"),
                    "output [1, 32, 32] has 3 dimension(s); tiler takes NCHW maps (--task segment), one "
                    "vector per window, [batch, D] (--task classify | embed), boxes, [batch, N, 6] (--task "
-                   "detect) or instance maps, [batch, 1 + K, h, w] (--task instances)");
+                   "detect), instance maps, [batch, 1 + K, h, w] (--task instances) or regression maps, NCHW "
+                   "(--task regress)");
   expectModelError(saveModule("odd_size", 3, 2, R"JIT(
 def forward(self, x):
     return torch.conv2d(x, self.w, self.b)[:, :, :10, :10]
@@ -365,14 +373,14 @@ def forward(self, x):
   for (Tta tta : {Tta::kNone, Tta::kD4}) {
     ModelOptions o = cpuOptions(path);
     o.tta = tta;
-    o.heads = {{"np", "np", ModelTask::kSegment, Activation::kSoftmax, false},
-               {"hv", "hv", ModelTask::kAuto, Activation::kNone, false},
-               {"v", "v", ModelTask::kClassify, Activation::kSigmoid, false}};
+    o.heads = {{"np", "np", findTask("segment"), Activation::kSoftmax, false},
+               {"hv", "hv", nullptr, Activation::kNone, false},
+               {"v", "v", findTask("classify"), Activation::kSigmoid, false}};
     ModelRunner heads(o);
     heads.probe(8, 8);
     ASSERT_EQ(heads.headProbes().size(), 3u);
-    EXPECT_EQ(heads.headProbes()[1].task, ModelTask::kSegment) << "a map without a task named: segment";
-    EXPECT_EQ(heads.headProbes()[2].task, ModelTask::kClassify);
+    EXPECT_EQ(heads.headProbes()[1].task, findTask("segment")) << "a map without a task named: segment";
+    EXPECT_EQ(heads.headProbes()[2].task, findTask("classify"));
     const double before = heads.module().attr("calls").toTensor().item<double>();
     const auto packed = heads.forward(x, scales);
     EXPECT_EQ(heads.module().attr("calls").toTensor().item<double>() - before, 1.0) << "one forward";
@@ -394,14 +402,13 @@ def forward(self, x):
   }
   // One head of several outputs is a row a window too, as the job's prediction size says.
   ModelOptions one = cpuOptions(path);
-  one.heads = {{"hv", "hv", ModelTask::kSegment, Activation::kNone, false}};
+  one.heads = {{"hv", "hv", findTask("segment"), Activation::kNone, false}};
   ModelRunner single(one);
   single.probe(8, 8);
   EXPECT_EQ(single.forward(x, scales).sizes(), torch::IntArrayRef({3, 2 * 64}));
   // A head whose output is no tensor is named.
   ModelOptions o = cpuOptions(path);
-  o.heads = {{"np", "np", ModelTask::kAuto, Activation::kNone, false},
-             {"x", "x", ModelTask::kAuto, Activation::kNone, false}};
+  o.heads = {{"np", "np", nullptr, Activation::kNone, false}, {"x", "x", nullptr, Activation::kNone, false}};
   ModelRunner bad(o);
   try {
     bad.probe(8, 8);
@@ -1115,9 +1122,9 @@ TEST_F(ModelPt2, AnEncoderPackageGivesItsTorchScriptsFeatures) {
   if (encoder.empty()) GTEST_SKIP() << why;
   ModelOptions o = options(encoder),
                s = options(std::string(TILER_TEST_SOURCE_DIR) + "/samples/models/encoder.pt");
-  o.task = s.task = ModelTask::kAuto;
+  o.task = s.task = nullptr;
   ModelRunner package(o), script(s);
-  EXPECT_EQ(package.probe(64, 64).task, ModelTask::kEmbed);
+  EXPECT_EQ(package.probe(64, 64).task, findTask("embed"));
   EXPECT_EQ(package.probed().output_channels, script.probe(64, 64).output_channels);
   torch::manual_seed(8);
   const auto x = torch::rand({5, 3, 64, 64});

@@ -72,7 +72,7 @@ WindowCatalog smallCatalog(const std::string& dir, int n) {
 OutputOptions segmentStage(OutputOptions o) {
   TaskOutputs outputs;
   outputs.stage = o;
-  o.parts = {{consumersFor(ModelTask::kSegment, outputs)}};
+  o.parts = {{consumersFor(*findTask("segment"), outputs)}};
   return o;
 }
 
@@ -154,7 +154,7 @@ TEST(Outputs, PerWindowVectorsAreWrittenByTheStageAndAFaultFailsOneImage) {
   TaskOutputs embed;
   embed.flags.kinds = {"features"};
   embed.probe.output_channels = 5;
-  o.parts = {{consumersFor(ModelTask::kEmbed, embed)}};
+  o.parts = {{consumersFor(*findTask("embed"), embed)}};
   o.stitched_window = faultHooks(Fault{0, 2, "throw", "write"}, 0).stitched_window;
   OutputStage stage(c, o);
   StepResult step;

@@ -386,7 +386,7 @@ TEST_F(Pipeline, NonsenseFlagsFailInOneLineBeforeAnyWork) {
       {"--save labels,", "--save takes labels, probs, polygons and zarr (segment)"},
       {"--save labels,features", "--save labels,features mixes the outputs of two tasks (segment and embed)"},
       {"--task instance",
-       "--task must be auto, segment, classify, embed, detect or instances; got 'instance'"},
+       "--task must be auto, segment, classify, embed, detect, instances or regress; got 'instance'"},
       {"--threads -3", "must be > 0; got -3"},
       {"--replicas 0", "must be > 0; got 0"},
       {"--stitch gpu", "--stitch must be auto, host or device; got 'gpu'"},

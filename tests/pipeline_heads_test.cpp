@@ -60,6 +60,36 @@ TEST_F(Pipeline, ThreeHeadsWriteWhatEachHeadAloneWritesOnOneToThreeRanks) {
   EXPECT_NE(r.output.find("no head 'tp' in --heads"), std::string::npos) << r.output;
 }
 
+// --task regress (heads.pt's hv head: a regression in [-1, 1]) writes the bytes of segment's float32 probs
+// without an activation, alone or as a head hv:regress; what would misread its values is refused at set-up.
+TEST_F(Pipeline, ARegressionMapIsWrittenAsSegmentsFloatProbsAndRefusesLabels) {
+  const std::string common = " -i " + root_ + "/images/c_small.png -m " + TILER_TEST_SOURCE_DIR +
+                             "/samples/models/heads.pt --window 64 --threads 1 --no_progress -o " + root_;
+  auto r = run(kTiler + common +
+               "/hv_segment --output_key hv --task segment --activation none --save probs "
+               "--probs_dtype f32");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string expected = slurp(root_ + "/hv_segment/c_small_probs.tif");
+  r = run(kTiler + common + "/hv_regress --output_key hv --task regress");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(slurp(root_ + "/hv_regress/c_small_probs.tif") == expected);
+  EXPECT_EQ(report(root_ + "/hv_regress")["task"], "regress");
+  r = run(kTiler + common + "/hv_head --heads hv:regress");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(slurp(root_ + "/hv_head/c_small_hv_probs.tif") == expected);
+  EXPECT_EQ(report(root_ + "/hv_head")["task"], "hv:regress");
+  const std::pair<std::string, std::string> refused[] = {
+      {" --save labels", "--save labels is an output of --task segment, not of --task regress"},
+      {" --probs_dtype u8", "--task regress's values are not in [0, 1]"},
+      {" --activation softmax", "--task regress takes a regression map as the model gave it"}};
+  for (const auto& [flags, message] : refused) {
+    r = run(kTiler + common + "/hv_refused --output_key hv --task regress" + flags);
+    EXPECT_EQ(r.code, 1) << flags;
+    EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  }
+}
+
 // A segment head and an embed head of one encoder: a stitched map takes MONAI's grid and a vector the patch
 // lattice, so the pair is refused in one line naming both; a detect head (records) likewise.
 TEST_F(Pipeline, HeadsOfAMapAndAVectorAreRefusedNamingWhy) {

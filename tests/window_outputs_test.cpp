@@ -76,7 +76,6 @@ std::vector<int64_t> inOrder(int64_t n) {
 
 WindowOutputOptions embed(int64_t dim) {
   WindowOutputOptions o;
-  o.task = ModelTask::kEmbed;
   o.kinds = {"features"};
   o.dim = dim;
   o.encoder = "tiny_encoder";
@@ -310,7 +309,7 @@ TEST(WindowOutputs, ClassScoresAsCsvQuPathTilesAndAHeatmap) {
   img.masked = true;
   img.kept = {0, 1, 2, 3, 5, 6, 7, 8, 9, 10, 11};  // window 4 (column 0, row 1) masked out
   WindowOutputOptions o;
-  o.task = ModelTask::kClassify;
+  o.class_scores = true;
   o.kinds = {"csv", "tiles", "heatmap"};
   o.dim = 2;
   o.classes = parseClasses("stroma,tumor:#ff0000");
@@ -360,7 +359,7 @@ TEST(WindowOutputs, ManyClassesQuotedNamesDistinctColoursAndNaN) {
   const std::string dir = test::scratchDir("classify_six");
   CatalogImage img = image(dir);
   WindowOutputOptions o;
-  o.task = ModelTask::kClassify;
+  o.class_scores = true;
   o.kinds = {"csv", "tiles", "heatmap"};
   o.dim = 6;
   o.classes = parseClasses("a,\"b\",c,d,e,f");
@@ -421,7 +420,7 @@ TEST(WindowOutputs, MagnificationFromMicronsPerPixel) {
 TEST(WindowOutputs, NamedClassesMustMatchTheScores) {
   const std::string dir = test::scratchDir("classify_names");
   WindowOutputOptions o;
-  o.task = ModelTask::kClassify;
+  o.class_scores = true;
   o.kinds = {"csv"};
   o.dim = 3;
   o.classes = parseClasses("a,b");
@@ -445,7 +444,7 @@ TEST(WindowOutputs, EachBoxIsKeptByTheWindowWhoseCoreHoldsItsCentre) {
   ASSERT_EQ(img.grid.startsX(), (std::vector<int64_t>{0, 8, 16, 24}));
   ASSERT_EQ(img.grid.startsY(), (std::vector<int64_t>{0, 8, 14}));
   WindowOutputOptions o;
-  o.task = ModelTask::kDetect;
+  o.boxes = true;
   o.kinds = {"objects_csv"};
   o.dim = 12;  // two boxes a window: the object where the window sees it, and padding
   for (int pass = 0; pass < 3; ++pass) {
@@ -493,7 +492,7 @@ TEST(WindowOutputs, EachBoxIsKeptByTheWindowWhoseCoreHoldsItsCentre) {
 // One box a window, written as GeoJSON.
 WindowOutputOptions oneBoxAWindow() {
   WindowOutputOptions o;
-  o.task = ModelTask::kDetect;
+  o.boxes = true;
   o.kinds = {"objects"};
   o.dim = 6;
   return o;
@@ -520,8 +519,8 @@ TEST(WindowOutputs, ARecordOfBoxesIsCheckedLikeTheBoxes) {
   out.addRecord(0, record);
   EXPECT_EQ(out.nonFiniteValues(), 0);
   EXPECT_THROW(out.addRecord(1, record + "abc"), IoError);
-  o.task = ModelTask::kEmbed;
   o.kinds = {"features_pt"};
+  o.boxes = false;
   img.outputs["features_pt"] = dir + "/slide.pt";
   WindowOutputs vectors(img, o);
   EXPECT_THROW(vectors.addRecord(0, record), IoError);  // a record is for boxes only
@@ -570,7 +569,7 @@ std::string nmsRun(const std::map<int64_t, std::array<float, 6>>& boxes, double 
   img.outputs["objects_csv"] = dir + "/slide_objects.csv";
   fs::remove(img.outputs["objects_csv"]);
   WindowOutputOptions o;
-  o.task = ModelTask::kDetect;
+  o.boxes = true;
   o.kinds = {"objects_csv"};
   o.dim = 6;
   o.nms_iou = iou;
@@ -645,7 +644,7 @@ RandomDetections randomDetections(const std::string& dir, uint32_t seed, int64_t
   d.img = image(dir);
   d.img.grid = WindowGrid(20 * columns, 20 * grid_rows, GridSpec{20, 20, 0.0, 0.0});
   d.img.outputs["objects_csv"] = dir + "/slide_objects.csv";
-  d.options.task = ModelTask::kDetect;
+  d.options.boxes = true;
   d.options.kinds = {"objects_csv"};
   d.options.dim = 6 * most;
   std::mt19937 random(seed);

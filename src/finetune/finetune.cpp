@@ -35,6 +35,7 @@
 #include "tiler/model/model.hpp"
 #include "tiler/model/model_runtime.hpp"
 #include "tiler/model/torch_compat.hpp"
+#include "tiler/tasks/registry.hpp"
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -900,7 +901,7 @@ void Trainer::parseClassWeights() {
 void Trainer::loadModel() {
   ModelOptions model = modelOptionsFor(o_, session_->world().local_rank);
   // Label maps train a map (the probe refuses any other output); window labels [B,K] class scores.
-  if (perWindow()) model.task = ModelTask::kClassify;
+  if (perWindow()) model.task = findTask("classify");
   requireTrainableModel(model.path);
   runner_ = std::make_unique<ModelRunner>(model);
   probe_ = runner_->probe(spec_.window_w, spec_.window_h);

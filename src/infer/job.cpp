@@ -152,7 +152,7 @@ class InferJob {
 };
 
 void InferJob::settleTask() {
-  const Task& task = taskOf(probe_.task);
+  const Task& task = *probe_.task;
   if (plan_.save_kinds.empty()) plan_.save_kinds = task.defaultKinds();
   for (const std::string& kind : plan_.save_kinds)
     if (*findOutputKind(kind)->feature) requireFeature(findOutputKind(kind)->feature, "--save " + kind);
@@ -171,6 +171,7 @@ TaskFlags InferJob::taskFlags() const {
   f.activation = plan_.activation;
   f.activation_name = o_.activation;
   f.classes = plan_.classes;
+  f.probs_type = plan_.probs_type;
   const InferOptions defaults;
   const std::pair<const char*, bool> map_flags[] = {{"--blend", o_.blend != defaults.blend},
                                                     {"--format", o_.format != defaults.format},
@@ -190,7 +191,7 @@ void InferJob::settleHeads() {
     const InferHead& first = plan_.heads.front();
     head.probe = probes[h];
     head.task = head.probe.task;
-    const Task& task = taskOf(head.task);
+    const Task& task = *head.task;
     // Records are made where a window ran, from its whole prediction, and routed on their own.
     TILER_CHECK(task.recordMaker(TaskOutputs{}) == nullptr, ConfigError,
                 "--heads: head '" << head.spec.name << "' is --task " << task.name() << ", whose windows "
@@ -223,6 +224,7 @@ TaskFlags InferJob::headFlags(const InferHead& head) const {
   f.activation = head.activation;
   f.activation_name = head.spec.activation.value_or(o_.activation);
   f.classes = head.classes;
+  f.probs_type = head.probs_type;
   f.head = head.spec.name;
   return f;
 }
@@ -250,7 +252,7 @@ OutputOptions InferJob::outputOptions() const {
   oo.classes = probe_.output_channels;
   oo.scale = probe_.scale;
   oo.stitch = plan_.stitch;
-  oo.label_threshold = plan_.activation == Activation::kSigmoid ? 0.5f : 0.0f;
+  oo.label_threshold = labelThreshold(plan_.activation);
   oo.abort_on_error = plan_.abort_on_error;
   oo.pyramid = o_.pyramid;
   oo.simplify = o_.simplify;
@@ -264,16 +266,16 @@ OutputOptions InferJob::outputOptions() const {
   if (stitch_on_device_) oo.stitch_device = model_->device();
   oo.before_device_stitcher = faults_.before_device_stitcher;
   if (plan_.heads.empty())
-    oo.parts = {{consumersFor(probe_.task, TaskOutputs{oo, probe_, plan_.spec, taskFlags()}), 0, {}}};
+    oo.parts = {{consumersFor(*probe_.task, TaskOutputs{oo, probe_, plan_.spec, taskFlags()}), 0, {}}};
   for (const InferHead& head : plan_.heads) {
     OutputOptions part = oo;
     part.classes = head.probe.output_channels;
     part.classes_named = head.classes;
     part.probs_type = head.probs_type;
-    part.label_threshold = head.activation == Activation::kSigmoid ? 0.5f : 0.0f;
-    std::vector<int64_t> sizes = taskOf(head.task).predictionSizes(head.probe, plan_.spec, 1);
+    part.label_threshold = labelThreshold(head.activation);
+    std::vector<int64_t> sizes = head.task->predictionSizes(head.probe, plan_.spec, 1);
     sizes.erase(sizes.begin());
-    oo.parts.push_back({consumersFor(head.task, TaskOutputs{part, head.probe, plan_.spec, headFlags(head)}),
+    oo.parts.push_back({consumersFor(*head.task, TaskOutputs{part, head.probe, plan_.spec, headFlags(head)}),
                         head.offset, sizes});
   }
   return oo;
@@ -321,7 +323,7 @@ std::future<InferJob::ForwardedBatch> InferJob::startStep(WindowLoader& loader, 
 
 std::vector<int64_t> InferJob::predictionSizes(int64_t windows) const {
   if (!plan_.heads.empty()) return {windows, plan_.heads.back().offset + plan_.heads.back().values};
-  return taskOf(probe_.task).predictionSizes(probe_, plan_.spec, windows);
+  return probe_.task->predictionSizes(probe_, plan_.spec, windows);
 }
 
 void InferJob::reportFailures(const WindowBatch& batch, size_t first) {
@@ -528,9 +530,9 @@ void InferJob::loadModel() {
   }
   // The owner's windows of other ranks must arrive on the model's device too: one rank, or ranks that gather
   // on it (NCCL; gloo between CPU ranks); through the host (gloo between GPU ranks) the host stitches.
-  stitch_on_device_ = taskOf(probe_.task).stitches() &&
-                      (plan_.stitch_place == StitchPlace::kDevice ||
-                       (plan_.stitch_place == StitchPlace::kAuto && model_->device().is_cuda()));
+  stitch_on_device_ =
+      probe_.task->stitches() && (plan_.stitch_place == StitchPlace::kDevice ||
+                                  (plan_.stitch_place == StitchPlace::kAuto && model_->device().is_cuda()));
   read_threads_ =
       chooseReadThreads(o_.read_threads, layout_, model_->device().is_cuda(), defaultIntraOpThreads());
 }
@@ -640,7 +642,7 @@ InferJob::Deal InferJob::dealWindows() {
 int InferJob::runSteps(Deal deal) {
   // Object tasks send only what each window keeps, found where the window ran.
   const OutputOptions oo = outputOptions();
-  record_of_ = taskOf(probe_.task).recordMaker(TaskOutputs{oo, probe_, plan_.spec, taskFlags()});
+  record_of_ = probe_.task->recordMaker(TaskOutputs{oo, probe_, plan_.spec, taskFlags()});
   const int64_t B = o_.batch_size, steps = deal.steps;
   ForwardSpec fs;
   fs.batch_size = B;

@@ -10,7 +10,6 @@
 
 #include "tiler/core/cpu_layout.hpp"
 #include "tiler/core/error.hpp"
-#include "tiler/core/output_kinds.hpp"
 #include "tiler/core/platform.hpp"
 #include "tiler/dist/session.hpp"
 #include "tiler/stitch/outputs.hpp"
@@ -33,7 +32,7 @@ int usefulThreads(const char* flag, int requested, int useful) {
 
 // --save's kinds, checked against `requested` (--task) when it is given; a task no output shape says (detect,
 // instances) becomes `requested` when the kinds say it.
-std::vector<std::string> saveKindsOf(const std::string& save, ModelTask& requested) {
+std::vector<std::string> saveKindsOf(const std::string& save, const Task*& requested) {
   std::vector<std::string> kinds;
   const std::string bad_save = "--save takes " + saveKindsText() + ", comma-separated; got '" + save + "'";
   // "" and "labels," name nothing (or end in nothing), which getline would not return.
@@ -41,25 +40,24 @@ std::vector<std::string> saveKindsOf(const std::string& save, ModelTask& request
   std::stringstream ss(save);
   std::string part;
   while (std::getline(ss, part, ',')) {
-    TILER_CHECK(taskOfOutputKind(part) != ModelTask::kAuto, ConfigError, bad_save);
-    TILER_CHECK(requested == ModelTask::kAuto || taskWrites(requested, part), ConfigError,
+    TILER_CHECK(taskOfOutputKind(part) != nullptr, ConfigError, bad_save);
+    TILER_CHECK(requested == nullptr || requested->writes(part), ConfigError,
                 "--save " << part << " is an output of --task " << taskName(taskOfOutputKind(part))
                           << ", not of --task " << taskName(requested));
     if (std::find(kinds.begin(), kinds.end(), part) == kinds.end()) kinds.push_back(part);
   }
   // The first task that writes every kind asked for (objects: detect, unless --task instances says so).
-  ModelTask task = requested;
+  const Task* task = requested;
   for (const Task* t : allTasks())
-    if (task == ModelTask::kAuto && std::all_of(kinds.begin(), kinds.end(), [t](const std::string& kind) {
-          return taskWrites(t->id(), kind);
-        }))
-      task = t->id();
-  TILER_CHECK(task != ModelTask::kAuto, ConfigError,
+    if (task == nullptr &&
+        std::all_of(kinds.begin(), kinds.end(), [t](const std::string& kind) { return t->writes(kind); }))
+      task = t;
+  TILER_CHECK(task != nullptr, ConfigError,
               "--save " << save << " mixes the outputs of two tasks ("
                         << taskName(taskOfOutputKind(kinds.front())) << " and "
                         << taskName(taskOfOutputKind(kinds.back())) << ")");
   // No output shape says "boxes" or "instances" for sure: the outputs asked for say it.
-  if (task != ModelTask::kAuto && !taskOf(task).claimedByShape()) requested = task;
+  if (!task->claimedByShape()) requested = task;
   return kinds;
 }
 
@@ -121,7 +119,7 @@ InferPlan planInfer(InferOptions& o) {
               "--edge must be auto, lattice or shift; got '" << o.edge << "'");
   o.read_threads = usefulThreads("--read_threads", o.read_threads, o.batch_size);
   o.write_threads = usefulThreads("--write_threads", o.write_threads, std::numeric_limits<int>::max());
-  p.task = parseTask(o.task);
+  p.task = findTask(o.task);
   if (o.save) p.save_kinds = saveKindsOf(*o.save, p.task);  // else the task's default, once it is known
   p.mask = parseMaskSpec(o.mask, o.mask_fraction, o.roi, o.roi_class);
   TILER_CHECK((o.level >= 0) + (o.mpp > 0) + (o.magnification > 0) <= 1, ConfigError,

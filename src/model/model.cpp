@@ -52,6 +52,10 @@ Activation parseActivation(const std::string& name) {
   TILER_THROW(ConfigError, "--activation must be none, softmax or sigmoid; got '" << name << "'");
 }
 
+float labelThreshold(Activation activation) {
+  return activation == Activation::kSigmoid ? 0.5f : 0.0f;
+}
+
 Tta parseTta(const std::string& name) {
   if (name == "none") return Tta::kNone;
   if (name == "flip") return Tta::kFlip;
@@ -301,26 +305,26 @@ std::vector<torch::Tensor> ModelRunner::applyHeads(const torch::Tensor& nchw) {
   return heads;
 }
 
-torch::ScalarType predictionType(ModelTask task) {
-  return task == ModelTask::kAuto ? torch::kFloat32 : taskOf(task).predictionType();
+torch::ScalarType predictionType(const Task* task) {
+  return task == nullptr ? torch::kFloat32 : task->predictionType();
 }
 
 bool ModelProbe::perWindow() const {
-  return task != ModelTask::kAuto && taskOf(task).perWindow();
+  return task != nullptr && task->perWindow();
 }
 
 namespace {
 
 // What one output of a window of `window_w` x `window_h` is: its task (as `task` asks, or as its shape says),
 // channels and scale; ModelError starting with 'path' (and the head) when it is none of the tasks'.
-ModelProbe probeOutput(torch::Tensor out, ModelTask task, Activation activation, bool classes_named,
+ModelProbe probeOutput(torch::Tensor out, const Task* task, Activation activation, bool classes_named,
                        int64_t window_w, int64_t window_h, const std::string& path) {
   ModelProbe probe;
-  probe.task = resolveTask(task, out.sizes().vec(), activation, classes_named, path);
+  probe.task = &resolveTask(task, out.sizes().vec(), activation, classes_named, path);
   TILER_CHECK(out.size(0) == 1, ModelError,
               "'" << path << "': output batch " << out.size(0) << " for input batch 1");
   // A detector may find nothing: [1, 0, 6] is no boxes.
-  TILER_CHECK(out.numel() > 0 || probe.task == ModelTask::kDetect, ModelError,
+  TILER_CHECK(out.numel() > 0 || probe.task->givesBoxes(), ModelError,
               "'" << path << "': output " << c10::str(out.sizes())
                   << " is empty; tiler needs at least one channel (a map) or one value (a vector) a window");
   Scale s;
@@ -474,16 +478,16 @@ torch::Tensor ModelRunner::normalize(const torch::Tensor& batch, const torch::Te
 std::vector<torch::Tensor> ModelRunner::activatedHeads(const torch::Tensor& x) {
   std::vector<torch::Tensor> outs = applyHeads(x);
   for (size_t h = 0; h < outs.size(); ++h) {
-    const ModelProbe& probe = h < head_probes_.size() ? head_probes_[h] : probe_;  // unprobed: segment
+    const ModelProbe& probe = h < head_probes_.size() ? head_probes_[h] : probe_;  // unprobed: a map
     torch::Tensor& out = outs[h];
     // Boxes are flattened below: a shape that is not the probe's is shown as the model gave it.
     const int64_t boxes = probe.output_channels / 6;
-    TILER_CHECK(
-        probe.task != ModelTask::kDetect || out.sizes() == torch::IntArrayRef({x.size(0), boxes, int64_t(6)}),
-        ModelError,
-        "'" << options_.path << "': the model's output is " << out.sizes() << " for " << x.size(0)
-            << " windows, not [" << x.size(0) << ", " << boxes << ", 6] as at the probe (a detector "
-            << "gives every window the same N rows, padding with a score of 0 or less)");
+    TILER_CHECK(probe.task == nullptr || !probe.task->givesBoxes() ||
+                    out.sizes() == torch::IntArrayRef({x.size(0), boxes, int64_t(6)}),
+                ModelError,
+                "'" << options_.path << "': the model's output is " << out.sizes() << " for " << x.size(0)
+                    << " windows, not [" << x.size(0) << ", " << boxes << ", 6] as at the probe (a detector "
+                    << "gives every window the same N rows, padding with a score of 0 or less)");
     // A per-window model's [B, D, 1, 1] as [B, D].
     if (probe.perWindow()) out = out.flatten(1);
     const Activation activation = options_.heads.empty() ? options_.activation : options_.heads[h].activation;

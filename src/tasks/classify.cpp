@@ -8,7 +8,10 @@ namespace {
 
 class ClassifyTask : public VectorTask {
  public:
-  ModelTask id() const override { return ModelTask::kClassify; }
+  const char* name() const override { return "classify"; }
+  std::vector<std::string> outputKinds() const override { return {"csv", "tiles", "heatmap"}; }
+  std::vector<std::string> defaultKinds() const override { return {"csv", "tiles"}; }
+  bool classScores() const override { return true; }
   // Activated outputs and named classes are class scores.
   bool claims(const std::vector<int64_t>& sizes, bool activated, bool classes_named) const override {
     return sizes.size() == 2 && (activated || classes_named);

@@ -8,7 +8,9 @@ namespace {
 
 class DetectTask : public Task {
  public:
-  ModelTask id() const override { return ModelTask::kDetect; }
+  const char* name() const override { return "detect"; }
+  std::vector<std::string> outputKinds() const override { return {"objects", "objects_csv", "coco"}; }
+  std::vector<std::string> defaultKinds() const override { return {"objects"}; }
   std::string refuses(const std::vector<int64_t>& sizes) const override {
     if (sizes.size() == 3 && sizes[2] == 6) return "";
     return "--task detect needs boxes [batch, N, 6] (x1, y1, x2, y2, score, class in window pixels), but the "
@@ -19,19 +21,25 @@ class DetectTask : public Task {
   bool claimedByShape() const override { return false; }
   std::string shapeWords() const override { return "boxes, [batch, N, 6] (--task detect)"; }
   bool perWindow() const override { return true; }
+  bool givesBoxes() const override { return true; }
   // The boxes a window keeps, found where it ran.
   RecordMaker recordMaker(const TaskOutputs& outputs) const override {
-    return [options = windowOutputOptions(id(), outputs)](const CatalogImage& image, int64_t window,
-                                                          const torch::Tensor& boxes) {
+    return [options = boxOptions(outputs)](const CatalogImage& image, int64_t window,
+                                           const torch::Tensor& boxes) {
       return detectionRecord(image, options, window, boxes.data_ptr<float>());
     };
   }
   std::unique_ptr<ImageConsumer> makeConsumer(CatalogImage& image, const TaskOutputs& outputs,
                                               const WriterOptions&) const override {
-    return windowOutputsConsumer(image, windowOutputOptions(id(), outputs));
+    return windowOutputsConsumer(image, boxOptions(outputs));
   }
 
  protected:
+  static WindowOutputOptions boxOptions(const TaskOutputs& outputs) {
+    WindowOutputOptions options = windowOutputOptions(outputs);
+    options.boxes = true;
+    return options;
+  }
   bool takesNms() const override { return true; }
   void checkFlags(const ModelProbe&, const TaskFlags& flags, GridSpec& spec) const override {
     // Boxes are in the window's pixels: a flip or turn of the window would move them, and averaging the

@@ -8,7 +8,9 @@ namespace {
 
 class EmbedTask : public VectorTask {
  public:
-  ModelTask id() const override { return ModelTask::kEmbed; }
+  const char* name() const override { return "embed"; }
+  std::vector<std::string> outputKinds() const override { return {"features", "features_pt"}; }
+  std::vector<std::string> defaultKinds() const override { return {"features"}; }
   // Any other vector: features (classify claims class scores first).
   bool claims(const std::vector<int64_t>& sizes, bool, bool) const override { return sizes.size() == 2; }
 

@@ -3,7 +3,7 @@
 #include <sstream>
 
 #include "tiler/core/error.hpp"
-#include "tiler/core/output_kinds.hpp"
+#include "tiler/tasks/registry.hpp"
 
 namespace tiler {
 namespace {
@@ -34,6 +34,18 @@ void applyHeadOption(std::vector<HeadSpec>& heads, const std::string& option) {
   *field = value;
 }
 
+// "segment, classify or embed": the tasks a head can be, those whose windows send their predictions (a task
+// whose windows send records runs alone), in the registry's order.
+std::string headTaskWords() {
+  std::vector<std::string> names;
+  for (const Task* t : allTasks())
+    if (t->recordMaker(TaskOutputs{}) == nullptr) names.push_back(t->name());
+  std::string text;
+  for (size_t i = 0; i < names.size(); ++i)
+    text += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return text;
+}
+
 }  // namespace
 
 std::vector<HeadSpec> parseHeads(const std::string& heads, const std::vector<std::string>& options) {
@@ -43,9 +55,8 @@ std::vector<HeadSpec> parseHeads(const std::string& heads, const std::vector<std
     return specs;
   }
   const std::string bad =
-      "--heads takes NAME[:TASK],... (NAME: a dict key or a tuple index; TASK: segment, "
-      "classify or embed); got '" +
-      heads + "'";
+      "--heads takes NAME[:TASK],... (NAME: a dict key or a tuple index; TASK: " + headTaskWords() +
+      "); got '" + heads + "'";
   TILER_CHECK(heads.back() != ',', ConfigError, bad);
   std::stringstream parts(heads);
   std::string part;
@@ -54,7 +65,7 @@ std::vector<HeadSpec> parseHeads(const std::string& heads, const std::vector<std
     const size_t colon = part.find(':');
     spec.name = part.substr(0, colon);
     TILER_CHECK(!spec.name.empty() && spec.name.find_first_of("/.=") == std::string::npos, ConfigError, bad);
-    if (colon != std::string::npos) spec.task = parseTask(part.substr(colon + 1));
+    if (colon != std::string::npos) spec.task = findTask(part.substr(colon + 1));
     for (const HeadSpec& other : specs)
       TILER_CHECK(other.name != spec.name, ConfigError, "--heads names '" << spec.name << "' twice");
     specs.push_back(spec);

@@ -55,7 +55,9 @@ class InstanceConsumer : public ImageConsumer {
 
 class InstancesTask : public Task {
  public:
-  ModelTask id() const override { return ModelTask::kInstances; }
+  const char* name() const override { return "instances"; }
+  std::vector<std::string> outputKinds() const override { return {"objects", "objects_csv", "instances"}; }
+  std::vector<std::string> defaultKinds() const override { return {"objects"}; }
   std::string refuses(const std::vector<int64_t>& sizes) const override {
     if (sizes.size() == 4 && sizes[1] >= 1) return "";
     return "--task instances needs an instance map [batch, 1 + K, h, w] (object ids, then K class scores), "

@@ -11,29 +11,50 @@
 
 namespace tiler {
 
+const Task& regressTask();  // tasks/regress.cpp (no header: only its row names it)
+
 const std::vector<const Task*>& allTasks() {
   // A new task: its file in tasks/ and its row here.
-  static const std::vector<const Task*> tasks = {&segmentTask(), &classifyTask(), &embedTask(), &detectTask(),
-                                                 &instancesTask()};
+  static const std::vector<const Task*> tasks = {&segmentTask(), &classifyTask(),  &embedTask(),
+                                                 &detectTask(),  &instancesTask(), &regressTask()};
   return tasks;
 }
 
-const Task& taskOf(ModelTask task) {
-  for (const Task* t : allTasks())
-    if (t->id() == task) return *t;
-  TILER_THROW(ConfigError, "no task '" << taskName(task) << "' (--task " << taskName(ModelTask::kAuto)
-                                       << " is settled by the model's output)");
+const Task* findTask(const std::string& name) {
+  if (name == "auto") return nullptr;
+  std::string words = "auto";
+  for (const Task* t : allTasks()) {
+    if (name == t->name()) return t;
+    words += std::string(t == allTasks().back() ? " or " : ", ") + t->name();
+  }
+  TILER_THROW(ConfigError, "--task must be " << words << "; got '" << name << "'");
 }
 
-ModelTask resolveTask(ModelTask requested, const std::vector<int64_t>& sizes, Activation activation,
-                      bool classes_named, const std::string& path) {
-  if (requested != ModelTask::kAuto) {
-    const std::string refused = taskOf(requested).refuses(sizes);
+const char* taskName(const Task* task) {
+  return task != nullptr ? task->name() : "auto";
+}
+
+std::string taskWordsText() {
+  std::string text = "auto";
+  for (const Task* t : allTasks()) text += std::string(" | ") + t->name();
+  return text;
+}
+
+const Task* taskOfOutputKind(const std::string& kind) {
+  for (const Task* t : allTasks())
+    if (t->writes(kind)) return t;
+  return nullptr;
+}
+
+const Task& resolveTask(const Task* requested, const std::vector<int64_t>& sizes, Activation activation,
+                        bool classes_named, const std::string& path) {
+  if (requested != nullptr) {
+    const std::string refused = requested->refuses(sizes);
     TILER_CHECK(refused.empty(), ModelError, "'" << path << "': " << refused);
-    return requested;
+    return *requested;
   }
   for (const Task* t : allTasks())
-    if (t->claims(sizes, activation != Activation::kNone, classes_named)) return t->id();
+    if (t->claims(sizes, activation != Activation::kNone, classes_named)) return *t;
   TILER_THROW(ModelError, "'" << path << "': " << dimensionsRefusal(sizes));
 }
 
@@ -87,8 +108,54 @@ class HeadConsumer : public ImageConsumer {
 
 }  // namespace
 
-ConsumerFactory consumersFor(ModelTask task, TaskOutputs outputs) {
-  const Task* t = &taskOf(task);
+namespace {
+
+// "a, b and c" (`last_separator` " and "), or with ", " throughout: "a, b, c".
+std::string listed(const std::vector<std::string>& names, const char* last_separator) {
+  std::string text;
+  for (size_t i = 0; i < names.size(); ++i)
+    text += names[i] + (i + 2 < names.size() ? ", " : i + 1 < names.size() ? last_separator : "");
+  return text;
+}
+
+// The tasks as --save's texts list them: in the output table's order of their first kinds (the registry's
+// order among tasks whose first kinds are the same).
+std::vector<const Task*> tasksByOutputs() {
+  const auto first = [](const Task* t) {
+    const OutputKind* row = findOutputKind(t->outputKinds().front());
+    return row - outputKinds().data();
+  };
+  std::vector<const Task*> tasks = allTasks();
+  std::stable_sort(tasks.begin(), tasks.end(),
+                   [&first](const Task* a, const Task* b) { return first(a) < first(b); });
+  return tasks;
+}
+
+}  // namespace
+
+std::string saveKindsText() {
+  const std::vector<const Task*> tasks = tasksByOutputs();
+  std::string text;
+  for (size_t t = 0; t < tasks.size(); ++t) {
+    text += listed(tasks[t]->outputKinds(), " and ") + " (" + tasks[t]->name() + ")";
+    text += t + 2 < tasks.size() ? ", " : t + 1 < tasks.size() ? ", or " : "";
+  }
+  return text;
+}
+
+std::string saveHelpText() {
+  const std::vector<const Task*> tasks = tasksByOutputs();
+  std::string text = "comma-separated: ";
+  for (size_t t = 0; t < tasks.size(); ++t) {
+    text += listed(tasks[t]->outputKinds(), ", ") + " (" + tasks[t]->name() + "; default " +
+            listed(tasks[t]->defaultKinds(), ",") + ")";
+    if (t + 1 < tasks.size()) text += ", ";
+  }
+  return text;
+}
+
+ConsumerFactory consumersFor(const Task& task, TaskOutputs outputs) {
+  const Task* t = &task;
   // The stage holds the factory, and the consumers it makes hold its options: they live as long as it.
   auto held = std::make_shared<const TaskOutputs>(std::move(outputs));
   return [t, held](CatalogImage& image, const WriterOptions& writer) -> std::unique_ptr<ImageConsumer> {

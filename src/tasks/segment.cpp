@@ -169,7 +169,9 @@ namespace {
 
 class SegmentTask : public Task {
  public:
-  ModelTask id() const override { return ModelTask::kSegment; }
+  const char* name() const override { return "segment"; }
+  std::vector<std::string> outputKinds() const override { return {"labels", "probs", "polygons", "zarr"}; }
+  std::vector<std::string> defaultKinds() const override { return {"labels"}; }
   std::string refuses(const std::vector<int64_t>& sizes) const override {
     if (sizes.size() == 4) return "";
     if (sizes.size() != 2) return dimensionsRefusal(sizes);

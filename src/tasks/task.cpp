@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 #include "tiler/core/error.hpp"
 #include "tiler/tasks/registry.hpp"
 #include "tiler/writers/window_outputs.hpp"
@@ -13,13 +15,20 @@ void Task::settle(const ModelProbe& probe, const TaskFlags& flags, GridSpec& spe
       perWindow() ? "one vector of " + std::to_string(probe.output_channels) + " values per window"
                   : "NCHW maps";
   for (const std::string& kind : flags.kinds)
-    TILER_CHECK(taskWrites(id(), kind), ConfigError,
+    TILER_CHECK(writes(kind), ConfigError,
                 "--save " << flags.save.value_or(kind) << " is an output of --task "
                           << taskName(taskOfOutputKind(kind)) << ", but '" << flags.model << "' gives "
                           << shape << " (--task " << name() << ")");
   TILER_CHECK(takesNms() || flags.nms == 0, ConfigError,
               "--nms is for --task detect's boxes, but '" << flags.model << "' gives " << shape);
   checkFlags(probe, flags, spec);
+}
+
+bool Task::writes(const std::string& kind) const {
+  const OutputKind* row = findOutputKind(kind);
+  if (row == nullptr) return false;
+  const std::vector<std::string> kinds = outputKinds();
+  return std::find(kinds.begin(), kinds.end(), row->name) != kinds.end();
 }
 
 std::vector<int64_t> Task::predictionSizes(const ModelProbe& probe, const GridSpec& spec,
@@ -51,7 +60,9 @@ std::string VectorTask::refuses(const std::vector<int64_t>& sizes) const {
 
 std::unique_ptr<ImageConsumer> VectorTask::makeConsumer(CatalogImage& image, const TaskOutputs& outputs,
                                                         const WriterOptions&) const {
-  return windowOutputsConsumer(image, windowOutputOptions(id(), outputs));
+  WindowOutputOptions options = windowOutputOptions(outputs);
+  options.class_scores = classScores();
+  return windowOutputsConsumer(image, options);
 }
 
 void settlePatchLattice(const TaskFlags& flags, GridSpec& spec) {
@@ -61,9 +72,8 @@ void settlePatchLattice(const TaskFlags& flags, GridSpec& spec) {
   spec.lattice = flags.edge != "shift";
 }
 
-WindowOutputOptions windowOutputOptions(ModelTask task, const TaskOutputs& outputs) {
+WindowOutputOptions windowOutputOptions(const TaskOutputs& outputs) {
   WindowOutputOptions wo;
-  wo.task = task;
   wo.kinds = outputs.flags.kinds;
   wo.dim = outputs.probe.output_channels;
   wo.encoder = outputs.flags.encoder;
@@ -80,7 +90,7 @@ namespace {
 class WindowOutputsConsumer : public ImageConsumer {
  public:
   WindowOutputsConsumer(CatalogImage& image, const WindowOutputOptions& options)
-      : image_(image), dim_(options.dim), boxes_(options.task == ModelTask::kDetect), out_(image, options) {}
+      : image_(image), dim_(options.dim), boxes_(options.boxes), out_(image, options) {}
 
   void aggregate(const std::vector<WindowResult>& windows) override {
     for (const WindowResult& w : windows) {

@@ -48,7 +48,7 @@ int forward(const std::string& model, int64_t window, int batch, int64_t windows
   o.device = "cpu";
   o.threads = threads;
   o.precision = precision;
-  o.task = tiler::ModelTask::kAuto;  // maps or per-window vectors, as the model gives them
+  o.task = nullptr;  // auto: maps or per-window vectors, as the model gives them
   tiler::ModelRunner runner(o);
   auto probe = runner.probe(window, window);
   torch::manual_seed(0);

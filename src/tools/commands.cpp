@@ -5,9 +5,9 @@
 #include "tiler/core/error.hpp"
 #include "tiler/core/model_card.hpp"
 #include "tiler/core/npy.hpp"
-#include "tiler/core/output_kinds.hpp"
 #include "tiler/core/platform.hpp"
 #include "tiler/model/model.hpp"
+#include "tiler/tasks/registry.hpp"
 
 namespace tiler::tools {
 
@@ -26,7 +26,7 @@ torch::Tensor runTestInput(const ModelCard& card, const NpyArray& input, const s
   mo.mean = card.mean.value_or(std::vector<double>{});
   mo.std = card.std.value_or(std::vector<double>{});
   mo.activation = parseActivation(card.activation.value_or("none"));
-  mo.task = parseTask(card.task.value_or("auto"));
+  mo.task = findTask(card.task.value_or("auto"));
   mo.classes_named = card.classes.has_value();
   mo.batch_size = input.shape[0];
   mo.preferred_input_channels = int(input.shape[1]);

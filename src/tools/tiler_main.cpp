@@ -11,12 +11,12 @@
 #include "tiler/core/cli.hpp"
 #include "tiler/core/error.hpp"
 #include "tiler/core/model_card.hpp"
-#include "tiler/core/output_kinds.hpp"
 #include "tiler/core/version.hpp"
 #include "tiler/finetune/finetune.hpp"
 #include "tiler/infer/inspect.hpp"
 #include "tiler/infer/pipeline.hpp"
 #include "tiler/model/runtime_info.hpp"
+#include "tiler/tasks/registry.hpp"
 
 namespace {
 
@@ -151,10 +151,12 @@ void addWindowFlags(CLI::App& app, tiler::InferOptions& o) {
 // given), --task, --heads, formats, --resume and --report.
 CLI::Option* addOutputFlags(CLI::App& app, tiler::InferOptions& o, std::string& save) {
   auto* save_option = app.add_option(flagNames("--save"), save, tiler::saveHelpText());
-  app.add_option(flagNames("--task"), o.task,
-                 "auto | segment | classify | embed | detect | instances (auto: NCHW output segment; [B,D] "
-                 "classify with --activation softmax|sigmoid or --classes, else embed; detect and instances "
-                 "only when named or saved: boxes [B,N,6], instance ids [B,1+K,h,w])")
+  app.add_option(
+         flagNames("--task"), o.task,
+         tiler::taskWordsText() +
+             " (auto: NCHW output segment; [B,D] "
+             "classify with --activation softmax|sigmoid or --classes, else embed; detect and instances "
+             "only when named or saved: boxes [B,N,6], instance ids [B,1+K,h,w])")
       ->capture_default_str();
   app.add_option(flagNames("--edge"), o.edge,
                  "auto | lattice | shift: the last windows on whole strides past the edge (lattice, as "
@@ -167,7 +169,7 @@ CLI::Option* addOutputFlags(CLI::App& app, tiler::InferOptions& o, std::string& 
       ->capture_default_str();
   app.add_option(flagNames("--heads"), o.heads,
                  "NAME[:TASK],...: a model's several outputs (dict keys, else tuple indices), run once per "
-                 "batch, each a task (segment | classify | embed) with outputs <stem>_<NAME>_...");
+                 "batch, each a task (segment | classify | embed | regress) with outputs <stem>_<NAME>_...");
   app.add_option(flagNames("--head_opt"), o.head_opt,
                  "NAME.KEY=VALUE (repeat it): a head's own activation, classes, save or probs_dtype");
   app.add_option(flagNames("--encoder_name"), o.encoder_name,

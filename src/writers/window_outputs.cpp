@@ -80,32 +80,39 @@ bool inWindowCore(const std::vector<int64_t>& starts, int64_t size, size_t i, do
          (i + 1 == starts.size() || 4 * at < twice_centre(i) + twice_centre(i + 1));
 }
 
-// A per-window output as the glue feeds it: each window's vector, in window order, with its level-0 place.
-class WindowRowOutput : public OutputWriter {
+// An output fed one item at a time (`Item`: its arguments) by the glue, then finished and committed.
+template <typename... Item>
+class FedOutput : public OutputWriter {
  public:
-  virtual void append(const WindowPlace& place, const float* values) = 0;
+  using Fed = FedOutput;
+  virtual void feed(Item... item) = 0;
 };
+
+// A per-window output as the glue feeds it: each window's vector, in window order, with its level-0 place.
+class WindowRowOutput : public FedOutput<const WindowPlace&, const float*> {};
 
 namespace {
 
-// A writer of src/writers/ fed rows through `Append(writer, place, values)`.
-template <typename Writer, typename Append>
-class RowsInto : public WindowRowOutput {
+// A writer of src/writers/ as an `Output` (a FedOutput): each item through `Feed(writer, item...)`, its
+// finish and commit passed through.
+template <typename Output, typename Writer, typename Feed, typename Fed = typename Output::Fed>
+class FeedInto;
+template <typename Output, typename Writer, typename Feed, typename... Item>
+class FeedInto<Output, Writer, Feed, FedOutput<Item...>> : public Output {
  public:
-  RowsInto(std::unique_ptr<Writer> writer, Append append)
-      : writer_(std::move(writer)), append_(std::move(append)) {}
-  void append(const WindowPlace& place, const float* values) override { append_(*writer_, place, values); }
+  FeedInto(std::unique_ptr<Writer> writer, Feed feed) : writer_(std::move(writer)), feed_(std::move(feed)) {}
+  void feed(Item... item) override { feed_(*writer_, item...); }
   void finish() override { writer_->finish(); }
   void commit(std::vector<std::string>& renamed) override { writer_->commit(renamed); }
 
  private:
   std::unique_ptr<Writer> writer_;
-  Append append_;
+  Feed feed_;
 };
 
-template <typename Writer, typename Append>
-std::unique_ptr<WindowRowOutput> rowsInto(std::unique_ptr<Writer> writer, Append append) {
-  return std::make_unique<RowsInto<Writer, Append>>(std::move(writer), std::move(append));
+template <typename Output, typename Writer, typename Feed>
+std::unique_ptr<Output> feedInto(std::unique_ptr<Writer> writer, Feed feed) {
+  return std::make_unique<FeedInto<Output, Writer, Feed>>(std::move(writer), std::move(feed));
 }
 
 // What a row output's opener gets: the image, the options, and (classify) the class names.
@@ -151,13 +158,15 @@ FeaturesHdf5Layout featuresLayout(const CatalogImage& image, const WindowOutputO
 }
 
 std::unique_ptr<WindowRowOutput> openFeatures(const RowContext& c) {
-  return rowsInto(std::make_unique<FeaturesHdf5>(c.path, featuresLayout(c.image, c.options)),
-                  [](FeaturesHdf5& f, const WindowPlace& p, const float* v) { f.append(v, p.x, p.y); });
+  return feedInto<WindowRowOutput>(
+      std::make_unique<FeaturesHdf5>(c.path, featuresLayout(c.image, c.options)),
+      [](FeaturesHdf5& f, const WindowPlace& p, const float* v) { f.append(v, p.x, p.y); });
 }
 
 std::unique_ptr<WindowRowOutput> openFeaturesTensor(const RowContext& c) {
-  return rowsInto(std::make_unique<TorchTensorFile>(c.path, c.options.dim),
-                  [](TorchTensorFile& f, const WindowPlace&, const float* v) { f.append(v); });
+  return feedInto<WindowRowOutput>(
+      std::make_unique<TorchTensorFile>(c.path, c.options.dim),
+      [](TorchTensorFile& f, const WindowPlace&, const float* v) { f.append(v); });
 }
 
 // <stem>.csv: WSInfer's columns.
@@ -165,32 +174,33 @@ std::unique_ptr<WindowRowOutput> openClassCsv(const RowContext& c) {
   std::vector<std::string> columns = {"minx", "miny", "width", "height"};
   for (const auto& k : c.classes) columns.push_back("prob_" + k.name);
   const size_t K = c.classes.size();
-  return rowsInto(std::make_unique<CsvFile>(c.path, columns),
-                  [K](CsvFile& f, const WindowPlace& p, const float* v) {
-                    std::string line = fmt::format("{},{},{},{}", p.x, p.y, p.width, p.height);
-                    for (size_t k = 0; k < K; ++k) line += "," + fmt::format("{}", v[k]);
-                    f.row(line);
-                  });
+  return feedInto<WindowRowOutput>(
+      std::make_unique<CsvFile>(c.path, columns), [K](CsvFile& f, const WindowPlace& p, const float* v) {
+        std::string line = fmt::format("{},{},{},{}", p.x, p.y, p.width, p.height);
+        for (size_t k = 0; k < K; ++k) line += "," + fmt::format("{}", v[k]);
+        f.row(line);
+      });
 }
 
 // <stem>_tiles.geojson: QuPath's tile objects, classified by their highest score.
 std::unique_ptr<WindowRowOutput> openTiles(const RowContext& c) {
-  return rowsInto(std::make_unique<GeoJsonFile>(c.path),
-                  [classes = c.classes](GeoJsonFile& f, const WindowPlace& p, const float* v) {
-                    const size_t K = classes.size();
-                    // The argmax names the tile's class (the first of equals; NaN never wins): a tile whose
-                    // every score is NaN has no classification, as an object whose every class mean is NaN.
-                    const int best = highestClass(v, K);
-                    const double x0 = double(p.x), y0 = double(p.y), x1 = x0 + double(p.width),
-                                 y1 = y0 + double(p.height);
-                    GeoJsonFeature tile;
-                    tile.geometry = quadGeometry({{{x0, y0}, {x1, y0}, {x1, y1}, {x0, y1}}});
-                    tile.object_type = "tile";
-                    if (best >= 0) tile.classification = &classes[size_t(best)];
-                    tile.measurements.emplace();
-                    for (size_t k = 0; k < K; ++k) tile.measurements->add("prob_" + classes[k].name, v[k]);
-                    f.writer.add(tile);
-                  });
+  return feedInto<WindowRowOutput>(
+      std::make_unique<GeoJsonFile>(c.path),
+      [classes = c.classes](GeoJsonFile& f, const WindowPlace& p, const float* v) {
+        const size_t K = classes.size();
+        // The argmax names the tile's class (the first of equals; NaN never wins): a tile whose
+        // every score is NaN has no classification, as an object whose every class mean is NaN.
+        const int best = highestClass(v, K);
+        const double x0 = double(p.x), y0 = double(p.y), x1 = x0 + double(p.width),
+                     y1 = y0 + double(p.height);
+        GeoJsonFeature tile;
+        tile.geometry = quadGeometry({{{x0, y0}, {x1, y0}, {x1, y1}, {x0, y1}}});
+        tile.object_type = "tile";
+        if (best >= 0) tile.classification = &classes[size_t(best)];
+        tile.measurements.emplace();
+        for (size_t k = 0; k < K; ++k) tile.measurements->add("prob_" + classes[k].name, v[k]);
+        f.writer.add(tile);
+      });
 }
 
 // The heatmap TIFF's options: a pixel spans a stride of processing pixels.
@@ -223,7 +233,7 @@ WriterOptions heatmapOptions(const CatalogImage& image, const WindowOutputOption
 // <stem>_heatmap.tif: K float bands, one pixel per window (the grid's column and row).
 std::unique_ptr<WindowRowOutput> openHeatmap(const RowContext& c) {
   const CatalogImage& image = c.image;
-  return rowsInto(
+  return feedInto<WindowRowOutput>(
       std::make_unique<HeatmapTiff>(c.path, int64_t(image.grid.startsY().size()), image.grid.columns(),
                                     c.options.dim, heatmapOptions(image, c.options, c.classes)),
       [](HeatmapTiff& f, const WindowPlace& p, const float* v) { f.set(p.column, p.row, v); });
@@ -303,36 +313,14 @@ struct KeptBox {
 };
 
 // An object output as detect's glue feeds it: each kept box, in window order.
-class BoxOutput : public OutputWriter {
- public:
-  virtual void add(const KeptBox& box) = 0;
-};
-
-// A writer of src/writers/ fed boxes through `Add(writer, box)`.
-template <typename Writer, typename Add>
-class BoxesInto : public BoxOutput {
- public:
-  BoxesInto(std::unique_ptr<Writer> writer, Add add) : writer_(std::move(writer)), add_(std::move(add)) {}
-  void add(const KeptBox& box) override { add_(*writer_, box); }
-  void finish() override { writer_->finish(); }
-  void commit(std::vector<std::string>& renamed) override { writer_->commit(renamed); }
-
- private:
-  std::unique_ptr<Writer> writer_;
-  Add add_;
-};
-
-template <typename Writer, typename Add>
-std::unique_ptr<BoxOutput> boxesInto(std::unique_ptr<Writer> writer, Add add) {
-  return std::make_unique<BoxesInto<Writer, Add>>(std::move(writer), std::move(add));
-}
+class BoxOutput : public FedOutput<const KeptBox&> {};
 
 // <stem>_objects.geojson: QuPath's detections, in the input's CRS where it has one (a rotated grid turns the
 // rectangle there). The id also in the properties, where GeoPandas and other tables read it.
 std::unique_ptr<BoxOutput> openBoxesGeojson(const CatalogImage& image, const std::string&, double, double) {
   std::optional<GeoFrame> geo;
   auto file = openObjectsGeojson(image, geo);
-  return boxesInto(std::move(file), [geo](GeoJsonFile& f, const KeptBox& b) {
+  return feedInto<BoxOutput>(std::move(file), [geo](GeoJsonFile& f, const KeptBox& b) {
     std::array<std::array<double, 2>, 4> corner = {{{b.x1, b.y1}, {b.x2, b.y1}, {b.x2, b.y2}, {b.x1, b.y2}}};
     if (geo)
       for (auto& p : corner) p = geo->apply(p[0], p[1]);
@@ -348,22 +336,24 @@ std::unique_ptr<BoxOutput> openBoxesGeojson(const CatalogImage& image, const std
 
 // <stem>_objects.csv, in pixels.
 std::unique_ptr<BoxOutput> openBoxesCsv(const CatalogImage&, const std::string& path, double, double) {
-  return boxesInto(std::make_unique<CsvFile>(
-                       path, std::vector<std::string>{"id", "class", "score", "x1", "y1", "x2", "y2"}),
-                   [](CsvFile& f, const KeptBox& b) {
-                     f.row(fmt::format("{},{},{},{},{},{},{}", b.id, csvField(b.c->name), b.score, b.x1, b.y1,
-                                       b.x2, b.y2));
-                   });
+  return feedInto<BoxOutput>(
+      std::make_unique<CsvFile>(path,
+                                std::vector<std::string>{"id", "class", "score", "x1", "y1", "x2", "y2"}),
+      [](CsvFile& f, const KeptBox& b) {
+        f.row(
+            fmt::format("{},{},{},{},{},{},{}", b.id, csvField(b.c->name), b.score, b.x1, b.y1, b.x2, b.y2));
+      });
 }
 
 // <stem>_coco.json, in pixels; the image's level-0 size is COCO's.
 std::unique_ptr<BoxOutput> openCoco(const CatalogImage& image, const std::string& path, double width,
                                     double height) {
   const std::string file = utf8Safe(fs::path(image.input).filename().string());
-  return boxesInto(std::make_unique<CocoFile>(path, "tiler --task detect: " + file, file, width, height),
-                   [](CocoFile& f, const KeptBox& b) {
-                     f.add(b.id, b.k + 1, b.c->name, b.x1, b.y1, b.x2, b.y2, b.score);
-                   });
+  return feedInto<BoxOutput>(
+      std::make_unique<CocoFile>(path, "tiler --task detect: " + file, file, width, height),
+      [](CocoFile& f, const KeptBox& b) {
+        f.add(b.id, b.k + 1, b.c->name, b.x1, b.y1, b.x2, b.y2, b.score);
+      });
 }
 
 // The registry of detect's outputs: one row per --save kind, its opener (image, path, level-0 size).
@@ -560,7 +550,7 @@ class WindowOutputs::DetectionFiles {
     const ClassInfo c = objectClass(box.k, named_);
     ++objects_;
     const KeptBox kept{objects_, box.k, &c, box.score, box.x1, box.y1, box.x2, box.y2};
-    for (auto& writer : writers_) writer->add(kept);
+    for (auto& writer : writers_) writer->feed(kept);
   }
 
   const CatalogImage& image_;
@@ -586,11 +576,11 @@ void WindowConsumer::addRecord(int64_t window, const std::string&) {
 WindowOutputs::WindowOutputs(const CatalogImage& image, WindowOutputOptions options)
     : image_(image), options_(std::move(options)), order_(image) {
   // A detector without rows (N = 0) finds nothing, which is an answer; a vector needs a value.
-  TILER_CHECK(options_.dim > 0 || options_.task == ModelTask::kDetect, ConfigError,
+  TILER_CHECK(options_.dim > 0 || options_.boxes, ConfigError,
               "a per-window output needs a vector of at least one value");
   fs::create_directories(fs::path(image.outputs.begin()->second).parent_path());
   std::vector<ClassInfo> classes;
-  if (options_.task == ModelTask::kClassify) {
+  if (options_.class_scores) {
     classes = classNames(options_.dim, options_.classes);
     TILER_CHECK(int64_t(classes.size()) == options_.dim, ConfigError,
                 "--classes names " << classes.size() << " class(es), the model gives " << options_.dim);
@@ -599,9 +589,7 @@ WindowOutputs::WindowOutputs(const CatalogImage& image, WindowOutputOptions opti
   for (const WindowRowWriter& row : kRowWriters)
     if (std::find(options_.kinds.begin(), options_.kinds.end(), row.kind) != options_.kinds.end())
       rows_.push_back(row.open(RowContext{image, options_, classes, image.outputs.at(row.kind)}));
-  for (const auto& kind : options_.kinds)
-    if (!detections_ && taskOfOutputKind(kind) == ModelTask::kDetect)
-      detections_ = std::make_unique<DetectionFiles>(image, options_);
+  if (options_.boxes) detections_ = std::make_unique<DetectionFiles>(image, options_);
 }
 
 WindowOutputs::~WindowOutputs() = default;
@@ -627,7 +615,7 @@ void WindowOutputs::take(int64_t window, std::vector<float> values) {
 
 void WindowOutputs::write(int64_t window, const std::vector<float>& values) {
   const WindowPlace place = placeWindow(image_, window);
-  for (auto& row : rows_) row->append(place, values.data());
+  for (auto& row : rows_) row->feed(place, values.data());
   if (detections_) detections_->append(window, values.data(), int64_t(values.size()) / 6);
 }
 

@@ -9,11 +9,6 @@
 
 namespace tiler {
 
-// What a model's output is per window: a map to stitch (segment), one vector: class scores (classify) or
-// features (embed), boxes (detect), or a map of object ids and class scores (instances). kAuto: as the
-// output's shape says (window_outputs.hpp names them and their outputs).
-enum class ModelTask { kAuto, kSegment, kClassify, kEmbed, kDetect, kInstances };
-
 struct JobOptions {
   std::string model;  // empty: the bundled sample model
   std::string device = "auto";

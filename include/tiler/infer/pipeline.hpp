@@ -26,11 +26,11 @@ struct InferOptions : JobOptions {
   double cval = 0.0;
   std::string activation = "none";
   std::string tta = "none";  // none | flip | d4
-  // Outputs, comma-separated (outputKindsOf): labels, probs, polygons (segment); features, features_pt
-  // (embed); csv, tiles, heatmap (classify); objects, objects_csv, coco (detect); objects, objects_csv,
-  // instances (instances). Unset: the task's default (defaultOutputKinds).
+  // Outputs, comma-separated (each task's outputKinds): labels, probs, polygons (segment); features,
+  // features_pt (embed); csv, tiles, heatmap (classify); objects, objects_csv, coco (detect); objects,
+  // objects_csv, instances (instances). Unset: the task's default (defaultKinds).
   std::optional<std::string> save;
-  std::string task = "auto";  // auto | segment | classify | embed | detect | instances (ModelTask)
+  std::string task = "auto";  // auto | segment | classify | embed | detect | instances (tasks/registry)
   std::string encoder_name;   // embed: the HDF5 attribute `encoder`; empty: the model file's stem
   // A model with several outputs run once per batch, each its own task and outputs (tasks/heads.hpp):
   // NAME[:TASK],...; empty: one output (--output_key).

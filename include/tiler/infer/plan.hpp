@@ -27,7 +27,7 @@ enum class StitchPlace { kAuto, kHost, kDevice };  // --stitch
 // lie in each window's prediction (offset, values: set after the probe).
 struct InferHead {
   HeadSpec spec;
-  ModelTask task = ModelTask::kAuto;  // its own, or --task
+  const Task* task = nullptr;  // its own, or --task (null: auto)
   Activation activation = Activation::kNone;
   std::vector<ClassInfo> classes;
   SampleType probs_type = SampleType::kF32;
@@ -47,7 +47,7 @@ struct InferPlan {
   std::vector<ClassInfo> classes;  // --classes
   Activation activation = Activation::kNone;
   Tta tta = Tta::kNone;
-  ModelTask task = ModelTask::kAuto;       // --task; the probe says what auto becomes
+  const Task* task = nullptr;              // --task (null: auto; the probe says what it becomes)
   std::vector<std::string> save_kinds;     // --save; empty: the task's default, once it is known
   bool abort_on_error = false;             // --on_error abort
   std::optional<Compression> compression;  // unset: each output's default

@@ -32,9 +32,16 @@
 
 namespace tiler {
 
+// What a model's output is for: a row of tasks/registry (tasks/task.hpp); null: --task auto, the output's
+// shape decides. The segment task's row, the default a model is probed for.
+class Task;
+const Task& segmentTask();
+
 enum class Precision { kFp32, kFp16, kBf16 };
 enum class Activation { kNone, kSoftmax, kSigmoid };
 Activation parseActivation(const std::string& name);
+// The score above which a one-channel map is label 1: 0.5 for sigmoid probabilities, 0 for logits.
+float labelThreshold(Activation activation);
 // Test-time augmentation: each window also runs mirrored (flip: left-right; d4: the 8 rotations and
 // mirrors of a square), in the same batch; predictions are mapped back and averaged after the activation.
 enum class Tta { kNone, kFlip, kD4 };
@@ -46,7 +53,7 @@ const char* precisionName(Precision p);
 struct HeadOptions {
   std::string name;                           // what its outputs are named by (<stem>_<name>_...)
   std::string key;                            // a dict key, else a tuple or list index
-  ModelTask task = ModelTask::kAuto;          // as --task, for this head
+  const Task* task = nullptr;                 // as --task, for this head (null: auto)
   Activation activation = Activation::kNone;  // as --activation, for this head
   bool classes_named = false;                 // --classes given for it
 };
@@ -59,13 +66,13 @@ struct ModelOptions {
   std::string output_key;          // dict output key or tuple index; empty: the first tensor
   std::vector<double> mean, std;   // per channel (1 or C values), applied after scaling
   Activation activation = Activation::kNone;
-  bool jit_optimize = false;             // freeze + optimize_for_inference
-  Tta tta = Tta::kNone;                  // forward() only
-  int local_rank = 0;                    // for device auto/cuda
-  ModelTask task = ModelTask::kSegment;  // what probe() expects (kAuto: the output's shape decides)
-  bool classes_named = false;            // --classes given: a [B, K] output of kAuto is a classifier
-  int64_t batch_size = 1;                // the most windows forward() takes (a package is probed at it)
-  int preferred_input_channels = 0;      // probe() tries this count first (--channels' count); 0: none
+  bool jit_optimize = false;          // freeze + optimize_for_inference
+  Tta tta = Tta::kNone;               // forward() only
+  int local_rank = 0;                 // for device auto/cuda
+  const Task* task = &segmentTask();  // what probe() expects (null: the output's shape decides)
+  bool classes_named = false;         // --classes given: a [B, K] output of kAuto is a classifier
+  int64_t batch_size = 1;             // the most windows forward() takes (a package is probed at it)
+  int preferred_input_channels = 0;   // probe() tries this count first (--channels' count); 0: none
   // Several outputs of one forward (--heads): each probed as its own task, activated on its own, and
   // forward() gives them side by side, each window's values of head 0, then head 1, ... ([B, sum of each
   // head's values a window]). Empty: one output (output_key, task, activation).
@@ -77,17 +84,17 @@ struct ModelOptions {
 ModelOptions modelOptionsFor(const JobOptions& job, int local_rank);
 
 struct ModelProbe {
-  int input_channels = 0;   // what the model takes
-  int output_channels = 0;  // segment: channels C; classify: classes K; embed: features D
-  Scale scale;              // output size / window size (segment)
-  ModelTask task = ModelTask::kSegment;
+  int input_channels = 0;      // what the model takes
+  int output_channels = 0;     // segment: channels C; classify: classes K; embed: features D
+  Scale scale;                 // output size / window size (segment)
+  const Task* task = nullptr;  // the probe's (null: not probed)
   // A task of one record of fixed size a window (classify, embed, detect: its [N, 6] boxes flattened).
   bool perWindow() const;
 };
 
 // What a model's outputs become for `task` (its row's predictionType: float64 for instance maps, whose ids
-// float32 holds exactly only below 2^24), float32 for kAuto.
-torch::ScalarType predictionType(ModelTask task);
+// float32 holds exactly only below 2^24), float32 for null.
+torch::ScalarType predictionType(const Task* task);
 
 // Whether a forward failed for want of memory: c10's OutOfMemoryError, or that error (or the CPU allocator's)
 // as the TorchScript interpreter rethrows it, as a std::runtime_error that keeps only its text.

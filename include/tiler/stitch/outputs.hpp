@@ -3,7 +3,7 @@
 // writers, whose tiles a pool of write_threads compresses.
 // What takes an image's windows is its task's consumer (tasks/: an ImageConsumer made by
 // OutputOptions::consumer): the stage knows only that interface.
-// Promise: an image's outputs (every kind of every task: outputKindsOf) are written as
+// Promise: an image's outputs (every kind of every task: Task::outputKinds) are written as
 // .partial files and renamed together, only once every one of them is closed (two-phase commit): a failed
 // image never leaves a file under a final name. Any exception while stitching or writing one image fails that
 // image (catalog status "error" with a message naming the file) and the stage goes on; with abort_on_error

@@ -9,13 +9,13 @@
 #include <string>
 #include <vector>
 
-#include "tiler/core/job_options.hpp"
-
 namespace tiler {
+
+class Task;
 
 struct HeadSpec {
   std::string name;                        // its outputs: <stem>_<name>_...; the model output's key or index
-  std::optional<ModelTask> task;           // unset: --task
+  std::optional<const Task*> task;         // unset: --task; null: auto (the registry's row otherwise)
   std::optional<std::string> activation;   // unset: --activation
   std::optional<std::string> classes;      // unset: --classes
   std::optional<std::string> save;         // unset: --save

@@ -33,8 +33,9 @@ struct TaskFlags {
   double nms = 0.0;                 // --nms
   Tta tta = Tta::kNone;
   Activation activation = Activation::kNone;
-  std::string activation_name = "none";  // --activation as given
-  std::vector<ClassInfo> classes;        // --classes
+  std::string activation_name = "none";      // --activation as given
+  std::vector<ClassInfo> classes;            // --classes
+  SampleType probs_type = SampleType::kF32;  // --probs_dtype
   // Flags that shape a stitched map, given other than their default ("--blend", "--format", ...).
   std::vector<std::string> map_flags;
   std::string encoder;  // embed: the name written in the features file
@@ -59,8 +60,8 @@ using RecordMaker =
 class Task {
  public:
   virtual ~Task() = default;
-  virtual ModelTask id() const = 0;
-  const char* name() const { return taskName(id()); }
+  // Its --task word, which is who it is: the job, the model and the report hold the row, not a word.
+  virtual const char* name() const = 0;
   // A model output of `sizes` (one window's, batch first) named by --task: "" when this task takes it,
   // else why not (the model's path and the shape are added by the registry).
   virtual std::string refuses(const std::vector<int64_t>& sizes) const = 0;
@@ -76,6 +77,8 @@ class Task {
   virtual std::string shapeWords() const = 0;
   // A fixed-size record (a vector, boxes) a window instead of a map.
   virtual bool perWindow() const { return false; }
+  // A window's output is N boxes of 6 values ([batch, N, 6], N the same for every window, maybe 0).
+  virtual bool givesBoxes() const { return false; }
   // Maps blended into one map per image (the stitcher; on the model's device with --stitch).
   virtual bool stitches() const { return false; }
   // The prediction's type: float32, but float64 for instance maps (ids past 2^24).
@@ -90,9 +93,11 @@ class Task {
   // The consumer of an image's windows, with its partial files (the stage's writer options `writer`).
   virtual std::unique_ptr<ImageConsumer> makeConsumer(CatalogImage& image, const TaskOutputs& outputs,
                                                       const WriterOptions& writer) const = 0;
-  // The --save kinds it writes, and those it writes by default (output_kinds' rows).
-  std::vector<std::string> outputKinds() const { return outputKindsOf(id()); }
-  std::vector<std::string> defaultKinds() const { return defaultOutputKinds(id()); }
+  // The --save kinds it writes (output_kinds' rows, in the table's order), and those it writes by default.
+  virtual std::vector<std::string> outputKinds() const = 0;
+  virtual std::vector<std::string> defaultKinds() const = 0;
+  // Whether it writes output kind `kind` (or a head's, "<head>/<kind>").
+  bool writes(const std::string& kind) const;
 
  protected:
   // This task's own flag rules (settle() has checked the kinds and --nms).
@@ -115,6 +120,8 @@ class VectorTask : public Task {
     return "one vector per window, [batch, D] (--task classify | embed)";
   }
   bool perWindow() const override { return true; }
+  // Its vector is class scores (classify: a CSV column and a colour a class).
+  virtual bool classScores() const { return false; }
   std::unique_ptr<ImageConsumer> makeConsumer(CatalogImage& image, const TaskOutputs& outputs,
                                               const WriterOptions& writer) const override;
 };
@@ -125,7 +132,7 @@ void settlePatchLattice(const TaskFlags& flags, GridSpec& spec);
 // The per-window writers (window_outputs) of classify, embed and detect as an image consumer: vectors are
 // counted for non-finite values here, boxes where their rank made their records.
 std::unique_ptr<ImageConsumer> windowOutputsConsumer(CatalogImage& image, const WindowOutputOptions& options);
-// classify, embed and detect's window_outputs options.
-WindowOutputOptions windowOutputOptions(ModelTask task, const TaskOutputs& outputs);
+// classify, embed and detect's window_outputs options, but for what a task adds (class scores, boxes).
+WindowOutputOptions windowOutputOptions(const TaskOutputs& outputs);
 
 }  // namespace tiler

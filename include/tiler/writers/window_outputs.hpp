@@ -46,8 +46,9 @@ struct WindowPlace {
 WindowPlace placeWindow(const CatalogImage& image, int64_t window);
 
 struct WindowOutputOptions {
-  ModelTask task = ModelTask::kEmbed;      // kEmbed, kClassify or kDetect
-  std::vector<std::string> kinds;          // what to write (outputKindsOf(task))
+  bool class_scores = false;               // the vector is class scores (classify), else features (embed)
+  bool boxes = false;                      // the values are N boxes of 6 (detect)
+  std::vector<std::string> kinds;          // what to write (the task's --save kinds)
   int64_t dim = 0;                         // features D, classes K, or 6 N for N boxes
   std::string encoder;                     // embed: the HDF5 attribute `encoder`
   double overlap = 0.0;                    // the grid's overlap (x), for the HDF5 attribute
