@@ -1164,9 +1164,9 @@ TEST_F(ModelPt2, ADictPackageTakesItsKeysLikeItsTorchScript) {
   }
   // --heads by name: each head as its TorchScript's.
   ModelOptions heads = options(dict), script_heads = options(script);
-  heads.heads = script_heads.heads = {{"np", "np", ModelTask::kSegment, Activation::kSoftmax, false},
-                                      {"hv", "hv", ModelTask::kSegment, Activation::kNone, false},
-                                      {"tp", "tp", ModelTask::kSegment, Activation::kSoftmax, false}};
+  heads.heads = script_heads.heads = {{"np", "np", findTask("segment"), Activation::kSoftmax, false},
+                                      {"hv", "hv", findTask("segment"), Activation::kNone, false},
+                                      {"tp", "tp", findTask("segment"), Activation::kSoftmax, false}};
   EXPECT_LT((forward(heads) - forward(script_heads)).abs().max().item<double>(), 1e-5);
   // A name for a package without names, by --output_key or --heads: one line saying so, and how many.
   const std::string refusal =
