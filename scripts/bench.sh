@@ -586,7 +586,7 @@ if want heads; then
       -o "$cache/out_heads" --no_progress "$@" >/dev/null 2>&1
     awk '{ print $1, $2 + $3 }' "$cache/heads_time"
   }
-  three=(--heads np:segment,hv:segment,tp:segment --head_opt np.activation=softmax --head_opt tp.activation=softmax
+  three=(--heads np:segment,hv:regress,tp:segment --head_opt np.activation=softmax --head_opt tp.activation=softmax
     --head_opt tp.classes=bg,a,b --head_opt hv.save=probs --head_opt hv.probs_dtype=f16)
   for _ in $(seq "$runs"); do
     read -r one_w one_c <<<"$(heads_run --output_key np --activation softmax --save labels,probs)"

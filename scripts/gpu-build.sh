@@ -75,8 +75,10 @@ TILER_PYTHON=$(command -v python3)
 export TILER_PYTHON
 nvidia-smi >>"$log" 2>&1
 configure() {
-  # The wheel's CUDA: CMake's CUDA language is not used, but LibTorch's config looks for the toolkit.
+  # The wheel's CUDA: CMake's CUDA language is not used, but LibTorch's config looks for the toolkit. Unity
+  # units off: the CUDA paths have never been compiled as one unit, and a GPU machine has the cores.
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTILER_DEPS="$deps/tiler-deps" -DTILER_REQUIRE_CUDA=ON \
+    -DTILER_UNITY_BUILD=OFF \
     -DCMAKE_PREFIX_PATH="$torch_prefix" ${CUDA_HOME:+-DCUDAToolkit_ROOT="$CUDA_HOME"}
 }
 stage configure configure || finish

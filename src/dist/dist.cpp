@@ -65,6 +65,23 @@ std::string thisHost() {
   return name;
 }
 
+// Layout of the gather segment: a page holding rank 0's nonce (proof that a rank mapped this job's
+// segment, not a namesake), then two buffers of one slot per rank; gathers alternate buffers.
+constexpr size_t kSegmentHeader = 4096;
+
+// Where each rank's process runs: "<host> <pid>" (worlds of more than two).
+const std::string kProcessKey = "tiler/process/";
+
+std::string segmentName(uint64_t nonce) {
+  char name[40];
+  std::snprintf(name, sizeof name, "/tiler-gather-%016llx", static_cast<unsigned long long>(nonce));
+  return name;
+}
+
+}  // namespace
+
+// Outside the anonymous namespace: DistContext::SharedGather holds one (GCC warns of a member of internal
+// linkage where this file is part of a unity unit).
 // A POSIX shared memory segment, mapped read-write. The creator unlinks the name as soon as every rank has
 // opened it (or when it is destroyed first): from then on a killed job leaves nothing in /dev/shm.
 class SharedSegment {
@@ -112,21 +129,6 @@ class SharedSegment {
   char* base_ = nullptr;
   bool linked_ = false;  // this process created the name and has not unlinked it yet
 };
-
-// Layout of the gather segment: a page holding rank 0's nonce (proof that a rank mapped this job's
-// segment, not a namesake), then two buffers of one slot per rank; gathers alternate buffers.
-constexpr size_t kSegmentHeader = 4096;
-
-// Where each rank's process runs: "<host> <pid>" (worlds of more than two).
-const std::string kProcessKey = "tiler/process/";
-
-std::string segmentName(uint64_t nonce) {
-  char name[40];
-  std::snprintf(name, sizeof name, "/tiler-gather-%016llx", static_cast<unsigned long long>(nonce));
-  return name;
-}
-
-}  // namespace
 
 struct DistContext::SharedGather {
   std::unique_ptr<SharedSegment> segment;  // owned; mapped by every rank
