@@ -1,7 +1,7 @@
 #include "tiler/writers/blend.hpp"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <cmath>
@@ -200,22 +200,31 @@ TEST(Stitcher, RowPiecesOnAPoolChangeNoByte) {
 
 TEST(Stitcher, CropModeEqualsAWholeImageForwardOfAConvNet) {
   torch::manual_seed(0);
-  // Three 3x3 convolutions: each output pixel sees 3 px around it; cores stay >= 8 px from window edges.
-  torch::nn::Sequential net(
-      torch::nn::Conv2d(torch::nn::Conv2dOptions(2, 4, 3).padding(1)), torch::nn::Tanh(),
-      torch::nn::Conv2d(torch::nn::Conv2dOptions(4, 4, 3).padding(1)), torch::nn::Tanh(),
-      torch::nn::Conv2d(torch::nn::Conv2dOptions(4, 3, 3).padding(1)));
+  // Three 3x3 convolutions (zero padded, tanh between): each output pixel sees 3 px around it; cores stay >=
+  // 8 px from window edges. Weights and biases uniform in +-1/sqrt(fan-in), as torch.nn.Conv2d starts them.
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> layers;
+  for (auto [in, out] : {std::pair{2, 4}, std::pair{4, 4}, std::pair{4, 3}}) {
+    const double bound = 1.0 / std::sqrt(in * 9.0);
+    layers.emplace_back((torch::rand({out, in, 3, 3}) * 2 - 1) * bound, (torch::rand({out}) * 2 - 1) * bound);
+  }
+  auto net = [&](torch::Tensor x) {
+    for (size_t i = 0; i < layers.size(); ++i) {
+      x = torch::conv2d(x, layers[i].first, layers[i].second, 1, 1);
+      if (i + 1 < layers.size()) x = torch::tanh(x);
+    }
+    return x;
+  };
   torch::NoGradGuard ng;
   const int64_t w = 200, h = 150;
   auto image = torch::rand({1, 2, h, w});
-  auto whole = net->forward(image)[0].contiguous();
+  auto whole = net(image)[0].contiguous();
   WindowGrid g(w, h, GridSpec{64, 64, 0.25, 0.25});
   std::vector<std::vector<float>> preds;
   for (int64_t i = 0; i < g.count(); ++i) {
     Rect r = g.window(i);
     auto win = image.index({torch::indexing::Slice(), torch::indexing::Slice(),
                             torch::indexing::Slice(r.y, r.bottom()), torch::indexing::Slice(r.x, r.right())});
-    auto p = net->forward(win.contiguous())[0].contiguous();
+    auto p = net(win.contiguous())[0].contiguous();
     preds.emplace_back(p.data_ptr<float>(), p.data_ptr<float>() + p.numel());
   }
   cv::Mat out = stitch(g, 3, StitchOptions{BlendMode::kCrop, 0.125}, preds, inOrder(g.count()));

@@ -8,6 +8,7 @@
 #include <sched.h>
 #include <sys/stat.h>
 #include <torch/cuda.h>
+#include <torch/script.h>
 #include <torch/serialize.h>
 #include <unistd.h>
 

@@ -5,7 +5,8 @@
 #include "tiler/writers/window_outputs.hpp"
 
 #include <gtest/gtest.h>
-#include <torch/script.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <chrono>

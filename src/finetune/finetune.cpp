@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 #include <torch/nn/functional.h>
 #include <torch/optim.h>
+#include <torch/script.h>
 #include <torch/serialize.h>
 #include <unistd.h>
 

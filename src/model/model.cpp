@@ -5,6 +5,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <spdlog/spdlog.h>
 #include <torch/cuda.h>
+#include <torch/script.h>
 
 #include <time.h>
 

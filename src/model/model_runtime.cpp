@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <torch/script.h>
 #include <unistd.h>
 
 #include <algorithm>

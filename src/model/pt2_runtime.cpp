@@ -10,6 +10,7 @@
 #include "tiler/model/torch_compat.hpp"
 
 #include <spdlog/spdlog.h>
+#include <torch/script.h>
 
 #include <nlohmann/json.hpp>
 

@@ -1,4 +1,6 @@
 // The TorchScript runtime: torch::jit::load, the forward's schema checked, optionally frozen and optimised.
+#include <torch/script.h>
+
 #include <cerrno>
 #include <filesystem>
 

@@ -6,6 +6,7 @@
 //   codecs    one TIFF's pixels through each output codec x level, with and without the predictor
 //   gather    the step gather alone: ranks started by ctrun gather a batch of predictions K times
 //   summarize JSON lines on stdin -> medians, min, max per scenario (JSON file + table)
+#include <torch/script.h>
 #include <unistd.h>
 #include <CLI/CLI.hpp>
 

@@ -5,7 +5,7 @@
 // marked failed, their rows zero) and the run goes on. Safe to call from several replica threads at once.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <atomic>
 #include <vector>

@@ -6,7 +6,7 @@
 // group.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <functional>
 #include <string>

@@ -2,7 +2,7 @@
 // into the report (RunSummary's named fields beside them), one line of totals in the log, and the exit code.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <string>
 #include <vector>

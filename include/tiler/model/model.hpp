@@ -10,7 +10,8 @@
 // and TorchScript runs one module on several threads.
 #pragma once
 
-#include <torch/script.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/types.h>
 
 #include <condition_variable>
 #include <deque>

@@ -8,13 +8,22 @@
 // gave it (a package: its outputs as a tensor, a dict by name where its call spec names them, else a tuple).
 #pragma once
 
-#include <torch/script.h>
+#include <torch/types.h>
 
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
+
+// Declared only: a unit that loads or walks a TorchScript module includes <torch/script.h> itself (parsing it
+// costs each unit about 10 s more than <torch/types.h>).
+namespace c10 {
+struct IValue;
+}
+namespace torch::jit {
+struct Module;
+}
 
 namespace tiler {
 
