@@ -1,8 +1,9 @@
 # The floors of tiler, lowest first: each is a set of folders (src/<folder>/, headers in include/tiler/<folder>/)
 # and one static library (CMakeLists.txt) that links only the floors below it; docs/design.md says what each
 # folder holds. A file may include the headers of its own floor and those below, never one above, and LibTorch's
-# headers only from the compute floor up. Configuring checks it (tiler_check_floors): an include that runs up a
-# floor, or a source or header in a folder on no floor, stops the build with the file and the line.
+# headers only from the compute floor up (its umbrella headers in no header of ours). Configuring checks it
+# (tiler_check_floors): an include that runs up a floor, an umbrella header in a header, or a source or header in a
+# folder on no floor, stops the build with the file and the line.
 set(tiler_floors
     "core: core"
     "ctrun: ctrun ctrun/rendezvous"
@@ -15,6 +16,10 @@ set(tiler_first_torch_floor 4)  # compute
 # Below the compute floor, the one LibTorch header allowed: c10's zip writer (the features tensor file writes
 # torch.save's archive; no tensor library).
 set(tiler_floor_torch_exceptions "writers/torch_tensor.cpp:caffe2/serialize/inline_container.h")
+# LibTorch's umbrella headers, which no header of ours includes: every unit including that header would parse them
+# (torch/torch.h 17.5 s, torch/script.h 10.8 s of parsing alone here, against torch/types.h's 8.6). A unit that
+# needs TorchScript or torch::nn includes them itself.
+set(tiler_header_torch_refused "torch/torch.h" "torch/script.h" "torch/all.h")
 
 function(tiler_check_floors)
   set(floor 0)
@@ -53,6 +58,10 @@ function(tiler_check_floors)
         if(NOT "${rel}:${CMAKE_MATCH_1}" IN_LIST tiler_floor_torch_exceptions)
           string(APPEND errors "  ${file}: ${line}: LibTorch below the compute floor\n")
         endif()
+      endif()
+      if(file MATCHES "\\.hpp$" AND line MATCHES "^#include <([^>]*)>" AND CMAKE_MATCH_1 IN_LIST
+         tiler_header_torch_refused)
+        string(APPEND errors "  ${file}: ${line}: an umbrella LibTorch header in a header (torch/types.h suffices)\n")
       endif()
       if(NOT "${used}" STREQUAL "")
         if(NOT DEFINED floor_of_${used})
