@@ -17,7 +17,7 @@
 #include <vector>
 
 // Declared only: a unit that loads or walks a TorchScript module includes <torch/script.h> itself (parsing it
-// costs each unit about 10 s more than <torch/types.h>).
+// alone took 10.8 s here, <torch/types.h> 8.6 s, and a unit's code generation grows with it).
 namespace c10 {
 struct IValue;
 }
