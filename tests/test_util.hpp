@@ -66,29 +66,44 @@ inline CommandResult runCommand(const std::string& cmd) {
 // ThreeHeadsAsTuple: heads.pt). Empty, with the reason in `why`, where no Python here exports one (PyTorch
 // 2.6 or later, setuptools and a compiler: Debian trixie's python3-torch; `device` cuda: a wheel with CUDA on
 // a GPU machine). An export that fails where Python could export is a test failure.
+// An export compiles C++ (15-20 s; Inductor's own caches do not serve AOT mode), so each package is kept in
+// the build tree's pt2-cache under a digest of all it is made from: the script, the network's source, the
+// weights, the arguments, AOT_INDUCTOR_DEBUG_COMPILE, and the Python and PyTorch that export it.
 inline std::string exportSamplePt2(const std::string& dir, int window, std::string* why,
                                    const std::string& network = "UNet", const std::string& device = "cpu") {
   const std::string src = TILER_TEST_SOURCE_DIR;
   // TILER_PYTHON: the Python that holds PyTorch where it is not the system's (a GPU machine's wheel).
   const char* env = std::getenv("TILER_PYTHON");
   const std::string python = env && *env ? env : "/usr/bin/python3";
+  const std::string weights = network == "UNet"                     ? "sample.pt"
+                              : network.rfind("ThreeHeads", 0) == 0 ? "heads.pt"
+                                                                    : "encoder.pt";
+  const std::string args = "--module make_samples:" + network + " --weights " + src + "/samples/models/" +
+                           weights + " --window " + std::to_string(window) + " --device " + device;
   const auto can = runCommand(
       python +
-      " -c \"import torch, setuptools.command.build_ext; "
-      "assert tuple(int(v) for v in torch.__version__.split('.')[:2]) >= (2, 6), torch.__version__\"");
-  if (can.code != 0) {
+      " -c \"import hashlib, os, sys, torch, setuptools.command.build_ext\n"
+      "assert tuple(int(v) for v in torch.__version__.split('.')[:2]) >= (2, 6), torch.__version__\n"
+      "h = hashlib.sha256(repr((sys.argv[1:], sys.executable, torch.__version__, torch.__file__, "
+      "os.environ.get('AOT_INDUCTOR_DEBUG_COMPILE'))).encode())\n"
+      "for f in sys.argv[1:4]: h.update(open(f, 'rb').read())\n"
+      "print('digest', h.hexdigest())\" " +
+      src + "/scripts/export_model.py " + src + "/samples/make_samples.py " + src + "/samples/models/" +
+      weights + " '" + args + "'");
+  const size_t digest_at = can.output.rfind("digest ");
+  if (can.code != 0 || digest_at == std::string::npos) {
     *why = "no Python here exports .pt2 packages (PyTorch 2.6+ with setuptools): " +
            can.output.substr(can.output.rfind('\n', can.output.size() - 2) + 1);
     return "";
   }
-  const std::string weights = network == "UNet"                     ? "sample.pt"
-                              : network.rfind("ThreeHeads", 0) == 0 ? "heads.pt"
-                                                                    : "encoder.pt";
+  const std::string digest = can.output.substr(digest_at + 7, 64);
   const std::string out = dir + "/" + network + "_" + std::to_string(window) + "_" + device + ".pt2";
+  const std::filesystem::path cached = std::string(TILER_BIN_DIR) + "/pt2-cache/" + digest + ".pt2";
+  std::error_code ec;
+  if (std::filesystem::copy_file(cached, out, std::filesystem::copy_options::overwrite_existing, ec))
+    return out;
   const auto r = runCommand("PYTHONPATH=" + src + "/samples " + python + " " + src +
-                            "/scripts/export_model.py --module make_samples:" + network + " --weights " +
-                            src + "/samples/models/" + weights + " --out " + out + " --window " +
-                            std::to_string(window) + " --device " + device);
+                            "/scripts/export_model.py " + args + " --out " + out);
   // Exit 3: the package is written, but Python's own loader crashed checking it (PyTorch 2.11 on CUDA): the
   // tests' own comparisons check it then.
   if (r.code != 0 && !(r.code == 3 && std::filesystem::exists(out))) {
@@ -96,6 +111,11 @@ inline std::string exportSamplePt2(const std::string& dir, int window, std::stri
     *why = "the export failed";
     return "";
   }
+  // Into the cache by a rename: shards exporting the same package at once each leave a whole file.
+  const std::string part = cached.string() + "." + std::to_string(getpid());
+  std::filesystem::create_directories(cached.parent_path(), ec);
+  if (std::filesystem::copy_file(out, part, std::filesystem::copy_options::overwrite_existing, ec))
+    std::filesystem::rename(part, cached, ec);
   return out;
 }
 
