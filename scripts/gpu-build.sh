@@ -84,7 +84,7 @@ configure() {
 stage configure configure || finish
 # --tests gpu builds only what the GPU suites and gpu-check run (the rest of the suite is CPU-only).
 targets=()
-[ "$tests" = gpu ] && targets=(--target tiler ctrun tiler_bench ctrun_helper model_test dist_test launcher_test)
+[ "$tests" = gpu ] && targets=(--target tiler ctrun tiler_bench ctrun_helper compute_tests launcher_test)
 [ "$tests" = none ] && targets=(--target tiler ctrun tiler_bench ctrun_helper)
 stage build cmake --build "$build" -j "$(nproc)" "${targets[@]}" || finish
 stage version "$build/tiler" --version

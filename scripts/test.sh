@@ -13,11 +13,15 @@
 #                                OpenSlide and HDF5 (build-nofeatures/): what needs one says so and skips
 #   scripts/test.sh --bundle DIR the unit tests built against a dependency bundle (scripts/build-deps.sh's
 #                                prefix DIR) instead of the system's libraries (build-bundle/)
-#   scripts/test.sh -L unit      extra arguments go to ctest (tests are named by executable: -R pipeline_test;
-#                                GTEST_FILTER=Pipeline.Resume* picks tests inside them)
+#   scripts/test.sh -L unit      extra arguments go to ctest (tests are named by executable: -R pipeline_test,
+#                                -R io_tests for the io floor's unit tests; GTEST_FILTER=Pipeline.Resume* or
+#                                GTEST_FILTER='Mask.*' picks tests inside them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sanitize=""
+# The unit tests as one executable per floor (core_tests, io_tests, writers_tests, compute_tests, jobs_tests);
+# the stages that run a few build one per test file instead (queue_test, ...).
+per_floor=ON
 targets=()
 filter=()
 # Each test process spends about 1 s starting (2-4 s under a sanitizer), more than most tests take: ctest runs
@@ -29,6 +33,7 @@ if [ "${1:-}" = "--sanitize" ]; then
 fi
 if [ "${1:-}" = "--tsan" ]; then
   sanitize="thread"
+  per_floor=OFF
   targets=(--target queue_test handle_pool_test loader_test outputs_test image_io_test blend_test)
   filter=(-R "^(queue|handle_pool|loader|outputs|image_io|blend)_test$")
   export GTEST_FILTER="Queue.*:HandlePool.*:Loader.*:Outputs.*:*LoaderThreads*:*Pyramid*:ImageReader.Concurrent*:\
@@ -39,6 +44,7 @@ features=()
 bundle=()
 if [ "${1:-}" = "--features-off" ]; then
   features=(-DTILER_WITH_GDAL=OFF -DTILER_WITH_OPENSLIDE=OFF -DTILER_WITH_HDF5=OFF)
+  per_floor=OFF
   targets=(--target tiler ctrun version_test readers_test window_outputs_test polygons_test pipeline_test)
   filter=(-R "^(version|readers|window_outputs|polygons|pipeline)_test")
   export GTEST_FILTER="Version.*:Readers.*:WindowOutputs.*:Polygons.*:*AFeatureThisBuildLacks*:*PolygonsOutline*:\
@@ -61,7 +67,8 @@ build=build
 [ ${#features[@]} -gt 0 ] && build=build-nofeatures
 [ ${#bundle[@]} -gt 0 ] && build=build-bundle
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
-  -DTILER_SANITIZE="$sanitize" -DTILER_TEST_PER_SUITE=ON "${features[@]}" "${bundle[@]}" >/dev/null
+  -DTILER_SANITIZE="$sanitize" -DTILER_TEST_PER_SUITE=ON \
+  -DTILER_UNIT_TESTS_PER_FLOOR=$per_floor "${features[@]}" "${bundle[@]}" >/dev/null
 cmake --build "$build" -j "$(nproc)" "${targets[@]}"
 
 echo "== clang-format check"

@@ -8,6 +8,7 @@
 #include <limits>
 #include <random>
 
+#include "test_util.hpp"
 #include "tiler/core/error.hpp"
 
 namespace tiler {
@@ -90,12 +91,6 @@ cv::Mat stitch(const WindowGrid& g, int c, StitchOptions o, const std::vector<st
   return out;
 }
 
-std::vector<int64_t> inOrder(int64_t n) {
-  std::vector<int64_t> v(static_cast<size_t>(n));
-  std::iota(v.begin(), v.end(), 0);
-  return v;
-}
-
 TEST(Importance, GaussianEqualsTheFormula) {
   const int64_t w = 7, h = 4;
   const double ss = 0.125;
@@ -133,7 +128,7 @@ TEST_P(IdentityBlend, IdentityPredictionsReproduceTheInput) {
     WindowGrid g(w, h, GridSpec{win, win, ov, ov});
     std::vector<std::vector<float>> preds;
     for (int64_t i = 0; i < g.count(); ++i) preds.push_back(identityPrediction(img, g, i));
-    cv::Mat out = stitch(g, 2, StitchOptions{mode, 0.125}, preds, inOrder(g.count()));
+    cv::Mat out = stitch(g, 2, StitchOptions{mode, 0.125}, preds, test::inOrder(g.count()));
     for (int64_t y = 0; y < h; ++y)
       for (int64_t x = 0; x < w; ++x)
         for (int c = 0; c < 2; ++c) {
@@ -155,10 +150,10 @@ TEST(Stitcher, ArrivalOrderDoesNotChangeAByte) {
   std::mt19937 rng(3);
   const std::vector<std::vector<float>> preds = disagreeingPredictions(img, g, rng);
   StitchOptions o{BlendMode::kGaussian, 0.125};
-  cv::Mat ref = stitch(g, 3, o, preds, inOrder(g.count()));
+  cv::Mat ref = stitch(g, 3, o, preds, test::inOrder(g.count()));
   for (int trial = 0; trial < 5; ++trial) {
     // Shuffle within "steps" of 8 windows, as gathered batches arrive.
-    auto order = inOrder(g.count());
+    auto order = test::inOrder(g.count());
     for (size_t s = 0; s < order.size(); s += 8)
       std::shuffle(order.begin() + long(s), order.begin() + long(std::min(order.size(), s + 8)), rng);
     if (trial == 4) std::reverse(order.begin(), order.end());
@@ -181,7 +176,7 @@ TEST(Stitcher, RowPiecesOnAPoolChangeNoByte) {
   WorkPool pool(3);
   for (BlendMode mode : {BlendMode::kGaussian, BlendMode::kConstant, BlendMode::kCrop}) {
     for (bool masked : {false, true}) {
-      const std::vector<int64_t> windows = masked ? kept : inOrder(g.count());
+      const std::vector<int64_t> windows = masked ? kept : test::inOrder(g.count());
       StitchOptions serial{mode, 0.125};
       const cv::Mat ref = stitch(g, 2, serial, preds, windows, masked ? kept : std::vector<int64_t>{});
       StitchOptions pooled = serial;
@@ -227,7 +222,7 @@ TEST(Stitcher, CropModeEqualsAWholeImageForwardOfAConvNet) {
     auto p = net(win.contiguous())[0].contiguous();
     preds.emplace_back(p.data_ptr<float>(), p.data_ptr<float>() + p.numel());
   }
-  cv::Mat out = stitch(g, 3, StitchOptions{BlendMode::kCrop, 0.125}, preds, inOrder(g.count()));
+  cv::Mat out = stitch(g, 3, StitchOptions{BlendMode::kCrop, 0.125}, preds, test::inOrder(g.count()));
   auto acc = whole.accessor<float, 3>();
   float worst = 0;
   for (int64_t y = 0; y < h; ++y)
@@ -243,7 +238,7 @@ TEST(Stitcher, OutputAtTheModelsScale) {
     WindowGrid g(160, 96, GridSpec{64, 64, 0.25, 0.25}, s);
     std::vector<std::vector<float>> preds;
     for (int64_t i = 0; i < g.count(); ++i) preds.push_back(identityPrediction(img, g, i));
-    cv::Mat out = stitch(g, 1, StitchOptions{BlendMode::kCrop, 0.125}, preds, inOrder(g.count()));
+    cv::Mat out = stitch(g, 1, StitchOptions{BlendMode::kCrop, 0.125}, preds, test::inOrder(g.count()));
     ASSERT_EQ(out.cols, s.apply(160));
     ASSERT_EQ(out.rows, s.apply(96));
     for (int y = 0; y < out.rows; ++y)
@@ -316,7 +311,7 @@ TEST(Stitcher, MaskedWindowsLeaveZerosAndKeepTheRestExact) {
   std::vector<std::vector<float>> preds;
   for (int64_t i = 0; i < g.count(); ++i) preds.push_back(identityPrediction(img, g, i));
   const StitchOptions o{BlendMode::kGaussian, 0.125};
-  const cv::Mat full = stitch(g, 2, o, preds, inOrder(g.count()));
+  const cv::Mat full = stitch(g, 2, o, preds, test::inOrder(g.count()));
   // Keep the windows of the first two grid rows and of the last row: a gap of several window heights.
   std::vector<int64_t> kept;
   const int64_t cols = g.columns(), rows = g.count() / cols;

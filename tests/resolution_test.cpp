@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <opencv2/core.hpp>
+#include <opencv2/imgcodecs.hpp>
 #include <random>
 
 #include "slide_util.hpp"
@@ -111,7 +112,7 @@ TEST(Slide, TargetsThatCannotBeMetNameTheImageAndWhy) {
   EXPECT_TRUE(chooseResolution(slideInfo(0.25, 40), ResolutionSpec{-1, 0.249}).native());
 }
 
-cv::Mat randomImage(int h, int w, int type, unsigned seed) {
+cv::Mat noiseImage(int h, int w, int type, unsigned seed) {
   cv::Mat m(h, w, type);
   cv::RNG rng(seed);
   rng.fill(m, cv::RNG::UNIFORM, 0, 255);
@@ -130,7 +131,7 @@ void writeTiff(const std::string& path, const cv::Mat& img, bool pyramid = false
 
 TEST(Slide, ResampledWindowsHoldTheSamePixelsWhereverTheyLie) {
   const std::string dir = test::scratchDir("slide_resample");
-  const cv::Mat img = randomImage(257, 301, CV_8UC3, 7);
+  const cv::Mat img = noiseImage(257, 301, CV_8UC3, 7);
   writeTiff(dir + "/a.tif", img);
   ImageInfo info = ImageReader::open(dir + "/a.tif")->info();
   const ProcessingResolution res = chooseResolution(info, ResolutionSpec{-1, 1.5, 0, 1.0});
@@ -172,7 +173,7 @@ TEST(Slide, ResampledWindowsHoldTheSamePixelsWhereverTheyLie) {
 TEST(Slide, TiffReaderReadsReducedPagesAndSubIfdsAsLevels) {
   TILER_SKIP_WITHOUT_TOOL("tiffcp");
   const std::string dir = test::scratchDir("slide_tiff_levels");
-  const cv::Mat img = randomImage(300, 520, CV_8UC3, 11);
+  const cv::Mat img = noiseImage(300, 520, CV_8UC3, 11);
   writeTiff(dir + "/pyramid.tif", img, true);  // NewSubfileType 1 pages: 260x150 ... 33x19 (one tile)
   auto reader = ImageReader::open(dir + "/pyramid.tif");
   const auto& levels = reader->info().levels;
@@ -217,7 +218,7 @@ class SlideFiles : public ::testing::Test {
     TILER_SKIP_WITHOUT_FEATURE("openslide");
     if (!test::haveSlideTools()) GTEST_SKIP() << "vips/openslide-tools not installed (scripts/setup-deps.sh)";
     dir_ = test::scratchDir("slide_files");
-    image_ = randomImage(768, 1024, CV_8UC3, 5);
+    image_ = noiseImage(768, 1024, CV_8UC3, 5);
     cv::GaussianBlur(image_, image_, cv::Size(9, 9), 3);
     test::makeSlide(image_, dir_ + "/plain.tif", dir_ + "/aperio.svs", 0.25, 40);
   }
@@ -343,7 +344,8 @@ TEST_F(SlideFiles, ASlideWithAnAbsurdTileTableFailsAloneInsteadOfAbortingTheProc
 }
 
 // A JPEG tile with a marker in the middle of its scan: libjpeg warns ("Corrupt JPEG data") and fills the rest
-// with grey; libtiff passed that on as a warning and the tile read as ok. The read fails now.
+// with grey; libtiff passed that on as a warning and the tile read as ok. The read fails now, also after
+// OpenCV's TIFF codec (a TIFF under another extension) has put its own libtiff handlers in ours' place.
 TEST_F(SlideFiles, ACorruptJpegTileInATiffFailsItsRead) {
   std::vector<char> b = bytesOf(dir_ + "/plain.tif");
   TIFF* tif = TIFFOpen((dir_ + "/plain.tif").c_str(), "r");
@@ -357,6 +359,8 @@ TEST_F(SlideFiles, ACorruptJpegTileInATiffFailsItsRead) {
   b[at + 1] = char(0xD9);  // EOI in the middle of the entropy-coded data
   writeBytes(dir_ + "/corrupt_tile.tif", b);
   auto reader = ImageReader::open(dir_ + "/corrupt_tile.tif");
+  ASSERT_TRUE(cv::imwrite(dir_ + "/by_opencv.tif", cv::Mat(8, 8, CV_8UC1, cv::Scalar(1))));
+  ASSERT_FALSE(cv::imread(dir_ + "/by_opencv.tif").empty());
   try {
     reader->readRegion({0, 0, 64, 64});
     FAIL() << "a corrupt JPEG tile read as ok";

@@ -18,6 +18,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -117,6 +118,13 @@ inline std::string exportSamplePt2(const std::string& dir, int window, std::stri
   if (std::filesystem::copy_file(out, part, std::filesystem::copy_options::overwrite_existing, ec))
     std::filesystem::rename(part, cached, ec);
   return out;
+}
+
+// The windows 0 to n-1, as a stitcher is fed them when every window is kept.
+inline std::vector<int64_t> inOrder(int64_t n) {
+  std::vector<int64_t> v(static_cast<size_t>(n));
+  std::iota(v.begin(), v.end(), 0);
+  return v;
 }
 
 // Runs shell commands at the same time (ranks of one world); returns their exit codes, in order.

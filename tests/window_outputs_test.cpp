@@ -69,12 +69,6 @@ std::vector<std::string> writeAll(const CatalogImage& img, const WindowOutputOpt
   return out.commit();
 }
 
-std::vector<int64_t> inOrder(int64_t n) {
-  std::vector<int64_t> v(static_cast<size_t>(n));
-  std::iota(v.begin(), v.end(), 0);
-  return v;
-}
-
 WindowOutputOptions embed(int64_t dim) {
   WindowOutputOptions o;
   o.kinds = {"features"};
@@ -92,7 +86,7 @@ TEST(WindowOutputs, FeaturesInWindowOrderWithLevelZeroCoordinates) {
   TILER_SKIP_WITHOUT_TOOL("h5dump");
   const std::string dir = test::scratchDir("features");
   const CatalogImage img = image(dir, 4.0);
-  std::vector<int64_t> order = inOrder(12);
+  std::vector<int64_t> order = test::inOrder(12);
   std::shuffle(order.begin(), order.end(), std::mt19937(7));
   const auto paths = writeAll(img, embed(3), order);
   ASSERT_EQ(paths, std::vector<std::string>{dir + "/slide.h5"});
@@ -135,7 +129,7 @@ TEST(WindowOutputs, UnknownResolutionAttributesAreNaNNotMissing) {
   img.info.objective_power.reset();
   img.resolution.mpp.reset();
   img.resolution.source_mpp.reset();
-  const auto paths = writeAll(img, embed(2), inOrder(12));
+  const auto paths = writeAll(img, embed(2), test::inOrder(12));
   for (const std::string where : {"/", "/coords/"})
     for (const char* attribute : {"mpp", "level0_mpp", "level0_magnification", "target_magnification"}) {
       const auto r = test::runCommand("h5dump -a " + where + attribute + " " + paths[0]);
@@ -155,7 +149,7 @@ TEST(WindowOutputs, TheSameVectorsInAnyOrderGiveTheSameBytes) {
   img.grid = WindowGrid(400, 30, GridSpec{10, 10, 0.0, 0.0});
   std::string first;
   for (unsigned seed : {0u, 1u, 2u}) {
-    std::vector<int64_t> order = inOrder(img.plannedWindows());
+    std::vector<int64_t> order = test::inOrder(img.plannedWindows());
     if (seed) std::shuffle(order.begin(), order.end(), std::mt19937(seed));
     writeAll(img, embed(20), order);
     const std::string bytes = test::slurp(dir + "/slide.h5");
@@ -165,7 +159,7 @@ TEST(WindowOutputs, TheSameVectorsInAnyOrderGiveTheSameBytes) {
   }
   EXPECT_EQ(test::h5dumpValues(
                 [&] {
-                  writeAll(img, embed(20), inOrder(img.plannedWindows()));
+                  writeAll(img, embed(20), test::inOrder(img.plannedWindows()));
                   return dir + "/slide.h5";
                 }(),
                 "coords")
@@ -188,7 +182,7 @@ TEST(WindowOutputs, FeaturesPtIsATensorThatTorchLoadReads) {
   const CatalogImage img = image(dir, 4.0);
   WindowOutputOptions o = embed(3);
   o.kinds = {"features_pt"};
-  std::vector<int64_t> order = inOrder(12);
+  std::vector<int64_t> order = test::inOrder(12);
   std::shuffle(order.begin(), order.end(), std::mt19937(11));
   EXPECT_EQ(writeAll(img, o, order), std::vector<std::string>{dir + "/slide.pt"});
   EXPECT_FALSE(fs::exists(dir + "/slide.h5")) << "only what --save names";
@@ -204,7 +198,7 @@ TEST(WindowOutputs, FeaturesPtIsATensorThatTorchLoadReads) {
     for (int64_t d = 0; d < 3; ++d) EXPECT_EQ(t[w][d].item<float>(), float(w * 100 + d)) << w << "," << d;
   const std::string first = test::slurp(dir + "/slide.pt");
   fs::remove(dir + "/slide.pt");
-  writeAll(img, o, inOrder(12));
+  writeAll(img, o, test::inOrder(12));
   EXPECT_TRUE(test::slurp(dir + "/slide.pt") == first) << "the same bytes for any arrival order";
   if (test::runCommand("/usr/bin/python3 -c 'import torch'").code == 0) {
     // Python's own reader, with weights_only where this torch has it (the default from 2.6).
@@ -263,7 +257,7 @@ TEST(WindowOutputs, FeaturesPtLeavesNothingWhenNotCommitted) {
   std::ofstream(dir + "/victim") << "precious";
   for (const char* planted : {"/slide.pt.partial", "/slide.pt.rows.partial"})
     fs::create_symlink(dir + "/victim", dir + planted);
-  writeAll(img, o, inOrder(12));
+  writeAll(img, o, test::inOrder(12));
   EXPECT_EQ(test::slurp(dir + "/victim"), "precious");
   EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(dir + "/slide.pt")));
   EXPECT_EQ(loadTensorFile(dir + "/slide.pt").size(0), 12);
@@ -314,7 +308,7 @@ TEST(WindowOutputs, ClassScoresAsCsvQuPathTilesAndAHeatmap) {
   o.kinds = {"csv", "tiles", "heatmap"};
   o.dim = 2;
   o.classes = parseClasses("stroma,tumor:#ff0000");
-  std::vector<int64_t> order = inOrder(img.plannedWindows());
+  std::vector<int64_t> order = test::inOrder(img.plannedWindows());
   std::reverse(order.begin(), order.end());
   const auto paths = writeAll(img, o, order);
   EXPECT_EQ(paths.size(), 3u);

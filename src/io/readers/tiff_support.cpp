@@ -129,15 +129,17 @@ uint64_t tiffFileSize(TIFF* tif) {
 }
 
 void installTiffHandlers() {
+  // libtiff's handlers are the process's: OpenCV's TIFF codec sets its own the first time it reads or writes
+  // a TIFF (one under another extension, through the opencv reader), and libtiff's errors and corrupt-tile
+  // warnings would go to its log from then on. Ours are set again before each call whose failure we name.
+  TIFFSetErrorHandler(tiffErrorHandler);
+  TIFFSetWarningHandler(tiffWarningHandler);
   static std::once_flag once;
-  std::call_once(once, [] {
-    TIFFSetErrorHandler(tiffErrorHandler);
-    TIFFSetWarningHandler(tiffWarningHandler);
-    g_parent_extender = TIFFSetTagExtender(geoTagExtender);
-  });
+  std::call_once(once, [] { g_parent_extender = TIFFSetTagExtender(geoTagExtender); });
 }
 
 void clearTiffError() {
+  installTiffHandlers();
   t_tiff_error.clear();
   t_tiff_corruption.clear();
 }

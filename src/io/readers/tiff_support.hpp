@@ -19,9 +19,10 @@ constexpr ttag_t kModelPixelScale = 33550, kModelTiepoint = 33922, kModelTransfo
                  kGdalMetadata = 42112, kGdalNodata = 42113;
 
 // libtiff's errors collect per thread for takeTiffError(), its warnings go to the debug log; the tags above
-// are registered. Once per process; call it before any libtiff call.
+// are registered (once per process). Call it before any libtiff call.
 void installTiffHandlers();
-// Forgets this thread's collected libtiff errors (before a call whose failure takeTiffError() will name).
+// Forgets this thread's collected libtiff errors (before a call whose failure takeTiffError() will name), and
+// sets our handlers again, should another library's have replaced them.
 void clearTiffError();
 // This thread's libtiff errors since the last clear ("unknown libtiff error" when none), cleared.
 std::string takeTiffError();
