@@ -141,6 +141,55 @@ TEST(Outputs, AStageWritesOnlyItsOwnImagesAndReportsThem) {
   removeTree(dir);
 }
 
+// A head whose consumer fails while aggregating (on the thread the stage gives each head after the first):
+// that image fails, the other head's files of it are never final, and the other images are whole; the heads
+// of a good image each write what that head alone writes.
+class ThrowingHead : public ImageConsumer {
+ public:
+  explicit ThrowingHead(const CatalogImage& image) : input_(image.input) {}
+  void aggregate(const std::vector<WindowResult>& windows) override {
+    TILER_CHECK(input_.find("in1.png") == std::string::npos, IoError, "'" << input_ << "': the head failed");
+    seen_ += int64_t(windows.size());
+  }
+  bool done() const override { return seen_ > 0; }
+  std::vector<std::string> finalize() override { return {}; }
+
+ private:
+  std::string input_;
+  int64_t seen_ = 0;
+};
+
+TEST(Outputs, AHeadThatFailsFailsItsImageAloneAndTheOtherHeadWritesAsAlone) {
+  const std::string dir = test::scratchDir("stage_heads"), alone = test::scratchDir("stage_head_alone");
+  WindowCatalog c = smallCatalog(dir, 3), one = smallCatalog(alone, 3);
+  OutputOptions o = segmentStage(threeClasses());
+  o.parts.push_back({[](CatalogImage& image, const WriterOptions&) -> std::unique_ptr<ImageConsumer> {
+    return std::make_unique<ThrowingHead>(image);
+  }});
+  OutputStage stage(c, o), single(one, segmentStage(threeClasses()));
+  StepResult step = stepOf(3);
+  StepResult same = step;
+  ASSERT_TRUE(stage.submit(std::move(step)));
+  ASSERT_TRUE(single.submit(std::move(same)));
+  stage.finish();
+  single.finish();
+  EXPECT_FALSE(stage.error());
+  EXPECT_EQ(c.image(1).status, "error");
+  EXPECT_NE(c.image(1).error.find("in1.png': the head failed"), std::string::npos) << c.image(1).error;
+  EXPECT_FALSE(fs::exists(dir + "/img1_labels.tif"));
+  EXPECT_FALSE(fs::exists(dir + "/img1_probs.tif"));
+  for (int i : {0, 2}) {
+    EXPECT_EQ(c.image(i).status, "done") << i;
+    for (const char* kind : {"_labels.tif", "_probs.tif"}) {
+      const std::string name = "/img" + std::to_string(i) + kind;
+      EXPECT_EQ(test::slurp(dir + name), test::slurp(alone + name)) << name;
+    }
+  }
+  for (const auto& e : fs::directory_iterator(dir)) EXPECT_NE(e.path().extension(), ".partial") << e.path();
+  removeTree(dir);
+  removeTree(alone);
+}
+
 // A per-window model's stage: vectors, not maps, go to window_outputs; a write fault fails its image alone.
 TEST(Outputs, PerWindowVectorsAreWrittenByTheStageAndAFaultFailsOneImage) {
   TILER_SKIP_WITHOUT_FEATURE("hdf5");

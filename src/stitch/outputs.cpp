@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <future>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -221,6 +222,30 @@ WindowResult partOfSlot(const StepResult& step, const OutputPart& part, int64_t 
 
 }  // namespace
 
+void OutputStage::aggregateAll(std::vector<std::unique_ptr<ImageConsumer>>& consumers,
+                               const std::vector<std::vector<WindowResult>>& windows) {
+  // Each head's consumer has its own accumulator and files: the heads take their shares at once, so a
+  // multi-head job stitches in the time of its largest head rather than their sum. Every one has returned
+  // before the first failure is rethrown (the image's consumers are then closed).
+  std::vector<std::future<void>> others;
+  for (size_t p = 1; p < consumers.size(); ++p)
+    others.push_back(std::async(std::launch::async, [&, p] { consumers[p]->aggregate(windows[p]); }));
+  std::exception_ptr failure;
+  try {
+    consumers[0]->aggregate(windows[0]);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  for (auto& other : others) {
+    try {
+      other.get();
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+}
+
 void OutputStage::stitchImageWindows(const StepResult& step, const std::vector<LocatedSlot>& located,
                                      size_t first, size_t last, const float* base, int64_t per_window) {
   const int image_id = located[first].image;
@@ -243,11 +268,9 @@ void OutputStage::stitchImageWindows(const StepResult& step, const std::vector<L
         windows[p].back().window = located[i].window;
       }
     }
+    aggregateAll(consumers, windows);
     bool done = true;
-    for (size_t p = 0; p < consumers.size(); ++p) {
-      consumers[p]->aggregate(windows[p]);
-      done = done && consumers[p]->done();
-    }
+    for (const auto& consumer : consumers) done = done && consumer->done();
     if (done) finishImage(image_id, "");
   } catch (...) {
     finishImage(image_id, describeImageException(std::current_exception(), catalog_.image(image_id).input));

@@ -45,8 +45,10 @@ struct WindowResult {
   const std::string* record = nullptr;  // or its record
 };
 
-// What takes an image's window results (MONAI's Merger: aggregate, finalize). Not thread safe (the output
-// stage's thread).
+// What takes an image's window results (MONAI's Merger: aggregate, finalize). Not thread safe: one thread at
+// a time, the output stage's, but for a job with several heads, whose consumers aggregate at once, each on a
+// thread (they share no state but the stage's thread-safe compression pool; each head writes into its own
+// view of the image, added to the image in finalize, which the stage's thread calls).
 class ImageConsumer {
  public:
   virtual ~ImageConsumer() = default;
@@ -161,6 +163,10 @@ class OutputStage {
   // failure fails the image.
   void stitchImageWindows(const StepResult& step, const std::vector<LocatedSlot>& located, size_t first,
                           size_t last, const float* base, int64_t per_window);
+  // Each consumer's share of a step's windows of one image (consumers[p] takes windows[p]), the consumers at
+  // once; rethrows the first failure once all have returned.
+  static void aggregateAll(std::vector<std::unique_ptr<ImageConsumer>>& consumers,
+                           const std::vector<std::vector<WindowResult>>& windows);
   // The image's consumer of window results, created with its partial files at its first window.
   std::vector<std::unique_ptr<ImageConsumer>>& outputsFor(int image_id);
   void finishImage(int image_id, const std::string& error);
