@@ -655,6 +655,7 @@ def forward(self, x):
 TEST(Model, SecondsPerWindowCountsThisThreadsCpuTimeNotTheMachinesLoad) {
   ModelRunner r(cpuOptions(saveModule("timed_loaded", 3, 2, kConv)));
   r.probe(256, 256);
+  const int threads_before = at::get_num_threads();  // restored at the end: the floor's tests share a process
   at::set_num_threads(2);
   cpu_set_t one;
   CPU_ZERO(&one);
@@ -682,6 +683,7 @@ TEST(Model, SecondsPerWindowCountsThisThreadsCpuTimeNotTheMachinesLoad) {
   EXPECT_LT(4 * seconds, wall) << "judged by the wall clock: " << seconds << " s a window in " << wall
                                << " s";
   EXPECT_EQ(at::get_num_threads(), 2) << "the caller's intra-op threads are restored";
+  at::set_num_threads(threads_before);
 }
 
 // LibTorch's convolutions run on whatever libblas.so.3 is; the reference one costs the sample UNet 1.5-1.8x.

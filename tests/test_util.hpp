@@ -21,6 +21,7 @@
 #include <numeric>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tiler/core/error.hpp"
@@ -69,7 +70,9 @@ inline CommandResult runCommand(const std::string& cmd) {
 // a GPU machine). An export that fails where Python could export is a test failure.
 // An export compiles C++ (15-20 s; Inductor's own caches do not serve AOT mode), so each package is kept in
 // the build tree's pt2-cache under a digest of all it is made from: the script, the network's source, the
-// weights, the arguments, AOT_INDUCTOR_DEBUG_COMPILE, and the Python and PyTorch that export it.
+// weights, the arguments, the compiler and Inductor variables (CC, CXX, TORCHINDUCTOR_*, AOT_INDUCTOR_*), the
+// Python and PyTorch (and its CUDA) that export it, the CPU's vector ISA and, for cuda, the GPU's capability.
+// Only a package whose export exited 0 is kept.
 inline std::string exportSamplePt2(const std::string& dir, int window, std::string* why,
                                    const std::string& network = "UNet", const std::string& device = "cpu") {
   const std::string src = TILER_TEST_SOURCE_DIR;
@@ -85,8 +88,17 @@ inline std::string exportSamplePt2(const std::string& dir, int window, std::stri
       python +
       " -c \"import hashlib, os, sys, torch, setuptools.command.build_ext\n"
       "assert tuple(int(v) for v in torch.__version__.split('.')[:2]) >= (2, 6), torch.__version__\n"
-      "h = hashlib.sha256(repr((sys.argv[1:], sys.executable, torch.__version__, torch.__file__, "
-      "os.environ.get('AOT_INDUCTOR_DEBUG_COMPILE'))).encode())\n"
+      "env = sorted((k, v) for k, v in os.environ.items()\n"
+      "             if k in ('CC', 'CXX') or k.startswith(('TORCHINDUCTOR_', 'AOT_INDUCTOR_')))\n"
+      "try:\n"
+      "    import torch.backends.cpu as cpu_backend\n"
+      "    cpu = cpu_backend.get_cpu_capability()\n"
+      "except Exception:\n"
+      "    cpu = ''\n"
+      "gpu = torch.cuda.get_device_capability() if '--device cuda' in sys.argv[4] else None\n"
+      "h = hashlib.sha256(repr((sys.argv[1:], sys.executable, sys.version, torch.__version__, "
+      "torch.__file__, "
+      "torch.version.cuda, env, cpu, gpu)).encode())\n"
       "for f in sys.argv[1:4]: h.update(open(f, 'rb').read())\n"
       "print('digest', h.hexdigest())\" " +
       src + "/scripts/export_model.py " + src + "/samples/make_samples.py " + src + "/samples/models/" +
@@ -112,8 +124,10 @@ inline std::string exportSamplePt2(const std::string& dir, int window, std::stri
     *why = "the export failed";
     return "";
   }
+  if (r.code != 0) return out;
   // Into the cache by a rename: shards exporting the same package at once each leave a whole file.
-  const std::string part = cached.string() + "." + std::to_string(getpid());
+  const std::string part = cached.string() + "." + std::to_string(getpid()) + "." +
+                           std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()));
   std::filesystem::create_directories(cached.parent_path(), ec);
   if (std::filesystem::copy_file(out, part, std::filesystem::copy_options::overwrite_existing, ec))
     std::filesystem::rename(part, cached, ec);

@@ -429,6 +429,7 @@ class TiffReader final : public ImageReader {
     const HandleLease tif(*this);
     const size_t px = bytesPerSample(info_.type) * size_t(stored_channels_);
     std::vector<uint8_t> line(size_t(TIFFScanlineSize64(tif.get())));
+    clearTiffError();
     for (int64_t y = r.y; y < r.bottom(); ++y) {
       if (TIFFReadScanline(tif.get(), line.data(), uint32_t(y), 0) < 0)
         TILER_THROW(IoError, "'" << info_.path << "': TIFFReadScanline failed at row " << y << ": "

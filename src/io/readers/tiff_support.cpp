@@ -129,9 +129,10 @@ uint64_t tiffFileSize(TIFF* tif) {
 }
 
 void installTiffHandlers() {
-  // libtiff's handlers are the process's: OpenCV's TIFF codec sets its own the first time it reads or writes
-  // a TIFF (one under another extension, through the opencv reader), and libtiff's errors and corrupt-tile
-  // warnings would go to its log from then on. Ours are set again before each call whose failure we name.
+  // libtiff's handlers are the process's: OpenCV's TIFF codec sets its own at every TIFF it reads or writes
+  // (one under another extension, through the opencv reader), and libtiff's errors and corrupt-tile warnings
+  // would go to its log from then on. Ours are set again before each call whose failure we name (a store of
+  // the same two pointers; setting OpenCV's first, once, does not hold: it sets them again).
   TIFFSetErrorHandler(tiffErrorHandler);
   TIFFSetWarningHandler(tiffWarningHandler);
   static std::once_flag once;
