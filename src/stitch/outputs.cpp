@@ -230,20 +230,7 @@ void OutputStage::aggregateAll(std::vector<std::unique_ptr<ImageConsumer>>& cons
   std::vector<std::future<void>> others;
   for (size_t p = 1; p < consumers.size(); ++p)
     others.push_back(std::async(std::launch::async, [&, p] { consumers[p]->aggregate(windows[p]); }));
-  std::exception_ptr failure;
-  try {
-    consumers[0]->aggregate(windows[0]);
-  } catch (...) {
-    failure = std::current_exception();
-  }
-  for (auto& other : others) {
-    try {
-      other.get();
-    } catch (...) {
-      if (!failure) failure = std::current_exception();
-    }
-  }
-  if (failure) std::rethrow_exception(failure);
+  runBesideOthers(others, [&] { consumers[0]->aggregate(windows[0]); });
 }
 
 void OutputStage::stitchImageWindows(const StepResult& step, const std::vector<LocatedSlot>& located,

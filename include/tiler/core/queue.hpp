@@ -1,5 +1,6 @@
 // queue: the bounded FIFO between tiler's threads (read-ahead, output stage, pyramid levels), the work pool
-// that compresses output tiles and blends rows, and parallelRows over it. No LibTorch.
+// that compresses output tiles and blends rows, and parallelRows over it (and runBesideOthers, its join). No
+// LibTorch.
 // Promise: push() blocks while full, pop() while empty; close() releases both sides at once. A pool runs
 // every task it was given before its destructor returns; a task's exception reaches its future.
 // parallelRows returns once every piece is done, so its body may use the caller's locals.
@@ -134,6 +135,27 @@ class WorkPool {
 // 1.5 MB (the stitcher's rows, the output stage's conversions).
 constexpr int64_t kMinRowsPerPiece = 16;
 
+// Runs `here` on the calling thread, then waits for every one of `others` (started elsewhere before it), and
+// rethrows the first failure, here's before the others' in order, once all of them have ended: what they
+// share by reference outlives them all.
+template <typename F>
+void runBesideOthers(std::vector<std::future<void>>& others, const F& here) {
+  std::exception_ptr failure;
+  try {
+    here();
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  for (auto& other : others) {
+    try {
+      other.get();
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+}
+
 // Runs body(first, last) over the rows [0, rows) in pieces of at least `min_rows` rows, up to one per pool
 // thread plus one on the calling thread (the others as urgent tasks of `pool`; null: all on the calling
 // thread), and returns when all are done, rethrowing the first exception of any. For rows that do not depend
@@ -151,20 +173,7 @@ void parallelRows(WorkPool* pool, int64_t rows, int64_t min_rows, const F& body)
   for (int64_t k = 1; k < pieces; ++k)
     others.push_back(
         pool->submitUrgent([&body, first = bound(k), last = bound(k + 1)] { body(first, last); }));
-  std::exception_ptr failure;
-  try {
-    body(int64_t(0), bound(1));
-  } catch (...) {
-    failure = std::current_exception();
-  }
-  for (auto& piece : others) {
-    try {
-      piece.get();
-    } catch (...) {
-      if (!failure) failure = std::current_exception();
-    }
-  }
-  if (failure) std::rethrow_exception(failure);
+  runBesideOthers(others, [&] { body(int64_t(0), bound(1)); });
 }
 
 }  // namespace tiler
