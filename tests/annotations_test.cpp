@@ -83,6 +83,10 @@ TEST(WindowLabels, NamesOrIndicesAndEachBadRowByItsLine) {
   const auto rows = readWindowLabels(write("image,x,y,label\r\n\n\"a, b.png\", 512 ,1024.0,Tumor\nc,0,0,0\n"),
                                      {"Other", "Tumor"});
   ASSERT_EQ(rows.size(), 2u);
+  // Excel's "CSV UTF-8" starts with a byte order mark.
+  EXPECT_EQ(
+      readWindowLabels(write("\xEF\xBB\xBFimage,x,y,label\r\na,0,0,Tumor\r\n"), {"Other", "Tumor"}).size(),
+      1u);
   EXPECT_EQ(rows[0].image, "a, b.png");
   EXPECT_EQ(rows[0].x, 512);
   EXPECT_EQ(rows[0].y, 1024);
@@ -104,6 +108,15 @@ TEST(WindowLabels, NamesOrIndicesAndEachBadRowByItsLine) {
     } catch (const IoError& e) {
       EXPECT_NE(e.message().find("window labels '" + dir + "/w.csv'"), std::string::npos) << e.message();
       EXPECT_NE(e.message().find(expected), std::string::npos) << e.message();
+    }
+  }
+  for (const auto& [path, why] : {std::pair<std::string, std::string>{"/dev/null", "is a character device"},
+                                  {dir + "/none.csv", "not found"}}) {
+    try {
+      readWindowLabels(path, {"Other"});
+      ADD_FAILURE() << "taken: " << path;
+    } catch (const IoError& e) {
+      EXPECT_NE(e.message().find("window labels '" + path + "': " + why), std::string::npos) << e.message();
     }
   }
 }

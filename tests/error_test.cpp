@@ -132,6 +132,20 @@ TEST(Error, ReportFatalDropsLibTorchsBacktrace) {
   EXPECT_EQ(withoutBacktrace("a\nException raised from x\n"), "a");
 }
 
+TEST(Error, RedactSecretsHidesPasswordsAndSignaturesOnly) {
+  EXPECT_EQ(redactSecrets("'https://ann:s3cr:et@slides.example/a.tif': HTTP 404"),
+            "'https://ann:***@slides.example/a.tif': HTTP 404");
+  EXPECT_EQ(redactSecrets("https://b.s3.amazonaws.com/a.svs?X-Amz-Algorithm=AWS4&X-Amz-Credential=AKIA%2F1"
+                          "&X-Amz-Signature=deadbeef&x-id=GetObject"),
+            "https://b.s3.amazonaws.com/a.svs?X-Amz-Algorithm=AWS4&X-Amz-Credential=***"
+            "&X-Amz-Signature=***&x-id=GetObject");
+  EXPECT_EQ(redactSecrets("https://acct.blob.core.windows.net/c/a.tif?sv=2021&sig=abc%3D"),
+            "https://acct.blob.core.windows.net/c/a.tif?sv=2021&sig=***");
+  for (const std::string kept : {"https://host:8080/a.tif", "/data/user:name@x/a.tif", "s3://bucket/a.tif",
+                                 "'https://host/a.tif?page=2': no such file"})
+    EXPECT_EQ(redactSecrets(kept), kept);
+}
+
 TEST(Error, ExitCodesAreTheContract) {
   EXPECT_EQ(kExitOk, 0);
   EXPECT_EQ(kExitFatal, 1);

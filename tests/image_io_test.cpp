@@ -825,6 +825,28 @@ TEST(ImageWriter, CopiesGeoTiffAndResolutionTagsAdjustedForScale) {
   TIFFClose(t);
 }
 
+TEST(ImageReader, ADocumentsDpiIsNoPhysicalSizeButAScansIs) {
+  // 72 dpi is what many writers put in every TIFF: 352.8 µm/px would drive --mpp to nonsense. A scanner's
+  // 101600 dpi is 0.25 µm/px.
+  for (const auto& [dpi, mpp] : {std::pair<float, double>{72.0f, 0.0}, {300.0f, 0.0}, {101600.0f, 0.25}}) {
+    const auto path = tempPath("dpi.tif");
+    writeTiff(path, randomImage(16, 16, CV_8UC1, 1), true, COMPRESSION_NONE, false);
+    TIFF* t = TIFFOpen(path.c_str(), "r+");
+    TIFFSetField(t, TIFFTAG_XRESOLUTION, dpi);
+    TIFFSetField(t, TIFFTAG_YRESOLUTION, dpi);
+    TIFFSetField(t, TIFFTAG_RESOLUTIONUNIT, RESUNIT_INCH);
+    TIFFRewriteDirectory(t);
+    TIFFClose(t);
+    const auto info = ImageReader::open(path)->info();
+    if (mpp == 0) {
+      EXPECT_FALSE(info.mpp.has_value()) << dpi << " dpi read as " << *info.mpp << " µm/px";
+    } else {
+      ASSERT_TRUE(info.mpp.has_value()) << dpi;
+      EXPECT_NEAR(*info.mpp, mpp, 1e-6);
+    }
+  }
+}
+
 TEST(ImageIo, ExtensionsAndCompressionNames) {
   EXPECT_TRUE(hasImageExtension("a/b.TIF"));
   EXPECT_TRUE(hasImageExtension("x.webp"));

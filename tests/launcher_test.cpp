@@ -7,6 +7,7 @@
 #include "tiler/ctrun/options.hpp"
 #include "tiler/ctrun/signals.hpp"
 #include "tiler/ctrun/streams.hpp"
+#include "tiler/ctrun/worker_group.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -298,6 +299,31 @@ TEST(Launcher, RestartSucceedsOnTheSecondAttempt) {
   EXPECT_EQ(bad.code, 5) << bad.output;
 }
 
+TEST(Launcher, AWorkerSignalledBeforeItsExecIsNotASignalToCtrun) {
+  // The group's SIGTERM can reach a worker forked but not yet exec'd (a rank failed at once on a loaded
+  // machine): it must stop that worker, not run ctrun's handler in the child and so read, in ctrun, as a
+  // signal that reached ctrun (which ends the job instead of reporting the failure). In a child process: the
+  // handlers are ctrun's for its lifetime.
+  const std::string dir = tempDir("term_before_exec");
+  const pid_t child = fork();
+  if (child == 0) {
+    ctrun::installSignalPipe();
+    LaunchOptions options;
+    options.grace_period = 5;
+    int misread = 0;
+    for (int attempt = 0; attempt < 20; ++attempt) {
+      ctrun::WorkerGroup group(options, {"sleep", "30"}, 4, dir + "/" + std::to_string(attempt), 0);
+      group.start();
+      misread += group.stop(SIGTERM) != 0 ? 1 : 0;
+    }
+    _exit(misread);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "of 20 groups stopped at once, this many read a signal to ctrun";
+}
+
 void killCtrunAndCheckNoWorkerSurvives(int sig, bool workers_ignore_term) {
   auto dir = tempDir("kill" + std::to_string(sig));
   pid_t ctrun = fork();
@@ -478,6 +504,9 @@ TEST(Launcher, ResolvesNprocAndRejectsNonsense) {
             countNvidiaGpus() > 0 ? countNvidiaGpus() : resolveNprocPerNode("cpu"));
   EXPECT_ANY_THROW(resolveNprocPerNode("0"));
   EXPECT_ANY_THROW(resolveNprocPerNode("two"));
+  EXPECT_EQ(resolveNprocPerNode(std::to_string(kMaxWorkersPerNode)), kMaxWorkersPerNode);
+  EXPECT_THROW(resolveNprocPerNode(std::to_string(kMaxWorkersPerNode + 1)), ConfigError);
+  EXPECT_THROW(resolveNprocPerNode("99999999999"), ConfigError);
   auto r = run(kCtrun + " --nproc_per_node banana " + kHelper + " env /tmp");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.output.find("--nproc_per_node must be"), std::string::npos);
@@ -505,6 +534,21 @@ TEST(Launcher, ResolvesNprocAndRejectsNonsense) {
       rankless.output.find("--nnodes 2 with the static rendezvous needs --node_rank (0..1) on each node"),
       std::string::npos)
       << rankless.output;
+  // Bounds a typo would cross: refused in one line before any worker starts, from the flag or PET_.
+  for (const std::string& args : {std::string("--nproc_per_node 100000"), std::string("PET")}) {
+    auto many = run((args == "PET" ? "PET_NPROC_PER_NODE=100000 " + kCtrun : kCtrun + " " + args) +
+                    " --master_port 0 " + kHelper + " env /nonexistent");
+    EXPECT_EQ(many.code, 1) << many.output;
+    EXPECT_NE(many.output.find("100000 workers; ctrun starts at most"), std::string::npos) << many.output;
+  }
+  auto few_files = run("ulimit -n 256; " + kCtrun + " --nproc_per_node 200 --master_port 0 " + kHelper +
+                       " env /nonexistent");
+  EXPECT_EQ(few_files.code, 1) << few_files.output;
+  EXPECT_NE(few_files.output.find("ulimit -n"), std::string::npos) << few_files.output;
+  auto hidden = run(kCtrun + " --nproc_per_node 2 --local_ranks_filter 0,5 --master_port 0 " + kHelper +
+                    " env /nonexistent");
+  EXPECT_EQ(hidden.code, 1) << hidden.output;
+  EXPECT_NE(hidden.output.find("names local rank 5"), std::string::npos) << hidden.output;
   auto missing = run(kCtrun + " --master_port 0 /no/such/program");
   EXPECT_EQ(missing.code, 127) << missing.output;
   EXPECT_NE(missing.output.find("cannot run '/no/such/program'"), std::string::npos);

@@ -2,6 +2,7 @@
 #include "tiler/io/mask.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <tiffio.h>
 
 #include <filesystem>
@@ -291,6 +292,84 @@ TEST(Roi, BadInputsNameTheFileAndTheProblem) {
   EXPECT_THROW(CoverageMask::make(*reader, parseMaskSpec("none", 0.05, dir + "/none")), IoError);
   EXPECT_THROW(parseMaskSpec("none", 0.05, dir + "/missing.geojson"), ConfigError);
   EXPECT_THROW(parseMaskSpec("none", 0.05, "", "Tumor"), ConfigError);
+}
+
+TEST(Roi, WhatIsNoRegularFileIsRefusedNeverRead) {
+  // A FIFO would block the read for ever; /dev/zero never ends. Named itself (the run is refused) or found
+  // in a --roi directory (that image fails), each is refused at once naming it.
+  const std::string dir = test::scratchDir("roi_special");
+  ASSERT_EQ(mkfifo((dir + "/pipe.geojson").c_str(), 0600), 0);
+  fs::create_symlink("/dev/zero", dir + "/zero.geojson");
+  for (const auto& [name, why] : {std::pair<std::string, std::string>{"pipe.geojson", "is a FIFO"},
+                                  {"zero.geojson", "is a character device"}}) {
+    try {
+      parseMaskSpec("none", 0.05, dir + "/" + name);
+      ADD_FAILURE() << name << " taken as --roi";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(e.message().find(name + "': " + why), std::string::npos) << e.message();
+    }
+    try {
+      readRoi(dir + "/" + name, "");
+      ADD_FAILURE() << name << " read";
+    } catch (const IoError& e) {
+      EXPECT_NE(e.message().find(name + "': " + why), std::string::npos) << e.message();
+    }
+  }
+  write(dir + "/pipe.tif", cv::Mat(20, 20, CV_8UC3, cv::Scalar(1, 2, 3)));
+  auto reader = ImageReader::open(dir + "/pipe.tif");
+  try {
+    CoverageMask::make(*reader, parseMaskSpec("none", 0.05, dir));
+    ADD_FAILURE() << "a FIFO in the --roi directory made a mask";
+  } catch (const IoError& e) {
+    EXPECT_NE(e.message().find("pipe.geojson': is a FIFO"), std::string::npos) << e.message();
+  }
+}
+
+TEST(Roi, DeepNestingIsRefusedInOneLineWithoutACrash) {
+  const std::string dir = test::scratchDir("roi_deep");
+  const std::string deep =
+      R"({"type": "FeatureCollection", "features": [{"type": "Feature", "properties": )" +
+      std::string(100000, '[') + std::string(100000, ']') + "}]}";
+  writeText(dir + "/deep.geojson", deep);
+  try {
+    readRoi(dir + "/deep.geojson", "");
+    FAIL() << "read";
+  } catch (const IoError& e) {
+    EXPECT_NE(e.message().find("deep.geojson': not JSON: nested deeper than 64 levels"), std::string::npos)
+        << e.message();
+    EXPECT_LT(e.message().size(), 300u);
+  }
+}
+
+TEST(Roi, AQuPathExportOfEveryObjectKeepsOnlyItsAnnotations) {
+  // Detections and cells come first and in numbers; they are dropped as they are parsed, and the annotations
+  // after them are what the ROI is.
+  std::string text = R"({"type": "FeatureCollection", "features": [)";
+  for (int i = 0; i < 20000; ++i)
+    text += R"({"type": "Feature", "geometry": {"type": "Polygon", "coordinates": [[[0, 0], [1, 0], [1, 1], )"
+            R"([0, 0]]]}, "properties": {"objectType": "detection"}},)";
+  text += R"({"type": "Feature", "geometry": {"type": "Polygon", "coordinates": [[[0, 0], [9, 0], [9, 9], )"
+          R"([0, 0]]]}, "properties": {"objectType": "annotation", "classification": {"name": "Tumor"}}}]})";
+  const std::string dir = test::scratchDir("roi_export");
+  writeText(dir + "/all.geojson", text);
+  std::vector<std::string> names;
+  const auto polygons = readRoi(dir + "/all.geojson", "", &names);
+  ASSERT_EQ(polygons.size(), 1u);
+  EXPECT_EQ(polygons[0][0][1].x, 9);
+  EXPECT_EQ(names, std::vector<std::string>{"Tumor"});
+}
+
+TEST(Roi, AnEmptyMultiPolygonSaysSo) {
+  const std::string dir = test::scratchDir("roi_empty_multi");
+  writeText(dir + "/empty.geojson", R"({"type": "Feature", "properties": {},
+                                        "geometry": {"type": "MultiPolygon", "coordinates": []}})");
+  try {
+    readRoi(dir + "/empty.geojson", "");
+    FAIL() << "read";
+  } catch (const IoError& e) {
+    EXPECT_NE(e.message().find("hold no polygon (an empty MultiPolygon)"), std::string::npos) << e.message();
+    EXPECT_EQ(e.message().find("no feature of class ''"), std::string::npos) << e.message();
+  }
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include "tiler/core/model_card.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -242,6 +243,59 @@ TEST(ModelCard, BioimageioFieldsTilerLacksAreRefusedByName) {
   EXPECT_NE(yaml.find("rdf.yaml': not a YAML model description"), std::string::npos) << yaml;
   fs::create_directories(dir + "/empty");
   EXPECT_NE(configError([&] { findModelCard(dir + "/empty"); }).find("without rdf.yaml"), std::string::npos);
+}
+
+TEST(ModelCard, FilesOutsideThePackageAreRefusedNamingThePath) {
+  const std::string dir = test::scratchDir("card_outside");
+  auto refusal = [&](const std::string& from, const std::string& to) {
+    const std::string path = writeFile(dir + "/pkg/rdf.yaml", rdfText(from, to));
+    return configError([&] { readBioimageioRdf(path); });
+  };
+  for (const std::string& elsewhere : {"../other/weights.pt", "/etc/weights.pt", "sub/../../weights.pt"}) {
+    const std::string out = refusal("source: weights.pt", "source: " + elsewhere);
+    EXPECT_NE(out.find("weights.torchscript.source '" + elsewhere + "' lies outside the package"),
+              std::string::npos)
+        << out;
+  }
+  const std::string tensor = refusal("source: test_input.npy", "source: ../test_input.npy");
+  EXPECT_NE(tensor.find("inputs[0].test_tensor.source '../test_input.npy' lies outside"), std::string::npos)
+      << tensor;
+  // A link inside the package that leads out of it.
+  writeFile(dir + "/secret/weights.pt", "x");
+  fs::create_symlink(fs::absolute(dir + "/secret"), dir + "/pkg/linked");
+  const std::string linked = refusal("source: weights.pt", "source: linked/weights.pt");
+  EXPECT_NE(linked.find("leads outside the package"), std::string::npos) << linked;
+  EXPECT_EQ(refusal("source: weights.pt", "source: ./sub/../weights.pt"), "no error");
+}
+
+TEST(ModelCard, CardsThatAreNoFilesOrExplodeAreRefusedInOneLine) {
+  const std::string dir = test::scratchDir("card_hostile");
+  // A FIFO as the card, named or as a package's rdf.yaml: refused at once, never waited on.
+  ASSERT_EQ(mkfifo((dir + "/pipe.yaml").c_str(), 0600), 0);
+  const std::string fifo = configError([&] { findModelCard(dir + "/pipe.yaml"); });
+  EXPECT_NE(fifo.find("pipe.yaml': is a FIFO (named pipe)"), std::string::npos) << fifo;
+  fs::create_directories(dir + "/pkg");
+  ASSERT_EQ(mkfifo((dir + "/pkg/rdf.yaml").c_str(), 0600), 0);
+  const std::string in_package = configError([&] { findModelCard(dir + "/pkg"); });
+  EXPECT_NE(in_package.find("rdf.yaml': is a FIFO"), std::string::npos) << in_package;
+  // Aliases of aliases: a few KiB of YAML that stands for gigabytes.
+  std::string bomb = "a: &a [" + std::string(1000, 'x') + "]\n";
+  for (int level = 1; level < 8; ++level) {
+    bomb += "l" + std::to_string(level) + ": &l" + std::to_string(level) + " [";
+    for (int k = 0; k < 20; ++k)
+      bomb += std::string(k ? ", " : "") + "*" + (level == 1 ? "a" : "l" + std::to_string(level - 1));
+    bomb += "]\n";
+  }
+  const std::string exploded = configError(
+      [&] { readBioimageioRdf(writeFile(dir + "/bomb/rdf.yaml", rdfText("license: MIT", bomb))); });
+  EXPECT_NE(exploded.find("with its aliases expanded it holds over 16 MiB"), std::string::npos) << exploded;
+  EXPECT_LT(exploded.size(), 300u);
+  // A WSInfer config nested 200000 deep.
+  writeFile(dir + "/deep/torchscript_model.pt", "x");
+  writeFile(dir + "/deep/config.json",
+            R"({"spec_version": "1.0", "x": )" + std::string(200000, '[') + std::string(200000, ']') + "}");
+  const std::string deep = configError([&] { findModelCard(dir + "/deep"); });
+  EXPECT_NE(deep.find("config.json': not JSON: nested deeper than 64 levels"), std::string::npos) << deep;
 }
 
 TEST(ModelCard, AFlagWinsAndEachSettingSaysWhereItCameFrom) {

@@ -2,6 +2,7 @@
 #include "tiler/core/npy.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstring>
 #include <fstream>
@@ -124,8 +125,26 @@ TEST(Npy, WhatItDoesNotReadIsRefusedByName) {
                              npyBytes("{'descr': '<f4', 'fortran_order': False, 'shape': (-2,), }", data)))
                 .find("holds '-2'"),
             std::string::npos);
-  EXPECT_NE(errorOf(writeNpy("missing.npy", "") + ".gone").find("missing.npy.gone': cannot open"),
+  EXPECT_NE(errorOf(writeNpy("missing.npy", "") + ".gone").find("missing.npy.gone': not found"),
             std::string::npos);
+}
+
+TEST(Npy, WhatIsNoFileOrTooLargeIsRefusedBeforeItIsRead) {
+  const std::string fifo = writeNpy("x", "") + ".fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_NE(errorOf(fifo).find(".fifo': is a FIFO (named pipe)"), std::string::npos) << errorOf(fifo);
+  EXPECT_NE(errorOf("/dev/zero").find("/dev/zero': is a character device"), std::string::npos);
+  const std::string data = rawBytes<float>(std::vector<float>(1000, 1.0f));
+  const std::string path =
+      writeNpy("large.npy", npyBytes("{'descr': '<f4', 'fortran_order': False, 'shape': (1000,), }", data));
+  EXPECT_EQ(readNpy(path, 8192).values.size(), 1000u);
+  try {
+    readNpy(path, 1024);
+    ADD_FAILURE() << "read past its bound";
+  } catch (const IoError& e) {
+    EXPECT_NE(e.message().find("large.npy': is 4 KiB; at most 1 KiB is read"), std::string::npos)
+        << e.message();
+  }
 }
 
 // A file NumPy wrote (where the system Python has it) reads as NumPy reads it.

@@ -4,6 +4,7 @@
 #include <torch/script.h>
 
 #include <algorithm>
+#include <fstream>
 #include <map>
 
 namespace tiler::e2e {
@@ -90,6 +91,38 @@ TEST_F(Pipeline, ARegressionMapIsWrittenAsSegmentsFloatProbsAndRefusesLabels) {
   }
 }
 
+// Maps of more channels than OpenCV's matrices hold are refused at set-up (they would wrap the element type:
+// heap corruption or wrong labels); values past float16's range stored as f16 are counted and warned of.
+TEST_F(Pipeline, MapsBeyondWhatTheStitcherHoldsAreRefusedAndHalfOverflowIsCounted) {
+  const std::string dir = root_ + "/wide_maps";
+  fs::create_directories(dir);
+  torch::manual_seed(6);
+  const auto save = [&](const std::string& name, int64_t channels, const std::string& gain) {
+    torch::jit::Module m("Wide");
+    m.register_parameter("w", torch::randn({channels, 3, 1, 1}), false);
+    m.define("def forward(self, x):\n    return torch.conv2d(x, self.w) * " + gain + "\n");
+    m.save(dir + "/" + name);
+    return dir + "/" + name;
+  };
+  const std::string common = " -i " + root_ + "/images/c_small.png --window 64 --threads 1 --no_progress";
+  auto r = run(kTiler + common + " -m " + save("c600.pt", 600, "1.0") + " -o " + dir + "/c600");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("gives maps of 600 channels; --task segment stitches at most 512"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(dir + "/c600/c_small_labels.tif"));
+  r = run(kTiler + common + " -m " + save("c512.pt", 512, "1.0") + " -o " + dir + "/c512");
+  EXPECT_EQ(r.code, 0) << r.output;
+  const std::string huge = save("huge.pt", 1, "1000000.0");
+  r = run(kTiler + common + " -m " + huge + " --task regress --probs_dtype f16 -o " + dir + "/f16");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("beyond float16's range"), std::string::npos) << r.output;
+  EXPECT_GT(report(dir + "/f16")["images"][0].value("f16_overflow_values", int64_t(0)), 0) << r.output;
+  r = run(kTiler + common + " -m " + huge + " --task regress --probs_dtype f32 -o " + dir + "/f32");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_FALSE(report(dir + "/f32")["images"][0].contains("f16_overflow_values"));
+}
+
 // A segment head and an embed head of one encoder: a stitched map takes MONAI's grid and a vector the patch
 // lattice, so the pair is refused in one line naming both; a detect head (records) likewise.
 TEST_F(Pipeline, HeadsOfAMapAndAVectorAreRefusedNamingWhy) {
@@ -116,6 +149,45 @@ def forward(self, x):
   // Each head alone runs.
   r = run(args + " --output_key 1 --task embed --save features_pt");
   EXPECT_EQ(r.code, 0) << r.output;
+}
+
+TEST_F(Pipeline, OutputNamesThatMeetFailTheSecondImageNeverReplacingTheFirst) {
+  // a.png's head b_x and a_b.png's head x both name a_b_x_labels.tif.
+  torch::jit::Module m("Named");
+  torch::manual_seed(5);
+  m.register_parameter("w", torch::randn({4, 3, 1, 1}), false);
+  m.define(R"JIT(
+def forward(self, x):
+    f = torch.conv2d(x, self.w)
+    return {"b_x": f[:, 0:2], "x": f[:, 2:4]}
+)JIT");
+  const std::string dir = root_ + "/meeting_names";
+  fs::create_directories(dir + "/in");
+  m.save(dir + "/named.pt");
+  for (const char* name : {"a.png", "a_b.png"})
+    fs::copy_file(root_ + "/images/c_small.png", dir + "/in/" + name);
+  auto r = run(kTiler + " -i " + dir + "/in -m " + dir + "/named.pt --heads b_x,x --window 64 --threads 1 " +
+               "--no_progress -o " + dir + "/out");
+  EXPECT_EQ(r.code, 2) << r.output;
+  const auto images = nlohmann::json::parse(slurp(dir + "/out/report.json"))["images"];
+  ASSERT_EQ(images.size(), 2u);
+  EXPECT_EQ(images[0]["status"], "ok") << images[0];
+  EXPECT_EQ(images[1]["status"], "error") << images[1];
+  EXPECT_NE(images[1]["error"].get<std::string>().find("a_b_x_labels.tif' is also an output of '" + dir +
+                                                       "/in/a.png'"),
+            std::string::npos)
+      << images[1];
+  EXPECT_TRUE(fs::exists(dir + "/out/a_b_x_labels.tif"));
+  // The report (or an output) at a file an image's ROI is read from: refused before any work.
+  fs::create_directories(dir + "/rois");
+  std::ofstream(dir + "/rois/a.geojson") << R"({"type": "Feature", "properties": {}, "geometry":
+      {"type": "Polygon", "coordinates": [[[0, 0], [60, 0], [60, 60], [0, 0]]]}})";
+  std::ofstream(dir + "/rois/a_b.geojson") << slurp(dir + "/rois/a.geojson");
+  r = run(kTiler + " -i " + dir + "/in -m " + dir + "/named.pt --output_key x --window 64 --threads 1 " +
+          "--no_progress --roi " + dir + "/rois -o " + dir + "/out_roi --report " + dir + "/rois/a.geojson");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("the ROI"), std::string::npos) << r.output;
+  EXPECT_NE(slurp(dir + "/rois/a.geojson").find("Polygon"), std::string::npos) << "the ROI is as it was";
 }
 
 TEST_F(Pipeline, AnOutputThatIsNeitherMapNorVectorFailsNamingItsShapeAndTheTasks) {

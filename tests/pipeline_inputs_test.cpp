@@ -230,7 +230,10 @@ TEST_F(Pipeline, RemoteInputsInAListOfUrlsWriteTheLocalFilesBytes) {
   test::makeSlide(rgb, dir + "/plain.tif", dir + "/slide.svs");
   test::RangeServer server(dir);
   writeList(root_ + "/local.txt", {dir + "/tiled.tif", dir + "/slide.svs"});
-  writeList(root_ + "/urls.txt", {server.url("tiled.tif"), server.url("slide.svs?token=a/b")});
+  // A password and a token in the URL: used to read, never written anywhere.
+  std::string secret = server.url("slide.svs?token=a/b");
+  secret.insert(secret.find("://") + 3, "ann:pa55word@");
+  writeList(root_ + "/urls.txt", {server.url("tiled.tif"), secret});
   const std::string local = root_ + "/remote_local_out", remote = root_ + "/remote_out";
   auto l = run(remoteArgs(root_ + "/local.txt", model_, local));
   ASSERT_EQ(l.code, 0) << l.output;
@@ -246,10 +249,34 @@ TEST_F(Pipeline, RemoteInputsInAListOfUrlsWriteTheLocalFilesBytes) {
     EXPECT_EQ(e["reader"], "tiff") << e;
     EXPECT_GT(e["remote_bytes_read"].get<int64_t>(), 0) << e;
   }
-  EXPECT_EQ(images[0]["input"], server.url("slide.svs?token=a/b"));
-  EXPECT_EQ(images[0]["mpp"], 0.25) << "the SVS's µm/px from its Aperio description";
+  std::string redacted = server.url("slide.svs?token=***");
+  redacted.insert(redacted.find("://") + 3, "ann:***@");
+  const auto slide = images[images[0]["input"] == redacted ? 0 : 1];
+  EXPECT_EQ(slide["input"], redacted);
+  EXPECT_EQ(slurp(remote + "/report.json").find("pa55word"), std::string::npos);
+  EXPECT_EQ(r.output.find("pa55word"), std::string::npos) << r.output;
+  EXPECT_EQ(slide["mpp"], 0.25) << "the SVS's µm/px from its Aperio description";
   EXPECT_FALSE(report(local)["images"][0].contains("remote_bytes_read"))
       << "local inputs read no bytes remotely";
+}
+
+TEST_F(Pipeline, AFailedRemoteInputsErrorNamesItWithoutItsPassword) {
+  TILER_SKIP_WITHOUT_FEATURE("gdal");
+  const std::string dir = root_ + "/remote_secret";
+  fs::create_directories(dir);
+  test::RangeServer server(dir);
+  std::string missing = server.url("missing.tif?X-Amz-Signature=f00d");
+  missing.insert(missing.find("://") + 3, "ann:pa55word@");
+  writeList(dir + "/urls.txt", {missing});
+  auto r = run(remoteArgs(dir + "/urls.txt", model_, dir + "/out"));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("ann:***@"), std::string::npos) << r.output;
+  const std::string report_text = slurp(dir + "/out/report.json");
+  EXPECT_NE(report_text.find("X-Amz-Signature=***"), std::string::npos) << report_text;
+  for (const std::string& secret : {"pa55word", "f00d"}) {
+    EXPECT_EQ(r.output.find(secret), std::string::npos) << r.output;
+    EXPECT_EQ(report_text.find(secret), std::string::npos) << report_text;
+  }
 }
 
 // A mask that keeps a corner: its windows' tiles (and the header) are all that comes over the network, on

@@ -5,6 +5,7 @@
 #include "tiler/io/readers/readers.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -174,12 +175,19 @@ TEST(Readers, UrlsNameTheirOutputsByTheLastPathElementAndListsHoldInputs) {
   EXPECT_EQ(readInputList(dir + "/inputs.txt"),
             (std::vector<std::string>{"https://host/a.svs", "s3://bucket/b.tif", "https://host/c.tif#frag",
                                       "/local/d.tif"}));
-  try {
-    readInputList(dir + "/missing.txt");
-    FAIL() << "read a list that is not there";
-  } catch (const IoError& e) {
-    EXPECT_NE(e.message().find("missing.txt': cannot read the list of inputs"), std::string::npos)
-        << e.message();
+  // Not there, a FIFO (it would block for ever), a link to /dev/zero (it never ends): refused at once.
+  ASSERT_EQ(mkfifo((dir + "/pipe.txt").c_str(), 0600), 0);
+  fs::create_symlink("/dev/zero", dir + "/zero.txt");
+  for (const auto& [name, why] : {std::pair<std::string, std::string>{"missing.txt", "not found"},
+                                  {"pipe.txt", "is a FIFO (named pipe)"},
+                                  {"zero.txt", "is a character device"}}) {
+    try {
+      readInputList(dir + "/" + name);
+      ADD_FAILURE() << "read " << name;
+    } catch (const IoError& e) {
+      EXPECT_NE(e.message().find("the list of inputs '" + dir + "/" + name + "': " + why), std::string::npos)
+          << e.message();
+    }
   }
   removeTree(dir);
 }
@@ -200,7 +208,7 @@ TEST(Readers, ARemoteTiffIsReadByByteRangesAsTheLocalFileIs) {
   // A corner: only its tiles (and the header) come over the network.
   const Rect corner{0, 0, 200, 200};
   EXPECT_EQ(cv::norm(remote->readRegion(corner), local->readRegion(corner), cv::NORM_INF), 0);
-  const int64_t fetched = remoteBytesFetched(url);
+  const int64_t fetched = remoteBytesFetched({url}).at(0);
   EXPECT_GT(fetched, 200 * 200 * 3);
   EXPECT_LT(fetched, file_size / 8) << "a corner fetched " << fetched << " of " << file_size << " bytes";
   EXPECT_LE(server.bytesSent(), fetched + 4096) << "GDAL counts what the server sent";
@@ -208,7 +216,9 @@ TEST(Readers, ARemoteTiffIsReadByByteRangesAsTheLocalFileIs) {
     EXPECT_EQ(cv::norm(remote->readRegion(r), local->readRegion(r), cv::NORM_INF), 0);
   const Rect half{0, 0, 512, 512};
   EXPECT_EQ(cv::norm(remote->readRegion(half, 1), local->readRegion(half, 1), cv::NORM_INF), 0) << "level 1";
-  EXPECT_EQ(remoteBytesFetched(dir + "/noise.tif"), 0);
+  const auto both = remoteBytesFetched({dir + "/noise.tif", url, url});
+  EXPECT_EQ(both, (std::vector<int64_t>{0, remoteBytesFetched({url}).at(0), both[1]}));
+  EXPECT_GT(both[1], fetched) << "the later reads counted too";
   removeTree(dir);
 }
 

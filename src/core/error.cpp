@@ -10,6 +10,7 @@
 #include <memory>
 #include <new>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <thread>
 #include <typeinfo>
 
@@ -100,8 +101,18 @@ void holdForTheAgent() {
 
 }  // namespace
 
+std::string redactSecrets(const std::string& text) {
+  if (text.find("://") == std::string::npos) return text;  // the common case: no URL, no regex
+  static const std::regex user_password(R"(([A-Za-z][A-Za-z0-9+.-]*://[^/@\s:'"]*):[^/@\s'"]*@)");
+  static const std::regex signed_query(
+      R"(([?&](?:X-Amz-Signature|X-Amz-Credential|X-Amz-Security-Token|X-Goog-Signature|X-Goog-Credential|)"
+      R"(Signature|sig|token|access_token)=)[^&#\s'"]*)",
+      std::regex::icase);
+  return std::regex_replace(std::regex_replace(text, user_password, "$1:***@"), signed_query, "$1***");
+}
+
 int reportFatal(const std::string& tool, const std::exception& e) {
-  const std::string msg = errorRankPrefix() + withoutBacktrace(e.what());
+  const std::string msg = redactSecrets(errorRankPrefix() + withoutBacktrace(e.what()));
   const std::string line = tool + ": error: " + msg;
   std::cerr << line << std::endl;
   writeElasticErrorFile(exceptionTypeName(e), msg, line);

@@ -7,15 +7,39 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "tiler/core/error.hpp"
+#include "tiler/core/json_document.hpp"
+#include "tiler/core/platform.hpp"
 
 namespace fs = std::filesystem;
 
 namespace tiler {
 namespace {
+
+// A card file's text: a FIFO or device is refused before it is read, and so is anything of card size.
+std::string cardText(const std::string& path) {
+  std::string why;
+  const auto text = readDocument(path, kMaxCardBytes, why);
+  TILER_CHECK(text, ConfigError, "model card '" << path << "': " << why);
+  return *text;
+}
+
+// The bytes a YAML node stands for with every alias expanded, counted until `budget` runs out: a card of a
+// few aliases of aliases can stand for gigabytes (each use of a value copies it).
+bool yamlFitsExpanded(const YAML::Node& node, int64_t& budget) {
+  if (node.IsScalar()) budget -= int64_t(node.Scalar().size()) + 1;
+  budget -= 1;
+  if (budget < 0) return false;
+  if (node.IsSequence() || node.IsMap())
+    for (const auto& item : node) {
+      if (node.IsMap() && !(yamlFitsExpanded(item.first, budget) && yamlFitsExpanded(item.second, budget)))
+        return false;
+      if (node.IsSequence() && !yamlFitsExpanded(item, budget)) return false;
+    }
+  return true;
+}
 
 std::string windowText(int64_t w, int64_t h) {
   return w == h ? std::to_string(w) : std::to_string(w) + "," + std::to_string(h);
@@ -80,12 +104,10 @@ void readWsinferTransform(const nlohmann::json& step, const std::string& path, i
 }  // namespace
 
 ModelCard readWsinferConfig(const std::string& config_path, const std::string& weights) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(std::ifstream(config_path));
-  } catch (const std::exception& e) {
-    TILER_THROW(ConfigError, "'" << config_path << "': not JSON: " << firstLine(e.what()));
-  }
+  std::string why;
+  const auto parsed = parseJsonDocument(cardText(config_path), why);
+  TILER_CHECK(parsed, ConfigError, "'" << config_path << "': not JSON: " << firstLine(why));
+  const nlohmann::json& j = *parsed;
   TILER_CHECK(j.is_object(), ConfigError, "'" << config_path << "': not a JSON object");
   static const std::set<std::string> known = {"spec_version",      "architecture",  "num_classes",
                                               "patch_size_pixels", "spacing_um_px", "class_names",
@@ -137,8 +159,22 @@ std::string joinPath(const std::string& rdf, const std::string& field, const YAM
   TILER_CHECK(value.find("://") == std::string::npos, ConfigError,
               "'" << rdf << "': " << field << " is a URL (" << value
                   << "); tiler reads a package's files from its directory: download the package");
-  const fs::path p(value);
-  return p.is_absolute() ? value : (fs::path(rdf).parent_path() / p).lexically_normal().string();
+  // A package is its directory: a card that names a file elsewhere (an absolute path, ../, a link out of it)
+  // would run or check against files that are not the package's.
+  const fs::path p = fs::path(value).lexically_normal();
+  const bool escapes = p.is_absolute() || p.empty() || *p.begin() == "..";
+  TILER_CHECK(!escapes, ConfigError,
+              "'" << rdf << "': " << field << " '" << value
+                  << "' lies outside the package; a card names its files relative to its own directory");
+  const fs::path package = fs::path(rdf).parent_path(), joined = (package / p).lexically_normal();
+  std::error_code ec;
+  const fs::path real_package = fs::weakly_canonical(package.empty() ? "." : package, ec),
+                 real_file = fs::weakly_canonical(joined, ec);
+  const auto rel = real_file.lexically_relative(real_package);
+  TILER_CHECK(ec || (!rel.empty() && *rel.begin() != ".."), ConfigError,
+              "'" << rdf << "': " << field << " '" << value << "' leads outside the package (to "
+                  << real_file.string() << ") through a symbolic link");
+  return joined.string();
 }
 
 void refuseUnknownKeys(const YAML::Node& node, const std::set<std::string>& known, const std::string& rdf,
@@ -360,10 +396,14 @@ const std::set<std::string>& rdfTopLevelFields() {
 ModelCard readBioimageioRdf(const std::string& rdf_path) {
   YAML::Node rdf;
   try {
-    rdf = YAML::LoadFile(rdf_path);
+    rdf = YAML::Load(cardText(rdf_path));
   } catch (const YAML::Exception& e) {
     TILER_THROW(ConfigError, "'" << rdf_path << "': not a YAML model description: " << e.what());
   }
+  int64_t budget = kMaxCardExpandedBytes;
+  TILER_CHECK(yamlFitsExpanded(rdf, budget), ConfigError,
+              "'" << rdf_path << "': with its aliases expanded it holds over "
+                  << byteSizeText(kMaxCardExpandedBytes) << "; a model card is far smaller");
   TILER_CHECK(rdf.IsMap(), ConfigError, "'" << rdf_path << "': not a YAML mapping");
   const std::string type = rdf["type"] ? rdf["type"].as<std::string>() : "";
   TILER_CHECK(type == "model", ConfigError, "'" << rdf_path << "': type '" << type << "' is not a model");
@@ -398,8 +438,9 @@ std::optional<ModelCard> findModelCard(const std::string& model) {
   if (model.empty()) return std::nullopt;
   std::error_code ec;
   if (fs::is_directory(model, ec)) {
+    // Whatever stands at the card's name is the card: a FIFO or a device there is refused naming it.
     for (const char* name : {"rdf.yaml", "bioimageio.yaml"})
-      if (fs::is_regular_file(fs::path(model) / name, ec))
+      if (fs::exists(fs::symlink_status(fs::path(model) / name, ec)))
         return readBioimageioRdf((fs::path(model) / name).string());
     // A WSInfer zoo model as Hugging Face holds it: config.json beside torchscript_model.pt.
     const fs::path config = fs::path(model) / "config.json",
@@ -416,13 +457,11 @@ std::optional<ModelCard> findModelCard(const std::string& model) {
   const fs::path config = fs::path(model).parent_path() / "config.json";
   if (!fs::is_regular_file(config, ec)) return std::nullopt;
   // Another tool's config.json beside the model is no card: WSInfer's has its spacing and patch size.
-  try {
-    const auto j = nlohmann::json::parse(std::ifstream(config));
-    if (!j.is_object() || (!j.contains("spacing_um_px") && !j.contains("patch_size_pixels")))
-      return std::nullopt;
-  } catch (const std::exception&) {
+  std::string why;
+  const auto text = readDocument(config.string(), kMaxCardBytes, why);
+  const auto j = text ? parseJsonDocument(*text, why) : std::nullopt;
+  if (!j || !j->is_object() || (!j->contains("spacing_um_px") && !j->contains("patch_size_pixels")))
     return std::nullopt;
-  }
   return readWsinferConfig(config.string(), model);
 }
 

@@ -4,10 +4,9 @@
 #include "tiler/core/npy.hpp"
 
 #include <cstring>
-#include <fstream>
-#include <iterator>
 
 #include "tiler/core/error.hpp"
+#include "tiler/core/platform.hpp"
 
 namespace tiler {
 namespace {
@@ -92,10 +91,11 @@ void decode(const std::string& dtype, const char* bytes, size_t count, std::vect
 
 }  // namespace
 
-NpyArray readNpy(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  TILER_CHECK(in, IoError, "'" << path << "': cannot open the .npy file");
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+NpyArray readNpy(const std::string& path, int64_t max_bytes) {
+  std::string why;
+  const auto read = readDocument(path, max_bytes, why);
+  TILER_CHECK(read, IoError, "'" << path << "': " << why);
+  const std::string& bytes = *read;
   TILER_CHECK(bytes.size() >= 10 && bytes.compare(0, 6, "\x93NUMPY") == 0, IoError,
               "'" << path << "': not a .npy file (no \\x93NUMPY magic)");
   const int major = uint8_t(bytes[6]);

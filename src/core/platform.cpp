@@ -450,6 +450,78 @@ std::string readWholeFile(const std::string& path) {
   return text;
 }
 
+namespace {
+
+std::string fileTypePhrase(mode_t mode) {
+  if (S_ISREG(mode)) return "";
+  if (S_ISDIR(mode)) return "is a directory";
+  if (S_ISFIFO(mode)) return "is a FIFO (named pipe)";
+  if (S_ISCHR(mode)) return "is a character device";
+  if (S_ISBLK(mode)) return "is a block device";
+  if (S_ISSOCK(mode)) return "is a socket";
+  return "is not a regular file";
+}
+
+std::string missingFilePhrase(const std::string& path, int err) {
+  struct stat link {};
+  if (err == ELOOP) return "is a loop of symbolic links";
+  if (err == ENOENT && ::lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode))
+    return "is a symbolic link to nothing";
+  if (err == ENOENT) return "not found";
+  return std::string("cannot be read: ") + std::strerror(err);
+}
+
+}  // namespace
+
+std::string notARegularFile(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return missingFilePhrase(path, errno);
+  return fileTypePhrase(st.st_mode);
+}
+
+std::string byteSizeText(int64_t bytes) {
+  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+  double value = double(bytes);
+  int unit = 0;
+  while (value >= 1024 && unit < 4) value /= 1024, ++unit;
+  std::ostringstream text;
+  text << (unit == 0 ? std::llround(value) : std::round(value * 10) / 10) << " " << units[unit];
+  return text.str();
+}
+
+std::optional<std::string> readDocument(const std::string& path, int64_t max_bytes, std::string& error) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) {
+    error = missingFilePhrase(path, errno);
+    return std::nullopt;
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > max_bytes) {
+    error = !S_ISREG(st.st_mode)
+                ? fileTypePhrase(st.st_mode)
+                : "is " + byteSizeText(st.st_size) + "; at most " + byteSizeText(max_bytes) + " is read";
+    ::close(fd);
+    return std::nullopt;
+  }
+  std::string text;
+  text.reserve(size_t(st.st_size));
+  char buffer[65536];
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) error = std::string("cannot be read: ") + std::strerror(errno);
+    if (n <= 0) break;
+    text.append(buffer, size_t(n));
+    if (int64_t(text.size()) > max_bytes) {  // grew while read
+      error = "grew past " + byteSizeText(max_bytes) + " while it was read";
+      break;
+    }
+  }
+  ::close(fd);
+  if (!error.empty()) return std::nullopt;
+  return text;
+}
+
 int usableCpus() {
   int cpus = int(std::max(1u, std::thread::hardware_concurrency()));
   cpu_set_t set;

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <vector>
 
 #include "tiler/core/error.hpp"
@@ -20,6 +22,7 @@
 #include "tiler/ctrun/agent.hpp"
 #include "tiler/ctrun/options.hpp"
 #include "tiler/ctrun/signals.hpp"
+#include "tiler/ctrun/streams.hpp"
 
 namespace fs = std::filesystem;
 
@@ -46,7 +49,9 @@ int countNvidiaGpus() {
   return n;
 }
 
-int resolveNprocPerNode(const std::string& spec) {
+namespace {
+
+int nprocFromSpec(const std::string& spec) {
   const int cores = usableCpus();
   if (spec == "cpu") return cores;
   if (spec == "auto" || spec == "gpu") {
@@ -55,14 +60,30 @@ int resolveNprocPerNode(const std::string& spec) {
     TILER_CHECK(spec == "auto", ConfigError, "--nproc_per_node=gpu but no NVIDIA GPU is visible");
     return cores;
   }
-  try {
-    size_t used = 0;
-    int n = std::stoi(spec, &used);
-    if (used == spec.size() && n >= 1) return n;
-  } catch (const std::exception&) {
-  }
-  TILER_THROW(ConfigError,
+  const auto n = ctrun::wholeNumber(spec, 1, std::numeric_limits<int>::max());
+  TILER_CHECK(n.has_value(), ConfigError,
               "--nproc_per_node must be a positive integer, auto, gpu or cpu; got '" << spec << "'");
+  return *n;
+}
+
+}  // namespace
+
+int resolveNprocPerNode(const std::string& spec) {
+  const int n = nprocFromSpec(spec);
+  TILER_CHECK(n <= kMaxWorkersPerNode, ConfigError,
+              "--nproc_per_node " << spec << " is " << n << " workers; ctrun starts at most "
+                                  << kMaxWorkersPerNode << " on a node");
+  // Each worker holds at least two of ctrun's descriptors (its stdout and stderr pipes; two log files more
+  // with --log_dir): past the limit, a start would fail at some worker after the others had begun.
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY) {
+    const rlim_t needed = rlim_t(n) * 2;
+    TILER_CHECK(needed <= files.rlim_cur, ConfigError,
+                "--nproc_per_node " << spec << " is " << n << " workers, which need at least " << needed
+                                    << " open files; this process may open " << files.rlim_cur
+                                    << " (raise it with ulimit -n)");
+  }
+  return n;
 }
 
 int findFreePort() {

@@ -330,7 +330,7 @@ LaunchPlan settleOptions(LaunchOptions& o) {
   checkDurations(o);
   StdStreams::parse(o.redirects, "--redirects");
   StdStreams::parse(o.tee, "--tee");
-  parseLocalRanksFilter(o.local_ranks_filter);
+  const std::set<int> shown_ranks = parseLocalRanksFilter(o.local_ranks_filter);
   plan.signals = parseSignalList(o.signals_to_handle, "--signals_to_handle");
   o.nnodes = plan.max_nodes;
   if (!plan.multi()) {
@@ -338,6 +338,11 @@ LaunchPlan settleOptions(LaunchOptions& o) {
     TILER_CHECK(o.node_rank == 0, ConfigError, "--node_rank " << o.node_rank << " outside --nnodes 1");
   }
   plan.nproc = resolveNprocPerNode(o.nproc_per_node);
+  // A filter naming no worker of this node would hide every worker's output, errors included.
+  TILER_CHECK(shown_ranks.empty() || *shown_ranks.rbegin() < plan.nproc, ConfigError,
+              "--local_ranks_filter " << o.local_ranks_filter << " names local rank " << *shown_ranks.rbegin()
+                                      << ", but this node runs " << plan.nproc << " (local ranks 0.."
+                                      << plan.nproc - 1 << ")");
   if (o.standalone) {
     o.master_addr = "127.0.0.1";
     o.master_port = 0;

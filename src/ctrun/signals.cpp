@@ -77,4 +77,30 @@ void throwIfInterrupted() {
     if (b != SIGCHLD) throw Interrupted{b};
 }
 
+SignalsBlocked::SignalsBlocked() {
+  sigset_t all;
+  sigfillset(&all);
+  sigprocmask(SIG_SETMASK, &all, &saved_);
+}
+
+SignalsBlocked::~SignalsBlocked() {
+  sigprocmask(SIG_SETMASK, &saved_, nullptr);
+}
+
+void resetSignalsInChild() {
+  // Only what ctrun changed: a signal ignored by whoever started ctrun (nohup's SIGHUP) stays ignored.
+  for (int s = 1; s < NSIG; ++s) {
+    struct sigaction current {};
+    if (sigaction(s, nullptr, &current) == 0 && current.sa_handler == onSignal) signal(s, SIG_DFL);
+  }
+  signal(SIGPIPE, SIG_DFL);
+  for (int& fd : g_signal_pipe) {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+}
+
 }  // namespace tiler::ctrun

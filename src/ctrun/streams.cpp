@@ -10,9 +10,7 @@
 #include "tiler/core/platform.hpp"
 
 namespace tiler::ctrun {
-namespace {
 
-// A whole number in [lo, hi], or nullopt.
 std::optional<int> wholeNumber(const std::string& text, int lo, int hi) {
   try {
     size_t used = 0;
@@ -22,8 +20,6 @@ std::optional<int> wholeNumber(const std::string& text, int lo, int hi) {
   }
   return std::nullopt;
 }
-
-}  // namespace
 
 StdStreams StdStreams::parse(const std::string& text, const std::string& flag) {
   StdStreams s;

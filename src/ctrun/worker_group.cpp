@@ -29,18 +29,15 @@ int openLog(const std::string& dir, const char* name) {
   return fd;
 }
 
-// The child's side of fork: its own process group, death with ctrun, default signals, the pipes as its
-// stdout and stderr, torchrun's environment, then exec. Never returns.
+// The child's side of fork (signals blocked since before it): its own process group, death with ctrun,
+// default signals, the pipes as its stdout and stderr, torchrun's environment, then exec. Never returns.
 [[noreturn]] void execWorker(const std::vector<std::string>& command,
                              const std::map<std::string, std::string>& env, pid_t parent,
                              const int out_pipe[2], const int err_pipe[2]) {
   setpgid(0, 0);
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent) _exit(137);  // ctrun died between fork and prctl
-  sigset_t none;
-  sigemptyset(&none);
-  sigprocmask(SIG_SETMASK, &none, nullptr);
-  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD, SIGPIPE}) signal(s, SIG_DFL);
+  resetSignalsInChild();
   if (out_pipe[1] >= 0) {
     dup2(out_pipe[1], 1);
     dup2(err_pipe[1], 2);
@@ -216,15 +213,22 @@ void WorkerGroup::startWorker(int local_rank) {
   }
   const auto env = workerEnvironment(options_, nproc_, local_rank, restart_count_, w.error_file);
   const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid == 0) execWorker(command_, env, parent, out_pipe, err_pipe);
+  pid_t pid;
+  int fork_error = 0;
+  {
+    const SignalsBlocked blocked;
+    pid = fork();
+    if (pid == 0) execWorker(command_, env, parent, out_pipe, err_pipe);
+    if (pid < 0)
+      fork_error = errno;
+    else
+      setpgid(pid, pid);  // also here: the group exists before any signal, whichever process runs first
+  }
   if (pid < 0) {
-    const int error = errno;
     for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]})
       if (fd >= 0) ::close(fd);
-    TILER_THROW(LaunchError, "cannot start worker " << local_rank << ": fork: " << std::strerror(error));
+    TILER_THROW(LaunchError, "cannot start worker " << local_rank << ": fork: " << std::strerror(fork_error));
   }
-  setpgid(pid, pid);  // also here: the group exists before any signal, whichever process runs first
   w.pid = pid;
   w.running = true;
   workers_.push_back(std::move(w));

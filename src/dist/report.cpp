@@ -79,11 +79,12 @@ nlohmann::json inferReport(const RunSummary& run, const WindowCatalog& catalog,
   j["images"] = nlohmann::json::array();
   for (const auto& img : catalog.images()) {
     nlohmann::json e;
-    e["input"] = img.input;
+    e["input"] = redactSecrets(img.input);
     const std::string status = img.status == "done" ? "ok" : img.status == "ok" ? "error" : img.status;
     e["status"] = status;
     if (status == "error")
-      e["error"] = img.error.empty() ? "'" + img.input + "': not all windows were stitched" : img.error;
+      e["error"] =
+          redactSecrets(img.error.empty() ? "'" + img.input + "': not all windows were stitched" : img.error);
     if (img.info.width > 0) {
       e["width"] = img.info.width;
       e["height"] = img.info.height;
@@ -97,6 +98,7 @@ nlohmann::json inferReport(const RunSummary& run, const WindowCatalog& catalog,
           img.resolution.source_mpp ? nlohmann::json(*img.resolution.source_mpp) : nlohmann::json(nullptr);
       e["reader"] = img.info.reader;
       if (img.non_finite_values > 0) e["non_finite_values"] = img.non_finite_values;
+      if (img.f16_overflow_values > 0) e["f16_overflow_values"] = img.f16_overflow_values;
       if (img.objects >= 0) {
         e["objects"] = img.objects;
         e["objects_at_window_edge"] = img.objects_at_window_edge;
@@ -116,9 +118,10 @@ bool anyRemoteInput(const WindowCatalog& catalog) {
 }
 
 std::vector<double> fetchedBytesPerImage(const WindowCatalog& catalog) {
+  std::vector<std::string> inputs;
+  for (const auto& img : catalog.images()) inputs.push_back(img.input);
   std::vector<double> bytes;
-  for (const auto& img : catalog.images())
-    bytes.push_back(isRemoteInput(img.input) ? double(remoteBytesFetched(img.input)) : 0.0);
+  for (const int64_t b : remoteBytesFetched(inputs)) bytes.push_back(double(b));
   return bytes;
 }
 

@@ -872,8 +872,9 @@ void Trainer::validateLabelOptions() {
 }
 
 void Trainer::validateWindowLabelOptions() {
-  TILER_CHECK(fs::is_regular_file(o_.window_labels), ConfigError,
-              "--window_labels '" << o_.window_labels << "': no such CSV file");
+  const std::string not_a_file = notARegularFile(o_.window_labels);
+  TILER_CHECK(not_a_file.empty(), ConfigError,
+              "--window_labels '" << o_.window_labels << "': " << not_a_file << "; it takes a CSV file");
   TILER_CHECK(o_.val_labels.empty() && o_.val_annotations.empty(), ConfigError,
               "--window_labels labels --val_images' windows too: not --val_labels or --val_annotations");
   TILER_CHECK(loss_ == Loss::kCe, ConfigError,

@@ -19,9 +19,11 @@ void checkMaskPreviewPath(const InfoOptions& o, const MaskSpec& mask,
                           const std::vector<std::string>& images) {
   if (o.mask_preview.empty()) return;
   PathRoles roles;
-  for (const auto& path : images) roles.reads(path, "the image");
+  for (const auto& path : images) {
+    roles.reads(path, "the image");
+    if (!mask.roi.empty()) roles.reads(roiFileFor(mask.roi, path), "the ROI");
+  }
   if (mask.mode == MaskMode::kPath) roles.reads(mask.path, "the mask");
-  if (!mask.roi.empty()) roles.reads(mask.roi, "the ROI");
   const std::string clash = roles.claim(o.mask_preview, "--mask_preview");
   TILER_CHECK(clash.empty(), ConfigError, clash);
 }

@@ -559,7 +559,7 @@ void InferJob::planImages() {
     co.remove_stale_partials = rank() == 0;
     co.also_read = {o_.model};
     if (plan_.mask.mode == MaskMode::kPath) co.also_read.push_back(plan_.mask.path);
-    if (!plan_.mask.roi.empty()) co.also_read.push_back(plan_.mask.roi);
+    co.roi = plan_.mask.roi;
     catalog_ = buildInferCatalog(co, CatalogSpec{plan_.spec, probe_.input_channels, probe_.scale, o_.scale,
                                                  plan_.mask, plan_.resolution, true, plan_.channels});
     if (rank() == 0) checkReportPath();
@@ -593,9 +593,9 @@ void InferJob::checkReportPath() const {
   PathRoles roles;
   roles.reads(o_.model, "the model");
   if (plan_.mask.mode == MaskMode::kPath) roles.reads(plan_.mask.path, "the mask");
-  if (!plan_.mask.roi.empty()) roles.reads(plan_.mask.roi, "the ROI");
   for (const auto& img : catalog_.images()) {
     roles.reads(img.input, "the input");
+    if (!plan_.mask.roi.empty()) roles.reads(roiFileFor(plan_.mask.roi, img.input), "the ROI");
     for (const auto& [kind, out] : img.outputs) roles.writes(out, "the " + kind + " output");
   }
   roles.writes(DirectoryLock::pathFor(o_.output_dir), "the output directory's lock");

@@ -2,12 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <limits>
 #include <set>
+#include <sstream>
 #include <tuple>
 
 #include "tiler/core/error.hpp"
+#include "tiler/core/platform.hpp"
 
 namespace tiler {
 
@@ -103,8 +104,10 @@ bool parseNumber(const std::string& text, double& value) {
 }  // namespace
 
 std::vector<WindowLabel> readWindowLabels(const std::string& file, const std::vector<std::string>& classes) {
-  std::ifstream in(file);
-  TILER_CHECK(in, IoError, "window labels '" << file << "': cannot open it");
+  std::string why;
+  const auto text = readDocument(file, kMaxWindowLabelsBytes, why);
+  TILER_CHECK(text, IoError, "window labels '" << file << "': " << why);
+  std::istringstream in(*text);
   std::vector<WindowLabel> rows;
   std::set<std::tuple<std::string, double, double>> seen;
   std::string line;
@@ -112,6 +115,8 @@ std::vector<WindowLabel> readWindowLabels(const std::string& file, const std::ve
   bool header = false;
   while (std::getline(in, line)) {
     ++number;
+    // Excel's "CSV UTF-8" starts the file with a byte order mark.
+    if (number == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const auto f = csvFields(line);
     auto where = [&] { return "window labels '" + file + "' line " + std::to_string(number) + ": "; };

@@ -121,7 +121,8 @@ std::vector<int> parseChannelList(const std::string& list) {
       if (last < first) refuse("range '" + item + "' runs backwards");
       for (int c = first; c <= last; ++c) channels.push_back(c);
     }
-    if (channels.size() > 4096) refuse("more than 4096 channels");
+    // The chosen channels are an OpenCV matrix's (its CV_CN_MAX) on their way to the model.
+    if (channels.size() > 512) refuse("more than 512 channels (" + std::to_string(channels.size()) + ")");
     start = comma + 1;
   }
   return channels;
@@ -328,9 +329,12 @@ WindowCatalog buildInferCatalog(const InferCatalogOptions& o, const CatalogSpec&
               "no input images found in the given --input paths (only tiler's own outputs)");
   std::vector<std::string> read = files;
   read.insert(read.end(), o.also_read.begin(), o.also_read.end());
+  if (!o.roi.empty())
+    for (const auto& path : files) read.push_back(roiFileFor(o.roi, path));
   const InputFiles inputs(read);
   WindowCatalog catalog;
-  std::map<std::string, std::string> stems;  // output stem -> input, to catch collisions
+  std::map<std::string, std::string> stems;    // output stem -> input, to catch collisions
+  std::map<std::string, std::string> written;  // output path -> the input it is of
   std::vector<std::string> existing;
   for (const auto& path : files) {
     const std::string stem = inputStem(path);  // a URL's: its last path element's
@@ -348,6 +352,12 @@ WindowCatalog buildInferCatalog(const InferCatalogOptions& o, const CatalogSpec&
       img.outputs[kind] = (fs::path(o.output_dir) / outputFileName(kind, stem, o.format)).string();
     img.reading_mark = (fs::path(o.output_dir) / ("." + stem + ".tiler-reading")).string();
     for (const auto& [kind, out] : img.outputs) {
+      const auto [other, unclaimed] = written.emplace(fs::path(out).lexically_normal().string(), path);
+      if (img.status != "error" && !unclaimed) {
+        img.status = "error";
+        img.error = "'" + path + "': its " + kind + " output '" + out + "' is also an output of '" +
+                    other->second + "' (their names meet: a stem and a head's name); rename one";
+      }
       if (img.status != "error" && inputs.contains(out)) {
         img.status = "error";
         img.error = "'" + path + "': its " + kind + " output '" + out +

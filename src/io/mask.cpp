@@ -3,14 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <opencv2/imgproc.hpp>
 #include <set>
-#include <sstream>
 
 #include "tiler/core/error.hpp"
+#include "tiler/core/json_document.hpp"
+#include "tiler/core/platform.hpp"
 #include "tiler/io/polygons.hpp"
 #include "tiler/io/readers/remote_input.hpp"
 #include "tiler/io/resolution.hpp"
@@ -28,6 +28,9 @@ MaskSpec parseMaskSpec(const std::string& mask, double fraction, const std::stri
   std::error_code ec;
   TILER_CHECK(roi.empty() || fs::exists(roi, ec), ConfigError,
               "--roi '" << roi << "': no such GeoJSON file or directory");
+  const std::string not_a_file = roi.empty() || fs::is_directory(roi, ec) ? "" : notARegularFile(roi);
+  TILER_CHECK(not_a_file.empty(), ConfigError,
+              "--roi '" << roi << "': " << not_a_file << "; it takes a GeoJSON file or a directory of them");
   TILER_CHECK(roi_class.empty() || !roi.empty(), ConfigError,
               "--roi_class '" << roi_class << "' needs --roi");
   spec.roi = roi;
@@ -174,30 +177,31 @@ RoiPolygon polygonOf(const nlohmann::json& rings, const std::string& where) {
 
 std::vector<RoiPolygon> readRoi(const std::string& file, const std::string& roi_class,
                                 std::vector<std::string>* names) {
-  std::ifstream in(file, std::ios::binary);
-  TILER_CHECK(in, IoError, "ROI '" << file << "': cannot be read");
-  std::stringstream text;
-  text << in.rdbuf();
-  nlohmann::json doc;
-  try {
-    doc = nlohmann::json::parse(text.str());
-  } catch (const nlohmann::json::exception& e) {
+  std::string why;
+  const auto text = readDocument(file, kMaxRoiBytes, why);
+  TILER_CHECK(text, IoError, "ROI '" << file << "': " << why);
+  // Detections, cells and tiles are dropped as they are parsed: a QuPath export of every object is read for
+  // its few annotations.
+  const auto doc = parseJsonDocument(*text, why, [](int depth, const nlohmann::json& object) {
+    return depth > 2 || depth == 0 || object.value("type", "") != "Feature" || isRegion(object);
+  });
+  if (!doc) {
     // Python's json.dump writes NaN and Infinity, which no JSON reader takes.
     const bool non_finite =
-        text.str().find("NaN") != std::string::npos || text.str().find("Infinity") != std::string::npos;
+        text->find("NaN") != std::string::npos || text->find("Infinity") != std::string::npos;
     TILER_THROW(IoError,
-                "ROI '" << file << "': not JSON: " << e.what()
+                "ROI '" << file << "': not JSON: " << why
                         << (non_finite ? " (a coordinate NaN or Infinity is no number in JSON)" : ""));
   }
   // QuPath writes a FeatureCollection, or (older exports) an array of features; a lone Feature is one.
   nlohmann::json features = nlohmann::json::array();
-  if (doc.is_array()) {
-    features = doc;
-  } else if (doc.is_object() && doc.value("type", "") == "FeatureCollection" && doc.contains("features") &&
-             doc["features"].is_array()) {
-    features = doc["features"];
-  } else if (doc.is_object() && doc.value("type", "") == "Feature") {
-    features.push_back(doc);
+  if (doc->is_array()) {
+    features = std::move(*doc);
+  } else if (doc->is_object() && doc->value("type", "") == "FeatureCollection" && doc->contains("features") &&
+             (*doc)["features"].is_array()) {
+    features = std::move((*doc)["features"]);
+  } else if (doc->is_object() && doc->value("type", "") == "Feature") {
+    features.push_back(std::move(*doc));
   }
   TILER_CHECK(!features.empty(), IoError,
               "ROI '" << file << "': no features (a GeoJSON FeatureCollection of Polygon/MultiPolygon)");
@@ -230,6 +234,9 @@ std::vector<RoiPolygon> readRoi(const std::string& file, const std::string& roi_
   TILER_CHECK(areas > 0, IoError,
               "ROI '" << file << "': no Polygon or MultiPolygon annotation among its " << features.size()
                       << " feature(s)");
+  TILER_CHECK(!polygons.empty() || !roi_class.empty(), IoError,
+              "ROI '" << file << "': its " << areas
+                      << " Polygon or MultiPolygon feature(s) hold no polygon (an empty MultiPolygon)");
   if (polygons.empty()) {
     std::string present;
     for (const auto& c : classes) present += (present.empty() ? "" : ", ") + c;

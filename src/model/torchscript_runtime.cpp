@@ -1,51 +1,16 @@
 // The TorchScript runtime: torch::jit::load, the forward's schema checked, optionally frozen and optimised.
 #include <torch/script.h>
 
-#include <cerrno>
-#include <filesystem>
-
 #include "tiler/core/error.hpp"
+#include "tiler/core/platform.hpp"
 #include "tiler/model/model_runtime.hpp"
-
-namespace fs = std::filesystem;
 
 namespace tiler {
 
-namespace {
-
-// What stands at `path` where a model file should, or "" for a regular file: a FIFO would block the load
-// for ever, a device is endless or no file at all, and a link that leads nowhere is not "not found".
-std::string notAModelFile(const std::string& path) {
-  std::error_code ec, link_ec;
-  const fs::file_status target = fs::status(path, ec);
-  if (ec && ec.value() == ELOOP) return "is a loop of symbolic links";
-  if (!fs::exists(target))
-    return fs::is_symlink(fs::symlink_status(path, link_ec)) ? "is a symbolic link to nothing"
-                                                             : "model file not found";
-  switch (target.type()) {
-    case fs::file_type::regular:
-      return "";
-    case fs::file_type::directory:
-      return "is a directory";
-    case fs::file_type::fifo:
-      return "is a FIFO (named pipe)";
-    case fs::file_type::character:
-      return "is a character device";
-    case fs::file_type::block:
-      return "is a block device";
-    case fs::file_type::socket:
-      return "is a socket";
-    default:
-      return "is not a regular file";
-  }
-}
-
-}  // namespace
-
 torch::jit::Module loadTorchScript(const std::string& path, const torch::Device& device) {
-  const std::string not_a_file = notAModelFile(path);
+  const std::string not_a_file = notARegularFile(path);
   TILER_CHECK(not_a_file.empty(), ModelError,
-              "'" << path << "': " << not_a_file
+              "'" << path << "': " << (not_a_file == "not found" ? "model file not found" : not_a_file)
                   << "; -m takes a model file (.pt from torch.jit.save, or a .pt2 package)");
   try {
     return torch::jit::load(path, device);

@@ -65,6 +65,7 @@ std::string OutputStage::ownedResults() const {
                          {"status", img.status},
                          {"error", utf8Safe(img.error)},
                          {"non_finite", img.non_finite_values},
+                         {"f16_overflow", img.f16_overflow_values},
                          {"objects", img.objects},
                          {"objects_at_window_edge", img.objects_at_window_edge}});
   }
@@ -77,6 +78,7 @@ void OutputStage::applyResults(WindowCatalog& catalog, const std::string& result
     img.status = r["status"].get<std::string>();
     img.error = r["error"].get<std::string>();
     img.non_finite_values = r["non_finite"].get<int64_t>();
+    img.f16_overflow_values = r["f16_overflow"].get<int64_t>();
     img.objects = r["objects"].get<int64_t>();
     img.objects_at_window_edge = r["objects_at_window_edge"].get<int64_t>();
   }

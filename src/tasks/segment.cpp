@@ -111,6 +111,11 @@ class StitchedOutputs : public ImageConsumer {
 
   std::vector<std::string> finalize() override {
     addNonFinite(img_, 0);
+    if (img_.f16_overflow_values > 0)
+      spdlog::warn(
+          "'{}': {} value(s) are beyond float16's range (65504) and are stored as infinite "
+          "(--probs_dtype f16); --probs_dtype f32 keeps them",
+          img_.input, img_.f16_overflow_values);
     // An image a mask left without a window: all zeros, band by band.
     if (img_.plannedWindows() == 0 && device_stitcher_) device_stitcher_->finishEmpty();
     if (img_.plannedWindows() == 0 && stitcher_) stitcher_->finishEmpty();
@@ -127,7 +132,8 @@ class StitchedOutputs : public ImageConsumer {
     cv::Mat stored = needs_probs_ ? storedProbabilitiesBuffer(band, o_.probs_type) : cv::Mat();
     cv::Mat label_rows;
     if (needs_labels_) label_rows.create(band.rows, band.cols, cvDepthOf(labelSampleType(band.channels())));
-    std::atomic<int64_t> non_finite{0};
+    std::atomic<int64_t> non_finite{0}, overflow{0};
+    const bool half = needs_probs_ && o_.probs_type == SampleType::kF16;
     const float threshold = o_.label_threshold;
     parallelRows(pool_, band.rows, kMinRowsPerPiece, [&](int64_t a, int64_t b) {
       const cv::Mat rows = band.rowRange(int(a), int(b));
@@ -136,11 +142,15 @@ class StitchedOutputs : public ImageConsumer {
       for (int y = 0; y < rows.rows; ++y)
         bad += countNonFinite(rows.ptr<float>(y), int64_t(rows.cols) * rows.channels(), large);
       non_finite += bad;
+      if (half)
+        for (int y = 0; y < rows.rows; ++y)
+          overflow += countBeyondHalf(rows.ptr<float>(y), int64_t(rows.cols) * rows.channels());
       if (needs_probs_ && stored.data != band.data)
         storeProbabilities(rows, o_.probs_type, stored.rowRange(int(a), int(b)), large);
       if (needs_labels_) labelsInto(rows, threshold, label_rows.rowRange(int(a), int(b)));
     });
     img_.non_finite_values += non_finite.load();
+    img_.f16_overflow_values += overflow.load();
     writeToAll({needs_labels_ ? &label_rows : nullptr, needs_probs_ ? &stored : nullptr});
   }
 

@@ -19,6 +19,11 @@ void Task::settle(const ModelProbe& probe, const TaskFlags& flags, GridSpec& spe
                 "--save " << flags.save.value_or(kind) << " is an output of --task "
                           << taskName(taskOfOutputKind(kind)) << ", but '" << flags.model << "' gives "
                           << shape << " (--task " << name() << ")");
+  // A map's pixels are OpenCV matrices on their way to the files (its CV_CN_MAX): more channels would not
+  // fit the element type and wrap.
+  TILER_CHECK(perWindow() || givesBoxes() || probe.output_channels <= kMaxMapChannels, ConfigError,
+              "'" << flags.model << "' gives maps of " << probe.output_channels << " channels; --task "
+                  << name() << " stitches at most " << kMaxMapChannels << " channels a pixel");
   TILER_CHECK(takesNms() || flags.nms == 0, ConfigError,
               "--nms is for --task detect's boxes, but '" << flags.model << "' gives " << shape);
   checkFlags(probe, flags, spec);

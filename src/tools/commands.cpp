@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 
@@ -49,6 +50,16 @@ std::string indexText(const std::vector<int64_t>& shape, size_t flat) {
   return text + "]";
 }
 
+// The most a test tensor of `card` may hold: one window of the card's size with up to 1024 channels of 8
+// bytes, so a tensor far larger than the card declares is refused before it is read.
+int64_t testTensorBytes(const ModelCard& card) {
+  if (!card.window) return kMaxNpyBytes;
+  const size_t comma = card.window->find(',');
+  const int64_t w = std::stoll(card.window->substr(0, comma)),
+                h = comma == std::string::npos ? w : std::stoll(card.window->substr(comma + 1));
+  return std::min(kMaxNpyBytes, w * h * 1024 * 8 + 4096);
+}
+
 }  // namespace
 
 int checkModel(const std::string& card_path, const std::string& device) {
@@ -57,7 +68,8 @@ int checkModel(const std::string& card_path, const std::string& device) {
       card && !card->test_input.empty(), ConfigError,
       "'" << card_path
           << "' names no test tensors: check-model takes a bioimage.io rdf.yaml or package directory");
-  const NpyArray input = readNpy(card->test_input), expected = readNpy(card->test_output);
+  const int64_t most = testTensorBytes(*card);
+  const NpyArray input = readNpy(card->test_input, most), expected = readNpy(card->test_output, most);
   const torch::Tensor out = runTestInput(*card, input, device);
   TILER_CHECK(size_t(out.numel()) == expected.values.size(), ModelError,
               "'" << card->weights << "' gives " << out.sizes() << " for the test input, the test output '"

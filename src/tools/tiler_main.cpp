@@ -1,10 +1,13 @@
 // tiler: infer (default), finetune, info. Parses flags into the flat params structs and calls the library.
+#include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <memory>
+#include <mutex>
 #include <set>
 
 #include "commands.hpp"
@@ -19,6 +22,19 @@
 #include "tiler/tasks/registry.hpp"
 
 namespace {
+
+// tiler's log lines on stdout, each through redactSecrets: an input's URL may carry a password or a
+// presigned signature.
+class RedactingStdoutSink : public spdlog::sinks::base_sink<std::mutex> {
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    spdlog::memory_buf_t formatted;
+    formatter_->format(msg, formatted);
+    const std::string line = tiler::redactSecrets(fmt::to_string(formatted));
+    std::fwrite(line.data(), 1, line.size(), stdout);
+  }
+  void flush_() override { std::fflush(stdout); }
+};
 
 // A finished job's outputs and report are closed and renamed into place when its command returns; what
 // is left to a normal exit is LibTorch's static teardown (deregistering every operator, freeing its heap):
@@ -395,6 +411,8 @@ int runFinetuneCli(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  spdlog::set_default_logger(
+      std::make_shared<spdlog::logger>("tiler", std::make_shared<RedactingStdoutSink>()));
   spdlog::set_pattern("tiler: %v");
   if (const char* level = std::getenv("TILER_LOG")) spdlog::set_level(spdlog::level::from_str(level));
   std::string sub = argc > 1 ? argv[1] : "";

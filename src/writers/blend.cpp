@@ -44,6 +44,13 @@ int64_t countNonFinite(const float* values, int64_t count, bool& large) {
   return countBits<true>(values, count, large);
 }
 
+int64_t countBeyondHalf(const float* values, int64_t count) {
+  constexpr float kHalfMax = 65504.0f;
+  int64_t beyond = 0;
+  for (int64_t i = 0; i < count; ++i) beyond += std::isfinite(values[i]) && std::abs(values[i]) > kHalfMax;
+  return beyond;
+}
+
 BlendMode parseBlendMode(const std::string& name) {
   if (name == "constant") return BlendMode::kConstant;
   if (name == "gaussian") return BlendMode::kGaussian;

@@ -15,6 +15,7 @@
 #include <tuple>
 
 #include "tiler/core/error.hpp"
+#include "tiler/io/readers/remote_input.hpp"
 #include "tiler/writers/blend.hpp"
 #include "tiler/writers/coco.hpp"
 #include "tiler/writers/hdf5.hpp"
@@ -133,7 +134,7 @@ FeaturesHdf5Layout featuresLayout(const CatalogImage& image, const WindowOutputO
   const auto power = level0Magnification(image);
   const auto& level0 = image.info.levels.empty() ? ImageInfo::Level{image.info.width, image.info.height, 1.0}
                                                  : image.info.levels.front();
-  const std::string name = utf8Safe(fs::path(image.input).stem().string()), encoder = utf8Safe(o.encoder);
+  const std::string name = utf8Safe(inputStem(image.input)), encoder = utf8Safe(o.encoder);
   FeaturesHdf5Layout layout;
   layout.dim = o.dim;
   layout.max_rows = image.plannedWindows();
@@ -348,7 +349,7 @@ std::unique_ptr<BoxOutput> openBoxesCsv(const CatalogImage&, const std::string& 
 // <stem>_coco.json, in pixels; the image's level-0 size is COCO's.
 std::unique_ptr<BoxOutput> openCoco(const CatalogImage& image, const std::string& path, double width,
                                     double height) {
-  const std::string file = utf8Safe(fs::path(image.input).filename().string());
+  const std::string file = utf8Safe(inputFileName(image.input));
   return feedInto<BoxOutput>(
       std::make_unique<CocoFile>(path, "tiler --task detect: " + file, file, width, height),
       [](CocoFile& f, const KeptBox& b) {

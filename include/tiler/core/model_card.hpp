@@ -7,6 +7,7 @@
 // report says where each setting came from (settingsFrom). No LibTorch.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <set>
 #include <string>
@@ -20,6 +21,10 @@ namespace tiler {
 struct CardTolerance {
   double relative = 1e-3, absolute = 1e-3, mismatched_per_million = 100;
 };
+
+// The largest card file read, and the most its YAML may stand for with its aliases expanded.
+constexpr int64_t kMaxCardBytes = int64_t(4) << 20;
+constexpr int64_t kMaxCardExpandedBytes = int64_t(16) << 20;
 
 struct ModelCard {
   std::string kind;     // "wsinfer" | "bioimageio"

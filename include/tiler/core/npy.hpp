@@ -18,6 +18,10 @@ struct NpyArray {
   std::vector<double> values;  // row-major (C order)
 };
 
-NpyArray readNpy(const std::string& path);
+constexpr int64_t kMaxNpyBytes = int64_t(1) << 30;
+
+// The array in `path`; IoError naming it when it is not a regular file (a FIFO, /dev/zero) or holds more
+// than `max_bytes`, refused before a byte is read.
+NpyArray readNpy(const std::string& path, int64_t max_bytes = kMaxNpyBytes);
 
 }  // namespace tiler

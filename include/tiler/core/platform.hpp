@@ -12,6 +12,7 @@
 #include <signal.h>
 #include <sys/types.h>
 #include <functional>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -97,6 +98,18 @@ inline bool writeAll(int fd, const std::string& text) {
 
 // The whole of `path` ("" when it cannot be read): small files (/proc entries, error files).
 std::string readWholeFile(const std::string& path);
+
+// What stands at `path` where a file to read should, as a phrase after the quoted path: "" for a regular
+// file (or a link to one), else "is a FIFO (named pipe)", "is a directory", "is a character device", "not
+// found", "is a symbolic link to nothing", ...: a FIFO would block a read for ever, a device never ends.
+std::string notARegularFile(const std::string& path);
+// The whole of a document tiler reads (an ROI, a card, a list of inputs, a CSV), or nullopt with `error` set
+// (a phrase as above, or "is 3 GiB; at most 512 MiB is read"). What is not a regular file is refused from
+// the descriptor itself (opened without waiting: a FIFO never blocks), and so is a file over `max_bytes`,
+// both before a byte is read.
+std::optional<std::string> readDocument(const std::string& path, int64_t max_bytes, std::string& error);
+// "512 MiB": a byte count for messages.
+std::string byteSizeText(int64_t bytes);
 
 // True when `path` is a regular file and not a symbolic link (to one): what --resume may count as done.
 bool isPlainFile(const std::string& path);

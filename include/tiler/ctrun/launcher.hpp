@@ -67,7 +67,11 @@ class LaunchError : public Error {
 
 // Number of NVIDIA GPUs visible, found without CUDA (CUDA_VISIBLE_DEVICES, /dev/nvidiaN, nvidia-smi -L).
 int countNvidiaGpus();
-// Resolves --nproc_per_node (cpu, and auto without a GPU: usableCpus()); throws ConfigError on nonsense.
+// The most workers ctrun starts on one node (torchrun has no bound; a typo of 100000 forks until the
+// descriptors run out).
+constexpr int kMaxWorkersPerNode = 1024;
+// Resolves --nproc_per_node (cpu, and auto without a GPU: usableCpus()); throws ConfigError on nonsense, on
+// more than kMaxWorkersPerNode, and on more than the open-file limit lets ctrun supervise.
 int resolveNprocPerNode(const std::string& spec);
 // A free TCP port on 127.0.0.1 (bound and released).
 int findFreePort();

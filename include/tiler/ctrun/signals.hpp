@@ -3,6 +3,8 @@
 // context, between polls. No LibTorch.
 #pragma once
 
+#include <signal.h>
+
 #include <string>
 #include <vector>
 
@@ -30,5 +32,21 @@ int signalPipeFd();
 int takeSignal();
 // Throws Interrupted when a termination signal waits on the pipe (no worker of this node runs then).
 void throwIfInterrupted();
+
+// Every signal blocked while it lives (restored after): a fork under it gives a child that cannot run
+// ctrun's handlers, which would write a signal meant for the worker into ctrun's own pipe.
+class SignalsBlocked {
+ public:
+  SignalsBlocked();
+  ~SignalsBlocked();
+  SignalsBlocked(const SignalsBlocked&) = delete;
+  SignalsBlocked& operator=(const SignalsBlocked&) = delete;
+
+ private:
+  sigset_t saved_;
+};
+// In a child forked under SignalsBlocked: default dispositions, the pipe closed, then every signal unblocked
+// (one sent to it meanwhile is delivered now, as to the program it is about to become). Async-signal-safe.
+void resetSignalsInChild();
 
 }  // namespace tiler::ctrun

@@ -5,10 +5,14 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 
 namespace tiler::ctrun {
+
+// A whole number in [lo, hi] as ctrun's flags take one ("4", not "4x" or " 4"), or nullopt.
+std::optional<int> wholeNumber(const std::string& text, int lo, int hi);
 
 // Which of a worker's streams a -r or -t value names: bit 1 stdout, bit 2 stderr.
 class StdStreams {
@@ -25,7 +29,7 @@ class StdStreams {
 };
 
 // --local_ranks_filter "0,2": the local ranks whose output reaches the console (empty: every one);
-// ConfigError unless it is a list of ranks >= 0.
+// ConfigError unless it is a list of ranks >= 0 (settleOptions also refuses ranks the node does not have).
 std::set<int> parseLocalRanksFilter(const std::string& text);
 
 // One output stream of one worker: a pipe, a line buffer and where its lines go.

@@ -48,9 +48,12 @@ struct WindowLabel {
   int line = 0;         // the row's line in the file, for messages
 };
 
-// The rows of `file`: a header `image,x,y,label`, then a row a window (blank lines skipped, fields trimmed,
-// a field may be in double quotes); `label` a name of `classes` or a class index. Throws IoError naming the
-// file and the line.
+// The largest window labels CSV read (a row a window: millions of rows).
+constexpr int64_t kMaxWindowLabelsBytes = int64_t(1) << 30;
+// The rows of `file`: a header `image,x,y,label` (after a UTF-8 byte order mark, as Excel writes), then a
+// row a window (blank lines skipped, fields trimmed, a field may be in double quotes); `label` a name of
+// `classes` or a class index. Throws IoError naming the file and the line, or the file and why it is not
+// read (not a regular file, over kMaxWindowLabelsBytes).
 std::vector<WindowLabel> readWindowLabels(const std::string& file, const std::vector<std::string>& classes);
 
 }  // namespace tiler

@@ -53,8 +53,9 @@ struct CatalogImage {
   int64_t first_window = -1;  // global index of its window 0; -1: not planned
   std::string status = "ok";  // ok | skipped | error (infer: done once its outputs are committed)
   std::string error;
-  int64_t non_finite_values = 0;  // infer: NaN/Inf values in this image's stitched predictions
-  int64_t remote_bytes_read = 0;  // infer, a remote input: the bytes every rank fetched from the server
+  int64_t non_finite_values = 0;    // infer: NaN/Inf values in this image's stitched predictions
+  int64_t f16_overflow_values = 0;  // infer, --probs_dtype f16: finite values past 65504 stored as Inf
+  int64_t remote_bytes_read = 0;    // infer, a remote input: the bytes every rank fetched from the server
   // detect: the objects written (-1: not an object task) and those of them a window edge inside the image
   // cut.
   int64_t objects = -1, objects_at_window_edge = 0;
@@ -118,7 +119,8 @@ class WindowCatalog {
 
 // `tiler infer`'s catalog: outputs named <output_dir>/outputFileName(kind, stem, format) (output_kinds);
 // images whose outputs all exist are skipped with `resume`; existing outputs without resume/overwrite are a
-// ConfigError listing them; two inputs with one stem are an error for the second.
+// ConfigError listing them; two inputs with one stem, or whose outputs' names meet (a.tif's head b_x and
+// a_b.tif's head x), are an error for the second.
 struct InferCatalogOptions {
   std::vector<std::string> inputs;
   bool recursive = false;
@@ -128,6 +130,7 @@ struct InferCatalogOptions {
   bool resume = false, overwrite = false;
   bool remove_stale_partials = false;  // one rank (0) removes the .partial files a killed run left
   std::vector<std::string> also_read;  // other files the run reads (the model, the mask): never overwritten
+  std::string roi;  // --roi: a file, or a directory of <stem>.geojson read for each input (roiFileFor)
 };
 WindowCatalog buildInferCatalog(const InferCatalogOptions& options, const CatalogSpec& spec);
 // The image's reading mark (CatalogImage::reading_mark), made (never through a link) or removed; errors are

@@ -45,9 +45,13 @@ using RoiRing = std::vector<cv::Point2d>;
 using RoiPolygon = std::vector<RoiRing>;
 // The ROI file for `image_path` (`roi` itself, or <roi>/<stem>.geojson when `roi` is a directory).
 std::string roiFileFor(const std::string& roi, const std::string& image_path);
+// The largest ROI or annotations file read (a QuPath export of every detection of a slide is a few hundred
+// MiB; its detections are dropped as they are parsed).
+constexpr int64_t kMaxRoiBytes = int64_t(1) << 30;
 // The area features of a GeoJSON FeatureCollection, Feature or array of features (QuPath's export: only its
 // annotations when objectType is given), those of class `roi_class` when it is not empty. Throws IoError
-// naming `file` and the problem: not JSON, no polygon features, a ring of fewer than 4 positions, a
+// naming `file` and the problem: not a regular file (a FIFO, a device), over kMaxRoiBytes, not JSON, nested
+// deeper than kMaxJsonDepth, no polygon features, a ring of fewer than 4 positions, a
 // coordinate that is not a finite number, a class that no feature has.
 // `names` (optional) receives each polygon's classification name (empty: none), one per polygon, in order.
 std::vector<RoiPolygon> readRoi(const std::string& file, const std::string& roi_class,

@@ -57,6 +57,9 @@ struct TaskOutputs {
 using RecordMaker =
     std::function<std::string(const CatalogImage& image, int64_t window, const torch::Tensor& output)>;
 
+// The most channels a stitched map may have (OpenCV's CV_CN_MAX: its pixels pass through cv::Mat).
+constexpr int64_t kMaxMapChannels = 512;
+
 class Task {
  public:
   virtual ~Task() = default;

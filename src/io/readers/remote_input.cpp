@@ -1,11 +1,13 @@
 #include "tiler/io/readers/remote_input.hpp"
 
 #include <algorithm>
-#include <fstream>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "tiler/core/error.hpp"
+#include "tiler/core/platform.hpp"
 
 #if TILER_WITH_GDAL
 #include <cpl_conv.h>
@@ -56,6 +58,9 @@ void configureOnce() {
         {"GDAL_HTTP_RETRY_DELAY", "1"},
         {"GDAL_HTTP_CONNECTTIMEOUT", "30"},
         {"GDAL_HTTP_TIMEOUT", "300"},
+        // A server that trickles (a byte every few seconds) is cut off within 30 s, not at the 300 s above.
+        {"GDAL_HTTP_LOW_SPEED_TIME", "30"},
+        {"GDAL_HTTP_LOW_SPEED_LIMIT", "64"},
         {"GDAL_DISABLE_READDIR_ON_OPEN", "EMPTY_DIR"},
         {"CPL_VSIL_CURL_CACHE_SIZE", "268435456"},
     };
@@ -97,8 +102,10 @@ bool isInputList(const std::string& path) {
 }
 
 std::vector<std::string> readInputList(const std::string& path) {
-  std::ifstream in(path);
-  TILER_CHECK(in, IoError, "'" << path << "': cannot read the list of inputs");
+  std::string why;
+  const auto text = readDocument(path, kMaxInputListBytes, why);
+  TILER_CHECK(text, IoError, "the list of inputs '" << path << "': " << why);
+  std::istringstream in(*text);
   std::vector<std::string> inputs;
   for (std::string line; std::getline(in, line);) {
     // A comment is a line of its own: '#' may be part of a URL.
@@ -106,7 +113,6 @@ std::vector<std::string> readInputList(const std::string& path) {
     if (first == std::string::npos || line[first] == '#') continue;
     inputs.push_back(line.substr(first, line.find_last_not_of(" \t\r") - first + 1));
   }
-  TILER_CHECK(!in.bad(), IoError, "'" << path << "': reading the list of inputs failed");
   return inputs;
 }
 
@@ -146,18 +152,24 @@ int64_t RemoteFile::read(void* data, size_t n) {
   return int64_t(got);
 }
 
-int64_t remoteBytesFetched(const std::string& url) {
+std::vector<int64_t> remoteBytesFetched(const std::vector<std::string>& inputs) {
+  std::vector<int64_t> bytes(inputs.size(), 0);
   char* text = VSINetworkStatsGetAsSerializedJSON(nullptr);
-  if (text == nullptr) return 0;
+  if (text == nullptr) return bytes;
   const nlohmann::json stats = nlohmann::json::parse(text, nullptr, false);
   CPLFree(text);
-  if (!stats.is_object() || !stats.contains("handlers")) return 0;
-  int64_t bytes = 0;
-  const std::string name = vsiPath(url);
+  if (!stats.is_object() || !stats.contains("handlers")) return bytes;
+  std::map<std::string, int64_t> by_name;
   for (const auto& handler : stats["handlers"]) {
-    if (!handler.contains("files") || !handler["files"].contains(name)) continue;
-    for (const auto& method : handler["files"][name].value("methods", nlohmann::json::object()))
-      bytes += method.value("downloaded_bytes", int64_t(0));
+    if (!handler.is_object() || !handler.contains("files")) continue;
+    for (const auto& [name, file] : handler["files"].items())
+      for (const auto& method : file.value("methods", nlohmann::json::object()))
+        by_name[name] += method.value("downloaded_bytes", int64_t(0));
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!isRemoteInput(inputs[i])) continue;
+    const auto it = by_name.find(vsiPath(inputs[i]));
+    if (it != by_name.end()) bytes[i] = it->second;
   }
   return bytes;
 }
@@ -177,8 +189,8 @@ int64_t RemoteFile::read(void*, size_t) {
   return -1;
 }
 
-int64_t remoteBytesFetched(const std::string&) {
-  return 0;
+std::vector<int64_t> remoteBytesFetched(const std::vector<std::string>& inputs) {
+  return std::vector<int64_t>(inputs.size(), 0);
 }
 
 #endif

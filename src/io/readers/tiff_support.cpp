@@ -233,6 +233,9 @@ std::optional<double> micrometresPerPixel(const TiffMetadata& m) {
       geoKey(m.key_directory, 3076).value_or(9001) == 9001)
     return m.pixel_scale[0] * 1e6;
   if (!m.has_resolution || m.xres <= 0) return std::nullopt;
+  // Under 1000 dpi in inches is a document's or a screen's setting (72, 96, 300 dpi: the default of many
+  // writers), not a scan's: a microscope's pixel is a few micrometres at most (10000 dpi and more).
+  if (m.res_unit == RESUNIT_INCH && m.xres < kLeastScanDpi) return std::nullopt;
   if (m.res_unit == RESUNIT_INCH) return 25400.0 / double(m.xres);
   if (m.res_unit == RESUNIT_CENTIMETER) return 10000.0 / double(m.xres);
   return std::nullopt;

@@ -56,8 +56,11 @@ struct TiffMetadata {
 TiffMetadata readMetadata(TIFF* tif);
 // The first page's metadata; empty for a path that is "" or not a readable TIFF.
 TiffMetadata readMetadata(const std::string& path);
+// The least X/YResolution in pixels per inch taken as a physical size: below it (72, 96, 300 dpi) it is a
+// writer's default, and the µm/px is unknown, as OpenSlide reports it.
+constexpr double kLeastScanDpi = 1000;
 // Micrometres per pixel (x) that the tags state: a projected GeoTIFF in metres first, then X/YResolution
-// in inches or centimetres.
+// in centimetres, or in inches from kLeastScanDpi.
 std::optional<double> micrometresPerPixel(const TiffMetadata& m);
 // Writes `m` for output pixels that are 1/s input pixels (resolution up by s, ground size per pixel down by
 // s), or at `mpp` when given.

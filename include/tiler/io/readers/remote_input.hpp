@@ -23,8 +23,11 @@ std::string inputStem(const std::string& input);
 
 // A named input that lists inputs: a file named *.txt.
 bool isInputList(const std::string& path);
+// The largest list of inputs read.
+constexpr int64_t kMaxInputListBytes = int64_t(64) << 20;
 // The inputs a list names, one a line (URLs or paths); blank lines and lines that start with '#' skipped,
-// surrounding spaces trimmed. Throws IoError naming the file when it cannot be read.
+// surrounding spaces trimmed. Throws IoError naming the file when it cannot be read, is no regular file or
+// is over kMaxInputListBytes.
 std::vector<std::string> readInputList(const std::string& path);
 
 // One remote file open for reading (a GDAL VSI handle): not thread safe, one per reading thread.
@@ -53,8 +56,9 @@ class RemoteFile {
   uint64_t size_ = 0, position_ = 0;
 };
 
-// The bytes this process has fetched from `url` so far (GDAL's network statistics: what came over the
-// network, not what the block cache served again); 0 when none, or without GDAL.
-int64_t remoteBytesFetched(const std::string& url);
+// The bytes this process has fetched from each of `inputs` so far (GDAL's network statistics: what came
+// over the network, not what the block cache served again), in their order; 0 for a local input, one never
+// read, or without GDAL. One pass over the statistics for all: a job of thousands of URLs asks once.
+std::vector<int64_t> remoteBytesFetched(const std::vector<std::string>& inputs);
 
 }  // namespace tiler
