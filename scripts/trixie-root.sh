@@ -1,7 +1,22 @@
 # Sourced by test-torch2.sh and check-cuda-build.sh: a Debian trixie root made with mmdebstrap from Debian's
 # archive (reused while its package list is unchanged), the source copied in, commands run inside it.
 # Needs root (mmdebstrap, chroot, mounts).
-trixie_mirror=${TILER_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+# The archive is the one this machine's apt uses (its first "debian" source, deb822 or one-line form), or
+# TILER_DEBIAN_MIRROR.
+apt_debian_mirror() {
+  local files=() f
+  for f in /etc/apt/sources.list.d/*.sources /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+    [ -f "$f" ] && files+=("$f")
+  done
+  [ ${#files[@]} -gt 0 ] || return 0
+  awk '/^URIs:/ { for (i = 2; i <= NF; i++) if ($i !~ /security/) { print $i; exit } }
+       /^deb / { for (i = 2; i <= NF; i++) if ($i ~ /^[a-z]+:\/\//) { if ($i !~ /security/) { print $i; exit } break } }' \
+    "${files[@]}" 2>/dev/null | head -n 1
+}
+trixie_mirror=${TILER_DEBIAN_MIRROR:-$(apt_debian_mirror)}
+if [ -z "$trixie_mirror" ]; then
+  echo "trixie-root: no Debian archive among this machine's apt sources; set TILER_DEBIAN_MIRROR" >&2
+fi
 
 # trixie_root ROOT PACKAGES...: makes ROOT (or adds what its package list lacks). Returns 3 when the archive
 # cannot be reached, so callers can tell a missing network from a failed build.

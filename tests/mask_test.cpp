@@ -57,8 +57,12 @@ TEST(Mask, FractionInsideAWindow) {
   EXPECT_DOUBLE_EQ(m.fractionInside({0, 0, 50, 50}), 1.0);
   EXPECT_DOUBLE_EQ(m.fractionInside({50, 0, 50, 50}), 0.0);
   EXPECT_DOUBLE_EQ(m.fractionInside({25, 0, 50, 50}), 0.5);
-  EXPECT_DOUBLE_EQ(m.fractionInside({-50, 0, 100, 50}), 0.5) << "padding outside the image is not inside";
+  EXPECT_DOUBLE_EQ(m.fractionInside({-50, 0, 100, 50}), 1.0) << "padding counts neither way";
+  EXPECT_DOUBLE_EQ(m.fractionInside({-50, 0, 150, 50}), 0.5);
   EXPECT_DOUBLE_EQ(m.fractionInside({200, 0, 10, 10}), 0.0);
+  // An image smaller than one window: its window is as inside as the image is.
+  CoverageMask small(cv::Mat(3, 4, CV_32F, cv::Scalar(1.0)), 40, 30, "tissue");
+  EXPECT_DOUBLE_EQ(small.fractionInside({0, 0, 256, 256}), 1.0);
 }
 
 TEST(Mask, AutoFindsTissueOnGlass) {
@@ -270,6 +274,10 @@ TEST(Roi, BadInputsNameTheFileAndTheProblem) {
                          "coordinates": [[[0, 0], [NaN, 0], [1, 1], [0, 0]]]}})")
                 .find("a coordinate NaN or Infinity is no number in JSON"),
             std::string::npos);
+  EXPECT_NE(message("far.geojson", R"({"type": "Feature", "properties": {}, "geometry": {"type": "Polygon",
+                         "coordinates": [[[0, 0], [1e308, 0], [1, -1e308], [0, 0]]]}})")
+                .find("lies beyond 1e+12"),
+            std::string::npos);
   EXPECT_NE(message("null.geojson", R"({"type": "Feature", "properties": {}, "geometry": {"type": "Polygon",
                          "coordinates": [[[0, 0], [null, 0], [1, 1], [0, 0]]]}})")
                 .find("is not two finite numbers"),
@@ -287,11 +295,78 @@ TEST(Roi, BadInputsNameTheFileAndTheProblem) {
     EXPECT_NE(e.message().find("img.tif"), std::string::npos) << e.message();
     EXPECT_NE(e.message().find("short.geojson"), std::string::npos) << e.message();
   }
+  // An ROI of another image (QuPath's export over a larger slide, or CRS coordinates over a plain image).
+  writeText(dir + "/elsewhere.geojson",
+            R"({"type": "Feature", "properties": {}, "geometry": {"type": "Polygon",
+                         "coordinates": [[[5000, 5000], [5100, 5000], [5100, 5100], [5000, 5000]]]}})");
+  try {
+    CoverageMask::make(*reader, parseMaskSpec("none", 0.05, dir + "/elsewhere.geojson"));
+    ADD_FAILURE() << "an ROI outside the image made a mask";
+  } catch (const IoError& e) {
+    EXPECT_NE(e.message().find("elsewhere.geojson' lies outside the image: its polygons span x 5000..5100"),
+              std::string::npos)
+        << e.message();
+  }
   // A directory without the image's <stem>.geojson.
   fs::create_directories(dir + "/none");
   EXPECT_THROW(CoverageMask::make(*reader, parseMaskSpec("none", 0.05, dir + "/none")), IoError);
   EXPECT_THROW(parseMaskSpec("none", 0.05, dir + "/missing.geojson"), ConfigError);
   EXPECT_THROW(parseMaskSpec("none", 0.05, "", "Tumor"), ConfigError);
+}
+
+// The even-odd rule as the pixel centres see it, every row against every edge: what rasterizeRoi must equal.
+cv::Mat rasterizedByEveryEdge(const std::vector<RoiPolygon>& polygons, int width, int height) {
+  cv::Mat inside = cv::Mat::zeros(height, width, CV_32F);
+  for (const RoiPolygon& polygon : polygons)
+    for (int y = 0; y < height; ++y) {
+      const double yc = y + 0.5;
+      std::vector<double> crossings;
+      for (const RoiRing& ring : polygon)
+        for (size_t i = 0; i < ring.size(); ++i) {
+          const cv::Point2d a = ring[i], b = ring[(i + 1) % ring.size()];
+          if ((a.y <= yc) != (b.y <= yc)) crossings.push_back(a.x + (yc - a.y) * (b.x - a.x) / (b.y - a.y));
+        }
+      std::sort(crossings.begin(), crossings.end());
+      for (size_t k = 0; k + 1 < crossings.size(); k += 2)
+        for (int x = 0; x < width; ++x)
+          if (x + 0.5 >= crossings[k] && x + 0.5 < crossings[k + 1]) inside.at<float>(y, x) = 1;
+    }
+  return inside;
+}
+
+TEST(Roi, EachRowLooksOnlyAtTheEdgesThatCrossItAndDrawsWhatEveryEdgeSays) {
+  cv::RNG rng(7);
+  std::vector<RoiPolygon> polygons;
+  for (int p = 0; p < 12; ++p) {
+    RoiPolygon polygon;
+    for (int r = 0; r < 2; ++r) {  // an outer ring and a crossing "hole": self-intersections included
+      RoiRing ring;
+      const int n = rng.uniform(3, 40);
+      for (int i = 0; i < n; ++i) ring.emplace_back(rng.uniform(-20.0, 140.0), rng.uniform(-20.0, 100.0));
+      ring.push_back(ring.front());
+      polygon.push_back(ring);
+    }
+    // Vertices on pixel centres and horizontal edges: the half-open rules' edge cases.
+    polygon.push_back({{10.5, 10.5}, {30.5, 10.5}, {30.5, 20.5}, {10.5, 20.5}, {10.5, 10.5}});
+    polygons.push_back(polygon);
+  }
+  for (const auto& one : polygons) {
+    const cv::Mat got = rasterizeRoi({one}, 120, 80, 1.0, 1.0), want = rasterizedByEveryEdge({one}, 120, 80);
+    EXPECT_EQ(cv::norm(got, want, cv::NORM_L1), 0);
+  }
+  EXPECT_EQ(cv::norm(rasterizeRoi(polygons, 120, 80, 1.0, 1.0), rasterizedByEveryEdge(polygons, 120, 80),
+                     cv::NORM_L1),
+            0)
+      << "polygons united";
+  // A slide-wide annotation of 3 million vertices over 8192 rows: each row sees the two edges it crosses.
+  RoiRing circle;
+  for (int i = 0; i < 3000000; ++i) {
+    const double t = 2 * M_PI * i / 3000000;
+    circle.emplace_back(4096 + 4000 * std::cos(t), 4096 + 4000 * std::sin(t));
+  }
+  circle.push_back(circle.front());
+  const cv::Mat disc = rasterizeRoi({{circle}}, 8192, 8192, 1.0, 1.0);
+  EXPECT_NEAR(cv::sum(disc)[0], M_PI * 4000 * 4000, 2 * M_PI * 4000);
 }
 
 TEST(Roi, WhatIsNoRegularFileIsRefusedNeverRead) {

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -233,6 +234,10 @@ TEST(ModelCard, BioimageioFieldsTilerLacksAreRefusedByName) {
   const std::string axes = refusal("      - type: channel\n        channel_names: [r, g, b]\n", "");
   EXPECT_NE(axes.find("inputs[0].axes are batch,y,x; tiler feeds batch,channel,y,x"), std::string::npos)
       << axes;
+  const std::string listed = refusal("type: model", "type: [model, dataset]");
+  EXPECT_NE(listed.find("rdf.yaml': field 'type' must be a string, not a list"), std::string::npos) << listed;
+  const std::string old_card = refusal("type: model\nformat_version: 0.5.4", "format_version: 0.3.2");
+  EXPECT_NE(old_card.find("format_version '0.3.2': tiler reads spec 0.5"), std::string::npos) << old_card;
   const std::string version = refusal("format_version: 0.5.4", "format_version: 0.4.10");
   EXPECT_NE(version.find("format_version '0.4.10'"), std::string::npos) << version;
   const std::string unknown = refusal("license: MIT", "license: MIT\ntiling: {halo: 8}");
@@ -266,6 +271,37 @@ TEST(ModelCard, FilesOutsideThePackageAreRefusedNamingThePath) {
   const std::string linked = refusal("source: weights.pt", "source: linked/weights.pt");
   EXPECT_NE(linked.find("leads outside the package"), std::string::npos) << linked;
   EXPECT_EQ(refusal("source: weights.pt", "source: ./sub/../weights.pt"), "no error");
+}
+
+TEST(ModelCard, NumbersTheFlagsWouldRefuseAreRefusedNamingTheCard) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  struct Case {
+    std::function<void(ModelCard&)> set;
+    std::string message;
+  };
+  const Case cases[] = {
+      {[](ModelCard& c) {
+         c.std = std::vector<double>{1, 1e-320};
+       },
+       "(channel 1) is not a positive number of at least 1e-30"},
+      {[](ModelCard& c) { c.std = std::vector<double>{-1}; }, "std -1 (channel 0) is not a positive"},
+      {[&](ModelCard& c) { c.mean = std::vector<double>{nan}; },
+       "mean nan (channel 0) is not a finite number"},
+      {[](ModelCard& c) { c.mpp = -0.5; }, "its pixel size -0.5 µm is not a positive number"},
+      {[](ModelCard& c) { c.scale = std::numeric_limits<double>::infinity(); }, "input scale inf"}};
+  for (const auto& [set, message] : cases) {
+    ModelCard card;
+    card.path = "zoo/rdf.yaml";
+    set(card);
+    std::vector<double> mean, std;
+    double mpp = 0, scale = 0;
+    const std::string error = configError([&] {
+      applyModelCard(card, {}, {nullptr, &mpp, &scale, &mean, &std});
+    });
+    EXPECT_NE(error.find("'zoo/rdf.yaml': its "), std::string::npos) << error;
+    EXPECT_NE(error.find(message), std::string::npos) << error;
+    EXPECT_EQ(error.find("--"), std::string::npos) << "blames no flag: " << error;
+  }
 }
 
 TEST(ModelCard, CardsThatAreNoFilesOrExplodeAreRefusedInOneLine) {
@@ -357,6 +393,21 @@ TEST(ModelCard, AWsinferCardRunsAsItsSettingsGivenAsFlags) {
                                       "/by_flags --window 48 --mpp 1 --mean 0.5,0.4,0.3 --std 0.25,0.2,0.3 "
                                       "--classes glass,blob --activation softmax --task classify");
   ASSERT_EQ(flags.code, 0) << flags.output;
+  // A card's value that does not fit the model is the card's fault in the message, not a flag's.
+  std::string three_classes = test::slurp(root + "/zoo/config.json");
+  for (const auto& [from, to] :
+       {std::pair<std::string, std::string>{R"("num_classes": 2)", R"("num_classes": 3)"},
+        {R"(["glass", "blob"])", R"(["glass", "blob", "dust"])"}})
+    three_classes.replace(three_classes.find(from), from.size(), to);
+  writeFile(root + "/three/config.json", three_classes);
+  fs::copy_file(kSamples + "/models/classifier.pt", root + "/three/torchscript_model.pt");
+  const auto three =
+      test::runCommand(common + " -m " + root + "/three/torchscript_model.pt -o " + root + "/by_three");
+  EXPECT_EQ(three.code, 1) << three.output;
+  EXPECT_NE(three.output.find("the model card's classes ('" + root + "/three/config.json')"),
+            std::string::npos)
+      << three.output;
+  EXPECT_EQ(three.output.find("--classes"), std::string::npos) << three.output;
   const auto by_card = outputFiles(root + "/by_card"), by_flags = outputFiles(root + "/by_flags");
   EXPECT_EQ(by_card.size(), 2u);  // classify's csv and tiles
   EXPECT_TRUE(by_card == by_flags) << "a card's run is the run with its settings as flags, byte for byte";

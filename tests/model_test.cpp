@@ -203,6 +203,16 @@ def forward(self, x):
   o = cpuOptions(tuple);
   o.output_key = "seg";
   expectProbeError(o, "output is a tuple; --output_key must be an index, got 'seg'", 16);
+  // One tensor is output 0 and nothing else (--heads a,b would write one map twice).
+  auto single = saveModule("single", 3, 2, R"JIT(
+def forward(self, x):
+    return torch.conv2d(x, self.w, self.b)
+)JIT");
+  o = cpuOptions(single);
+  o.output_key = "0";
+  EXPECT_EQ(ModelRunner(o).probe(16, 16).output_channels, 2);
+  o.output_key = "b";
+  expectProbeError(o, "the model returns one tensor, which has no output 'b'", 16);
 }
 
 TEST(Model, EachMisfitIsAClearModelError) {

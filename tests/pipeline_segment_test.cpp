@@ -338,12 +338,18 @@ TEST_F(Pipeline, AZarrStoreIsAllOrNothing) {
   EXPECT_FALSE(fs::exists(out + "/a_large.ome.zarr"));
   EXPECT_FALSE(fs::exists(out + "/a_large.ome.zarr.partial"));
   EXPECT_TRUE(fs::is_directory(out + "/b_mixed.ome.zarr"));
-  // The next run redoes the failed image only; a dead run's partial store goes.
+  // The next run redoes the failed image only; a dead run's partial store goes, and an empty directory at a
+  // store's name (no .zattrs: no store) is redone, not taken as finished.
   fs::create_directories(out + "/c_small.ome.zarr.partial/0");
+  const std::string d_store = out + "/d_gray16.ome.zarr";
+  removeTree(d_store);
+  fs::create_directory(d_store);
   r = run(zarrJob(root_, model_, out, "--save zarr --resume"));
   EXPECT_EQ(r.code, 0) << r.output;
   auto j = report(out);
   EXPECT_EQ((*imageEntry(j, "a_large.tif"))["status"], "ok");
+  EXPECT_EQ((*imageEntry(j, "d_gray16.tif"))["status"], "ok") << "an empty directory is no finished store";
+  EXPECT_TRUE(fs::exists(d_store + "/.zattrs"));
   EXPECT_EQ((*imageEntry(j, "b_mixed.png"))["status"], "skipped");
   EXPECT_FALSE(fs::exists(out + "/c_small.ome.zarr.partial"));
   // A link planted at a store's name is never written through, nor replaced.

@@ -391,6 +391,18 @@ const std::set<std::string>& rdfTopLevelFields() {
   return fields;
 }
 
+// A top-level field that must be a string ("" when absent); a list or mapping there is refused naming it.
+std::string scalarField(const YAML::Node& rdf, const char* field, const std::string& rdf_path) {
+  const YAML::Node node = rdf[field];
+  if (!node) return "";
+  TILER_CHECK(node.IsScalar(), ConfigError,
+              "'" << rdf_path << "': field '" << field << "' must be a string, not a "
+                  << (node.IsSequence() ? "list"
+                      : node.IsMap()    ? "mapping"
+                                        : "null"));
+  return node.Scalar();
+}
+
 }  // namespace
 
 ModelCard readBioimageioRdf(const std::string& rdf_path) {
@@ -405,12 +417,13 @@ ModelCard readBioimageioRdf(const std::string& rdf_path) {
               "'" << rdf_path << "': with its aliases expanded it holds over "
                   << byteSizeText(kMaxCardExpandedBytes) << "; a model card is far smaller");
   TILER_CHECK(rdf.IsMap(), ConfigError, "'" << rdf_path << "': not a YAML mapping");
-  const std::string type = rdf["type"] ? rdf["type"].as<std::string>() : "";
-  TILER_CHECK(type == "model", ConfigError, "'" << rdf_path << "': type '" << type << "' is not a model");
-  const std::string version = rdf["format_version"] ? rdf["format_version"].as<std::string>() : "";
+  // The version first: an older card's other fields differ (0.3 had no type).
+  const std::string version = scalarField(rdf, "format_version", rdf_path);
   TILER_CHECK(version.rfind("0.5.", 0) == 0, ConfigError,
               "'" << rdf_path << "': format_version '" << version
                   << "': tiler reads spec 0.5 descriptions (bioimageio.spec converts older ones)");
+  const std::string type = scalarField(rdf, "type", rdf_path);
+  TILER_CHECK(type == "model", ConfigError, "'" << rdf_path << "': type '" << type << "' is not a model");
   TILER_CHECK(!rdf["run_mode"], ConfigError,
               "'" << rdf_path
                   << "': field 'run_mode' asks for a way to run the "
@@ -471,9 +484,36 @@ const std::vector<std::string>& cardSettingNames() {
   return names;
 }
 
+namespace {
+
+// The card's numbers held to what the flags of the same names take (a std of 1e-320 or -1, a NaN offset
+// would run on garbage), each refusal naming the card and the setting.
+void checkCardNumbers(const ModelCard& card) {
+  const auto normal = [](double v) {
+    return std::isfinite(v) && (v == 0 || std::abs(v) >= kLeastCardNumber);
+  };
+  if (card.mpp)
+    TILER_CHECK(normal(*card.mpp) && *card.mpp > 0, ConfigError,
+                "'" << card.path << "': its pixel size " << *card.mpp << " µm is not a positive number");
+  if (card.scale)
+    TILER_CHECK(normal(*card.scale) && *card.scale > 0, ConfigError,
+                "'" << card.path << "': its input scale " << *card.scale << " is not a positive number");
+  for (size_t c = 0; card.mean && c < card.mean->size(); ++c)
+    TILER_CHECK(normal((*card.mean)[c]), ConfigError,
+                "'" << card.path << "': its normalisation's mean " << (*card.mean)[c] << " (channel " << c
+                    << ") is not a finite number");
+  for (size_t c = 0; card.std && c < card.std->size(); ++c)
+    TILER_CHECK(normal((*card.std)[c]) && (*card.std)[c] > 0, ConfigError,
+                "'" << card.path << "': its normalisation's std " << (*card.std)[c] << " (channel " << c
+                    << ") is not a positive number of at least " << kLeastCardNumber);
+}
+
+}  // namespace
+
 std::vector<std::pair<std::string, std::string>> applyModelCard(const ModelCard& card,
                                                                 const std::set<std::string>& given,
                                                                 const CardTargets& t) {
+  checkCardNumbers(card);
   std::vector<std::pair<std::string, std::string>> from;
   auto take = [&](const std::string& name, const auto& value, auto* target) {
     if (given.count(name)) {

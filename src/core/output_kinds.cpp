@@ -10,7 +10,7 @@ const std::vector<OutputKind>& outputKinds() {
       {"probs", "{stem}_probs.tif", false, "", {}, true},
       // Traced from a scratch labels TIFF of its own when labels are not saved.
       {"polygons", "{stem}_polygons.geojson", false, "gdal", {".labels.tif"}, true},
-      {"zarr", "{stem}.ome.zarr", true, ""},
+      {"zarr", "{stem}.ome.zarr", true, "", {}, false, ".zattrs"},
       {"features", "{stem}.h5", false, "hdf5"},
       // The rows go to a scratch file until the archive is written.
       {"features_pt", "{stem}.pt", false, "", {".rows"}},

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -46,6 +47,21 @@ using Clock = std::chrono::steady_clock;
 
 namespace tiler {
 namespace {
+
+// A setting the model card gave is the card's in a message: "--classes names 3 class(es)" where no --classes
+// was given would send the user looking for a flag.
+std::string cardBlamed(std::string message, const InferOptions& o) {
+  for (const auto& [setting, from] : o.settings_from) {
+    const std::string flag = "--" + setting;
+    const size_t at = message.find(flag);
+    const size_t after = at + flag.size();
+    if (from != "card" || at == std::string::npos ||
+        (after < message.size() && (std::isalnum(uint8_t(message[after])) || message[after] == '_')))
+      continue;
+    message.replace(at, flag.size(), "the model card's " + setting + " ('" + o.model_card + "')");
+  }
+  return message;
+}
 
 // Where start-up goes (TILER_LOG=debug): the first step waits for all of it.
 void startupMark(const char* what) {
@@ -478,15 +494,20 @@ int InferJob::run() {
   session_ = std::make_unique<RankSession>(joinWorld());
   startupMark("world joined");
   cpu_blas_ = cpuBlasName();
-  plan_ = planInfer(o_);
-  faults_ = faultHooks(Fault::fromEnvironment(), rank(), [] {
-    throw c10::OutOfMemoryError({__func__, __FILE__, uint32_t(__LINE__)},
-                                injectedFailure("out of memory in the forward"));
-  });
-  loadModel();
-  connect();
-  startupMark("connected");
-  planImages();
+  try {
+    plan_ = planInfer(o_);
+    faults_ = faultHooks(Fault::fromEnvironment(), rank(), [] {
+      throw c10::OutOfMemoryError({__func__, __FILE__, uint32_t(__LINE__)},
+                                  injectedFailure("out of memory in the forward"));
+    });
+    loadModel();
+    connect();
+    startupMark("connected");
+    planImages();
+  } catch (const ConfigError& e) {
+    if (o_.model_card.empty()) throw;
+    TILER_THROW(ConfigError, cardBlamed(e.message(), o_));
+  }
   startupMark("images planned");
   return runSteps(dealWindows());
 }

@@ -306,9 +306,12 @@ void settleExistingOutputs(const InferCatalogOptions& o, CatalogImage& img,
         fs::remove(partial, ec);
       }
     }
-    // Only a plain file (a store: a directory) counts as finished: a link (planted, or dangling) is never
-    // this run's output; a store appears under its name only when complete.
-    present += (row.directory ? isPlainDirectory(out) : isPlainFile(out)) ? 1 : 0;
+    // Only a plain file (a store: a directory holding what its writer writes last) counts as finished: a
+    // link (planted, or dangling) is never this run's output, an empty directory at a store's name no store.
+    present += (row.directory ? isPlainDirectory(out) && isPlainFile(out + "/" + row.complete_when)
+                              : isPlainFile(out))
+                   ? 1
+                   : 0;
   }
   if (present == img.outputs.size() && o.resume) {
     img.status = "skipped";

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <opencv2/imgproc.hpp>
 #include <set>
@@ -166,6 +168,11 @@ RoiPolygon polygonOf(const nlohmann::json& rings, const std::string& where) {
                       std::isfinite(p[0].get<double>()) && std::isfinite(p[1].get<double>()),
                   IoError,
                   where << ", ring " << r << ": position " << p.dump() << " is not two finite numbers");
+      TILER_CHECK(std::abs(p[0].get<double>()) <= kMaxRoiCoordinate &&
+                      std::abs(p[1].get<double>()) <= kMaxRoiCoordinate,
+                  IoError,
+                  where << ", ring " << r << ": position " << p.dump() << " lies beyond " << kMaxRoiCoordinate
+                        << " (no image's pixels or map coordinates reach so far)");
       points.emplace_back(p[0].get<double>(), p[1].get<double>());
     }
     polygon.push_back(std::move(points));
@@ -246,32 +253,59 @@ std::vector<RoiPolygon> readRoi(const std::string& file, const std::string& roi_
   return polygons;
 }
 
+namespace {
+
+// One edge of a ring, scaled, with the rows whose centres it crosses: [first_row, last_row].
+struct RoiEdge {
+  cv::Point2d a, b;
+  int64_t first_row, last_row;
+};
+
+}  // namespace
+
 cv::Mat rasterizeRoi(const std::vector<RoiPolygon>& polygons, int width, int height, double sx, double sy) {
   cv::Mat inside = cv::Mat::zeros(height, width, CV_8U);
   std::vector<double> crossings;
+  std::vector<RoiEdge> edges;
+  std::vector<const RoiEdge*> active;
   for (const RoiPolygon& polygon : polygons) {
-    double top = std::numeric_limits<double>::infinity(), bottom = -top;
+    // Even-odd along each row through the pixel centres: an edge counts when it crosses y + 0.5 (half-open in
+    // y, so a vertex on the line counts once): rows ceil(top - 0.5) .. ceil(bottom - 0.5) - 1. A row looks
+    // only at the edges that cross it (a slide-wide annotation has millions of vertices).
+    edges.clear();
     for (const RoiRing& ring : polygon)
-      for (const auto& p : ring) {
-        top = std::min(top, p.y * sy);
-        bottom = std::max(bottom, p.y * sy);
+      for (size_t i = 0; i < ring.size(); ++i) {
+        const cv::Point2d a{ring[i].x * sx, ring[i].y * sy};
+        const cv::Point2d b{ring[(i + 1) % ring.size()].x * sx, ring[(i + 1) % ring.size()].y * sy};
+        // A row wider on each side than the arithmetic says: the crossing test below is the exact one.
+        const int64_t first = int64_t(std::ceil(std::min(a.y, b.y) - 0.5)) - 1,
+                      last = int64_t(std::ceil(std::max(a.y, b.y) - 0.5));
+        if (first <= last && last >= 0 && first < height)
+          edges.push_back({a, b, std::max<int64_t>(first, 0), std::min<int64_t>(last, height - 1)});
       }
-    const int row0 = std::max(0, int(std::floor(std::max(top, -1.0)))),
-              row1 = std::min(height - 1, int(std::ceil(std::min(bottom, double(height)))));
-    for (int y = row0; y <= row1; ++y) {
-      // Even-odd along the row through the pixel centres: an edge counts when it crosses y + 0.5 (half-open
-      // in y, so a vertex on the line counts once); a pixel is in when its centre lies in [enter, leave).
-      const double yc = y + 0.5;
+    std::sort(edges.begin(), edges.end(),
+              [](const RoiEdge& l, const RoiEdge& r) { return l.first_row < r.first_row; });
+    active.clear();
+    size_t next = 0;
+    for (int64_t y = edges.empty() ? height : edges.front().first_row; y < height; ++y) {
+      while (next < edges.size() && edges[next].first_row == y) active.push_back(&edges[next++]);
+      active.erase(
+          std::remove_if(active.begin(), active.end(), [y](const RoiEdge* e) { return e->last_row < y; }),
+          active.end());
+      if (active.empty() && next == edges.size()) break;
+      if (active.empty()) {
+        y = edges[next].first_row - 1;
+        continue;
+      }
+      // A pixel is in when its centre lies in [enter, leave).
+      const double yc = double(y) + 0.5;
       crossings.clear();
-      for (const RoiRing& ring : polygon) {
-        for (size_t i = 0; i < ring.size(); ++i) {
-          const cv::Point2d a{ring[i].x * sx, ring[i].y * sy};
-          const cv::Point2d b{ring[(i + 1) % ring.size()].x * sx, ring[(i + 1) % ring.size()].y * sy};
-          if ((a.y <= yc) != (b.y <= yc)) crossings.push_back(a.x + (yc - a.y) * (b.x - a.x) / (b.y - a.y));
-        }
+      for (const RoiEdge* e : active) {
+        const cv::Point2d &a = e->a, &b = e->b;
+        if ((a.y <= yc) != (b.y <= yc)) crossings.push_back(a.x + (yc - a.y) * (b.x - a.x) / (b.y - a.y));
       }
       std::sort(crossings.begin(), crossings.end());
-      uint8_t* row = inside.ptr<uint8_t>(y);
+      uint8_t* row = inside.ptr<uint8_t>(int(y));
       for (size_t k = 0; k + 1 < crossings.size(); k += 2) {
         const double first = std::clamp(std::ceil(crossings[k] - 0.5), 0.0, double(width));
         const double end = std::clamp(std::ceil(crossings[k + 1] - 0.5), 0.0, double(width));
@@ -301,6 +335,32 @@ void roiToPixels(const ImageInfo& info, std::vector<RoiPolygon>& polygons) {
 
 namespace {
 
+// readRoi's polygons, the last file's kept: one --roi file for every image of a job is parsed once.
+std::shared_ptr<const std::vector<RoiPolygon>> cachedRoi(const std::string& file,
+                                                         const std::string& roi_class) {
+  struct Entry {
+    std::string file, roi_class;
+    fs::file_time_type modified;
+    uintmax_t size = 0;
+    std::shared_ptr<const std::vector<RoiPolygon>> polygons;
+  };
+  static std::mutex mutex;
+  static Entry last;
+  std::error_code ec;
+  const auto modified = fs::last_write_time(file, ec);
+  const uintmax_t size = ec ? 0 : fs::file_size(file, ec);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!ec && last.polygons && last.file == file && last.roi_class == roi_class &&
+        last.modified == modified && last.size == size)
+      return last.polygons;
+  }
+  auto polygons = std::make_shared<const std::vector<RoiPolygon>>(readRoi(file, roi_class));
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!ec) last = {file, roi_class, modified, size, polygons};
+  return polygons;
+}
+
 // The ROI of `source`'s image as a width x height map (its level-0 coordinates, or its CRS when it is
 // georeferenced, stretched over the map), drawn at up to 4x4 samples a map pixel when the map is smaller.
 cv::Mat roiMap(const ImageReader& source, const MaskSpec& spec, int width, int height) {
@@ -308,11 +368,21 @@ cv::Mat roiMap(const ImageReader& source, const MaskSpec& spec, int width, int h
   const std::string file = roiFileFor(spec.roi, info.path);
   std::vector<RoiPolygon> polygons;
   try {
-    polygons = readRoi(file, spec.roi_class);
+    polygons = *cachedRoi(file, spec.roi_class);
   } catch (const Error& e) {
     TILER_THROW(IoError, "'" << info.path << "': " << e.message());
   }
   roiToPixels(info, polygons);
+  // An ROI of another image, or in a CRS this one lacks, would leave an empty result that looks like one.
+  double x0 = std::numeric_limits<double>::infinity(), y0 = x0, x1 = -x0, y1 = -x0;
+  for (const RoiPolygon& polygon : polygons)
+    for (const auto& p : polygon.front()) {
+      x0 = std::min(x0, p.x), y0 = std::min(y0, p.y), x1 = std::max(x1, p.x), y1 = std::max(y1, p.y);
+    }
+  TILER_CHECK(x1 > 0 && y1 > 0 && x0 < double(info.width) && y0 < double(info.height), IoError,
+              "'" << info.path << "': ROI '" << file << "' lies outside the image: its polygons span x " << x0
+                  << ".." << x1 << ", y " << y0 << ".." << y1 << ", the image 0.." << info.width << " x 0.."
+                  << info.height << " pixels (another image's ROI, or coordinates in a CRS the image lacks)");
   const int samples =
       std::clamp(int(std::min(double(info.width) / width, double(info.height) / height)), 1, 4);
   cv::Mat map = rasterizeRoi(polygons, width * samples, height * samples,
@@ -406,7 +476,7 @@ double CoverageMask::fractionInside(const Rect& window) const {
   const int64_t x0 = std::max<int64_t>(window.x, 0), y0 = std::max<int64_t>(window.y, 0);
   const int64_t x1 = std::min(window.right(), width_), y1 = std::min(window.bottom(), height_);
   if (x1 <= x0 || y1 <= y0) return 0.0;
-  // The map pixels the in-image part covers (at least one), their mean times that part's share.
+  // The mean of the map pixels the in-image part covers (at least one).
   const double sx = double(map_.cols) / double(width_), sy = double(map_.rows) / double(height_);
   const int mx0 = std::clamp(int(std::floor(double(x0) * sx)), 0, map_.cols - 1);
   const int my0 = std::clamp(int(std::floor(double(y0) * sy)), 0, map_.rows - 1);
@@ -414,9 +484,7 @@ double CoverageMask::fractionInside(const Rect& window) const {
   const int my1 = std::clamp(int(std::ceil(double(y1) * sy)), my0 + 1, map_.rows);
   const double sum = integral_.at<double>(my1, mx1) - integral_.at<double>(my0, mx1) -
                      integral_.at<double>(my1, mx0) + integral_.at<double>(my0, mx0);
-  const double mean = sum / double((mx1 - mx0) * (my1 - my0));
-  const double inside_share = double((x1 - x0) * (y1 - y0)) / double(window.w * window.h);
-  return mean * inside_share;
+  return sum / double((mx1 - mx0) * (my1 - my0));
 }
 
 }  // namespace tiler

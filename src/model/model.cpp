@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -278,6 +279,10 @@ torch::Tensor pickFromDict(const std::string& path, const c10::impl::GenericDict
 
 torch::Tensor ModelRunner::extractTensor(const c10::IValue& out, const std::string& key) const {
   const std::string& path = options_.path;
+  // One tensor is output 0 and no other: --heads a,b would otherwise write the same map twice.
+  TILER_CHECK(!out.isTensor() || key.empty() || key == "0", ModelError,
+              "'" << path << "': the model returns one tensor, which has no output '" << key
+                  << "' (--output_key and --heads name the outputs of a dict, tuple or list)");
   if (out.isTensor()) return out.toTensor();
   if (out.isTuple() || out.isList())
     return pickFromSequence(path, out, key, std::strcmp(runtime_->name(), "pt2") == 0);
@@ -409,7 +414,9 @@ const ModelProbe& ModelRunner::probe(int64_t window_w, int64_t window_h) {
   };
   if (!options_.mean.empty()) mean_ = per_channel(options_.mean, "mean");
   if (!options_.std.empty()) {
-    for (double s : options_.std) TILER_CHECK(s != 0, ConfigError, "--std values must be non-zero");
+    // 1/std of a subnormal number is infinite.
+    for (double s : options_.std)
+      TILER_CHECK(std::isnormal(s), ConfigError, "--std values must be non-zero normal numbers; got " << s);
     inv_std_ = 1.0 / per_channel(options_.std, "std");
   }
   spdlog::debug("model '{}': {} -> {} channels, scale {}/{}, task {}", path, c, probe_.output_channels,

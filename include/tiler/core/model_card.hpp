@@ -25,6 +25,8 @@ struct CardTolerance {
 // The largest card file read, and the most its YAML may stand for with its aliases expanded.
 constexpr int64_t kMaxCardBytes = int64_t(4) << 20;
 constexpr int64_t kMaxCardExpandedBytes = int64_t(16) << 20;
+// The smallest magnitude a card's non-zero number may have (a std of 1e-320 divides into infinity).
+constexpr double kLeastCardNumber = 1e-30;
 
 struct ModelCard {
   std::string kind;     // "wsinfer" | "bioimageio"
@@ -66,7 +68,9 @@ struct CardTargets {
 const std::vector<std::string>& cardSettingNames();
 
 // Sets each target that the card gives and `given` (the setting names the user set by flag or --config) does
-// not hold. Returns where each setting came from, in cardSettingNames()' order: "flag", "card" or "default".
+// not hold. ConfigError naming the card when one of its numbers is none the flag takes (not finite, a std or
+// µm/px of 0 or less, a magnitude under kLeastCardNumber). Returns where each setting came from, in
+// cardSettingNames()' order: "flag", "card" or "default".
 std::vector<std::pair<std::string, std::string>> applyModelCard(const ModelCard& card,
                                                                 const std::set<std::string>& given,
                                                                 const CardTargets& targets);

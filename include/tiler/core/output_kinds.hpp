@@ -21,6 +21,9 @@ struct OutputKind {
   std::vector<const char*> scratch = {};
   // A TIFF with reduced levels (--pyramid): each level, and each scratch's, is "<...>.level<N>.partial".
   bool tiff_levels = false;
+  // A store: the file its writer writes last, inside it; a store without it is unfinished (--resume redoes
+  // it).
+  const char* complete_when = "";
 };
 
 // The most reduced levels a TIFF pyramid has (image_io's halving down to a tile: 2^32 pixels a side).

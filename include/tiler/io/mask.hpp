@@ -48,12 +48,15 @@ std::string roiFileFor(const std::string& roi, const std::string& image_path);
 // The largest ROI or annotations file read (a QuPath export of every detection of a slide is a few hundred
 // MiB; its detections are dropped as they are parsed).
 constexpr int64_t kMaxRoiBytes = int64_t(1) << 30;
+// The largest coordinate an ROI position may have, in pixels or a CRS's units (past it, scaled edges
+// overflow and cross nothing).
+constexpr double kMaxRoiCoordinate = 1e12;
 // The area features of a GeoJSON FeatureCollection, Feature or array of features (QuPath's export: only its
 // annotations when objectType is given), those of class `roi_class` when it is not empty. Throws IoError
 // naming `file` and the problem: not a regular file (a FIFO, a device), over kMaxRoiBytes, not JSON, nested
-// deeper than kMaxJsonDepth, no polygon features, a ring of fewer than 4 positions, a
-// coordinate that is not a finite number, a class that no feature has.
-// `names` (optional) receives each polygon's classification name (empty: none), one per polygon, in order.
+// deeper than kMaxJsonDepth, no polygon features, a coordinate past kMaxRoiCoordinate, a ring of fewer than 4
+// positions, a coordinate that is not a finite number, a class that no feature has. `names` (optional)
+// receives each polygon's classification name (empty: none), one per polygon, in order.
 std::vector<RoiPolygon> readRoi(const std::string& file, const std::string& roi_class,
                                 std::vector<std::string>* names = nullptr);
 // `polygons` in a georeferenced image's CRS moved to its level-0 pixels (the inverted geotransform); other
@@ -75,8 +78,9 @@ class CoverageMask {
 
   // Share of the image inside the mask.
   double coverage() const;
-  // Share of the pixels of `window` (image coordinates, may reach outside the image, where nothing is
-  // inside) that lies inside the mask.
+  // Share of the image's own pixels under `window` (image coordinates; what reaches outside the image, its
+  // padding, counts neither way) that lies inside the mask: an image smaller than one window keeps its
+  // window when its tissue would.
   double fractionInside(const Rect& window) const;
   const cv::Mat& map() const { return map_; }
   // tissue | nodata | alpha | file | everything, roi, or one of the first five then "+roi" (their
