@@ -23,6 +23,7 @@ if [ $load -eq 1 ]; then
     busy+=($!)
   done
 fi
+mkdir -p build
 for run in $(seq "$runs"); do
   log="build/soak-$run.log"
   start=$SECONDS
