@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -507,6 +508,17 @@ TEST(ModelCard, CheckModelReproducesAPackagesTestTensorsAndFailsOnAlteredWeights
   EXPECT_EQ(bad.code, 1) << bad.output;
   EXPECT_NE(bad.output.find("largest difference "), std::string::npos) << bad.output;
   EXPECT_NE(bad.output.find(": FAIL"), std::string::npos) << bad.output;
+  // A test input of another channel count than the card's normalisation and model: one line naming the card,
+  // its setting as the card's (no flag was given), never a traceback.
+  fs::copy(pkg, root + "/gray");
+  const auto gray_npy = test::runCommand("/usr/bin/python3 -c \"import numpy as np; np.save('" + root +
+                                         "/gray/test_input.npy', np.zeros((1, 1, 64, 64), np.float32))\"");
+  ASSERT_EQ(gray_npy.code, 0) << gray_npy.output;
+  const auto gray = test::runCommand(kTiler + " check-model " + root + "/gray");
+  EXPECT_EQ(gray.code, 1) << gray.output;
+  EXPECT_NE(gray.output.find("check-model '" + root + "/gray/rdf.yaml': "), std::string::npos) << gray.output;
+  EXPECT_EQ(gray.output.find("--mean"), std::string::npos) << gray.output;
+  EXPECT_EQ(std::count(gray.output.begin(), gray.output.end(), '\n'), 1) << gray.output;
   // A card without test tensors has nothing to check.
   const auto none = test::runCommand(kTiler + " check-model " + kSamples + "/models/sample.pt");
   EXPECT_EQ(none.code, 1) << none.output;

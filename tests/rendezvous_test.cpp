@@ -157,6 +157,36 @@ TEST(Store, RepliesUnreadByAllClientsTogetherAreBounded) {
   for (int fd : hogs) ::close(fd);
 }
 
+// A client that reads its replies, but slowly, while it keeps asking: the store holds what is still to send,
+// not everything it ever sent that client (the sent part of a reply buffer was kept until it drained whole).
+TEST(Store, ASlowReaderCostsWhatIsUnsentNotWhatWasSent) {
+  StoreLimits limits;
+  limits.max_unread_reply_bytes = 2 << 20;
+  StoreServer server("127.0.0.1", 0, limits);
+  StoreClient writer("127.0.0.1", server.port(), milliseconds(5000));
+  const std::string big(1 << 20, 'x');
+  writer.set("big", big);
+  const int slow = rawClient(server.port());
+  std::string gets;
+  for (int i = 0; i < 40; ++i) gets += "GET big\n";
+  sendAll(slow, gets);
+  size_t received = 0, most = 0;
+  char buf[256 << 10];
+  const size_t expected = 40 * (big.size() + 5);  // "VAL " + value + "\n"
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (received < expected && std::chrono::steady_clock::now() < deadline) {
+    const ssize_t n = ::recv(slow, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    received += size_t(n);
+    most = std::max(most, server.bufferedBytes());
+    usleep(2000);
+  }
+  EXPECT_EQ(received, expected) << "every reply arrived";
+  // Its own bound, one reply past it, the doubling of a string's capacity: far under the 40 MiB sent.
+  EXPECT_LE(most, 2 * (limits.max_unread_reply_bytes + big.size()) + (1 << 20)) << most;
+  ::close(slow);
+}
+
 // A connection that says nothing is dropped after the idle timeout; one that keeps talking is not.
 TEST(Store, ASilentClientIsDroppedAfterTheIdleTimeout) {
   StoreLimits limits;

@@ -5,6 +5,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -534,6 +535,21 @@ std::vector<std::pair<std::string, std::string>> applyModelCard(const ModelCard&
   take("activation", card.activation, t.activation);
   take("task", card.task, t.task);
   return from;
+}
+
+std::string cardBlamed(std::string message,
+                       const std::vector<std::pair<std::string, std::string>>& settings_from,
+                       const std::string& card_path) {
+  for (const auto& [setting, from] : settings_from) {
+    const std::string flag = "--" + setting;
+    const size_t at = message.find(flag);
+    const size_t after = at + flag.size();
+    if (from != "card" || at == std::string::npos ||
+        (after < message.size() && (std::isalnum(uint8_t(message[after])) || message[after] == '_')))
+      continue;
+    message.replace(at, flag.size(), "the model card's " + setting + " ('" + card_path + "')");
+  }
+  return message;
 }
 
 }  // namespace tiler

@@ -70,6 +70,23 @@ struct StoreServer::Client {
   Clock::time_point waiting_since{};  // when `out` last became non-empty or last drained a byte
   Clock::time_point heard_from{};     // when it last sent a byte (or connected)
   size_t unread() const { return out.size() - out_sent; }
+  // What its buffers hold in memory (capacity: a string keeps what it once grew to).
+  size_t held() const { return in.capacity() + out.capacity(); }
+  // The sent part of `out` given back, and a drained buffer's memory: a client that reads slowly, or one that
+  // once took a large value, holds no more than what is still to send.
+  void compact() {
+    if (out_sent == out.size()) {
+      out_sent = 0;
+      if (out.capacity() > kKeptBufferBytes) std::string().swap(out);
+      out.clear();
+    } else if (out_sent > kKeptBufferBytes) {
+      out.erase(0, out_sent);
+      out_sent = 0;
+      out.shrink_to_fit();
+    }
+    if (in.empty() && in.capacity() > kKeptBufferBytes) std::string().swap(in);
+  }
+  static constexpr size_t kKeptBufferBytes = 64 << 10;
   void drop() {
     ::close(fd);
     fd = -1;
@@ -198,14 +215,17 @@ void StoreServer::loop() {
   std::vector<Client> clients;
   for (;;) {
     std::vector<pollfd> fds{{wake_[0], POLLIN, 0}, {listen_fd_, POLLIN, 0}};
-    size_t total = 0;  // reply bytes not read by any client
-    for (const auto& c : clients) total += c.unread();
+    size_t total = 0, held = 0;  // reply bytes not read by any client; what all clients' buffers hold
+    for (const auto& c : clients) total += c.unread(), held += c.held();
     unread_total_ = total;
+    held_total_ = held;
     for (const auto& c : clients) {
       short events = c.unread() > 0 ? POLLOUT : 0;
       // Back-pressure: a client that does not read its replies gets no more of its requests handled, nor
-      // does any client while all of them together hold the store's bound.
-      if (c.unread() <= limits_.max_unread_reply_bytes && total <= limits_.max_total_unread_reply_bytes)
+      // does any client while all of them together hold the store's bound; what a client sends meanwhile
+      // waits in the kernel, beyond a request's length here.
+      if (c.unread() <= limits_.max_unread_reply_bytes && total <= limits_.max_total_unread_reply_bytes &&
+          c.in.size() <= maxRequestBytes())
         events |= POLLIN;
       fds.push_back({c.fd, events, 0});
     }
@@ -242,8 +262,7 @@ void StoreServer::serveClient(Client& c, short revents, Clock::time_point now, s
       c.heard_from = now;
     }
   }
-  // The longest request line: "SET <key> <value>".
-  const size_t max_line = limits_.max_key_bytes + limits_.max_value_bytes + 16;
+  const size_t max_line = maxRequestBytes();
   // Requests are answered while the client reads its replies; what it sends meanwhile waits in `in`.
   for (;;) {
     size_t begin = 0, nl;
@@ -271,6 +290,7 @@ void StoreServer::serveClient(Client& c, short revents, Clock::time_point now, s
       return;
     }
     total -= waiting - c.unread();
+    c.compact();
     // Again while it takes replies and asks more, unless the store's bound stopped it (handled none).
     if (begin == 0 || c.out_sent < c.out.size() || c.in.find('\n') == std::string::npos) break;
   }

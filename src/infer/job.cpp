@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -20,6 +19,7 @@
 
 #include "tiler/core/error.hpp"
 #include "tiler/core/fault.hpp"
+#include "tiler/core/model_card.hpp"
 #include "tiler/core/output_kinds.hpp"
 #include "tiler/core/platform.hpp"
 #include "tiler/core/sampler.hpp"
@@ -47,21 +47,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace tiler {
 namespace {
-
-// A setting the model card gave is the card's in a message: "--classes names 3 class(es)" where no --classes
-// was given would send the user looking for a flag.
-std::string cardBlamed(std::string message, const InferOptions& o) {
-  for (const auto& [setting, from] : o.settings_from) {
-    const std::string flag = "--" + setting;
-    const size_t at = message.find(flag);
-    const size_t after = at + flag.size();
-    if (from != "card" || at == std::string::npos ||
-        (after < message.size() && (std::isalnum(uint8_t(message[after])) || message[after] == '_')))
-      continue;
-    message.replace(at, flag.size(), "the model card's " + setting + " ('" + o.model_card + "')");
-  }
-  return message;
-}
 
 // Where start-up goes (TILER_LOG=debug): the first step waits for all of it.
 void startupMark(const char* what) {
@@ -506,7 +491,7 @@ int InferJob::run() {
     planImages();
   } catch (const ConfigError& e) {
     if (o_.model_card.empty()) throw;
-    TILER_THROW(ConfigError, cardBlamed(e.message(), o_));
+    TILER_THROW(ConfigError, cardBlamed(e.message(), o_.settings_from, o_.model_card));
   }
   startupMark("images planned");
   return runSteps(dealWindows());

@@ -70,7 +70,20 @@ int checkModel(const std::string& card_path, const std::string& device) {
           << "' names no test tensors: check-model takes a bioimage.io rdf.yaml or package directory");
   const int64_t most = testTensorBytes(*card);
   const NpyArray input = readNpy(card->test_input, most), expected = readNpy(card->test_output, most);
-  const torch::Tensor out = runTestInput(*card, input, device);
+  torch::Tensor out;
+  try {
+    out = runTestInput(*card, input, device);
+  } catch (const Error& e) {
+    // Every setting here is the card's, and a failure of its model on its own test input is the card's.
+    std::vector<std::pair<std::string, std::string>> all_card;
+    for (const std::string& name : cardSettingNames()) all_card.emplace_back(name, "card");
+    TILER_THROW(ConfigError,
+                "check-model '" << card->path << "': " << cardBlamed(e.message(), all_card, card->path));
+  } catch (const c10::Error& e) {
+    TILER_THROW(ModelError, "check-model '" << card->path << "': '" << card->weights
+                                            << "' fails on the test input '" << card->test_input
+                                            << "': " << firstLine(e.what_without_backtrace()));
+  }
   TILER_CHECK(size_t(out.numel()) == expected.values.size(), ModelError,
               "'" << card->weights << "' gives " << out.sizes() << " for the test input, the test output '"
                   << card->test_output << "' holds " << expected.values.size() << " values");

@@ -75,4 +75,11 @@ std::vector<std::pair<std::string, std::string>> applyModelCard(const ModelCard&
                                                                 const std::set<std::string>& given,
                                                                 const CardTargets& targets);
 
+// `message` with the flag of each setting the card gave (`settings_from`, applyModelCard's) named as the
+// card's: "--classes names 3 class(es)" becomes "the model card's classes ('<card_path>') names 3 ...", so a
+// message never sends the user looking for a flag they did not give.
+std::string cardBlamed(std::string message,
+                       const std::vector<std::pair<std::string, std::string>>& settings_from,
+                       const std::string& card_path);
+
 }  // namespace tiler

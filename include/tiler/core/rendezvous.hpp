@@ -57,6 +57,9 @@ class StoreServer {
   const std::string& boundAddress() const { return bound_address_; }
   // Reply bytes its clients have not read, all together (for tests and logs).
   size_t unreadReplyBytes() const { return unread_total_.load(); }
+  // What its clients' buffers hold in memory, all together (for tests): the unread replies and a request's
+  // length a client, beyond the few KiB each keeps.
+  size_t bufferedBytes() const { return held_total_.load(); }
 
  private:
   struct Client;
@@ -68,6 +71,8 @@ class StoreServer {
   // Sends what the socket takes now; false when the client is gone.
   bool sendReplies(Client& c, std::chrono::steady_clock::time_point now);
   std::string handle(const std::string& request);
+  // The longest request line: "SET <key> <value>".
+  size_t maxRequestBytes() const { return limits_.max_key_bytes + limits_.max_value_bytes + 16; }
 
   StoreLimits limits_;
   int port_ = 0;
@@ -78,6 +83,7 @@ class StoreServer {
   std::map<std::string, std::string> data_;  // the server thread's only
   size_t data_bytes_ = 0;                    // keys and values in data_
   std::atomic<size_t> unread_total_{0};      // written by the server thread each turn
+  std::atomic<size_t> held_total_{0};        // likewise
   std::thread thread_;
 };
 
