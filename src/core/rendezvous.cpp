@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <deque>
 #include <vector>
 
 #include "tiler/core/error.hpp"
@@ -64,33 +65,38 @@ in_addr_t bindAddressFor(const std::string& host) {
 
 struct StoreServer::Client {
   int fd = -1;
-  std::string in;   // bytes received past the last whole request
-  std::string out;  // replies not yet sent, from out_sent on
-  size_t out_sent = 0;
-  Clock::time_point waiting_since{};  // when `out` last became non-empty or last drained a byte
+  std::string in;  // bytes received past the last whole request
+  // Replies not yet sent, each its own string of its own size (one growing buffer held up to twice what it
+  // had to send), the first sent up to `first_sent`.
+  std::deque<std::string> replies;
+  size_t first_sent = 0;
+  size_t unread_bytes = 0;
+  Clock::time_point waiting_since{};  // when replies last became non-empty or last drained a byte
   Clock::time_point heard_from{};     // when it last sent a byte (or connected)
-  size_t unread() const { return out.size() - out_sent; }
-  // What its buffers hold in memory (capacity: a string keeps what it once grew to).
-  size_t held() const { return in.capacity() + out.capacity(); }
-  // The sent part of `out` given back, and a drained buffer's memory: a client that reads slowly, or one that
-  // once took a large value, holds no more than what is still to send.
-  void compact() {
-    if (out_sent == out.size()) {
-      out_sent = 0;
-      if (out.capacity() > kKeptBufferBytes) std::string().swap(out);
-      out.clear();
-    } else if (out_sent > kKeptBufferBytes) {
-      out.erase(0, out_sent);
-      out_sent = 0;
-      out.shrink_to_fit();
-    }
-    if (in.empty() && in.capacity() > kKeptBufferBytes) std::string().swap(in);
+  size_t unread() const { return unread_bytes; }
+  // What its buffers hold in memory.
+  size_t held() const {
+    size_t bytes = in.capacity();
+    for (const auto& r : replies) bytes += r.capacity();
+    return bytes;
   }
-  static constexpr size_t kKeptBufferBytes = 64 << 10;
   void drop() {
     ::close(fd);
     fd = -1;
   }
+  void queue(const std::string& body, Clock::time_point now) {
+    if (replies.empty()) waiting_since = now;
+    std::string reply;
+    reply.reserve(body.size() + 1);
+    reply.append(body).push_back('\n');
+    unread_bytes += reply.size();
+    replies.push_back(std::move(reply));
+  }
+  // A drained input buffer gives back what a long request made it grow to.
+  void compact() {
+    if (in.empty() && in.capacity() > kKeptBufferBytes) std::string().swap(in);
+  }
+  static constexpr size_t kKeptBufferBytes = 64 << 10;
 };
 
 StoreServer::StoreServer(const std::string& bind_host, int port, StoreLimits limits) : limits_(limits) {
@@ -195,18 +201,27 @@ void StoreServer::acceptClients(std::vector<Client>& clients) {
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    clients.push_back(Client{fd, "", "", 0, {}, Clock::now()});
+    Client c;
+    c.fd = fd;
+    c.heard_from = Clock::now();
+    clients.push_back(std::move(c));
   }
 }
 
 bool StoreServer::sendReplies(Client& c, Clock::time_point now) {
-  while (c.out_sent < c.out.size()) {
-    const ssize_t n = ::send(c.fd, c.out.data() + c.out_sent, c.out.size() - c.out_sent, MSG_NOSIGNAL);
+  while (!c.replies.empty()) {
+    const std::string& first = c.replies.front();
+    const ssize_t n = ::send(c.fd, first.data() + c.first_sent, first.size() - c.first_sent, MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;  // the rest when it reads
     if (n <= 0) return false;
-    c.out_sent += size_t(n);
+    c.first_sent += size_t(n);
+    c.unread_bytes -= size_t(n);
     c.waiting_since = now;
+    if (c.first_sent == first.size()) {
+      c.replies.pop_front();
+      c.first_sent = 0;
+    }
   }
   return true;
 }
@@ -268,14 +283,9 @@ void StoreServer::serveClient(Client& c, short revents, Clock::time_point now, s
     size_t begin = 0, nl;
     while (c.unread() <= limits_.max_unread_reply_bytes && total <= limits_.max_total_unread_reply_bytes &&
            (nl = c.in.find('\n', begin)) != std::string::npos) {
-      if (c.out.size() == c.out_sent) {
-        c.out.clear();
-        c.out_sent = 0;
-        c.waiting_since = now;
-      }
-      const size_t before = c.out.size();
-      c.out += handle(c.in.substr(begin, nl - begin)) + "\n";
-      total += c.out.size() - before;
+      const size_t before = c.unread();
+      c.queue(handle(c.in.substr(begin, nl - begin)), now);
+      total += c.unread() - before;
       begin = nl + 1;
     }
     c.in.erase(0, begin);
@@ -292,9 +302,9 @@ void StoreServer::serveClient(Client& c, short revents, Clock::time_point now, s
     total -= waiting - c.unread();
     c.compact();
     // Again while it takes replies and asks more, unless the store's bound stopped it (handled none).
-    if (begin == 0 || c.out_sent < c.out.size() || c.in.find('\n') == std::string::npos) break;
+    if (begin == 0 || !c.replies.empty() || c.in.find('\n') == std::string::npos) break;
   }
-  if (c.out_sent < c.out.size() && now - c.waiting_since > limits_.stall_timeout) c.drop();
+  if (!c.replies.empty() && now - c.waiting_since > limits_.stall_timeout) c.drop();
   if (c.fd >= 0 && now - c.heard_from > limits_.idle_timeout) c.drop();
 }
 
