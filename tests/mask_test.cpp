@@ -124,6 +124,31 @@ TEST(Mask, AlphaZeroIsOutside) {
   EXPECT_NEAR(m.coverage(), 0.75, 0.01);
 }
 
+// A scene that carries its own mask (a TIFF's internal mask, or a GDAL .msk beside it) is masked by it under
+// --mask auto, not by the tissue detector (which would call this uniform grey image all glass or all tissue).
+TEST(Mask, AutoTakesTheScenesOwnMaskFirst) {
+  TILER_SKIP_WITHOUT_FEATURE("gdal");
+  if (test::runCommand("command -v gdal_translate").code != 0) GTEST_SKIP() << "no gdal_translate";
+  const std::string dir = test::scratchDir("mask_scene");
+  cv::Mat rgba(400, 600, CV_8UC4, cv::Scalar(200, 150, 180, 0));
+  rgba(cv::Rect(0, 0, 300, 400)).setTo(cv::Scalar(200, 150, 180, 255));  // the left half is the scene
+  write(dir + "/rgba.tif", rgba);
+  for (const std::string& internal : {"YES", "NO"}) {
+    const std::string out = dir + "/masked_" + internal + ".tif";
+    const auto r =
+        test::runCommand("gdal_translate -q -b 1 -b 2 -b 3 -mask 4 --config GDAL_TIFF_INTERNAL_MASK " +
+                         internal + " " + dir + "/rgba.tif " + out);
+    ASSERT_EQ(r.code, 0) << r.output;
+    ASSERT_EQ(fs::exists(out + ".msk"), internal == "NO");
+    auto reader = ImageReader::open(out);
+    ASSERT_EQ(reader->info().channels, 3);
+    const CoverageMask m = CoverageMask::make(*reader, parseMaskSpec("auto", 0.05));
+    EXPECT_EQ(m.method(), "scene") << internal;
+    EXPECT_GT(m.fractionInside({0, 0, 250, 400}), 0.99) << internal;
+    EXPECT_LT(m.fractionInside({350, 0, 250, 400}), 0.01) << internal;
+  }
+}
+
 TEST(Mask, FileMaskAtASixteenthIsStretched) {
   const std::string dir = test::scratchDir("mask_file");
   cv::Mat img(1600, 3200, CV_8UC3, cv::Scalar(1, 2, 3));

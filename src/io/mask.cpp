@@ -446,6 +446,16 @@ CoverageMask CoverageMask::makeBase(ImageReader& source, const MaskSpec& spec, i
     return CoverageMask(map, info.width, info.height, "file");
   }
   TILER_CHECK(spec.mode == MaskMode::kAuto, ConfigError, "mask: no mode");
+  // The scene's own word first: its mask band (internal, or a .msk beside it), its nodata, its alpha; the
+  // tissue detector only for an RGB image that says nothing.
+  const double factor = std::min(1.0, double(spec.max_side) / double(std::max(info.width, info.height)));
+  const int mask_w = std::max(1, int(std::lround(double(info.width) * factor))),
+            mask_h = std::max(1, int(std::lround(double(info.height) * factor)));
+  if (auto own = sceneMaskOf(path, mask_w, mask_h)) {
+    cv::Mat map;
+    cv::Mat(mask_h, mask_w, CV_8U, own->data()).convertTo(map, CV_32F, 1.0 / 255.0);
+    return CoverageMask(map, info.width, info.height, "scene");
+  }
   if (info.nodata) {
     const double nodata = *info.nodata;
     return CoverageMask(

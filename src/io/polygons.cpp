@@ -22,6 +22,7 @@
 #include "tiler/core/platform.hpp"
 #include "tiler/core/version.hpp"
 #include "tiler/io/geojson.hpp"
+#include "tiler/io/readers/remote_input.hpp"
 
 namespace tiler {
 
@@ -144,6 +145,23 @@ std::optional<GeoFrame> geoFrameOf(const std::string& image_path) {
   return frame;
 }
 
+std::optional<std::vector<uint8_t>> sceneMaskOf(const std::string& image_path, int width, int height) {
+  if (isRemoteInput(image_path)) return std::nullopt;
+  GDALAllRegister();
+  const QuietGdal quiet;
+  std::unique_ptr<void, DatasetCloser> raster(
+      GDALOpenEx(image_path.c_str(), GDAL_OF_RASTER | GDAL_OF_READONLY, nullptr, nullptr, nullptr));
+  if (!raster || GDALGetRasterCount(raster.get()) < 1) return std::nullopt;
+  GDALRasterBandH band = GDALGetRasterBand(raster.get(), 1);
+  const int flags = GDALGetMaskFlags(band);
+  if (!(flags & GMF_PER_DATASET) || (flags & (GMF_ALL_VALID | GMF_ALPHA | GMF_NODATA))) return std::nullopt;
+  std::vector<uint8_t> mask(size_t(width) * size_t(height));
+  if (GDALRasterIO(GDALGetMaskBand(band), GF_Read, 0, 0, GDALGetRasterXSize(raster.get()),
+                   GDALGetRasterYSize(raster.get()), mask.data(), width, height, GDT_Byte, 0, 0) != CE_None)
+    TILER_THROW(IoError, "'" << image_path << "': its mask cannot be read: " << CPLGetLastErrorMsg());
+  return mask;
+}
+
 int64_t writePolygons(const std::string& labels_path, const std::string& geojson_path,
                       const PolygonOptions& o) {
   GDALAllRegister();
@@ -219,6 +237,10 @@ int64_t writePolygons(const std::string& labels_path, const std::string& geojson
 
 #else
 std::optional<GeoFrame> geoFrameOf(const std::string&) {
+  return std::nullopt;
+}
+
+std::optional<std::vector<uint8_t>> sceneMaskOf(const std::string&, int, int) {
   return std::nullopt;
 }
 

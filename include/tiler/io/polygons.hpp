@@ -61,6 +61,10 @@ struct GeoFrame {
   }
 };
 std::optional<GeoFrame> geoFrameOf(const std::string& image_path);
+// The image's own mask as GDAL sees it (a TIFF's internal mask, a `.msk` sidecar: a mask band of the
+// dataset, not its alpha or nodata), drawn at width x height (row-major, 0 outside, 255 inside); nullopt
+// when it has none, for a remote input, or without GDAL.
+std::optional<std::vector<uint8_t>> sceneMaskOf(const std::string& image_path, int width, int height);
 
 // Returns the number of features written.
 int64_t writePolygons(const std::string& labels_path, const std::string& geojson_path,
