@@ -54,20 +54,25 @@ TEST(Catalog, DanglingLinksLoopsAndFifos) {
     EXPECT_EQ(fs::path(files[1]).filename(), "good.tif");
     EXPECT_EQ(fs::path(files[2]).filename(), "z_loop.tif");
   }
+  // A FIFO a list of inputs names: its first bytes are looked at (is it tiler's own output?) without waiting.
+  fs::create_directories(dir + "/listed");
+  ASSERT_EQ(mkfifo((dir + "/listed/n_fifo.tif").c_str(), 0600), 0);
+  std::ofstream(dir + "/listed/inputs.txt") << dir << "/listed/n_fifo.tif\n";
   InferCatalogOptions o;
-  o.inputs = {dir, dir + "/m_fifo.tif"};
+  o.inputs = {dir, dir + "/m_fifo.tif", dir + "/listed/inputs.txt"};
   o.output_dir = dir + "/out";
   o.kinds = {"labels"};
   CatalogSpec spec;
   spec.grid = GridSpec{32, 32, 0.0, 0.0};
   spec.input_channels = 3;
   const auto catalog = buildInferCatalog(o, spec);
-  ASSERT_EQ(catalog.images().size(), 4u);
+  ASSERT_EQ(catalog.images().size(), 5u);
   std::map<std::string, std::string> errors;
   for (const auto& img : catalog.images()) errors[fs::path(img.input).filename()] = img.error;
   EXPECT_NE(errors["a_dangling.tif"].find("leads nowhere"), std::string::npos) << errors["a_dangling.tif"];
   EXPECT_NE(errors["z_loop.tif"].find("leads nowhere"), std::string::npos) << errors["z_loop.tif"];
   EXPECT_NE(errors["m_fifo.tif"].find("not a regular file"), std::string::npos) << errors["m_fifo.tif"];
+  EXPECT_NE(errors["n_fifo.tif"].find("not a regular file"), std::string::npos) << errors["n_fifo.tif"];
   EXPECT_EQ(errors["good.tif"], "");
   removeTree(dir);
 }

@@ -489,6 +489,20 @@ std::string byteSizeText(int64_t bytes) {
   return text.str();
 }
 
+std::string leadingBytes(const std::string& path, size_t count) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) return "";
+  struct stat st {};
+  std::string bytes(count, '\0');
+  ssize_t n = -1;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) do
+      n = ::pread(fd, bytes.data(), count, 0);
+    while (n < 0 && errno == EINTR);
+  ::close(fd);
+  bytes.resize(n > 0 ? size_t(n) : 0);
+  return bytes;
+}
+
 std::optional<std::string> readDocument(const std::string& path, int64_t max_bytes, std::string& error) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) {

@@ -108,6 +108,9 @@ std::string notARegularFile(const std::string& path);
 // the descriptor itself (opened without waiting: a FIFO never blocks), and so is a file over `max_bytes`,
 // both before a byte is read.
 std::optional<std::string> readDocument(const std::string& path, int64_t max_bytes, std::string& error);
+// The first `count` bytes of a regular file (fewer where it is shorter), "" for anything else or what cannot
+// be read: a format's magic, looked at without ever waiting on a FIFO.
+std::string leadingBytes(const std::string& path, size_t count);
 // "512 MiB": a byte count for messages.
 std::string byteSizeText(int64_t bytes);
 

@@ -2,13 +2,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include "tiff_support.hpp"
 #include "tiler/core/error.hpp"
+#include "tiler/core/platform.hpp"
 #include "tiler/io/readers/remote_input.hpp"
 
 namespace fs = std::filesystem;
@@ -20,10 +21,10 @@ FileProbe probeFile(const std::string& path) {
   p.path = path;
   p.extension = lowerExtension(path);
   // The first bytes, read once for every format's magic.
-  std::ifstream in(path, std::ios::binary);
+  const std::string head = leadingBytes(path, 4);  // never waits on a FIFO
   unsigned char magic[4] = {0, 0, 0, 0};
-  in.read(reinterpret_cast<char*>(magic), 4);
-  const std::streamsize got = in.gcount();
+  std::copy(head.begin(), head.end(), magic);
+  const size_t got = head.size();
   p.tiff = got == 4 && isTiffMagic(magic);
   p.jpeg = got >= 3 && magic[0] == 0xFF && magic[1] == 0xD8 && magic[2] == 0xFF;
   if (p.tiff || isWholeSlideExtension(path)) p.slide_vendor = slideVendor(path);

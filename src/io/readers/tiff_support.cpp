@@ -2,16 +2,17 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdarg>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <mutex>
 #include <utility>
 
 #include "tiler/core/error.hpp"
+#include "tiler/core/platform.hpp"
 #include "tiler/io/readers/remote_input.hpp"
 
 namespace tiler {
@@ -184,10 +185,10 @@ std::string compressionName(uint16_t c) {
 // The fields of one image directory (full or reduced resolution): size, samples, tiling, compression,
 // palette.
 bool looksLikeTiff(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+  const std::string head = leadingBytes(path, 4);
   unsigned char magic[4] = {0, 0, 0, 0};
-  in.read(reinterpret_cast<char*>(magic), 4);
-  return in.gcount() == 4 && isTiffMagic(magic);
+  std::copy(head.begin(), head.end(), magic);
+  return head.size() == 4 && isTiffMagic(magic);
 }
 
 bool isTiffMagic(const unsigned char (&magic)[4]) {
