@@ -141,6 +141,11 @@ TEST(Error, RedactSecretsHidesPasswordsAndSignaturesOnly) {
             "&X-Amz-Signature=***&x-id=GetObject");
   EXPECT_EQ(redactSecrets("https://acct.blob.core.windows.net/c/a.tif?sv=2021&sig=abc%3D"),
             "https://acct.blob.core.windows.net/c/a.tif?sv=2021&sig=***");
+  EXPECT_EQ(redactSecrets("clone https://ghp_abc@github.com/o/r and 'http://u:p@h/x?Token=t#f' then"),
+            "clone https://***@github.com/o/r and 'http://u:***@h/x?Token=***#f' then");
+  // A long line is scanned, not matched by a recursive regex (which overflowed the stack).
+  const std::string long_url = "https://host/" + std::string(1 << 20, 'a') + "?sig=s";
+  EXPECT_EQ(redactSecrets(long_url), long_url.substr(0, long_url.size() - 1) + "***");
   for (const std::string kept : {"https://host:8080/a.tif", "/data/user:name@x/a.tif", "s3://bucket/a.tif",
                                  "'https://host/a.tif?page=2': no such file"})
     EXPECT_EQ(redactSecrets(kept), kept);

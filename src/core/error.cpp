@@ -3,14 +3,16 @@
 #include <cxxabi.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <memory>
 #include <new>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <thread>
 #include <typeinfo>
 
@@ -101,14 +103,68 @@ void holdForTheAgent() {
 
 }  // namespace
 
+namespace {
+
+// Where a URL's part that `at` starts ends: at a space, a quote, or one of `stops`.
+size_t urlPartEnd(const std::string& text, size_t at, const char* stops) {
+  while (at < text.size() && !std::isspace(uint8_t(text[at])) && text[at] != '\'' && text[at] != '"' &&
+         std::strchr(stops, text[at]) == nullptr)
+    ++at;
+  return at;
+}
+
+bool isSecretParameter(const std::string& name) {
+  static const char* const secrets[] = {"x-amz-signature",
+                                        "x-amz-credential",
+                                        "x-amz-security-token",
+                                        "x-goog-signature",
+                                        "x-goog-credential",
+                                        "signature",
+                                        "sig",
+                                        "token",
+                                        "access_token"};
+  std::string lower = name;
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  return std::find(std::begin(secrets), std::end(secrets), lower) != std::end(secrets);
+}
+
+}  // namespace
+
+// A scan, not std::regex: libstdc++'s regex recurses once a character, and a long line could overflow the
+// stack of the very error report it passes through.
 std::string redactSecrets(const std::string& text) {
-  if (text.find("://") == std::string::npos) return text;  // the common case: no URL, no regex
-  static const std::regex user_password(R"(([A-Za-z][A-Za-z0-9+.-]*://[^/@\s:'"]*):[^/@\s'"]*@)");
-  static const std::regex signed_query(
-      R"(([?&](?:X-Amz-Signature|X-Amz-Credential|X-Amz-Security-Token|X-Goog-Signature|X-Goog-Credential|)"
-      R"(Signature|sig|token|access_token)=)[^&#\s'"]*)",
-      std::regex::icase);
-  return std::regex_replace(std::regex_replace(text, user_password, "$1:***@"), signed_query, "$1***");
+  if (text.find("://") == std::string::npos) return text;  // the common case: no URL
+  std::string out;
+  out.reserve(text.size());
+  size_t at = 0;
+  for (size_t scheme; (scheme = text.find("://", at)) != std::string::npos;) {
+    const size_t authority = scheme + 3, authority_end = urlPartEnd(text, authority, "/?#");
+    out.append(text, at, authority - at);
+    const size_t user_end = text.rfind('@', authority_end == 0 ? 0 : authority_end - 1);
+    if (user_end != std::string::npos && user_end >= authority && user_end < authority_end) {
+      // user:password@ keeps the user; a lone name there may be a token (https://TOKEN@host): all of it.
+      const size_t colon = text.find(':', authority);
+      out += colon < user_end ? text.substr(authority, colon - authority) + ":***@" : std::string("***@");
+      at = user_end + 1;
+    } else {
+      at = authority;
+    }
+    // The query's secrets, up to the URL's end.
+    const size_t url_end = urlPartEnd(text, at, "");
+    for (size_t p = at; p < url_end; ++p) {
+      if (text[p] != '?' && text[p] != '&') continue;
+      const size_t eq = text.find('=', p + 1);
+      const size_t value_end = eq == std::string::npos ? url_end : urlPartEnd(text, eq + 1, "&#");
+      if (eq == std::string::npos || eq >= url_end || !isSecretParameter(text.substr(p + 1, eq - p - 1)))
+        continue;
+      out.append(text, at, eq + 1 - at).append("***");
+      at = p = value_end;
+      --p;
+    }
+    out.append(text, at, url_end - at);
+    at = url_end;
+  }
+  return out.append(text, at, std::string::npos);
 }
 
 int reportFatal(const std::string& tool, const std::exception& e) {

@@ -485,10 +485,6 @@ const std::vector<std::string>& cardSettingNames() {
   return names;
 }
 
-namespace {
-
-// The card's numbers held to what the flags of the same names take (a std of 1e-320 or -1, a NaN offset
-// would run on garbage), each refusal naming the card and the setting.
 void checkCardNumbers(const ModelCard& card) {
   const auto normal = [](double v) {
     return std::isfinite(v) && (v == 0 || std::abs(v) >= kLeastCardNumber);
@@ -508,8 +504,6 @@ void checkCardNumbers(const ModelCard& card) {
                 "'" << card.path << "': its normalisation's std " << (*card.std)[c] << " (channel " << c
                     << ") is not a positive number of at least " << kLeastCardNumber);
 }
-
-}  // namespace
 
 std::vector<std::pair<std::string, std::string>> applyModelCard(const ModelCard& card,
                                                                 const std::set<std::string>& given,
@@ -541,13 +535,15 @@ std::string cardBlamed(std::string message,
                        const std::vector<std::pair<std::string, std::string>>& settings_from,
                        const std::string& card_path) {
   for (const auto& [setting, from] : settings_from) {
-    const std::string flag = "--" + setting;
-    const size_t at = message.find(flag);
-    const size_t after = at + flag.size();
-    if (from != "card" || at == std::string::npos ||
-        (after < message.size() && (std::isalnum(uint8_t(message[after])) || message[after] == '_')))
-      continue;
-    message.replace(at, flag.size(), "the model card's " + setting + " ('" + card_path + "')");
+    if (from != "card") continue;
+    const std::string flag = "--" + setting, named = "the model card's " + setting + " ('" + card_path + "')";
+    for (size_t at = message.find(flag); at != std::string::npos; at = message.find(flag, at + 1)) {
+      const size_t after = at + flag.size();
+      if (after < message.size() && (std::isalnum(uint8_t(message[after])) || message[after] == '_'))
+        continue;
+      message.replace(at, flag.size(), named);
+      at += named.size() - 1;
+    }
   }
   return message;
 }

@@ -490,6 +490,8 @@ std::string byteSizeText(int64_t bytes) {
 }
 
 std::string leadingBytes(const std::string& path, size_t count) {
+  // Not even opened unless a regular file stands there: opening a device can do things.
+  if (!notARegularFile(path).empty()) return "";
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) return "";
   struct stat st {};
@@ -504,6 +506,10 @@ std::string leadingBytes(const std::string& path, size_t count) {
 }
 
 std::optional<std::string> readDocument(const std::string& path, int64_t max_bytes, std::string& error) {
+  // Not even opened unless a regular file stands there (opening a device can do things); the descriptor is
+  // checked again, for what was swapped in between.
+  error = notARegularFile(path);
+  if (!error.empty()) return std::nullopt;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) {
     error = missingFilePhrase(path, errno);
@@ -511,7 +517,8 @@ std::optional<std::string> readDocument(const std::string& path, int64_t max_byt
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > max_bytes) {
-    error = !S_ISREG(st.st_mode)
+    error = st.st_mode == 0 ? std::string("cannot be read: ") + std::strerror(errno)
+            : !S_ISREG(st.st_mode)
                 ? fileTypePhrase(st.st_mode)
                 : "is " + byteSizeText(st.st_size) + "; at most " + byteSizeText(max_bytes) + " is read";
     ::close(fd);

@@ -84,12 +84,18 @@ struct StoreServer::Client {
     ::close(fd);
     fd = -1;
   }
+  // Small replies share a buffer of up to kKeptBufferBytes (a string apiece would cost its object and slot
+  // for each 3-byte "OK"); a large one has its own of its own size.
   void queue(const std::string& body, Clock::time_point now) {
     if (replies.empty()) waiting_since = now;
+    unread_bytes += body.size() + 1;
+    if (!replies.empty() && replies.back().size() + body.size() + 1 <= kKeptBufferBytes) {
+      replies.back().append(body).push_back('\n');
+      return;
+    }
     std::string reply;
-    reply.reserve(body.size() + 1);
+    reply.reserve(std::max(body.size() + 1, body.size() < kKeptBufferBytes / 2 ? kKeptBufferBytes / 4 : 0));
     reply.append(body).push_back('\n');
-    unread_bytes += reply.size();
     replies.push_back(std::move(reply));
   }
   // A drained input buffer gives back what a long request made it grow to.

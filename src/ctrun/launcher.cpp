@@ -3,7 +3,6 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <stdlib.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -73,16 +72,6 @@ int resolveNprocPerNode(const std::string& spec) {
   TILER_CHECK(n <= kMaxWorkersPerNode, ConfigError,
               "--nproc_per_node " << spec << " is " << n << " workers; ctrun starts at most "
                                   << kMaxWorkersPerNode << " on a node");
-  // Each worker holds at least two of ctrun's descriptors (its stdout and stderr pipes; two log files more
-  // with --log_dir): past the limit, a start would fail at some worker after the others had begun.
-  rlimit files{};
-  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY) {
-    const rlim_t needed = rlim_t(n) * 2;
-    TILER_CHECK(needed <= files.rlim_cur, ConfigError,
-                "--nproc_per_node " << spec << " is " << n << " workers, which need at least " << needed
-                                    << " open files; this process may open " << files.rlim_cur
-                                    << " (raise it with ulimit -n)");
-  }
   return n;
 }
 

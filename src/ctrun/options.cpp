@@ -1,5 +1,6 @@
 #include "tiler/ctrun/options.hpp"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -338,6 +339,16 @@ LaunchPlan settleOptions(LaunchOptions& o) {
     TILER_CHECK(o.node_rank == 0, ConfigError, "--node_rank " << o.node_rank << " outside --nnodes 1");
   }
   plan.nproc = resolveNprocPerNode(o.nproc_per_node);
+  // Each worker holds two of ctrun's descriptors (its stdout and stderr pipes), four with --log_dir: past the
+  // limit a start would fail at some worker after the others had begun.
+  rlimit files{};
+  const rlim_t needed = rlim_t(plan.nproc) * (o.log_dir.empty() ? 2 : 4);
+  TILER_CHECK(
+      getrlimit(RLIMIT_NOFILE, &files) != 0 || files.rlim_cur == RLIM_INFINITY || needed <= files.rlim_cur,
+      ConfigError,
+      "--nproc_per_node " << o.nproc_per_node << " is " << plan.nproc << " workers, which need at least "
+                          << needed << " open files" << (o.log_dir.empty() ? "" : " with --log_dir")
+                          << "; this process may open " << files.rlim_cur << " (raise it with ulimit -n)");
   // A filter naming no worker of this node would hide every worker's output, errors included.
   TILER_CHECK(shown_ranks.empty() || *shown_ranks.rbegin() < plan.nproc, ConfigError,
               "--local_ranks_filter " << o.local_ranks_filter << " names local rank " << *shown_ranks.rbegin()

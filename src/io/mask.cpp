@@ -189,8 +189,11 @@ std::vector<RoiPolygon> readRoi(const std::string& file, const std::string& roi_
   TILER_CHECK(text, IoError, "ROI '" << file << "': " << why);
   // Detections, cells and tiles are dropped as they are parsed: a QuPath export of every object is read for
   // its few annotations.
-  const auto doc = parseJsonDocument(*text, why, [](int depth, const nlohmann::json& object) {
-    return depth > 2 || depth == 0 || object.value("type", "") != "Feature" || isRegion(object);
+  size_t dropped = 0;
+  const auto doc = parseJsonDocument(*text, why, [&dropped](int depth, const nlohmann::json& object) {
+    const bool keep = depth > 2 || depth == 0 || object.value("type", "") != "Feature" || isRegion(object);
+    dropped += keep ? 0 : 1;
+    return keep;
   });
   if (!doc) {
     // Python's json.dump writes NaN and Infinity, which no JSON reader takes.
@@ -210,6 +213,10 @@ std::vector<RoiPolygon> readRoi(const std::string& file, const std::string& roi_
   } else if (doc->is_object() && doc->value("type", "") == "Feature") {
     features.push_back(std::move(*doc));
   }
+  TILER_CHECK(
+      dropped == 0 || !features.empty(), IoError,
+      "ROI '" << file << "': no annotations: its " << dropped
+              << " feature(s) are QuPath detections, cells or tiles (objectType), which are no region");
   TILER_CHECK(!features.empty(), IoError,
               "ROI '" << file << "': no features (a GeoJSON FeatureCollection of Polygon/MultiPolygon)");
   std::vector<RoiPolygon> polygons;
@@ -278,8 +285,11 @@ cv::Mat rasterizeRoi(const std::vector<RoiPolygon>& polygons, int width, int hei
         const cv::Point2d a{ring[i].x * sx, ring[i].y * sy};
         const cv::Point2d b{ring[(i + 1) % ring.size()].x * sx, ring[(i + 1) % ring.size()].y * sy};
         // A row wider on each side than the arithmetic says: the crossing test below is the exact one.
-        const int64_t first = int64_t(std::ceil(std::min(a.y, b.y) - 0.5)) - 1,
-                      last = int64_t(std::ceil(std::max(a.y, b.y) - 0.5));
+        // Clamped as doubles: a georeferenced ROI's pixels may lie past any integer.
+        const auto row = [height](double v) {
+          return int64_t(std::clamp(std::ceil(v - 0.5), -2.0, height + 2.0));
+        };
+        const int64_t first = row(std::min(a.y, b.y)) - 1, last = row(std::max(a.y, b.y));
         if (first <= last && last >= 0 && first < height)
           edges.push_back({a, b, std::max<int64_t>(first, 0), std::min<int64_t>(last, height - 1)});
       }

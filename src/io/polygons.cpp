@@ -149,6 +149,15 @@ std::optional<std::vector<uint8_t>> sceneMaskOf(const std::string& image_path, i
   if (isRemoteInput(image_path)) return std::nullopt;
   GDALAllRegister();
   const QuietGdal quiet;
+  // A .msk beside the image is found by listing its directory, which remote inputs turn off process-wide.
+  const std::string readdir = CPLGetThreadLocalConfigOption("GDAL_DISABLE_READDIR_ON_OPEN", "");
+  CPLSetThreadLocalConfigOption("GDAL_DISABLE_READDIR_ON_OPEN", "FALSE");
+  struct Restore {
+    std::string value;
+    ~Restore() {
+      CPLSetThreadLocalConfigOption("GDAL_DISABLE_READDIR_ON_OPEN", value.empty() ? nullptr : value.c_str());
+    }
+  } restore{readdir};
   std::unique_ptr<void, DatasetCloser> raster(
       GDALOpenEx(image_path.c_str(), GDAL_OF_RASTER | GDAL_OF_READONLY, nullptr, nullptr, nullptr));
   if (!raster || GDALGetRasterCount(raster.get()) < 1) return std::nullopt;

@@ -414,9 +414,10 @@ const ModelProbe& ModelRunner::probe(int64_t window_w, int64_t window_h) {
   };
   if (!options_.mean.empty()) mean_ = per_channel(options_.mean, "mean");
   if (!options_.std.empty()) {
-    // 1/std of a subnormal number is infinite.
+    // The division is in float32: 1/std of a number float32 cannot hold normally is infinite.
     for (double s : options_.std)
-      TILER_CHECK(std::isnormal(s), ConfigError, "--std values must be non-zero normal numbers; got " << s);
+      TILER_CHECK(std::isnormal(float(s)) && std::isfinite(1.0f / float(s)), ConfigError,
+                  "--std values must be non-zero normal float32 numbers; got " << s);
     inv_std_ = 1.0 / per_channel(options_.std, "std");
   }
   spdlog::debug("model '{}': {} -> {} channels, scale {}/{}, task {}", path, c, probe_.output_channels,

@@ -55,9 +55,9 @@ std::string indexText(const std::vector<int64_t>& shape, size_t flat) {
 int64_t testTensorBytes(const ModelCard& card) {
   if (!card.window) return kMaxNpyBytes;
   const size_t comma = card.window->find(',');
-  const int64_t w = std::stoll(card.window->substr(0, comma)),
-                h = comma == std::string::npos ? w : std::stoll(card.window->substr(comma + 1));
-  return std::min(kMaxNpyBytes, w * h * 1024 * 8 + 4096);
+  const double w = std::stod(card.window->substr(0, comma)),
+               h = comma == std::string::npos ? w : std::stod(card.window->substr(comma + 1));
+  return int64_t(std::min(double(kMaxNpyBytes), w * h * 1024 * 8 + 4096));  // in doubles: no overflow
 }
 
 }  // namespace
@@ -68,6 +68,7 @@ int checkModel(const std::string& card_path, const std::string& device) {
       card && !card->test_input.empty(), ConfigError,
       "'" << card_path
           << "' names no test tensors: check-model takes a bioimage.io rdf.yaml or package directory");
+  checkCardNumbers(*card);
   const int64_t most = testTensorBytes(*card);
   const NpyArray input = readNpy(card->test_input, most), expected = readNpy(card->test_output, most);
   torch::Tensor out;

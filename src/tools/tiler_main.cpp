@@ -32,6 +32,7 @@ class RedactingStdoutSink : public spdlog::sinks::base_sink<std::mutex> {
     formatter_->format(msg, formatted);
     const std::string line = tiler::redactSecrets(fmt::to_string(formatted));
     std::fwrite(line.data(), 1, line.size(), stdout);
+    std::fflush(stdout);  // a line at a time, as spdlog's own sink: under ctrun stdout is a pipe
   }
   void flush_() override { std::fflush(stdout); }
 };

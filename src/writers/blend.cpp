@@ -45,9 +45,11 @@ int64_t countNonFinite(const float* values, int64_t count, bool& large) {
 }
 
 int64_t countBeyondHalf(const float* values, int64_t count) {
-  constexpr float kHalfMax = 65504.0f;
+  // float16's largest is 65504; from 65520, halfway to the next power of two, rounding gives infinity.
+  constexpr float kHalfInfinity = 65520.0f;
   int64_t beyond = 0;
-  for (int64_t i = 0; i < count; ++i) beyond += std::isfinite(values[i]) && std::abs(values[i]) > kHalfMax;
+  for (int64_t i = 0; i < count; ++i)
+    beyond += std::isfinite(values[i]) && std::abs(values[i]) >= kHalfInfinity;
   return beyond;
 }
 

@@ -20,9 +20,10 @@ constexpr int kExitFatal = 1;
 constexpr int kExitSomeFailed = 2;
 
 // `text` with the secrets a URL may carry replaced by "***": a password in its user information
-// (https://user:***@host/...) and the signature and credentials of a presigned URL (X-Amz-Signature,
-// X-Amz-Credential, X-Amz-Security-Token, X-Goog-Signature, X-Goog-Credential, Signature, sig, token,
-// access_token). Everything tiler writes about an input (report, log lines, error files) passes through it.
+// (https://user:***@host/...; a name alone there may be a token: https://***@host/...) and the signature and
+// credentials of a presigned URL (X-Amz-Signature, X-Amz-Credential, X-Amz-Security-Token, X-Goog-Signature,
+// X-Goog-Credential, Signature, sig, token, access_token). Everything tiler writes about an input (report,
+// log lines, error files) passes through it.
 std::string redactSecrets(const std::string& text);
 
 class Error : public std::runtime_error {

@@ -63,13 +63,17 @@ struct CardTargets {
   std::string* task = nullptr;
 };
 
+// The card's numbers held to what the flags of the same names take (a std of 1e-320 or -1, a NaN offset
+// would run on garbage): ConfigError naming the card and the setting (not finite, a std, µm/px or scale of 0
+// or less, a magnitude under kLeastCardNumber).
+void checkCardNumbers(const ModelCard& card);
+
 // The settings a card can give, in the report's order: window, mpp, scale, mean, std, classes, activation,
 // task.
 const std::vector<std::string>& cardSettingNames();
 
 // Sets each target that the card gives and `given` (the setting names the user set by flag or --config) does
-// not hold. ConfigError naming the card when one of its numbers is none the flag takes (not finite, a std or
-// µm/px of 0 or less, a magnitude under kLeastCardNumber). Returns where each setting came from, in
+// not hold, after checkCardNumbers. Returns where each setting came from, in
 // cardSettingNames()' order: "flag", "card" or "default".
 std::vector<std::pair<std::string, std::string>> applyModelCard(const ModelCard& card,
                                                                 const std::set<std::string>& given,

@@ -70,8 +70,8 @@ int countNvidiaGpus();
 // The most workers ctrun starts on one node (torchrun has no bound; a typo of 100000 forks until the
 // descriptors run out).
 constexpr int kMaxWorkersPerNode = 1024;
-// Resolves --nproc_per_node (cpu, and auto without a GPU: usableCpus()); throws ConfigError on nonsense, on
-// more than kMaxWorkersPerNode, and on more than the open-file limit lets ctrun supervise.
+// Resolves --nproc_per_node (cpu, and auto without a GPU: usableCpus()); throws ConfigError on nonsense and
+// on more than kMaxWorkersPerNode (settleOptions also holds it to the open-file limit).
 int resolveNprocPerNode(const std::string& spec);
 // A free TCP port on 127.0.0.1 (bound and released).
 int findFreePort();

@@ -46,7 +46,8 @@ int64_t countNonFinite(const float* values, int64_t count);
 // The same, in the same pass setting `large` when any value's magnitude is 2^23 or more or is not finite:
 // the values OpenCV's byte conversion gets wrong (probabilitiesToBytes).
 int64_t countNonFinite(const float* values, int64_t count, bool& large);
-// The finite values whose magnitude is past float16's largest (65504): stored as f16 they become infinite.
+// The finite values that become infinite stored as float16 (magnitude 65520 and more: past its largest,
+// 65504, by more than rounding takes back).
 int64_t countBeyondHalf(const float* values, int64_t count);
 
 // Probabilities stored as bytes (--probs_dtype u8): round(p x 255), half to even, after clamping p to [0, 1]
