@@ -489,38 +489,50 @@ std::string byteSizeText(int64_t bytes) {
   return text.str();
 }
 
-std::string leadingBytes(const std::string& path, size_t count) {
-  // Not even opened unless a regular file stands there: opening a device can do things.
-  if (!notARegularFile(path).empty()) return "";
+namespace {
+
+// A descriptor of the regular file at `path`, or -1 with `error` saying why. Not even opened unless stat says
+// a regular file stands there (opening a device can do things); opened without waiting (a FIFO swapped in
+// never blocks) and the descriptor checked again, for what was swapped in between.
+int openRegularFile(const std::string& path, struct stat& st, std::string& error) {
+  error = notARegularFile(path);
+  if (!error.empty()) return -1;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-  if (fd < 0) return "";
+  if (fd < 0) {
+    error = missingFilePhrase(path, errno);
+    return -1;
+  }
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    error =
+        st.st_mode == 0 ? std::string("cannot be read: ") + std::strerror(errno) : fileTypePhrase(st.st_mode);
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+}  // namespace
+
+std::string leadingBytes(const std::string& path, size_t count) {
   struct stat st {};
+  std::string error;
+  const int fd = openRegularFile(path, st, error);
+  if (fd < 0) return "";
   std::string bytes(count, '\0');
-  ssize_t n = -1;
-  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) do
-      n = ::pread(fd, bytes.data(), count, 0);
-    while (n < 0 && errno == EINTR);
+  ssize_t n;
+  do n = ::pread(fd, bytes.data(), count, 0);
+  while (n < 0 && errno == EINTR);
   ::close(fd);
   bytes.resize(n > 0 ? size_t(n) : 0);
   return bytes;
 }
 
 std::optional<std::string> readDocument(const std::string& path, int64_t max_bytes, std::string& error) {
-  // Not even opened unless a regular file stands there (opening a device can do things); the descriptor is
-  // checked again, for what was swapped in between.
-  error = notARegularFile(path);
-  if (!error.empty()) return std::nullopt;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-  if (fd < 0) {
-    error = missingFilePhrase(path, errno);
-    return std::nullopt;
-  }
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > max_bytes) {
-    error = st.st_mode == 0 ? std::string("cannot be read: ") + std::strerror(errno)
-            : !S_ISREG(st.st_mode)
-                ? fileTypePhrase(st.st_mode)
-                : "is " + byteSizeText(st.st_size) + "; at most " + byteSizeText(max_bytes) + " is read";
+  const int fd = openRegularFile(path, st, error);
+  if (fd < 0) return std::nullopt;
+  if (st.st_size > max_bytes) {
+    error = "is " + byteSizeText(st.st_size) + "; at most " + byteSizeText(max_bytes) + " is read";
     ::close(fd);
     return std::nullopt;
   }
