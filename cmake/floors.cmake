@@ -46,7 +46,7 @@ function(tiler_check_floors)
     file(STRINGS ${CMAKE_SOURCE_DIR}/${file} includes REGEX "^#include [<\"]")
     foreach(line IN LISTS includes)
       set(used "")
-      if(line MATCHES "^#include \"tiler/([a-z0-9_/]+)/[a-z0-9_]+\\.hpp\"")
+      if(line MATCHES "^#include [<\"]tiler/([a-z0-9_/]+)/[a-z0-9_]+\\.hpp[>\"]")
         set(used ${CMAKE_MATCH_1})
       elseif(line MATCHES "^#include \"([a-z0-9_./]+\\.hpp)\"")
         # A private header beside the file (src/), named relative to it.

@@ -20,6 +20,11 @@ namespace fs = std::filesystem;
 namespace tiler {
 namespace {
 
+// The naming of the outputs these tests save, as writers/formats names them (the catalog takes any).
+const OutputKind kLabels{"labels", "{stem}_labels.{format}", false, {}, true};
+const OutputKind kPolygons{"polygons", "{stem}_polygons.geojson", false, {".labels.tif"}, true};
+const OutputKind kFeaturesPt{"features_pt", "{stem}.pt", false, {".rows"}};
+
 void writeRgb(const std::string& path, int w, int h) {
   WriterOptions o;
   o.format = fs::path(path).extension() == ".png" ? "png" : "tif";
@@ -61,7 +66,7 @@ TEST(Catalog, DanglingLinksLoopsAndFifos) {
   InferCatalogOptions o;
   o.inputs = {dir, dir + "/m_fifo.tif", dir + "/listed/inputs.txt"};
   o.output_dir = dir + "/out";
-  o.kinds = {"labels"};
+  o.outputs = {{"labels", kLabels}};
   CatalogSpec spec;
   spec.grid = GridSpec{32, 32, 0.0, 0.0};
   spec.input_channels = 3;
@@ -119,7 +124,7 @@ TEST(Catalog, AFifoWhereAnOutputGoesFailsItsImageAndStays) {
   InferCatalogOptions o;
   o.inputs = {dir + "/a.tif", dir + "/b.tif"};
   o.output_dir = dir + "/out";
-  o.kinds = {"labels"};
+  o.outputs = {{"labels", kLabels}};
   o.overwrite = true;
   CatalogSpec spec;
   spec.grid = GridSpec{32, 32, 0.0, 0.0};
@@ -191,6 +196,7 @@ TEST(Catalog, GlobalIndexSpansPlannedImagesOnly) {
   writeRgb(dir + "/c.tif", 100, 100);  // 1
   std::ofstream(dir + "/b.tif") << "not a tiff";
   InferCatalogOptions o;
+  o.outputs = {{"labels", kLabels}};
   o.inputs = {dir};
   o.output_dir = dir + "/out";
   CatalogSpec spec{GridSpec{128, 128, 0.25, 0.25}, 3, Scale{}, 0.0, MaskSpec{}, ResolutionSpec{}};
@@ -217,6 +223,7 @@ TEST(Catalog, ExistingOutputsNeedResumeOrOverwrite) {
   writeRgb(dir + "/out/a_labels.tif", 8, 8);
   std::ofstream(dir + "/out/b_labels.tif.partial") << "left by a killed run";
   InferCatalogOptions o;
+  o.outputs = {{"labels", kLabels}};
   o.inputs = {dir + "/a.tif", dir + "/b.tif"};
   o.output_dir = dir + "/out";
   CatalogSpec spec{GridSpec{64, 64, 0.25, 0.25}, 3, Scale{}, 0.0, MaskSpec{}, ResolutionSpec{}};
@@ -250,7 +257,7 @@ TEST(Catalog, StalePartialsOfTheSavedKindsAreSwept) {
   InferCatalogOptions o;
   o.inputs = {dir + "/b.tif"};
   o.output_dir = dir + "/out";
-  o.kinds = {"polygons", "features_pt"};
+  o.outputs = {{"polygons", kPolygons}, {"features_pt", kFeaturesPt}};
   o.resume = true;
   o.remove_stale_partials = true;
   CatalogSpec spec{GridSpec{64, 64, 0.25, 0.25}, 3, Scale{}, 0.0, MaskSpec{}, ResolutionSpec{}};
@@ -266,6 +273,7 @@ TEST(Catalog, SameStemTwiceFailsTheSecond) {
   writeRgb(dir + "/a.tif", 64, 64);
   writeRgb(dir + "/a.png", 64, 64);
   InferCatalogOptions o;
+  o.outputs = {{"labels", kLabels}};
   o.inputs = {dir};
   o.output_dir = dir + "/out";
   WindowCatalog c = buildInferCatalog(

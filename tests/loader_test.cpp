@@ -15,6 +15,7 @@
 
 #include "test_util.hpp"
 #include "tiler/core/error.hpp"
+#include "tiler/writers/formats.hpp"
 
 namespace fs = std::filesystem;
 
@@ -155,6 +156,7 @@ TEST(Loader, ReadAheadStopsWithoutProducingTheRest) {
 std::pair<WindowCatalog, std::vector<SampleSlot>> catalogOf(const std::string& dir, const GridSpec& spec,
                                                             int channels) {
   InferCatalogOptions co;
+  co.outputs = {{"labels", outputNaming("labels")}};
   co.inputs = {dir};
   co.output_dir = dir + "/out";
   WindowCatalog catalog =

@@ -1,72 +1,51 @@
-// output_kinds: the one table of --save's kinds.
+// output_kinds: how an output is named from its kind's naming row (the rows themselves: formats_test).
 #include "tiler/core/output_kinds.hpp"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <set>
-
-#include "tiler/core/error.hpp"
 
 using namespace tiler;
 
+namespace {
+
+const OutputKind kFile{"mask", "{stem}_mask.{format}", false, {}, true};
+const OutputKind kStore{"store", "{stem}.store", true, {}, false, ".done"};
+const OutputKind kScratched{"traced", "{stem}_traced.json", false, {".raster.tif"}, true};
+const OutputKind kPlain{"table", "{stem}.csv", false, {".rows"}};
+
+}  // namespace
+
 TEST(OutputKinds, FileNamesComeFromTheRow) {
-  EXPECT_EQ(outputFileName("instances", "a", "png"), "a_instances.tif");
-  EXPECT_EQ(outputFileName("features", "a", "tif"), "a.h5");
-  EXPECT_EQ(outputFileName("features_pt", "a", "tif"), "a.pt");
-  EXPECT_EQ(outputFileName("tiles", "a", "tif"), "a_tiles.geojson");
-  EXPECT_EQ(outputFileName("heatmap", "a", "png"), "a_heatmap.tif");
+  EXPECT_EQ(outputFileName(kFile, "mask", "a", "png"), "a_mask.png");
+  EXPECT_EQ(outputFileName(kStore, "store", "a", "png"), "a.store");
+  EXPECT_EQ(outputFileName(kPlain, "table", "slide.v2", "tif"), "slide.v2.csv");
 }
 
-// Every row is whole: a name once, a file name once (which tasks write it is theirs: tasks_test).
-TEST(OutputKinds, TheTableIsConsistent) {
-  std::set<std::string> names, patterns;
-  for (const OutputKind& kind : outputKinds()) {
-    EXPECT_TRUE(names.insert(kind.name).second) << kind.name;
-    EXPECT_TRUE(patterns.insert(kind.pattern).second) << kind.name;
-  }
-  EXPECT_EQ(findOutputKind("nothing"), nullptr);
-  EXPECT_THROW(outputFileName("nothing", "a", "tif"), ConfigError);
-}
-
-TEST(OutputKinds, AStoreIsADirectory) {
-  const OutputKind* zarr = findOutputKind("zarr");
-  ASSERT_NE(zarr, nullptr);
-  EXPECT_TRUE(zarr->directory);
-  EXPECT_EQ(outputFileName("zarr", "slide", "png"), "slide.ome.zarr");
-  EXPECT_FALSE(findOutputKind("labels")->directory);
-  EXPECT_EQ(std::string(findOutputKind("polygons")->feature), "gdal");
-  EXPECT_EQ(std::string(findOutputKind("features")->feature), "hdf5");
+// A head of a model with several outputs writes its kinds under <stem>_<head>_...
+TEST(OutputKinds, AHeadsKindsAreNamedAfterTheStemAndTheHead) {
+  EXPECT_EQ(headKind("np", "mask"), "np/mask");
+  EXPECT_EQ(headKind("", "mask"), "mask");
+  EXPECT_EQ(bareKind("np/mask"), "mask");
+  EXPECT_EQ(bareKind("mask"), "mask");
+  EXPECT_EQ(outputFileName(kFile, headKind("np", "mask"), "slide", "tif"), "slide_np_mask.tif");
+  EXPECT_EQ(outputFileName(kStore, headKind("hv", "store"), "slide", "tif"), "slide_hv.store");
 }
 
 // The stale-partial sweep reads what each writer leaves from its row: scratch files and TIFF levels, a
-// scratch's levels too (polygons' own labels TIFF under --pyramid).
+// scratch's levels too.
 TEST(OutputKinds, PartialPathsComeFromTheRow) {
   const auto has = [](const std::vector<std::string>& paths, const std::string& path) {
     return std::find(paths.begin(), paths.end(), path) != paths.end();
   };
-  const auto polygons = partialPaths(*findOutputKind("polygons"), "o/s_polygons.geojson");
-  EXPECT_EQ(polygons.front(), "o/s_polygons.geojson.partial");
-  EXPECT_TRUE(has(polygons, "o/s_polygons.geojson.labels.tif.partial"));
-  EXPECT_TRUE(has(polygons, "o/s_polygons.geojson.labels.tif.level1.partial"));
-  EXPECT_TRUE(
-      has(polygons, "o/s_polygons.geojson.labels.tif.level" + std::to_string(kMaxTiffLevels) + ".partial"));
-  const auto pt = partialPaths(*findOutputKind("features_pt"), "o/s.pt");
-  EXPECT_EQ(pt, (std::vector<std::string>{"o/s.pt.partial", "o/s.pt.rows.partial"}));
-  EXPECT_TRUE(has(partialPaths(*findOutputKind("probs"), "o/s_probs.tif"), "o/s_probs.tif.level3.partial"));
-  EXPECT_EQ(partialPaths(*findOutputKind("zarr"), "o/s.ome.zarr"),
-            std::vector<std::string>{"o/s.ome.zarr.partial"});
-  EXPECT_EQ(partialPaths(*findOutputKind("csv"), "o/s.csv"), std::vector<std::string>{"o/s.csv.partial"});
-}
-
-// A head of a model with several outputs writes its kinds under <stem>_<head>_...; its kind is its row's.
-TEST(OutputKinds, AHeadsKindsAreNamedAfterTheStemAndTheHead) {
-  EXPECT_EQ(headKind("np", "labels"), "np/labels");
-  EXPECT_EQ(headKind("", "labels"), "labels");
-  EXPECT_EQ(outputFileName(headKind("np", "labels"), "slide", "tif"), "slide_np_labels.tif");
-  EXPECT_EQ(outputFileName(headKind("hv", "zarr"), "slide", "tif"), "slide_hv.ome.zarr");
-  EXPECT_EQ(outputFileName(headKind("0", "features"), "slide", "tif"), "slide_0.h5");
-  ASSERT_NE(findOutputKind("np/zarr"), nullptr);
-  EXPECT_TRUE(findOutputKind("np/zarr")->directory);
-  EXPECT_EQ(findOutputKind("np/nothing"), nullptr);
+  const auto traced = partialPaths(kScratched, "o/s_traced.json");
+  EXPECT_EQ(traced.front(), "o/s_traced.json.partial");
+  EXPECT_TRUE(has(traced, "o/s_traced.json.raster.tif.partial"));
+  EXPECT_TRUE(has(traced, "o/s_traced.json.raster.tif.level1.partial"));
+  EXPECT_TRUE(has(traced, "o/s_traced.json.raster.tif.level" + std::to_string(kMaxTiffLevels) + ".partial"));
+  EXPECT_EQ(traced.size(), size_t(2 * (1 + kMaxTiffLevels)));
+  EXPECT_EQ(partialPaths(kPlain, "o/s.csv"),
+            (std::vector<std::string>{"o/s.csv.partial", "o/s.csv.rows.partial"}));
+  EXPECT_EQ(partialPaths(kStore, "o/s.store"), std::vector<std::string>{"o/s.store.partial"});
+  EXPECT_TRUE(has(partialPaths(kFile, "o/s_mask.tif"), "o/s_mask.tif.level3.partial"));
 }

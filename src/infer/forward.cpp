@@ -21,8 +21,8 @@ torch::Tensor BatchForward::zeros() const {
 torch::Tensor BatchForward::toDestination(const torch::Tensor& preds) const {
   if (preds.device() == spec_.to) return preds.contiguous();
   // To a CPU from a GPU: into page-locked memory, queued on the stream (the forward's synchronize() waits).
-  // A pageable copy stops the stream and goes through the driver's staging buffer: 3.8 ms of a sample UNet
-  // batch of 64 on an H200, 40% of its forward.
+  // A pageable copy stops the stream and goes through the driver's staging buffer, a large part of a small
+  // model's forward (docs/gpu.md).
   auto host = torch::empty(preds.sizes(), preds.options().device(spec_.to).pinned_memory(spec_.to.is_cpu()));
   host.copy_(preds, /*non_blocking=*/true);
   return host;

@@ -20,7 +20,6 @@
 #include "tiler/core/error.hpp"
 #include "tiler/core/fault.hpp"
 #include "tiler/core/model_card.hpp"
-#include "tiler/core/output_kinds.hpp"
 #include "tiler/core/platform.hpp"
 #include "tiler/core/sampler.hpp"
 #include "tiler/core/version.hpp"
@@ -58,13 +57,10 @@ double secondsSince(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// Reading a window and stitching and writing its predictions take about 15 ns per window pixel of one
-// core (null model, 8192 px RGB tiled deflate TIFF, 2 channels out: 0.36 ms read + 0.57 ms output per 256 px
-// window). On 2 cores a null model (1x1 convolution, 0.4-2 ms per 256 px window on one thread) runs 1.56x
-// faster as one replica of one thread than as two replicas of one thread, and the sample UNet (33 ms) 1.41x
-// faster as two: the bar sits between the two (8 ms at 256 px), far from both. A per-window model's output
-// (a vector) costs next to nothing, so its bar is 8x the read alone (6 ns a pixel, 3 ms at 256 px): the
-// bundled encoder (7 ms) under the map bar ran as one replica of one thread, 0.51x the windows/s of two.
+// A model is light when its forward costs less than 8 times what tiler's own work on a window costs a core
+// (reading, and for a map stitching and writing; a vector's output costs next to nothing): such a model runs
+// faster as one replica of one thread, a heavier one as replicas side by side. The per-pixel costs and the
+// runs that placed the bar between the two are in docs/performance.md ("The light-model bar").
 double lightModelSeconds(const GridSpec& spec, bool per_window) {
   return 8 * (per_window ? 6e-9 : 15e-9) * double(spec.window_w) * double(spec.window_h);
 }
@@ -82,8 +78,8 @@ class InferJob {
   void settleTask();   // after the probe: the task, its outputs and (per window) the overlap
   void settleHeads();  // after the probe: each head's task and outputs, one grid for all
   TaskFlags headFlags(const InferHead& head) const;
-  std::vector<std::string> catalogKinds() const;  // the outputs' kinds (a head's: headKind)
-  std::string reportedTask() const;               // the task, or the heads' NAME:TASK,...
+  std::vector<SavedOutput> catalogOutputs() const;  // the outputs' kinds (a head's: headKind), named
+  std::string reportedTask() const;                 // the task, or the heads' NAME:TASK,...
   void loadModel();  // the model, its probe, the forward layout and the read threads
   void connect();    // the process group, on the model's device
   // The images and their windows, the same on every rank (or every rank stops with the reason).
@@ -155,9 +151,8 @@ class InferJob {
 void InferJob::settleTask() {
   const Task& task = *probe_.task;
   if (plan_.save_kinds.empty()) plan_.save_kinds = task.defaultKinds();
-  for (const std::string& kind : plan_.save_kinds)
-    if (*findOutputKind(kind)->feature) requireFeature(findOutputKind(kind)->feature, "--save " + kind);
-  task.settle(probe_, taskFlags(), plan_.spec);
+  for (const std::string& kind : plan_.save_kinds) requireFormatFeature(kind);
+  tiler::settleTask(task, probe_, taskFlags(), plan_.spec);
 }
 
 TaskFlags InferJob::taskFlags() const {
@@ -198,7 +193,7 @@ void InferJob::settleHeads() {
                 "--heads: head '" << head.spec.name << "' is --task " << task.name() << ", whose windows "
                                   << "send records, not predictions: run it alone (--output_key "
                                   << head.spec.name << ")");
-    TILER_CHECK(head.probe.perWindow() == first.probe.perWindow(), ConfigError,
+    TILER_CHECK(perWindow(head.probe) == perWindow(first.probe), ConfigError,
                 "--heads mixes a stitched map and one vector a window (head '"
                     << first.spec.name << "': --task " << taskName(first.task) << ", head '" << head.spec.name
                     << "': --task " << task.name() << "): a map takes MONAI's grid, a vector the patch "
@@ -208,9 +203,8 @@ void InferJob::settleHeads() {
                                   << "x the window, head '" << first.spec.name << "' at "
                                   << first.probe.scale.value() << "x: the heads of one run share one scale");
     if (head.kinds.empty()) head.kinds = task.defaultKinds();
-    for (const std::string& kind : head.kinds)
-      if (*findOutputKind(kind)->feature) requireFeature(findOutputKind(kind)->feature, "--save " + kind);
-    task.settle(head.probe, headFlags(head), plan_.spec);
+    for (const std::string& kind : head.kinds) requireFormatFeature(kind);
+    tiler::settleTask(task, head.probe, headFlags(head), plan_.spec);
     head.offset = offset;
     head.values = 1;
     for (int64_t size : task.predictionSizes(head.probe, plan_.spec, 1)) head.values *= size;
@@ -238,12 +232,14 @@ std::string InferJob::reportedTask() const {
   return text;
 }
 
-std::vector<std::string> InferJob::catalogKinds() const {
-  if (plan_.heads.empty()) return plan_.save_kinds;
-  std::vector<std::string> kinds;
+std::vector<SavedOutput> InferJob::catalogOutputs() const {
+  std::vector<SavedOutput> outputs;
+  if (plan_.heads.empty())
+    for (const std::string& kind : plan_.save_kinds) outputs.push_back({kind, outputNaming(kind)});
   for (const InferHead& head : plan_.heads)
-    for (const std::string& kind : head.kinds) kinds.push_back(headKind(head.spec.name, kind));
-  return kinds;
+    for (const std::string& kind : head.kinds)
+      outputs.push_back({headKind(head.spec.name, kind), outputNaming(kind)});
+  return outputs;
 }
 
 OutputOptions InferJob::outputOptions() const {
@@ -439,7 +435,7 @@ RunSummary InferJob::runSummary() const {
   run.cpu_blas = cpu_blas_;
   run.gather = session_->dist().gatherTransport();
   run.task = reportedTask();
-  run.feature_dim = probe_.perWindow() ? int64_t(probe_.output_channels) : 0;
+  run.feature_dim = perWindow(probe_) ? int64_t(probe_.output_channels) : 0;
   run.runtime = model_->runtimeName();
   run.stitch = stitch_on_device_ ? "device" : "host";
   run.model_card = o_.model_card;
@@ -522,7 +518,7 @@ void InferJob::loadModel() {
   else
     settleHeads();
   if (o_.threads == 0 && o_.replicas == 0 && model_->device().is_cpu() && layout_.replicas > 1) {
-    const double bar = lightModelSeconds(plan_.spec, probe_.perWindow());
+    const double bar = lightModelSeconds(plan_.spec, perWindow(probe_));
     const int timing_batch = std::min(o_.batch_size, kTimingBatch);
     const double per_window =
         model_->secondsPerWindow(plan_.spec.window_w, plan_.spec.window_h, timing_batch, bar);
@@ -559,7 +555,7 @@ void InferJob::planImages() {
     co.recursive = o_.recursive;
     co.output_dir = o_.output_dir;
     co.format = o_.format;
-    co.kinds = catalogKinds();
+    co.outputs = catalogOutputs();
     co.resume = o_.resume;
     co.overwrite = o_.overwrite;
     co.remove_stale_partials = rank() == 0;

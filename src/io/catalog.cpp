@@ -290,6 +290,12 @@ void unmarkReading(const CatalogImage& img) {
 
 namespace {
 
+const OutputKind& namingOf(const InferCatalogOptions& o, const std::string& kind) {
+  for (const SavedOutput& saved : o.outputs)
+    if (saved.kind == kind) return saved.naming;
+  TILER_THROW(ConfigError, "no output kind '" << kind << "'");
+}
+
 // A planned image's outputs as they stand: a dead run's partial paths swept (with remove_stale_partials), the
 // image skipped when every output is there and complete (--resume), else those that exist added to
 // `existing` (refused without --resume or --overwrite).
@@ -298,7 +304,7 @@ void settleExistingOutputs(const InferCatalogOptions& o, CatalogImage& img,
   std::error_code ec;
   size_t present = 0;
   for (auto& [kind, out] : img.outputs) {
-    const OutputKind& row = *findOutputKind(kind);
+    const OutputKind& row = namingOf(o, kind);
     if (o.remove_stale_partials) {
       // A crashed run's: its writer's partial paths, as its row names them (a store's is a directory).
       for (const std::string& partial : partialPaths(row, out)) {
@@ -351,8 +357,9 @@ WindowCatalog buildInferCatalog(const InferCatalogOptions& o, const CatalogSpec&
       img.error =
           "'" + path + "': its outputs would overwrite those of '" + first->second + "' (same file stem)";
     }
-    for (const auto& kind : o.kinds)
-      img.outputs[kind] = (fs::path(o.output_dir) / outputFileName(kind, stem, o.format)).string();
+    for (const SavedOutput& saved : o.outputs)
+      img.outputs[saved.kind] =
+          (fs::path(o.output_dir) / outputFileName(saved.naming, saved.kind, stem, o.format)).string();
     img.reading_mark = (fs::path(o.output_dir) / ("." + stem + ".tiler-reading")).string();
     for (const auto& [kind, out] : img.outputs) {
       const auto [other, unclaimed] = written.emplace(fs::path(out).lexically_normal().string(), path);
@@ -369,7 +376,7 @@ WindowCatalog buildInferCatalog(const InferCatalogOptions& o, const CatalogSpec&
       }
       // An output is renamed over its name, which would unlink a device or FIFO standing there. A store
       // (a directory kind) replaces only a directory of its own: a link or anything else there is refused.
-      const bool store = findOutputKind(kind)->directory;
+      const bool store = namingOf(o, kind).directory;
       const WriteTarget target = store ? storeTargetOf(out) : writeTargetOf(out);
       if (img.status != "error" && (target.stream || !target.refused.empty())) {
         img.status = "error";

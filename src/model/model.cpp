@@ -47,40 +47,6 @@ std::string outOfMemoryLine(const std::string& what) {
 
 }  // namespace
 
-Activation parseActivation(const std::string& name) {
-  if (name == "none") return Activation::kNone;
-  if (name == "softmax") return Activation::kSoftmax;
-  if (name == "sigmoid") return Activation::kSigmoid;
-  TILER_THROW(ConfigError, "--activation must be none, softmax or sigmoid; got '" << name << "'");
-}
-
-float labelThreshold(Activation activation) {
-  return activation == Activation::kSigmoid ? 0.5f : 0.0f;
-}
-
-Tta parseTta(const std::string& name) {
-  if (name == "none") return Tta::kNone;
-  if (name == "flip") return Tta::kFlip;
-  if (name == "d4") return Tta::kD4;
-  TILER_THROW(ConfigError, "--tta must be none, flip or d4; got '" << name << "'");
-}
-
-const char* ttaName(Tta tta) {
-  return tta == Tta::kFlip ? "flip" : tta == Tta::kD4 ? "d4" : "none";
-}
-
-const char* precisionName(Precision p) {
-  switch (p) {
-    case Precision::kFp32:
-      return "fp32";
-    case Precision::kFp16:
-      return "fp16";
-    case Precision::kBf16:
-      return "bf16";
-  }
-  return "?";
-}
-
 ModelOptions modelOptionsFor(const JobOptions& job, int local_rank) {
   ModelOptions mo;
   mo.path = job.model.empty() ? bundledSamplesDir() + "/models/sample.pt" : job.model;
@@ -315,10 +281,6 @@ torch::ScalarType predictionType(const Task* task) {
   return task == nullptr ? torch::kFloat32 : task->predictionType();
 }
 
-bool ModelProbe::perWindow() const {
-  return task != nullptr && task->perWindow();
-}
-
 namespace {
 
 // What one output of a window of `window_w` x `window_h` is: its task (as `task` asks, or as its shape says),
@@ -334,7 +296,7 @@ ModelProbe probeOutput(torch::Tensor out, const Task* task, Activation activatio
               "'" << path << "': output " << c10::str(out.sizes())
                   << " is empty; tiler needs at least one channel (a map) or one value (a vector) a window");
   Scale s;
-  if (probe.perWindow()) {
+  if (perWindow(probe)) {
     out = out.flatten(1);
   } else {
     const int64_t oh = out.size(2), ow = out.size(3);
@@ -432,8 +394,8 @@ double ModelRunner::secondsPerWindow(int64_t window_w, int64_t window_h, int64_t
   const auto one = torch::zeros({1, probe_.input_channels, window_h, window_w});
   const auto windows = torch::zeros({batch, probe_.input_channels, window_h, window_w});
   const auto one_scale = torch::ones({1}), scales = torch::ones({batch});
-  // On the CPU: this thread's CPU time, one intra-op thread. Wall time counts whatever else the machine runs:
-  // under load a warm-up run took past 100 ms and a 0.25 ms model was judged heavy.
+  // On the CPU: this thread's CPU time, one intra-op thread. Wall time counts whatever else the machine runs,
+  // and under load would judge a light model heavy.
   const bool cpu = !device_.is_cuda();
   struct OneIntraOpThread {
     int restore = 0;
@@ -452,8 +414,8 @@ double ModelRunner::secondsPerWindow(int64_t window_w, int64_t window_h, int64_t
     return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
   };
   double best = std::numeric_limits<double>::infinity();
-  // LibTorch 1.13's graph executor profiles and optimises the first five forwards of a shape (5 ms each
-  // for a 1x1 convolution whose own forward takes 0.25 ms): go on until a run answers the question.
+  // LibTorch 1.13's graph executor profiles and optimises the first forwards of a shape, each costing many
+  // times a light model's own forward: go on until a run answers the question.
   for (int run = 0; run < 8; ++run) {
     const bool single = run < 2;  // one window twice: the second past most of its shape's one-time cost
     const int64_t n = single ? 1 : batch;
@@ -464,8 +426,8 @@ double ModelRunner::secondsPerWindow(int64_t window_w, int64_t window_h, int64_t
     best = std::min(best, seconds / double(n));
     if (best < enough) break;
     // One window again over twice the bar: heavy. A batch could only save a call's own cost per window, and a
-    // call that costs a bar on its own keeps replicas busy too; the first batch of a shape costs the sample
-    // UNet 1 s of CPU (124 ms a window against 19 ms alone), which the replicas then pay side by side.
+    // call that costs a bar on its own keeps replicas busy too; the first batch of a shape costs several times
+    // a window alone, which the replicas then pay side by side.
     if (run == 1 && seconds > 2 * enough) break;
     // A run past twice the bar and any warm-up's cost (100 ms) says enough on its own.
     if (seconds / double(n) > 2 * enough && seconds > 0.1) break;
@@ -498,7 +460,7 @@ std::vector<torch::Tensor> ModelRunner::activatedHeads(const torch::Tensor& x) {
                     << " windows, not [" << x.size(0) << ", " << boxes << ", 6] as at the probe (a detector "
                     << "gives every window the same N rows, padding with a score of 0 or less)");
     // A per-window model's [B, D, 1, 1] as [B, D].
-    if (probe.perWindow()) out = out.flatten(1);
+    if (perWindow(probe)) out = out.flatten(1);
     const Activation activation = options_.heads.empty() ? options_.activation : options_.heads[h].activation;
     if (activation == Activation::kSoftmax) out = torch::softmax(out, 1);
     if (activation == Activation::kSigmoid) out = torch::sigmoid(out);
@@ -535,7 +497,7 @@ torch::Tensor ModelRunner::forward(const torch::Tensor& batch, const torch::Tens
   const std::vector<torch::Tensor> outs = activatedHeads(torch::cat(copies, 0));
   std::vector<torch::Tensor> means;
   for (size_t h = 0; h < outs.size(); ++h) {
-    const bool map = !(h < head_probes_.size() ? head_probes_[h] : probe_).perWindow();
+    const bool map = !perWindow(h < head_probes_.size() ? head_probes_[h] : probe_);
     const auto parts = outs[h].chunk(int64_t(views.size()), 0);
     torch::Tensor sum;
     for (size_t i = 0; i < views.size(); ++i) {

@@ -14,7 +14,7 @@
 #include "tiler/core/fault.hpp"
 #include "tiler/core/output_kinds.hpp"
 #include "tiler/core/platform.hpp"
-#include "tiler/model/model.hpp"
+#include "tiler/model/probe.hpp"
 #include "tiler/stitch/device_stitch.hpp"
 #include "tiler/writers/map_writers.hpp"
 

@@ -1,4 +1,6 @@
-#include "tiler/tasks/classify.hpp"
+// tasks/classify: the task classify: one vector of K class scores a window (window_outputs: csv, tiles,
+// heatmap).
+#include "tiler/tasks/task.hpp"
 
 #include "tiler/core/error.hpp"
 #include "tiler/writers/window_outputs.hpp"
@@ -9,7 +11,7 @@ namespace {
 class ClassifyTask : public VectorTask {
  public:
   const char* name() const override { return "classify"; }
-  std::vector<std::string> outputKinds() const override { return {"csv", "tiles", "heatmap"}; }
+  std::vector<Consumes> produces() const override { return {Consumes::kWindowScores}; }
   std::vector<std::string> defaultKinds() const override { return {"csv", "tiles"}; }
   bool classScores() const override { return true; }
   // Activated outputs and named classes are class scores.

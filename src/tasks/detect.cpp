@@ -1,4 +1,7 @@
-#include "tiler/tasks/detect.hpp"
+// tasks/detect: the task detect: N boxes a window, [N, 6] (x1, y1, x2, y2, score, class in window pixels),
+// kept by the window whose core holds their centre where they ran and sent to the owner as records
+// (window_outputs: objects, objects_csv, coco).
+#include "tiler/tasks/task.hpp"
 
 #include "tiler/core/error.hpp"
 #include "tiler/writers/window_outputs.hpp"
@@ -9,7 +12,7 @@ namespace {
 class DetectTask : public Task {
  public:
   const char* name() const override { return "detect"; }
-  std::vector<std::string> outputKinds() const override { return {"objects", "objects_csv", "coco"}; }
+  std::vector<Consumes> produces() const override { return {Consumes::kBoxes, Consumes::kObjects}; }
   std::vector<std::string> defaultKinds() const override { return {"objects"}; }
   std::string refuses(const std::vector<int64_t>& sizes) const override {
     if (sizes.size() == 3 && sizes[2] == 6) return "";

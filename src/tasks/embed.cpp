@@ -1,4 +1,6 @@
-#include "tiler/tasks/embed.hpp"
+// tasks/embed: the task embed: one feature vector a window, an encoder's (window_outputs: features,
+// features_pt).
+#include "tiler/tasks/task.hpp"
 
 #include "tiler/core/error.hpp"
 #include "tiler/writers/window_outputs.hpp"
@@ -9,7 +11,7 @@ namespace {
 class EmbedTask : public VectorTask {
  public:
   const char* name() const override { return "embed"; }
-  std::vector<std::string> outputKinds() const override { return {"features", "features_pt"}; }
+  std::vector<Consumes> produces() const override { return {Consumes::kWindowVectors}; }
   std::vector<std::string> defaultKinds() const override { return {"features"}; }
   // Any other vector: features (classify claims class scores first).
   bool claims(const std::vector<int64_t>& sizes, bool, bool) const override { return sizes.size() == 2; }

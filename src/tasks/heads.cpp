@@ -8,12 +8,29 @@
 namespace tiler {
 namespace {
 
+// The flags a head may have of its own: --head_opt's keys, each the job-wide flag of that name for the head.
+struct HeadSetting {
+  const char* key;
+  std::optional<std::string> HeadSpec::*field;
+};
+constexpr HeadSetting kHeadSettings[] = {{"activation", &HeadSpec::activation},
+                                         {"classes", &HeadSpec::classes},
+                                         {"save", &HeadSpec::save},
+                                         {"probs_dtype", &HeadSpec::probs_dtype}};
+
+// "a, b or c".
+std::string wordsOr(const std::vector<std::string>& names) {
+  std::string text;
+  for (size_t i = 0; i < names.size(); ++i)
+    text += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return text;
+}
+
 // "np.activation=none" into the head it names.
 void applyHeadOption(std::vector<HeadSpec>& heads, const std::string& option) {
   const size_t dot = option.find('.'), eq = option.find('=');
   TILER_CHECK(dot != std::string::npos && eq != std::string::npos && dot < eq && dot > 0, ConfigError,
-              "--head_opt takes NAME.KEY=VALUE (KEY: activation, classes, save, probs_dtype); got '" << option
-                                                                                                     << "'");
+              "--head_opt takes NAME.KEY=VALUE (KEY: " << headSettingWords() << "); got '" << option << "'");
   const std::string name = option.substr(0, dot), key = option.substr(dot + 1, eq - dot - 1),
                     value = option.substr(eq + 1);
   HeadSpec* head = nullptr;
@@ -21,32 +38,31 @@ void applyHeadOption(std::vector<HeadSpec>& heads, const std::string& option) {
     if (h.name == name) head = &h;
   TILER_CHECK(head != nullptr, ConfigError,
               "--head_opt " << option << ": no head '" << name << "' in --heads");
-  std::optional<std::string>* field = key == "activation"    ? &head->activation
-                                      : key == "classes"     ? &head->classes
-                                      : key == "save"        ? &head->save
-                                      : key == "probs_dtype" ? &head->probs_dtype
-                                                             : nullptr;
-  TILER_CHECK(field != nullptr, ConfigError,
-              "--head_opt " << option << ": no setting '" << key
-                            << "' (a head takes activation, classes, save and probs_dtype)");
+  std::optional<std::string>* field = nullptr;
+  for (const HeadSetting& setting : kHeadSettings)
+    if (key == setting.key) field = &(head->*setting.field);
+  TILER_CHECK(
+      field != nullptr, ConfigError,
+      "--head_opt " << option << ": no setting '" << key << "' (a head takes " << headSettingWords() << ")");
   TILER_CHECK(!field->has_value(), ConfigError,
               "--head_opt " << option << ": " << name << "." << key << " is given twice");
   *field = value;
 }
 
-// "segment, classify or embed": the tasks a head can be, those whose windows send their predictions (a task
-// whose windows send records runs alone), in the registry's order.
+}  // namespace
+
 std::string headTaskWords() {
   std::vector<std::string> names;
   for (const Task* t : allTasks())
     if (t->recordMaker(TaskOutputs{}) == nullptr) names.push_back(t->name());
-  std::string text;
-  for (size_t i = 0; i < names.size(); ++i)
-    text += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
-  return text;
+  return wordsOr(names);
 }
 
-}  // namespace
+std::string headSettingWords() {
+  std::vector<std::string> keys;
+  for (const HeadSetting& setting : kHeadSettings) keys.push_back(setting.key);
+  return wordsOr(keys);
+}
 
 std::vector<HeadSpec> parseHeads(const std::string& heads, const std::vector<std::string>& options) {
   std::vector<HeadSpec> specs;

@@ -1,4 +1,7 @@
-#include "tiler/tasks/instances.hpp"
+// tasks/instances: the task instances: a map of object ids and K class scores a window, [1 + K, h, w], whose
+// objects are found and kept where the window ran and sent to the owner as records (instances: objects,
+// objects_csv, instances).
+#include "tiler/tasks/task.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -56,7 +59,7 @@ class InstanceConsumer : public ImageConsumer {
 class InstancesTask : public Task {
  public:
   const char* name() const override { return "instances"; }
-  std::vector<std::string> outputKinds() const override { return {"objects", "objects_csv", "instances"}; }
+  std::vector<Consumes> produces() const override { return {Consumes::kObjects, Consumes::kInstanceMap}; }
   std::vector<std::string> defaultKinds() const override { return {"objects"}; }
   std::string refuses(const std::vector<int64_t>& sizes) const override {
     if (sizes.size() == 4 && sizes[1] >= 1) return "";

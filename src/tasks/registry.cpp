@@ -3,18 +3,20 @@
 #include <algorithm>
 
 #include "tiler/core/error.hpp"
-#include "tiler/tasks/classify.hpp"
-#include "tiler/tasks/detect.hpp"
-#include "tiler/tasks/embed.hpp"
-#include "tiler/tasks/instances.hpp"
-#include "tiler/tasks/segment.hpp"
 
 namespace tiler {
 
-const Task& regressTask();  // tasks/regress.cpp (no header: only its row names it)
+// Each task's row, defined in its own file (tasks/<name>.cpp, no header: only its row names it).
+const Task& segmentTask();
+const Task& classifyTask();
+const Task& embedTask();
+const Task& detectTask();
+const Task& instancesTask();
+const Task& regressTask();
 
 const std::vector<const Task*>& allTasks() {
-  // A new task: its file in tasks/ and its row here.
+  // A new task: its file in tasks/ and its row here. The order is --task auto's: the first that claims a
+  // model's output shape takes it.
   static const std::vector<const Task*> tasks = {&segmentTask(), &classifyTask(),  &embedTask(),
                                                  &detectTask(),  &instancesTask(), &regressTask()};
   return tasks;
@@ -50,12 +52,24 @@ const Task& resolveTask(const Task* requested, const std::vector<int64_t>& sizes
                         bool classes_named, const std::string& path) {
   if (requested != nullptr) {
     const std::string refused = requested->refuses(sizes);
-    TILER_CHECK(refused.empty(), ModelError, "'" << path << "': " << refused);
+    TILER_CHECK(refused.empty(), ModelError, "'" << path << "': " << refused << "; " << taskChoicesText());
     return *requested;
   }
   for (const Task* t : allTasks())
     if (t->claims(sizes, activation != Activation::kNone, classes_named)) return *t;
-  TILER_THROW(ModelError, "'" << path << "': " << dimensionsRefusal(sizes));
+  TILER_THROW(ModelError, "'" << path << "': " << dimensionsRefusal(sizes) << "; " << taskChoicesText());
+}
+
+void settleTask(const Task& task, const ModelProbe& probe, const TaskFlags& flags, GridSpec& spec) {
+  for (const std::string& kind : flags.kinds)
+    TILER_CHECK(task.writes(kind), ConfigError,
+                "--save " << flags.save.value_or(kind) << " is an output of --task "
+                          << taskName(taskOfOutputKind(kind)) << ", but '" << flags.model << "' gives "
+                          << (task.perWindow() ? "one vector of " + std::to_string(probe.output_channels) +
+                                                     " values per window"
+                                               : std::string("NCHW maps"))
+                          << " (--task " << task.name() << ")");
+  task.settle(probe, flags, spec);
 }
 
 std::string taskChoicesText() {
@@ -118,12 +132,11 @@ std::string listed(const std::vector<std::string>& names, const char* last_separ
   return text;
 }
 
-// The tasks as --save's texts list them: in the output table's order of their first kinds (the registry's
+// The tasks as --save's texts list them: in the formats' order of their first kinds (the registry's
 // order among tasks whose first kinds are the same).
 std::vector<const Task*> tasksByOutputs() {
   const auto first = [](const Task* t) {
-    const OutputKind* row = findOutputKind(t->outputKinds().front());
-    return row - outputKinds().data();
+    return findOutputFormat(t->outputKinds().front()) - outputFormats().data();
   };
   std::vector<const Task*> tasks = allTasks();
   std::stable_sort(tasks.begin(), tasks.end(),
@@ -150,6 +163,30 @@ std::string saveHelpText() {
     text += listed(tasks[t]->outputKinds(), ", ") + " (" + tasks[t]->name() + "; default " +
             listed(tasks[t]->defaultKinds(), ",") + ")";
     if (t + 1 < tasks.size()) text += ", ";
+  }
+  return text;
+}
+
+std::string outputsTableMarkdown() {
+  std::string text =
+      "| `--save` | written as | by `--task` | takes | needs | what it is |\n"
+      "|---|---|---|---|---|---|\n";
+  for (const OutputFormat& format : outputFormats()) {
+    const std::string kind = format.naming.name;
+    std::vector<std::string> writers;
+    for (const Task* t : allTasks()) {
+      if (!t->writes(kind)) continue;
+      const std::vector<std::string> by_default = t->defaultKinds();
+      const bool is_default = std::find(by_default.begin(), by_default.end(), kind) != by_default.end();
+      writers.push_back(std::string(t->name()) + (is_default ? " (default)" : ""));
+    }
+    std::string pattern = format.naming.pattern;
+    if (format.naming.directory) pattern += "/";
+    text += "| `" + kind + "` | `" + pattern + "` | " + listed(writers, ", ") + " | " +
+            consumesWords(format.consumes) + " | " + (*format.feature ? format.feature : "") + " | " +
+            format.summary +
+            (*format.after ? std::string("; made after `") + format.after + "`, whose file it reads" : "") +
+            (*format.limits ? std::string("; ") + format.limits : "") + " |\n";
   }
   return text;
 }

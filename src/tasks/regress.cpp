@@ -4,21 +4,23 @@
 // polygons (a value is no class), no activation (the map is taken as the model gave it), and --task auto
 // never picks it: only --task regress or a head's NAME:regress.
 #include "tiler/core/error.hpp"
-#include "tiler/tasks/registry.hpp"
-#include "tiler/tasks/segment.hpp"
+#include "tiler/tasks/task.hpp"
 
 namespace tiler {
+
+const Task& segmentTask();  // its maps are stitched and written as segment's
+
 namespace {
 
 class RegressTask : public Task {
  public:
   const char* name() const override { return "regress"; }
-  std::vector<std::string> outputKinds() const override { return {"probs", "zarr"}; }
+  std::vector<Consumes> produces() const override { return {Consumes::kMapValues}; }
   std::vector<std::string> defaultKinds() const override { return {"probs"}; }
   std::string refuses(const std::vector<int64_t>& sizes) const override {
     if (sizes.size() == 4) return "";
     return "--task regress needs NCHW maps, but the output " + c10::str(torch::IntArrayRef(sizes)) +
-           " is not one; " + taskChoicesText();
+           " is not one";
   }
   // A map's shape says segment; that its values are regressions only --task or --heads says.
   bool claimedByShape() const override { return false; }

@@ -1,4 +1,7 @@
-#include "tiler/tasks/segment.hpp"
+// tasks/segment: the task segment: a map a window (NCHW), blended into one map an image (blend,
+// device_stitch) and written by its map writers (map_writers: labels, probs, polygons, zarr).
+#include "tiler/model/model.hpp"
+#include "tiler/tasks/task.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -8,7 +11,6 @@
 #include "tiler/core/error.hpp"
 #include "tiler/core/platform.hpp"
 #include "tiler/stitch/device_stitch.hpp"
-#include "tiler/tasks/registry.hpp"
 #include "tiler/writers/blend.hpp"
 #include "tiler/writers/map_writers.hpp"
 
@@ -52,12 +54,12 @@ class StitchedOutputs : public ImageConsumer {
     map.writer = wo;
     map.simplify = o.simplify;
     map.input_pixels_per_label_pixel = 1.0 / wo.metadata_scale;
-    // In the table's order, so that the labels come before the polygons traced from them.
-    for (const OutputKind& kind : outputKinds()) {
-      if (!img.outputs.count(kind.name)) continue;
-      auto writer = makeMapWriter(kind.name, img.outputs.at(kind.name), map);
-      TILER_CHECK(writer != nullptr, ConfigError,
-                  "--save " << kind.name << " is not an output of a stitched map");
+    // In the formats' order, so that a format is made after the one whose file it reads (its `after`).
+    for (const OutputFormat& format : outputFormats()) {
+      const std::string kind = format.naming.name;
+      if (!img.outputs.count(kind)) continue;
+      auto writer = makeMapWriter(kind, img.outputs.at(kind), map);
+      TILER_CHECK(writer != nullptr, ConfigError, "--save " << kind << " is not an output of a stitched map");
       if (map.labels_raster.empty()) map.labels_raster = writer->labelsRaster();
       needs_labels_ = needs_labels_ || writer->needsLabels();
       needs_probs_ = needs_probs_ || writer->needsProbs();
@@ -180,13 +182,13 @@ namespace {
 class SegmentTask : public Task {
  public:
   const char* name() const override { return "segment"; }
-  std::vector<std::string> outputKinds() const override { return {"labels", "probs", "polygons", "zarr"}; }
+  std::vector<Consumes> produces() const override { return {Consumes::kMapValues, Consumes::kMapLabels}; }
   std::vector<std::string> defaultKinds() const override { return {"labels"}; }
   std::string refuses(const std::vector<int64_t>& sizes) const override {
     if (sizes.size() == 4) return "";
     if (sizes.size() != 2) return dimensionsRefusal(sizes);
     return "--task segment needs NCHW maps, but the output " + c10::str(torch::IntArrayRef(sizes)) +
-           " is one vector per window; " + taskChoicesText();
+           " is one vector per window";
   }
   bool claims(const std::vector<int64_t>& sizes, bool, bool) const override { return sizes.size() == 4; }
   std::string shapeWords() const override { return "NCHW maps (--task segment)"; }

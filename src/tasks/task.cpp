@@ -5,7 +5,6 @@
 #include <algorithm>
 
 #include "tiler/core/error.hpp"
-#include "tiler/tasks/registry.hpp"
 #include "tiler/writers/window_outputs.hpp"
 
 namespace tiler {
@@ -14,11 +13,6 @@ void Task::settle(const ModelProbe& probe, const TaskFlags& flags, GridSpec& spe
   const std::string shape =
       perWindow() ? "one vector of " + std::to_string(probe.output_channels) + " values per window"
                   : "NCHW maps";
-  for (const std::string& kind : flags.kinds)
-    TILER_CHECK(writes(kind), ConfigError,
-                "--save " << flags.save.value_or(kind) << " is an output of --task "
-                          << taskName(taskOfOutputKind(kind)) << ", but '" << flags.model << "' gives "
-                          << shape << " (--task " << name() << ")");
   // A map's pixels are OpenCV matrices on their way to the files (its CV_CN_MAX): more channels would not
   // fit the element type and wrap.
   TILER_CHECK(perWindow() || givesBoxes() || probe.output_channels <= kMaxMapChannels, ConfigError,
@@ -29,11 +23,20 @@ void Task::settle(const ModelProbe& probe, const TaskFlags& flags, GridSpec& spe
   checkFlags(probe, flags, spec);
 }
 
+std::vector<std::string> Task::outputKinds() const {
+  const std::vector<Consumes> products = produces();
+  std::vector<std::string> kinds;
+  for (const OutputFormat& format : outputFormats())
+    if (std::find(products.begin(), products.end(), format.consumes) != products.end())
+      kinds.push_back(format.naming.name);
+  return kinds;
+}
+
 bool Task::writes(const std::string& kind) const {
-  const OutputKind* row = findOutputKind(kind);
-  if (row == nullptr) return false;
-  const std::vector<std::string> kinds = outputKinds();
-  return std::find(kinds.begin(), kinds.end(), row->name) != kinds.end();
+  const OutputFormat* format = findOutputFormat(kind);
+  if (format == nullptr) return false;
+  const std::vector<Consumes> products = produces();
+  return std::find(products.begin(), products.end(), format->consumes) != products.end();
 }
 
 std::vector<int64_t> Task::predictionSizes(const ModelProbe& probe, const GridSpec& spec,
@@ -53,14 +56,18 @@ void addNonFinite(CatalogImage& image, int64_t more) {
 
 std::string dimensionsRefusal(const std::vector<int64_t>& sizes) {
   return "output " + c10::str(torch::IntArrayRef(sizes)) + " has " + std::to_string(sizes.size()) +
-         " dimension(s); " + taskChoicesText();
+         " dimension(s)";
+}
+
+bool perWindow(const ModelProbe& probe) {
+  return probe.task != nullptr && probe.task->perWindow();
 }
 
 std::string VectorTask::refuses(const std::vector<int64_t>& sizes) const {
   if (sizes.size() == 2 || (sizes.size() == 4 && sizes[2] == 1 && sizes[3] == 1)) return "";
   if (sizes.size() != 4) return dimensionsRefusal(sizes);
   return std::string("--task ") + name() + " needs one vector per window, but the output " +
-         c10::str(torch::IntArrayRef(sizes)) + " is a map; " + taskChoicesText();
+         c10::str(torch::IntArrayRef(sizes)) + " is a map";
 }
 
 std::unique_ptr<ImageConsumer> VectorTask::makeConsumer(CatalogImage& image, const TaskOutputs& outputs,

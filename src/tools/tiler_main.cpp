@@ -19,6 +19,7 @@
 #include "tiler/infer/inspect.hpp"
 #include "tiler/infer/pipeline.hpp"
 #include "tiler/model/runtime_info.hpp"
+#include "tiler/tasks/heads.hpp"
 #include "tiler/tasks/registry.hpp"
 
 namespace {
@@ -38,9 +39,9 @@ class RedactingStdoutSink : public spdlog::sinks::base_sink<std::mutex> {
 };
 
 // A finished job's outputs and report are closed and renamed into place when its command returns; what
-// is left to a normal exit is LibTorch's static teardown (deregistering every operator, freeing its heap):
-// 0.09-0.14 s of every run, 6% of an 8192 px null-model job. Sanitizer builds exit normally: their leak
-// and race verdicts run at exit.
+// is left to a normal exit is LibTorch's static teardown (deregistering every operator, freeing its heap),
+// a fixed cost of every run (docs/performance.md). Sanitizer builds exit normally: their leak and race
+// verdicts run at exit.
 int exitWithoutTeardown(int code) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   return code;
@@ -186,9 +187,10 @@ CLI::Option* addOutputFlags(CLI::App& app, tiler::InferOptions& o, std::string& 
       ->capture_default_str();
   app.add_option(flagNames("--heads"), o.heads,
                  "NAME[:TASK],...: a model's several outputs (dict keys, else tuple indices), run once per "
-                 "batch, each a task (segment | classify | embed | regress) with outputs <stem>_<NAME>_...");
+                 "batch, each a task (" +
+                     tiler::headTaskWords() + ") with outputs <stem>_<NAME>_...");
   app.add_option(flagNames("--head_opt"), o.head_opt,
-                 "NAME.KEY=VALUE (repeat it): a head's own activation, classes, save or probs_dtype");
+                 "NAME.KEY=VALUE (repeat it): a head's own " + tiler::headSettingWords());
   app.add_option(flagNames("--encoder_name"), o.encoder_name,
                  "embed: the encoder named in the features file (default: the model file's stem)");
   app.add_option(flagNames("--format"), o.format, "tif | png (labels)")->capture_default_str();

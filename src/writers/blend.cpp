@@ -15,7 +15,7 @@ namespace {
 // pays nothing for it).
 template <bool kLarge>
 int64_t countBits(const float* values, int64_t count, bool& large) {
-  // 32-bit counts a block: the inner loop vectorises (a 64-bit sum of compares did not, 2x slower).
+  // 32-bit counts a block: the inner loop vectorises, which a 64-bit sum of compares does not.
   int64_t bad = 0;
   uint32_t any_large = 0;
   for (int64_t start = 0; start < count; start += 65536) {

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tiler/core/error.hpp"
+#include "tiler/writers/formats.hpp"
 
 namespace tiler {
 
@@ -110,20 +111,6 @@ class PolygonsWriter : public MapWriter {
   bool committed_ = false;
 };
 
-using MapWriterOpener = std::unique_ptr<MapWriter> (*)(const std::string& path, const MapOutput& output);
-struct MapWriterRow {
-  const char* kind;
-  MapWriterOpener open;
-};
-
-// The registry: one row per --save kind of a stitched map, in output_kinds' order.
-constexpr MapWriterRow kMapWriters[] = {
-    {"labels", openLabelsWriter},
-    {"probs", openProbsWriter},
-    {"polygons", openPolygonsWriter},
-    {"zarr", openZarrWriter},
-};
-
 }  // namespace
 
 std::string probabilitiesDescription(SampleType type, const std::vector<ClassInfo>& named) {
@@ -149,9 +136,9 @@ std::unique_ptr<MapWriter> openPolygonsWriter(const std::string& path, const Map
 
 std::unique_ptr<MapWriter> makeMapWriter(const std::string& kind, const std::string& path,
                                          const MapOutput& output) {
-  for (const MapWriterRow& row : kMapWriters)
-    if (kind == row.kind) return row.open(path, output);
-  return nullptr;
+  const OutputFormat* format = findOutputFormat(kind);
+  if (format == nullptr || format->open.map == nullptr) return nullptr;
+  return format->open.map(path, output);
 }
 
 }  // namespace tiler

@@ -18,6 +18,7 @@
 #include "tiler/io/readers/remote_input.hpp"
 #include "tiler/writers/blend.hpp"
 #include "tiler/writers/coco.hpp"
+#include "tiler/writers/formats.hpp"
 #include "tiler/writers/hdf5.hpp"
 #include "tiler/writers/torch_tensor.hpp"
 
@@ -81,48 +82,7 @@ bool inWindowCore(const std::vector<int64_t>& starts, int64_t size, size_t i, do
          (i + 1 == starts.size() || 4 * at < twice_centre(i) + twice_centre(i + 1));
 }
 
-// An output fed one item at a time (`Item`: its arguments) by the glue, then finished and committed.
-template <typename... Item>
-class FedOutput : public OutputWriter {
- public:
-  using Fed = FedOutput;
-  virtual void feed(Item... item) = 0;
-};
-
-// A per-window output as the glue feeds it: each window's vector, in window order, with its level-0 place.
-class WindowRowOutput : public FedOutput<const WindowPlace&, const float*> {};
-
 namespace {
-
-// A writer of src/writers/ as an `Output` (a FedOutput): each item through `Feed(writer, item...)`, its
-// finish and commit passed through.
-template <typename Output, typename Writer, typename Feed, typename Fed = typename Output::Fed>
-class FeedInto;
-template <typename Output, typename Writer, typename Feed, typename... Item>
-class FeedInto<Output, Writer, Feed, FedOutput<Item...>> : public Output {
- public:
-  FeedInto(std::unique_ptr<Writer> writer, Feed feed) : writer_(std::move(writer)), feed_(std::move(feed)) {}
-  void feed(Item... item) override { feed_(*writer_, item...); }
-  void finish() override { writer_->finish(); }
-  void commit(std::vector<std::string>& renamed) override { writer_->commit(renamed); }
-
- private:
-  std::unique_ptr<Writer> writer_;
-  Feed feed_;
-};
-
-template <typename Output, typename Writer, typename Feed>
-std::unique_ptr<Output> feedInto(std::unique_ptr<Writer> writer, Feed feed) {
-  return std::make_unique<FeedInto<Output, Writer, Feed>>(std::move(writer), std::move(feed));
-}
-
-// What a row output's opener gets: the image, the options, and (classify) the class names.
-struct RowContext {
-  const CatalogImage& image;
-  const WindowOutputOptions& options;
-  const std::vector<ClassInfo>& classes;  // classNames of the model's K scores; empty unless classify
-  const std::string& path;                // the output's name (image.outputs)
-};
 
 // The attributes of the features HDF5 (TRIDENT's and CLAM's), in the order they are written.
 FeaturesHdf5Layout featuresLayout(const CatalogImage& image, const WindowOutputOptions& o) {
@@ -157,6 +117,8 @@ FeaturesHdf5Layout featuresLayout(const CatalogImage& image, const WindowOutputO
   layout.features_attributes = {{"name", name}, {"encoder", encoder}};
   return layout;
 }
+
+}  // namespace
 
 std::unique_ptr<WindowRowOutput> openFeatures(const RowContext& c) {
   return feedInto<WindowRowOutput>(
@@ -204,6 +166,8 @@ std::unique_ptr<WindowRowOutput> openTiles(const RowContext& c) {
       });
 }
 
+namespace {
+
 // The heatmap TIFF's options: a pixel spans a stride of processing pixels.
 WriterOptions heatmapOptions(const CatalogImage& image, const WindowOutputOptions& o,
                              const std::vector<ClassInfo>& classes) {
@@ -231,6 +195,8 @@ WriterOptions heatmapOptions(const CatalogImage& image, const WindowOutputOption
   return wo;
 }
 
+}  // namespace
+
 // <stem>_heatmap.tif: K float bands, one pixel per window (the grid's column and row).
 std::unique_ptr<WindowRowOutput> openHeatmap(const RowContext& c) {
   const CatalogImage& image = c.image;
@@ -239,19 +205,6 @@ std::unique_ptr<WindowRowOutput> openHeatmap(const RowContext& c) {
                                     c.options.dim, heatmapOptions(image, c.options, c.classes)),
       [](HeatmapTiff& f, const WindowPlace& p, const float* v) { f.set(p.column, p.row, v); });
 }
-
-// The registry of per-window outputs: one row per --save kind (output_kinds' table names it), its opener.
-struct WindowRowWriter {
-  const char* kind;
-  std::unique_ptr<WindowRowOutput> (*open)(const RowContext& context);
-};
-constexpr WindowRowWriter kRowWriters[] = {
-    {"features", openFeatures}, {"features_pt", openFeaturesTensor},
-    {"csv", openClassCsv},      {"tiles", openTiles},
-    {"heatmap", openHeatmap},
-};
-
-}  // namespace
 
 namespace {
 
@@ -302,20 +255,6 @@ std::string detectionRecord(const CatalogImage& image, const WindowOutputOptions
   return record;
 }
 
-namespace {
-
-// A kept box as detect's outputs take it: level-0 pixels, clipped to the image; `id` from 1.
-struct KeptBox {
-  int64_t id = 0;
-  int k = 0;
-  const ClassInfo* c = nullptr;  // its class (objectClass)
-  float score = 0;
-  double x1 = 0, y1 = 0, x2 = 0, y2 = 0;
-};
-
-// An object output as detect's glue feeds it: each kept box, in window order.
-class BoxOutput : public FedOutput<const KeptBox&> {};
-
 // <stem>_objects.geojson: QuPath's detections, in the input's CRS where it has one (a rotated grid turns the
 // rectangle there). The id also in the properties, where GeoPandas and other tables read it.
 std::unique_ptr<BoxOutput> openBoxesGeojson(const CatalogImage& image, const std::string&, double, double) {
@@ -357,20 +296,6 @@ std::unique_ptr<BoxOutput> openCoco(const CatalogImage& image, const std::string
       });
 }
 
-// The registry of detect's outputs: one row per --save kind, its opener (image, path, level-0 size).
-struct BoxWriterRow {
-  const char* kind;
-  std::unique_ptr<BoxOutput> (*open)(const CatalogImage& image, const std::string& path, double width,
-                                     double height);
-};
-constexpr BoxWriterRow kBoxWriters[] = {
-    {"objects", openBoxesGeojson},
-    {"objects_csv", openBoxesCsv},
-    {"coco", openCoco},
-};
-
-}  // namespace
-
 // detect: a window's boxes [N, 6] (x1, y1, x2, y2, score, class in window pixels; a score <= 0 pads). A box
 // is kept by the one window whose core holds its centre (the partition of the window centres, the crop
 // blend's), so an object every window that sees it whole finds alike is written once, whatever the world
@@ -388,9 +313,11 @@ class WindowOutputs::DetectionFiles {
     const auto saved = [&](const char* kind) {
       return std::find(o.kinds.begin(), o.kinds.end(), kind) != o.kinds.end();
     };
-    for (const BoxWriterRow& row : kBoxWriters)
-      if (saved(row.kind))
-        writers_.push_back(row.open(image, image.outputs.at(row.kind), level0_width_, level0_height_));
+    // In the formats' order, whatever order --save named them in.
+    for (const OutputFormat& format : outputFormats())
+      if (format.open.box != nullptr && saved(format.naming.name))
+        writers_.push_back(
+            format.open.box(image, image.outputs.at(format.naming.name), level0_width_, level0_height_));
   }
 
   // The window's `rows` boxes, those its rank kept (detectionRecord).
@@ -462,8 +389,8 @@ class WindowOutputs::DetectionFiles {
   // an area in common): a box whose larger side is under 2^L pixels is in its class's level L, under the
   // cell (2^L square) of its top-left corner. A box that overlaps `b` starts less than 2^L before b's start
   // along each axis and before its end, so it is in a band of cells of its level around b's; where that band
-  // holds more cells than the level has boxes, the level's boxes are looked at one by one instead. Every
-  // pair was quadratic in the pending boxes: 5000 boxes a window on a 2048² image took 203 s, 4.4 s now.
+  // holds more cells than the level has boxes, the level's boxes are looked at one by one instead: NMS stays
+  // near linear in the pending boxes where every pair would be quadratic.
   class OverlapIndex {
    public:
     explicit OverlapIndex(const std::vector<Box>& boxes) {
@@ -556,7 +483,7 @@ class WindowOutputs::DetectionFiles {
 
   const CatalogImage& image_;
   std::vector<ClassInfo> named_;                     // --classes (empty: class_<k>)
-  std::vector<std::unique_ptr<BoxOutput>> writers_;  // one per saved kind, in kBoxWriters' order
+  std::vector<std::unique_ptr<BoxOutput>> writers_;  // one per saved kind, in the formats' order
   double nms_;  // IoU above which the lower-scoring of two boxes of a class goes; 0: none
   double level0_width_, level0_height_;  // the image at level 0, where boxes are clipped (COCO's size)
   int64_t objects_ = 0, at_window_edge_ = 0;
@@ -586,10 +513,13 @@ WindowOutputs::WindowOutputs(const CatalogImage& image, WindowOutputOptions opti
     TILER_CHECK(int64_t(classes.size()) == options_.dim, ConfigError,
                 "--classes names " << classes.size() << " class(es), the model gives " << options_.dim);
   }
-  // In the registry's order, whatever order --save named them in.
-  for (const WindowRowWriter& row : kRowWriters)
-    if (std::find(options_.kinds.begin(), options_.kinds.end(), row.kind) != options_.kinds.end())
-      rows_.push_back(row.open(RowContext{image, options_, classes, image.outputs.at(row.kind)}));
+  // In the formats' order, whatever order --save named them in.
+  for (const OutputFormat& format : outputFormats()) {
+    const std::string kind = format.naming.name;
+    if (format.open.row != nullptr &&
+        std::find(options_.kinds.begin(), options_.kinds.end(), kind) != options_.kinds.end())
+      rows_.push_back(format.open.row(RowContext{image, options_, classes, image.outputs.at(kind)}));
+  }
   if (options_.boxes) detections_ = std::make_unique<DetectionFiles>(image, options_);
 }
 

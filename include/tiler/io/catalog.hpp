@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "tiler/core/grid.hpp"
+#include "tiler/core/output_kinds.hpp"
 #include "tiler/io/image_io.hpp"
 #include "tiler/io/mask.hpp"
 #include "tiler/io/resolution.hpp"
@@ -117,16 +118,23 @@ class WindowCatalog {
   int64_t total_windows_ = 0;
 };
 
-// `tiler infer`'s catalog: outputs named <output_dir>/outputFileName(kind, stem, format) (output_kinds);
-// images whose outputs all exist are skipped with `resume`; existing outputs without resume/overwrite are a
-// ConfigError listing them; two inputs with one stem, or whose outputs' names meet (a.tif's head b_x and
-// a_b.tif's head x), are an error for the second.
+// An output an image will have: its kind and how that kind is named.
+struct SavedOutput {
+  std::string kind;
+  OutputKind naming;
+};
+
+// `tiler infer`'s catalog: outputs named <output_dir>/outputFileName(naming, kind, stem, format)
+// (output_kinds); images whose outputs all exist are skipped with `resume`; existing outputs without
+// resume/overwrite are a ConfigError listing them; two inputs with one stem, or whose outputs' names meet
+// (a.tif's head b_x and a_b.tif's head x), are an error for the second.
 struct InferCatalogOptions {
   std::vector<std::string> inputs;
   bool recursive = false;
   std::string output_dir;
   std::string format = "tif";
-  std::vector<std::string> kinds = {"labels"};  // the outputs saved (--save)
+  // The outputs saved (--save): each kind (a head's: "<head>/<kind>") with its naming (writers/formats' row).
+  std::vector<SavedOutput> outputs;
   bool resume = false, overwrite = false;
   bool remove_stale_partials = false;  // one rank (0) removes the .partial files a killed run left
   std::vector<std::string> also_read;  // other files the run reads (the model, the mask): never overwritten

@@ -30,25 +30,12 @@
 #include "tiler/core/job_options.hpp"
 #include "tiler/model/block_cache.hpp"
 #include "tiler/model/model_runtime.hpp"
+#include "tiler/model/probe.hpp"
 
 namespace tiler {
 
-// What a model's output is for: a row of tasks/registry (tasks/task.hpp); null: --task auto, the output's
-// shape decides. The segment task's row, the default a model is probed for.
-class Task;
+// The segment task's row, the default a model is probed for.
 const Task& segmentTask();
-
-enum class Precision { kFp32, kFp16, kBf16 };
-enum class Activation { kNone, kSoftmax, kSigmoid };
-Activation parseActivation(const std::string& name);
-// The score above which a one-channel map is label 1: 0.5 for sigmoid probabilities, 0 for logits.
-float labelThreshold(Activation activation);
-// Test-time augmentation: each window also runs mirrored (flip: left-right; d4: the 8 rotations and
-// mirrors of a square), in the same batch; predictions are mapped back and averaged after the activation.
-enum class Tta { kNone, kFlip, kD4 };
-Tta parseTta(const std::string& name);
-const char* ttaName(Tta tta);
-const char* precisionName(Precision p);
 
 // One output of a model that gives several (a tuple's or dict's tensors), run as a task of its own.
 struct HeadOptions {
@@ -83,15 +70,6 @@ struct ModelOptions {
 // The model flags of a job (path, default: the bundled sample model; device, precision, threads, output
 // key, mean, std, the count of --channels) for the rank with `local_rank`.
 ModelOptions modelOptionsFor(const JobOptions& job, int local_rank);
-
-struct ModelProbe {
-  int input_channels = 0;      // what the model takes
-  int output_channels = 0;     // segment: channels C; classify: classes K; embed: features D
-  Scale scale;                 // output size / window size (segment)
-  const Task* task = nullptr;  // the probe's (null: not probed)
-  // A task of one record of fixed size a window (classify, embed, detect: its [N, 6] boxes flattened).
-  bool perWindow() const;
-};
 
 // What a model's outputs become for `task` (its row's predictionType: float64 for instance maps, whose ids
 // float32 holds exactly only below 2^24), float32 for null.

@@ -1,7 +1,7 @@
 // tasks/heads: a model with several outputs (a tuple's or a dict's tensors) run once per batch, each output
 // ("head") its own task with its own outputs. --heads names them: NAME[:TASK],... (NAME: a dict key, else a
-// tuple index; TASK: segment | classify | embed, default --task); --head_opt NAME.KEY=VALUE (repeatable;
-// KEY: activation, classes, save, probs_dtype) gives a head its own flag, where the job-wide one is the
+// tuple index; TASK: headTaskWords(), default --task); --head_opt NAME.KEY=VALUE (repeatable; KEY:
+// headSettingWords()) gives a head its own flag, where the job-wide one is the
 // default. Plain parsing: ConfigError naming the flag and the part that is wrong.
 #pragma once
 
@@ -22,6 +22,11 @@ struct HeadSpec {
   std::optional<std::string> probs_dtype;  // unset: --probs_dtype
 };
 
+// "segment, classify, embed or regress": the tasks a head can be, those whose windows send their predictions
+// (a task whose windows send records runs alone), in the registry's order.
+std::string headTaskWords();
+// "activation, classes, save or probs_dtype": --head_opt's keys.
+std::string headSettingWords();
 // --heads and its --head_opt settings; empty `heads`: none (one output, --output_key).
 std::vector<HeadSpec> parseHeads(const std::string& heads, const std::vector<std::string>& options);
 

@@ -27,12 +27,18 @@ const Task* taskOfOutputKind(const std::string& kind);
 // shape and the --task choices for a shape no task takes or a task that does not take it.
 const Task& resolveTask(const Task* requested, const std::vector<int64_t>& sizes, Activation activation,
                         bool classes_named, const std::string& path);
+// Checks that `task` writes every kind asked for (ConfigError naming the task that does), then settles it
+// (Task::settle).
+void settleTask(const Task& task, const ModelProbe& probe, const TaskFlags& flags, GridSpec& spec);
 // "tiler takes NCHW maps (--task segment), ... or instance maps, [batch, 1 + K, h, w] (--task instances)".
 std::string taskChoicesText();
 // "labels, probs and polygons (segment), ...": what --save takes, for its help and its refusals.
 std::string saveKindsText();
 // --save's help: each task's kinds and its defaults ("labels, probs, ... (segment; default labels), ...").
 std::string saveHelpText();
+// docs/cli.md's table of outputs, one line a format: its word, file, tasks (those that write it by default),
+// what it takes, the feature it needs and what it is.
+std::string outputsTableMarkdown();
 // The consumer of each image's windows for `task`'s outputs (OutputOptions::consumer).
 ConsumerFactory consumersFor(const Task& task, TaskOutputs outputs);
 

@@ -2,10 +2,12 @@
 // interface, so that the job, the model and the output stage ask a task instead of naming it. A task says
 // which model outputs it accepts (their shape), checks the flags against them, gives a window's prediction
 // size and type, what a window sends its image's owner (the prediction itself, or a record its rank makes)
-// and makes the consumer that writes an image's outputs (its --save kinds, output_kinds.hpp's rows).
-// Promise: tasks are constant rows (tasks/registry), read from any thread; nothing outside a task's file
-// knows its consumer's type. Adding a task is one file here plus one registry row.
+// and makes the consumer that writes an image's outputs (the writers/formats rows that consume what it
+// produces). Promise: tasks are constant rows (tasks/registry), read from any thread; nothing outside a
+// task's file knows its consumer's type. Adding a task is one file here plus one registry row.
 #pragma once
+
+#include <torch/types.h>
 
 #include <cstdint>
 #include <functional>
@@ -15,11 +17,11 @@
 #include <vector>
 
 #include "tiler/core/grid.hpp"
-#include "tiler/core/output_kinds.hpp"
 #include "tiler/io/catalog.hpp"
 #include "tiler/io/polygons.hpp"
-#include "tiler/model/model.hpp"
+#include "tiler/model/probe.hpp"
 #include "tiler/stitch/outputs.hpp"
+#include "tiler/writers/formats.hpp"
 
 namespace tiler {
 
@@ -86,8 +88,8 @@ class Task {
   virtual bool stitches() const { return false; }
   // The prediction's type: float32, but float64 for instance maps (ids past 2^24).
   virtual torch::ScalarType predictionType() const { return torch::kFloat32; }
-  // Checks the flags against the model's output and the kinds asked for (ConfigError naming them), and
-  // settles the grid (overlap, lattice) for this task's outputs.
+  // Checks the flags against the model's output (ConfigError naming them), and settles the grid (overlap,
+  // lattice) for this task's outputs; the kinds asked for are the registry's to check (settleTask).
   void settle(const ModelProbe& probe, const TaskFlags& flags, GridSpec& spec) const;
   // A forward's output for `windows` windows.
   std::vector<int64_t> predictionSizes(const ModelProbe& probe, const GridSpec& spec, int64_t windows) const;
@@ -96,8 +98,11 @@ class Task {
   // The consumer of an image's windows, with its partial files (the stage's writer options `writer`).
   virtual std::unique_ptr<ImageConsumer> makeConsumer(CatalogImage& image, const TaskOutputs& outputs,
                                                       const WriterOptions& writer) const = 0;
-  // The --save kinds it writes (output_kinds' rows, in the table's order), and those it writes by default.
-  virtual std::vector<std::string> outputKinds() const = 0;
+  // What it gives the formats to consume (writers/formats.hpp).
+  virtual std::vector<Consumes> produces() const = 0;
+  // The --save kinds it writes: the formats that consume what it produces, in the formats' order.
+  std::vector<std::string> outputKinds() const;
+  // Those it writes when --save is not given.
   virtual std::vector<std::string> defaultKinds() const = 0;
   // Whether it writes output kind `kind` (or a head's, "<head>/<kind>").
   bool writes(const std::string& kind) const;
@@ -112,8 +117,10 @@ class Task {
 // Adds `more` non-finite prediction values to the image's count and, when it holds any, warns once that
 // they mean nothing (a consumer's finalize(), before its files are committed).
 void addNonFinite(CatalogImage& image, int64_t more);
-// "output [1, 5, 6, 7] has 4 dimension(s); tiler takes ...": a shape no task takes as it is.
+// "output [1, 5, 6, 7] has 4 dimension(s)": a shape no task takes as it is (the registry adds the choices).
 std::string dimensionsRefusal(const std::vector<int64_t>& sizes);
+// Whether the probed output is a fixed-size record a window (its task's perWindow()), not a map.
+bool perWindow(const ModelProbe& probe);
 
 // classify and embed: one vector a window ([B, D], or [B, D, 1, 1] when named), into window_outputs' files.
 class VectorTask : public Task {

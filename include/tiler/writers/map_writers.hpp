@@ -1,10 +1,10 @@
-// map_writers: the outputs of a stitched map (--task segment) behind one interface, one registry row per
-// --save kind (output_kinds.hpp names the kinds): labels (TIFF or PNG), probs (TIFF), polygons (GeoJSON
-// traced from the labels), zarr (an OME-Zarr store). The stitcher hands each finished band, top to bottom, to
-// every writer of an image, as the labels and stored probabilities each asked for; an image commits in two
-// phases (every writer finished under its partial name, then all renamed or none: commitWriters). No
-// LibTorch. Promise: a writer holds a band of rows (or rows of tiles/chunks), never the image; a writer
-// destroyed before its commit removes what it wrote; every failure is an IoError naming the file.
+// map_writers: the outputs of a stitched map (--task segment, regress) behind one interface, one
+// writers/formats row per --save kind: labels (TIFF or PNG), probs (TIFF), polygons (GeoJSON traced from the
+// labels), zarr (an OME-Zarr store). The stitcher hands each finished band, top to bottom, to every writer of
+// an image, as the labels and stored probabilities each asked for; an image commits in two phases (every
+// writer finished under its partial name, then all renamed or none: commitWriters). No LibTorch. Promise: a
+// writer holds a band of rows (or rows of tiles/chunks), never the image; a writer destroyed before its
+// commit removes what it wrote; every failure is an IoError naming the file.
 #pragma once
 
 #include <memory>
@@ -57,16 +57,10 @@ class MapWriter : public OutputWriter {
 // prints it), with the class names.
 std::string probabilitiesDescription(SampleType type, const std::vector<ClassInfo>& named);
 
-// The writer of --save kind `kind` for an image whose output is `path` (its output name); null when `kind`
-// is not a map's output. Writers are made in output_kinds' table order, so a labels TIFF comes before the
-// polygons that read it.
+// The writer of --save kind `kind` (its writers/formats row's map opener) for an image whose output is `path`
+// (its output name); null when `kind` is not a map's output. Make an image's writers in the formats' order,
+// so that a format's `after` (the labels TIFF the polygons read) is made first.
 std::unique_ptr<MapWriter> makeMapWriter(const std::string& kind, const std::string& path,
                                          const MapOutput& output);
-
-// The registry's rows: each kind's opener (one file of its own each, e.g. zarr_writer.cpp).
-std::unique_ptr<MapWriter> openLabelsWriter(const std::string& path, const MapOutput& output);
-std::unique_ptr<MapWriter> openProbsWriter(const std::string& path, const MapOutput& output);
-std::unique_ptr<MapWriter> openPolygonsWriter(const std::string& path, const MapOutput& output);
-std::unique_ptr<MapWriter> openZarrWriter(const std::string& path, const MapOutput& output);
 
 }  // namespace tiler

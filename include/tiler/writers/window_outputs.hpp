@@ -34,8 +34,6 @@
 
 namespace tiler {
 
-class WindowRowOutput;  // a per-window output's writer (window_outputs.cpp)
-
 // A window where the level-0 image has it (pixels; the window may reach past an image smaller than it), and
 // its cell in the grid.
 struct WindowPlace {
@@ -58,6 +56,60 @@ struct WindowOutputOptions {
   // (non-maximum suppression across windows; 0: none).
   double nms_iou = 0.0;
 };
+
+// An output fed one item at a time (`Item`: its arguments) by the glue, then finished and committed.
+template <typename... Item>
+class FedOutput : public OutputWriter {
+ public:
+  using Fed = FedOutput;
+  virtual void feed(Item... item) = 0;
+};
+
+// A per-window output as the glue feeds it: each window's vector, in window order, with its level-0 place.
+class WindowRowOutput : public FedOutput<const WindowPlace&, const float*> {};
+
+// A writer of src/writers/ as an `Output` (a FedOutput), as a format's opener makes it: each item through
+// `Feed(writer, item...)`, its finish and commit passed through.
+template <typename Output, typename Writer, typename Feed, typename Fed = typename Output::Fed>
+class FeedInto;
+template <typename Output, typename Writer, typename Feed, typename... Item>
+class FeedInto<Output, Writer, Feed, FedOutput<Item...>> : public Output {
+ public:
+  FeedInto(std::unique_ptr<Writer> writer, Feed feed) : writer_(std::move(writer)), feed_(std::move(feed)) {}
+  void feed(Item... item) override { feed_(*writer_, item...); }
+  void finish() override { writer_->finish(); }
+  void commit(std::vector<std::string>& renamed) override { writer_->commit(renamed); }
+
+ private:
+  std::unique_ptr<Writer> writer_;
+  Feed feed_;
+};
+
+template <typename Output, typename Writer, typename Feed>
+std::unique_ptr<Output> feedInto(std::unique_ptr<Writer> writer, Feed feed) {
+  return std::make_unique<FeedInto<Output, Writer, Feed>>(std::move(writer), std::move(feed));
+}
+
+// What a row output's opener (a writers/formats row) gets: the image, the options, and (classify) the class
+// names.
+struct RowContext {
+  const CatalogImage& image;
+  const WindowOutputOptions& options;
+  const std::vector<ClassInfo>& classes;  // classNames of the model's K scores; empty unless classify
+  const std::string& path;                // the output's name (image.outputs)
+};
+
+// A kept box as detect's outputs take it: level-0 pixels, clipped to the image; `id` from 1.
+struct KeptBox {
+  int64_t id = 0;
+  int k = 0;
+  const ClassInfo* c = nullptr;  // its class (objectClass)
+  float score = 0;
+  double x1 = 0, y1 = 0, x2 = 0, y2 = 0;
+};
+
+// An object output as detect's glue feeds it: each kept box, in window order.
+class BoxOutput : public FedOutput<const KeptBox&> {};
 
 // Class names for K classes: --classes as given, else class_0, class_1, ... (CSV column prob_<name>);
 // classes without a colour of their own get distinct palette colours (none black).
