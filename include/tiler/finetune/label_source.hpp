@@ -1,7 +1,6 @@
 // finetune/label_source: where training's labels come from, behind one interface, a registry row each: label
 // images paired by stem (--labels), vector annotations drawn per window (--annotations), one class a grid
-// window
-// (--window_labels, for a per-window model's [B,K] class scores).
+// window (--window_labels, for a per-window model's [B,K] class scores).
 // Promise: a source checks its own flags (its row's settle, before anything is read) and each image's labels
 // as the image joins (an IoError naming the file: training never runs on less than it was given); read()
 // fills one window's target and valid mask at the output's scale, and is called from several threads at once,

@@ -2,9 +2,8 @@
 // (label_source.hpp), and their windows split into those trained on and those validated on.
 // Promise: every rank builds the same catalog and the same split (inputs sorted, shuffles seeded by --seed);
 // a pair that cannot be read stops the run rather than train on less (an IoError naming it); held-out images
-// are
-// --val_images, else whole images drawn by --val_fraction (at least one, never all), else, of one image, a
-// share of its windows. After load, read only: labels are read from any thread.
+// are --val_images, else whole images drawn by --val_fraction (at least one, never all), else, of one image,
+// a share of its windows. After load, read only: labels are read from any thread.
 #pragma once
 
 #include <cstdint>
