@@ -62,6 +62,15 @@ class LabelSourceFiles : public ::testing::Test {
     const LabelContext context{o_, plan_, probe_};
     return loadTrainingData(context, plan_.labels->make(context), nullptr);
   }
+  // What load() refuses an image or label for; empty: nothing.
+  std::string loadRefusal() {
+    try {
+      load();
+    } catch (const IoError& e) {
+      return e.what();
+    }
+    return "";
+  }
   std::string dir_;
   FinetuneOptions o_;
   FinetunePlan plan_;
@@ -98,13 +107,8 @@ TEST_F(LabelSourceFiles, ALabelImageWithAClassPastTheModelsIsNamed) {
   ASSERT_TRUE(cv::imwrite(dir_ + "/labels/a.png", cv::Mat(32, 32, CV_8UC1, cv::Scalar(3))));
   o_.labels_dir = dir_ + "/labels";
   o_.window = "32";
-  try {
-    load();
-    FAIL() << "class 3 of a 3-class model was taken";
-  } catch (const IoError& e) {
-    EXPECT_NE(std::string(e.what()).find("class id 3 but the model has 3 output channels"), std::string::npos)
-        << e.what();
-  }
+  const std::string refusal = loadRefusal();
+  EXPECT_NE(refusal.find("class id 3 but the model has 3 output channels"), std::string::npos) << refusal;
 }
 
 TEST_F(LabelSourceFiles, WindowLabelsLabelTheirWindowsAndNameARowNoImageTakes) {
@@ -126,13 +130,8 @@ TEST_F(LabelSourceFiles, WindowLabelsLabelTheirWindowsAndNameARowNoImageTakes) {
   o_.unlabeled = "background";
   EXPECT_EQ(load().train.size(), 4u) << "the others are class 0";
   std::ofstream(dir_ + "/windows.csv", std::ios::app) << "b,0,0,1\n";
-  try {
-    load();
-    FAIL() << "a row of no image was taken";
-  } catch (const IoError& e) {
-    EXPECT_NE(std::string(e.what()).find("line 4: image 'b' is none of --images"), std::string::npos)
-        << e.what();
-  }
+  const std::string refusal = loadRefusal();
+  EXPECT_NE(refusal.find("line 4: image 'b' is none of --images"), std::string::npos) << refusal;
 }
 
 }  // namespace
