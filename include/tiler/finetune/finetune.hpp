@@ -1,20 +1,15 @@
-// finetune: data-parallel training of a TorchScript model on tiles of image/label pairs, over the same
-// catalog, loader (with read-ahead), sampler and step exchange as inference, and fed exactly as inference
-// feeds it (the shared JobOptions: scale, mean, std, output key).
-// Promise: parameters and buffers are broadcast from rank 0 at start; gradients are summed over
-// --grad_accum_steps micro-batches, then all-reduced in ~25 MB flat buckets and averaged, so every rank
-// holds identical parameters (K ranks x batch B equal 1 rank x K micro-batches of B). Every step first
-// shares each rank's status: an error on any rank (a label that cannot be read, an out-of-memory forward)
-// ends every rank at that step with its message. Checkpoints are written to a fresh directory per epoch
-// and made current by one rename; --resume continues from the epoch rank 0 finds, to the same parameters
-// as an uninterrupted run; the output is a TorchScript file that `tiler infer` loads as it is, and that
-// records the window, the µm/px and the classes it was trained with (readTrainedSettings) for infer to take.
-// Labels are label images (paired by stem) or vector annotations (annotations.hpp) drawn per window at the
-// processing resolution (--level/--mpp/--magnification), windows drawn only where annotations are.
-// A per-window model ([B,K] class scores) trains on window labels instead (--window_labels: a CSV of one
-// class a grid window), by cross-entropy over its [B,K] output, through the same loader, sampler and steps.
-// Validation reports per-class IoU and Dice every epoch (and accuracy for window labels), in the report, a
-// CSV and a PNG plot beside -o.
+// finetune: `tiler finetune`, data-parallel training of a TorchScript model on tiles of image/label pairs,
+// over the same catalog, loader (with read-ahead), sampler and step exchange as inference, and fed exactly as
+// inference feeds it (the shared JobOptions: scale, mean, std, output key). Its flags and entry point; the
+// job is a plan (plan.hpp) and parts: label sources (label_source.hpp: label images, annotations, window
+// labels), the data and its split (training_data.hpp), batches (batches.hpp), losses (losses.hpp), validation
+// (validation.hpp), checkpoints and the model file (checkpoint.hpp), and the trainer's phases (trainer.hpp).
+// Promise: parameters and buffers are broadcast from rank 0 at start, and every rank holds identical
+// parameters after each step; an error on any rank ends every rank at that step with its message; --resume
+// continues from the epoch rank 0 finds, to the same parameters as an uninterrupted run; the output is a
+// TorchScript file that `tiler infer` loads as it is, and that records the window, the µm/px and the classes
+// it was trained with (readTrainedSettings) for infer to take. Validation reports per-class IoU and Dice
+// every epoch (and accuracy for window labels), in the report, a CSV and a PNG plot beside -o.
 #pragma once
 
 #include <cstdint>
@@ -87,5 +82,7 @@ struct TrainedSettings {
   double mpp = 0, magnification = 0;
 };
 std::optional<TrainedSettings> readTrainedSettings(const std::string& model_path);
+// The extra file of a model's archive (extra/<name>) that holds its TrainedSettings as JSON.
+inline constexpr const char* kTrainedSettingsFile = "tiler.json";
 
 }  // namespace tiler
