@@ -38,7 +38,7 @@ std::string claimant(const std::string& path) {
   return backend ? backend->name : "";
 }
 
-const ReaderBackend& row(const std::string& name) {
+const ReaderBackend& rowNamed(const std::string& name) {
   for (const ReaderBackend& b : readerBackends())
     if (b.name == name) return b;
   throw std::runtime_error("no reader row " + name);
@@ -46,7 +46,7 @@ const ReaderBackend& row(const std::string& name) {
 
 // `run` throws an IoError whose message names `file` and says `word`.
 template <typename Run>
-void expectIoError(Run run, const std::string& file, const std::string& word) {
+void expectErrorNaming(Run run, const std::string& file, const std::string& word) {
   try {
     run();
     ADD_FAILURE() << "no error for " << file;
@@ -57,7 +57,7 @@ void expectIoError(Run run, const std::string& file, const std::string& word) {
 }
 
 void expectOpenFails(const std::string& dir, const std::string& file, const std::string& word) {
-  expectIoError([&] { ImageReader::open(dir + "/" + file); }, "/" + file, word);
+  expectErrorNaming([&] { ImageReader::open(dir + "/" + file); }, "/" + file, word);
 }
 
 TEST(Readers, TheBackendsAreAskedInTheirOrder) {
@@ -102,8 +102,8 @@ TEST(Readers, EachRowIdentifiesItsOwnSamplesAndNoneOfTheOthers) {
       EXPECT_EQ(identifyReader(head)->name, owner);
     }
   }
-  EXPECT_TRUE(row("opencv").identify(FileHead{dir + "/x.bin", ".bin", "anything"}));
-  EXPECT_EQ(&readerBackends().back(), &row("opencv")) << "the row that takes the rest comes last";
+  EXPECT_TRUE(rowNamed("opencv").identify(FileHead{dir + "/x.bin", ".bin", "anything"}));
+  EXPECT_EQ(&readerBackends().back(), &rowNamed("opencv")) << "the row that takes the rest comes last";
   removeTree(dir);
 }
 
@@ -285,7 +285,7 @@ TEST(Readers, UrlsNameTheirOutputsByTheLastPathElementAndListsHoldInputs) {
   for (const auto& [name, why] : {std::pair<std::string, std::string>{"missing.txt", "not found"},
                                   {"pipe.txt", "FIFO"},
                                   {"zero.txt", "character device"}})
-    expectIoError([&, name = name] { readInputList(dir + "/" + name); }, dir + "/" + name, why);
+    expectErrorNaming([&, name = name] { readInputList(dir + "/" + name); }, dir + "/" + name, why);
   removeTree(dir);
 }
 
@@ -327,8 +327,8 @@ TEST(Readers, AConnectionLostMidReadFailsTheReadNamingTheUrlNeverWithZeros) {
   test::RangeServer server(dir, long(fs::file_size(dir + "/noise.tif") / 4));
   const std::string url = server.url("noise.tif");
   auto remote = ImageReader::open(url);
-  expectIoError([&] { remote->readRegion({0, 0, 1024, 1024}); }, url, "TIFFReadTile");
-  expectIoError([&] { remote->readRegion({0, 0, 1024, 1024}); }, url, "connection was lost");
+  expectErrorNaming([&] { remote->readRegion({0, 0, 1024, 1024}); }, url, "TIFFReadTile");
+  expectErrorNaming([&] { remote->readRegion({0, 0, 1024, 1024}); }, url, "connection was lost");
   removeTree(dir);
 }
 
@@ -337,16 +337,16 @@ TEST(Readers, ARemoteInputIsATiffOrIsRefusedAndAMissingOneNamesTheServersAnswer)
   const std::string dir = test::scratchDir("readers_remote_png");
   ASSERT_TRUE(cv::imwrite(dir + "/a.png", cv::Mat(20, 30, CV_8UC3, cv::Scalar(1, 2, 3))));
   test::RangeServer server(dir);
-  expectIoError([&] { ImageReader::open(server.url("a.png")); }, server.url("a.png"), "TIFFs only");
-  expectIoError([&] { ImageReader::open(server.url("missing.tif")); }, server.url("missing.tif"), "404");
+  expectErrorNaming([&] { ImageReader::open(server.url("a.png")); }, server.url("a.png"), "TIFFs only");
+  expectErrorNaming([&] { ImageReader::open(server.url("missing.tif")); }, server.url("missing.tif"), "404");
   removeTree(dir);
 }
 
 TEST(Readers, ARemoteInputWithoutGdalSaysTheBuildLacksIt) {
   if (test::featureBuilt("gdal"))
     GTEST_SKIP() << "this build has GDAL (scripts/test.sh --features-off has not)";
-  expectIoError([] { ImageReader::open("https://example.org/slide.svs"); }, "https://example.org/slide.svs",
-                "GDAL");
+  expectErrorNaming([] { ImageReader::open("https://example.org/slide.svs"); },
+                    "https://example.org/slide.svs", "GDAL");
 }
 
 // An Aperio SVS on a server is read by libtiff (OpenSlide reads local files only) as OpenSlide reads it here:
