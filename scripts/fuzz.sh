@@ -24,12 +24,11 @@ if [ ${#need[@]} -gt 0 ]; then
   $sudo apt-get install -y -qq --no-install-recommends "${need[@]}"
 fi
 mkdir -p build-fuzz tests/fuzz/regressions
-# The readers and what they stand on (the registry, each backend, the shared libtiff support), no LibTorch.
+# The readers and what they stand on (the registry, every backend, the shared libtiff support), no LibTorch.
 clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-omit-frame-pointer \
   -Iinclude -Isrc -Itests/fuzz -I/usr/include/opencv4 $(pkg-config --cflags openslide) \
   -DTILER_VERSION=\"fuzz\" -DTILER_SOURCE_DIR=\"$PWD\" -DTILER_WITH_OPENSLIDE=1 \
-  tests/fuzz/image_reader_fuzzer.cpp src/io/readers/{readers,tiff_reader,tiff_support,opencv_reader}.cpp \
-  src/io/readers/{jpeg_reader,openslide_reader,remote_input}.cpp src/io/image_io.cpp \
+  tests/fuzz/image_reader_fuzzer.cpp src/io/readers/*.cpp src/io/image_io.cpp \
   src/core/{platform,error,fault,grid}.cpp \
   -o build-fuzz/image_reader_fuzzer \
   -ltiff -ljpeg $(pkg-config --libs openslide) -lopencv_imgcodecs -lopencv_imgproc -lopencv_core -lspdlog -lfmt

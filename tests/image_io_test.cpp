@@ -847,12 +847,6 @@ TEST(ImageReader, ADocumentsDpiIsNoPhysicalSizeButAScansIs) {
   }
 }
 
-TEST(ImageIo, ExtensionsAndCompressionNames) {
-  EXPECT_TRUE(hasImageExtension("a/b.TIF"));
-  EXPECT_TRUE(hasImageExtension("x.webp"));
-  EXPECT_FALSE(hasImageExtension("notes.txt"));
-}
-
 TEST(ImageIo, CompressionTakesLibtiffsLevelsAndRefusesTheRest) {
   EXPECT_EQ(parseCompression("zstd"), (Compression{Codec::kZstd, 0}));
   EXPECT_EQ(parseCompression("deflate:1"), (Compression{Codec::kDeflate, 1}));

@@ -1,5 +1,5 @@
 // npy: the .npy reader's formats, byte by byte, and its refusals.
-#include "tiler/core/npy.hpp"
+#include "tiler/io/npy.hpp"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>

@@ -10,6 +10,7 @@
 #include "tiler/core/platform.hpp"
 #include "tiler/io/catalog.hpp"
 #include "tiler/io/image_io.hpp"
+#include "tiler/io/readers/readers.hpp"
 
 namespace tiler {
 namespace {
@@ -33,12 +34,12 @@ void printReaderView(const std::string& path, const ImageInfo& s) {
   std::cout << path << ": " << s.width << "x" << s.height << ", " << s.channels << " channel(s), "
             << sampleTypeName(s.type) << ", reader " << s.reader;
   if (!s.vendor.empty()) std::cout << " (" << s.vendor << ")";
-  if (s.format == "tiff") {
+  if (readerHas(s, kTiffLayout)) {
     std::cout << (s.tiled ? ", tiled " + std::to_string(s.tile_width) + "x" + std::to_string(s.tile_height)
                           : ", striped (" + std::to_string(s.rows_per_strip) + " rows/strip)")
               << ", " << s.compression << (s.planar_separate ? ", planar separate" : "")
               << (s.bigtiff ? ", BigTIFF" : "") << ", " << s.pages << " page(s)";
-  } else if (s.reader == "opencv" || s.reader == "jpeg") {
+  } else if (readerHas(s, kDecodedWhole)) {
     std::cout << ", " << s.format;
   }
   std::cout << "\n";

@@ -254,7 +254,7 @@ std::vector<std::string> withoutTilerOutputs(std::vector<std::string> files,
 // probe process first, so one that ends a process again fails alone; other readers report what they cannot
 // read as errors, and are read again.
 void readAgainAfterACrash(CatalogImage& img) {
-  if (img.info.reader != "openslide") {
+  if (!readerHas(img.info, kWholeSlide)) {
     spdlog::warn("'{}': a run that ended before finishing it was reading it; reading it again", img.input);
     return;
   }

@@ -283,20 +283,6 @@ bool isTilerOutputFile(const std::string& path) {
   return ours;
 }
 
-bool hasImageExtension(const std::string& path) {
-  static const char* kExts[] = {".tif", ".tiff", ".png", ".jpg", ".jpeg", ".bmp", ".webp", ".jp2", ".pbm",
-                                ".pgm", ".ppm",  ".pnm", ".exr", ".hdr",  ".pic", ".sr",   ".ras", ".pxm"};
-  std::string ext = lowerExtension(path);
-  return isWholeSlideExtension(path) ||
-         std::any_of(std::begin(kExts), std::end(kExts), [&](const char* e) { return ext == e; });
-}
-
-bool isWholeSlideExtension(const std::string& path) {
-  static const char* kExts[] = {".svs", ".ndpi", ".mrxs", ".scn", ".vms", ".vmu", ".bif", ".svslide"};
-  std::string ext = lowerExtension(path);
-  return std::any_of(std::begin(kExts), std::end(kExts), [&](const char* e) { return ext == e; });
-}
-
 Compression parseCompression(const std::string& text) {
   const size_t colon = text.find(':');
   const std::string name = text.substr(0, colon);

@@ -14,6 +14,7 @@
 #include "tiler/core/fault.hpp"
 #include "tiler/core/output_kinds.hpp"
 #include "tiler/core/platform.hpp"
+#include "tiler/io/readers/readers.hpp"
 #include "tiler/model/probe.hpp"
 #include "tiler/stitch/device_stitch.hpp"
 #include "tiler/writers/map_writers.hpp"
@@ -135,7 +136,7 @@ std::vector<std::unique_ptr<ImageConsumer>>& OutputStage::outputsFor(int image_i
   WriterOptions wo;
   wo.compression = options_.compression;
   wo.software = kTilerSoftware;  // a later run over this directory knows these for outputs
-  wo.metadata_from = img.info.format == "tiff" ? img.input : "";
+  wo.metadata_from = readerHas(img.info, kTiffTags) ? img.input : "";
   // Output pixels per level-0 input pixel: the model's scale over the processing downsample.
   wo.metadata_scale = options_.scale.value() / img.resolution.downsample;
   if (img.resolution.mpp) wo.mpp = *img.resolution.mpp / options_.scale.value();

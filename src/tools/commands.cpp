@@ -5,8 +5,8 @@
 #include "commands.hpp"
 #include "tiler/core/error.hpp"
 #include "tiler/core/model_card.hpp"
-#include "tiler/core/npy.hpp"
 #include "tiler/core/platform.hpp"
+#include "tiler/io/npy.hpp"
 #include "tiler/model/model.hpp"
 #include "tiler/tasks/registry.hpp"
 

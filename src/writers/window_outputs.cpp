@@ -15,6 +15,7 @@
 #include <tuple>
 
 #include "tiler/core/error.hpp"
+#include "tiler/io/readers/readers.hpp"
 #include "tiler/io/readers/remote_input.hpp"
 #include "tiler/writers/blend.hpp"
 #include "tiler/writers/coco.hpp"
@@ -179,7 +180,7 @@ WriterOptions heatmapOptions(const CatalogImage& image, const WindowOutputOption
   wo.software = kTilerSoftware;
   // Its geotransform and resolution are the input's scaled by the stride (exact for square strides; a
   // non-square one takes x's).
-  wo.metadata_from = image.info.format == "tiff" ? image.input : "";
+  wo.metadata_from = readerHas(image.info, kTiffTags) ? image.input : "";
   wo.metadata_scale = 1.0 / (double(stride_x) * image.resolution.downsample);
   if (image.resolution.mpp) wo.mpp = *image.resolution.mpp * double(stride_x);
   wo.nodata = std::numeric_limits<double>::quiet_NaN();
@@ -493,7 +494,7 @@ class WindowOutputs::DetectionFiles {
 };
 
 std::unique_ptr<GeoJsonFile> openObjectsGeojson(const CatalogImage& image, std::optional<GeoFrame>& geo) {
-  if (image.info.format == "tiff") geo = geoFrameOf(image.input);
+  if (readerHas(image.info, kTiffTags)) geo = geoFrameOf(image.input);
   return std::make_unique<GeoJsonFile>(image.outputs.at("objects"), geo ? geo->crs : "");
 }
 

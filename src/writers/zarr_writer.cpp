@@ -16,6 +16,7 @@
 
 #include "tiler/core/error.hpp"
 #include "tiler/core/platform.hpp"
+#include "tiler/io/npy.hpp"
 #include "tiler/writers/map_writers.hpp"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -24,13 +25,6 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 namespace tiler {
 
 namespace {
-
-// Zarr v2's dtype of a sample type (numpy's typestr: byte order, kind, bytes): "|u1", "<u2", "<i2", "<f4",
-// ...
-std::string zarrDtype(SampleType type) {
-  const size_t bytes = bytesPerSample(type);
-  return std::string(bytes == 1 ? "|" : "<") + sampleTypeName(type)[0] + std::to_string(bytes);
-}
 
 bool isIntegerType(SampleType type) {
   return type != SampleType::kF16 && type != SampleType::kF32;
@@ -175,7 +169,7 @@ class ZarrWriter::Array {
     return {{"zarr_format", 2},
             {"shape", {channels_, height_, width_}},
             {"chunks", {1, chunk_, chunk_}},
-            {"dtype", zarrDtype(type_)},
+            {"dtype", numpyTypestr(type_)},
             {"compressor", compressorJson(compression_)},
             {"fill_value", 0},
             {"order", "C"},

@@ -16,7 +16,7 @@
 #include <string_view>
 #include <type_traits>
 
-#include "tiler/io/polygons.hpp"
+#include "tiler/io/classes.hpp"
 
 namespace tiler {
 

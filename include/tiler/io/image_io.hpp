@@ -70,7 +70,7 @@ struct ImageInfo {
   // or a projected GeoTIFF's metres per pixel x 10^6. Unset when the file does not say.
   std::optional<double> mpp;
   std::optional<double> objective_power;  // whole slides: the scan's magnification (e.g. 40)
-  std::string reader;                     // tiff | openslide | opencv
+  std::string reader;                     // the row of readers.hpp that opened it: tiff, openslide, jpeg, ...
   // A palette TIFF's colour map (16-bit R, G, B per index); null for every other image. The reader hands out
   // the indices (a labels output reads back as its classes, a mask as its values); a model that takes RGB
   // gets the colours (ChannelAdapt::kPalette).
@@ -102,11 +102,6 @@ class ImageReader {
 // from the machine's load (the report's per-rank tiles_decoded).
 int64_t tiffChunksDecoded();
 
-// True for extensions tiler treats as images (tif, tiff, png, jpg, jpeg, bmp, webp, and OpenCV's others,
-// and the whole-slide formats of isWholeSlideExtension).
-bool hasImageExtension(const std::string& path);
-// .svs .ndpi .mrxs .scn .vms .vmu .bif .svslide: read through OpenSlide.
-bool isWholeSlideExtension(const std::string& path);
 // The lower-case extension with its dot ("" when none).
 std::string lowerExtension(const std::string& path);
 

@@ -1,4 +1,4 @@
-// polygons: class names and colours, and GeoJSON outlines of the classes of a labels raster.
+// polygons: GeoJSON outlines of the classes of a labels raster, and where an image lies on the earth.
 // Promise: writePolygons() reads a labels raster line by line through GDAL's polygonizer (memory: a few rows
 // plus the polygons found) and writes one GeoJSON Feature per 4-connected region of each class other than 0,
 // holes kept, exact pixel-edge outlines (areas equal pixel counts) unless simplified, with the properties
@@ -8,40 +8,14 @@
 #pragma once
 
 #include <array>
-#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
-namespace tiler {
+#include "tiler/io/classes.hpp"
 
-// A class as --classes names it: "name" or "name:#rrggbb".
-struct ClassInfo {
-  std::string name;
-  std::array<uint8_t, 3> color{0, 0, 0};
-  bool colored = false;  // the colour was given (name:#rrggbb)
-};
-// Parses --classes; classes without a colour get the default palette's (class 0: black). Refuses
-// (ConfigError) an empty name, a repeated one (the scores are keyed by name), control characters (they break
-// the CSV) and text that is not UTF-8 (the report and GeoJSON are JSON).
-std::vector<ClassInfo> parseClasses(const std::string& text);
-// The class of the highest of `count` scores (the first of equals). NaN never wins: -1 when every score is
-// NaN, or there are none.
-template <typename Score>
-int highestClass(const Score* scores, size_t count) {
-  int best = -1;
-  for (size_t k = 0; k < count; ++k)
-    if (!std::isnan(scores[k]) && (best < 0 || scores[k] > scores[size_t(best)])) best = int(k);
-  return best;
-}
-// The name of class k where --classes names none: "class_<k>", in every output.
-std::string defaultClassName(int k);
-// The k-th of 20 colours far apart (k = 0, 1, ...), for classes that are all real (no background).
-std::array<uint8_t, 3> distinctColor(int k);
-// The labels palette for `classes` classes: class 0 black, then 20 distinct colours in turn, with --classes'
-// colours where given.
-std::vector<std::array<uint8_t, 3>> labelPalette(int classes, const std::vector<ClassInfo>& named);
+namespace tiler {
 
 struct PolygonOptions {
   std::vector<std::array<uint8_t, 3>> palette;  // colour of class k (labelPalette)

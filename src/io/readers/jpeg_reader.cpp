@@ -110,6 +110,10 @@ std::string decode(std::FILE* file, uint64_t file_bytes, cv::Mat& pixels) {
 
 }  // namespace
 
+bool identifyJpeg(const FileHead& head) {
+  return head.startsWith("\xFF\xD8\xFF");  // the start-of-image marker and the next marker's first byte
+}
+
 std::unique_ptr<ImageReader> openJpeg(const std::string& path) {
   std::error_code ec;
   const uint64_t bytes = std::filesystem::file_size(path, ec);

@@ -74,6 +74,11 @@ std::unique_ptr<ImageReader> decodedImage(const std::string& path, cv::Mat pixel
   return std::make_unique<DecodedImageReader>(path, std::move(pixels), reader);
 }
 
+// The last row: OpenCV decodes by the bytes, whatever the name, and says when it cannot.
+bool identifyByOpenCv(const FileHead&) {
+  return true;
+}
+
 std::unique_ptr<ImageReader> openWithOpenCv(const std::string& path) {
   errno = 0;
   std::ifstream probe(path, std::ios::binary);

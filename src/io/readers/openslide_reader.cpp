@@ -282,4 +282,12 @@ void probeSlideInChildProcess(const std::string& path, SlideProbe) {
 }
 #endif
 
+// OpenSlide is asked only about TIFFs and slide names. A TIFF it knows no vendor of is a plain one, libtiff's
+// whatever its name; a slide name that is no TIFF is OpenSlide's, whose error says why it cannot read it.
+bool identifyWholeSlide(const FileHead& head) {
+  const bool tiff = isTiffMagic(head.bytes), slide_name = isWholeSlideExtension(head.path);
+  if (slide_name && !tiff) return true;
+  return (tiff || slide_name) && !slideVendor(head.path).empty();
+}
+
 }  // namespace tiler

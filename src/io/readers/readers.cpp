@@ -7,7 +7,6 @@
 #include <cstring>
 #include <filesystem>
 
-#include "tiff_support.hpp"
 #include "tiler/core/error.hpp"
 #include "tiler/core/platform.hpp"
 #include "tiler/io/readers/remote_input.hpp"
@@ -16,52 +15,105 @@ namespace fs = std::filesystem;
 
 namespace tiler {
 
-FileProbe probeFile(const std::string& path) {
-  FileProbe p;
-  p.path = path;
-  p.extension = lowerExtension(path);
-  // The first bytes, read once for every format's magic.
-  const std::string head = leadingBytes(path, 4);  // never waits on a FIFO
-  unsigned char magic[4] = {0, 0, 0, 0};
-  std::copy(head.begin(), head.end(), magic);
-  const size_t got = head.size();
-  p.tiff = got == 4 && isTiffMagic(magic);
-  p.jpeg = got >= 3 && magic[0] == 0xFF && magic[1] == 0xD8 && magic[2] == 0xFF;
-  if (p.tiff || isWholeSlideExtension(path)) p.slide_vendor = slideVendor(path);
-  return p;
-}
+// The rows' functions, each defined in its reader's file; nothing but the rows calls them. Each open throws
+// IoError naming the file and the problem.
+// tiff_reader.cpp: a TIFF's pages and SubIFDs as levels, local or remote (byte ranges).
+bool identifyTiff(const FileHead& head);
+std::unique_ptr<ImageReader> openTiff(const std::string& path);
+// openslide_reader.cpp: levels, µm/px, objective power and vendor from OpenSlide's properties; RGB u8, with
+// transparent regions (outside the scanned area) composited on white. Without OpenSlide it claims the slide
+// extensions and fails their images, naming the feature.
+bool identifyWholeSlide(const FileHead& head);
+std::unique_ptr<ImageReader> openWholeSlide(const std::string& path);
+// jpeg_reader.cpp: through libjpeg, so that a warning about corrupt or missing data fails the image, and a
+// header that claims more pixels than the file's bytes can hold is refused before decoding.
+bool identifyJpeg(const FileHead& head);
+std::unique_ptr<ImageReader> openJpeg(const std::string& path);
+// opencv_reader.cpp: whatever OpenCV decodes, whole.
+bool identifyByOpenCv(const FileHead& head);
+std::unique_ptr<ImageReader> openWithOpenCv(const std::string& path);
 
 const std::vector<ReaderBackend>& readerBackends() {
   static const std::vector<ReaderBackend> backends = {
-      {"openslide", [](const FileProbe& p) { return !p.slide_vendor.empty(); }, openWholeSlide},
-      {"tiff", [](const FileProbe& p) { return p.tiff; }, openTiff},
-      // A slide extension that neither knows: OpenSlide's own error names the problem.
-      {"openslide", [](const FileProbe& p) { return isWholeSlideExtension(p.path); }, openWholeSlide},
-      {"jpeg", [](const FileProbe& p) { return p.jpeg && p.extension != ".tif" && p.extension != ".tiff"; },
-       openJpeg},
-      {"opencv", [](const FileProbe& p) { return p.extension != ".tif" && p.extension != ".tiff"; },
+      {"openslide",
+       identifyWholeSlide,
+       {".svs", ".ndpi", ".mrxs", ".scn", ".vms", ".vmu", ".bif", ".svslide"},
+       kWholeSlide,
+       openWholeSlide},
+      {"tiff",
+       identifyTiff,
+       {".tif", ".tiff"},
+       kTiffLayout | kTiffTags | kByteRanges | kClaimsItsNames,
+       openTiff},
+      {"jpeg", identifyJpeg, {".jpg", ".jpeg"}, kDecodedWhole, openJpeg},
+      {"opencv",
+       identifyByOpenCv,
+       {".png", ".bmp", ".webp", ".jp2", ".pbm", ".pgm", ".ppm", ".pnm", ".exr", ".hdr", ".pic", ".sr",
+        ".ras", ".pxm"},
+       kDecodedWhole,
        openWithOpenCv},
   };
   return backends;
 }
 
+bool FileHead::named(const std::vector<std::string>& extensions) const {
+  return !extension.empty() && std::find(extensions.begin(), extensions.end(), extension) != extensions.end();
+}
+
+FileHead readFileHead(const std::string& path) {
+  return {path, lowerExtension(path), leadingBytes(path, kHeadBytes)};
+}
+
+const ReaderBackend* identifyReader(const FileHead& head) {
+  for (const ReaderBackend& backend : readerBackends())
+    if (backend.identify(head) || ((backend.traits & kClaimsItsNames) && head.named(backend.extensions)))
+      return &backend;
+  return nullptr;
+}
+
+bool readerHas(const ImageInfo& info, ReaderTrait trait) {
+  for (const ReaderBackend& backend : readerBackends())
+    if (info.reader == backend.name) return (backend.traits & trait) != 0;
+  return false;
+}
+
 namespace {
 
-// A remote input is read by libtiff over byte ranges (OpenSlide and the decoders of whole files read local
-// files only): a TIFF, BigTIFF, SVS or COG; anything else is refused naming what it is not.
+bool anyRowNames(const std::string& path, unsigned traits) {
+  const std::string extension = lowerExtension(path);
+  return std::any_of(readerBackends().begin(), readerBackends().end(), [&](const ReaderBackend& backend) {
+    return (backend.traits & traits) == traits &&
+           std::find(backend.extensions.begin(), backend.extensions.end(), extension) !=
+               backend.extensions.end();
+  });
+}
+
+// A remote input is read by a row that reads byte ranges (OpenSlide and the decoders of whole files read
+// local files only), identified by its first bytes; anything else is refused naming what it is not.
 std::unique_ptr<ImageReader> openRemote(const std::string& url) {
   RemoteFile file(url);
-  unsigned char magic[4] = {0, 0, 0, 0};
-  const int64_t got = file.read(magic, 4);
+  std::string bytes(kHeadBytes, '\0');
+  const int64_t got = file.read(bytes.data(), bytes.size());
   TILER_CHECK(got >= 0, IoError, "'" << url << "': " << file.takeError());
-  TILER_CHECK(got == 4 && isTiffMagic(magic), IoError,
+  bytes.resize(size_t(got));
+  const FileHead head{url, "", bytes};
+  for (const ReaderBackend& backend : readerBackends())
+    if ((backend.traits & kByteRanges) && backend.identify(head)) return backend.open(url);
+  TILER_THROW(IoError,
               "'" << url
                   << "': not a TIFF; remote inputs are read by byte ranges as TIFFs only (tiled TIFF, "
                      "BigTIFF, SVS, COG): download other formats first");
-  return openTiff(url);
 }
 
 }  // namespace
+
+bool hasImageExtension(const std::string& path) {
+  return anyRowNames(path, 0);
+}
+
+bool isWholeSlideExtension(const std::string& path) {
+  return anyRowNames(path, kWholeSlide);
+}
 
 std::unique_ptr<ImageReader> ImageReader::open(const std::string& path) {
   if (isRemoteInput(path)) return openRemote(path);
@@ -79,10 +131,9 @@ std::unique_ptr<ImageReader> ImageReader::open(const std::string& path) {
               "'" << path << "': not a regular file (a FIFO, socket or device); refused");
   TILER_CHECK(access(path.c_str(), R_OK) == 0, IoError,
               "'" << path << "': cannot read: " << std::strerror(errno));
-  const FileProbe probe = probeFile(path);
-  for (const ReaderBackend& backend : readerBackends())
-    if (backend.claims(probe)) return backend.open(path);
-  TILER_THROW(IoError, "'" << path << "': not a TIFF (the file does not start with a TIFF header)");
+  const ReaderBackend* backend = identifyReader(readFileHead(path));
+  TILER_CHECK(backend != nullptr, IoError, "'" << path << "': no reader identifies it as an image");
+  return backend->open(path);
 }
 
 }  // namespace tiler

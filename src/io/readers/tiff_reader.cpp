@@ -27,6 +27,7 @@
 #include "tiler/io/image_io.hpp"
 #include "tiler/io/readers/handle_pool.hpp"
 #include "tiler/io/readers/readers.hpp"
+#include "tiler/io/readers/remote_input.hpp"
 
 namespace tiler {
 namespace {
@@ -562,7 +563,15 @@ class TiffReader final : public ImageReader {
 
 }  // namespace
 
+bool identifyTiff(const FileHead& head) {
+  return isTiffMagic(head.bytes);
+}
+
 std::unique_ptr<ImageReader> openTiff(const std::string& path) {
+  // The row claims a .tif/.tiff whatever its bytes, so that one that is no TIFF is refused here, not read as
+  // whatever it is (a remote input's bytes were asked already).
+  TILER_CHECK(isRemoteInput(path) || looksLikeTiff(path), IoError,
+              "'" << path << "': not a TIFF (the file does not start with a TIFF header)");
   return std::make_unique<TiffReader>(path);
 }
 

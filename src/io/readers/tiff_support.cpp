@@ -185,15 +185,12 @@ std::string compressionName(uint16_t c) {
 // The fields of one image directory (full or reduced resolution): size, samples, tiling, compression,
 // palette.
 bool looksLikeTiff(const std::string& path) {
-  const std::string head = leadingBytes(path, 4);
-  unsigned char magic[4] = {0, 0, 0, 0};
-  std::copy(head.begin(), head.end(), magic);
-  return head.size() == 4 && isTiffMagic(magic);
+  return isTiffMagic(leadingBytes(path, 4));
 }
 
-bool isTiffMagic(const unsigned char (&magic)[4]) {
-  return (magic[0] == 'I' && magic[1] == 'I' && (magic[2] == 42 || magic[2] == 43) && magic[3] == 0) ||
-         (magic[0] == 'M' && magic[1] == 'M' && magic[2] == 0 && (magic[3] == 42 || magic[3] == 43));
+bool isTiffMagic(const std::string& head) {
+  return head.size() >= 4 && (head.compare(0, 4, "II*\0", 4) == 0 || head.compare(0, 4, "II+\0", 4) == 0 ||
+                              head.compare(0, 4, "MM\0*", 4) == 0 || head.compare(0, 4, "MM\0+", 4) == 0);
 }
 
 TiffMetadata readMetadata(TIFF* tif) {

@@ -29,8 +29,8 @@ std::string takeTiffError();
 std::string compressionName(uint16_t compression);
 // The file starts with a classic or BigTIFF header.
 bool looksLikeTiff(const std::string& path);
-// The same test on a file's first four bytes, for a caller that has read them already.
-bool isTiffMagic(const unsigned char (&magic)[4]);
+// The same test on a file's first bytes, for a caller that has read them already.
+bool isTiffMagic(const std::string& head);
 
 // Inputs are read with read(2), not memory-mapped ("m"): mapped pages of the input count in the process's
 // resident memory (time -v, top, Slurm's accounting) though they are the file's, and each tile is read once.

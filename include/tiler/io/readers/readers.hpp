@@ -1,10 +1,13 @@
-// readers: which backend reads a file. Like libvips' loaders, each backend says which files it claims,
-// from what their first bytes and name show (FileProbe), and ImageReader::open asks the backends in order:
-// OpenSlide for the vendor formats it knows (whatever the extension), libtiff for any other TIFF (even named
-// .svs), OpenSlide again for a slide extension that is not a TIFF (it says why it cannot read it), libjpeg
-// for a JPEG, OpenCV for the rest; a file named .tif/.tiff that is not a TIFF is refused. A remote input
-// (remote_input.hpp) goes to libtiff over byte ranges when it is a TIFF, and is refused otherwise. Adding a
-// reader is a row of readerBackends() and a file of its own (docs/design.md). No LibTorch.
+// readers: which backend reads a file, and what the code above the readers may ask of one. Like libvips'
+// loaders, each backend is a row of readerBackends(): its name, how it identifies its files from one shared
+// FileHead (the first bytes, read once per file, and the name), the extensions it reads (directory
+// discovery lists exactly those), the traits other code asks about instead of its name, and its `open`.
+// ImageReader::open gives a file to the first row that identifies it: OpenSlide for the vendor formats it
+// knows (whatever the extension) and for a slide extension that is no TIFF (its own error says why it
+// cannot read it), libtiff for any other TIFF (even named .svs) and for a .tif/.tiff, which it refuses when
+// it is not one, libjpeg for a JPEG, OpenCV for the rest. A remote input (remote_input.hpp) is identified by
+// its bytes alone, by the rows that read byte ranges (libtiff), and refused otherwise. Adding a reader is a
+// file of its own and a row here (docs/design.md). No LibTorch.
 #pragma once
 
 #include <memory>
@@ -15,41 +18,65 @@
 
 namespace tiler {
 
-// What a backend decides by. `slide_vendor` is asked of OpenSlide only for TIFFs and slide extensions.
-struct FileProbe {
+// What a row identifies a file by.
+struct FileHead {
   std::string path;
-  std::string extension;     // lower case, with its dot
-  bool tiff = false;         // starts with a TIFF or BigTIFF header
-  bool jpeg = false;         // starts with a JPEG start-of-image marker (FF D8 FF)
-  std::string slide_vendor;  // slideVendor(path), or ""
+  std::string extension;  // lower case, with its dot; "" for a remote input (a server's name is not asked)
+  std::string bytes;      // the first kHeadBytes bytes, fewer when the file is shorter
+  bool startsWith(const std::string& magic) const { return bytes.compare(0, magic.size(), magic) == 0; }
+  bool named(const std::vector<std::string>& extensions) const;
 };
-FileProbe probeFile(const std::string& path);
+constexpr size_t kHeadBytes = 64;
+// The head of a local file, through leadingBytes (never waits on a FIFO).
+FileHead readFileHead(const std::string& path);
+
+// What code above the readers asks of an image's reader (readerHas), rather than comparing its name.
+enum ReaderTrait : unsigned {
+  // A vendor whole slide through OpenSlide, whose decoders can end the process: a slide a killed run was
+  // reading is read whole in a probe process first (probeSlideInChildProcess). Its extensions are
+  // isWholeSlideExtension's.
+  kWholeSlide = 1u << 0,
+  // ImageInfo's TIFF layout (tiling or strips, compression, pages, BigTIFF) describes the file.
+  kTiffLayout = 1u << 1,
+  // Its TIFF tags (resolution, GeoTIFF georeferencing) are the outputs' to copy, and say its CRS.
+  kTiffTags = 1u << 2,
+  // Decoded whole when opened, by a codec that ImageInfo's `format` names.
+  kDecodedWhole = 1u << 3,
+  // Reads a remote input (a URL) by byte ranges.
+  kByteRanges = 1u << 4,
+  // A local file bearing one of its extensions is its, whatever the bytes (once no earlier row identified
+  // it): its open refuses one it cannot read, naming why, rather than a later row reading it as something
+  // else.
+  kClaimsItsNames = 1u << 5,
+};
 
 struct ReaderBackend {
-  const char* name;  // the report's `reader`
-  bool (*claims)(const FileProbe& probe);
+  const char* name;                        // the report's `reader`, and ImageInfo's
+  bool (*identify)(const FileHead& head);  // the file is this row's to read (asked in the rows' order)
+  std::vector<std::string> extensions;     // the names it reads, lower case with their dot
+  unsigned traits;                         // ReaderTrait bits
   std::unique_ptr<ImageReader> (*open)(const std::string& path);
 };
 // In the order ImageReader::open asks them.
 const std::vector<ReaderBackend>& readerBackends();
+// The first row that identifies `head`'s file or, with kClaimsItsNames, bears its name; null when none does.
+const ReaderBackend* identifyReader(const FileHead& head);
+// Whether the reader that opened `info`'s image has `trait` (false for an image no reader opened).
+bool readerHas(const ImageInfo& info, ReaderTrait trait);
 
-// The backends, each in a file of its own. Each throws IoError naming the file and the problem.
-std::unique_ptr<ImageReader> openTiff(const std::string& path);        // tiff_reader.cpp
-std::unique_ptr<ImageReader> openWithOpenCv(const std::string& path);  // opencv_reader.cpp
-// jpeg_reader.cpp: through libjpeg, so that a warning about corrupt or missing data fails the image, and a
-// header that claims more pixels than the file's bytes can hold is refused before decoding.
-std::unique_ptr<ImageReader> openJpeg(const std::string& path);
+// An extension some row reads: what directory discovery lists.
+bool hasImageExtension(const std::string& path);
+// An extension of a kWholeSlide row (.svs .ndpi .mrxs .scn .vms .vmu .bif .svslide).
+bool isWholeSlideExtension(const std::string& path);
+
 // An image decoded whole (`pixels`: HWC, RGB(A) or grey) as a reader of its regions; `reader` is the
-// report's name for the backend (opencv_reader.cpp).
+// report's name for the backend (opencv_reader.cpp; the decoders of whole files share it).
 std::unique_ptr<ImageReader> decodedImage(const std::string& path, cv::Mat pixels, const std::string& reader);
-// openslide_reader.cpp: levels, µm/px, objective power and vendor from OpenSlide's properties; RGB u8, with
-// transparent regions (outside the scanned area) composited on white.
-std::unique_ptr<ImageReader> openWholeSlide(const std::string& path);
 // Opens `path` with OpenSlide and reads a corner of each level in a child process, once per file and
-// process (openWholeSlide does so first): a slide that makes OpenSlide end the process (a GLib abort, a crash
-// in a decoder) throws an IoError naming it and the signal, and only the child is lost. Errors OpenSlide
-// reports are left to the real open. kEveryTile reads every pixel of every level there instead (a slide a
-// killed run was reading, see catalog.hpp), and an error OpenSlide reports on the way fails it too.
+// process (the OpenSlide reader does so first): a slide that makes OpenSlide end the process (a GLib abort,
+// a crash in a decoder) throws an IoError naming it and the signal, and only the child is lost. Errors
+// OpenSlide reports are left to the real open. kEveryTile reads every pixel of every level there instead (a
+// slide a killed run was reading, see catalog.hpp), and an error OpenSlide reports on the way fails it too.
 enum class SlideProbe { kCorners, kEveryTile };
 void probeSlideInChildProcess(const std::string& path, SlideProbe depth = SlideProbe::kCorners);
 // OpenSlide's vendor for `path` ("aperio", "hamamatsu", ...), or "" when OpenSlide does not know the file or

@@ -1,7 +1,7 @@
 // npy: the .npy reader (see the header). The format: "\x93NUMPY", major and minor version bytes, the header's
 // length (2 bytes little-endian in version 1, 4 bytes in 2 and 3), then a Python dict literal with 'descr',
 // 'fortran_order' and 'shape', padded with spaces to a 16- or 64-byte boundary, then the raw data.
-#include "tiler/core/npy.hpp"
+#include "tiler/io/npy.hpp"
 
 #include <cstring>
 
@@ -130,6 +130,12 @@ NpyArray readNpy(const std::string& path, int64_t max_bytes) {
                   << " bytes of data, the file holds " << bytes.size() - data_at);
   decode(array.dtype, bytes.data() + data_at, count, array.values);
   return array;
+}
+
+std::string numpyTypestr(SampleType type) {
+  static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the typestrs name little-endian data");
+  const size_t bytes = bytesPerSample(type);
+  return std::string(bytes == 1 ? "|" : "<") + sampleTypeName(type)[0] + std::to_string(bytes);
 }
 
 }  // namespace tiler
