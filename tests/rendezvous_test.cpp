@@ -198,6 +198,41 @@ bool closedByServer(int fd, milliseconds timeout) {
   return false;
 }
 
+// A call that timed out leaves its reply to come late: the next call must get its own, not that one.
+TEST(Store, AReplyThatCameTooLateIsNotTakenForTheNextOne) {
+  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(listen(listener, 1), 0);
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  std::atomic<bool> first_timed_out{false};
+  // A store that answers its first request only once the client has given up on it.
+  std::thread slow_store([&] {
+    const int fd = accept(listener, nullptr, nullptr);
+    std::string got;
+    char buf[256];
+    for (int lines = 0; lines < 2;) {
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      got.append(buf, size_t(n));
+      for (; lines < 2 && std::count(got.begin(), got.end(), '\n') > lines; ++lines) {
+        while (lines == 0 && !first_timed_out) std::this_thread::sleep_for(milliseconds(10));
+        sendAll(fd, lines == 0 ? "VAL late\n" : "VAL mine\n");
+      }
+    }
+    ::close(fd);
+  });
+  TcpStore c("127.0.0.1", ntohs(addr.sin_port), kCall);
+  EXPECT_THROW(c.get("first", milliseconds(100)), TimeoutError);
+  first_timed_out = true;
+  EXPECT_EQ(c.get("second", kCall), "mine");
+  slow_store.join();
+  ::close(listener);
+}
+
 TEST(Store, AClientThatNeverReadsStallsOnlyItself) {
   StoreLimits limits;
   limits.max_unread_reply_bytes = 64 << 10;
