@@ -8,11 +8,11 @@
 // MASTER_ADDR:MASTER_PORT, heartbeats; a failure or a lost node on any node stops every node's workers, and
 // all restart together while restarts remain (the restart count is the shared round). The summary names the
 // first failure (root cause: the earliest, whichever node it was on).
-// Layers (torch elastic's): ctrun/options (flags), ctrun/agent (the state table and the rounds),
-// ctrun/worker_group (fork/exec, reaping), ctrun/streams (pipes, tee, log files), ctrun/failures (records,
-// error files, the summary), ctrun/signals (the self-pipe), ctrun/rendezvous/ (the backends and their
-// registry). Not thread safe: one Launcher per process, run() from the main thread (it installs signal
-// handlers).
+// Layers (torch elastic's): ctrun/launch_options (the settled flags), ctrun/options (parsing them),
+// ctrun/agent (the state table and the rounds), ctrun/worker_group (fork/exec, reaping), ctrun/streams
+// (pipes, tee, log files), ctrun/failures (records, error files, the summary), ctrun/signals (the self-pipe),
+// ctrun/rendezvous/ (the backends and their registry). Not thread safe: one Launcher per process, run() from
+// the main thread (it installs signal handlers).
 #pragma once
 
 #include "tiler/ctrun/launch_options.hpp"

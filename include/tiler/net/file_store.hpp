@@ -7,11 +7,11 @@
 // on rename and link being atomic and on close-to-open consistency, as NFS gives them, and on no lock: NFS
 // clients may cache a directory's listing for their attribute-cache time (acdirmin, 30 s by default), so a
 // key may take that long to appear on another node (mount with actimeo=1, or allow for it in the timeouts).
-// Temporary files start with '.' and never collide between clients (host, pid, a counter). Removing a run's
-// keys (`removeKeys`) is the last leaver's job; a killed run leaves its files (use a new run id or
-// directory). Promise (store.hpp's): add's retries and wait's polls are bounded by their timeouts; a file
-// system call that blocks (a hard-mounted server gone) is not. Values are bounded (kMaxValueBytes); DistError
-// names the directory. No LibTorch.
+// Temporary files start with '.' and never collide between clients (host, process, store, a counter).
+// Removing a run's keys (`removeKeys`) is the last leaver's job; a killed run leaves its files (use a new run
+// id or directory). Promise (store.hpp's): add's retries and wait's polls are bounded by their timeouts; a
+// file system call that blocks (a hard-mounted server gone) is not. Values are bounded (kMaxValueBytes);
+// DistError names the directory. No LibTorch.
 #pragma once
 
 #include <cstdint>
@@ -44,7 +44,7 @@ class FileStore : public Store {
   std::string writeTemporary(const std::string& value);
 
   std::string directory_;
-  std::map<std::string, int64_t> last_entry_;  // per counter: entries seen so far (they are never removed)
+  std::map<std::string, int64_t> last_entry_;  // per counter: its entries seen (only removeKeys removes any)
   uint64_t temporaries_ = 0;
 };
 
