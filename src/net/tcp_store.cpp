@@ -40,7 +40,7 @@ std::string firstWord(const std::string& s, size_t& rest) {
   return s.substr(0, space);
 }
 
-// The IPv4 address to listen on for an endpoint's host (see StoreServer's constructor).
+// The IPv4 address to listen on for an endpoint's host (see TcpStoreServer's constructor).
 in_addr_t bindAddressFor(const std::string& host) {
   if (host.empty() || host == "0.0.0.0" || host == "*") return htonl(INADDR_ANY);
   in_addr numeric{};
