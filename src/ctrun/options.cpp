@@ -89,12 +89,12 @@ void addLaunchOptions(CLI::App& app, LaunchOptions& o, MeaninglessFlags& m) {
       ->capture_default_str();
   torchrunOption(app, "--local_ranks_filter", o.local_ranks_filter,
                  "only these local ranks' output on the console, e.g. 0,1 (log files keep everything)");
-  torchrunOption(app, "--node_rank", o.node_rank, "rank of this node (static; c10d assigns them)");
+  torchrunOption(app, "--node_rank", o.node_rank, "rank of this node (static; c10d and file assign them)");
   torchrunOption(app, "--master_addr", o.master_addr, "address of rank 0's node")->capture_default_str();
   torchrunOption(app, "--master_port", o.master_port, "port of the c10d store on rank 0 (0: a free one)")
       ->capture_default_str();
   torchrunOption(app, "--local_addr", o.local_addr,
-                 "this node's address for the others (c10d: MASTER_ADDR when it is node 0)");
+                 "this node's address for the others (c10d, file: MASTER_ADDR when it is node 0)");
   app.add_option(flagNames("--logs_specs"), m.logs_specs, "accepted and ignored (no Python entry points)");
   app.add_option(flagNames("--numa_binding"), m.numa_binding,
                  "node | socket | exclusive | core-complex: accepted and ignored (bind with numactl)")
