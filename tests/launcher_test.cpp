@@ -1079,6 +1079,25 @@ TEST(Rendezvous, FileAgentsShareTheirFailuresThroughTheDirectory) {
         << "the root cause on the other node, read from the directory: " << test::slurp(dir + log);
 }
 
+// Heartbeats through the directory: a node whose agent dies is declared lost by the other.
+TEST(Rendezvous, AFileNodeWhoseAgentDiesIsDeclaredLost) {
+  const std::string dir = tempDir("rdzv_file_lost");
+  const std::string args =
+      fileRendezvous(dir + "/meeting", "lost") + "--nproc_per_node 1 " + kHelper + " sleep " + dir + " 60";
+  const pid_t a = startAgent(args, dir + "/a.log");
+  const pid_t b = startAgent(args, dir + "/b.log");
+  for (int i = 0; i < 400 && !(fs::exists(dir + "/pid_0") && fs::exists(dir + "/pid_1")); ++i) usleep(50000);
+  ASSERT_TRUE(fs::exists(dir + "/pid_1"));
+  // Node 1's agent is the parent of rank 1's worker.
+  const std::string stat =
+      test::slurp("/proc/" + std::to_string(std::stol(test::slurp(dir + "/pid_1"))) + "/stat");
+  ASSERT_EQ(kill(pid_t(std::stol(stat.substr(stat.rfind(')') + 4))), SIGKILL), 0);
+  const int ca = waitAgent(a), cb = waitAgent(b);
+  const std::string out = test::slurp(dir + "/a.log") + test::slurp(dir + "/b.log");
+  EXPECT_TRUE((ca == 1 && cb == 128 + SIGKILL) || (cb == 1 && ca == 128 + SIGKILL)) << ca << " " << cb << out;
+  EXPECT_NE(out.find("node:        1 LOST (no heartbeat for 2 s)"), std::string::npos) << out;
+}
+
 TEST(Rendezvous, AFileNodeThatNeverComesTimesOutNamingTheDirectory) {
   const std::string dir = tempDir("rdzv_file_alone"), meeting = dir + "/meeting";
   const auto t0 = Clock::now();
