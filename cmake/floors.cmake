@@ -6,13 +6,14 @@
 # folder on no floor, stops the build with the file and the line.
 set(tiler_floors
     "core: core"
+    "net: net"
     "ctrun: ctrun ctrun/rendezvous"
     "io: io io/readers"
     "writers: writers"
     "compute: model dist stitch tasks"
     "jobs: infer finetune"
     "tools: tools")
-set(tiler_first_torch_floor 4)  # compute
+set(tiler_first_torch_floor 5)  # compute
 # Below the compute floor, the one LibTorch header allowed: c10's zip writer (the features tensor file writes
 # torch.save's archive; no tensor library).
 set(tiler_floor_torch_exceptions "writers/torch_tensor.cpp:caffe2/serialize/inline_container.h")

@@ -2,12 +2,12 @@
 
 #include "test_util.hpp"
 #include "tiler/core/platform.hpp"
-#include "tiler/core/rendezvous.hpp"
 #include "tiler/ctrun/agent.hpp"
 #include "tiler/ctrun/options.hpp"
 #include "tiler/ctrun/signals.hpp"
 #include "tiler/ctrun/streams.hpp"
 #include "tiler/ctrun/worker_group.hpp"
+#include "tiler/net/tcp_store.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -186,7 +186,7 @@ TEST(Launcher, CountsOnlyTheCpusItMayRunOn) {
   CPU_SET(second, &two);
   ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
   const int pinned = usableCpus();
-  const int nproc = resolveNprocPerNode("cpu");
+  const int nproc = ctrun::resolveNprocPerNode("cpu");
   ASSERT_EQ(sched_setaffinity(0, sizeof two, &two), 0);
   const int paired = usableCpus();
   ASSERT_EQ(sched_setaffinity(0, sizeof mine, &mine), 0);
@@ -498,15 +498,20 @@ TEST(Launcher, LogDirRedirectsAndTees) {
 }
 
 TEST(Launcher, ResolvesNprocAndRejectsNonsense) {
-  EXPECT_GE(resolveNprocPerNode("cpu"), 1);
-  EXPECT_EQ(resolveNprocPerNode("4"), 4);
-  EXPECT_EQ(resolveNprocPerNode("auto"),
-            countNvidiaGpus() > 0 ? countNvidiaGpus() : resolveNprocPerNode("cpu"));
-  EXPECT_ANY_THROW(resolveNprocPerNode("0"));
-  EXPECT_ANY_THROW(resolveNprocPerNode("two"));
-  EXPECT_EQ(resolveNprocPerNode(std::to_string(kMaxWorkersPerNode)), kMaxWorkersPerNode);
-  EXPECT_THROW(resolveNprocPerNode(std::to_string(kMaxWorkersPerNode + 1)), ConfigError);
-  EXPECT_THROW(resolveNprocPerNode("99999999999"), ConfigError);
+  EXPECT_GE(ctrun::resolveNprocPerNode("cpu"), 1);
+  EXPECT_EQ(ctrun::resolveNprocPerNode("4"), 4);
+  EXPECT_EQ(ctrun::resolveNprocPerNode("auto"),
+            ctrun::countNvidiaGpus() > 0 ? ctrun::countNvidiaGpus() : ctrun::resolveNprocPerNode("cpu"));
+  EXPECT_ANY_THROW(ctrun::resolveNprocPerNode("0"));
+  EXPECT_ANY_THROW(ctrun::resolveNprocPerNode("two"));
+  EXPECT_EQ(ctrun::resolveNprocPerNode(std::to_string(ctrun::kMaxWorkersPerNode)), ctrun::kMaxWorkersPerNode);
+  EXPECT_THROW(ctrun::resolveNprocPerNode(std::to_string(ctrun::kMaxWorkersPerNode + 1)), ConfigError);
+  EXPECT_THROW(ctrun::resolveNprocPerNode("99999999999"), ConfigError);
+  EXPECT_EQ(ctrun::parseNodeRange("2"), std::make_pair(2, 2));
+  EXPECT_EQ(ctrun::parseNodeRange("1:4"), std::make_pair(1, 4));
+  EXPECT_THROW(ctrun::parseNodeRange("4:1"), ConfigError);
+  EXPECT_THROW(ctrun::parseNodeRange("0"), ConfigError);
+  EXPECT_THROW(ctrun::parseNodeRange("2x"), ConfigError);
   auto r = run(kCtrun + " --nproc_per_node banana " + kHelper + " env /tmp");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.output.find("--nproc_per_node must be"), std::string::npos);
@@ -560,7 +565,7 @@ TEST(Launcher, WorkerEnvironmentForMultiNode) {
   o.node_rank = 1;
   o.master_addr = "10.0.0.1";
   o.master_port = 1234;
-  auto env = workerEnvironment(o, 4, 2, 1, "/tmp/e.json");
+  auto env = ctrun::workerEnvironment(o, 4, 2, 1, "/tmp/e.json");
   EXPECT_EQ(env["RANK"], "6");
   EXPECT_EQ(env["WORLD_SIZE"], "8");
   EXPECT_EQ(env["GROUP_RANK"], "1");
@@ -863,7 +868,7 @@ TEST(Launcher, WorkersRunScriptsAndModulesUnderPythonAsTorchrunDoes) {
   EXPECT_NE(both.output.find("--no_python and -m/--module together"), std::string::npos) << both.output;
   // --role is the workers' ROLE_NAME.
   o.role = "trainer";
-  EXPECT_EQ(workerEnvironment(o, 1, 0, 0, "/e.json")["ROLE_NAME"], "trainer");
+  EXPECT_EQ(ctrun::workerEnvironment(o, 1, 0, 0, "/e.json")["ROLE_NAME"], "trainer");
 }
 
 // A Python DDP program (gloo, env://, 2 ranks, all_reduce) by file and by -m, with the python3 on PATH.
@@ -941,25 +946,28 @@ std::string c10d(int port, const std::string& id) {
   return args.str();
 }
 
-TEST(Rendezvous, C10dAgentsFormOneWorldWithoutNodeRanks) {
-  const std::string dir = tempDir("rdzv_world");
-  const int port = test::freePort();
-  const pid_t a =
-      startAgent(c10d(port, "world") + "--nproc_per_node 2 " + kHelper + " env " + dir, dir + "/a.log");
-  const pid_t b =
-      startAgent(c10d(port, "world") + "--nproc_per_node 2 " + kHelper + " env " + dir, dir + "/b.log");
+// Two agents started with `args` (their workers write their environments to `dir`) form one world: two nodes
+// of two workers, node ranks 0 and 1, one MASTER_ADDR:MASTER_PORT.
+void expectOneWorldOfTwoNodes(const std::string& args, const std::string& dir) {
+  const pid_t a = startAgent(args + "--nproc_per_node 2 " + kHelper + " env " + dir, dir + "/a.log");
+  const pid_t b = startAgent(args + "--nproc_per_node 2 " + kHelper + " env " + dir, dir + "/b.log");
   EXPECT_EQ(waitAgent(a), 0) << test::slurp(dir + "/a.log");
   EXPECT_EQ(waitAgent(b), 0) << test::slurp(dir + "/b.log");
-  std::set<std::string> masters, groups;
+  std::set<std::string> masters;
   for (int rank = 0; rank < 4; ++rank) {
     auto env = envFile(dir + "/env_" + std::to_string(rank));
     EXPECT_EQ(env["WORLD_SIZE"], "4");
     EXPECT_EQ(env["GROUP_WORLD_SIZE"], "2");
     EXPECT_EQ(env["GROUP_RANK"], std::to_string(rank / 2));
-    EXPECT_EQ(env["TORCHELASTIC_RUN_ID"], "world");
     masters.insert(env["MASTER_ADDR"] + ":" + env["MASTER_PORT"]);
   }
   EXPECT_EQ(masters.size(), 1u) << "one MASTER_ADDR:MASTER_PORT for the whole world";
+}
+
+TEST(Rendezvous, C10dAgentsFormOneWorldWithoutNodeRanks) {
+  const std::string dir = tempDir("rdzv_world");
+  expectOneWorldOfTwoNodes(c10d(test::freePort(), "world"), dir);
+  EXPECT_EQ(envFile(dir + "/env_3")["TORCHELASTIC_RUN_ID"], "world");
 }
 
 // torch 2.x's --local_addr: the address node 0 hands out as MASTER_ADDR (the others reach it there), not
@@ -1011,7 +1019,7 @@ TEST(Rendezvous, AFailureOnOneNodeRestartsEveryNodeTogether) {
   // Node 0 hosts the store (node 1, whose worker fails, must not: its agent may finish first). The wait
   // connects and never binds: a probe that listened on the port for a moment once took it from node 0,
   // which then joined the probe and lost it.
-  { StoreClient store("127.0.0.1", rdzv, std::chrono::seconds(20)); }
+  { TcpStore store("127.0.0.1", rdzv, std::chrono::seconds(20)); }
   const pid_t b = startAgent("--node_rank 1 " + common, dir + "/b.log");
   EXPECT_EQ(waitAgent(a), 0) << test::slurp(dir + "/a.log");
   EXPECT_EQ(waitAgent(b), 0) << test::slurp(dir + "/b.log");
@@ -1041,6 +1049,74 @@ TEST(Rendezvous, TheEarliestFailureOnAnyNodeIsTheRootCauseEverywhere) {
   EXPECT_EQ(cb, 3);
 }
 
+// The file rendezvous: the agents meet in a directory (as nodes would on a shared file system).
+std::string fileRendezvous(const std::string& directory, const std::string& id, double timeout = 30) {
+  std::ostringstream args;
+  args << "--nnodes 2 --rdzv_backend file --rdzv_endpoint " << directory << " --rdzv_id " << id
+       << " --rdzv_timeout " << timeout << " --heartbeat_interval " << kBeat << " --heartbeat_timeout "
+       << kLostAfter << " --grace_period " << kGrace << " ";
+  return args.str();
+}
+
+TEST(Rendezvous, FileAgentsFormOneWorldInASharedDirectoryAndLeaveItEmpty) {
+  const std::string dir = tempDir("rdzv_file_world"), meeting = dir + "/meeting";
+  expectOneWorldOfTwoNodes(fileRendezvous(meeting, "files"), dir);
+  std::vector<std::string> left;
+  for (const auto& entry : fs::directory_iterator(meeting)) left.push_back(entry.path().filename());
+  EXPECT_TRUE(left.empty()) << "the last node to leave removes the run's files; left: " << left.front();
+}
+
+TEST(Rendezvous, FileAgentsShareTheirFailuresThroughTheDirectory) {
+  const std::string dir = tempDir("rdzv_file_root");
+  const std::string args =
+      fileRendezvous(dir + "/meeting", "root") + "--nproc_per_node 1 " + kHelper + " exit-rank 1 3";
+  const pid_t a = startAgent(args, dir + "/a.log");
+  const pid_t b = startAgent(args, dir + "/b.log");
+  EXPECT_EQ(waitAgent(a), 3) << test::slurp(dir + "/a.log");
+  EXPECT_EQ(waitAgent(b), 3) << test::slurp(dir + "/b.log");
+  for (const char* log : {"/a.log", "/b.log"})
+    EXPECT_NE(test::slurp(dir + log).find("rank:        1 (local_rank 0, node 1)"), std::string::npos)
+        << "the root cause on the other node, read from the directory: " << test::slurp(dir + log);
+}
+
+// Heartbeats through the directory: a node whose agent dies is declared lost by the other.
+TEST(Rendezvous, AFileNodeWhoseAgentDiesIsDeclaredLost) {
+  const std::string dir = tempDir("rdzv_file_lost");
+  const std::string args =
+      fileRendezvous(dir + "/meeting", "lost") + "--nproc_per_node 1 " + kHelper + " sleep " + dir + " 60";
+  const pid_t a = startAgent(args, dir + "/a.log");
+  const pid_t b = startAgent(args, dir + "/b.log");
+  for (int i = 0; i < 400 && !(fs::exists(dir + "/pid_0") && fs::exists(dir + "/pid_1")); ++i) usleep(50000);
+  ASSERT_TRUE(fs::exists(dir + "/pid_1"));
+  // Node 1's agent is the parent of rank 1's worker.
+  const std::string stat =
+      test::slurp("/proc/" + std::to_string(std::stol(test::slurp(dir + "/pid_1"))) + "/stat");
+  ASSERT_EQ(kill(pid_t(std::stol(stat.substr(stat.rfind(')') + 4))), SIGKILL), 0);
+  const int ca = waitAgent(a), cb = waitAgent(b);
+  const std::string out = test::slurp(dir + "/a.log") + test::slurp(dir + "/b.log");
+  EXPECT_TRUE((ca == 1 && cb == 128 + SIGKILL) || (cb == 1 && ca == 128 + SIGKILL)) << ca << " " << cb << out;
+  EXPECT_NE(out.find("node:        1 LOST (no heartbeat for 2 s)"), std::string::npos) << out;
+}
+
+TEST(Rendezvous, AFileNodeThatNeverComesTimesOutNamingTheDirectory) {
+  const std::string dir = tempDir("rdzv_file_alone"), meeting = dir + "/meeting";
+  const auto t0 = Clock::now();
+  const auto r = run(kCtrun + " " + fileRendezvous(meeting, "alone", 1.5) + "--nproc_per_node 1 " + kHelper +
+                     " env " + dir);
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find(meeting), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--rdzv_timeout"), std::string::npos) << r.output;
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(20)) << "bounded by --rdzv_timeout";
+  EXPECT_FALSE(fs::exists(dir + "/env_0")) << "no worker starts without the others";
+  EXPECT_TRUE(fs::is_empty(meeting)) << "the round given up is removed: the same run id can start afresh";
+  for (const char* endpoint : {"", "--rdzv_endpoint relative/dir"}) {
+    const auto refused = run(kCtrun + " --nnodes 2 --rdzv_backend file --rdzv_id x " + endpoint + " " +
+                             kHelper + " env " + dir);
+    EXPECT_EQ(refused.code, 1) << refused.output;
+    EXPECT_NE(refused.output.find("--rdzv_endpoint"), std::string::npos) << refused.output;
+  }
+}
+
 // torchrun's --monitor_interval (1.13's default is 5 s) may be longer than ctrun's --heartbeat_timeout:
 // the agents still beat every --heartbeat_interval, so silent, healthy workers are no lost node.
 TEST(Rendezvous, AMonitorIntervalLongerThanTheHeartbeatTimeoutLosesNoNode) {
@@ -1064,8 +1140,9 @@ TEST(Rendezvous, ALostNodeIsDeclaredWithinTheHeartbeatTimeout) {
   {
     // Node 1 must not be the store's host (losing that is another failure): b starts once a hosts the store
     // and has joined, which makes a node 0.
-    StoreClient store("127.0.0.1", port, std::chrono::seconds(20));
-    for (int i = 0; i < 400 && store.add("lost/0/joined", 0) < 1; ++i) usleep(10000);
+    TcpStore store("127.0.0.1", port, std::chrono::seconds(20));
+    for (int i = 0; i < 400 && store.add("lost/0/joined", 0, std::chrono::seconds(20)) < 1; ++i)
+      usleep(10000);
   }
   const pid_t b = startAgent(args, dir + "/b.log");
   // Both workers running (pid files), then node 1's agent is killed outright.

@@ -81,6 +81,16 @@ TEST_F(Pipeline, TwoCtrunNodesOnLoopbackFormOneWorld) {
   expectSameOutputs(reference(), out);
 }
 
+// The file rendezvous hands tiler's ranks node 0's host name as MASTER_ADDR (torch elastic's choice too).
+TEST_F(Pipeline, TwoCtrunNodesMeetingInADirectoryWriteTheBytesOfOneProcess) {
+  const std::string out = root_ + "/out_file_nodes";
+  const std::string args = " --nnodes 2 --nproc_per_node 2 --rdzv_backend file --rdzv_endpoint " + root_ +
+                           "/meeting --rdzv_id e2e_file " + tilerArgs(out);
+  for (int code : test::runConcurrently({kCtrun + args, kCtrun + args})) EXPECT_EQ(code, 0);
+  EXPECT_EQ(report(out)["world_size"], 4);
+  expectSameOutputs(reference(), out);
+}
+
 // PyTorch's own torchrun (python3-torch), or "" when it is missing. Debian's 1.13 under Python 3.11 cannot
 // parse its own defaults of -r and -t ("0": IntFlag no longer iterates its zero member), so both are given as
 // a value it parses (2: each worker's stderr in a log file and on the console). --monitor_interval 0.2: its

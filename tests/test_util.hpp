@@ -27,7 +27,7 @@
 #include "tiler/core/error.hpp"
 #include "tiler/core/platform.hpp"
 #include "tiler/core/version.hpp"
-#include "tiler/ctrun/launcher.hpp"
+#include "tiler/net/tcp_store.hpp"
 
 namespace tiler::test {
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "tiler/ctrun/failures.hpp"
-#include "tiler/ctrun/rendezvous/registry.hpp"
+#include "tiler/ctrun/rendezvous/backend.hpp"
 #include "tiler/ctrun/signals.hpp"
 #include "tiler/ctrun/worker_group.hpp"
 
@@ -72,7 +72,7 @@ class Agent {
   const LaunchPlan plan_;
   const std::string run_dir_;
   const std::vector<std::string> command_;
-  std::unique_ptr<RendezvousHandler> link_;  // several nodes: the other agents
+  std::shared_ptr<RendezvousBackend> link_;  // several nodes: the other agents
   bool joined_ = false;                      // the link has a round to leave
   bool link_lost_ = false;                   // the store is gone: no restart can be agreed on
   LaunchOptions round_;                      // this attempt's options: node rank, world, MASTER
@@ -124,7 +124,7 @@ GroupEvent Agent::join() {
   round_ = o_;
   if (!plan_.multi()) return GroupEvent::kJoined;
   try {
-    if (!link_) link_ = rendezvousBackend(o_.rdzv_backend).make(o_);
+    if (!link_) link_ = plan_.rendezvous;
     const RendezvousRound r = link_->join(attempt_, plan_.min_nodes, plan_.max_nodes);
     joined_ = true;
     round_.node_rank = r.node_rank;

@@ -1,135 +1,23 @@
 #include "tiler/ctrun/launcher.hpp"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <stdlib.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
-#include <limits>
 #include <vector>
 
 #include "tiler/core/error.hpp"
 #include "tiler/core/platform.hpp"
-#include "tiler/core/rendezvous.hpp"
 #include "tiler/ctrun/agent.hpp"
+#include "tiler/ctrun/failures.hpp"
 #include "tiler/ctrun/options.hpp"
 #include "tiler/ctrun/signals.hpp"
-#include "tiler/ctrun/streams.hpp"
 
 namespace fs = std::filesystem;
 
 namespace tiler {
-
-int countNvidiaGpus() {
-  if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES")) {
-    std::string v = visible;
-    if (v.empty() || v == "-1" || v == "NoDevFiles") return 0;
-    return int(std::count(v.begin(), v.end(), ',')) + 1;
-  }
-  int n = 0;
-  for (int i = 0; i < 64; ++i) {
-    if (fs::exists("/dev/nvidia" + std::to_string(i))) ++n;
-  }
-  if (n > 0) return n;
-  FILE* p = popen("nvidia-smi -L 2>/dev/null", "r");
-  if (p == nullptr) return 0;
-  char line[512];
-  while (fgets(line, sizeof line, p)) {
-    if (std::strncmp(line, "GPU ", 4) == 0) ++n;
-  }
-  pclose(p);
-  return n;
-}
-
-namespace {
-
-int nprocFromSpec(const std::string& spec) {
-  const int cores = usableCpus();
-  if (spec == "cpu") return cores;
-  if (spec == "auto" || spec == "gpu") {
-    int gpus = countNvidiaGpus();
-    if (gpus > 0) return gpus;
-    TILER_CHECK(spec == "auto", ConfigError, "--nproc_per_node=gpu but no NVIDIA GPU is visible");
-    return cores;
-  }
-  const auto n = ctrun::wholeNumber(spec, 1, std::numeric_limits<int>::max());
-  TILER_CHECK(n.has_value(), ConfigError,
-              "--nproc_per_node must be a positive integer, auto, gpu or cpu; got '" << spec << "'");
-  return *n;
-}
-
-}  // namespace
-
-int resolveNprocPerNode(const std::string& spec) {
-  const int n = nprocFromSpec(spec);
-  TILER_CHECK(n <= kMaxWorkersPerNode, ConfigError,
-              "--nproc_per_node " << spec << " is " << n << " workers; ctrun starts at most "
-                                  << kMaxWorkersPerNode << " on a node");
-  return n;
-}
-
-int findFreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  TILER_CHECK(fd >= 0, ConfigError, "socket: " << std::strerror(errno));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof addr;
-  int ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-           getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
-  close(fd);
-  TILER_CHECK(ok, ConfigError, "cannot find a free port: " << std::strerror(errno));
-  return ntohs(addr.sin_port);
-}
-
-bool portIsFree(int port) {
-  // The c10d store sets SO_REUSEADDR as the rendezvous store does, so a port in TIME_WAIT is usable; only a
-  // listener blocks it.
-  try {
-    StoreServer probe("", port);
-    return true;
-  } catch (const DistError&) {
-    return false;
-  }
-}
-
-std::map<std::string, std::string> workerEnvironment(const LaunchOptions& o, int nproc, int local_rank,
-                                                     int restart_count, const std::string& error_file) {
-  std::map<std::string, std::string> env = {
-      {"RANK", std::to_string(o.node_rank * nproc + local_rank)},
-      {"LOCAL_RANK", std::to_string(local_rank)},
-      {"WORLD_SIZE", std::to_string(o.nnodes * nproc)},
-      {"LOCAL_WORLD_SIZE", std::to_string(nproc)},
-      {"GROUP_RANK", std::to_string(o.node_rank)},
-      {"GROUP_WORLD_SIZE", std::to_string(o.nnodes)},
-      {"ROLE_RANK", std::to_string(o.node_rank * nproc + local_rank)},
-      {"ROLE_WORLD_SIZE", std::to_string(o.nnodes * nproc)},
-      {"ROLE_NAME", o.role},
-      {"MASTER_ADDR", o.master_addr},
-      {"MASTER_PORT", std::to_string(o.master_port)},
-      {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart_count)},
-      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts)},
-      {"TORCHELASTIC_RUN_ID", o.run_id},
-      {"TORCHELASTIC_ERROR_FILE", error_file},
-      {"TORCHELASTIC_USE_AGENT_STORE", "False"},
-  };
-  // NCCL's errors and timeouts end the worker instead of hanging it (torchrun 1.x's name, then 2.x's), unless
-  // the user chose otherwise.
-  for (const char* name : {"NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING"})
-    if (std::getenv(name) == nullptr) env[name] = "1";
-  if (std::getenv("OMP_NUM_THREADS") == nullptr)
-    env["OMP_NUM_THREADS"] = std::to_string(std::max(1, usableCpus() / nproc));
-  return env;
-}
-
 namespace {
 
 // A new directory named `prefix` and six random characters (mkdtemp), made with its parents.

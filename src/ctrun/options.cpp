@@ -4,11 +4,15 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <random>
 #include <set>
 #include <sstream>
@@ -16,11 +20,11 @@
 
 #include "tiler/core/cli.hpp"
 #include "tiler/core/platform.hpp"
-#include "tiler/core/rendezvous.hpp"
 #include "tiler/core/version.hpp"
 #include "tiler/ctrun/rendezvous/registry.hpp"
 #include "tiler/ctrun/signals.hpp"
 #include "tiler/ctrun/streams.hpp"
+#include "tiler/net/tcp_store.hpp"
 
 namespace tiler::ctrun {
 namespace {
@@ -47,13 +51,14 @@ CLI::Option* torchrunFlag(CLI::App& app, const std::string& names, bool& value, 
 }
 
 void addWorldOptions(CLI::App& app, LaunchOptions& o) {
-  torchrunOption(app, "--nnodes", o.nnodes_range, "nodes: N, or MIN:MAX (c10d rendezvous)")->default_str("1");
+  torchrunOption(app, "--nnodes", o.nnodes_range, "nodes: N, or MIN:MAX (c10d and file rendezvous)")
+      ->default_str("1");
   torchrunOption(app, "--nproc_per_node", o.nproc_per_node, "workers on this node: N, auto, gpu or cpu")
       ->capture_default_str();
   torchrunOption(app, "--rdzv_backend", o.rdzv_backend, rendezvousBackendNames())->capture_default_str();
   torchrunOption(app, "--rdzv_endpoint", o.rdzv_endpoint,
                  "HOST:PORT of the agents' rendezvous store, hosted by the agent on HOST (static default: "
-                 "MASTER_ADDR:MASTER_PORT+1)");
+                 "MASTER_ADDR:MASTER_PORT+1); file: a directory every node sees");
   torchrunOption(app, "--rdzv_id", o.run_id, "the job's id, the same on every node (= --run_id)");
   torchrunOption(app, "--rdzv_conf", o.rdzv_conf,
                  "KEY=VALUE,...: join_timeout (= --rdzv_timeout), last_call_timeout (= --rdzv_last_call), "
@@ -84,12 +89,12 @@ void addLaunchOptions(CLI::App& app, LaunchOptions& o, MeaninglessFlags& m) {
       ->capture_default_str();
   torchrunOption(app, "--local_ranks_filter", o.local_ranks_filter,
                  "only these local ranks' output on the console, e.g. 0,1 (log files keep everything)");
-  torchrunOption(app, "--node_rank", o.node_rank, "rank of this node (static; c10d assigns them)");
+  torchrunOption(app, "--node_rank", o.node_rank, "rank of this node (static; c10d and file assign them)");
   torchrunOption(app, "--master_addr", o.master_addr, "address of rank 0's node")->capture_default_str();
   torchrunOption(app, "--master_port", o.master_port, "port of the c10d store on rank 0 (0: a free one)")
       ->capture_default_str();
   torchrunOption(app, "--local_addr", o.local_addr,
-                 "this node's address for the others (c10d: MASTER_ADDR when it is node 0)");
+                 "this node's address for the others (c10d, file: MASTER_ADDR when it is node 0)");
   app.add_option(flagNames("--logs_specs"), m.logs_specs, "accepted and ignored (no Python entry points)");
   app.add_option(flagNames("--numa_binding"), m.numa_binding,
                  "node | socket | exclusive | core-complex: accepted and ignored (bind with numactl)")
@@ -307,6 +312,68 @@ int parseCtrunCommandLine(int argc, char** argv, LaunchOptions& o, std::ostream&
   return -1;
 }
 
+int countNvidiaGpus() {
+  if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES")) {
+    std::string v = visible;
+    if (v.empty() || v == "-1" || v == "NoDevFiles") return 0;
+    return int(std::count(v.begin(), v.end(), ',')) + 1;
+  }
+  int n = 0;
+  for (int i = 0; i < 64; ++i) {
+    if (std::filesystem::exists("/dev/nvidia" + std::to_string(i))) ++n;
+  }
+  if (n > 0) return n;
+  FILE* p = popen("nvidia-smi -L 2>/dev/null", "r");
+  if (p == nullptr) return 0;
+  char line[512];
+  while (fgets(line, sizeof line, p)) {
+    if (std::strncmp(line, "GPU ", 4) == 0) ++n;
+  }
+  pclose(p);
+  return n;
+}
+
+namespace {
+
+int nprocFromSpec(const std::string& spec) {
+  const int cores = usableCpus();
+  if (spec == "cpu") return cores;
+  if (spec == "auto" || spec == "gpu") {
+    int gpus = countNvidiaGpus();
+    if (gpus > 0) return gpus;
+    TILER_CHECK(spec == "auto", ConfigError, "--nproc_per_node=gpu but no NVIDIA GPU is visible");
+    return cores;
+  }
+  const auto n = wholeNumber(spec, 1, std::numeric_limits<int>::max());
+  TILER_CHECK(n.has_value(), ConfigError,
+              "--nproc_per_node must be a positive integer, auto, gpu or cpu; got '" << spec << "'");
+  return *n;
+}
+
+}  // namespace
+
+int resolveNprocPerNode(const std::string& spec) {
+  const int n = nprocFromSpec(spec);
+  TILER_CHECK(n <= kMaxWorkersPerNode, ConfigError,
+              "--nproc_per_node " << spec << " is " << n << " workers; ctrun starts at most "
+                                  << kMaxWorkersPerNode << " on a node");
+  return n;
+}
+
+std::pair<int, int> parseNodeRange(const std::string& spec) {
+  const size_t colon = spec.find(':');
+  try {
+    size_t used_min = 0, used_max = 0;
+    const int lo = std::stoi(spec.substr(0, colon), &used_min);
+    const int hi = colon == std::string::npos ? lo : std::stoi(spec.substr(colon + 1), &used_max);
+    const bool whole = used_min == (colon == std::string::npos ? spec.size() : colon) &&
+                       (colon == std::string::npos || used_max == spec.size() - colon - 1);
+    if (whole && lo >= 1 && hi >= lo) return {lo, hi};
+  } catch (const std::exception&) {
+  }
+  TILER_THROW(ConfigError, "--nnodes must be N or MIN:MAX with 1 <= MIN <= MAX; got '" << spec << "'");
+}
+
 std::vector<std::string> workerCommand(const LaunchOptions& o) {
   const char* exec = std::getenv("PYTHON_EXEC");
   const std::string python = exec && *exec ? exec : "python3";
@@ -326,7 +393,7 @@ LaunchPlan settleOptions(LaunchOptions& o) {
   LaunchPlan plan;
   std::tie(plan.min_nodes, plan.max_nodes) =
       parseNodeRange(o.nnodes_range.empty() ? std::to_string(o.nnodes) : o.nnodes_range);
-  const RendezvousBackend& backend = rendezvousBackend(o.rdzv_backend);
+  plan.rendezvous = makeRendezvousBackend(o.rdzv_backend);
   TILER_CHECK(o.max_restarts >= 0, ConfigError, "--max_restarts must be >= 0");
   checkDurations(o);
   StdStreams::parse(o.redirects, "--redirects");
@@ -365,7 +432,7 @@ LaunchPlan settleOptions(LaunchOptions& o) {
   }
   TILER_CHECK(o.master_port >= 0 && o.master_port < 65536, ConfigError,
               "--master_port must be in 0..65535, got " << o.master_port);
-  backend.settle(o, plan.min_nodes, plan.max_nodes);
+  plan.rendezvous->settle(o, plan.min_nodes, plan.max_nodes);
   return plan;
 }
 

@@ -8,7 +8,8 @@
 #include <cstring>
 #include <sstream>
 
-#include "tiler/ctrun/launcher.hpp"
+#include "tiler/core/error.hpp"
+#include "tiler/ctrun/failures.hpp"
 
 namespace tiler::ctrun {
 namespace {

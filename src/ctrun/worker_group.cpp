@@ -8,8 +8,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
@@ -255,6 +257,35 @@ void WorkerGroup::attachStreams(Worker& w, const std::string& worker_dir, const 
     w.out.log_fd = openLog(worker_dir, "stdout.log");
     w.err.log_fd = openLog(worker_dir, "stderr.log");
   }
+}
+
+std::map<std::string, std::string> workerEnvironment(const LaunchOptions& o, int nproc, int local_rank,
+                                                     int restart_count, const std::string& error_file) {
+  std::map<std::string, std::string> env = {
+      {"RANK", std::to_string(o.node_rank * nproc + local_rank)},
+      {"LOCAL_RANK", std::to_string(local_rank)},
+      {"WORLD_SIZE", std::to_string(o.nnodes * nproc)},
+      {"LOCAL_WORLD_SIZE", std::to_string(nproc)},
+      {"GROUP_RANK", std::to_string(o.node_rank)},
+      {"GROUP_WORLD_SIZE", std::to_string(o.nnodes)},
+      {"ROLE_RANK", std::to_string(o.node_rank * nproc + local_rank)},
+      {"ROLE_WORLD_SIZE", std::to_string(o.nnodes * nproc)},
+      {"ROLE_NAME", o.role},
+      {"MASTER_ADDR", o.master_addr},
+      {"MASTER_PORT", std::to_string(o.master_port)},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart_count)},
+      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts)},
+      {"TORCHELASTIC_RUN_ID", o.run_id},
+      {"TORCHELASTIC_ERROR_FILE", error_file},
+      {"TORCHELASTIC_USE_AGENT_STORE", "False"},
+  };
+  // NCCL's errors and timeouts end the worker instead of hanging it (torchrun 1.x's name, then 2.x's), unless
+  // the user chose otherwise.
+  for (const char* name : {"NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING"})
+    if (std::getenv(name) == nullptr) env[name] = "1";
+  if (std::getenv("OMP_NUM_THREADS") == nullptr)
+    env["OMP_NUM_THREADS"] = std::to_string(std::max(1, usableCpus() / nproc));
+  return env;
 }
 
 }  // namespace tiler::ctrun

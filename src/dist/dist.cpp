@@ -19,8 +19,8 @@
 
 #include "tiler/core/cpu_layout.hpp"
 #include "tiler/core/error.hpp"
-#include "tiler/core/rendezvous.hpp"
 #include "tiler/model/torch_compat.hpp"
+#include "tiler/net/tcp_store.hpp"
 
 namespace tiler {
 namespace {

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "tiler/ctrun/launcher.hpp"
+#include "tiler/ctrun/launch_options.hpp"
 #include "tiler/ctrun/options.hpp"
 
 namespace tiler::ctrun {

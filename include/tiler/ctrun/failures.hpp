@@ -1,14 +1,43 @@
 // failures: what ctrun knows of a failed worker or a lost node (torch elastic's errors/): the record read
 // from the worker's exit and its error file, the record's JSON form on the rendezvous store (every node's
-// failures in one place), and the summary that names the root cause first. No LibTorch.
+// failures in one place), and the summary that names the root cause first; and LaunchError, ctrun's own
+// failure to start a worker. No LibTorch.
 #pragma once
+
+#include <sys/types.h>
 
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "tiler/ctrun/launcher.hpp"
+#include "tiler/core/error.hpp"
+#include "tiler/ctrun/launch_options.hpp"
+
+namespace tiler {
+
+// A worker could not be started (pipe, fork, a run directory): ctrun's own failure, not the program's.
+class LaunchError : public Error {
+ public:
+  using Error::Error;
+  const char* kind() const override { return "launch"; }
+};
+
+struct WorkerFailure {
+  int node = 0;       // the node's rank
+  std::string host;   // where it ran
+  bool lost = false;  // the node's agent stopped answering (no worker exit is known)
+  int rank = -1;
+  int local_rank = -1;
+  pid_t pid = -1;
+  int exit_code = 0;  // valid when signal == 0
+  int signal = 0;
+  double time = 0;  // seconds since the epoch
+  std::string error_file;
+  std::string error_message;  // from the worker's error file, if it wrote one
+};
+
+}  // namespace tiler
 
 namespace tiler::ctrun {
 

@@ -6,14 +6,20 @@
 
 #include <sys/types.h>
 
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
 
-#include "tiler/ctrun/launcher.hpp"
+#include "tiler/ctrun/failures.hpp"
+#include "tiler/ctrun/launch_options.hpp"
 #include "tiler/ctrun/streams.hpp"
 
 namespace tiler::ctrun {
+
+// The environment a worker gets (added to the inherited one), exposed for tests.
+std::map<std::string, std::string> workerEnvironment(const LaunchOptions& options, int nproc, int local_rank,
+                                                     int restart_count, const std::string& error_file);
 
 struct Worker {
   int local_rank = 0;

@@ -4,17 +4,22 @@
 
 namespace tiler::ctrun {
 
-// Each backend's file defines these two.
-void settleStaticRendezvous(LaunchOptions& o, int min_nodes, int max_nodes);
-std::unique_ptr<RendezvousHandler> makeStaticRendezvous(const LaunchOptions& o);
-void settleC10dRendezvous(LaunchOptions& o, int min_nodes, int max_nodes);
-std::unique_ptr<RendezvousHandler> makeC10dRendezvous(const LaunchOptions& o);
+// Each backend's file defines its maker.
+std::unique_ptr<RendezvousBackend> makeStaticRendezvous();
+std::unique_ptr<RendezvousBackend> makeC10dRendezvous();
+std::unique_ptr<RendezvousBackend> makeFileRendezvous();
 
 namespace {
 
-const RendezvousBackend kBackends[] = {
-    {"static", settleStaticRendezvous, makeStaticRendezvous},
-    {"c10d", settleC10dRendezvous, makeC10dRendezvous},
+struct BackendRow {
+  const char* name;
+  std::unique_ptr<RendezvousBackend> (*make)();
+};
+
+const BackendRow kBackends[] = {
+    {"static", makeStaticRendezvous},
+    {"c10d", makeC10dRendezvous},
+    {"file", makeFileRendezvous},
 };
 
 }  // namespace
@@ -25,9 +30,9 @@ std::string rendezvousBackendNames() {
   return names;
 }
 
-const RendezvousBackend& rendezvousBackend(const std::string& name) {
+std::unique_ptr<RendezvousBackend> makeRendezvousBackend(const std::string& name) {
   for (const auto& b : kBackends)
-    if (name == b.name) return b;
+    if (name == b.name) return b.make();
   TILER_THROW(ConfigError,
               "--rdzv_backend must be one of " << rendezvousBackendNames() << "; got '" << name << "'");
 }

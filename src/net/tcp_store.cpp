@@ -1,4 +1,4 @@
-#include "tiler/core/rendezvous.hpp"
+#include "tiler/net/tcp_store.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -40,7 +40,7 @@ std::string firstWord(const std::string& s, size_t& rest) {
   return s.substr(0, space);
 }
 
-// The IPv4 address to listen on for an endpoint's host (see StoreServer's constructor).
+// The IPv4 address to listen on for an endpoint's host (see TcpStoreServer's constructor).
 in_addr_t bindAddressFor(const std::string& host) {
   if (host.empty() || host == "0.0.0.0" || host == "*") return htonl(INADDR_ANY);
   in_addr numeric{};
@@ -63,7 +63,7 @@ in_addr_t bindAddressFor(const std::string& host) {
 
 }  // namespace
 
-struct StoreServer::Client {
+struct TcpStoreServer::Client {
   int fd = -1;
   std::string in;  // bytes received past the last whole request
   // Replies not yet sent, each its own string of its own size (one growing buffer held up to twice what it
@@ -105,7 +105,7 @@ struct StoreServer::Client {
   static constexpr size_t kKeptBufferBytes = 64 << 10;
 };
 
-StoreServer::StoreServer(const std::string& bind_host, int port, StoreLimits limits) : limits_(limits) {
+TcpStoreServer::TcpStoreServer(const std::string& bind_host, int port, StoreLimits limits) : limits_(limits) {
   const in_addr_t address = bindAddressFor(bind_host);
   listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   TILER_CHECK(listen_fd_ >= 0, DistError, "rendezvous store: socket: " << std::strerror(errno));
@@ -136,7 +136,7 @@ StoreServer::StoreServer(const std::string& bind_host, int port, StoreLimits lim
   thread_ = std::thread([this] { loop(); });
 }
 
-StoreServer::~StoreServer() {
+TcpStoreServer::~TcpStoreServer() {
   const char b = 0;
   (void)!write(wake_[1], &b, 1);
   if (thread_.joinable()) thread_.join();
@@ -146,7 +146,7 @@ StoreServer::~StoreServer() {
   ::close(wake_[1]);
 }
 
-std::string StoreServer::handle(const std::string& request) {
+std::string TcpStoreServer::handle(const std::string& request) {
   size_t rest = 0;
   const std::string op = firstWord(request, rest);
   size_t value_at = 0;
@@ -186,7 +186,7 @@ std::string StoreServer::handle(const std::string& request) {
   return "ERR unknown request";
 }
 
-void StoreServer::acceptClients(std::vector<Client>& clients) {
+void TcpStoreServer::acceptClients(std::vector<Client>& clients) {
   for (;;) {
     int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0 && (errno == EMFILE || errno == ENFILE) && spare_fd_ >= 0) {
@@ -214,7 +214,7 @@ void StoreServer::acceptClients(std::vector<Client>& clients) {
   }
 }
 
-bool StoreServer::sendReplies(Client& c, Clock::time_point now) {
+bool TcpStoreServer::sendReplies(Client& c, Clock::time_point now) {
   while (!c.replies.empty()) {
     const std::string& first = c.replies.front();
     const ssize_t n = ::send(c.fd, first.data() + c.first_sent, first.size() - c.first_sent, MSG_NOSIGNAL);
@@ -232,7 +232,7 @@ bool StoreServer::sendReplies(Client& c, Clock::time_point now) {
   return true;
 }
 
-void StoreServer::loop() {
+void TcpStoreServer::loop() {
   std::vector<Client> clients;
   for (;;) {
     std::vector<pollfd> fds{{wake_[0], POLLIN, 0}, {listen_fd_, POLLIN, 0}};
@@ -266,7 +266,7 @@ void StoreServer::loop() {
   for (auto& c : clients) ::close(c.fd);
 }
 
-void StoreServer::serveClient(Client& c, short revents, Clock::time_point now, size_t& total) {
+void TcpStoreServer::serveClient(Client& c, short revents, Clock::time_point now, size_t& total) {
   if ((revents & (POLLERR | POLLNVAL)) || ((revents & POLLHUP) && !(revents & POLLIN))) {
     c.drop();  // gone both ways: its replies could not be delivered
     return;
@@ -345,25 +345,69 @@ int connectTcp(const std::string& host, int port, std::chrono::milliseconds time
                                  << " s: " << last_error);
 }
 
-StoreClient::StoreClient(const std::string& host, int port, std::chrono::milliseconds timeout)
-    : endpoint_(host + ":" + std::to_string(port)), timeout_(timeout) {
+TcpStore::TcpStore(const std::string& host, int port, std::chrono::milliseconds timeout)
+    : endpoint_(host + ":" + std::to_string(port)) {
   fd_ = connectTcp(host, port, timeout, "cannot reach the rendezvous store");
   int one = 1;
   setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-StoreClient::~StoreClient() {
+TcpStore::~TcpStore() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-std::string StoreClient::request(const std::string& line) {
+std::unique_ptr<TcpStore> TcpStore::meet(const std::string& host, int port, StoreHosting hosting,
+                                         StoreLimits limits, std::chrono::milliseconds timeout,
+                                         const std::function<void()>& between) {
+  const auto deadline = Clock::now() + timeout;
+  std::unique_ptr<TcpStoreServer> server;
+  for (;;) {
+    if (between) between();
+    const bool last = Clock::now() >= deadline;
+    if (hosting != StoreHosting::kNever && !server) {
+      try {
+        server = std::make_unique<TcpStoreServer>(host, port, limits);
+      } catch (const DistError&) {
+        // kMay: another agent on this machine holds it (several agents on one machine, as in tests).
+        if (hosting == StoreHosting::kMust) {
+          if (last) throw;
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+          continue;
+        }
+      }
+    }
+    try {
+      auto store = std::make_unique<TcpStore>(host, port, std::chrono::milliseconds(last ? 0 : 500));
+      store->server_ = std::move(server);
+      return store;
+    } catch (const TimeoutError&) {
+      TILER_CHECK(!last, TimeoutError,
+                  "cannot reach the rendezvous store at " << host << ":" << port << " within "
+                                                          << timeout.count() / 1000.0
+                                                          << " s: no agent hosts it");
+    }
+  }
+}
+
+std::string TcpStore::request(const std::string& line, std::chrono::milliseconds timeout) {
   TILER_CHECK(fd_ >= 0, DistError, "the rendezvous store at " << endpoint_ << " is gone");
   if (!writeAllTo(fd_, line + "\n")) {
     ::close(fd_);
     fd_ = -1;
     TILER_THROW(DistError, "the rendezvous store at " << endpoint_ << " is gone (send failed)");
   }
-  const auto deadline = Clock::now() + timeout_;
+  const auto deadline = Clock::now() + timeout;
+  // The replies to earlier requests that timed out come first: read past them, so this one gets its own.
+  ++unanswered_;
+  for (; unanswered_ > 1; --unanswered_) readReply(deadline);
+  std::string reply = readReply(deadline);
+  --unanswered_;
+  TILER_CHECK(reply.rfind("ERR", 0) != 0, DistError,
+              "the rendezvous store at " << endpoint_ << " refused '" << line << "': " << reply);
+  return reply;
+}
+
+std::string TcpStore::readReply(Clock::time_point deadline) {
   size_t nl;
   while ((nl = pending_.find('\n')) == std::string::npos) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
@@ -382,60 +426,32 @@ std::string StoreClient::request(const std::string& line) {
   }
   std::string reply = pending_.substr(0, nl);
   pending_.erase(0, nl + 1);
-  TILER_CHECK(reply.rfind("ERR", 0) != 0, DistError,
-              "the rendezvous store at " << endpoint_ << " refused '" << line << "': " << reply);
   return reply;
 }
 
-void StoreClient::set(const std::string& key, const std::string& value) {
-  request("SET " + key + " " + value);
+void TcpStore::set(const std::string& key, const std::string& value, std::chrono::milliseconds timeout) {
+  request("SET " + key + " " + value, timeout);
 }
 
-std::optional<std::string> StoreClient::get(const std::string& key) {
-  const std::string reply = request("GET " + key);
+std::optional<std::string> TcpStore::get(const std::string& key, std::chrono::milliseconds timeout) {
+  const std::string reply = request("GET " + key, timeout);
   if (reply == "NONE") return std::nullopt;
   return valueOf(reply, key);
 }
 
-int64_t StoreClient::add(const std::string& key, int64_t delta) {
-  return parseStoreInteger(valueOf(request("ADD " + key + " " + std::to_string(delta)), key), key, endpoint_);
+int64_t TcpStore::add(const std::string& key, int64_t delta, std::chrono::milliseconds timeout) {
+  return parseStoreInteger(valueOf(request("ADD " + key + " " + std::to_string(delta), timeout), key), key,
+                           endpoint_);
 }
 
-std::string StoreClient::valueOf(const std::string& reply, const std::string& key) const {
+std::string TcpStore::valueOf(const std::string& reply, const std::string& key) const {
   TILER_CHECK(reply.rfind("VAL ", 0) == 0, DistError,
               "malformed reply from the rendezvous store at " << endpoint_ << " for '" << key << "': '"
                                                               << reply.substr(0, 64) << "'");
   return reply.substr(4);
 }
 
-int64_t parseStoreInteger(const std::string& text, const std::string& key, const std::string& endpoint) {
-  size_t used = 0;
-  int64_t value = 0;
-  try {
-    value = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  TILER_CHECK(used > 0 && used == text.size(), DistError,
-              "malformed rendezvous data at " << endpoint << ": '" << key << "' holds '" << text.substr(0, 64)
-                                              << (text.size() > 64 ? "..." : "") << "', not an integer");
-  return value;
-}
-
-std::string StoreClient::wait(const std::string& key, std::chrono::milliseconds timeout,
-                              const std::function<void()>& between) {
-  const auto deadline = Clock::now() + timeout;
-  for (;;) {
-    if (auto v = get(key)) return *v;
-    if (between) between();
-    TILER_CHECK(Clock::now() < deadline, TimeoutError,
-                "waited " << timeout.count() / 1000.0 << " s for '" << key << "' at the rendezvous store "
-                          << endpoint_);
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-}
-
-std::string StoreClient::localAddress() const {
+std::string TcpStore::localAddress() const {
   sockaddr_in addr{};
   socklen_t len = sizeof addr;
   if (fd_ < 0 || getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "";
@@ -460,20 +476,6 @@ std::pair<std::string, int> parseEndpoint(const std::string& endpoint, const std
   return {endpoint.substr(0, colon), port};
 }
 
-std::pair<int, int> parseNodeRange(const std::string& spec) {
-  const size_t colon = spec.find(':');
-  try {
-    size_t used_min = 0, used_max = 0;
-    const int lo = std::stoi(spec.substr(0, colon), &used_min);
-    const int hi = colon == std::string::npos ? lo : std::stoi(spec.substr(colon + 1), &used_max);
-    const bool whole = used_min == (colon == std::string::npos ? spec.size() : colon) &&
-                       (colon == std::string::npos || used_max == spec.size() - colon - 1);
-    if (whole && lo >= 1 && hi >= lo) return {lo, hi};
-  } catch (const std::exception&) {
-  }
-  TILER_THROW(ConfigError, "--nnodes must be N or MIN:MAX with 1 <= MIN <= MAX; got '" << spec << "'");
-}
-
 bool isLocalHost(const std::string& host) {
   if (host == "localhost" || host.rfind("127.", 0) == 0 || host == "0.0.0.0") return true;
   char name[256] = {0};
@@ -489,6 +491,32 @@ bool isLocalHost(const std::string& host) {
   }
   freeifaddrs(list);
   return local;
+}
+
+int findFreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  TILER_CHECK(fd >= 0, ConfigError, "socket: " << std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  int ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+           getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  close(fd);
+  TILER_CHECK(ok, ConfigError, "cannot find a free port: " << std::strerror(errno));
+  return ntohs(addr.sin_port);
+}
+
+bool portIsFree(int port) {
+  // The c10d store sets SO_REUSEADDR as the rendezvous store does, so a port in TIME_WAIT is usable; only a
+  // listener blocks it.
+  try {
+    TcpStoreServer probe("", port);
+    return true;
+  } catch (const DistError&) {
+    return false;
+  }
 }
 
 }  // namespace tiler

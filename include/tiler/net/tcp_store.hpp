@@ -1,12 +1,12 @@
-// rendezvous: how ctrun agents on several nodes meet and share one fate. A small key-value store (one text
-// line per request over TCP) hosted by the agent at --rdzv_endpoint; each agent keeps one connection.
-// ctrun links no LibTorch (it starts in milliseconds; loading libtorch_cpu for c10d's TCPStore costs far
-// more), so the store is this one: set, get, add, and waiting on a key by polling.
-// Promise: every call is bounded by the client's timeout and throws DistError (TimeoutError when the time
-// ran out) naming the endpoint; a store host that goes away is an error on the next call, never a hang.
-// Keys and values are single-line text (no '\n'), bounded in size (StoreLimits). Not thread safe: one client
-// per thread. No authentication (like c10d's TCPStore): whoever reaches the port can read and write keys.
-// No LibTorch.
+// tcp_store: the TCP store ctrun's agents meet at (the Store of store.hpp), hosted by one agent: a small
+// key-value server (one text line per request) and its client. ctrun links no LibTorch (it starts in
+// milliseconds; loading libtorch_cpu for c10d's TCPStore costs far more), so the store is this one: set, get,
+// add, and waiting on a key by polling. Also the TCP helpers ctrun and dist share: connecting with retries,
+// endpoints, free ports, this machine's addresses.
+// Promise: every call is bounded by its timeout and throws DistError (TimeoutError when the time ran out)
+// naming the endpoint; a store host that goes away is an error on the next call, never a hang. Keys and
+// values are single-line text (no '\n'), bounded in size (StoreLimits). No authentication (like c10d's
+// TCPStore): whoever reaches the port can read and write keys. No LibTorch.
 #pragma once
 
 #include <atomic>
@@ -15,11 +15,14 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "tiler/net/store.hpp"
 
 namespace tiler {
 
@@ -40,7 +43,7 @@ struct StoreLimits {
   size_t max_clients = 4096;
 };
 
-class StoreServer {
+class TcpStoreServer {
  public:
   // Listens on `bind_host` (the address the endpoint names; "" or "0.0.0.0": every interface; a host name
   // that resolves to a loopback address, as Debian maps a machine's own name, also every interface, since
@@ -48,10 +51,10 @@ class StoreServer {
   // (the port is taken), ConfigError when `bind_host` is not an address of this machine.
   // One thread serves every client with non-blocking I/O: a client that does not read its replies holds
   // back only itself, and is dropped after limits.stall_timeout.
-  StoreServer(const std::string& bind_host, int port, StoreLimits limits = {});
-  ~StoreServer();
-  StoreServer(const StoreServer&) = delete;
-  StoreServer& operator=(const StoreServer&) = delete;
+  TcpStoreServer(const std::string& bind_host, int port, StoreLimits limits = {});
+  ~TcpStoreServer();
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
   int port() const { return port_; }
   // The IPv4 address it listens on ("0.0.0.0": every interface).
   const std::string& boundAddress() const { return bound_address_; }
@@ -87,52 +90,57 @@ class StoreServer {
   std::thread thread_;
 };
 
-class StoreClient {
+// Who hosts the store an agent meets at: never this agent, this one if it can bind the port first (several
+// agents of one machine race for it), or this one.
+enum class StoreHosting { kNever, kMay, kMust };
+
+class TcpStore : public Store {
  public:
   // Connects to host:port, retrying until `timeout` (the store may not be up yet).
-  StoreClient(const std::string& host, int port, std::chrono::milliseconds timeout);
-  ~StoreClient();
-  StoreClient(const StoreClient&) = delete;
-  StoreClient& operator=(const StoreClient&) = delete;
+  TcpStore(const std::string& host, int port, std::chrono::milliseconds timeout);
+  ~TcpStore() override;
+  // Hosts the store at host:port as `hosting` says (retried: the port can be held a while by the local end of
+  // another connection) and connects to it, both until `timeout` (the host may start later); `between` runs
+  // between tries (it may throw). The store returned keeps the server it hosts. TimeoutError when no agent
+  // hosts it in time, ConfigError when host is no address of this machine and this agent must host.
+  static std::unique_ptr<TcpStore> meet(const std::string& host, int port, StoreHosting hosting,
+                                        StoreLimits limits, std::chrono::milliseconds timeout,
+                                        const std::function<void()>& between);
 
-  void set(const std::string& key, const std::string& value);
-  std::optional<std::string> get(const std::string& key);
-  // Adds `delta` to the integer at `key` (0 when absent) and returns the sum.
-  int64_t add(const std::string& key, int64_t delta);
-  // The value of `key` once it is set; TimeoutError after `timeout`. `between` runs between polls (it may
-  // throw to stop waiting: ctrun's signals).
-  std::string wait(const std::string& key, std::chrono::milliseconds timeout,
-                   const std::function<void()>& between = {});
+  void set(const std::string& key, const std::string& value, std::chrono::milliseconds timeout) override;
+  std::optional<std::string> get(const std::string& key, std::chrono::milliseconds timeout) override;
+  int64_t add(const std::string& key, int64_t delta, std::chrono::milliseconds timeout) override;
+  const std::string& endpoint() const override { return endpoint_; }
+  bool hosted() const override { return true; }
+  bool hostedHere() const override { return server_ != nullptr; }
   // The address this side of the connection has (what other nodes may reach this host by).
   std::string localAddress() const;
-  const std::string& endpoint() const { return endpoint_; }
-  // The bound of every later call.
-  void setTimeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
 
  private:
-  std::string request(const std::string& line);
+  std::string request(const std::string& line, std::chrono::milliseconds timeout);
+  // The next reply line; TimeoutError at `deadline`, DistError when the connection closed.
+  std::string readReply(std::chrono::steady_clock::time_point deadline);
   // The value of a "VAL <value>" reply; DistError for anything else.
   std::string valueOf(const std::string& reply, const std::string& key) const;
 
   std::string endpoint_;
-  std::chrono::milliseconds timeout_;
   int fd_ = -1;
-  std::string pending_;  // bytes read past the last reply
+  std::string pending_;                     // bytes read past the last reply
+  int64_t unanswered_ = 0;                  // requests sent whose replies are not read yet (they timed out)
+  std::unique_ptr<TcpStoreServer> server_;  // the store, when this agent hosts it
 };
 
 // A connected TCP socket to host:port (any of its addresses), retrying every 20 ms until `timeout` (the
 // listener may not be up yet); TimeoutError "<what> at host:port within T s: <last error>" after it.
 int connectTcp(const std::string& host, int port, std::chrono::milliseconds timeout, const std::string& what);
 
-// The integer stored at `key`; DistError naming the key, its value and the store when it holds anything else
-// (a store shared with something else, or a hostile client, must not end an agent with a bare "stoi").
-int64_t parseStoreInteger(const std::string& text, const std::string& key, const std::string& endpoint);
-
 // "host:port" -> (host, port); throws ConfigError naming `flag` on nonsense.
 std::pair<std::string, int> parseEndpoint(const std::string& endpoint, const std::string& flag);
-// "N" or "MIN:MAX" -> (min, max); throws ConfigError.
-std::pair<int, int> parseNodeRange(const std::string& spec);
 // True when `host` names this machine (loopback, its hostname, or one of its addresses).
 bool isLocalHost(const std::string& host);
+// A free TCP port on 127.0.0.1 (bound and released); ConfigError when none can be had.
+int findFreePort();
+// True when the TCP port can be bound on all interfaces right now.
+bool portIsFree(int port);
 
 }  // namespace tiler
