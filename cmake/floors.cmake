@@ -2,8 +2,9 @@
 # and one static library (CMakeLists.txt) that links only the floors below it; docs/design.md says what each
 # folder holds. A file may include the headers of its own floor and those below, never one above, and LibTorch's
 # headers only from the compute floor up (its umbrella headers in no header of ours). Configuring checks it
-# (tiler_check_floors): an include that runs up a floor, an umbrella header in a header, or a source or header in a
-# folder on no floor, stops the build with the file and the line.
+# (tiler_check_floors): an include that runs up a floor (written "..." or <...>), an umbrella header in a header, a
+# source or header in a folder on no floor, or units that include each other around a cycle, stops the build with
+# the file and the line.
 set(tiler_floors
     "core: core"
     "net: net"
@@ -75,5 +76,15 @@ function(tiler_check_floors)
   endforeach()
   if(errors)
     message(FATAL_ERROR "Includes against the floors (cmake/floors.cmake):\n${errors}")
+  endif()
+  # Within a floor and across floors, units that include each other (cmake/check_units.py names the lines).
+  find_package(Python3 COMPONENTS Interpreter)
+  if(NOT Python3_Interpreter_FOUND)
+    message(FATAL_ERROR "python3 is needed to check that tiler's units include no cycle (cmake/check_units.py)")
+  endif()
+  execute_process(COMMAND ${Python3_EXECUTABLE} ${CMAKE_SOURCE_DIR}/cmake/check_units.py ${CMAKE_SOURCE_DIR}
+                  OUTPUT_VARIABLE cycles RESULT_VARIABLE cycles_found)
+  if(NOT cycles_found EQUAL 0)
+    message(FATAL_ERROR "Units that include each other (cmake/check_units.py):\n${cycles}")
   endif()
 endfunction()

@@ -20,7 +20,8 @@
 #include "test_util.hpp"
 #include "tiler/core/error.hpp"
 #include "tiler/core/platform.hpp"
-#include "tiler/infer/pipeline.hpp"
+#include "tiler/finetune/checkpoint.hpp"
+#include "tiler/infer/job.hpp"
 #include "tiler/io/image_io.hpp"
 
 namespace fs = std::filesystem;

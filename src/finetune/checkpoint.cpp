@@ -167,4 +167,37 @@ void Checkpoints::load(int epoch, torch::jit::Module& module, const std::vector<
   state.history = saved["history"];
 }
 
+bool LossScaler::update(bool finite_gradients) {
+  if (!finite_gradients) {
+    scale /= 2;
+    good_steps = 0;
+    ++skipped_steps;
+    return false;
+  }
+  if (++good_steps >= growth_steps) {
+    scale *= 2;
+    good_steps = 0;
+  }
+  return true;
+}
+
+std::optional<TrainedSettings> readTrainedSettings(const std::string& model_path) {
+  const std::string entry = std::string("/extra/") + kTrainedSettingsFile;
+  const auto text = findZipEntry(
+      model_path, [&entry](const std::string& name) { return nameEndsWith(name, entry); }, 1 << 20);
+  if (!text || text->empty()) return std::nullopt;
+  const auto j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return std::nullopt;
+  TrainedSettings s;
+  try {
+    s.window = j.value("window", std::string());
+    s.classes = j.value("classes", std::string());
+    s.mpp = j.value("mpp", 0.0);
+    s.magnification = j.value("magnification", 0.0);
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;  // not what finetune writes: a file of someone else's
+  }
+  return s;
+}
+
 }  // namespace tiler

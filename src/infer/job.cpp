@@ -1,4 +1,4 @@
-#include "tiler/infer/pipeline.hpp"
+#include "tiler/infer/job.hpp"
 
 #include <ATen/Parallel.h>
 #include <spdlog/spdlog.h>

@@ -27,7 +27,7 @@
 #include "tiler/dist/dist.hpp"
 #include "tiler/dist/loader.hpp"
 #include "tiler/dist/report.hpp"
-#include "tiler/infer/pipeline.hpp"
+#include "tiler/infer/job.hpp"
 #include "tiler/io/image_io.hpp"
 #include "tiler/model/model.hpp"
 #include "tiler/writers/blend.hpp"

@@ -12,12 +12,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "tiler/finetune/finetune.hpp"
+#include "tiler/finetune/options.hpp"
 
 namespace torch {
 namespace jit {
@@ -29,6 +30,29 @@ class Optimizer;
 }  // namespace torch
 
 namespace tiler {
+
+// Dynamic loss scaling as PyTorch's GradScaler: a step whose gradients are not finite is skipped and the
+// scale halved; after `growth_steps` finite steps in a row it doubles. Plain arithmetic: the same on every
+// device.
+struct LossScaler {
+  double scale = 65536.0;
+  int64_t growth_steps = 2000;
+  int64_t good_steps = 0;     // finite steps since the last change
+  int64_t skipped_steps = 0;  // steps skipped for gradients that were not finite
+  // Records a step's outcome; returns whether the step is to be taken.
+  bool update(bool finite_gradients);
+};
+
+// What a model `tiler finetune` wrote records of its training (its extra file extra/tiler.json): the
+// window ("W,H"), the processing µm/px or magnification (0: not chosen) and the classes ("a,b,c"). nullopt
+// for a file without it (another model, a package). `tiler infer` takes each where its flag is not given.
+struct TrainedSettings {
+  std::string window, classes;
+  double mpp = 0, magnification = 0;
+};
+std::optional<TrainedSettings> readTrainedSettings(const std::string& model_path);
+// The extra file of a model's archive (extra/<name>) that holds its TrainedSettings as JSON.
+inline constexpr const char* kTrainedSettingsFile = "tiler.json";
 
 // Saves `module` (in eval mode while it is written, then back in training) to `path` with `settings` as its
 // extra file, making `path`'s directory. IoError naming the path when it cannot.

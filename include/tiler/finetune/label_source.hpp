@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "tiler/dist/loader.hpp"
-#include "tiler/finetune/finetune.hpp"
-#include "tiler/finetune/plan.hpp"
+#include "tiler/finetune/options.hpp"
+#include "tiler/finetune/plan_types.hpp"
 #include "tiler/io/catalog.hpp"
 #include "tiler/model/model.hpp"
 

@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "tiler/finetune/plan.hpp"
+#include "tiler/finetune/plan_types.hpp"
 
 namespace tiler {
 

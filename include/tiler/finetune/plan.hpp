@@ -6,33 +6,10 @@
 // it is probed.
 #pragma once
 
-#include <string>
-#include <vector>
-
-#include "tiler/core/grid.hpp"
-#include "tiler/dist/loader.hpp"
-#include "tiler/finetune/finetune.hpp"
+#include "tiler/finetune/options.hpp"
+#include "tiler/finetune/plan_types.hpp"
 
 namespace tiler {
-
-enum class LossKind { kCe, kBce, kMse, kDice };  // --loss
-enum class OptimizerKind { kAdam, kSgd };        // --optimizer
-enum class Schedule { kConstant, kCosine };      // --schedule
-
-struct LabelSourceRow;  // label_source.hpp
-
-struct FinetunePlan {
-  GridSpec spec;
-  PadMode pad = PadMode::kReflect;
-  LossKind loss = LossKind::kCe;
-  OptimizerKind optimizer = OptimizerKind::kAdam;
-  Schedule schedule = Schedule::kConstant;
-  const LabelSourceRow* labels = nullptr;  // the one of --labels, --annotations, --window_labels given
-  std::vector<std::string> class_names;    // --classes (empty: unnamed)
-  bool unlabeled_background = false;       // --unlabeled background
-  bool auto_class_weights = false;         // --class_weights auto: counted from the training windows
-  std::vector<float> class_weights;        // --class_weights w1,w2,...; empty: none (or auto)
-};
 
 // Parses and checks `o`'s flags; fills its defaulted report path (<output>.report.json).
 FinetunePlan planFinetune(FinetuneOptions& o);

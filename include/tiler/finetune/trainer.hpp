@@ -7,7 +7,7 @@
 // micro-batches of B); a failure on any rank ends every rank at the same step with its message.
 #pragma once
 
-#include "tiler/finetune/finetune.hpp"
+#include "tiler/finetune/options.hpp"
 
 namespace tiler {
 

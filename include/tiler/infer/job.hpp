@@ -1,4 +1,4 @@
-// pipeline: `tiler infer`, a composition of the stage units: catalog -> loader (read-ahead) -> model ->
+// infer/job: `tiler infer`, a composition of the stage units: catalog -> loader (read-ahead) -> model ->
 // step exchange -> outputs (each image's owner rank) -> report (rank 0).
 // Promise: every rank builds the same catalog, takes its part of every row of windows (dealRows) and makes
 // the same collectives in the same order whatever happens. Any exception while reading, running, stitching or
