@@ -9,79 +9,9 @@
 // readers' caches; on an image's owner also its stitcher rows and one row of output tiles while it is open.
 #pragma once
 
-#include <optional>
-#include <string>
-#include <vector>
-
-#include "tiler/core/job_options.hpp"
+#include "tiler/infer/options.hpp"
 
 namespace tiler {
-
-// The flat parameter struct of `tiler infer`: the shared job flags plus one field per infer flag.
-struct InferOptions : JobOptions {
-  std::vector<std::string> inputs;  // files or directories; empty: the bundled samples
-  std::string output_dir = "tiler-out";
-  std::string blend = "gaussian";
-  double sigma_scale = 0.125;
-  double cval = 0.0;
-  std::string activation = "none";
-  std::string tta = "none";  // none | flip | d4
-  // Outputs, comma-separated (each task's outputKinds): labels, probs, polygons (segment); features,
-  // features_pt (embed); csv, tiles, heatmap (classify); objects, objects_csv, coco (detect); objects,
-  // objects_csv, instances (instances). Unset: the task's default (defaultKinds).
-  std::optional<std::string> save;
-  std::string task = "auto";  // auto | segment | classify | embed | detect | instances (tasks/registry)
-  std::string encoder_name;   // embed: the HDF5 attribute `encoder`; empty: the model file's stem
-  // A model with several outputs run once per batch, each its own task and outputs (tasks/heads.hpp):
-  // NAME[:TASK],...; empty: one output (--output_key).
-  std::string heads;
-  std::vector<std::string> head_opt;  // NAME.KEY=VALUE: a head's activation, classes, save or probs_dtype
-  double nms = 0.0;                   // detect: --nms IOU (0: none)
-  // --overlap given: a per-window task (classify, embed) uses it; else its windows do not overlap (0).
-  bool overlap_given = false;
-  // Where the last column and row of windows go: lattice (whole strides, padded past the edge: TRIDENT's
-  // and CLAM's patches), shift (back to end at the edge: MONAI's grid); auto: lattice for per-window tasks,
-  // shift for segment (the only one it allows).
-  std::string edge = "auto";
-  std::string format = "tif";
-  std::string compression;  // --compression; "": each output's defaultCompression
-  bool resume = false;
-  bool overwrite = false;
-  std::string on_error = "skip";
-  std::string report;  // empty: <output>/report.json
-  bool recursive = false;
-  bool jit_optimize = false;
-  std::string mask = "none";    // none | auto | PATH
-  double mask_fraction = 0.05;  // share of a window inside the mask for it to be processed
-  std::string roi;              // GeoJSON file or directory of <stem>.geojson: windows only where it is
-  std::string roi_class;        // only the ROI features of this classification name
-  bool pyramid = false;         // reduced-resolution pages in the TIFF outputs
-  std::string classes;          // NAME[:#rrggbb],... for classes 0..K-1
-  double simplify = 0.0;        // polygon simplification tolerance in input pixels; 0: exact outlines
-  // Processing resolution (at most one of the first three) and the sources' µm/px.
-  int level = -1;
-  double mpp = 0.0;
-  double magnification = 0.0;
-  double input_mpp = 0.0;
-  // Model replicas, each on a thread of its own with --threads intra-op threads; 0: one per CPU core (up to
-  // kMaxAutoReplicas) without --threads, else one.
-  int replicas = 0;
-  // Threads reading a batch's windows (the read-ahead thread and helpers); 0: chooseReadThreads().
-  int read_threads = 0;
-  // MiB an image's owner may hold of predictions that arrive before their turn to be stitched: it sets how
-  // long a piece of a grid row the ranks split between them (dealRows), so that each rank's part of a row is
-  // long and ranks decode few shared input tiles twice; 0: one batch a rank per piece.
-  int shard_buffer = 64;
-  // Ranks of one host gather predictions through the process group's sockets, not shared memory.
-  bool no_shared_memory = false;
-  // Threads compressing output tiles (every output of the rank); 0: usableCpus().
-  int write_threads = 0;
-  std::string probs_dtype = "f32";  // f32 | f16 | u8 (round(p x 255))
-  // Where a segment model's windows are blended: auto (device on a GPU, else host) | host | device (on the
-  // model's device, a CPU one too, where the owner's windows arrive there: one rank, NCCL, gloo between
-  // CPUs).
-  std::string stitch = "auto";
-};
 
 // Runs the job; returns kExitOk, or kExitSomeFailed when images failed. Throws on fatal errors (on every
 // rank alike).

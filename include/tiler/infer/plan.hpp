@@ -10,7 +10,7 @@
 
 #include "tiler/core/grid.hpp"
 #include "tiler/dist/loader.hpp"
-#include "tiler/infer/job.hpp"
+#include "tiler/infer/options.hpp"
 #include "tiler/io/image_io.hpp"
 #include "tiler/io/mask.hpp"
 #include "tiler/io/polygons.hpp"
