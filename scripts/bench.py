@@ -252,7 +252,7 @@ class Bench:
         return f
 
     def made(self, path, *make_args):
-        """A cached input that `tiler_bench MAKE_ARGS... PATH-first` makes (tiler_bench make F ..., tiny-model F ...)."""
+        """A cached input, made by `tiler_bench MODE PATH ARGS...` (make_args: MODE ARGS...) when missing."""
         if not Path(path).exists():
             self.output(self.tiler_bench(make_args[0], path, *make_args[1:]))
         return Path(path)
@@ -405,7 +405,7 @@ def bench_ceiling(b):
             b.emit(name, "seconds", wall[cfg])
             b.emit(name, "cpu_seconds", cpu[cfg])
             b.emit(name, "windows_per_second", ratio(field(r, "windows"), wall[cfg]))
-            # The same from tiler's main() on: without loading the libraries (Debian's libtorch_cpu links 285).
+            # The same from tiler's main() on: without loading the libraries.
             b.emit(name, "windows_per_second_after_start", field(r, "windows_per_second"))
             b.emit(name, "summed_read_seconds", read_sum[cfg])
             b.emit(name, "summed_tiles_decoded", total(r, "tiles_decoded"))
