@@ -88,13 +88,14 @@ def plus(*values):
 
 
 def parse_json_line(text, key):
-    """The first line of a program's output that is a JSON object holding `key` (tiler_bench, python_forward)."""
+    """The first line of a program's output that is a JSON object holding `key` (tiler_bench, python_forward;
+    under ctrun after its "[rank N]: " prefix)."""
     for line in text.splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
+        start = line.find("{")
+        if start < 0:
             continue
         try:
-            doc = json.loads(line)
+            doc = json.loads(line[start:])
         except json.JSONDecodeError:
             continue
         if isinstance(doc, dict) and key in doc:
