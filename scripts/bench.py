@@ -10,8 +10,7 @@ its scenarios $RUNS times (3; --quick: 1 run on small inputs), and appends one l
 $BENCH_RESULTS/lines.jsonl (default bench-results/); the end writes $BENCH_RESULTS/bench.json (per scenario and
 metric: median, min, max, runs; and the machine) and prints the same as a table. A paired ratio (tiler against
 the pure forward, 2 ranks against 1, ...) is computed inside each run, then summarised like any figure. fp32 on
-the CPU unless a row says otherwise. Never part of CI's test run (tests/bench_test.py runs --list and a --quick
-row).
+the CPU unless a row says otherwise. CI measures nothing: tests/bench_test.py runs --list and `--quick ctrun io`.
 
 Environment: TILER_BUILD_DIR (an existing build, as scripts/gpu-build.sh's; otherwise this builds build/),
 RUNS, TILER_BENCH_CACHE, BENCH_RESULTS, CODECS (the --compression values `codecs` tries), RUNTIMES_DEVICE
