@@ -182,7 +182,7 @@ class Bench:
                                  env=self.env(env), cwd=ROOT)
             _, status, usage = os.wait4(p.pid, 0)
         wall = time.monotonic() - t0
-        p.returncode = os.waitstatus_to_exitcode(status)
+        p.returncode = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
         if check and p.returncode != 0:
             self._fail(cmd, p.returncode, log)
         return wall, usage.ru_utime + usage.ru_stime
