@@ -190,10 +190,11 @@ class Bench:
     def wall(self, cmd, env=None):
         return self.timed(cmd, env)[0]
 
-    def output(self, cmd, env=None, stderr=subprocess.STDOUT):
-        """Runs cmd and returns its stdout (stderr too, unless told otherwise)."""
-        p = subprocess.run(list(map(str, cmd)), stdout=subprocess.PIPE, stderr=stderr, text=True,
-                           env=self.env(env), cwd=ROOT)
+    def output(self, cmd, env=None, merge=True):
+        """Runs cmd and returns its stdout (with its stderr when merge; apart, the stderr shows only if it fails)."""
+        p = subprocess.run(list(map(str, cmd)), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT if merge else subprocess.PIPE, text=True, env=self.env(env),
+                           cwd=ROOT)
         if p.returncode != 0:
             log = self.cache / "last-command.log"
             log.write_text((p.stdout or "") + (p.stderr or ""))
@@ -202,7 +203,7 @@ class Bench:
 
     def json_out(self, cmd, key, env=None):
         """The JSON line holding `key` that cmd prints (tiler_bench's modes, the Python yardsticks)."""
-        return parse_json_line(self.output(cmd, env, stderr=subprocess.DEVNULL), key)
+        return parse_json_line(self.output(cmd, env, merge=False), key)
 
     @staticmethod
     def env(extra):
@@ -738,7 +739,7 @@ def bench_codecs(b):
                 kind = "labels" if f.endswith("_labels.tif") else f"probs {dtype}"
                 for _ in b.repeat():
                     text = b.output(b.tiler_bench("codecs", f, "--codecs", codecs, "--scratch",
-                                                  b.cache / "codecs-scratch.tif"), stderr=subprocess.DEVNULL)
+                                                  b.cache / "codecs-scratch.tif"), merge=False)
                     for line in text.splitlines():
                         try:
                             row = json.loads(line)

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """scripts/bench.sh (scripts/bench.py) as CI can afford it: its rows listed, a name it lacks refused, and its two
 cheapest rows run small (`--quick ctrun io`: a few seconds) into a bench.json of the fields docs/performance.md
-and scripts/gpu-build.sh read. Usage: bench_test.py BUILD_DIR (where tiler, ctrun and tiler_bench are)."""
+and scripts/gpu-build.sh read; a bench whose command fails stops alone.
+Usage: bench_test.py BUILD_DIR (where tiler, ctrun and tiler_bench are)."""
 import json
 import os
 import subprocess
@@ -65,6 +66,21 @@ def main(build_dir):
         check(len(lines) == 1 + 5 + 4 and all(isinstance(json.loads(l), dict) for l in lines),
               f"lines.jsonl: the machine and one line a figure ({len(lines)} lines)")
         check("wrote " in run.stdout and "scenario" in run.stdout, "the table is printed")
+
+        # A bench whose command fails stops alone: the others' figures are written, and the exit status is 1.
+        broken = Path(tmp, "broken")
+        broken.mkdir()
+        for tool in ("tiler", "ctrun"):
+            (broken / tool).symlink_to(Path(build_dir).resolve() / tool)
+        (broken / "tiler_bench").write_text("#!/bin/sh\necho 'broken on purpose' >&2\nexit 3\n")
+        (broken / "tiler_bench").chmod(0o755)
+        env.update(TILER_BUILD_DIR=str(broken), BENCH_RESULTS=f"{tmp}/broken-results")
+        run = bench("--quick", "io", "ctrun", env=env)
+        check(run.returncode == 1 and "bench io: exit 3" in run.stderr and "broken on purpose" in run.stderr,
+              f"a failed bench is named with its command's exit and output:\n{run.stderr}")
+        doc = json.loads(Path(tmp, "broken-results/bench.json").read_text())
+        check([r["scenario"] for r in doc["results"]] == ["ctrun: --nproc_per_node 4 true"],
+              f"the other bench's figures are written: {doc['results']}")
 
 
 if __name__ == "__main__":
