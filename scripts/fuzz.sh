@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fuzzes ImageReader with libFuzzer for SECONDS (default 60): scripts/fuzz.sh [SECONDS]
 #   scripts/fuzz.sh --ci   what CI runs: a fixed seed and run count from the committed corpus alone, so
-#                          that a run is repeatable (about two minutes here), OpenSlide's own decoding left out
+#                          that a run is repeatable, OpenSlide's own decoding left out
 # Builds the reader (no LibTorch) with clang, ASan and UBSan into build-fuzz/, starts from tests/fuzz/corpus/
 # and writes any crashing input to tests/fuzz/regressions/, which image_io_test replays in CI.
 set -euo pipefail

@@ -6,7 +6,8 @@
 #   scripts/test-torch2.sh            build + all tests against LibTorch 2.x
 #   scripts/test-torch2.sh -L unit    extra arguments go to ctest
 # Exit 0 only when every test passes; 3 when Debian's archive cannot be reached to make the root.
-# Needs root. Cold: about 7 minutes on 2 cores (root 1, build 4-5, tests 2); warm: the tests and what changed.
+# Needs root. Cold, it makes the root and builds everything; warm, it builds what changed and runs the tests
+# (the minutes of each: docs/performance.md, "CI and build times").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/trixie-root.sh

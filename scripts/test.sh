@@ -24,8 +24,8 @@ sanitize=""
 per_floor=ON
 targets=()
 filter=()
-# Each test process spends about 1 s starting (2-4 s under a sanitizer), more than most tests take: ctest runs
-# one process per test executable (pipeline_test in 3 shards), each running its tests in turn
+# A test process spends longer starting (LibTorch's registrations; more under a sanitizer) than most tests
+# take: ctest runs one process per test executable (pipeline_test in 3 shards), each running its tests in turn
 # (TILER_TEST_PER_SUITE); a stage that runs some tests chooses them with GTEST_FILTER.
 if [ "${1:-}" = "--sanitize" ]; then
   sanitize="address,undefined"
