@@ -2,10 +2,12 @@
 // tiler that finds its bundled samples next to itself and runs the bundled job; every command refuses a bad
 // flag with exit 1 and says where the help is.
 #include <gtest/gtest.h>
+#include <CLI/Version.hpp>
 
 #include <cctype>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "test_util.hpp"
@@ -128,6 +130,37 @@ TEST(Install, BadFlagsExitOneAndHelpListsTheCommands) {
   for (const char* command : {"finetune", "info", "overlay", "infer"}) {
     auto r = run(tiler + " " + command + " --help");
     EXPECT_EQ(r.code, 0) << command << ": " << r.output;
+  }
+}
+
+// Every command's --help as tests/data/help.txt holds it (scripts/refresh-help.sh rewrites it after a change
+// to a flag): a flag's words are the interface, and a change shows in review. Another CLI11 formats the same
+// flags differently: then the copy says nothing.
+TEST(Install, HelpIsTheReviewedCopy) {
+  std::ifstream in(TILER_TEST_SOURCE_DIR "/tests/data/help.txt");
+  ASSERT_TRUE(in.good());
+  std::string header;
+  std::getline(in, header);
+  if (header.find("CLI11 " CLI11_VERSION " ") == std::string::npos)
+    GTEST_SKIP() << "the copy is CLI11's other version: " << header;
+  std::map<std::string, std::string> copy;
+  std::string section;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("== ", 0) == 0) {
+      section = line.substr(3, line.size() - 3 - std::string(" --help").size());
+      continue;
+    }
+    copy[section] += line + "\n";
+  }
+  ASSERT_FALSE(copy.empty());
+  for (const auto& [command, text] : copy) {
+    const size_t space = command.find(' ');
+    const std::string program = command.substr(0, space);
+    const std::string rest = space == std::string::npos ? "" : command.substr(space);
+    auto r = run("env -i PATH=/usr/bin:/bin bash -c 'exec -a \"$0\" \"$@\"' " + program + " " + kBin + "/" +
+                 program + rest + " --help");
+    EXPECT_EQ(r.code, 0) << command;
+    EXPECT_EQ(r.output, text) << command << ": scripts/refresh-help.sh rewrites tests/data/help.txt";
   }
 }
 

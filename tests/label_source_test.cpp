@@ -10,6 +10,7 @@
 
 #include "test_util.hpp"
 #include "tiler/core/error.hpp"
+#include "tiler/finetune/plan.hpp"
 #include "tiler/finetune/training_data.hpp"
 
 namespace fs = std::filesystem;

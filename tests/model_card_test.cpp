@@ -1,7 +1,7 @@
 // model_card: WSInfer's config.json and bioimage.io's rdf.yaml read into tiler's settings, each refusal by
 // name; end to end, a card's run equals the run with its settings as flags, a flag wins and the report says
 // so, and `tiler check-model` reproduces a package's test tensors and fails on altered weights.
-#include "tiler/core/model_card.hpp"
+#include "tiler/model/model_card.hpp"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>

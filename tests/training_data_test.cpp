@@ -9,6 +9,7 @@
 
 #include "test_util.hpp"
 #include "tiler/core/error.hpp"
+#include "tiler/finetune/plan.hpp"
 
 namespace fs = std::filesystem;
 

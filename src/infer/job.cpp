@@ -19,7 +19,6 @@
 
 #include "tiler/core/error.hpp"
 #include "tiler/core/fault.hpp"
-#include "tiler/core/model_card.hpp"
 #include "tiler/core/platform.hpp"
 #include "tiler/core/sampler.hpp"
 #include "tiler/core/version.hpp"
@@ -35,6 +34,7 @@
 #include "tiler/infer/summary.hpp"
 #include "tiler/io/catalog.hpp"
 #include "tiler/model/model.hpp"
+#include "tiler/model/model_card.hpp"
 #include "tiler/stitch/outputs.hpp"
 #include "tiler/tasks/heads.hpp"
 #include "tiler/tasks/registry.hpp"

@@ -1,11 +1,10 @@
-// tiler_bench: the measurements scripts/bench.sh composes. Each mode prints one JSON object on stdout.
+// tiler_bench: the measurements scripts/bench.py composes. Each mode prints one JSON object on stdout.
 //   forward   pure batched forward of N windows (the yardstick the pipeline is measured against)
 //   io        every window of an image read through ImageReader: MB/s of decoded pixels, peak RSS
 //   naive     what a user writes without tiler: whole image in memory, full-size float accumulators
 //   make      a deterministic square RGB tiled TIFF of any size, written in bands
 //   codecs    one TIFF's pixels through each output codec x level, with and without the predictor
 //   gather    the step gather alone: ranks started by ctrun gather a batch of predictions K times
-//   summarize JSON lines on stdin -> medians, min, max per scenario (JSON file + table)
 #include <torch/script.h>
 #include <unistd.h>
 #include <CLI/CLI.hpp>
@@ -15,7 +14,6 @@
 #include <fstream>
 #include <future>
 #include <iostream>
-#include <map>
 #include <nlohmann/json.hpp>
 #include <opencv2/imgproc.hpp>
 #include <sstream>
@@ -326,42 +324,6 @@ int codecs(const std::string& input, const std::string& list, const std::string&
   return 0;
 }
 
-// Reads {"scenario": ..., "metric": ..., "value": ...} lines; writes medians, min and max.
-int summarize(const std::string& out_path) {
-  std::map<std::pair<std::string, std::string>, std::vector<double>> values;
-  std::vector<std::pair<std::string, std::string>> order;
-  nlohmann::json machine;
-  std::string line;
-  while (std::getline(std::cin, line)) {
-    if (line.empty()) continue;
-    auto j = nlohmann::json::parse(line);
-    if (j.contains("machine")) {
-      machine = j["machine"];
-      continue;
-    }
-    auto key = std::make_pair(j["scenario"].get<std::string>(), j["metric"].get<std::string>());
-    if (!values.count(key)) order.push_back(key);
-    values[key].push_back(j["value"].get<double>());
-  }
-  nlohmann::json result = {{"machine", machine}, {"results", nlohmann::json::array()}};
-  std::printf("%-44s %-26s %12s %12s %12s %4s\n", "scenario", "metric", "median", "min", "max", "n");
-  for (const auto& key : order) {
-    auto v = values[key];
-    std::sort(v.begin(), v.end());
-    const double median = v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-    result["results"].push_back({{"scenario", key.first},
-                                 {"metric", key.second},
-                                 {"median", median},
-                                 {"min", v.front()},
-                                 {"max", v.back()},
-                                 {"runs", v.size()}});
-    std::printf("%-44s %-26s %12.4g %12.4g %12.4g %4zu\n", key.first.c_str(), key.second.c_str(), median,
-                v.front(), v.back(), v.size());
-  }
-  tiler::writeJsonAtomically(out_path, result);
-  return 0;
-}
-
 // The step gather alone, as tiler's ranks make it (rank 0 prints): `gathers` gathers of `mib` MiB a rank.
 int gather(double mib, int gathers, bool shared_memory) {
   const tiler::WorldInfo world = tiler::discoverWorld();
@@ -391,7 +353,7 @@ int gather(double mib, int gathers, bool shared_memory) {
 int main(int argc, char** argv) {
   CLI::App app{"tiler_bench: measurements for scripts/bench.sh"};
   app.require_subcommand(1);
-  std::string model, path, precision = "fp32", overlap = "0.25", out = "bench.json";
+  std::string model, path, precision = "fp32", overlap = "0.25";
   int64_t window = 256, windows = 121, size = 4096;
   int batch = 8, threads = 2;
   auto* f = app.add_subcommand("forward", "pure batched forward");
@@ -447,8 +409,6 @@ int main(int argc, char** argv) {
   g->add_option(flagNames("--mib"), mib, "MiB each rank sends per gather");
   g->add_option(flagNames("--gathers"), gathers);
   g->add_flag(flagNames("--no_shared_memory"), no_shared_memory, "through gloo's sockets");
-  auto* s = app.add_subcommand("summarize", "medians of JSON lines on stdin");
-  s->add_option(flagNames("-o,--output"), out);
   CLI11_PARSE(app, argc, argv);
   try {
     if (*f) return forward(model, window, batch, windows, threads, replicas, precision, jit_optimize);
@@ -457,8 +417,7 @@ int main(int argc, char** argv) {
     if (*mk) return make(path, size, tissue, noise, discs);
     if (*t) return tinyModel(path, threshold, classes);
     if (*cd) return codecs(path, codec_list, scratch);
-    if (*g) return gather(mib, gathers, !no_shared_memory);
-    return summarize(out);
+    return gather(mib, gathers, !no_shared_memory);
   } catch (const std::exception& e) {
     return tiler::reportFatal("tiler_bench", e);
   }

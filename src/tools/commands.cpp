@@ -4,10 +4,10 @@
 
 #include "commands.hpp"
 #include "tiler/core/error.hpp"
-#include "tiler/core/model_card.hpp"
 #include "tiler/core/platform.hpp"
 #include "tiler/io/npy.hpp"
 #include "tiler/model/model.hpp"
+#include "tiler/model/model_card.hpp"
 #include "tiler/tasks/registry.hpp"
 
 namespace tiler::tools {

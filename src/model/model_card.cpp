@@ -1,6 +1,6 @@
 // model_card: WSInfer's config.json and bioimage.io's rdf.yaml (spec 0.5) read into the settings of the
 // flags of the same names (see the header). YAML through yaml-cpp, JSON through nlohmann_json.
-#include "tiler/core/model_card.hpp"
+#include "tiler/model/model_card.hpp"
 
 #include <yaml-cpp/yaml.h>
 
