@@ -426,8 +426,8 @@ double ModelRunner::secondsPerWindow(int64_t window_w, int64_t window_h, int64_t
     best = std::min(best, seconds / double(n));
     if (best < enough) break;
     // One window again over twice the bar: heavy. A batch could only save a call's own cost per window, and a
-    // call that costs a bar on its own keeps replicas busy too; the first batch of a shape costs several times
-    // a window alone, which the replicas then pay side by side.
+    // call that costs a bar on its own keeps replicas busy too; the first batch of a shape costs several
+    // times a window alone, which the replicas then pay side by side.
     if (run == 1 && seconds > 2 * enough) break;
     // A run past twice the bar and any warm-up's cost (100 ms) says enough on its own.
     if (seconds / double(n) > 2 * enough && seconds > 0.1) break;
