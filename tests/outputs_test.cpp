@@ -68,10 +68,20 @@ WindowCatalog smallCatalog(const std::string& dir, int n) {
   return c;
 }
 
+// What a segmentation's consumer writes with: the model's channels and the task's own flags.
+struct Segmentation {
+  int64_t classes = 3;
+  FlagValues flags;  // segment's: --blend, --probs_dtype, ...
+  Activation activation = Activation::kNone;
+};
+
 // The stage as the job makes it for a segmentation: each image's consumer from the task's row.
-OutputOptions segmentStage(OutputOptions o) {
+OutputOptions segmentStage(OutputOptions o, const Segmentation& segmentation = {}) {
   TaskOutputs outputs;
   outputs.stage = o;
+  outputs.probe.output_channels = segmentation.classes;
+  outputs.flags.activation = segmentation.activation;
+  outputs.flags.settings = parseTaskSettings(segmentation.flags, outputs.flags);
   o.parts = {{consumersFor(*findTask("segment"), outputs)}};
   return o;
 }
@@ -83,17 +93,11 @@ StepResult stepOf(int n) {
   return s;
 }
 
-OutputOptions threeClasses() {
-  OutputOptions o;
-  o.classes = 3;
-  return o;
-}
-
 // TILER_FAULT stage:write: the tiles of the image of the stage's 2nd window throw in the compression pool.
 TEST(Outputs, AWriteFailureFailsThatImageAloneAndLeavesNoFinalFile) {
   const std::string dir = test::scratchDir("stage");
   WindowCatalog c = smallCatalog(dir, 3);
-  OutputOptions o = threeClasses();
+  OutputOptions o = OutputOptions();
   o.write_threads = 2;
   o.stitched_window = faultHooks(Fault{0, 2, "throw", "write"}, 0).stitched_window;
   OutputStage stage(c, segmentStage(o));
@@ -118,7 +122,7 @@ TEST(Outputs, AWriteFailureFailsThatImageAloneAndLeavesNoFinalFile) {
 TEST(Outputs, AStageWritesOnlyItsOwnImagesAndReportsThem) {
   const std::string dir = test::scratchDir("stage_owners");
   WindowCatalog mine = smallCatalog(dir, 3), rank0 = smallCatalog(dir, 3);
-  OutputOptions o = threeClasses();
+  OutputOptions o = OutputOptions();
   o.owners = {1, 0, 1};
   o.rank = 1;
   OutputStage stage(mine, segmentStage(o));
@@ -162,11 +166,11 @@ class ThrowingHead : public ImageConsumer {
 TEST(Outputs, AHeadThatFailsFailsItsImageAloneAndTheOtherHeadWritesAsAlone) {
   const std::string dir = test::scratchDir("stage_heads"), alone = test::scratchDir("stage_head_alone");
   WindowCatalog c = smallCatalog(dir, 3), one = smallCatalog(alone, 3);
-  OutputOptions o = segmentStage(threeClasses());
+  OutputOptions o = segmentStage(OutputOptions());
   o.parts.push_back({[](CatalogImage& image, const WriterOptions&) -> std::unique_ptr<ImageConsumer> {
     return std::make_unique<ThrowingHead>(image);
   }});
-  OutputStage stage(c, o), single(one, segmentStage(threeClasses()));
+  OutputStage stage(c, o), single(one, segmentStage(OutputOptions()));
   StepResult step = stepOf(3);
   StepResult same = step;
   ASSERT_TRUE(stage.submit(std::move(step)));
@@ -203,6 +207,7 @@ TEST(Outputs, PerWindowVectorsAreWrittenByTheStageAndAFaultFailsOneImage) {
   TaskOutputs embed;
   embed.flags.kinds = {"features"};
   embed.probe.output_channels = 5;
+  embed.flags.settings = parseTaskSettings({}, embed.flags);
   o.parts = {{consumersFor(*findTask("embed"), embed)}};
   o.stitched_window = faultHooks(Fault{0, 2, "throw", "write"}, 0).stitched_window;
   OutputStage stage(c, o);
@@ -230,7 +235,7 @@ TEST(Outputs, PerWindowVectorsAreWrittenByTheStageAndAFaultFailsOneImage) {
 TEST(Outputs, AbortStopsTheStageAndRefusesMoreSteps) {
   const std::string dir = test::scratchDir("stage_abort");
   WindowCatalog c = smallCatalog(dir, 2);
-  OutputOptions o = threeClasses();
+  OutputOptions o = OutputOptions();
   o.abort_on_error = true;
   OutputStage stage(c, segmentStage(o));
   StepResult first = stepOf(1);
@@ -288,14 +293,14 @@ torch::Tensor edgePredictions(int64_t windows, int channels, int64_t size) {
 // Runs one stage over edgeCatalog in steps of 5 windows, the predictions on o.stitch_device when set (else
 // the CPU); `nan_window`: the global window given a NaN; `backwards`: the steps from the last (every window
 // but the last step's arrives before its turn, as other ranks' parts of a row do).
-void runEdgeStage(const std::string& dir, OutputOptions o, int64_t window, Scale scale, int64_t nan_window,
-                  bool backwards = false) {
+void runEdgeStage(const std::string& dir, OutputOptions o, const Segmentation& segmentation, int64_t window,
+                  Scale scale, int64_t nan_window, bool backwards = false) {
   WindowCatalog c = edgeCatalog(dir, window, scale);
   const int64_t size = scale.apply(window);
-  torch::Tensor preds = edgePredictions(c.totalWindows(), o.classes, size);
+  torch::Tensor preds = edgePredictions(c.totalWindows(), segmentation.classes, size);
   preds[nan_window][0][size / 2][size / 2].fill_(std::numeric_limits<float>::quiet_NaN());  // in its core
   {
-    OutputStage stage(c, segmentStage(o));
+    OutputStage stage(c, segmentStage(o, segmentation));
     std::vector<int64_t> firsts;
     for (int64_t first = 0; first < c.totalWindows(); first += 5) firsts.push_back(first);
     if (backwards) std::reverse(firsts.begin(), firsts.end());
@@ -331,37 +336,31 @@ void expectSameFiles(const std::string& a, const std::string& b, const std::stri
 void expectTheHostsBytesOn(torch::Device device) {
   const std::string dir = test::scratchDir("device_stitch");
   struct Case {
-    BlendMode mode;
+    const char* blend;  // --blend
     int classes;
-    SampleType probs;
+    const char* probs;  // --probs_dtype
     int64_t window;
     Scale scale;
     bool backwards = false;
   };
-  const std::vector<Case> cases = {{BlendMode::kGaussian, 3, SampleType::kF32, 32, {}},
-                                   {BlendMode::kGaussian, 3, SampleType::kU8, 32, {}},
-                                   {BlendMode::kConstant, 3, SampleType::kF16, 32, {}},
-                                   {BlendMode::kCrop, 3, SampleType::kU8, 32, {}},
-                                   {BlendMode::kCrop, 1, SampleType::kF32, 32, {}},
-                                   {BlendMode::kGaussian, 1, SampleType::kU8, 32, {}},
-                                   {BlendMode::kGaussian, 2, SampleType::kU8, 32, {1, 2}},
-                                   {BlendMode::kGaussian, 3, SampleType::kU8, 32, {}, true}};
+  const std::vector<Case> cases = {{"gaussian", 3, "f32", 32, {}},    {"gaussian", 3, "u8", 32, {}},
+                                   {"constant", 3, "f16", 32, {}},    {"crop", 3, "u8", 32, {}},
+                                   {"crop", 1, "f32", 32, {}},        {"gaussian", 1, "u8", 32, {}},
+                                   {"gaussian", 2, "u8", 32, {1, 2}}, {"gaussian", 3, "u8", 32, {}, true}};
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& k = cases[i];
     OutputOptions o;
-    o.classes = k.classes;
-    o.probs_type = k.probs;
-    o.stitch.mode = k.mode;
+    const Segmentation segmentation{
+        k.classes, {{"blend", k.blend}, {"probs_dtype", k.probs}}, Activation::kSigmoid};  // labels at 0.5
     o.scale = k.scale;
-    o.label_threshold = 0.5f;
     o.write_threads = 2;
     const std::string what = "case " + std::to_string(i), host = dir + "/host" + std::to_string(i),
                       on_device = dir + "/device" + std::to_string(i);
     fs::create_directories(host);
     fs::create_directories(on_device);
-    runEdgeStage(host, o, k.window, k.scale, 5, k.backwards);
+    runEdgeStage(host, o, segmentation, k.window, k.scale, 5, k.backwards);
     o.stitch_device = device;
-    runEdgeStage(on_device, o, k.window, k.scale, 5, k.backwards);
+    runEdgeStage(on_device, o, segmentation, k.window, k.scale, 5, k.backwards);
     expectSameFiles(host, on_device, what);
   }
   removeTree(dir);
@@ -382,11 +381,10 @@ TEST(OutputsGpu, TheDeviceStitcherOnCudaWritesTheHostsBytes) {
 TEST(Outputs, AnImageTheDeviceCannotHoldIsStitchedOnTheHost) {
   const std::string dir = test::scratchDir("device_stitch_oom");
   OutputOptions o;
-  o.classes = 3;
-  o.probs_type = SampleType::kU8;
+  const Segmentation segmentation{3, {{"probs_dtype", "u8"}}};
   fs::create_directories(dir + "/host");
   fs::create_directories(dir + "/device");
-  runEdgeStage(dir + "/host", o, 32, {}, 5);
+  runEdgeStage(dir + "/host", o, segmentation, 32, {}, 5);
   o.stitch_device = torch::Device(torch::kCPU);
   int made = 0;
   const FaultHooks hooks = faultHooks(Fault{0, 1, "oom", "stitch"}, 0, [] {
@@ -397,7 +395,7 @@ TEST(Outputs, AnImageTheDeviceCannotHoldIsStitchedOnTheHost) {
     ++made;
     hooks.before_device_stitcher();
   };
-  runEdgeStage(dir + "/device", o, 32, {}, 5);
+  runEdgeStage(dir + "/device", o, segmentation, 32, {}, 5);
   EXPECT_EQ(made, 3) << "one device stitcher tried for each image";
   expectSameFiles(dir + "/host", dir + "/device", "the second image on the host");
   removeTree(dir);

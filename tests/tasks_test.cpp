@@ -55,8 +55,7 @@ TEST(Tasks, EveryTaskHasOneRowWithItsOutputKinds) {
   }
   // What a window sends its owner: records for the object tasks alone.
   for (const Task* task : allTasks())
-    EXPECT_EQ(task->recordMaker(TaskOutputs{}) != nullptr,
-              task == findTask("detect") || task == findTask("instances"))
+    EXPECT_EQ(task->sendsRecords(), task == findTask("detect") || task == findTask("instances"))
         << task->name();
   EXPECT_EQ(findTask("instances")->predictionType(), torch::kFloat64);
   EXPECT_TRUE(findTask("segment")->stitches());
@@ -177,9 +176,10 @@ TEST(Tasks, RegressWritesValuesAndRefusesWhatWouldMisreadThem) {
   TaskFlags flags;
   flags.model = "hv.pt";
   flags.kinds = {"probs", "zarr"};
+  flags.settings = parseTaskSettings({}, flags);
   GridSpec spec;
   regress->settle(probe, flags, spec);  // f32, no activation: taken
-  flags.probs_type = SampleType::kF16;
+  flags.settings = parseTaskSettings({{"probs_dtype", "f16"}}, flags);
   regress->settle(probe, flags, spec);
   const auto refusal = [&](TaskFlags bad) {
     try {
@@ -190,7 +190,7 @@ TEST(Tasks, RegressWritesValuesAndRefusesWhatWouldMisreadThem) {
     return std::string("no error");
   };
   TaskFlags u8 = flags;
-  u8.probs_type = SampleType::kU8;
+  u8.settings = parseTaskSettings({{"probs_dtype", "u8"}}, u8);
   EXPECT_NE(refusal(u8).find("--probs_dtype u8"), std::string::npos) << refusal(u8);
   EXPECT_NE(refusal(u8).find("f32 or f16"), std::string::npos) << refusal(u8);
   TaskFlags sigmoid = flags;
@@ -205,17 +205,69 @@ TEST(Tasks, RegressWritesValuesAndRefusesWhatWouldMisreadThem) {
   EXPECT_NE(refusal(classes).find("--task regress's maps are values"), std::string::npos);
 }
 
+// A task declares the flags it owns and parses them into its settings; the command line's flags and
+// --head_opt's keys come from the declarations.
+TEST(Tasks, EachTaskOwnsItsFlags) {
+  std::set<std::string> names;
+  for (const TaskFlag& flag : taskFlagDeclarations()) {
+    EXPECT_TRUE(names.insert(flag.name).second) << flag.name << " declared once";
+    EXPECT_FALSE(std::string(flag.help).empty()) << flag.name;
+    EXPECT_EQ(hasWord(headSettingWords(), flag.name), flag.head) << flag.name;
+  }
+  for (const char* name : {"blend", "sigma_scale", "simplify", "probs_dtype", "nms", "encoder_name"})
+    EXPECT_EQ(names.count(name), 1u) << name;
+  for (const char* key : {"activation", "classes", "save"}) EXPECT_TRUE(hasWord(headSettingWords(), key));
+  // Defaults parse; each task's settings are its own.
+  TaskFlags job;
+  job.activation = Activation::kSigmoid;
+  job.settings = parseTaskSettings({}, job);
+  EXPECT_EQ(job.settings.size(), allTasks().size());
+  const auto& segment = settingsOf<SegmentSettings>(*findTask("segment"), job);
+  EXPECT_EQ(segment.stitch.mode, BlendMode::kGaussian);
+  EXPECT_EQ(segment.map.probs_type, SampleType::kF32);
+  EXPECT_EQ(segment.label_threshold, 0.5f) << "sigmoid probabilities";
+  for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
+           {"probs_dtype", "f64"}, {"blend", "soft"}, {"nms", "0.5x"}, {"sigma_scale", "0"}}) {
+    try {
+      parseTaskSettings({{flag, value}}, job);
+      FAIL() << flag << "=" << value;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(e.message().find("--" + flag), std::string::npos) << e.message();
+    }
+  }
+  EXPECT_EQ(givenMapFlags({{"blend", "crop"}, {"probs_dtype", "f32"}, {"nms", "0.5"}}),
+            std::vector<std::string>{"--blend"});
+  // A flag the other tasks refuse, given: --nms is detect's alone.
+  ModelProbe probe;
+  probe.output_channels = 2;
+  TaskFlags nms = job;
+  nms.model = "seg.pt";
+  nms.activation = Activation::kNone;
+  nms.settings = parseTaskSettings({{"nms", "0.5"}}, nms);
+  GridSpec spec;
+  try {
+    findTask("segment")->settle(probe, nms, spec);
+    FAIL() << "--nms taken by segment";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(e.message().find("--nms"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("detect"), std::string::npos) << e.message();
+  }
+  nms.settings = parseTaskSettings({{"nms", "0"}}, nms);
+  findTask("segment")->settle(probe, nms, spec);
+}
+
 TEST(Tasks, HeadsAndTheirOwnFlagsAreParsed) {
   const auto heads = parseHeads("np:segment,hv,0:embed", {"hv.activation=none", "np.classes=bg,nucleus",
                                                           "np.save=labels,probs", "np.probs_dtype=u8"});
   ASSERT_EQ(heads.size(), 3u);
   EXPECT_EQ(heads[0].name, "np");
   EXPECT_EQ(heads[0].task, findTask("segment"));
-  EXPECT_EQ(heads[0].classes, "bg,nucleus");
-  EXPECT_EQ(heads[0].save, "labels,probs");
-  EXPECT_EQ(heads[0].probs_dtype, "u8");
+  EXPECT_EQ(heads[0].setting("classes"), "bg,nucleus");
+  EXPECT_EQ(heads[0].setting("save"), "labels,probs");
+  EXPECT_EQ(heads[0].setting("probs_dtype"), "u8");
+  EXPECT_FALSE(heads[0].setting("activation")) << "--activation's";
   EXPECT_FALSE(heads[1].task.has_value()) << "--task's";
-  EXPECT_EQ(heads[1].activation, "none");
+  EXPECT_EQ(heads[1].setting("activation"), "none");
   EXPECT_EQ(heads[2].name, "0");
   EXPECT_EQ(heads[2].task, findTask("embed"));
   EXPECT_TRUE(parseHeads("", {}).empty());
@@ -234,8 +286,7 @@ TEST(Tasks, HeadsAndTheirOwnFlagsAreParsed) {
   // The tasks a head can be are the registry's whose windows send their predictions; --head_opt's keys are
   // the settings a head has.
   for (const Task* task : allTasks())
-    EXPECT_EQ(hasWord(headTaskWords(), task->name()), task->recordMaker(TaskOutputs{}) == nullptr)
-        << task->name();
+    EXPECT_EQ(hasWord(headTaskWords(), task->name()), !task->sendsRecords()) << task->name();
   try {
     parseHeads("np:boxes", {});
     FAIL();
@@ -260,8 +311,8 @@ TEST(Tasks, HeadsAndTheirOwnFlagsAreParsed) {
   }
   const auto heads_set =
       parseHeads("np", {"np.activation=softmax", "np.classes=a,b", "np.save=probs", "np.probs_dtype=u8"});
-  EXPECT_EQ(heads_set[0].activation, "softmax");
-  EXPECT_EQ(heads_set[0].probs_dtype, "u8");
+  EXPECT_EQ(heads_set[0].setting("activation"), "softmax");
+  EXPECT_EQ(heads_set[0].setting("probs_dtype"), "u8");
 }
 
 }  // namespace

@@ -28,13 +28,7 @@ CLI::Validator numberCheck(const std::string& name, const std::string& requireme
   return CLI::Validator(
       [requirement, accept](std::string& text) -> std::string {
         double value = 0;
-        size_t used = 0;
-        try {
-          value = std::stod(text, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        if (used == 0 || used != text.size()) return "not a number: '" + text + "'";
+        if (!parseNumber(text, value)) return "not a number: '" + text + "'";
         if (!std::isfinite(value) || !accept(value)) return "must be " + requirement + "; got " + text;
         return "";
       },
@@ -42,6 +36,16 @@ CLI::Validator numberCheck(const std::string& name, const std::string& requireme
 }
 
 }  // namespace
+
+bool parseNumber(const std::string& text, double& value) {
+  size_t used = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  return used > 0 && used == text.size();
+}
 
 CLI::Validator finiteNumber() {
   return numberCheck("FINITE", "a finite number", [](double) { return true; });

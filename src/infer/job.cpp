@@ -77,7 +77,6 @@ class InferJob {
   // The phases of run(), in order.
   void settleTask();   // after the probe: the task, its outputs and (per window) the overlap
   void settleHeads();  // after the probe: each head's task and outputs, one grid for all
-  TaskFlags headFlags(const InferHead& head) const;
   std::vector<SavedOutput> catalogOutputs() const;  // the outputs' kinds (a head's: headKind), named
   std::string reportedTask() const;                 // the task, or the heads' NAME:TASK,...
   void loadModel();  // the model, its probe, the forward layout and the read threads
@@ -96,7 +95,6 @@ class InferJob {
   int runSteps(Deal deal);
 
   OutputOptions outputOptions() const;
-  TaskFlags taskFlags() const;  // what the task checks and its outputs are made from
   LoaderOptions loaderOptions() const;
   StepExchange& exchange() { return session_->exchange(); }
   int rank() const { return session_->rank(); }
@@ -150,33 +148,9 @@ class InferJob {
 
 void InferJob::settleTask() {
   const Task& task = *probe_.task;
-  if (plan_.save_kinds.empty()) plan_.save_kinds = task.defaultKinds();
-  for (const std::string& kind : plan_.save_kinds) requireFormatFeature(kind);
-  tiler::settleTask(task, probe_, taskFlags(), plan_.spec);
-}
-
-TaskFlags InferJob::taskFlags() const {
-  TaskFlags f;
-  f.model = o_.model;
-  f.save = o_.save;
-  f.kinds = plan_.save_kinds;
-  f.edge = o_.edge;
-  f.overlap_given = o_.overlap_given;
-  f.nms = o_.nms;
-  f.tta = plan_.tta;
-  f.activation = plan_.activation;
-  f.activation_name = o_.activation;
-  f.classes = plan_.classes;
-  f.probs_type = plan_.probs_type;
-  const InferOptions defaults;
-  const std::pair<const char*, bool> map_flags[] = {{"--blend", o_.blend != defaults.blend},
-                                                    {"--format", o_.format != defaults.format},
-                                                    {"--probs_dtype", o_.probs_dtype != defaults.probs_dtype},
-                                                    {"--stitch", o_.stitch != defaults.stitch}};
-  for (const auto& [flag, given] : map_flags)
-    if (given) f.map_flags.push_back(flag);
-  f.encoder = o_.encoder_name.empty() ? fs::path(o_.model).stem().string() : o_.encoder_name;
-  return f;
+  if (plan_.flags.kinds.empty()) plan_.flags.kinds = task.defaultKinds();
+  for (const std::string& kind : plan_.flags.kinds) requireFormatFeature(kind);
+  tiler::settleTask(task, probe_, plan_.flags, plan_.spec);
 }
 
 void InferJob::settleHeads() {
@@ -189,7 +163,7 @@ void InferJob::settleHeads() {
     head.task = head.probe.task;
     const Task& task = *head.task;
     // Records are made where a window ran, from its whole prediction, and routed on their own.
-    TILER_CHECK(task.recordMaker(TaskOutputs{}) == nullptr, ConfigError,
+    TILER_CHECK(!task.sendsRecords(), ConfigError,
                 "--heads: head '" << head.spec.name << "' is --task " << task.name() << ", whose windows "
                                   << "send records, not predictions: run it alone (--output_key "
                                   << head.spec.name << ")");
@@ -202,26 +176,14 @@ void InferJob::settleHeads() {
                 "--heads: head '" << head.spec.name << "' gives maps at " << head.probe.scale.value()
                                   << "x the window, head '" << first.spec.name << "' at "
                                   << first.probe.scale.value() << "x: the heads of one run share one scale");
-    if (head.kinds.empty()) head.kinds = task.defaultKinds();
-    for (const std::string& kind : head.kinds) requireFormatFeature(kind);
-    tiler::settleTask(task, head.probe, headFlags(head), plan_.spec);
+    if (head.flags.kinds.empty()) head.flags.kinds = task.defaultKinds();
+    for (const std::string& kind : head.flags.kinds) requireFormatFeature(kind);
+    tiler::settleTask(task, head.probe, head.flags, plan_.spec);
     head.offset = offset;
     head.values = 1;
     for (int64_t size : task.predictionSizes(head.probe, plan_.spec, 1)) head.values *= size;
     offset += head.values;
   }
-}
-
-TaskFlags InferJob::headFlags(const InferHead& head) const {
-  TaskFlags f = taskFlags();
-  f.save = head.spec.save ? head.spec.save : o_.save;
-  f.kinds = head.kinds;
-  f.activation = head.activation;
-  f.activation_name = head.spec.activation.value_or(o_.activation);
-  f.classes = head.classes;
-  f.probs_type = head.probs_type;
-  f.head = head.spec.name;
-  return f;
 }
 
 std::string InferJob::reportedTask() const {
@@ -235,26 +197,19 @@ std::string InferJob::reportedTask() const {
 std::vector<SavedOutput> InferJob::catalogOutputs() const {
   std::vector<SavedOutput> outputs;
   if (plan_.heads.empty())
-    for (const std::string& kind : plan_.save_kinds) outputs.push_back({kind, outputNaming(kind)});
+    for (const std::string& kind : plan_.flags.kinds) outputs.push_back({kind, outputNaming(kind)});
   for (const InferHead& head : plan_.heads)
-    for (const std::string& kind : head.kinds)
+    for (const std::string& kind : head.flags.kinds)
       outputs.push_back({headKind(head.spec.name, kind), outputNaming(kind)});
   return outputs;
 }
 
 OutputOptions InferJob::outputOptions() const {
   OutputOptions oo;
-  oo.format = o_.format;
   oo.compression = plan_.compression;
-  oo.classes = probe_.output_channels;
   oo.scale = probe_.scale;
-  oo.stitch = plan_.stitch;
-  oo.label_threshold = labelThreshold(plan_.activation);
   oo.abort_on_error = plan_.abort_on_error;
   oo.pyramid = o_.pyramid;
-  oo.simplify = o_.simplify;
-  oo.classes_named = plan_.classes;
-  oo.probs_type = plan_.probs_type;
   oo.write_threads = o_.write_threads > 0 ? o_.write_threads : usableCpus();
   if (plan_.compression) oo.write_threads = compressionThreads(*plan_.compression, oo.write_threads);
   oo.owners = owners_;
@@ -263,17 +218,12 @@ OutputOptions InferJob::outputOptions() const {
   if (stitch_on_device_) oo.stitch_device = model_->device();
   oo.before_device_stitcher = faults_.before_device_stitcher;
   if (plan_.heads.empty())
-    oo.parts = {{consumersFor(*probe_.task, TaskOutputs{oo, probe_, plan_.spec, taskFlags()}), 0, {}}};
+    oo.parts = {{consumersFor(*probe_.task, TaskOutputs{oo, probe_, plan_.spec, plan_.flags}), 0, {}}};
   for (const InferHead& head : plan_.heads) {
-    OutputOptions part = oo;
-    part.classes = head.probe.output_channels;
-    part.classes_named = head.classes;
-    part.probs_type = head.probs_type;
-    part.label_threshold = labelThreshold(head.activation);
     std::vector<int64_t> sizes = head.task->predictionSizes(head.probe, plan_.spec, 1);
     sizes.erase(sizes.begin());
-    oo.parts.push_back({consumersFor(*head.task, TaskOutputs{part, head.probe, plan_.spec, headFlags(head)}),
-                        head.offset, sizes});
+    oo.parts.push_back(
+        {consumersFor(*head.task, TaskOutputs{oo, head.probe, plan_.spec, head.flags}), head.offset, sizes});
   }
   return oo;
 }
@@ -427,7 +377,7 @@ RunSummary InferJob::runSummary() const {
   run.seconds = session_->seconds();
   run.window = plan_.spec;
   run.output_scale = probe_.scale.value();
-  run.tta = ttaName(plan_.tta);
+  run.tta = ttaName(plan_.flags.tta);
   run.replicas = layout_.replicas;
   run.threads = layout_.threads;
   run.read_threads = read_threads_;
@@ -495,19 +445,21 @@ int InferJob::run() {
 
 void InferJob::loadModel() {
   ModelOptions mo = modelOptionsFor(o_, session_->world().local_rank);
-  o_.model = mo.path;  // the report names the model that ran
+  o_.model = mo.path;  // the report names the model that ran, and so do the tasks' messages
+  plan_.flags.model = o_.model;
+  for (InferHead& head : plan_.heads) head.flags.model = o_.model;
   layout_ = chooseForwardLayout(o_.threads, o_.replicas,
                                 resolveDevice(mo.device, session_->world().local_rank).is_cuda(),
                                 defaultIntraOpThreads());
   mo.threads = layout_.threads;
-  mo.activation = plan_.activation;
-  mo.tta = plan_.tta;
+  mo.activation = plan_.flags.activation;
+  mo.tta = plan_.flags.tta;
   mo.jit_optimize = o_.jit_optimize;
   mo.task = plan_.task;
-  mo.classes_named = !plan_.classes.empty();
+  mo.classes_named = !plan_.flags.classes.empty();
   for (const InferHead& head : plan_.heads)
-    mo.heads.push_back(
-        HeadOptions{head.spec.name, head.spec.name, head.task, head.activation, !head.classes.empty()});
+    mo.heads.push_back(HeadOptions{head.spec.name, head.spec.name, head.task, head.flags.activation,
+                                   !head.flags.classes.empty()});
   mo.batch_size = o_.batch_size;
   model_ = std::make_unique<ModelRunner>(mo);
   startupMark("model loaded");
@@ -644,7 +596,7 @@ InferJob::Deal InferJob::dealWindows() {
 int InferJob::runSteps(Deal deal) {
   // Object tasks send only what each window keeps, found where the window ran.
   const OutputOptions oo = outputOptions();
-  record_of_ = probe_.task->recordMaker(TaskOutputs{oo, probe_, plan_.spec, taskFlags()});
+  record_of_ = probe_.task->recordMaker(TaskOutputs{oo, probe_, plan_.spec, plan_.flags});
   const int64_t B = o_.batch_size, steps = deal.steps;
   ForwardSpec fs;
   fs.batch_size = B;

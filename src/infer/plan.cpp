@@ -61,6 +61,17 @@ std::vector<std::string> saveKindsOf(const std::string& save, const Task*& reque
   return kinds;
 }
 
+// `f` with each task's settings of its own flags `values` (the job's, or a head's) and the flags among them
+// that shape a stitched map.
+TaskFlags withTaskSettings(const InferOptions& o, TaskFlags f, const FlagValues& values) {
+  f.settings = parseTaskSettings(values, f);
+  f.map_flags = givenMapFlags(values);
+  const InferOptions defaults;
+  if (o.format != defaults.format) f.map_flags.push_back("--format");
+  if (o.stitch != defaults.stitch) f.map_flags.push_back("--stitch");
+  return f;
+}
+
 // --heads and --head_opt, each head's flags parsed (a head without its own takes the job-wide flag).
 std::vector<InferHead> plannedHeads(const InferOptions& o, const InferPlan& p) {
   std::vector<InferHead> heads;
@@ -68,10 +79,19 @@ std::vector<InferHead> plannedHeads(const InferOptions& o, const InferPlan& p) {
     InferHead head;
     head.spec = spec;
     head.task = spec.task.value_or(p.task);
-    head.activation = spec.activation ? parseActivation(*spec.activation) : p.activation;
-    head.classes = spec.classes ? parseClasses(*spec.classes) : p.classes;
-    head.probs_type = spec.probs_dtype ? parseProbsType(*spec.probs_dtype) : p.probs_type;
-    if (spec.save || o.save) head.kinds = saveKindsOf(spec.save.value_or(o.save.value_or("")), head.task);
+    head.flags = p.flags;
+    const auto activation = spec.setting("activation"), classes = spec.setting("classes"),
+               save = spec.setting("save");
+    if (activation) head.flags.activation = parseActivation(*activation);
+    head.flags.activation_name = activation.value_or(o.activation);
+    if (classes) head.flags.classes = parseClasses(*classes);
+    head.flags.save = save ? save : o.save;
+    head.flags.kinds.clear();
+    if (head.flags.save) head.flags.kinds = saveKindsOf(*head.flags.save, head.task);
+    head.flags.head = spec.name;
+    FlagValues values = o.task_flags;
+    for (const auto& [key, value] : spec.settings) values[key] = value;
+    head.flags = withTaskSettings(o, head.flags, values);
     heads.push_back(head);
   }
   TILER_CHECK(heads.empty() || o.output_key.empty(), ConfigError,
@@ -87,12 +107,11 @@ InferPlan planInfer(InferOptions& o) {
   p.spec = job.spec;
   p.pad = job.pad;
   p.channels = job.channels;
-  p.stitch.mode = parseBlendMode(o.blend);
-  p.stitch.sigma_scale = o.sigma_scale;
-  if (p.stitch.mode == BlendMode::kGaussian) gaussianImportance(4, 4, o.sigma_scale);  // validates sigma
-  p.activation = parseActivation(o.activation);
-  p.tta = parseTta(o.tta);
-  TILER_CHECK(p.tta != Tta::kD4 || p.spec.window_w == p.spec.window_h, ConfigError,
+  p.flags.model = o.model;
+  p.flags.activation = parseActivation(o.activation);
+  p.flags.activation_name = o.activation;
+  p.flags.tta = parseTta(o.tta);
+  TILER_CHECK(p.flags.tta != Tta::kD4 || p.spec.window_w == p.spec.window_h, ConfigError,
               "--tta d4 rotates windows, so they must be square; got --window " << o.window);
   TILER_CHECK(
       o.read_threads >= 0, ConfigError,
@@ -102,12 +121,12 @@ InferPlan planInfer(InferOptions& o) {
   TILER_CHECK(o.on_error == "skip" || o.on_error == "abort", ConfigError, "--on_error must be skip or abort");
   p.abort_on_error = o.on_error == "abort";
   TILER_CHECK(o.format == "tif" || o.format == "png", ConfigError, "--format must be tif or png");
+  p.flags.format = o.format;
   TILER_CHECK(!(o.resume && o.overwrite), ConfigError, "--resume and --overwrite exclude each other");
   if (!o.compression.empty()) {
     p.compression = parseCompression(o.compression);
     checkCompression(*p.compression);
   }
-  p.probs_type = parseProbsType(o.probs_dtype);
   TILER_CHECK(o.stitch == "auto" || o.stitch == "host" || o.stitch == "device", ConfigError,
               "--stitch must be auto, host or device; got '" << o.stitch << "'");
   p.stitch_place = o.stitch == "device" ? StitchPlace::kDevice
@@ -115,24 +134,27 @@ InferPlan planInfer(InferOptions& o) {
                                         : StitchPlace::kAuto;
   TILER_CHECK(o.write_threads >= 0, ConfigError,
               "--write_threads must be >= 0 (0: the CPUs this rank may use)");
-  TILER_CHECK(o.edge == "auto" || o.edge == "lattice" || o.edge == "shift", ConfigError,
-              "--edge must be auto, lattice or shift; got '" << o.edge << "'");
   o.read_threads = usefulThreads("--read_threads", o.read_threads, o.batch_size);
   o.write_threads = usefulThreads("--write_threads", o.write_threads, std::numeric_limits<int>::max());
+  TILER_CHECK(o.edge == "auto" || o.edge == "lattice" || o.edge == "shift", ConfigError,
+              "--edge must be auto, lattice or shift; got '" << o.edge << "'");
+  p.flags.edge = o.edge;
+  p.flags.overlap_given = o.overlap_given;
   p.task = findTask(o.task);
-  if (o.save) p.save_kinds = saveKindsOf(*o.save, p.task);  // else the task's default, once it is known
+  p.flags.save = o.save;
+  if (o.save) p.flags.kinds = saveKindsOf(*o.save, p.task);  // else the task's default, once it is known
   p.mask = parseMaskSpec(o.mask, o.mask_fraction, o.roi, o.roi_class);
   TILER_CHECK((o.level >= 0) + (o.mpp > 0) + (o.magnification > 0) <= 1, ConfigError,
               "--level, --mpp and --magnification choose the same thing; give at most one");
   TILER_CHECK(o.mpp >= 0 && o.magnification >= 0 && o.input_mpp >= 0, ConfigError,
               "--mpp, --magnification and --input_mpp must be positive");
   p.resolution = ResolutionSpec{o.level, o.mpp, o.magnification, o.input_mpp};
-  p.classes = parseClasses(o.classes);
-  TILER_CHECK(o.simplify >= 0, ConfigError, "--simplify must be >= 0");
+  p.flags.classes = parseClasses(o.classes);
   TILER_CHECK(o.replicas >= 0, ConfigError,
               "--replicas must be >= 0 (0: one per CPU core, up to " << kMaxAutoReplicas << ")");
   if (o.inputs.empty()) o.inputs = {bundledSamplesDir() + "/images"};
   if (o.report.empty()) o.report = (fs::path(o.output_dir) / "report.json").string();
+  p.flags = withTaskSettings(o, p.flags, o.task_flags);
   p.heads = plannedHeads(o, p);  // after the job-wide flags, which are each head's defaults
   return p;
 }

@@ -23,13 +23,6 @@ namespace fs = std::filesystem;
 
 namespace tiler {
 
-SampleType parseProbsType(const std::string& name) {
-  if (name == "f32") return SampleType::kF32;
-  if (name == "f16") return SampleType::kF16;
-  if (name == "u8") return SampleType::kU8;
-  TILER_THROW(ConfigError, "--probs_dtype must be f32, f16 or u8; got '" << name << "'");
-}
-
 OutputStage::OutputStage(WindowCatalog& catalog, OutputOptions options)
     : catalog_(catalog),
       options_(std::move(options)),

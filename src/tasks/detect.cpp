@@ -7,7 +7,19 @@
 #include "tiler/writers/window_outputs.hpp"
 
 namespace tiler {
+
+const Task& detectTask();
+
 namespace {
+
+struct DetectSettings : TaskSettings {
+  // A kept box that a box of its class overlapping it by more than this IoU outscores is dropped (0: none).
+  double nms = 0.0;
+  std::pair<std::string, std::string> elsewhere() const override {
+    if (nms == 0) return {};
+    return {"--nms", "boxes"};
+  }
+};
 
 class DetectTask : public Task {
  public:
@@ -25,6 +37,7 @@ class DetectTask : public Task {
   std::string shapeWords() const override { return "boxes, [batch, N, 6] (--task detect)"; }
   bool perWindow() const override { return true; }
   bool givesBoxes() const override { return true; }
+  bool sendsRecords() const override { return true; }
   // The boxes a window keeps, found where it ran.
   RecordMaker recordMaker(const TaskOutputs& outputs) const override {
     return [options = boxOptions(outputs)](const CatalogImage& image, int64_t window,
@@ -36,21 +49,33 @@ class DetectTask : public Task {
                                               const WriterOptions&) const override {
     return windowOutputsConsumer(image, boxOptions(outputs));
   }
+  std::vector<TaskFlag> flags() const override {
+    return {{"nms",
+             "detect: drop a box that a box of its class overlapping it by more than this IoU outscores "
+             "(0: none; the window cores alone keep each box once)",
+             "0", /*show_default=*/true, TaskFlag::Check::kNumber}};
+  }
+  std::shared_ptr<const TaskSettings> parseSettings(const FlagValues& values,
+                                                    const TaskFlags&) const override {
+    auto s = std::make_shared<DetectSettings>();
+    s->nms = numberFlag("--nms", flagValue(values, "nms"));
+    return s;
+  }
 
  protected:
   static WindowOutputOptions boxOptions(const TaskOutputs& outputs) {
     WindowOutputOptions options = windowOutputOptions(outputs);
     options.boxes = true;
+    options.nms_iou = settingsOf<DetectSettings>(detectTask(), outputs.flags).nms;
     return options;
   }
-  bool takesNms() const override { return true; }
   void checkFlags(const ModelProbe&, const TaskFlags& flags, GridSpec& spec) const override {
     // Boxes are in the window's pixels: a flip or turn of the window would move them, and averaging the
     // records of views would mix different boxes.
     TILER_CHECK(flags.tta == Tta::kNone, ConfigError,
                 "--tta is for maps and vectors, not --task detect's boxes");
-    TILER_CHECK(flags.nms >= 0 && flags.nms < 1, ConfigError,
-                "--nms is an IoU in [0, 1) (0: none), not " << flags.nms);
+    const double nms = settingsOf<DetectSettings>(*this, flags).nms;
+    TILER_CHECK(nms >= 0 && nms < 1, ConfigError, "--nms is an IoU in [0, 1) (0: none), not " << nms);
     TILER_CHECK(flags.activation == Activation::kNone, ConfigError,
                 "--activation " << flags.activation_name << " is for maps and vectors; --task detect reads "
                                 << "scores as the model gives them");

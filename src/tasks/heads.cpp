@@ -1,5 +1,7 @@
 #include "tiler/tasks/heads.hpp"
 
+#include <algorithm>
+#include <iterator>
 #include <sstream>
 
 #include "tiler/core/error.hpp"
@@ -8,15 +10,16 @@
 namespace tiler {
 namespace {
 
-// The flags a head may have of its own: --head_opt's keys, each the job-wide flag of that name for the head.
-struct HeadSetting {
-  const char* key;
-  std::optional<std::string> HeadSpec::*field;
-};
-constexpr HeadSetting kHeadSettings[] = {{"activation", &HeadSpec::activation},
-                                         {"classes", &HeadSpec::classes},
-                                         {"save", &HeadSpec::save},
-                                         {"probs_dtype", &HeadSpec::probs_dtype}};
+// The job's flags a head may have of its own (the tasks' own say so in their declarations).
+constexpr const char* kJobHeadSettings[] = {"activation", "classes", "save"};
+
+// --head_opt's keys, each the flag of that name for the head.
+std::vector<std::string> headSettingKeys() {
+  std::vector<std::string> keys(std::begin(kJobHeadSettings), std::end(kJobHeadSettings));
+  for (const TaskFlag& flag : taskFlagDeclarations())
+    if (flag.head) keys.push_back(flag.name);
+  return keys;
+}
 
 // "a, b or c".
 std::string wordsOr(const std::vector<std::string>& names) {
@@ -38,15 +41,12 @@ void applyHeadOption(std::vector<HeadSpec>& heads, const std::string& option) {
     if (h.name == name) head = &h;
   TILER_CHECK(head != nullptr, ConfigError,
               "--head_opt " << option << ": no head '" << name << "' in --heads");
-  std::optional<std::string>* field = nullptr;
-  for (const HeadSetting& setting : kHeadSettings)
-    if (key == setting.key) field = &(head->*setting.field);
+  const std::vector<std::string> keys = headSettingKeys();
   TILER_CHECK(
-      field != nullptr, ConfigError,
+      std::find(keys.begin(), keys.end(), key) != keys.end(), ConfigError,
       "--head_opt " << option << ": no setting '" << key << "' (a head takes " << headSettingWords() << ")");
-  TILER_CHECK(!field->has_value(), ConfigError,
+  TILER_CHECK(head->settings.emplace(key, value).second, ConfigError,
               "--head_opt " << option << ": " << name << "." << key << " is given twice");
-  *field = value;
 }
 
 }  // namespace
@@ -54,14 +54,18 @@ void applyHeadOption(std::vector<HeadSpec>& heads, const std::string& option) {
 std::string headTaskWords() {
   std::vector<std::string> names;
   for (const Task* t : allTasks())
-    if (t->recordMaker(TaskOutputs{}) == nullptr) names.push_back(t->name());
+    if (!t->sendsRecords()) names.push_back(t->name());
   return wordsOr(names);
 }
 
 std::string headSettingWords() {
-  std::vector<std::string> keys;
-  for (const HeadSetting& setting : kHeadSettings) keys.push_back(setting.key);
-  return wordsOr(keys);
+  return wordsOr(headSettingKeys());
+}
+
+std::optional<std::string> HeadSpec::setting(const std::string& key) const {
+  const auto given = settings.find(key);
+  if (given == settings.end()) return std::nullopt;
+  return given->second;
 }
 
 std::vector<HeadSpec> parseHeads(const std::string& heads, const std::vector<std::string>& options) {

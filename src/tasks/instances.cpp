@@ -72,6 +72,7 @@ class InstancesTask : public Task {
   std::string shapeWords() const override { return "instance maps, [batch, 1 + K, h, w] (--task instances)"; }
   // Ids exactly past 2^24.
   torch::ScalarType predictionType() const override { return torch::kFloat64; }
+  bool sendsRecords() const override { return true; }
   // The objects a window keeps, found where it ran.
   RecordMaker recordMaker(const TaskOutputs& outputs) const override {
     return [options = instanceOptions(outputs)](const CatalogImage& image, int64_t window,

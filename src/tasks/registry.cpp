@@ -22,6 +22,35 @@ const std::vector<const Task*>& allTasks() {
   return tasks;
 }
 
+const std::vector<TaskFlag>& taskFlagDeclarations() {
+  static const std::vector<TaskFlag> flags = [] {
+    std::vector<TaskFlag> all;
+    for (const Task* t : allTasks())
+      for (const TaskFlag& flag : t->flags())
+        if (std::none_of(all.begin(), all.end(),
+                         [&flag](const TaskFlag& f) { return std::string(f.name) == flag.name; }))
+          all.push_back(flag);
+    return all;
+  }();
+  return flags;
+}
+
+TaskSettingsList parseTaskSettings(const FlagValues& values, const TaskFlags& job) {
+  TaskSettingsList settings;
+  for (const Task* t : allTasks()) settings.emplace_back(t, t->parseSettings(values, job));
+  return settings;
+}
+
+std::vector<std::string> givenMapFlags(const FlagValues& values) {
+  std::vector<std::string> given;
+  for (const TaskFlag& flag : taskFlagDeclarations()) {
+    const auto value = values.find(flag.name);
+    if (flag.map && value != values.end() && value->second != flag.default_value)
+      given.push_back(std::string("--") + flag.name);
+  }
+  return given;
+}
+
 const Task* findTask(const std::string& name) {
   if (name == "auto") return nullptr;
   std::string words = "auto";

@@ -26,7 +26,8 @@ class RegressTask : public Task {
   bool claimedByShape() const override { return false; }
   std::string shapeWords() const override { return "regression maps, NCHW (--task regress)"; }
   bool stitches() const override { return true; }
-  // Stitched and written by segment's consumer: its probs and zarr writers take the values as they are.
+  // Stitched and written by segment's consumer, with segment's settings (its flags are segment's): its probs
+  // and zarr writers take the values as they are.
   std::unique_ptr<ImageConsumer> makeConsumer(CatalogImage& image, const TaskOutputs& outputs,
                                               const WriterOptions& writer) const override {
     return segmentTask().makeConsumer(image, outputs, writer);
@@ -37,7 +38,8 @@ class RegressTask : public Task {
     TILER_CHECK(flags.activation == Activation::kNone, ConfigError,
                 "--activation " << flags.activation_name << " is for class scores; --task regress takes a "
                                 << "regression map as the model gave it");
-    TILER_CHECK(flags.probs_type != SampleType::kU8, ConfigError,
+    TILER_CHECK(settingsOf<SegmentSettings>(segmentTask(), flags).map.probs_type != SampleType::kU8,
+                ConfigError,
                 "--probs_dtype u8 stores values in [0, 1] as round(v x 255), but --task regress's values are "
                 "not in [0, 1]: save f32 or f16");
     TILER_CHECK(flags.classes.empty(), ConfigError,

@@ -18,6 +18,8 @@ namespace fs = std::filesystem;
 
 namespace tiler {
 
+const Task& segmentTask();
+
 namespace {
 
 // Where a band of probabilities goes as stored: the band itself for f32, else a matrix of the stored type.
@@ -41,18 +43,19 @@ void storeProbabilities(const cv::Mat& rows, SampleType type, cv::Mat out, bool 
 // one per --save kind) as the labels and stored probabilities they ask for.
 class StitchedOutputs : public ImageConsumer {
  public:
-  StitchedOutputs(CatalogImage& img, const OutputOptions& o, const WriterOptions& wo)
-      : img_(img), o_(o), pool_(wo.pool.get()) {
+  StitchedOutputs(CatalogImage& img, const TaskOutputs& outputs, const WriterOptions& wo)
+      : img_(img),
+        s_(settingsOf<SegmentSettings>(segmentTask(), outputs.flags)),
+        classes_(int(outputs.probe.output_channels)),
+        pool_(wo.pool.get()) {
+    const OutputOptions& o = outputs.stage;
     fs::create_directories(fs::path(img.outputs.begin()->second).parent_path());
     MapOutput map;
     map.width = o.scale.apply(img.info.width);
     map.height = o.scale.apply(img.info.height);
-    map.classes = o.classes;
-    map.probs_type = o.probs_type;
-    map.classes_named = o.classes_named;
-    map.format = o.format;
+    map.classes = classes_;
+    map.settings = s_.map;
     map.writer = wo;
-    map.simplify = o.simplify;
     map.input_pixels_per_label_pixel = 1.0 / wo.metadata_scale;
     // In the formats' order, so that a format is made after the one whose file it reads (its `after`).
     for (const OutputFormat& format : outputFormats()) {
@@ -65,15 +68,15 @@ class StitchedOutputs : public ImageConsumer {
       needs_probs_ = needs_probs_ || writer->needsProbs();
       writers_.push_back(std::move(writer));
     }
-    StitchOptions stitch = o.stitch;
+    StitchOptions stitch = s_.stitch;
     stitch.pool = wo.pool.get();
     auto windows = img.masked ? std::optional<std::vector<int64_t>>(img.kept) : std::nullopt;
     if (o.stitch_device) {
       try {
         if (o.before_device_stitcher) o.before_device_stitcher();
-        DeviceBandOptions band{needs_labels_, needs_probs_, o.probs_type, o.label_threshold};
+        DeviceBandOptions band{needs_labels_, needs_probs_, s_.map.probs_type, s_.label_threshold};
         device_stitcher_ = std::make_unique<DeviceStitcher>(
-            img.grid, o.classes, stitch, band, *o.stitch_device,
+            img.grid, classes_, stitch, band, *o.stitch_device,
             [this](const DeviceStitcher::Band& b) { writeDeviceBand(b); }, windows);
       } catch (const std::exception& e) {
         if (!isOutOfMemory(e)) throw;
@@ -83,7 +86,7 @@ class StitchedOutputs : public ImageConsumer {
     }
     if (!device_stitcher_)
       stitcher_ = std::make_unique<Stitcher>(
-          img.grid, o.classes, stitch, [this](const cv::Mat& band, int64_t) { writeBand(band); }, windows);
+          img.grid, classes_, stitch, [this](const cv::Mat& band, int64_t) { writeBand(band); }, windows);
   }
 
   // A step's windows of one grid row are accumulated together; windows on OutputOptions::stitch_device are
@@ -131,12 +134,13 @@ class StitchedOutputs : public ImageConsumer {
   // Each output value once, while the band is at hand, in pieces of rows on the pool: non-finite predictions
   // (they stay so through blending), the stored probabilities, the labels.
   void writeBand(const cv::Mat& band) {
-    cv::Mat stored = needs_probs_ ? storedProbabilitiesBuffer(band, o_.probs_type) : cv::Mat();
+    const SampleType probs_type = s_.map.probs_type;
+    cv::Mat stored = needs_probs_ ? storedProbabilitiesBuffer(band, probs_type) : cv::Mat();
     cv::Mat label_rows;
     if (needs_labels_) label_rows.create(band.rows, band.cols, cvDepthOf(labelSampleType(band.channels())));
     std::atomic<int64_t> non_finite{0}, overflow{0};
-    const bool half = needs_probs_ && o_.probs_type == SampleType::kF16;
-    const float threshold = o_.label_threshold;
+    const bool half = needs_probs_ && probs_type == SampleType::kF16;
+    const float threshold = s_.label_threshold;
     parallelRows(pool_, band.rows, kMinRowsPerPiece, [&](int64_t a, int64_t b) {
       const cv::Mat rows = band.rowRange(int(a), int(b));
       int64_t bad = 0;
@@ -148,7 +152,7 @@ class StitchedOutputs : public ImageConsumer {
         for (int y = 0; y < rows.rows; ++y)
           overflow += countBeyondHalf(rows.ptr<float>(y), int64_t(rows.cols) * rows.channels());
       if (needs_probs_ && stored.data != band.data)
-        storeProbabilities(rows, o_.probs_type, stored.rowRange(int(a), int(b)), large);
+        storeProbabilities(rows, probs_type, stored.rowRange(int(a), int(b)), large);
       if (needs_labels_) labelsInto(rows, threshold, label_rows.rowRange(int(a), int(b)));
     });
     img_.non_finite_values += non_finite.load();
@@ -166,9 +170,10 @@ class StitchedOutputs : public ImageConsumer {
     for (auto& writer : writers_) writer->write(band);
   }
 
-  CatalogImage& img_;       // the catalog's, which outlives the stage
-  const OutputOptions& o_;  // the stage's
-  WorkPool* pool_;          // the stage's: compressions and the bands' pieces of rows
+  CatalogImage& img_;         // the catalog's, which outlives the stage
+  const SegmentSettings& s_;  // the task's, which the stage's consumer factory holds
+  int classes_;               // the model's output channels
+  WorkPool* pool_;            // the stage's: compressions and the bands' pieces of rows
   std::vector<std::unique_ptr<MapWriter>> writers_;  // one per --save kind, in output_kinds' order (owned)
   bool needs_labels_ = false, needs_probs_ = false;  // what some writer takes of each band
   std::unique_ptr<Stitcher> stitcher_;               // on the host, or
@@ -178,6 +183,14 @@ class StitchedOutputs : public ImageConsumer {
 }  // namespace
 
 namespace {
+
+// --probs_dtype: f32 | f16 | u8.
+SampleType parseProbsType(const std::string& name) {
+  if (name == "f32") return SampleType::kF32;
+  if (name == "f16") return SampleType::kF16;
+  if (name == "u8") return SampleType::kU8;
+  TILER_THROW(ConfigError, "--probs_dtype must be f32, f16 or u8; got '" << name << "'");
+}
 
 class SegmentTask : public Task {
  public:
@@ -195,7 +208,35 @@ class SegmentTask : public Task {
   bool stitches() const override { return true; }
   std::unique_ptr<ImageConsumer> makeConsumer(CatalogImage& image, const TaskOutputs& outputs,
                                               const WriterOptions& writer) const override {
-    return std::make_unique<StitchedOutputs>(image, outputs.stage, writer);
+    return std::make_unique<StitchedOutputs>(image, outputs, writer);
+  }
+  // --blend and --probs_dtype shape the map (a task that finds objects refuses them); a head may store its
+  // probabilities its own way.
+  std::vector<TaskFlag> flags() const override {
+    using Check = TaskFlag::Check;
+    return {
+        {"blend", "constant | gaussian | crop", "gaussian", /*show_default=*/true, Check::kNone,
+         /*head=*/false, /*map=*/true},
+        {"sigma_scale", "gaussian sigma per window size", "0.125", /*show_default=*/true, Check::kPositive},
+        {"simplify", "polygon simplification tolerance, pixels (0: exact)", "0", /*show_default=*/false,
+         Check::kNonNegative},
+        {"probs_dtype", "f32 | f16 | u8: how probabilities are stored (u8: round(p x 255))", "f32",
+         /*show_default=*/true, Check::kNone, /*head=*/true, /*map=*/true}};
+  }
+  std::shared_ptr<const TaskSettings> parseSettings(const FlagValues& values,
+                                                    const TaskFlags& job) const override {
+    auto s = std::make_shared<SegmentSettings>();
+    s->stitch.mode = parseBlendMode(flagValue(values, "blend"));
+    s->stitch.sigma_scale = numberFlag("--sigma_scale", flagValue(values, "sigma_scale"));
+    if (s->stitch.mode == BlendMode::kGaussian)
+      gaussianImportance(4, 4, s->stitch.sigma_scale);  // validates sigma
+    s->map.simplify = numberFlag("--simplify", flagValue(values, "simplify"));
+    TILER_CHECK(s->map.simplify >= 0, ConfigError, "--simplify must be >= 0");
+    s->map.probs_type = parseProbsType(flagValue(values, "probs_dtype"));
+    s->map.classes_named = job.classes;
+    s->map.format = job.format;
+    s->label_threshold = labelThreshold(job.activation);
+    return s;
   }
 
  protected:

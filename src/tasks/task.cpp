@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "tiler/core/cli.hpp"
 #include "tiler/core/error.hpp"
 #include "tiler/writers/window_outputs.hpp"
 
@@ -18,9 +19,28 @@ void Task::settle(const ModelProbe& probe, const TaskFlags& flags, GridSpec& spe
   TILER_CHECK(perWindow() || givesBoxes() || probe.output_channels <= kMaxMapChannels, ConfigError,
               "'" << flags.model << "' gives maps of " << probe.output_channels << " channels; --task "
                   << name() << " stitches at most " << kMaxMapChannels << " channels a pixel");
-  TILER_CHECK(takesNms() || flags.nms == 0, ConfigError,
-              "--nms is for --task detect's boxes, but '" << flags.model << "' gives " << shape);
+  // Another task's flag that the others refuse, given: it would do nothing here.
+  for (const auto& [owner, settings] : flags.settings) {
+    if (owner == this || !settings) continue;
+    const auto [flag, what] = settings->elsewhere();
+    TILER_CHECK(flag.empty(), ConfigError,
+                flag << " is for --task " << owner->name() << "'s " << what << ", but '" << flags.model
+                     << "' gives " << shape);
+  }
   checkFlags(probe, flags, spec);
+}
+
+std::string Task::flagValue(const FlagValues& values, const std::string& name) const {
+  if (const auto given = values.find(name); given != values.end()) return given->second;
+  for (const TaskFlag& flag : flags())
+    if (name == flag.name) return flag.default_value;
+  TILER_THROW(ConfigError, "--task " << this->name() << " has no flag --" << name);
+}
+
+double numberFlag(const std::string& flag, const std::string& value) {
+  double number = 0;
+  TILER_CHECK(parseNumber(value, number), ConfigError, flag << " takes a number; got '" << value << "'");
+  return number;
 }
 
 std::vector<std::string> Task::outputKinds() const {
@@ -88,11 +108,9 @@ WindowOutputOptions windowOutputOptions(const TaskOutputs& outputs) {
   WindowOutputOptions wo;
   wo.kinds = outputs.flags.kinds;
   wo.dim = outputs.probe.output_channels;
-  wo.encoder = outputs.flags.encoder;
   wo.overlap = outputs.spec.overlap_x;
   wo.classes = outputs.flags.classes;
   wo.compression = outputs.stage.compression;
-  wo.nms_iou = outputs.flags.nms;
   return wo;
 }
 

@@ -2,6 +2,7 @@
 #include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -9,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <stdexcept>
 
 #include "commands.hpp"
 #include "tiler/core/cli.hpp"
@@ -150,15 +152,35 @@ int runCheckModelCli(int argc, char** argv) {
   return tiler::tools::checkModel(card, device);
 }
 
+// Task flag `name` (a tasks/registry declaration) into o.task_flags, at its place in --help.
+void addTaskFlag(CLI::App& app, tiler::InferOptions& o, const std::string& name) {
+  const auto& flags = tiler::taskFlagDeclarations();
+  const auto flag =
+      std::find_if(flags.begin(), flags.end(), [&name](const tiler::TaskFlag& f) { return name == f.name; });
+  if (flag == flags.end()) throw std::logic_error("no task declares --" + name);
+  std::string& value = o.task_flags[flag->name] = flag->default_value;
+  CLI::Option* option = app.add_option(flagNames("--" + name), value, flag->help);
+  if (flag->show_default) option->capture_default_str();
+  using Check = tiler::TaskFlag::Check;
+  if (flag->check != Check::kNone) option->type_name("FLOAT");
+  if (flag->check == Check::kNumber) option->check(finiteNumber().description(""));
+  if (flag->check == Check::kPositive) option->check(positiveNumber());
+  if (flag->check == Check::kNonNegative) option->check(nonNegativeNumber());
+}
+
+// The task flags not placed among infer's own above: a task's new flag needs no line here.
+void addOtherTaskFlags(CLI::App& app, tiler::InferOptions& o) {
+  for (const tiler::TaskFlag& flag : tiler::taskFlagDeclarations())
+    if (!o.task_flags.count(flag.name)) addTaskFlag(app, o, flag.name);
+}
+
 // infer's flags, in --help's order: how windows are padded, blended and activated (after the shared flags).
 void addWindowFlags(CLI::App& app, tiler::InferOptions& o) {
   app.add_option(flagNames("--cval"), o.cval, "value for constant padding")
       ->capture_default_str()
       ->check(finiteNumber());
-  app.add_option(flagNames("--blend"), o.blend, "constant | gaussian | crop")->capture_default_str();
-  app.add_option(flagNames("--sigma_scale"), o.sigma_scale, "gaussian sigma per window size")
-      ->capture_default_str()
-      ->check(positiveNumber());
+  addTaskFlag(app, o, "blend");
+  addTaskFlag(app, o, "sigma_scale");
   app.add_option(flagNames("--activation"), o.activation, "none | softmax | sigmoid")->capture_default_str();
   app.add_option(
          flagNames("--tta"), o.tta,
@@ -182,18 +204,14 @@ CLI::Option* addOutputFlags(CLI::App& app, tiler::InferOptions& o, std::string& 
                  "TRIDENT/CLAM patches; classify, embed, detect) or shifted back to end at it (shift, "
                  "MONAI's grid); auto: lattice for per-window tasks, shift for segment")
       ->capture_default_str();
-  app.add_option(flagNames("--nms"), o.nms,
-                 "detect: drop a box that a box of its class overlapping it by more than this IoU outscores "
-                 "(0: none; the window cores alone keep each box once)")
-      ->capture_default_str();
+  addTaskFlag(app, o, "nms");
   app.add_option(flagNames("--heads"), o.heads,
                  "NAME[:TASK],...: a model's several outputs (dict keys, else tuple indices), run once per "
                  "batch, each a task (" +
                      tiler::headTaskWords() + ") with outputs <stem>_<NAME>_...");
   app.add_option(flagNames("--head_opt"), o.head_opt,
                  "NAME.KEY=VALUE (repeat it): a head's own " + tiler::headSettingWords());
-  app.add_option(flagNames("--encoder_name"), o.encoder_name,
-                 "embed: the encoder named in the features file (default: the model file's stem)");
+  addTaskFlag(app, o, "encoder_name");
   app.add_option(flagNames("--format"), o.format, "tif | png (labels)")->capture_default_str();
   app.add_option(
       flagNames("--compression"), o.compression,
@@ -221,8 +239,7 @@ void addRegionFlags(CLI::App& app, tiler::InferOptions& o) {
   app.add_option(flagNames("--roi_class"), o.roi_class, "only the ROI features of this classification name");
   addResolutionFlags(app, o.level, o.mpp, o.magnification, o.input_mpp);
   app.add_flag(flagNames("--pyramid"), o.pyramid, "reduced-resolution levels in the TIFF outputs");
-  app.add_option(flagNames("--simplify"), o.simplify, "polygon simplification tolerance, pixels (0: exact)")
-      ->check(nonNegativeNumber());
+  addTaskFlag(app, o, "simplify");
   app.add_option(flagNames("--classes"), o.classes,
                  "class names NAME[:#rrggbb],... (labels palette, metadata)");
   app.add_flag(flagNames("--recursive"), o.recursive, "walk input directories recursively");
@@ -253,9 +270,7 @@ void addThroughputFlags(CLI::App& app, tiler::InferOptions& o) {
   app.add_option(flagNames("--write_threads"), o.write_threads,
                  "threads compressing output tiles (default: the CPUs this rank may use)")
       ->check(positiveNumber());
-  app.add_option(flagNames("--probs_dtype"), o.probs_dtype,
-                 "f32 | f16 | u8: how probabilities are stored (u8: round(p x 255))")
-      ->capture_default_str();
+  addTaskFlag(app, o, "probs_dtype");
   app.add_option(
          flagNames("--stitch"), o.stitch,
          "auto | host | device: where a segment model's windows are blended (auto: on a GPU, where the "
@@ -287,6 +302,7 @@ int runInferCli(int argc, char** argv) {
   CLI::Option* save_option = addOutputFlags(app, o, save);
   addRegionFlags(app, o);
   addThroughputFlags(app, o);
+  addOtherTaskFlags(app, o);
   if (const int code = tiler::parseCommandLine(app, argc, argv, "tiler"); code >= 0) return code;
   if (save_option->count() > 0) o.save = save;
   o.overlap_given = app.count("--overlap") > 0;

@@ -39,9 +39,9 @@ class LabelsWriter : public ImageMapWriter {
     WriterOptions lo = m.writer;
     lo.format = std::move(format);
     lo.nearest = true;
-    if (lo.format == "tif") lo.colormap = labelPalette(label_classes, m.classes_named);
-    if (!m.classes_named.empty())
-      lo.description = nlohmann::json{{"classes", classNamesJson(m.classes_named)}}.dump();
+    if (lo.format == "tif") lo.colormap = labelPalette(label_classes, m.settings.classes_named);
+    if (!m.settings.classes_named.empty())
+      lo.description = nlohmann::json{{"classes", classNamesJson(m.settings.classes_named)}}.dump();
     writer_ = std::make_unique<ImageWriter>(path, m.width, m.height, 1, labelSampleType(label_classes), lo);
   }
   bool needsLabels() const override { return true; }
@@ -56,10 +56,10 @@ class ProbsWriter : public ImageMapWriter {
   ProbsWriter(const std::string& path, const MapOutput& m) {
     WriterOptions po = m.writer;
     // f32 files stay as they always were: values are probabilities as the model gave them.
-    if (m.probs_type != SampleType::kF32)
-      po.description = probabilitiesDescription(m.probs_type, m.classes_named);
-    if (m.probs_type == SampleType::kU8) po.value_scale = 1.0 / 255.0;
-    writer_ = std::make_unique<ImageWriter>(path, m.width, m.height, m.classes, m.probs_type, po);
+    if (m.settings.probs_type != SampleType::kF32)
+      po.description = probabilitiesDescription(m.settings.probs_type, m.settings.classes_named);
+    if (m.settings.probs_type == SampleType::kU8) po.value_scale = 1.0 / 255.0;
+    writer_ = std::make_unique<ImageWriter>(path, m.width, m.height, m.classes, m.settings.probs_type, po);
   }
   bool needsLabels() const override { return false; }
   bool needsProbs() const override { return true; }
@@ -71,10 +71,10 @@ class ProbsWriter : public ImageMapWriter {
 class PolygonsWriter : public MapWriter {
  public:
   PolygonsWriter(const std::string& path, const MapOutput& m) : path_(path), labels_raster_(m.labels_raster) {
-    options_.palette = labelPalette(labelClassCount(m.classes), m.classes_named);
-    options_.named = m.classes_named;
+    options_.palette = labelPalette(labelClassCount(m.classes), m.settings.classes_named);
+    options_.named = m.settings.classes_named;
     options_.input_pixels_per_label_pixel = m.input_pixels_per_label_pixel;
-    options_.simplify = m.simplify;
+    options_.simplify = m.settings.simplify;
     if (labels_raster_.empty()) {
       scratch_ = std::make_unique<LabelsWriter>(path + ".labels.tif", m, "tif");
       labels_raster_ = scratch_->labelsRaster();
@@ -123,7 +123,7 @@ std::string probabilitiesDescription(SampleType type, const std::vector<ClassInf
 }
 
 std::unique_ptr<MapWriter> openLabelsWriter(const std::string& path, const MapOutput& output) {
-  return std::make_unique<LabelsWriter>(path, output, output.format);
+  return std::make_unique<LabelsWriter>(path, output, output.settings.format);
 }
 
 std::unique_ptr<MapWriter> openProbsWriter(const std::string& path, const MapOutput& output) {

@@ -551,9 +551,10 @@ class ZarrMapWriter : public MapWriter {
  public:
   ZarrMapWriter(const std::string& path, const MapOutput& m) {
     const int label_classes = labelClassCount(m.classes);
-    const auto palette = labelPalette(label_classes, m.classes_named);
+    const auto palette = labelPalette(label_classes, m.settings.classes_named);
     auto className = [&](int k) {
-      return k < int(m.classes_named.size()) ? m.classes_named[size_t(k)].name : defaultClassName(k);
+      return k < int(m.settings.classes_named.size()) ? m.settings.classes_named[size_t(k)].name
+                                                      : defaultClassName(k);
     };
     ZarrOptions zo;
     zo.chunk = m.writer.tile;
@@ -563,11 +564,11 @@ class ZarrMapWriter : public MapWriter {
     zo.compression = m.writer.compression;
     ZarrProbabilities probabilities;
     probabilities.channels = m.classes;
-    probabilities.type = m.probs_type;
+    probabilities.type = m.settings.probs_type;
     if (m.classes > 1)
       for (int c = 0; c < m.classes; ++c)
         probabilities.channel_classes.push_back({className(c), palette[size_t(c)]});
-    probabilities.attributes = probabilitiesDescription(m.probs_type, m.classes_named);
+    probabilities.attributes = probabilitiesDescription(m.settings.probs_type, m.settings.classes_named);
     zo.probabilities = probabilities;
     ZarrLabels labels;
     labels.type = labelSampleType(label_classes);

@@ -26,5 +26,7 @@ std::string flagNames(const std::string& names);
 CLI::Validator finiteNumber();       // any finite number
 CLI::Validator positiveNumber();     // finite and > 0
 CLI::Validator nonNegativeNumber();  // finite and >= 0
+// The whole of `text` as a number (std::stod's syntax, nothing after it); false when it is none.
+bool parseNumber(const std::string& text, double& value);
 
 }  // namespace tiler

@@ -2,6 +2,7 @@
 // (plan.hpp) parses and checks once; plain data, no LibTorch.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -14,8 +15,6 @@ namespace tiler {
 struct InferOptions : JobOptions {
   std::vector<std::string> inputs;  // files or directories; empty: the bundled samples
   std::string output_dir = "tiler-out";
-  std::string blend = "gaussian";
-  double sigma_scale = 0.125;
   double cval = 0.0;
   std::string activation = "none";
   std::string tta = "none";  // none | flip | d4
@@ -24,12 +23,13 @@ struct InferOptions : JobOptions {
   // objects_csv, instances (instances). Unset: the task's default (defaultKinds).
   std::optional<std::string> save;
   std::string task = "auto";  // auto | segment | classify | embed | detect | instances (tasks/registry)
-  std::string encoder_name;   // embed: the HDF5 attribute `encoder`; empty: the model file's stem
   // A model with several outputs run once per batch, each its own task and outputs (tasks/heads.hpp):
   // NAME[:TASK],...; empty: one output (--output_key).
   std::string heads;
-  std::vector<std::string> head_opt;  // NAME.KEY=VALUE: a head's activation, classes, save or probs_dtype
-  double nms = 0.0;                   // detect: --nms IOU (0: none)
+  std::vector<std::string> head_opt;  // NAME.KEY=VALUE: a head's own flag (tasks/heads' headSettingWords)
+  // Each task's own flags (Task::flags, tasks/registry's taskFlagDeclarations: --blend, --nms, ...) by name,
+  // as given; a flag not here has its default.
+  std::map<std::string, std::string> task_flags;
   // --overlap given: a per-window task (classify, embed) uses it; else its windows do not overlap (0).
   bool overlap_given = false;
   // Where the last column and row of windows go: lattice (whole strides, padded past the edge: TRIDENT's
@@ -50,7 +50,6 @@ struct InferOptions : JobOptions {
   std::string roi_class;        // only the ROI features of this classification name
   bool pyramid = false;         // reduced-resolution pages in the TIFF outputs
   std::string classes;          // NAME[:#rrggbb],... for classes 0..K-1
-  double simplify = 0.0;        // polygon simplification tolerance in input pixels; 0: exact outlines
   // Processing resolution (at most one of the first three) and the sources' µm/px.
   int level = -1;
   double mpp = 0.0;
@@ -69,7 +68,6 @@ struct InferOptions : JobOptions {
   bool no_shared_memory = false;
   // Threads compressing output tiles (every output of the rank); 0: usableCpus().
   int write_threads = 0;
-  std::string probs_dtype = "f32";  // f32 | f16 | u8 (round(p x 255))
   // Where a segment model's windows are blended: auto (device on a GPU, else host) | host | device (on the
   // model's device, a CPU one too, where the owner's windows arrive there: one rank, NCCL, gloo between
   // CPUs).

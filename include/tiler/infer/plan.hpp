@@ -1,5 +1,5 @@
 // plan: `tiler infer`'s flags parsed and checked once, into typed values the job's phases read (no flag
-// string is looked at again past planInfer, but for what a task's own flag rules take from InferOptions).
+// string is looked at again past planInfer: each task's own flags are parsed here into its settings).
 // Promise: planInfer throws a ConfigError naming the flag for any value tiler cannot run; what depends on the
 // model (the task --task auto becomes, each head's outputs) is settled by the job after the probe.
 #pragma once
@@ -17,7 +17,7 @@
 #include "tiler/io/resolution.hpp"
 #include "tiler/model/model.hpp"
 #include "tiler/tasks/heads.hpp"
-#include "tiler/writers/blend.hpp"
+#include "tiler/tasks/task.hpp"
 
 namespace tiler {
 
@@ -28,10 +28,9 @@ enum class StitchPlace { kAuto, kHost, kDevice };  // --stitch
 struct InferHead {
   HeadSpec spec;
   const Task* task = nullptr;  // its own, or --task (null: auto)
-  Activation activation = Activation::kNone;
-  std::vector<ClassInfo> classes;
-  SampleType probs_type = SampleType::kF32;
-  std::vector<std::string> kinds;  // its --save, or (after the probe) its task's defaults
+  // Its flags (the job's, with its --head_opt settings) and every task's settings of them; kinds: its
+  // --save, or (after the probe) its task's defaults.
+  TaskFlags flags;
   ModelProbe probe;
   int64_t offset = 0, values = 0;
 };
@@ -39,20 +38,17 @@ struct InferHead {
 struct InferPlan {
   GridSpec spec;
   PadMode pad = PadMode::kConstant;
-  StitchOptions stitch;
   StitchPlace stitch_place = StitchPlace::kAuto;
   MaskSpec mask;
   std::vector<int> channels;  // --channels
   ResolutionSpec resolution;
-  std::vector<ClassInfo> classes;  // --classes
-  Activation activation = Activation::kNone;
-  Tta tta = Tta::kNone;
-  const Task* task = nullptr;              // --task (null: auto; the probe says what it becomes)
-  std::vector<std::string> save_kinds;     // --save; empty: the task's default, once it is known
+  const Task* task = nullptr;  // --task (null: auto; the probe says what it becomes)
+  // What every task reads (--activation, --classes, --tta, ...; kinds: --save, empty until the task's
+  // defaults are known) and each task's own flags parsed into its settings.
+  TaskFlags flags;
   bool abort_on_error = false;             // --on_error abort
   std::optional<Compression> compression;  // unset: each output's default
-  SampleType probs_type = SampleType::kF32;
-  std::vector<InferHead> heads;  // --heads; empty: one output
+  std::vector<InferHead> heads;            // --heads; empty: one output
 };
 
 // Parses and checks `o`'s flags; caps its thread counts (usefulThreads) and fills its defaulted inputs and

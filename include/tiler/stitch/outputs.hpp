@@ -29,7 +29,6 @@
 #include "tiler/core/slots.hpp"
 #include "tiler/io/catalog.hpp"
 #include "tiler/io/image_io.hpp"
-#include "tiler/io/polygons.hpp"
 #include "tiler/writers/blend.hpp"
 #include "tiler/writers/instances.hpp"
 #include "tiler/writers/window_outputs.hpp"
@@ -76,20 +75,15 @@ struct OutputPart {
   std::vector<int64_t> window_sizes{};  // its shape for one window ([C, h, w] or [D]); empty: the whole of it
 };
 
+// The stage's own settings: what every image's writers share (compression, pyramid, the pool), where it
+// stitches, which images it writes and what takes their windows. What a task's outputs are made of is its
+// own (tasks/: each task's settings, in its consumer).
 struct OutputOptions {
-  std::string format = "tif";              // labels: tif | png; probs are always tif
   std::optional<Compression> compression;  // unset: defaultCompression of each output's sample type
-  int classes = 2;                         // the model's output channels
   Scale scale;                             // output size / input size
-  StitchOptions stitch;
-  float label_threshold = 0.f;  // one-channel models: 0 for logits, 0.5 for sigmoid probabilities
   bool abort_on_error = false;
-  size_t depth = 2;                      // steps queued ahead of the stitcher
-  bool pyramid = false;                  // reduced-resolution pages in the TIFF outputs
-  double simplify = 0.0;                 // polygon simplification tolerance, input pixels
-  std::vector<ClassInfo> classes_named;  // --classes: names and colours of classes 0..K-1
-  // Probabilities as stored: f32; f16 (IEEE half); u8 = round(p x 255), clamped to [0, 1] first.
-  SampleType probs_type = SampleType::kF32;
+  size_t depth = 2;       // steps queued ahead of the stitcher
+  bool pyramid = false;   // reduced-resolution pages in the TIFF outputs
   int write_threads = 1;  // the pool compressing every output's tiles
   // The images this stage writes: those whose owners[i] is `rank` (every image when owners is empty).
   std::vector<int> owners;
@@ -113,9 +107,6 @@ struct OutputStats {
   int64_t bytes_written = 0;  // files committed under their final names
   int64_t images_owned = 0;
 };
-
-// --probs_dtype: f32 | f16 | u8.
-SampleType parseProbsType(const std::string& name);
 
 // One step's slots for this rank's images, as it gathered them from every rank.
 struct StepResult {

@@ -5,6 +5,7 @@
 // default. Plain parsing: ConfigError naming the flag and the part that is wrong.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -14,18 +15,20 @@ namespace tiler {
 class Task;
 
 struct HeadSpec {
-  std::string name;                        // its outputs: <stem>_<name>_...; the model output's key or index
-  std::optional<const Task*> task;         // unset: --task; null: auto (the registry's row otherwise)
-  std::optional<std::string> activation;   // unset: --activation
-  std::optional<std::string> classes;      // unset: --classes
-  std::optional<std::string> save;         // unset: --save
-  std::optional<std::string> probs_dtype;  // unset: --probs_dtype
+  std::string name;                 // its outputs: <stem>_<name>_...; the model output's key or index
+  std::optional<const Task*> task;  // unset: --task; null: auto (the registry's row otherwise)
+  // Its own flags (--head_opt NAME.KEY=VALUE) by KEY, one of headSettingWords(); a flag not here is the
+  // job-wide one.
+  std::map<std::string, std::string> settings;
+  // Its own value of flag `key`; unset: the job-wide flag.
+  std::optional<std::string> setting(const std::string& key) const;
 };
 
 // "segment, classify, embed or regress": the tasks a head can be, those whose windows send their predictions
 // (a task whose windows send records runs alone), in the registry's order.
 std::string headTaskWords();
-// "activation, classes, save or probs_dtype": --head_opt's keys.
+// "activation, classes, save or probs_dtype": --head_opt's keys: the job's flags a head may set for itself,
+// then the tasks' flags that say so (TaskFlag::head).
 std::string headSettingWords();
 // --heads and its --head_opt settings; empty `heads`: none (one output, --output_key).
 std::vector<HeadSpec> parseHeads(const std::string& heads, const std::vector<std::string>& options);

@@ -39,6 +39,14 @@ std::string saveHelpText();
 // docs/cli.md's table of outputs, one line a format: its word, file, tasks (those that write it by default),
 // what it takes, the feature it needs and what it is.
 std::string outputsTableMarkdown();
+// Every task's flags (Task::flags), in the registry's order, each once (a flag two tasks declare is the
+// first's): what tiler infer's command line registers.
+const std::vector<TaskFlag>& taskFlagDeclarations();
+// Every task's settings, parsed from `values` (each task's flags as given) with the job's flags `job`.
+TaskSettingsList parseTaskSettings(const FlagValues& values, const TaskFlags& job);
+// The task flags that shape a stitched map (TaskFlag::map) whose value in `values` is not their default:
+// "--blend", ...
+std::vector<std::string> givenMapFlags(const FlagValues& values);
 // The consumer of each image's windows for `task`'s outputs (OutputOptions::consumer).
 ConsumerFactory consumersFor(const Task& task, TaskOutputs outputs);
 

@@ -1,48 +1,85 @@
 // tasks/task: what a model's output is for (segment, classify, embed, detect, instances) behind one
 // interface, so that the job, the model and the output stage ask a task instead of naming it. A task says
-// which model outputs it accepts (their shape), checks the flags against them, gives a window's prediction
-// size and type, what a window sends its image's owner (the prediction itself, or a record its rank makes)
-// and makes the consumer that writes an image's outputs (the writers/formats rows that consume what it
-// produces). Promise: tasks are constant rows (tasks/registry), read from any thread; nothing outside a
-// task's file knows its consumer's type. Adding a task is one file here plus one registry row.
+// which model outputs it accepts (their shape), declares the flags it owns and parses them into settings of
+// its own type, checks the flags against the model, gives a window's prediction size and type, what a window
+// sends its image's owner (the prediction itself, or a record its rank makes) and makes the consumer that
+// writes an image's outputs (the writers/formats rows that consume what it produces) with its settings.
+// Promise: tasks are constant rows (tasks/registry), read from any thread; nothing outside a task's file
+// knows its consumer's or its settings' type (but segment's, whose maps regress writes too). Adding a task
+// is one file here plus one registry row; adding a task's flag is an edit of its file.
 #pragma once
 
 #include <torch/types.h>
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "tiler/core/error.hpp"
 #include "tiler/core/grid.hpp"
 #include "tiler/io/catalog.hpp"
 #include "tiler/io/polygons.hpp"
 #include "tiler/model/probe.hpp"
 #include "tiler/stitch/outputs.hpp"
 #include "tiler/writers/formats.hpp"
+#include "tiler/writers/map_writers.hpp"
 
 namespace tiler {
 
-// The job's flags a task checks and its outputs are made from.
+// A flag a task owns (tiler infer's --NAME): the command line registers it from the registry
+// (taskFlagDeclarations), its value reaches the task as given (FlagValues) and the task parses it into its
+// settings (Task::parseSettings).
+struct TaskFlag {
+  enum class Check { kNone, kNumber, kPositive, kNonNegative };  // what the command line checks of it
+  const char* name;           // "nms": --nms, and a head's --head_opt KEY when `head`
+  const char* help;           // --help's words
+  const char* default_value;  // its value when not given
+  bool show_default = false;  // --help shows the default
+  Check check = Check::kNone;
+  bool head = false;  // a head may set it for itself (--head_opt NAME.KEY=VALUE)
+  bool map = false;   // it shapes a stitched map (a task that stitches none may refuse it given)
+};
+
+// Task flags' values by name, as given (a flag not here has its default).
+using FlagValues = std::map<std::string, std::string>;
+
+// A task's own flags parsed and checked (each task's own type); a flag of its set other than its default
+// that the other tasks refuse says so (elsewhere()).
+class TaskSettings {
+ public:
+  virtual ~TaskSettings() = default;
+  // Its flag, given, that another task refuses ("--nms") and what it is for ("boxes"); empty: none.
+  virtual std::pair<std::string, std::string> elsewhere() const { return {}; }
+};
+
+class Task;
+// Every task's settings for one output (or head), in the registry's order: the task the model settles reads
+// its own (settingsOf), and a task whose consumer is another's (regress: segment's) reads that one's.
+using TaskSettingsList = std::vector<std::pair<const Task*, std::shared_ptr<const TaskSettings>>>;
+
+// The job's flags every task reads, and each task's own settings; what a task checks and its outputs are
+// made from.
 struct TaskFlags {
   std::string model;                // the model's path, for messages
   std::optional<std::string> save;  // --save as given
   std::vector<std::string> kinds;   // the output kinds written (--save, or the task's defaults)
   std::string edge = "auto";        // --edge
   bool overlap_given = false;       // --overlap was given
-  double nms = 0.0;                 // --nms
   Tta tta = Tta::kNone;
   Activation activation = Activation::kNone;
-  std::string activation_name = "none";      // --activation as given
-  std::vector<ClassInfo> classes;            // --classes
-  SampleType probs_type = SampleType::kF32;  // --probs_dtype
+  std::string activation_name = "none";  // --activation as given
+  std::vector<ClassInfo> classes;        // --classes
+  std::string format = "tif";            // --format: a map's labels file
   // Flags that shape a stitched map, given other than their default ("--blend", "--format", ...).
   std::vector<std::string> map_flags;
-  std::string encoder;  // embed: the name written in the features file
   // A head of a model with several outputs: its outputs are the image's kinds headKind(head, kind).
   std::string head;
+  TaskSettingsList settings;  // each task's, parsed from its flags (parseTaskSettings)
 };
 
 // Everything an image's consumer is made from: the stage's options (maps), the model's output and the grid
@@ -95,6 +132,8 @@ class Task {
   std::vector<int64_t> predictionSizes(const ModelProbe& probe, const GridSpec& spec, int64_t windows) const;
   // What a window sends its owner: null (the prediction, gathered as it is) or its record.
   virtual RecordMaker recordMaker(const TaskOutputs&) const { return nullptr; }
+  // Its windows send records (recordMaker), not their predictions.
+  virtual bool sendsRecords() const { return false; }
   // The consumer of an image's windows, with its partial files (the stage's writer options `writer`).
   virtual std::unique_ptr<ImageConsumer> makeConsumer(CatalogImage& image, const TaskOutputs& outputs,
                                                       const WriterOptions& writer) const = 0;
@@ -106,12 +145,38 @@ class Task {
   virtual std::vector<std::string> defaultKinds() const = 0;
   // Whether it writes output kind `kind` (or a head's, "<head>/<kind>").
   bool writes(const std::string& kind) const;
+  // The flags it owns, in --help's order.
+  virtual std::vector<TaskFlag> flags() const { return {}; }
+  // Its flags' `values` parsed into its settings, with the job's flags it reads (`job`; its settings unset):
+  // a ConfigError naming the flag for a value it cannot take. Null: it has none.
+  virtual std::shared_ptr<const TaskSettings> parseSettings(const FlagValues& /*values*/,
+                                                            const TaskFlags& /*job*/) const {
+    return nullptr;
+  }
 
  protected:
-  // This task's own flag rules (settle() has checked the kinds and --nms).
+  // This task's own flag rules (settle() has checked the kinds and the flags other tasks own).
   virtual void checkFlags(const ModelProbe& probe, const TaskFlags& flags, GridSpec& spec) const = 0;
-  // Whether --nms means something to it.
-  virtual bool takesNms() const { return false; }
+  // The value of its flag `name` in `values` (its default when not given).
+  std::string flagValue(const FlagValues& values, const std::string& name) const;
+};
+
+// `task`'s settings in `flags` (its parseSettings' type).
+template <typename Settings>
+const Settings& settingsOf(const Task& task, const TaskFlags& flags) {
+  for (const auto& [owner, settings] : flags.settings)
+    if (owner == &task && settings) return static_cast<const Settings&>(*settings);
+  TILER_THROW(ConfigError, "--task " << task.name() << "'s flags were not parsed");
+}
+// A number flag's value: ConfigError naming `flag` when it is none.
+double numberFlag(const std::string& flag, const std::string& value);
+
+// segment's settings (its flags, and the job's --format, --classes and --activation it reads), which its
+// consumer writes with; regress's maps are segment's, stitched and written with them.
+struct SegmentSettings : TaskSettings {
+  StitchOptions stitch;         // --blend, --sigma_scale
+  MapSettings map;              // what the map's writers take: --probs_dtype, --classes, --format, --simplify
+  float label_threshold = 0.f;  // one-channel models: 0 for logits, 0.5 for sigmoid probabilities
 };
 
 // Adds `more` non-finite prediction values to the image's count and, when it holds any, warns once that

@@ -19,15 +19,20 @@
 
 namespace tiler {
 
-// What every writer of one image's map knows: sizes, classes, the stage's writer options.
-struct MapOutput {
-  int64_t width = 0, height = 0;             // output pixels
-  int classes = 2;                           // the model's output channels
+// How a map's writers write it, the same for every image of a run (its task's settings).
+struct MapSettings {
   SampleType probs_type = SampleType::kF32;  // probabilities as stored (--probs_dtype)
   std::vector<ClassInfo> classes_named;      // --classes
   std::string format = "tif";                // labels: tif | png
-  WriterOptions writer;                      // compression, pool, metadata, µm/px, pyramid: the stage's
   double simplify = 0.0;                     // polygons: tolerance in input pixels
+};
+
+// What every writer of one image's map knows: sizes, classes, the run's settings, the stage's writer options.
+struct MapOutput {
+  int64_t width = 0, height = 0;  // output pixels
+  int classes = 2;                // the model's output channels
+  MapSettings settings;
+  WriterOptions writer;  // compression, pool, metadata, µm/px, pyramid: the stage's
   double input_pixels_per_label_pixel = 1.0;
   // polygons: the labels file another writer of the image makes (its partial name; GDAL reads TIFF and PNG),
   // read instead of a copy of its own.
