@@ -20,8 +20,8 @@ namespace fs = std::filesystem;
 namespace tiler {
 namespace {
 
-// Threads past what can be busy only cost memory (--write_threads 100000 took 3.7 GB and aborted): a flag's
-// count is capped at 4 a CPU this rank may use and at `useful`, with a warning.
+// Threads past what can be busy only cost memory (each has its stack and buffers; a huge count exhausts it):
+// a flag's count is capped at 4 a CPU this rank may use and at `useful`, with a warning.
 int usefulThreads(const char* flag, int requested, int useful) {
   const int cap = std::max(1, std::min(useful, 4 * usableCpus()));
   if (requested <= cap) return requested;

@@ -329,12 +329,11 @@ void checkCompression(const Compression& c) {
   setCompressionFields(tif.get(), c, false);
 }
 
-// Measured by scripts/bench.sh codecs (docs/performance.md, "Output codecs"): over random, textured and
-// smooth model outputs, zstd level 1 with the floating-point predictor compresses floats 2.1-4.1x faster than
-// deflate at its default level, to files of about its size (the predictor matters on smooth outputs);
-// integers stay deflate (every TIFF reader has it, Debian's tifffile without imagecodecs included), at level
-// 1 and without differencing (labels are categories): 1.4-5.6x faster than level 6 with it, or as fast where
-// labels shrink 100x or more.
+// The trade scripts/bench.sh codecs measures (docs/performance.md, "Output codecs"): floats compress much
+// faster as zstd level 1 with the floating-point predictor than as deflate at its default level, to files of
+// about its size (the predictor matters on smooth outputs); integers stay deflate (every TIFF reader has it,
+// Debian's tifffile without imagecodecs included), at level 1 and without differencing (labels are
+// categories), faster than level 6 with it and about as small.
 Compression defaultCompression(SampleType type) {
   const bool floats = type == SampleType::kF32 || type == SampleType::kF16;
   if (floats && TIFFIsCODECConfigured(COMPRESSION_ZSTD)) return {Codec::kZstd, 1, true};
