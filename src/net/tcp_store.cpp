@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -476,21 +477,54 @@ std::pair<std::string, int> parseEndpoint(const std::string& endpoint, const std
   return {endpoint.substr(0, colon), port};
 }
 
-bool isLocalHost(const std::string& host) {
-  if (host == "localhost" || host.rfind("127.", 0) == 0 || host == "0.0.0.0") return true;
-  char name[256] = {0};
-  if (gethostname(name, sizeof name - 1) == 0 && host == name) return true;
+namespace {
+
+struct InterfaceAddress {
+  std::string text;
+  bool reachable_from_outside;  // up and not loopback
+};
+
+std::vector<InterfaceAddress> ipv4InterfaceAddresses() {
+  std::vector<InterfaceAddress> found;
   ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) return false;
-  bool local = false;
-  for (ifaddrs* a = list; a != nullptr && !local; a = a->ifa_next) {
+  if (getifaddrs(&list) != 0) return found;
+  for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
     if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
     char text[INET_ADDRSTRLEN] = {0};
     inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, text, sizeof text);
-    local = host == text;
+    found.push_back({text, (a->ifa_flags & IFF_UP) && !(a->ifa_flags & IFF_LOOPBACK)});
   }
   freeifaddrs(list);
-  return local;
+  return found;
+}
+
+std::string thisHostsName() {
+  char name[256] = {0};
+  return gethostname(name, sizeof name - 1) == 0 ? name : "";
+}
+
+}  // namespace
+
+bool isLocalHost(const std::string& host) {
+  if (host == "localhost" || host.rfind("127.", 0) == 0 || host == "0.0.0.0") return true;
+  if (host == thisHostsName()) return true;
+  for (const auto& a : ipv4InterfaceAddresses())
+    if (host == a.text) return true;
+  return false;
+}
+
+std::string addressOthersReach() {
+  const std::string name = thisHostsName();
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (!name.empty() && getaddrinfo(name.c_str(), nullptr, &hints, &found) == 0) {
+    freeaddrinfo(found);
+    return name;
+  }
+  for (const auto& a : ipv4InterfaceAddresses())
+    if (a.reachable_from_outside) return a.text;
+  return "127.0.0.1";
 }
 
 int findFreePort() {

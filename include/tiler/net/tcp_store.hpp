@@ -138,6 +138,10 @@ int connectTcp(const std::string& host, int port, std::chrono::milliseconds time
 std::pair<std::string, int> parseEndpoint(const std::string& endpoint, const std::string& flag);
 // True when `host` names this machine (loopback, its hostname, or one of its addresses).
 bool isLocalHost(const std::string& host);
+// How other machines reach this one when no address was given: its host name where this machine resolves it
+// (torch elastic hands out the same), else the first IPv4 address of an interface that is up and not
+// loopback (a container whose name is in no hosts file or DNS), else 127.0.0.1 (this machine only).
+std::string addressOthersReach();
 // A free TCP port on 127.0.0.1 (bound and released); ConfigError when none can be had.
 int findFreePort();
 // True when the TCP port can be bound on all interfaces right now.

@@ -1,7 +1,8 @@
 // The file rendezvous: the nodes meet in a directory they all see (--rdzv_endpoint /shared/dir, a network
 // file system), through the FileStore, so no agent hosts anything and no port has to be reachable. Node
 // ranks are settled as c10d's are (order of arrival, --nnodes MIN:MAX); node 0 hands out MASTER at
-// --local_addr, else its host name, and a free port. The last node to leave removes the run's keys.
+// --local_addr, else the address others reach it at (addressOthersReach), and a free port. The last node to
+// leave removes the run's keys.
 #include <memory>
 
 #include "tiler/core/error.hpp"
@@ -43,7 +44,7 @@ class FileRendezvous : public RendezvousBackend {
     }
   }
   std::pair<std::string, int> masterEndpoint() override {
-    return {options().local_addr.empty() ? hostName() : options().local_addr, findFreePort()};
+    return {options().local_addr.empty() ? addressOthersReach() : options().local_addr, findFreePort()};
   }
   void afterLeaving(bool last) override {
     if (last) files_->removeKeys(options().run_id + "/");
