@@ -198,7 +198,7 @@ class ExportCard(unittest.TestCase):
         self.assertIn("scripted", card["weights"]["torchscript"]["comment"])
         if not TILER:
             self.skipTest("no tiler binary given: check-model not run")
-        check = subprocess.run([TILER, "check-model", "-m", str(package)], capture_output=True, text=True,
+        check = subprocess.run([TILER, "check-model", str(package)], capture_output=True, text=True,
                                timeout=120)
         self.assertEqual(check.returncode, 0, check.stdout + check.stderr)
 
