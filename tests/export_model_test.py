@@ -326,6 +326,58 @@ class ExportCard(unittest.TestCase):
         (self.tmp / "p.torchscript").mkdir()
         self.refused(card_path, "p.torchscript", "exists")
 
+    def test_each_card_problem_is_refused_naming_it(self):
+        card_path, base, _, _ = make_package(self.tmp / "p", "0.5")
+        (self.tmp / "p/bad.py").write_text("raise ImportError('no such helper')\n")
+        (self.tmp / "p/junk.pt").write_bytes(b"not a pickle")
+        np.save(self.tmp / "p/small.npy", np.zeros((1, 1, 16, 16), np.float32))
+        shutil.copy(self.tmp / "p/tiny_net.py", self.tmp / "x.py")
+        os.symlink("../x.py", self.tmp / "p/link.py")
+
+        def arch(**fields):
+            return lambda c: c["weights"]["pytorch_state_dict"]["architecture"].update(fields)
+
+        def pre(steps):
+            return lambda c: c["inputs"][0].update(preprocessing=steps)
+
+        cases = [
+            (lambda c: c.update(type="dataset"), "type 'dataset' is not a model"),
+            (lambda c: c.update(weights={"onnx": {"source": "m.onnx"}}), "weights has onnx"),
+            (arch(callable="Nope"), "has no callable 'Nope'"),
+            (arch(kwargs={"bogus": 1}), "building the architecture with the card's kwargs"),
+            (arch(kwargs={"in_channels": 1, "out_channels": 1, "hidden": 5}), "state.pt: does not fit the architecture"),
+            (arch(source="bad.py", sha256=None), "bad.py: importing the architecture failed: ImportError"),
+            (arch(source="link.py", sha256=None), "through a symbolic link"),
+            (arch(source=None, import_from="no_such_module_here"), "'no_such_module_here' does not import"),
+            (arch(source=None, import_from="collections", callable="OrderedDict", kwargs={}),
+             "not a torch.nn.Module"),
+            (lambda c: c["weights"]["pytorch_state_dict"].update(source="junk.pt", sha256=None),
+             "junk.pt: not a state dict torch.load reads"),
+            (lambda c: c["outputs"][0].update(test_tensor={"source": "small.npy"}), "test output is [1, 1, 16, 16]"),
+            (pre([{"id": "ensure_dtype", "kwargs": {"dtype": "float7"}}]), "dtype 'float7'"),
+            (pre([{"id": "clip", "kwargs": {}}]), "clip: neither min nor max"),
+            (pre([{"id": "softmax", "kwargs": {"axis": "z"}}]), "softmax: axis 'z'"),
+            (pre([{"id": "scale_range", "kwargs": {"reference_tensor": "other"}}]), "reference_tensor 'other'"),
+            (pre([{"id": "scale_mean_variance", "kwargs": {"reference_tensor": "other"}}]), "reference_tensor 'other'"),
+            (pre([{"id": "scale_linear", "kwargs": {"gain": "much"}}]), "'much' is not a number"),
+        ]
+        for change, fragment in cases:
+            card = copy.deepcopy(base)
+            change(card)
+            write_card(card_path, card)
+            with self.subTest(fragment=fragment):
+                self.refused(card_path, fragment)
+        card_path.write_text("- a list\n")
+        self.refused(card_path, "not a YAML mapping")
+        card_path.write_text("a: [unclosed\n")
+        self.refused(card_path, "not a YAML model description")
+        os.remove(card_path)
+        self.refused(self.tmp / "p", "holds no rdf.yaml or bioimageio.yaml")
+        write_card(self.tmp / "p/a.bioimageio.yaml", base)
+        write_card(self.tmp / "p/b.bioimageio.yaml", base)
+        self.refused(self.tmp / "p", "holds several cards (a.bioimageio.yaml, b.bioimageio.yaml)")
+        self.refused(self.tmp / "nothing", "no such file or directory")
+
     def test_a_zip_member_leaving_the_package_is_refused(self):
         zip_path = self.tmp / "evil.zip"
         with zipfile.ZipFile(zip_path, "w") as z:
@@ -333,6 +385,12 @@ class ExportCard(unittest.TestCase):
             z.writestr("../escaped.py", "print('no')\n")
         self.refused(zip_path, "'../escaped.py'", "outside the package")
         self.assertFalse((self.tmp.parent / "escaped.py").exists())
+        with zipfile.ZipFile(zip_path, "w") as z:
+            z.writestr("rdf.yaml", "format_version: 0.5.4\n")
+            link = zipfile.ZipInfo("state.pt")
+            link.external_attr = (0o120777 << 16)
+            z.writestr(link, "/etc/passwd")
+        self.refused(zip_path, "'state.pt' is a symbolic link")
 
 
 class Steps(unittest.TestCase):
