@@ -321,8 +321,9 @@ class Card:
         if not isinstance(weights, dict):
             raise CardError(f"{shown}: weights is missing")
         if "torchscript" in weights:
-            raise CardError(f"{shown}: weights.torchscript is given already "
-                            f"({weights['torchscript'].get('source')}); tiler runs this package as it is")
+            given = weights["torchscript"].get("source") if isinstance(weights["torchscript"], dict) else None
+            raise CardError(f"{shown}: weights.torchscript is given already ({given}); tiler runs this package as "
+                            "it is")
         self.state = weights.get("pytorch_state_dict")
         if not isinstance(self.state, dict):
             raise CardError(f"{shown}: weights has {', '.join(weights) or 'nothing'}; export_model.py converts "
@@ -332,13 +333,18 @@ class Card:
         self.tolerance = self.read_tolerance(card.get("config") or {}, shown)
 
     def tensor(self, t, where, steps_key, shown):
+        if not isinstance(t, dict) or not isinstance(t.get(steps_key) or [], list):
+            raise CardError(f"{shown}: {where} is not a mapping with a list of {steps_key} steps")
+        if any(not isinstance(s, dict) for s in t.get(steps_key) or []):
+            raise CardError(f"{shown}: {where}.{steps_key} holds a step that is not a mapping")
         if self.version == (0, 4):
             name = t.get("name", "")
             dims = v04_axes(str(t.get("axes", "")))
-            test, sha = pkg_list(self, where, shown), None
             steps = [(s.get("name"), s.get("kwargs") or {}) for s in t.get(steps_key) or []]
-            return Tensor(name, dims, test, sha, steps, t.get("data_type"))
+            return Tensor(name, dims, v04_test_tensor(self, where, shown), None, steps, t.get("data_type"))
         axes = t.get("axes") or []
+        if not isinstance(axes, list) or any(not isinstance(a, dict) for a in axes):
+            raise CardError(f"{shown}: {where}.axes is not a list of axes (spec 0.5: mappings with a type)")
         dims = [v05_axis_id(a) for a in axes]
         test = t.get("test_tensor")
         if not isinstance(test, dict) or not test.get("source"):
@@ -366,7 +372,7 @@ class Card:
             raise CardError(f"{shown}: config.bioimageio's tolerance ({rel}, {abs_}, {ppm}) is not numbers")
 
 
-def pkg_list(card, where, shown):
+def v04_test_tensor(card, where, shown):
     """A 0.4 card's test tensor of `where` (test_inputs / test_outputs: one file each)."""
     key = "test_inputs" if where == "inputs[0]" else "test_outputs"
     files = card.raw.get(key)
@@ -433,7 +439,8 @@ def load_state_dict(pkg, card):
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - not a tensor pickle torch reads without running code
-        raise CardError(f"{pkg.name(path)}: not a state dict torch.load reads (weights_only): {e.__class__.__name__}: {e}")
+        raise CardError(f"{pkg.name(path)}: not a state dict torch.load reads (weights_only): "
+                        f"{e.__class__.__name__}: {e}")
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]
     if not isinstance(state, dict):
@@ -498,7 +505,10 @@ def quantile(x, q, axes, method):
 def apply_steps(x, tensor, version, where, reference):
     """Applies a tensor's pre- or postprocessing to x; `reference` is the preprocessed input (by its name)."""
     if version == (0, 4) and tensor.dtype:
-        x = x.astype(tensor.dtype)  # bioimageio.core casts a 0.4 tensor to its data_type first
+        try:
+            x = x.astype(np.dtype(str(tensor.dtype)))  # bioimageio.core casts a 0.4 tensor to its data_type first
+        except TypeError:
+            raise CardError(f"{where}: data_type '{tensor.dtype}' is not one numpy knows")
     dims = tensor.dims
     if x.ndim != len(dims):
         raise CardError(f"{where}: the test tensor has {x.ndim} dimensions, the axes {len(dims)} ({', '.join(dims)})")

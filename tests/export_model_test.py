@@ -279,6 +279,11 @@ class ExportCard(unittest.TestCase):
         write_card(card_path, card)
         self.refused(card_path, "inputs[0].test_tensor is missing")
         card_path, card, _, _ = make_package(self.tmp / "q", "0.4")
+        card["inputs"][0]["data_type"] = "float7"
+        write_card(card_path, card)
+        self.refused(card_path, "data_type 'float7'")
+        card["inputs"][0]["data_type"] = "float32"
+        write_card(card_path, card)
         os.remove(self.tmp / "q/test_output.npy")
         self.refused(card_path, "test_outputs[0]", "'test_output.npy'", "no such file")
 
@@ -345,7 +350,8 @@ class ExportCard(unittest.TestCase):
             (lambda c: c.update(weights={"onnx": {"source": "m.onnx"}}), "weights has onnx"),
             (arch(callable="Nope"), "has no callable 'Nope'"),
             (arch(kwargs={"bogus": 1}), "building the architecture with the card's kwargs"),
-            (arch(kwargs={"in_channels": 1, "out_channels": 1, "hidden": 5}), "state.pt: does not fit the architecture"),
+            (arch(kwargs={"in_channels": 1, "out_channels": 1, "hidden": 5}),
+             "state.pt: does not fit the architecture"),
             (arch(source="bad.py", sha256=None), "bad.py: importing the architecture failed: ImportError"),
             (arch(source="link.py", sha256=None), "through a symbolic link"),
             (arch(source=None, import_from="no_such_module_here"), "'no_such_module_here' does not import"),
@@ -360,6 +366,8 @@ class ExportCard(unittest.TestCase):
             (pre([{"id": "scale_range", "kwargs": {"reference_tensor": "other"}}]), "reference_tensor 'other'"),
             (pre([{"id": "scale_mean_variance", "kwargs": {"reference_tensor": "other"}}]), "reference_tensor 'other'"),
             (pre([{"id": "scale_linear", "kwargs": {"gain": "much"}}]), "'much' is not a number"),
+            (pre(["scale_linear"]), "inputs[0].preprocessing holds a step that is not a mapping"),
+            (lambda c: c["inputs"][0].update(axes="bcyx"), "inputs[0].axes is not a list of axes"),
         ]
         for change, fragment in cases:
             card = copy.deepcopy(base)
