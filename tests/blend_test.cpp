@@ -232,6 +232,54 @@ TEST(Stitcher, CropModeEqualsAWholeImageForwardOfAConvNet) {
   EXPECT_LT(worst, 1e-5);
 }
 
+// A model that cannot compute the outer `halo` px of its window (there it gives garbage: +100): with the
+// halo given, that band weighs 0 where a window meets another, in every mode, and the blend is the image;
+// along the image's border the band is kept (a whole-image forward has it there too).
+TEST(Stitcher, AHalosBandIsDroppedBetweenWindowsAndKeptAtTheBorder) {
+  const int64_t w = 200, h = 150, halo = 12;
+  const Synthetic img = makeImage(w, h, 2, 11);
+  const WindowGrid g(w, h, GridSpec{64, 64, 0.375, 0.375});  // 24 px of overlap: twice the halo
+  std::vector<std::vector<float>> preds;
+  for (int64_t i = 0; i < g.count(); ++i) {
+    auto p = identityPrediction(img, g, i);
+    for (int c = 0; c < 2; ++c)
+      for (int64_t y = 0; y < 64; ++y)
+        for (int64_t x = 0; x < 64; ++x)
+          if (y < halo || x < halo || y >= 64 - halo || x >= 64 - halo)
+            p[size_t((c * 64 + y) * 64 + x)] += 100;
+    preds.push_back(p);
+  }
+  for (BlendMode mode : {BlendMode::kConstant, BlendMode::kGaussian, BlendMode::kCrop}) {
+    StitchOptions o{mode, 0.125};
+    o.halo = halo;
+    const cv::Mat out = stitch(g, 2, o, preds, test::inOrder(g.count()));
+    for (int64_t y = 0; y < h; ++y)
+      for (int64_t x = 0; x < w; ++x) {
+        const bool border = y < halo || x < halo || y >= h - halo || x >= w - halo;
+        for (int c = 0; c < 2; ++c) {
+          const float got = out.ptr<float>(int(y))[x * 2 + c], want = img.at(c, y, x) + (border ? 100 : 0);
+          ASSERT_NEAR(got, want, 1e-4) << "mode " << int(mode) << " at " << x << "," << y;
+        }
+      }
+    // Without the halo the garbage between windows is blended in (crop's cores already keep it out).
+    if (mode == BlendMode::kCrop) continue;
+    const cv::Mat blended = stitch(g, 2, StitchOptions{mode, 0.125}, preds, test::inOrder(g.count()));
+    EXPECT_GT(blended.at<cv::Vec2f>(75, 50)[0] - img.at(0, 75, 50), 1.0f) << int(mode);
+  }
+  // The blended part of a corner window keeps its halo at the border; an interior window loses it all round.
+  StitchOptions o;
+  o.halo = halo;
+  const OutputLayout layout(g, o);
+  const OutputLayout::Part corner = layout.part(0), inner = layout.part(g.columns() + 1);
+  EXPECT_EQ(std::vector<int64_t>({corner.x0, corner.x1, corner.y0, corner.y1}),
+            std::vector<int64_t>({0, 64 - halo, 0, 64 - halo}));
+  EXPECT_EQ(std::vector<int64_t>({inner.x0, inner.x1, inner.y0, inner.y1}),
+            std::vector<int64_t>({halo, 64 - halo, halo, 64 - halo}));
+  // A halo of half the window leaves it nothing.
+  o.halo = 32;
+  EXPECT_THROW(OutputLayout(g, o), ConfigError);
+}
+
 TEST(Stitcher, OutputAtTheModelsScale) {
   for (Scale s : {Scale{2, 1}, Scale{1, 2}, Scale{1, 4}}) {
     const Synthetic img = makeImage(160, 96, 1, 5);

@@ -97,6 +97,24 @@ TEST(Grid, DownscalingModelGetsWindowsOnWholeOutputPixels) {
   EXPECT_THROW(WindowGrid(100, 100, GridSpec{63, 63, 0.5, 0.5}, Scale{1, 2}), ConfigError);
 }
 
+// The overlap a halo needs: the least fraction whose neighbouring windows share the pixels asked for, at the
+// output's resolution, for same-size, upscaled and downscaled outputs.
+TEST(Grid, OverlapForAHalo) {
+  EXPECT_EQ(overlapPixels(64, 0.25, {}), 16);
+  EXPECT_EQ(overlapPixels(64, 0.25, {2, 1}), 32);
+  EXPECT_EQ(overlapPixels(64, 0.25, {1, 2}), 8);
+  for (Scale s : {Scale{}, Scale{2, 1}, Scale{1, 2}, Scale{1, 4}})
+    for (int64_t window : {64, 100, 256})
+      for (int64_t pixels : {1, 7, 24, 33}) {
+        if (pixels >= s.apply(window)) continue;
+        const double f = overlapFor(window, pixels, s);
+        ASSERT_LT(f, 1.0);
+        EXPECT_GE(overlapPixels(window, f, s), pixels) << window << " " << pixels << " " << s.value();
+        EXPECT_LE(overlapPixels(window, f, s), pixels + 2 * s.num) << "a pixel of the grid past it at most";
+      }
+  EXPECT_EQ(overlapFor(64, 64, {}), 1.0) << "the whole window: no overlap can";
+}
+
 TEST(Grid, ParseWindowSize) {
   EXPECT_EQ(parseWindowSize("256"), (std::pair<int64_t, int64_t>{256, 256}));
   EXPECT_EQ(parseWindowSize("512,128"), (std::pair<int64_t, int64_t>{512, 128}));

@@ -16,6 +16,7 @@
 
 #include "test_util.hpp"
 #include "tiler/core/error.hpp"
+#include "tiler/io/image_io.hpp"
 
 namespace fs = std::filesystem;
 using namespace tiler;
@@ -214,6 +215,56 @@ TEST(ModelCard, BioimageioRdfGivesWindowResolutionPreprocessingAndOutputs) {
   EXPECT_FALSE(plain->mean);
   EXPECT_EQ(plain->tolerance.relative, 1e-3);
   EXPECT_EQ(plain->tolerance.absolute, 1e-3);
+  EXPECT_FALSE(plain->halo);
+}
+
+// The output's halo: y's and x's, alike, as --halo; elsewhere, unequal or leaving no window refused by name.
+TEST(ModelCard, BioimageioOutputHaloIsOneBandOfTheSpaceAxes) {
+  const std::string dir = test::scratchDir("card_halo");
+  const std::string y = "{type: space, id: y, size: {tensor_id: raw, axis_id: y}",
+                    x = "{type: space, id: x, size: {tensor_id: raw, axis_id: x}";
+  const auto card = [&](const std::string& halo_y, const std::string& halo_x) {
+    std::string text = rdfText(y, y + halo_y);
+    text.replace(text.find(x), x.size(), x + halo_x);
+    return writeFile(dir + "/rdf.yaml", text);
+  };
+  EXPECT_EQ(readBioimageioRdf(card(", halo: 32", ", halo: 32")).halo, 32);
+  EXPECT_EQ(readBioimageioRdf(card(", halo: 0", ", halo: 0")).halo, 0);
+  const std::string unequal = configError([&] { readBioimageioRdf(card(", halo: 16", ", halo: 32")); });
+  EXPECT_NE(unequal.find("outputs[0]'s halo is 16 on axis y and 32 on axis x"), std::string::npos) << unequal;
+  const std::string one = configError([&] { readBioimageioRdf(card("", ", halo: 8")); });
+  EXPECT_NE(one.find("halo is 0 on axis y and 8 on axis x"), std::string::npos) << one;
+  // The window is 256 (min 64, step 32): a halo of 128 leaves no pixel.
+  const std::string wide = configError([&] { readBioimageioRdf(card(", halo: 128", ", halo: 128")); });
+  EXPECT_NE(wide.find("outputs[0]'s halo 128 is not less than half the window (256 px)"), std::string::npos)
+      << wide;
+  const std::string negative = configError([&] { readBioimageioRdf(card(", halo: -2", ", halo: -2")); });
+  EXPECT_NE(negative.find("halo -2 is negative"), std::string::npos) << negative;
+  std::string on_channel = rdfText("channel_names: [background, blob]",
+                                   "channel_names: [background, blob]\n"
+                                   "        halo: 1");
+  const std::string channel =
+      configError([&] { readBioimageioRdf(writeFile(dir + "/ch.yaml", on_channel)); });
+  EXPECT_NE(channel.find("outputs[0] axis 'channel' (channel) has halo 1"), std::string::npos) << channel;
+  EXPECT_NE(channel.find("space axes y and x only"), std::string::npos) << channel;
+  // The card's halo reaches --halo's target unless the flag is given.
+  ModelCard halo_card;
+  halo_card.halo = 32;
+  int64_t halo = 0;
+  auto from = applyModelCard(
+      halo_card, {},
+      CardTargets{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, &halo});
+  EXPECT_EQ(halo, 32);
+  EXPECT_EQ(from.back(), (std::pair<std::string, std::string>{"halo", "card"}));
+  halo = 4;
+  from = applyModelCard(
+      halo_card, {"halo"},
+      CardTargets{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, &halo});
+  EXPECT_EQ(halo, 4);
+  EXPECT_EQ(from.back(), (std::pair<std::string, std::string>{"halo", "flag"}));
+  halo_card.halo = -1;
+  EXPECT_NE(configError([&] { checkCardNumbers(halo_card); }).find("its output halo -1 px is negative"),
+            std::string::npos);
 }
 
 TEST(ModelCard, BioimageioFieldsTilerLacksAreRefusedByName) {
@@ -352,8 +403,9 @@ TEST(ModelCard, AFlagWinsAndEachSettingSaysWhereItCameFrom) {
   EXPECT_EQ(activation, "softmax");
   EXPECT_EQ(task, "auto");
   const std::vector<std::pair<std::string, std::string>> expected = {
-      {"window", "card"}, {"mpp", "flag"},        {"scale", "default"},   {"mean", "card"},
-      {"std", "default"}, {"classes", "default"}, {"activation", "card"}, {"task", "default"}};
+      {"window", "card"},     {"mpp", "flag"},     {"scale", "default"},
+      {"mean", "card"},       {"std", "default"},  {"classes", "default"},
+      {"activation", "card"}, {"task", "default"}, {"halo", "default"}};
   EXPECT_EQ(from, expected);
 }
 
@@ -417,9 +469,9 @@ TEST(ModelCard, AWsinferCardRunsAsItsSettingsGivenAsFlags) {
   EXPECT_EQ(report["model"], root + "/zoo/torchscript_model.pt");
   EXPECT_EQ(report["window"], nlohmann::json({48, 48}));
   EXPECT_EQ(report["task"], "classify");
-  const nlohmann::json from = {{"window", "card"},     {"mpp", "card"}, {"scale", "default"},
-                               {"mean", "card"},       {"std", "card"}, {"classes", "card"},
-                               {"activation", "card"}, {"task", "card"}};
+  const nlohmann::json from = {{"window", "card"},     {"mpp", "card"},  {"scale", "default"},
+                               {"mean", "card"},       {"std", "card"},  {"classes", "card"},
+                               {"activation", "card"}, {"task", "card"}, {"halo", "default"}};
   EXPECT_EQ(report["settings_from"], from);
   EXPECT_FALSE(reportOf(root + "/by_flags").contains("settings_from"));
   // A flag wins, or a --config key: window 32 (--config) over the card's 48; --mean as the card's values,
@@ -533,4 +585,133 @@ TEST(ModelCard, CheckModelReproducesAPackagesTestTensorsAndFailsOnAlteredWeights
   EXPECT_EQ(report["settings_from"]["scale"], "card");
   EXPECT_EQ(report["settings_from"]["mpp"], "default");
   EXPECT_EQ(report["settings_from"]["activation"], "card");
+}
+
+namespace {
+
+// Each window's probabilities of the largest difference from `whole`'s, relative to 1 or the value: the
+// stitched map against a forward of the whole image.
+double largestDifference(const std::string& probs, const std::string& whole) {
+  const auto a = ImageReader::open(probs), b = ImageReader::open(whole);
+  EXPECT_EQ(a->info().width, b->info().width);
+  EXPECT_EQ(a->info().height, b->info().height);
+  const cv::Mat x = a->readRegion({0, 0, a->info().width, a->info().height}),
+                y = b->readRegion({0, 0, b->info().width, b->info().height});
+  double worst = 0;
+  for (int r = 0; r < x.rows; ++r)
+    for (int i = 0; i < x.cols * x.channels(); ++i) {
+      const double want = y.ptr<float>(r)[i];
+      worst = std::max(worst, std::abs(x.ptr<float>(r)[i] - want) / std::max(1.0, std::abs(want)));
+    }
+  return worst;
+}
+
+}  // namespace
+
+// A model whose outer 12 px of every window are garbage (+100) and exact inside, as bioimage.io's `halo`
+// describes one: with the halo given, by the card or by --halo, the stitched map is the whole image's forward
+// in every blend mode (the overlap raised to twice the halo), on the host and on the device alike; without
+// it, it is not. An --overlap too small for it, or a halo for a model of one vector a window, is refused.
+TEST(ModelCard, AnOutputHaloIsNeverBlendedAndTheMapIsTheWholeImagesForward) {
+  const std::string root = test::scratchDir("card_halo_run");
+  const char* env = std::getenv("TILER_PYTHON");
+  const std::string python = env && *env ? env : "/usr/bin/python3";
+  if (test::runCommand(python + " -c 'import torch'").code != 0) GTEST_SKIP() << python << " has no PyTorch";
+  writeFile(root + "/make.py", R"(import sys, torch
+class Band(torch.nn.Module):
+    def forward(self, x):
+        y = torch.cat([x[:, 0:1] * 0.01, 1.0 - x[:, 1:2] * 0.01], 1)
+        band = torch.ones_like(y) * 100.0
+        band[:, :, 12:y.shape[2] - 12, 12:y.shape[3] - 12] = 0.0
+        return y + band
+torch.jit.script(Band()).save(sys.argv[1])
+)");
+  fs::create_directories(root + "/pkg");
+  const auto made = test::runCommand(python + " " + root + "/make.py " + root + "/pkg/weights.pt");
+  ASSERT_EQ(made.code, 0) << made.output;
+  // The card: 64 px windows, raw values, no activation, the output's halo 12 on y and x.
+  std::string rdf = rdfText();
+  rdf.replace(rdf.find("    preprocessing:"), rdf.find("outputs:") - rdf.find("    preprocessing:"), "");
+  rdf.replace(rdf.find("    postprocessing:"), rdf.find("weights:") - rdf.find("    postprocessing:"), "");
+  rdf.replace(rdf.find("  onnx:"), std::string::npos, "");
+  for (const std::string axis : {"y", "x"}) {
+    const std::string in = "{type: space, id: " + axis +
+                           ", size: {min: 64, step: 32}, unit: micrometer, scale: 0.5}",
+                      out = "{type: space, id: " + axis + ", size: {tensor_id: raw, axis_id: " + axis + "}}";
+    rdf.replace(rdf.find(in), in.size(), "{type: space, id: " + axis + ", size: 64}");
+    rdf.replace(rdf.find(out), out.size(),
+                "{type: space, id: " + axis + ", size: {tensor_id: raw, axis_id: " + axis + "}, halo: 12}");
+  }
+  writeFile(root + "/pkg/rdf.yaml", rdf);
+  const std::string image = kSamples + "/images/small.png";  // 200 x 150
+  const auto tiler = [&](const std::string& model, const std::string& out, const std::string& flags) {
+    return test::runCommand(kTiler + " -m " + model + " -i " + image + " -o " + root + "/" + out +
+                            " --save labels,probs --threads 1 --no_progress " + flags);
+  };
+  const std::string pkg = root + "/pkg", weights = root + "/pkg/weights.pt";
+  // The whole image's forward: one window of its size, through the card and without it.
+  for (const auto& [model, out] : {std::pair{pkg, "whole_card"}, std::pair{weights, "whole"}}) {
+    const auto whole = tiler(model, out, "--window 200,150");
+    ASSERT_EQ(whole.code, 0) << whole.output;
+  }
+  const auto card = tiler(pkg, "card", "");
+  ASSERT_EQ(card.code, 0) << card.output;
+  EXPECT_NE(card.output.find("the overlap along x raised from 0.25 to 0.375 (24 px, twice the halo)"),
+            std::string::npos)
+      << card.output;
+  EXPECT_LE(largestDifference(root + "/card/small_probs.tif", root + "/whole_card/small_probs.tif"), 1e-6);
+  const auto report = reportOf(root + "/card");
+  EXPECT_EQ(report["halo"], 12);
+  EXPECT_EQ(report["settings_from"]["halo"], "card");
+  EXPECT_EQ(report["window"], nlohmann::json({64, 64}));
+  // --halo 0 over the card's: the garbage between windows is blended in, and the report says the flag's.
+  const auto none = tiler(pkg, "card_none", "--halo 0");
+  ASSERT_EQ(none.code, 0) << none.output;
+  EXPECT_GT(largestDifference(root + "/card_none/small_probs.tif", root + "/whole_card/small_probs.tif"),
+            1.0);
+  EXPECT_EQ(reportOf(root + "/card_none")["settings_from"]["halo"], "flag");
+  EXPECT_EQ(reportOf(root + "/card_none")["halo"], 0);
+  // By flag, without a card, in every blend mode; the device stitcher writes the host's bytes.
+  for (const std::string blend : {"gaussian", "constant", "crop"}) {
+    const auto host = tiler(weights, "flag_" + blend, "--window 64 --halo 12 --blend " + blend);
+    ASSERT_EQ(host.code, 0) << host.output;
+    EXPECT_LE(
+        largestDifference(root + "/flag_" + blend + "/small_probs.tif", root + "/whole/small_probs.tif"),
+        1e-6)
+        << blend;
+    EXPECT_EQ(reportOf(root + "/flag_" + blend)["halo"], 12);
+    const auto device =
+        tiler(weights, "device_" + blend, "--window 64 --halo 12 --stitch device --blend " + blend);
+    ASSERT_EQ(device.code, 0) << device.output;
+    EXPECT_EQ(reportOf(root + "/device_" + blend)["stitch"], "device");
+    for (const std::string file : {"small_probs.tif", "small_labels.tif"})
+      EXPECT_TRUE(test::slurp(root + "/device_" + blend + "/" + file) ==
+                  test::slurp(root + "/flag_" + blend + "/" + file))
+          << blend << " " << file;
+  }
+  const auto plain = tiler(weights, "plain", "--window 64");
+  ASSERT_EQ(plain.code, 0) << plain.output;
+  EXPECT_GT(largestDifference(root + "/plain/small_probs.tif", root + "/whole/small_probs.tif"), 1.0);
+  EXPECT_EQ(reportOf(root + "/plain")["halo"], 0);
+  // An --overlap that shares less than twice the halo, by flag and by the card (named as the card's).
+  const auto small = tiler(weights, "small", "--window 64 --halo 12 --overlap 0.25");
+  EXPECT_EQ(small.code, 1) << small.output;
+  EXPECT_NE(small.output.find("--overlap 0.25 gives windows 16 px of overlap along x"), std::string::npos)
+      << small.output;
+  EXPECT_NE(small.output.find("less than twice --halo 12 (24 px)"), std::string::npos) << small.output;
+  const auto small_card = tiler(pkg, "small_card", "--overlap 0.25");
+  EXPECT_EQ(small_card.code, 1) << small_card.output;
+  EXPECT_NE(small_card.output.find("less than twice the model card's halo ('" + pkg + "/rdf.yaml') 12"),
+            std::string::npos)
+      << small_card.output;
+  // Half the window, and a model of one vector a window.
+  const auto wide = tiler(weights, "wide", "--window 64 --halo 32");
+  EXPECT_EQ(wide.code, 1) << wide.output;
+  EXPECT_NE(wide.output.find("--halo 32 is not less than half the window (64 px along x"), std::string::npos)
+      << wide.output;
+  const auto vector = test::runCommand(kTiler + " -m " + kSamples + "/models/classifier.pt -i " + image +
+                                       " -o " + root + "/vector --threads 1 --no_progress --halo 4");
+  EXPECT_EQ(vector.code, 1) << vector.output;
+  EXPECT_NE(vector.output.find("--halo 4 is a band of a map window's edge"), std::string::npos)
+      << vector.output;
 }

@@ -1,6 +1,7 @@
 #include "tiler/core/grid.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <tuple>
 
 #include "tiler/core/error.hpp"
@@ -83,6 +84,26 @@ std::vector<int64_t> latticeStarts(int64_t size, int64_t window, double overlap)
   std::vector<int64_t> starts;
   for (int64_t start = 0; start < size; start += stride) starts.push_back(start);
   return starts;
+}
+
+int64_t overlapPixels(int64_t window, double overlap, Scale scale) {
+  // A 1/k grid is laid out in output pixels (WindowGrid), any other in input pixels scaled after.
+  if (scale.den > 1) {
+    const int64_t w = window / scale.den;
+    return w - axisInterval(w + 1, w, overlap);
+  }
+  return scale.apply(window - axisInterval(window + 1, window, overlap));
+}
+
+double overlapFor(int64_t window, int64_t pixels, Scale scale) {
+  const int64_t unit_window = scale.den > 1 ? window / scale.den : window,
+                units = scale.den > 1 ? pixels : (pixels + scale.num - 1) / scale.num;
+  if (units >= unit_window) return 1.0;
+  // The truncation of window * (1 - overlap) may round a pixel either way: step up until it holds.
+  double overlap = double(std::max<int64_t>(units, 0)) / double(unit_window);
+  while (overlap < 1.0 && overlapPixels(window, overlap, scale) < pixels)
+    overlap = std::nextafter(overlap, 1.0);
+  return overlap;
 }
 
 WindowGrid::WindowGrid(int64_t image_w, int64_t image_h, const GridSpec& spec, Scale scale)

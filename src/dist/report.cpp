@@ -49,6 +49,7 @@ nlohmann::json inferReport(const RunSummary& run, const WindowCatalog& catalog,
   }
   j["window"] = {run.window.window_w, run.window.window_h};
   j["output_scale"] = run.output_scale;
+  j["halo"] = run.halo;
   j["tta"] = run.tta;
   j["task"] = run.task;
   j["feature_dim"] = run.feature_dim;

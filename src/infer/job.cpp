@@ -377,6 +377,7 @@ RunSummary InferJob::runSummary() const {
   run.seconds = session_->seconds();
   run.window = plan_.spec;
   run.output_scale = probe_.scale.value();
+  run.halo = plan_.flags.halo;
   run.tta = ttaName(plan_.flags.tta);
   run.replicas = layout_.replicas;
   run.threads = layout_.threads;

@@ -140,6 +140,9 @@ InferPlan planInfer(InferOptions& o) {
               "--edge must be auto, lattice or shift; got '" << o.edge << "'");
   p.flags.edge = o.edge;
   p.flags.overlap_given = o.overlap_given;
+  TILER_CHECK(o.halo >= 0, ConfigError,
+              "--halo must be >= 0 (px at the output's resolution); got " << o.halo);
+  p.flags.halo = o.halo;
   p.task = findTask(o.task);
   p.flags.save = o.save;
   if (o.save) p.flags.kinds = saveKindsOf(*o.save, p.task);  // else the task's default, once it is known

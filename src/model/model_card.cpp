@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tiler/core/error.hpp"
+#include "tiler/core/grid.hpp"
 #include "tiler/core/json_document.hpp"
 #include "tiler/core/platform.hpp"
 
@@ -320,11 +321,44 @@ void readInput(const YAML::Node& input, const std::string& rdf, ModelCard& card)
   card.test_input = joinPath(rdf, "inputs[0].test_tensor.source", input["test_tensor"]["source"]);
 }
 
+// The output axes' halo (spec 0.5: `halo` on an output space axis), as one --halo: y's and x's alike; a
+// halo elsewhere (a channel or time axis) is refused naming the axis, and so is one that leaves no core of
+// the window (card.window: the input's, readInput's).
+void readHalo(const YAML::Node& axes, const std::string& rdf, ModelCard& card) {
+  if (!axes || !axes.IsSequence()) return;
+  std::optional<int64_t> y, x;
+  for (const auto& axis : axes) {
+    if (!axis.IsMap() || !axis["halo"]) continue;
+    const std::string type = axis["type"] ? axis["type"].as<std::string>() : "?", id = axisId(axis);
+    TILER_CHECK(type == "space" && (id == "y" || id == "x"), ConfigError,
+                "'" << rdf << "': outputs[0] axis '" << id << "' (" << type << ") has halo "
+                    << axis["halo"].as<std::string>()
+                    << "; tiler takes a halo on the output's space axes y and x only");
+    const int64_t halo = axis["halo"].as<int64_t>();
+    TILER_CHECK(halo >= 0, ConfigError,
+                "'" << rdf << "': outputs[0] axis " << id << "'s halo " << halo << " is negative");
+    (id == "y" ? y : x) = halo;
+  }
+  if (!y && !x) return;
+  TILER_CHECK(y.value_or(0) == x.value_or(0), ConfigError,
+              "'" << rdf << "': outputs[0]'s halo is " << y.value_or(0) << " on axis y and " << x.value_or(0)
+                  << " on axis x; tiler's --halo is one band for both");
+  const int64_t halo = y.value_or(0);
+  if (card.window) {
+    const auto [w, h] = parseWindowSize(*card.window);
+    TILER_CHECK(2 * halo < std::min(w, h), ConfigError,
+                "'" << rdf << "': outputs[0]'s halo " << halo << " is not less than half the window ("
+                    << *card.window << " px): no window would keep a pixel");
+  }
+  card.halo = halo;
+}
+
 void readOutput(const YAML::Node& output, const std::string& rdf, ModelCard& card) {
   refuseUnknownKeys(output,
                     {"id", "description", "axes", "test_tensor", "sample_tensor", "data", "postprocessing"},
                     rdf, "outputs[0] ");
   const YAML::Node axes = output["axes"];
+  readHalo(axes, rdf, card);
   const std::string layout = axes ? axesText(axes) : "missing";
   TILER_CHECK(layout == "batch,channel,y,x" || layout == "batch,channel", ConfigError,
               "'" << rdf << "': outputs[0].axes are " << layout
@@ -480,8 +514,8 @@ std::optional<ModelCard> findModelCard(const std::string& model) {
 }
 
 const std::vector<std::string>& cardSettingNames() {
-  static const std::vector<std::string> names = {"window", "mpp",     "scale",      "mean",
-                                                 "std",    "classes", "activation", "task"};
+  static const std::vector<std::string> names = {"window",  "mpp",        "scale", "mean", "std",
+                                                 "classes", "activation", "task",  "halo"};
   return names;
 }
 
@@ -495,6 +529,9 @@ void checkCardNumbers(const ModelCard& card) {
   if (card.scale)
     TILER_CHECK(normal(*card.scale) && *card.scale > 0, ConfigError,
                 "'" << card.path << "': its input scale " << *card.scale << " is not a positive number");
+  if (card.halo)
+    TILER_CHECK(*card.halo >= 0, ConfigError,
+                "'" << card.path << "': its output halo " << *card.halo << " px is negative");
   for (size_t c = 0; card.mean && c < card.mean->size(); ++c)
     TILER_CHECK(normal((*card.mean)[c]), ConfigError,
                 "'" << card.path << "': its normalisation's mean " << (*card.mean)[c] << " (channel " << c
@@ -528,6 +565,7 @@ std::vector<std::pair<std::string, std::string>> applyModelCard(const ModelCard&
   take("classes", card.classes, t.classes);
   take("activation", card.activation, t.activation);
   take("task", card.task, t.task);
+  take("halo", card.halo, t.halo);
   return from;
 }
 

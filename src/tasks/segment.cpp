@@ -228,6 +228,7 @@ class SegmentTask : public Task {
     auto s = std::make_shared<SegmentSettings>();
     s->stitch.mode = parseBlendMode(flagValue(values, "blend"));
     s->stitch.sigma_scale = numberFlag("--sigma_scale", flagValue(values, "sigma_scale"));
+    s->stitch.halo = job.halo;
     if (s->stitch.mode == BlendMode::kGaussian)
       gaussianImportance(4, 4, s->stitch.sigma_scale);  // validates sigma
     s->map.simplify = numberFlag("--simplify", flagValue(values, "simplify"));

@@ -28,6 +28,34 @@ void Task::settle(const ModelProbe& probe, const TaskFlags& flags, GridSpec& spe
                      << "' gives " << shape);
   }
   checkFlags(probe, flags, spec);
+  if (flags.halo > 0) settleHalo(probe, flags, spec, shape);
+}
+
+void Task::settleHalo(const ModelProbe& probe, const TaskFlags& flags, GridSpec& spec,
+                      const std::string& shape) const {
+  const int64_t halo = flags.halo;
+  TILER_CHECK(
+      !perWindow() || givesBoxes(), ConfigError,
+      "--halo " << halo << " is a band of a map window's edge, but '" << flags.model << "' gives " << shape);
+  // Neighbouring windows must share twice the halo, so that each drops its band where the other's core
+  // covers it; the cores of crop, detect and instances then lie inside it as they are.
+  const auto axis = [&](const char* name, int64_t window, double& overlap) {
+    const int64_t out_window = probe.scale.apply(window), have = overlapPixels(window, overlap, probe.scale);
+    TILER_CHECK(2 * halo < out_window, ConfigError,
+                "--halo " << halo << " is not less than half the window (" << out_window << " px along "
+                          << name << " at the output's resolution): no window would keep a pixel");
+    if (have >= 2 * halo) return;
+    const double least = overlapFor(window, 2 * halo, probe.scale);
+    TILER_CHECK(!flags.overlap_given, ConfigError,
+                "--overlap " << overlap << " gives windows " << have << " px of overlap along " << name
+                             << " (at the output's resolution), less than twice --halo " << halo << " ("
+                             << 2 * halo << " px): give --overlap " << least << " or more, or leave it out");
+    spdlog::info("--halo {}: the overlap along {} raised from {} to {} ({} px, twice the halo)", halo, name,
+                 overlap, least, overlapPixels(window, least, probe.scale));
+    overlap = least;
+  };
+  axis("x", spec.window_w, spec.overlap_x);
+  axis("y", spec.window_h, spec.overlap_y);
 }
 
 std::string Task::flagValue(const FlagValues& values, const std::string& name) const {

@@ -138,7 +138,8 @@ void takeModelCard(const CLI::App& app, tiler::InferOptions& o) {
   o.model = card->weights;
   o.model_card = card->path;
   o.settings_from = tiler::applyModelCard(
-      *card, given, {&o.window, &o.mpp, &o.scale, &o.mean, &o.std, &o.classes, &o.activation, &o.task});
+      *card, given,
+      {&o.window, &o.mpp, &o.scale, &o.mean, &o.std, &o.classes, &o.activation, &o.task, &o.halo});
 }
 
 int runCheckModelCli(int argc, char** argv) {
@@ -181,6 +182,11 @@ void addWindowFlags(CLI::App& app, tiler::InferOptions& o) {
       ->check(finiteNumber());
   addTaskFlag(app, o, "blend");
   addTaskFlag(app, o, "sigma_scale");
+  app.add_option(flagNames("--halo"), o.halo,
+                 "px of each window's edge (at the output's resolution) the model cannot compute: not "
+                 "blended where windows meet; the overlap is raised to twice it")
+      ->capture_default_str()
+      ->check(nonNegativeNumber());
   app.add_option(flagNames("--activation"), o.activation, "none | softmax | sigmoid")->capture_default_str();
   app.add_option(
          flagNames("--tta"), o.tta,

@@ -142,6 +142,10 @@ OutputLayout::OutputLayout(const WindowGrid& g, const StitchOptions& options) : 
   out_w = std::max<int64_t>(1, scale.apply(grid.imageWidth()));
   out_h = std::max<int64_t>(1, scale.apply(grid.imageHeight()));
   TILER_CHECK(win_w > 0 && win_h > 0, ConfigError, "stitcher: output window is empty at this scale");
+  halo = options.halo;
+  TILER_CHECK(halo >= 0 && 2 * halo < std::min(win_w, win_h), ConfigError,
+              "stitcher: a halo of " << halo << " px leaves nothing of a " << win_w << "x" << win_h
+                                     << " output window");
   if (options.mode == BlendMode::kGaussian) {
     importance = gaussianImportance(win_w, win_h, options.sigma_scale);
   } else if (options.mode == BlendMode::kConstant) {
@@ -166,6 +170,15 @@ OutputLayout::Part OutputLayout::part(int64_t index) const {
     p.x1 = cores_x[size_t(col) + 1] - p.x;
     p.y0 = cores_y[size_t(row)] - p.y;
     p.y1 = cores_y[size_t(row) + 1] - p.y;
+  }
+  if (halo > 0) {
+    // A window's first and last column and row of the grid meet the image's border, the others a neighbour.
+    const int64_t col = index % grid.columns(), row = index / grid.columns();
+    const int64_t columns = grid.columns(), rows = int64_t(grid.startsY().size());
+    if (col > 0) p.x0 = std::max(p.x0, halo);
+    if (col + 1 < columns) p.x1 = std::min(p.x1, win_w - halo);
+    if (row > 0) p.y0 = std::max(p.y0, halo);
+    if (row + 1 < rows) p.y1 = std::min(p.y1, win_h - halo);
   }
   return p;
 }

@@ -52,6 +52,13 @@ struct Scale {
   bool operator==(const Scale& o) const { return num == o.num && den == o.den; }
 };
 
+// The fewest output pixels two neighbouring windows of one axis share (an axis longer than one window): a
+// window of `window` input px at `overlap`, laid out as WindowGrid lays it for `scale`.
+int64_t overlapPixels(int64_t window, double overlap, Scale scale);
+// The least overlap whose overlapPixels is at least `pixels`; 1 (no overlap can) when `pixels` reaches the
+// output window.
+double overlapFor(int64_t window, int64_t pixels, Scale scale);
+
 // The windows of one image, in row-major order. For a fractional output scale 1/k the grid is laid out
 // at the output's resolution so that every window maps to whole output pixels.
 class WindowGrid {

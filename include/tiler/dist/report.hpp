@@ -44,6 +44,7 @@ struct RunSummary {
   int64_t feature_dim = 0;              // classify: classes K; embed: features D; segment: 0
   std::string runtime = "torchscript";  // torchscript | pt2 (ModelRuntime::name)
   std::string stitch = "host";          // where the windows were blended: host | device (--stitch)
+  int64_t halo = 0;                     // --halo (or the card's): output px not blended where windows meet
   // The model card read (JobOptions::model_card) and where each setting came from; empty: no card.
   std::string model_card;
   std::vector<std::pair<std::string, std::string>> settings_from;

@@ -18,6 +18,9 @@ struct InferOptions : JobOptions {
   double cval = 0.0;
   std::string activation = "none";
   std::string tta = "none";  // none | flip | d4
+  // The model's output halo, px at the output's resolution: the band of each window's edge that is not
+  // blended where windows meet (StitchOptions::halo); the overlap is raised to twice it unless --overlap.
+  int64_t halo = 0;
   // Outputs, comma-separated (each task's outputKinds): labels, probs, polygons (segment); features,
   // features_pt (embed); csv, tiles, heatmap (classify); objects, objects_csv, coco (detect); objects,
   // objects_csv, instances (instances). Unset: the task's default (defaultKinds).

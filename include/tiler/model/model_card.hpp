@@ -2,7 +2,8 @@
 // beside the TorchScript file, or a bioimage.io model description (rdf.yaml, spec 0.5) that names its
 // TorchScript weights and test tensors. Promise: every card field that changes how the model is fed or read
 // is either taken or refused by name (a ConfigError naming the card file and the field: ONNX-only weights, a
-// preprocessing step tiler lacks, an axis layout other than batch, channel, y, x); descriptive fields
+// preprocessing step tiler lacks, an axis layout other than batch, channel, y, x, a halo on an axis other
+// than y and x or unequal on them); descriptive fields
 // (names, authors, licence, covers) are left alone. An explicit flag always wins over the card, and the
 // report says where each setting came from (settingsFrom). No LibTorch.
 #pragma once
@@ -38,6 +39,9 @@ struct ModelCard {
   std::optional<double> scale;
   std::optional<std::vector<double>> mean, std;
   std::optional<std::string> classes, activation, task;
+  // bioimage.io: the output's halo (px of the output, its y and x axes' alike): the band of each window's
+  // edge the model cannot compute reliably (--halo).
+  std::optional<int64_t> halo;
   // bioimage.io: the test tensors (.npy) and the tolerance they are compared with.
   std::string test_input, test_output;
   CardTolerance tolerance;
@@ -61,15 +65,16 @@ struct CardTargets {
   std::string* classes = nullptr;
   std::string* activation = nullptr;
   std::string* task = nullptr;
+  int64_t* halo = nullptr;
 };
 
 // The card's numbers held to what the flags of the same names take (a std of 1e-320 or -1, a NaN offset
 // would run on garbage): ConfigError naming the card and the setting (not finite, a std, µm/px or scale of 0
-// or less, a magnitude under kLeastCardNumber).
+// or less, a magnitude under kLeastCardNumber, a negative halo).
 void checkCardNumbers(const ModelCard& card);
 
 // The settings a card can give, in the report's order: window, mpp, scale, mean, std, classes, activation,
-// task.
+// task, halo.
 const std::vector<std::string>& cardSettingNames();
 
 // Sets each target that the card gives and `given` (the setting names the user set by flag or --config) does

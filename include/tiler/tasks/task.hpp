@@ -70,6 +70,7 @@ struct TaskFlags {
   std::vector<std::string> kinds;   // the output kinds written (--save, or the task's defaults)
   std::string edge = "auto";        // --edge
   bool overlap_given = false;       // --overlap was given
+  int64_t halo = 0;                 // --halo: output px of a window's edge not blended where windows meet
   Tta tta = Tta::kNone;
   Activation activation = Activation::kNone;
   std::string activation_name = "none";  // --activation as given
@@ -157,6 +158,10 @@ class Task {
  protected:
   // This task's own flag rules (settle() has checked the kinds and the flags other tasks own).
   virtual void checkFlags(const ModelProbe& probe, const TaskFlags& flags, GridSpec& spec) const = 0;
+  // --halo, after checkFlags: refused for a vector a window; else the overlap raised to twice it (or, given
+  // as --overlap, a ConfigError naming both when it is less).
+  void settleHalo(const ModelProbe& probe, const TaskFlags& flags, GridSpec& spec,
+                  const std::string& shape) const;
   // The value of its flag `name` in `values` (its default when not given).
   std::string flagValue(const FlagValues& values, const std::string& name) const;
 };

@@ -62,6 +62,10 @@ struct StitchOptions {
   BlendMode mode = BlendMode::kGaussian;
   double sigma_scale = 0.125;
   WorkPool* pool = nullptr;  // not owned; rows are blended in pieces on it too (null: the caller's thread)
+  // The model's output halo, output px: the band of each window along an edge that meets another window of
+  // the grid is never blended (weight 0, every mode); along the image's border it is kept, as a forward of
+  // the whole image keeps it. The grid's overlap must be at least twice it, or pixels go uncovered.
+  int64_t halo = 0;
 };
 
 // A grid in output pixels (the model's scale applied), as both stitchers (this one and device_stitch) lay it
@@ -69,7 +73,7 @@ struct StitchOptions {
 struct OutputLayout {
   OutputLayout(const WindowGrid& grid, const StitchOptions& options);
   // The part of window `index` that is blended: its output-space origin and the window-local rows and columns
-  // (all of it, or its crop core).
+  // (all of it, or its crop core), less the halo along each edge that meets another window.
   struct Part {
     int64_t x = 0, y = 0;                    // origin in the padded output
     int64_t x0 = 0, x1 = 0, y0 = 0, y1 = 0;  // window-local [x0, x1) x [y0, y1)
@@ -97,6 +101,7 @@ struct OutputLayout {
   int64_t padded_w, padded_h;             // output-space padded image
   int64_t crop_x, crop_y;                 // offset of the image inside the padding
   int64_t out_w, out_h;                   // output image size
+  int64_t halo = 0;                       // StitchOptions::halo
   std::vector<float> importance;          // win_w x win_h (gaussian, constant; crop: empty, weight 1)
   std::vector<int64_t> cores_x, cores_y;  // crop mode: the windows' cores per axis
 };
