@@ -530,6 +530,12 @@ TEST(ModelCard, Bioimageio04FieldsThatChangeHowTheModelIsFedAreRefusedByName) {
                                   "reference_tensor: raw, "
                                   "scale: [1, 1, 1, 1]");
   EXPECT_EQ(ref, "no error");  // the channel count from the input's: 3 + 2 * 1
+  // A null scale: a new axis of 2 x offset (the spec's expand_output_shape example).
+  std::string expanded = kRdf04;
+  expanded.replace(expanded.find("scale: [1, 0, 1, 1], offset: [0, 1, 0, 0]"), 41,
+                   "scale: [1, 0, null, 1], offset: [0, 1, 0.5, 0]");
+  const YAML::Node new_axis = YAML::Load(bioimageioAs05(writeFile(dir + "/null.yaml", expanded)));
+  EXPECT_EQ(canonical(new_axis["outputs"][0]["axes"][2]), "{halo: 8, id: y, size: 1, type: space}");
   const std::string shape =
       refusal("shape: {reference_tensor: raw, scale: [1, 0, 1, 1], offset: [0, 1, 0, 0]}",
               "shape: {min: [1, 2, 64, 64], step: [0, 0, 1, 1]}");

@@ -67,6 +67,24 @@ TEST(ZipArchive, MembersThatLeaveTheArchiveCorruptionAndSizesAreRefusedNamingThe
     EXPECT_NE(error.find("escape.zip': member '"), std::string::npos) << error;
     EXPECT_NE(error.find("names a path outside the archive"), std::string::npos) << error;
   }
+  // One name twice (zipfile warns, and writes it); an encrypted member (its flag set in the central
+  // directory).
+  const std::string twice = configError([&] {
+    ZipArchive archive(makeZip(dir + "/twice.zip", {{"'rdf.yaml'", "'a'"}, {"'rdf.yaml'", "'b'"}}));
+  });
+  EXPECT_NE(twice.find("twice.zip': member 'rdf.yaml' is in the archive twice"), std::string::npos) << twice;
+  std::string locked = test::slurp(makeZip(dir + "/plain.zip", {{"'rdf.yaml'", "'a'"}}));
+  locked[locked.find("PK\x01\x02") + 8] |= 1;
+  std::ofstream(dir + "/locked.zip", std::ios::binary) << locked;
+  const std::string encrypted = configError([&] { ZipArchive archive(dir + "/locked.zip"); });
+  EXPECT_NE(encrypted.find("locked.zip': member 'rdf.yaml' is encrypted"), std::string::npos) << encrypted;
+  // More members than a package holds: refused before any is looked at.
+  std::ofstream(dir + "/many.py") << "import zipfile, sys\nz = zipfile.ZipFile(sys.argv[1], 'w')\n"
+                                     "for k in range("
+                                  << kMaxZipMembers + 1 << "):\n    z.writestr(str(k), b'')\n";
+  ASSERT_EQ(test::runCommand("/usr/bin/python3 " + dir + "/many.py " + dir + "/many.zip").code, 0);
+  const std::string many = configError([&] { ZipArchive archive(dir + "/many.zip"); });
+  EXPECT_NE(many.find("many.zip': 100001 members, over the 100000"), std::string::npos) << many;
   const std::string zip = makeZip(dir + "/pkg.zip", {{"'weights.pt'", "b'w' * 5000"}}, true);
   const ZipArchive archive(zip);
   const std::string missing = configError([&] { archive.readAll("test_input.npy", 100); });

@@ -567,7 +567,10 @@ YAML::Node upgradeTensor04(const YAML::Node& t, bool input, size_t index, const 
     TILER_CHECK(
         node && node.IsSequence() && node.size() == axes.size(), ConfigError,
         "'" << rdf << "': " << where << "." << what << " must list one number per axis of '" << axes << "'");
-    return node.as<std::vector<double>>();
+    // A null scale is 0.4's new axis of 2 x offset, as a scale of 0.
+    std::vector<double> values;
+    for (const auto& v : node) values.push_back(v.IsNull() ? 0.0 : v.as<double>());
+    return values;
   };
   const std::vector<double> sizes = fixed ? listOf(shape, "shape") : std::vector<double>{},
                             mins = parameterized ? listOf(shape["min"], "shape.min") : std::vector<double>{},
