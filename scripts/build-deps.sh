@@ -2,8 +2,9 @@
 # Builds tiler's dependency bundle: everything a run needs besides LibTorch, static and position-independent,
 # so that tiler builds on a machine that has only a compiler, CMake and PyTorch (a GPU image, a cluster without
 # root). From Debian's own source packages, fetched through this machine's apt sources (no host named here):
-#   zlib, zstd, libdeflate, libjpeg-turbo, libpng, libtiff (zlib, JPEG, zstd, libdeflate),
-#   OpenCV core/imgproc/imgcodecs (no IPP, TBB, OpenCL, GDAL), HDF5's C library, GoogleTest, yaml-cpp,
+#   zlib and its contrib/minizip (zipped model packages), zstd, libdeflate, libjpeg-turbo, libpng, libtiff (zlib,
+#   JPEG, zstd, libdeflate), OpenCV core/imgproc/imgcodecs (no IPP, TBB, OpenCL, GDAL), HDF5's C library,
+#   OpenSSL's libcrypto (model cards' sha256), GoogleTest, yaml-cpp,
 #   and the headers of CLI11, nlohmann_json, spdlog (trixie's: it compiles against the fmt 12 of PyTorch's
 #   wheels) and gloo (trixie's, which matches the wheels' c10d headers).
 # Not in it: GDAL and OpenSlide (tiler builds without them: TILER_WITH_GDAL/OPENSLIDE), fmt (LibTorch's or the
@@ -91,7 +92,7 @@ apt_in() {  # apt_in own|trixie apt-get|apt-cache ARGS...: apt over one private 
   "$tool" -o Dir::Etc::SourceList="$d/sources.list" -o Dir::Etc::SourceParts=/dev/null \
     -o Dir::State::Lists="$d/lists" -o APT::Sandbox::User=root -qq "$@"
 }
-own_packages=(zlib libzstd libdeflate libjpeg-turbo libpng1.6 tiff opencv hdf5 googletest yaml-cpp cli11 nlohmann-json3)
+own_packages=(zlib libzstd libdeflate libjpeg-turbo libpng1.6 tiff opencv hdf5 openssl googletest yaml-cpp cli11 nlohmann-json3)
 trixie_packages=(spdlog gloo)
 # Update the indices at most once a day; the versions they name are part of the stamp.
 for list in own trixie; do
@@ -200,6 +201,15 @@ if needs_build zlib "$src" configure-static; then
     make -j "$jobs" libz.a >/dev/null && cp libz.a "$lib/" && cp zlib.h zconf.h "$inc/")
   done_step zlib
 fi
+# Zipped bioimage.io packages: minizip's unzip, from the same zlib source (Debian's libminizip-dev is built so).
+if needs_build minizip "$src" unzip-static; then
+  mkdir -p "$inc/minizip" "$work/build/minizip"
+  (cd "$work/build/minizip" && for f in ioapi unzip; do
+    gcc -O2 -fPIC -D_LARGEFILE64_SOURCE -I"$inc" -c "$src/contrib/minizip/$f.c" -o "$f.o" || exit 1
+  done && ar rcs "$lib/libminizip.a" ioapi.o unzip.o) || exit 1
+  cp "$src/contrib/minizip/"{ioapi.h,unzip.h,crypt.h} "$inc/minizip/"
+  done_step minizip
+fi
 
 src=$(fetch own libzstd)
 cmake_build zstd "$src/build/cmake" -DZSTD_BUILD_PROGRAMS=OFF -DZSTD_BUILD_SHARED=OFF \
@@ -259,6 +269,16 @@ fi
 
 src=$(fetch own googletest)
 cmake_build googletest "$src" -DBUILD_GMOCK=ON -DINSTALL_GTEST=ON
+
+# Model cards' sha256: OpenSSL's libcrypto alone (no apps, tests or engines as modules).
+src=$(fetch own openssl)
+if needs_build openssl "$src" libcrypto-static; then
+  (cd "$src" && make distclean >/dev/null 2>&1; ./config no-shared no-tests no-module --prefix="$prefix" \
+    --libdir=lib >"$work/build/openssl.log" 2>&1 && make -j "$jobs" build_generated >>"$work/build/openssl.log" 2>&1 &&
+    make -j "$jobs" libcrypto.a >>"$work/build/openssl.log" 2>&1 && cp libcrypto.a "$lib/" &&
+    rm -rf "$inc/openssl" && cp -r include/openssl "$inc/") || { tail -30 "$work/build/openssl.log"; exit 1; }
+  done_step openssl
+fi
 
 # Model cards' YAML (bioimage.io's rdf.yaml): the library alone.
 src=$(fetch own yaml-cpp)
@@ -330,6 +350,9 @@ _tiler_deps_static(opencv_imgproc libopencv_imgproc.a opencv_core)
 _tiler_deps_static(opencv_imgcodecs libopencv_imgcodecs.a opencv_imgproc opencv_core TIFF::TIFF PNG::PNG JPEG::JPEG)
 set_property(TARGET opencv_core APPEND PROPERTY INTERFACE_INCLUDE_DIRECTORIES "\${_td}/include/opencv4")
 _tiler_deps_static(yaml-cpp libyaml-cpp.a)
+_tiler_deps_static(TilerDeps::minizip libminizip.a ZLIB::ZLIB)
+set_property(TARGET TilerDeps::minizip APPEND PROPERTY INTERFACE_INCLUDE_DIRECTORIES "\${_td}/include/minizip")
+_tiler_deps_static(OpenSSL::Crypto libcrypto.a \${CMAKE_DL_LIBS} Threads::Threads)
 _tiler_deps_headers(CLI11::CLI11)
 _tiler_deps_headers(nlohmann_json::nlohmann_json)
 # spdlog header-only over LibTorch's (or the system's) fmt, itself header-only: no spdlog or fmt library.

@@ -7,7 +7,7 @@ packages=(
   libtiff-dev libzstd-dev libjpeg-dev libgloo-dev libcli11-dev libgtest-dev libspdlog-dev nlohmann-json3-dev libgdal-dev
   libopenslide-dev libhdf5-dev gdal-bin libvips-tools openslide-tools hdf5-tools python3-h5py python3-torch
   python3-setuptools python3-pil util-linux python3-zarr python3-jsonschema openmpi-bin
-  libyaml-cpp-dev python3-yaml
+  libyaml-cpp-dev libminizip-dev libssl-dev python3-yaml
 )
 # --print: the list, one line, for scripts that install the same packages elsewhere (test-torch2.sh).
 if [ "${1:-}" = "--print" ]; then

@@ -14,9 +14,12 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include <yaml-cpp/yaml.h>
+
 #include "test_util.hpp"
 #include "tiler/core/error.hpp"
 #include "tiler/io/image_io.hpp"
+#include "tiler/io/zip_archive.hpp"
 
 namespace fs = std::filesystem;
 using namespace tiler;
@@ -288,10 +291,25 @@ TEST(ModelCard, BioimageioFieldsTilerLacksAreRefusedByName) {
       << axes;
   const std::string listed = refusal("type: model", "type: [model, dataset]");
   EXPECT_NE(listed.find("rdf.yaml': field 'type' must be a string, not a list"), std::string::npos) << listed;
+  // The version before anything else: a 0.3 card has no type.
   const std::string old_card = refusal("type: model\nformat_version: 0.5.4", "format_version: 0.3.2");
-  EXPECT_NE(old_card.find("format_version '0.3.2': tiler reads spec 0.5"), std::string::npos) << old_card;
+  EXPECT_NE(old_card.find("rdf.yaml': format_version '0.3.2'; tiler reads spec 0.4 and 0.5"),
+            std::string::npos)
+      << old_card;
+  EXPECT_NE(old_card.find("bioimageio update-format"), std::string::npos) << old_card;
+  const std::string no_version = refusal("type: model\nformat_version: 0.5.4", "type: model");
+  EXPECT_NE(no_version.find("rdf.yaml': no format_version"), std::string::npos) << no_version;
+  // A 0.5 card labelled 0.4 is read as 0.4, whose tensors have names, not ids.
   const std::string version = refusal("format_version: 0.5.4", "format_version: 0.4.10");
-  EXPECT_NE(version.find("format_version '0.4.10'"), std::string::npos) << version;
+  EXPECT_NE(version.find("inputs[0] field 'id' is not one tiler knows (spec 0.4)"), std::string::npos)
+      << version;
+  // A state dict and no TorchScript weights: the one command that converts it.
+  const std::string state_dict = refusal("  torchscript: {source: weights.pt, pytorch_version: \"1.13\"}\n",
+                                         "  pytorch_state_dict: {source: w.pth, architecture: {source: a.py, "
+                                         "callable: Net}}\n");
+  EXPECT_NE(state_dict.find("weights has pytorch_state_dict, onnx only"), std::string::npos) << state_dict;
+  EXPECT_NE(state_dict.find("scripts/export_model.py --card " + dir + "/rdf.yaml"), std::string::npos)
+      << state_dict;
   const std::string unknown = refusal("license: MIT", "license: MIT\ntiling: {halo: 8}");
   EXPECT_NE(unknown.find("field 'tiling' is not one tiler knows"), std::string::npos) << unknown;
   const std::string url = refusal("source: weights.pt", "source: https://zenodo.org/weights.pt");
@@ -300,6 +318,399 @@ TEST(ModelCard, BioimageioFieldsTilerLacksAreRefusedByName) {
   EXPECT_NE(yaml.find("rdf.yaml': not a YAML model description"), std::string::npos) << yaml;
   fs::create_directories(dir + "/empty");
   EXPECT_NE(configError([&] { findModelCard(dir + "/empty"); }).find("without rdf.yaml"), std::string::npos);
+}
+
+namespace {
+
+// A 0.4 description and its 0.5 twin as bioimageio.spec's converter writes it (channel names channel0...,
+// an output size that refers to the input's, the halo on the space axes); SHA replaced by the weights'
+// digest.
+const char* kRdf04 = R"(format_version: 0.4.10
+type: model
+name: two-class blobs
+description: a test package
+authors: [{name: tiler tests}]
+license: MIT
+documentation: README.md
+timestamp: 2024-01-01T00:00:00Z
+download_url: https://example.com/
+inputs:
+  - name: raw
+    axes: bcyx
+    data_type: float32
+    data_range: [-.inf, .inf]
+    shape: {min: [1, 3, 64, 64], step: [0, 0, 32, 32]}
+    preprocessing:
+      - name: scale_linear
+        kwargs: {axes: yx, gain: 0.00392156862745098, offset: 0.0}
+      - name: zero_mean_unit_variance
+        kwargs: {mode: fixed, axes: yx, mean: [0.5, 0.25, 0.5], std: [0.5, 0.25, 1.0]}
+outputs:
+  - name: probs
+    axes: bcyx
+    data_type: float32
+    data_range: [0, 1]
+    halo: [0, 0, 8, 8]
+    shape: {reference_tensor: raw, scale: [1, 0, 1, 1], offset: [0, 1, 0, 0]}
+    postprocessing:
+      - name: sigmoid
+test_inputs: [test_input.npy]
+test_outputs: [test_output.npy]
+sample_inputs: [sample_input.png]
+weights:
+  torchscript: {source: weights.pt, sha256: SHA}
+  pytorch_state_dict:
+    source: weights.pth
+    architecture: unet.py:UNet
+    architecture_sha256: 3aeda0ace2e9a595025fa103a3eae2fd620a95924b3fba00ff5d4451acf4ad53
+    kwargs: {in_channels: 3}
+    dependencies: conda:environment.yaml
+)";
+
+const char* kRdf05Twin = R"(format_version: 0.5.4
+type: model
+name: two-class blobs
+description: a test package
+authors: [{name: tiler tests}]
+license: MIT
+documentation: README.md
+timestamp: 2024-01-01T00:00:00Z
+inputs:
+  - id: raw
+    axes:
+      - type: batch
+      - type: channel
+        channel_names: [channel0, channel1, channel2]
+      - {type: space, id: y, size: {min: 64, step: 32}}
+      - {type: space, id: x, size: {min: 64, step: 32}}
+    test_tensor: {source: test_input.npy}
+    data: {type: float32, range: [-.inf, .inf]}
+    preprocessing:
+      - id: scale_linear
+        kwargs: {axis: channel, gain: 0.00392156862745098, offset: 0.0}
+      - id: fixed_zero_mean_unit_variance
+        kwargs: {axis: channel, mean: [0.5, 0.25, 0.5], std: [0.5, 0.25, 1.0]}
+outputs:
+  - id: probs
+    axes:
+      - type: batch
+      - type: channel
+        channel_names: [channel0, channel1]
+      - {type: space, id: y, size: {tensor_id: raw, axis_id: y}, halo: 8}
+      - {type: space, id: x, size: {tensor_id: raw, axis_id: x}, halo: 8}
+    test_tensor: {source: test_output.npy}
+    data: {type: float32, range: [0, 1]}
+    postprocessing:
+      - id: sigmoid
+weights:
+  torchscript: {source: weights.pt, sha256: SHA}
+  pytorch_state_dict:
+    source: weights.pth
+    architecture:
+      source: unet.py
+      callable: UNet
+      sha256: 3aeda0ace2e9a595025fa103a3eae2fd620a95924b3fba00ff5d4451acf4ad53
+      kwargs: {in_channels: 3}
+    dependencies: {source: environment.yaml}
+)";
+
+std::string withSha(std::string text, const std::string& sha) {
+  for (size_t at = text.find("SHA"); at != std::string::npos; at = text.find("SHA", at))
+    text.replace(at, 3, sha);
+  return text;
+}
+
+// A YAML node as text with its mappings' keys sorted: two descriptions compare field by field.
+std::string canonical(const YAML::Node& node) {
+  if (!node) return "~";
+  if (node.IsScalar()) return node.Scalar();
+  std::string out;
+  if (node.IsSequence()) {
+    for (const auto& item : node) out += (out.empty() ? "" : ", ") + canonical(item);
+    return "[" + out + "]";
+  }
+  std::map<std::string, std::string> sorted;
+  for (const auto& kv : node) sorted[kv.first.as<std::string>()] = canonical(kv.second);
+  for (const auto& [key, value] : sorted) out += (out.empty() ? "" : ", ") + key + ": " + value;
+  return "{" + out + "}";
+}
+
+void expectSameCard(const ModelCard& a, const ModelCard& b) {
+  EXPECT_EQ(a.kind, b.kind);
+  EXPECT_EQ(a.weights, b.weights);
+  EXPECT_EQ(a.window, b.window);
+  EXPECT_EQ(a.mpp, b.mpp);
+  EXPECT_EQ(a.scale, b.scale);
+  EXPECT_EQ(a.mean, b.mean);
+  EXPECT_EQ(a.std, b.std);
+  EXPECT_EQ(a.classes, b.classes);
+  EXPECT_EQ(a.activation, b.activation);
+  EXPECT_EQ(a.task, b.task);
+  EXPECT_EQ(a.test_input, b.test_input);
+  EXPECT_EQ(a.test_output, b.test_output);
+  EXPECT_EQ(a.tolerance.relative, b.tolerance.relative);
+  EXPECT_EQ(a.tolerance.absolute, b.tolerance.absolute);
+  EXPECT_EQ(a.tolerance.mismatched_per_million, b.tolerance.mismatched_per_million);
+}
+
+// A zip of `dir`'s files (under `top`/ when given), written by Python's zipfile; `extra`: more members, as
+// (Python name expression, Python bytes expression).
+std::string zipPackage(const std::string& dir, const std::string& zip, const std::string& top = "",
+                       const std::vector<std::pair<std::string, std::string>>& extra = {}) {
+  std::string script =
+      "import zipfile, os, sys\nz = zipfile.ZipFile(sys.argv[2], 'w', zipfile.ZIP_DEFLATED)\n"
+      "for f in sorted(os.listdir(sys.argv[1])):\n"
+      "    z.write(os.path.join(sys.argv[1], f), '" +
+      (top.empty() ? "" : top + "/") + "' + f)\n";
+  for (const auto& [name, bytes] : extra) script += "z.writestr(" + name + ", " + bytes + ")\n";
+  script += "z.close()\n";
+  writeFile(zip + ".py", script);
+  const auto r = test::runCommand("/usr/bin/python3 " + zip + ".py " + dir + " " + zip + " 2>&1");
+  EXPECT_EQ(r.code, 0) << r.output;
+  return zip;
+}
+
+}  // namespace
+
+TEST(ModelCard, Bioimageio04CardIsReadAsIts05Twin) {
+  const std::string dir = test::scratchDir("card_04");
+  writeFile(dir + "/weights.pt", "weights");
+  writeFile(dir + "/test_input.npy", "in");
+  writeFile(dir + "/test_output.npy", "out");
+  const std::string sha = sha256Hex("weights");
+  const ModelCard old_card = readBioimageioRdf(writeFile(dir + "/v04.yaml", withSha(kRdf04, sha)));
+  const ModelCard twin = readBioimageioRdf(writeFile(dir + "/v05.yaml", withSha(kRdf05Twin, sha)));
+  expectSameCard(old_card, twin);
+  EXPECT_EQ(*old_card.window, "256");
+  EXPECT_EQ(*old_card.activation, "sigmoid");
+  EXPECT_EQ(*old_card.classes, "channel0,channel1");
+  EXPECT_EQ(old_card.test_input, dir + "/test_input.npy");
+  // Field by field, as YAML: tensors, steps, halo and weights in 0.5's shape; what 0.5 lacks is gone.
+  const YAML::Node converted = YAML::Load(bioimageioAs05(dir + "/v04.yaml")),
+                   expected = YAML::Load(withSha(kRdf05Twin, sha));
+  for (const char* field : {"inputs", "outputs", "weights", "name", "documentation", "authors"})
+    EXPECT_EQ(canonical(converted[field]), canonical(expected[field])) << field;
+  for (const char* gone : {"test_inputs", "test_outputs", "sample_inputs", "download_url"})
+    EXPECT_FALSE(converted[gone]) << gone;
+  EXPECT_EQ(converted["format_version"].as<std::string>().substr(0, 4), "0.5.");
+}
+
+// The spec's own example unet2d_nuclei_broad, 0.4.9 as shipped, converted: what bioimageio.spec's converter
+// wrote into its 0.5 twin for the tensors' sizes, halo, steps and weights.
+TEST(ModelCard, TheSpecsNucleiExampleConvertsAsTheSpecConvertsIt) {
+  const std::string data = std::string(TILER_TEST_SOURCE_DIR) + "/tests/data/bioimageio/";
+  const YAML::Node v04 = YAML::Load(bioimageioAs05(data + "unet2d_nuclei_broad_v0_4_9.yaml")),
+                   v05 = YAML::LoadFile(data + "unet2d_nuclei_broad_v0_5.yaml");
+  const YAML::Node in = v04["inputs"][0], out = v04["outputs"][0];
+  EXPECT_EQ(in["id"].as<std::string>(), "raw");
+  EXPECT_EQ(canonical(in["axes"][2]), "{id: y, size: 512, type: space}");
+  EXPECT_EQ(canonical(in["axes"][3]), "{id: x, size: 512, type: space}");
+  EXPECT_EQ(in["axes"][1]["channel_names"].size(), 1u);
+  // zero_mean_unit_variance per sample over y and x: 0.5's step of that name, its axes as ids, no mode.
+  EXPECT_EQ(canonical(in["preprocessing"][0]), "{id: zero_mean_unit_variance, kwargs: {axes: [y, x]}}");
+  EXPECT_EQ(canonical(in["test_tensor"]), "{source: test_input.npy}");
+  EXPECT_EQ(canonical(out["axes"][2]), canonical(v05["outputs"][0]["axes"][2]));
+  EXPECT_EQ(canonical(out["axes"][3]), "{halo: 32, id: x, size: {axis_id: x, tensor_id: raw}, type: space}");
+  EXPECT_EQ(out["axes"][2]["halo"].as<int>(), 32);
+  EXPECT_EQ(out["axes"][1]["channel_names"].size(), 1u);  // scale 0, offset 0.5: one channel
+  EXPECT_EQ(canonical(out["postprocessing"]), "[{id: sigmoid}]");
+  EXPECT_EQ(canonical(out["test_tensor"]), "{source: test_output.npy}");
+  EXPECT_EQ(canonical(v04["weights"]["torchscript"]["source"]), "weights.pt");
+  EXPECT_EQ(canonical(v04["weights"]["torchscript"]["sha256"]),
+            canonical(v05["weights"]["torchscript"]["sha256"]));
+  const YAML::Node arch = v04["weights"]["pytorch_state_dict"]["architecture"],
+                   arch05 = v05["weights"]["pytorch_state_dict"]["architecture"];
+  for (const char* field : {"source", "callable", "sha256", "kwargs"})
+    EXPECT_EQ(canonical(arch[field]), canonical(arch05[field])) << field;
+}
+
+// Each 0.4 step tiler's steps know comes out in its 0.5 form (the spec's changelog and converter).
+TEST(ModelCard, Bioimageio04StepsComeOutInTheir05Form) {
+  const std::string dir = test::scratchDir("card_04_steps");
+  std::string text = kRdf04;
+  const std::string steps = R"(    preprocessing:
+      - {name: zero_mean_unit_variance, kwargs: {mode: per_dataset, axes: xy, eps: 1.0e-5}}
+      - {name: zero_mean_unit_variance, kwargs: {mode: fixed, axes: cyx, mean: 0.5, std: 0.2}}
+      - {name: scale_range, kwargs: {mode: per_sample, axes: yx, min_percentile: 1, max_percentile: 99.8}}
+      - {name: clip, kwargs: {min: 0, max: 1}}
+      - {name: scale_linear, kwargs: {gain: 2, offset: 1}}
+)";
+  text.replace(text.find("    preprocessing:"), text.find("outputs:") - text.find("    preprocessing:"),
+               steps);
+  text.replace(
+      text.find("      - name: sigmoid"), std::string("      - name: sigmoid").size(),
+      "      - {name: binarize, kwargs: {threshold: 0.5}}\n"
+      "      - {name: scale_mean_variance, kwargs: {mode: per_sample, reference_tensor: raw, axes: yx}}");
+  const YAML::Node rdf = YAML::Load(bioimageioAs05(writeFile(dir + "/rdf.yaml", text)));
+  const YAML::Node pre = rdf["inputs"][0]["preprocessing"], post = rdf["outputs"][0]["postprocessing"];
+  EXPECT_EQ(canonical(pre[0]), "{id: zero_mean_unit_variance, kwargs: {axes: [batch, x, y], eps: 1.0e-5}}");
+  EXPECT_EQ(canonical(pre[1]), "{id: fixed_zero_mean_unit_variance, kwargs: {mean: 0.5, std: 0.2}}");
+  EXPECT_EQ(canonical(pre[2]),
+            "{id: scale_range, kwargs: {axes: [y, x], max_percentile: 99.8, min_percentile: 1}}");
+  EXPECT_EQ(canonical(pre[3]), "{id: clip, kwargs: {max: 1, min: 0}}");
+  EXPECT_EQ(canonical(pre[4]), "{id: scale_linear, kwargs: {gain: 2, offset: 1}}");
+  EXPECT_EQ(canonical(post[0]), "{id: binarize, kwargs: {threshold: 0.5}}");
+  EXPECT_EQ(canonical(post[1]), "{id: scale_mean_variance, kwargs: {axes: [y, x], reference_tensor: raw}}");
+}
+
+TEST(ModelCard, Bioimageio04FieldsThatChangeHowTheModelIsFedAreRefusedByName) {
+  const std::string dir = test::scratchDir("card_04_bad");
+  auto refusal = [&](const std::string& from, const std::string& to) {
+    std::string text = kRdf04;
+    const size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    if (at != std::string::npos) text.replace(at, from.size(), to);
+    const std::string path = writeFile(dir + "/rdf.yaml", text);
+    return configError([&] { bioimageioAs05(path); });
+  };
+  const std::string field = refusal("license: MIT", "license: MIT\ntiling: true");
+  EXPECT_NE(field.find("rdf.yaml': field 'tiling' is not one tiler knows (spec 0.4)"), std::string::npos)
+      << field;
+  const std::string tests = refusal("test_inputs: [test_input.npy]", "test_inputs: []");
+  EXPECT_NE(tests.find("test_inputs must name one .npy file per tensor of inputs"), std::string::npos)
+      << tests;
+  const std::string halo = refusal("halo: [0, 0, 8, 8]", "halo: [0, 2, 8, 8]");
+  EXPECT_NE(halo.find("outputs[0].halo gives the channel axis a halo of 2"), std::string::npos) << halo;
+  const std::string step = refusal("step: [0, 0, 32, 32]", "step: [0, 1, 32, 32]");
+  EXPECT_NE(step.find("inputs[0].shape.step gives the channel axis a step"), std::string::npos) << step;
+  const std::string letter = refusal("axes: bcyx\n    data_type: float32\n    data_range: [-.inf",
+                                     "axes: bqyx\n    data_type: float32\n    data_range: [-.inf");
+  EXPECT_NE(letter.find("inputs[0].axes 'bqyx': 'q' is not an axis of spec 0.4"), std::string::npos)
+      << letter;
+  const std::string ref = refusal("reference_tensor: raw, scale: [1, 0, 1, 1]",
+                                  "reference_tensor: raw, "
+                                  "scale: [1, 1, 1, 1]");
+  EXPECT_EQ(ref, "no error");  // the channel count from the input's: 3 + 2 * 1
+  // A null scale: a new axis of 2 x offset (the spec's expand_output_shape example).
+  std::string expanded = kRdf04;
+  expanded.replace(expanded.find("scale: [1, 0, 1, 1], offset: [0, 1, 0, 0]"), 41,
+                   "scale: [1, 0, null, 1], offset: [0, 1, 0.5, 0]");
+  const YAML::Node new_axis = YAML::Load(bioimageioAs05(writeFile(dir + "/null.yaml", expanded)));
+  EXPECT_EQ(canonical(new_axis["outputs"][0]["axes"][2]), "{halo: 8, id: y, size: 1, type: space}");
+  const std::string shape =
+      refusal("shape: {reference_tensor: raw, scale: [1, 0, 1, 1], offset: [0, 1, 0, 0]}",
+              "shape: {min: [1, 2, 64, 64], step: [0, 0, 1, 1]}");
+  EXPECT_NE(shape.find("outputs[0].shape is neither a list of sizes nor {reference_tensor, scale, offset}"),
+            std::string::npos)
+      << shape;
+  // A 0.4 z axis converts; the reader then refuses the layout by name.
+  std::string text = withSha(kRdf04, std::string(64, '0'));
+  text.replace(text.find("axes: bcyx"), 10, "axes: bczyx");
+  const std::string shape04 = "{min: [1, 3, 64, 64], step: [0, 0, 32, 32]}";
+  text.replace(text.find(shape04), shape04.size(), "[1, 3, 8, 64, 64]");
+  // Per-channel values along the one axis a step's axes leave; two left is no axis.
+  const std::string two_left = configError([&] { readBioimageioRdf(writeFile(dir + "/z/rdf.yaml", text)); });
+  EXPECT_NE(
+      two_left.find("inputs[0].preprocessing[0].kwargs.axes 'yx' of tensor axes 'bczyx' leaves axes 'cz'"),
+      std::string::npos)
+      << two_left;
+  for (size_t at = text.find("axes: yx,"); at != std::string::npos; at = text.find("axes: yx,"))
+    text.replace(at, 9, "axes: zyx,");
+  const std::string z = configError([&] { readBioimageioRdf(writeFile(dir + "/z/rdf.yaml", text)); });
+  EXPECT_NE(z.find("inputs[0].axes are batch,channel,z,y,x"), std::string::npos) << z;
+}
+
+TEST(ModelCard, CardSha256IsCheckedNamingTheFile) {
+  const std::string dir = test::scratchDir("card_sha");
+  writeFile(dir + "/weights.pt", "weights");
+  writeFile(dir + "/test_input.npy", "in");
+  writeFile(dir + "/test_output.npy", "out");
+  const std::string good = sha256Hex("weights"), bad = sha256Hex("other weights");
+  EXPECT_EQ(configError([&] { readBioimageioRdf(writeFile(dir + "/ok.yaml", withSha(kRdf05Twin, good))); }),
+            "no error");
+  const std::string mismatch =
+      configError([&] { readBioimageioRdf(writeFile(dir + "/bad.yaml", withSha(kRdf05Twin, bad))); });
+  EXPECT_NE(mismatch.find("'" + dir + "/weights.pt': its sha256 is " + good +
+                          ", the card's "
+                          "weights.torchscript.sha256 is " +
+                          bad),
+            std::string::npos)
+      << mismatch;
+  // A test tensor's digest too, and a digest that is no digest.
+  std::string text = withSha(kRdf05Twin, good);
+  text.replace(text.find("{source: test_output.npy}"), 25, "{source: test_output.npy, sha256: " + bad + "}");
+  const std::string tensor = configError([&] { readBioimageioRdf(writeFile(dir + "/tensor.yaml", text)); });
+  EXPECT_NE(tensor.find("test_output.npy': its sha256 is " + sha256Hex("out") +
+                        ", the card's outputs[0].test_tensor.sha256 is " + bad),
+            std::string::npos)
+      << tensor;
+  const std::string short_sha =
+      configError([&] { readBioimageioRdf(writeFile(dir + "/short.yaml", withSha(kRdf05Twin, "abc"))); });
+  EXPECT_NE(short_sha.find("weights.torchscript.sha256 'abc' is not a SHA-256 digest"), std::string::npos)
+      << short_sha;
+}
+
+TEST(ModelCard, ZippedPackagesAreReadInPlaceAndMembersStayInside) {
+  const std::string dir = test::scratchDir("card_zip");
+  writeFile(dir + "/pkg/weights.pt", "weights");
+  writeFile(dir + "/pkg/test_input.npy", "in");
+  writeFile(dir + "/pkg/test_output.npy", "out");
+  writeFile(dir + "/pkg/rdf.yaml", withSha(kRdf04, sha256Hex("weights")));
+  const std::string zip = zipPackage(dir + "/pkg", dir + "/pkg.zip");
+  const auto card = findModelCard(zip);
+  ASSERT_TRUE(card);
+  EXPECT_EQ(card->path, zip + "!/rdf.yaml");
+  EXPECT_EQ(card->weights, zip + "!/weights.pt");
+  EXPECT_EQ(card->test_input, zip + "!/test_input.npy");
+  ModelCard from_dir = readBioimageioRdf(dir + "/pkg/rdf.yaml");
+  from_dir.weights = card->weights, from_dir.test_input = card->test_input,
+  from_dir.test_output = card->test_output;
+  expectSameCard(*card, from_dir);
+  // In one top folder, as a zip of the package's directory holds it.
+  const std::string top = zipPackage(dir + "/pkg", dir + "/top.ZIP", "unet");
+  EXPECT_EQ(findModelCard(top)->weights, top + "!/unet/weights.pt");
+  // A member the card names that is not in the archive, one outside it, an archive member outside it.
+  fs::create_directories(dir + "/bare");
+  writeFile(dir + "/bare/test_input.npy", "in");
+  writeFile(dir + "/bare/test_output.npy", "out");
+  writeFile(dir + "/bare/rdf.yaml", withSha(kRdf04, sha256Hex("weights")));
+  const std::string no_weights =
+      configError([&] { findModelCard(zipPackage(dir + "/bare", dir + "/bare.zip")); });
+  EXPECT_NE(
+      no_weights.find("bare.zip': weights.torchscript.source 'weights.pt': member 'weights.pt' is not in "
+                      "the archive"),
+      std::string::npos)
+      << no_weights;
+  std::string escaping = withSha(kRdf04, sha256Hex("weights"));
+  escaping.replace(escaping.find("source: weights.pt"), 18, "source: ../x");
+  writeFile(dir + "/esc/rdf.yaml", escaping);
+  writeFile(dir + "/esc/test_input.npy", "in");
+  writeFile(dir + "/esc/test_output.npy", "out");
+  const std::string outside = configError([&] { findModelCard(zipPackage(dir + "/esc", dir + "/esc.zip")); });
+  EXPECT_NE(outside.find("weights.torchscript.source '../x' lies outside the package"), std::string::npos)
+      << outside;
+  const std::string member = configError([&] {
+    findModelCard(zipPackage(dir + "/pkg", dir + "/member.zip", "", {{"'../x'", "b'x'"}}));
+  });
+  EXPECT_NE(member.find("member.zip': member '../x' names a path outside the archive"), std::string::npos)
+      << member;
+  // A corrupt archive; an archive without a card; weights whose digest is not the card's.
+  writeFile(dir + "/corrupt.zip", "PK\x03\x04 not really");
+  const std::string corrupt = configError([&] { findModelCard(dir + "/corrupt.zip"); });
+  EXPECT_NE(corrupt.find("corrupt.zip': not a zip archive, or a corrupt one"), std::string::npos) << corrupt;
+  fs::remove(dir + "/bare/rdf.yaml");
+  const std::string no_card =
+      configError([&] { findModelCard(zipPackage(dir + "/bare", dir + "/nocard.zip")); });
+  EXPECT_NE(no_card.find("nocard.zip': no rdf.yaml or bioimageio.yaml"), std::string::npos) << no_card;
+  writeFile(dir + "/pkg/weights.pt", "altered");
+  const std::string altered =
+      configError([&] { findModelCard(zipPackage(dir + "/pkg", dir + "/altered.zip")); });
+  EXPECT_NE(altered.find("altered.zip!/weights.pt': its sha256 is " + sha256Hex("altered")),
+            std::string::npos)
+      << altered;
+  // A state dict alone: the command names the zip.
+  std::string state_dict = kRdf04;
+  state_dict.replace(state_dict.find("  torchscript: {source: weights.pt, sha256: SHA}\n"), 49, "");
+  writeFile(dir + "/sd/rdf.yaml", state_dict);
+  writeFile(dir + "/sd/test_input.npy", "in");
+  writeFile(dir + "/sd/test_output.npy", "out");
+  const std::string sd_zip = zipPackage(dir + "/sd", dir + "/sd.zip");
+  const std::string sd = configError([&] { findModelCard(sd_zip); });
+  EXPECT_NE(sd.find("weights has pytorch_state_dict only; tiler runs torchscript weights: convert the "
+                    "pytorch_state_dict with scripts/export_model.py --card " +
+                    sd_zip),
+            std::string::npos)
+      << sd;
 }
 
 TEST(ModelCard, FilesOutsideThePackageAreRefusedNamingThePath) {
@@ -714,4 +1125,45 @@ torch.jit.script(Band()).save(sys.argv[1])
   EXPECT_EQ(vector.code, 1) << vector.output;
   EXPECT_NE(vector.output.find("--halo 4 is a band of a map window's edge"), std::string::npos)
       << vector.output;
-}
+  // A zipped package passes check-model as its directory does and runs as -m, its weights loaded from the
+  // member; weights that are not the ones the card's sha256 describes stop both in one line naming the
+  // member.
+  TEST(ModelCard, AZippedPackagePassesCheckModelAsItsDirectory) {
+    const std::string root = test::scratchDir("card_check_zip");
+    std::string why;
+    const std::string pkg = makePackage(root + "/pkg", &why);
+    if (pkg.empty()) GTEST_SKIP() << why;
+    std::string rdf = test::slurp(pkg + "/rdf.yaml");
+    rdf.replace(rdf.find("source: weights.pt,"), 19,
+                "source: weights.pt, sha256: " +
+                    sha256OfFileOrZipMember(pkg + "/weights.pt", int64_t(1) << 30) + ",");
+    writeFile(pkg + "/rdf.yaml", rdf);
+    const std::string zip = zipPackage(pkg, root + "/pkg.zip", "unet");
+    const auto from_dir = test::runCommand(kTiler + " check-model " + pkg);
+    const auto from_zip = test::runCommand(kTiler + " check-model " + zip);
+    ASSERT_EQ(from_dir.code, 0) << from_dir.output;
+    ASSERT_EQ(from_zip.code, 0) << from_zip.output;
+    EXPECT_NE(from_zip.output.find("check-model: '" + zip + "!/unet/rdf.yaml': 8192 values"),
+              std::string::npos)
+        << from_zip.output;
+    // The same numbers, from the same weights and tensors.
+    EXPECT_EQ(from_zip.output.substr(from_zip.output.find("8192 values")),
+              from_dir.output.substr(from_dir.output.find("8192 values")));
+    const auto run = test::runCommand(kTiler + " -m " + zip + " -i " + kSamples +
+                                      "/images/small.png --threads 1 --no_progress -o " + root + "/out");
+    ASSERT_EQ(run.code, 0) << run.output;
+    const auto report = reportOf(root + "/out");
+    EXPECT_EQ(report["model"], zip + "!/unet/weights.pt");
+    EXPECT_EQ(report["model_card"], zip + "!/unet/rdf.yaml");
+    EXPECT_EQ(report["settings_from"]["activation"], "card");
+    fs::copy_file(pkg + "/altered.pt", pkg + "/weights.pt", fs::copy_options::overwrite_existing);
+    const std::string altered = zipPackage(pkg, root + "/altered.zip", "unet");
+    const auto bad = test::runCommand(kTiler + " check-model " + altered);
+    EXPECT_EQ(bad.code, 1) << bad.output;
+    EXPECT_NE(bad.output.find("altered.zip!/unet/weights.pt': its sha256 is "), std::string::npos)
+        << bad.output;
+    const auto bad_run = test::runCommand(kTiler + " -m " + altered + " -i " + kSamples +
+                                          "/images/small.png --threads 1 --no_progress -o " + root + "/bad");
+    EXPECT_EQ(bad_run.code, 1) << bad_run.output;
+    EXPECT_NE(bad_run.output.find("sha256"), std::string::npos) << bad_run.output;
+  }

@@ -95,7 +95,10 @@ NpyArray readNpy(const std::string& path, int64_t max_bytes) {
   std::string why;
   const auto read = readDocument(path, max_bytes, why);
   TILER_CHECK(read, IoError, "'" << path << "': " << why);
-  const std::string& bytes = *read;
+  return parseNpy(*read, path);
+}
+
+NpyArray parseNpy(const std::string& bytes, const std::string& path) {
   TILER_CHECK(bytes.size() >= 10 && bytes.compare(0, 6, "\x93NUMPY") == 0, IoError,
               "'" << path << "': not a .npy file (no \\x93NUMPY magic)");
   const int major = uint8_t(bytes[6]);

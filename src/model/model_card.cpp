@@ -8,12 +8,16 @@
 #include <cctype>
 #include <cmath>
 #include <filesystem>
+#include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "tiler/core/error.hpp"
 #include "tiler/core/grid.hpp"
 #include "tiler/core/json_document.hpp"
 #include "tiler/core/platform.hpp"
+#include "tiler/io/npy.hpp"
+#include "tiler/io/zip_archive.hpp"
 
 namespace fs = std::filesystem;
 
@@ -155,7 +159,17 @@ namespace {
 
 // ---- bioimage.io ----
 
-std::string joinPath(const std::string& rdf, const std::string& field, const YAML::Node& source) {
+// Where a card's files are: its directory, or the zip archive it was read from (members under `folder`).
+struct Package {
+  std::string zip;     // empty: a directory
+  std::string folder;  // the card's folder in the archive: "" or "top/"
+  std::shared_ptr<ZipArchive> archive;
+};
+
+// The file a card's `field` names (a `source`): in the package only (no URL, no absolute path, no `..`, no
+// link out of its directory); a zip member as ARCHIVE!/MEMBER, which must be in the archive.
+std::string joinPath(const std::string& rdf, const std::string& field, const YAML::Node& source,
+                     const Package& pkg) {
   TILER_CHECK(source && source.IsScalar(), ConfigError, "'" << rdf << "': " << field << " is missing");
   const std::string value = source.as<std::string>();
   TILER_CHECK(value.find("://") == std::string::npos, ConfigError,
@@ -164,10 +178,17 @@ std::string joinPath(const std::string& rdf, const std::string& field, const YAM
   // A package is its directory: a card that names a file elsewhere (an absolute path, ../, a link out of it)
   // would run or check against files that are not the package's.
   const fs::path p = fs::path(value).lexically_normal();
-  const bool escapes = p.is_absolute() || p.empty() || *p.begin() == "..";
+  const bool escapes = p.is_absolute() || p.empty() || *p.begin() == ".." || !zipMemberNameIsSafe(p.string());
   TILER_CHECK(!escapes, ConfigError,
               "'" << rdf << "': " << field << " '" << value
                   << "' lies outside the package; a card names its files relative to its own directory");
+  if (pkg.archive) {
+    const std::string member = pkg.folder + p.generic_string();
+    TILER_CHECK(pkg.archive->has(member), ConfigError,
+                "'" << pkg.zip << "': " << field << " '" << value << "': member '" << member
+                    << "' is not in the archive");
+    return zipMemberPath(pkg.zip, member);
+  }
   const fs::path package = fs::path(rdf).parent_path(), joined = (package / p).lexically_normal();
   std::error_code ec;
   const fs::path real_package = fs::weakly_canonical(package.empty() ? "." : package, ec),
@@ -179,12 +200,29 @@ std::string joinPath(const std::string& rdf, const std::string& field, const YAM
   return joined.string();
 }
 
+// A file's sha256 against the card's (`descr`: the {source, sha256} node that names it), where it gives one.
+void checkSha256(const std::string& rdf, const std::string& field, const YAML::Node& descr,
+                 const std::string& file, int64_t max_bytes) {
+  if (!descr || !descr.IsMap() || !descr["sha256"]) return;
+  std::string expected = descr["sha256"].as<std::string>();
+  std::transform(expected.begin(), expected.end(), expected.begin(), [](char c) { return std::tolower(c); });
+  TILER_CHECK(
+      expected.size() == 64 && expected.find_first_not_of("0123456789abcdef") == std::string::npos,
+      ConfigError,
+      "'" << rdf << "': " << field << ".sha256 '" << expected << "' is not a SHA-256 digest (64 hex digits)");
+  const std::string found = sha256OfFileOrZipMember(file, max_bytes);
+  TILER_CHECK(found == expected, ConfigError,
+              "'" << file << "': its sha256 is " << found << ", the card's " << field << ".sha256 is "
+                  << expected << " ('" << rdf << "'): the file is not the one the card describes");
+}
+
 void refuseUnknownKeys(const YAML::Node& node, const std::set<std::string>& known, const std::string& rdf,
-                       const std::string& where) {
+                       const std::string& where, const char* spec = "0.5") {
   for (const auto& kv : node) {
     const std::string key = kv.first.as<std::string>();
-    TILER_CHECK(known.count(key), ConfigError,
-                "'" << rdf << "': " << where << "field '" << key << "' is not one tiler knows (spec 0.5)");
+    TILER_CHECK(
+        known.count(key), ConfigError,
+        "'" << rdf << "': " << where << "field '" << key << "' is not one tiler knows (spec " << spec << ")");
   }
 }
 
@@ -298,7 +336,7 @@ std::optional<double> micrometresOf(const YAML::Node& axis, const std::string& r
                                << " is not one tiler takes (micrometer, nanometer, millimeter)");
 }
 
-void readInput(const YAML::Node& input, const std::string& rdf, ModelCard& card) {
+void readInput(const YAML::Node& input, const std::string& rdf, const Package& pkg, ModelCard& card) {
   refuseUnknownKeys(
       input,
       {"id", "description", "axes", "test_tensor", "sample_tensor", "data", "optional", "preprocessing"}, rdf,
@@ -318,7 +356,8 @@ void readInput(const YAML::Node& input, const std::string& rdf, ModelCard& card)
     readPreprocessing(input["preprocessing"], rdf, card);
   else
     readPreprocessing(YAML::Node(YAML::NodeType::Sequence), rdf, card);
-  card.test_input = joinPath(rdf, "inputs[0].test_tensor.source", input["test_tensor"]["source"]);
+  card.test_input = joinPath(rdf, "inputs[0].test_tensor.source", input["test_tensor"]["source"], pkg);
+  checkSha256(rdf, "inputs[0].test_tensor", input["test_tensor"], card.test_input, kMaxNpyBytes);
 }
 
 // The output axes' halo (spec 0.5: `halo` on an output space axis), as one --halo: y's and x's alike; a
@@ -353,7 +392,7 @@ void readHalo(const YAML::Node& axes, const std::string& rdf, ModelCard& card) {
   card.halo = halo;
 }
 
-void readOutput(const YAML::Node& output, const std::string& rdf, ModelCard& card) {
+void readOutput(const YAML::Node& output, const std::string& rdf, const Package& pkg, ModelCard& card) {
   refuseUnknownKeys(output,
                     {"id", "description", "axes", "test_tensor", "sample_tensor", "data", "postprocessing"},
                     rdf, "outputs[0] ");
@@ -382,16 +421,24 @@ void readOutput(const YAML::Node& output, const std::string& rdf, ModelCard& car
                                    << "' is not a step tiler has (sigmoid, softmax, ensure_dtype)");
     }
   }
-  card.test_output = joinPath(rdf, "outputs[0].test_tensor.source", output["test_tensor"]["source"]);
+  card.test_output = joinPath(rdf, "outputs[0].test_tensor.source", output["test_tensor"]["source"], pkg);
+  checkSha256(rdf, "outputs[0].test_tensor", output["test_tensor"], card.test_output, kMaxNpyBytes);
 }
 
-void readWeights(const YAML::Node& weights, const std::string& rdf, ModelCard& card) {
+void readWeights(const YAML::Node& weights, const std::string& rdf, const Package& pkg, ModelCard& card) {
   TILER_CHECK(weights && weights.IsMap(), ConfigError, "'" << rdf << "': weights is missing");
   std::string formats;
   for (const auto& kv : weights) formats += (formats.empty() ? "" : ", ") + kv.first.as<std::string>();
+  // A state dict runs only with its Python architecture: one command makes TorchScript weights of it.
+  TILER_CHECK(weights["torchscript"] || !weights["pytorch_state_dict"], ConfigError,
+              "'" << rdf << "': weights has " << formats
+                  << " only; tiler runs torchscript weights: convert the pytorch_state_dict with "
+                     "scripts/export_model.py --card "
+                  << (pkg.archive ? pkg.zip : rdf));
   TILER_CHECK(weights["torchscript"], ConfigError,
               "'" << rdf << "': weights has " << formats << " only; tiler runs torchscript weights");
-  card.weights = joinPath(rdf, "weights.torchscript.source", weights["torchscript"]["source"]);
+  card.weights = joinPath(rdf, "weights.torchscript.source", weights["torchscript"]["source"], pkg);
+  checkSha256(rdf, "weights.torchscript", weights["torchscript"], card.weights, kMaxZipWeightsBytes);
 }
 
 // config.bioimageio.reproducibility_tolerance: the first entry for torchscript weights and this output.
@@ -410,6 +457,343 @@ void readTolerance(const YAML::Node& config, const std::string& output_id, Model
       card.tolerance.mismatched_per_million = entry["mismatched_elements_per_million"].as<double>();
     return;
   }
+}
+
+// ---- bioimage.io 0.4 to 0.5 ----
+// As bioimageio.spec converts a 0.4 description (model/v0_5.py: convert_axes, _convert_proc, _ModelConv), at
+// the YAML level, so that everything after reads one shape. What 0.5 has no field for and does not change how
+// the model is fed (download_url, rdf_source, sample files) is dropped.
+
+// A 0.4 axis letter's type and 0.5 id.
+std::string axisType04(char letter) {
+  switch (letter) {
+    case 'b':
+      return "batch";
+    case 'c':
+      return "channel";
+    case 't':
+      return "time";
+    case 'i':
+      return "index";
+    case 'x':
+    case 'y':
+    case 'z':
+      return "space";
+    default:
+      return "";
+  }
+}
+std::string axisId04(char letter) {
+  const std::string type = axisType04(letter);
+  return type == "space" ? std::string(1, letter) : type;
+}
+
+// 0.4's axes letters ("yx") as 0.5 axis ids (["y", "x"]), in their order.
+YAML::Node axisIds04(const std::string& letters) {
+  YAML::Node ids(YAML::NodeType::Sequence);
+  for (char letter : letters) ids.push_back(axisId04(letter));
+  return ids;
+}
+
+// The one axis of a tensor that `letters` and batch leave: the axis a step's per-channel lists run along.
+std::optional<std::string> complementAxis04(const std::string& tensor_axes, const std::string& letters,
+                                            const std::string& rdf, const std::string& field) {
+  std::string left;
+  for (char a : tensor_axes)
+    if (a != 'b' && letters.find(a) == std::string::npos) left += a;
+  TILER_CHECK(left.size() <= 1, ConfigError,
+              "'" << rdf << "': " << field << ".kwargs.axes '" << letters << "' of tensor axes '"
+                  << tensor_axes << "' leaves axes '" << left
+                  << "'; spec 0.5 takes one axis for per-axis values");
+  if (left.empty()) return std::nullopt;
+  return axisId04(left[0]);
+}
+
+void copyKeys(const YAML::Node& from, YAML::Node& to, std::initializer_list<const char*> keys) {
+  for (const char* key : keys)
+    if (from[key]) to[key] = YAML::Clone(from[key]);
+}
+
+// A 0.4 pre- or postprocessing step in 0.5's shape: `name` becomes `id`, letters axis ids,
+// zero_mean_unit_variance of mode fixed the step fixed_zero_mean_unit_variance. A name 0.4 lacks keeps its
+// name as id: the reader refuses it by name.
+YAML::Node upgradeStep04(const YAML::Node& step, const std::string& tensor_axes, const std::string& rdf,
+                         const std::string& field) {
+  TILER_CHECK(step.IsMap() && step["name"] && step["name"].IsScalar(), ConfigError,
+              "'" << rdf << "': " << field << " has no name (spec 0.4)");
+  const std::string name = step["name"].as<std::string>();
+  const YAML::Node kw = step["kwargs"] ? step["kwargs"] : YAML::Node(YAML::NodeType::Map);
+  const std::string letters = kw["axes"] && kw["axes"].IsScalar() ? kw["axes"].as<std::string>() : "";
+  YAML::Node out(YAML::NodeType::Map), kwargs(YAML::NodeType::Map);
+  out["id"] = name;
+  if (name == "binarize") {
+    copyKeys(kw, kwargs, {"threshold"});
+  } else if (name == "clip") {
+    copyKeys(kw, kwargs, {"min", "max"});
+  } else if (name == "sigmoid") {
+  } else if (name == "scale_linear") {
+    copyKeys(kw, kwargs, {"gain", "offset"});
+    if (kw["axes"])
+      if (const auto axis = complementAxis04(tensor_axes, letters, rdf, field)) kwargs["axis"] = *axis;
+  } else if (name == "scale_mean_variance") {
+    copyKeys(kw, kwargs, {"reference_tensor", "eps"});
+    if (kw["axes"]) kwargs["axes"] = axisIds04(letters);
+  } else if (name == "zero_mean_unit_variance" && kw["mode"] && kw["mode"].as<std::string>() == "fixed") {
+    out["id"] = "fixed_zero_mean_unit_variance";
+    copyKeys(kw, kwargs, {"mean", "std"});
+    if (kw["axes"])
+      if (const auto axis = complementAxis04(tensor_axes, letters, rdf, field)) kwargs["axis"] = *axis;
+  } else if (name == "zero_mean_unit_variance") {
+    copyKeys(kw, kwargs, {"eps"});
+    YAML::Node axes = axisIds04(letters);
+    // 0.5 says "per dataset" by reducing over the batch axis too.
+    if (kw["mode"] && kw["mode"].as<std::string>() == "per_dataset") {
+      YAML::Node with_batch(YAML::NodeType::Sequence);
+      with_batch.push_back("batch");
+      for (const auto& a : axes) with_batch.push_back(a.as<std::string>());
+      axes = with_batch;
+    }
+    if (axes.size() > 0) kwargs["axes"] = axes;
+  } else if (name == "scale_range") {
+    copyKeys(kw, kwargs, {"min_percentile", "max_percentile", "eps", "reference_tensor"});
+    if (kw["axes"]) kwargs["axes"] = axisIds04(letters);
+  } else {
+    kwargs = YAML::Clone(kw);
+  }
+  if (kwargs.size() > 0) out["kwargs"] = kwargs;
+  return out;
+}
+
+const std::set<std::string>& tensorFields04(bool input) {
+  static const std::set<std::string> in = {"name",       "description", "axes",         "data_type",
+                                           "data_range", "shape",       "preprocessing"},
+                                     out = {"name",       "description", "axes", "data_type",
+                                            "data_range", "shape",       "halo", "postprocessing"};
+  return input ? in : out;
+}
+
+// The sizes of the 0.4 inputs' axes by tensor name and letter (a parameterized size: its min), for an output
+// shape that refers to them.
+using SizeRefs04 = std::map<std::string, std::map<char, double>>;
+
+// A 0.4 tensor (axes letters, shape, halo) in 0.5's shape: axis objects with their sizes, `name` as `id`, the
+// test tensor `test_source` as test_tensor.source.
+YAML::Node upgradeTensor04(const YAML::Node& t, bool input, size_t index, const YAML::Node& test_source,
+                           const SizeRefs04& refs, const std::string& rdf) {
+  const std::string where = std::string(input ? "inputs[" : "outputs[") + std::to_string(index) + "]";
+  TILER_CHECK(t.IsMap(), ConfigError, "'" << rdf << "': " << where << " is not a mapping");
+  refuseUnknownKeys(t, tensorFields04(input), rdf, where + " ", "0.4");
+  TILER_CHECK(t["axes"] && t["axes"].IsScalar(), ConfigError,
+              "'" << rdf << "': " << where << ".axes is missing (spec 0.4: letters such as bcyx)");
+  const std::string axes = t["axes"].as<std::string>();
+  for (char a : axes)
+    TILER_CHECK(!axisType04(a).empty(), ConfigError,
+                "'" << rdf << "': " << where << ".axes '" << axes << "': '" << a
+                    << "' is not an axis of spec 0.4 (b, c, t, i, x, y, z)");
+  const YAML::Node shape = t["shape"];
+  TILER_CHECK(shape, ConfigError, "'" << rdf << "': " << where << ".shape is missing");
+  const bool fixed = shape.IsSequence(), parameterized = shape.IsMap() && shape["min"] && shape["step"],
+             referred = shape.IsMap() && shape["reference_tensor"];
+  TILER_CHECK(fixed || (input && parameterized) || (!input && referred), ConfigError,
+              "'" << rdf << "': " << where << ".shape is neither a list of sizes nor "
+                  << (input ? "{min, step}" : "{reference_tensor, scale, offset}"));
+  auto listOf = [&](const YAML::Node& node, const char* what) {
+    TILER_CHECK(
+        node && node.IsSequence() && node.size() == axes.size(), ConfigError,
+        "'" << rdf << "': " << where << "." << what << " must list one number per axis of '" << axes << "'");
+    // A null scale is 0.4's new axis of 2 x offset, as a scale of 0.
+    std::vector<double> values;
+    for (const auto& v : node) values.push_back(v.IsNull() ? 0.0 : v.as<double>());
+    return values;
+  };
+  const std::vector<double> sizes = fixed ? listOf(shape, "shape") : std::vector<double>{},
+                            mins = parameterized ? listOf(shape["min"], "shape.min") : std::vector<double>{},
+                            steps =
+                                parameterized ? listOf(shape["step"], "shape.step") : std::vector<double>{},
+                            scales = referred ? listOf(shape["scale"], "shape.scale") : std::vector<double>{},
+                            offsets =
+                                referred ? listOf(shape["offset"], "shape.offset") : std::vector<double>{},
+                            halo =
+                                t["halo"] ? listOf(t["halo"], "halo") : std::vector<double>(axes.size(), 0);
+  std::string ref_tensor = referred ? shape["reference_tensor"].as<std::string>() : "", ref_axis;
+  if (const size_t dot = ref_tensor.find('.'); dot != std::string::npos)
+    ref_axis = ref_tensor.substr(dot + 1), ref_tensor = ref_tensor.substr(0, dot);
+  YAML::Node out(YAML::NodeType::Map), axis_list(YAML::NodeType::Sequence);
+  if (t["name"]) out["id"] = YAML::Clone(t["name"]);
+  if (t["description"]) out["description"] = YAML::Clone(t["description"]);
+  for (size_t i = 0; i < axes.size(); ++i) {
+    const char a = axes[i];
+    const std::string type = axisType04(a);
+    YAML::Node axis(YAML::NodeType::Map);
+    axis["type"] = type;
+    TILER_CHECK(halo[i] == 0 || type == "space", ConfigError,
+                "'" << rdf << "': " << where << ".halo gives the " << type << " axis a halo of " << halo[i]
+                    << "; a halo lies on space axes");
+    if (type == "batch") {
+      axis_list.push_back(axis);
+      continue;
+    }
+    if (type != "space" && type != "channel") axis["id"] = type;
+    if (type == "space") axis["id"] = std::string(1, a);
+    // This axis's size: fixed, {min, step} or a reference to an input's axis.
+    YAML::Node size;
+    int64_t fixed_size = -1;
+    if (fixed) {
+      fixed_size = int64_t(sizes[i]);
+    } else if (parameterized) {
+      if (steps[i] == 0) {
+        fixed_size = int64_t(mins[i]);
+      } else {
+        TILER_CHECK(type == "space", ConfigError,
+                    "'" << rdf << "': " << where << ".shape.step gives the " << type
+                        << " axis a step; tiler steps space axes only");
+        size["min"] = int64_t(mins[i]);
+        size["step"] = int64_t(steps[i]);
+      }
+    } else if (scales[i] == 0) {
+      fixed_size = int64_t(2 * offsets[i]);  // 0.4's way to make an axis the reference lacks
+    } else if (type == "channel") {
+      const char from = ref_axis.empty() ? a : ref_axis[0];
+      const auto tensor = refs.find(ref_tensor);
+      TILER_CHECK(tensor != refs.end() && tensor->second.count(from), ConfigError,
+                  "'" << rdf << "': " << where << ".shape.reference_tensor '" << ref_tensor
+                      << "' is no input with a '" << from << "' axis");
+      fixed_size = int64_t(scales[i] * tensor->second.at(from) + 2 * offsets[i]);
+    } else {
+      size["tensor_id"] = ref_tensor;
+      size["axis_id"] = ref_axis.empty() ? axisId04(a) : ref_axis;
+      if (offsets[i] != 0) size["offset"] = int64_t(2 * offsets[i]);
+      if (scales[i] != 1) axis["scale"] = 1.0 / scales[i];
+    }
+    if (type == "channel") {
+      TILER_CHECK(fixed_size > 0, ConfigError,
+                  "'" << rdf << "': " << where << "'s channel axis has " << fixed_size << " channels");
+      YAML::Node names(YAML::NodeType::Sequence);
+      for (int64_t c = 0; c < fixed_size; ++c) names.push_back("channel" + std::to_string(c));
+      axis["channel_names"] = names;
+    } else {
+      axis["size"] = fixed_size >= 0 ? YAML::Node(fixed_size) : size;
+    }
+    if (halo[i] != 0) axis["halo"] = int64_t(halo[i]);
+    axis_list.push_back(axis);
+  }
+  out["axes"] = axis_list;
+  YAML::Node test(YAML::NodeType::Map);
+  test["source"] = YAML::Clone(test_source);
+  out["test_tensor"] = test;
+  if (t["data_type"]) {
+    YAML::Node data(YAML::NodeType::Map);
+    data["type"] = YAML::Clone(t["data_type"]);
+    if (t["data_range"]) data["range"] = YAML::Clone(t["data_range"]);
+    out["data"] = data;
+  }
+  const char* steps_field = input ? "preprocessing" : "postprocessing";
+  if (t[steps_field]) {
+    TILER_CHECK(t[steps_field].IsSequence(), ConfigError,
+                "'" << rdf << "': " << where << "." << steps_field << " is not a list");
+    YAML::Node converted(YAML::NodeType::Sequence);
+    for (size_t k = 0; k < t[steps_field].size(); ++k)
+      converted.push_back(upgradeStep04(t[steps_field][k], axes, rdf,
+                                        where + "." + steps_field + "[" + std::to_string(k) + "]"));
+    out[steps_field] = converted;
+  }
+  return out;
+}
+
+// A 0.4 weights entry in 0.5's shape: pytorch_state_dict's "file.py:Name" or "module.Name" architecture with
+// its sha256 and kwargs as one architecture mapping, "conda:env.yaml" dependencies as a file.
+YAML::Node upgradeWeights04(const YAML::Node& weights) {
+  if (!weights || !weights.IsMap()) return weights;
+  YAML::Node out = YAML::Clone(weights);
+  YAML::Node sd = out["pytorch_state_dict"];
+  if (!sd || !sd.IsMap()) return out;
+  if (sd["architecture"] && sd["architecture"].IsScalar()) {
+    const std::string arch = sd["architecture"].as<std::string>();
+    YAML::Node a(YAML::NodeType::Map);
+    if (const size_t colon = arch.rfind(':'); colon != std::string::npos) {
+      a["source"] = arch.substr(0, colon);
+      a["callable"] = arch.substr(colon + 1);
+      if (sd["architecture_sha256"]) a["sha256"] = YAML::Clone(sd["architecture_sha256"]);
+    } else {
+      const size_t dot = arch.rfind('.');
+      a["import_from"] = dot == std::string::npos ? "" : arch.substr(0, dot);
+      a["callable"] = dot == std::string::npos ? arch : arch.substr(dot + 1);
+    }
+    if (sd["kwargs"]) a["kwargs"] = YAML::Clone(sd["kwargs"]);
+    sd.remove("architecture_sha256");
+    sd.remove("kwargs");
+    sd["architecture"] = a;
+  }
+  if (sd["dependencies"] && sd["dependencies"].IsScalar()) {
+    std::string deps = sd["dependencies"].as<std::string>();
+    if (deps.rfind("conda:", 0) == 0) deps = deps.substr(6);
+    YAML::Node file(YAML::NodeType::Map);
+    file["source"] = deps;
+    sd["dependencies"] = file;
+  }
+  return out;
+}
+
+YAML::Node upgradeRdf04(const YAML::Node& rdf, const std::string& rdf_path) {
+  static const std::set<std::string> fields04 = {
+      "format_version", "type",     "name",        "description",  "authors",
+      "attachments",    "cite",     "config",      "covers",       "documentation",
+      "download_url",   "git_repo", "icon",        "id",           "id_emoji",
+      "inputs",         "license",  "links",       "maintainers",  "outputs",
+      "packaged_by",    "parent",   "rdf_source",  "run_mode",     "sample_inputs",
+      "sample_outputs", "tags",     "test_inputs", "test_outputs", "timestamp",
+      "training_data",  "uploader", "version",     "weights",      "badges",
+      "dependencies"};
+  refuseUnknownKeys(rdf, fields04, rdf_path, "", "0.4");
+  YAML::Node out(YAML::NodeType::Map);
+  static const std::set<std::string> dropped = {
+      "format_version", "download_url", "rdf_source", "sample_inputs", "sample_outputs", "test_inputs",
+      "test_outputs",   "inputs",       "outputs",    "weights",       "attachments",    "dependencies"};
+  for (const auto& kv : rdf) {
+    const std::string key = kv.first.as<std::string>();
+    if (!dropped.count(key)) out[key] = YAML::Clone(kv.second);
+  }
+  out["format_version"] = "0.5.0";
+  if (rdf["attachments"] && rdf["attachments"].IsMap() && rdf["attachments"]["files"]) {
+    YAML::Node files(YAML::NodeType::Sequence);
+    for (const auto& f : rdf["attachments"]["files"]) {
+      YAML::Node file(YAML::NodeType::Map);
+      file["source"] = YAML::Clone(f);
+      files.push_back(file);
+    }
+    out["attachments"] = files;
+  }
+  SizeRefs04 refs;
+  for (const char* io : {"inputs", "outputs"}) {
+    const bool input = std::string(io) == "inputs";
+    const char* tests = input ? "test_inputs" : "test_outputs";
+    const YAML::Node tensors = rdf[io];
+    TILER_CHECK(tensors && tensors.IsSequence(), ConfigError,
+                "'" << rdf_path << "': " << io << " is missing");
+    // A tensor's own fields first: a 0.5 card labelled 0.4 is told by its tensors' ids.
+    for (size_t k = 0; k < tensors.size(); ++k)
+      if (tensors[k].IsMap())
+        refuseUnknownKeys(tensors[k], tensorFields04(input), rdf_path,
+                          std::string(io) + "[" + std::to_string(k) + "] ", "0.4");
+    TILER_CHECK(rdf[tests] && rdf[tests].IsSequence() && rdf[tests].size() == tensors.size(), ConfigError,
+                "'" << rdf_path << "': " << tests << " must name one .npy file per tensor of " << io
+                    << " (spec 0.4)");
+    if (input)
+      for (const auto& t : tensors) {
+        if (!t["name"] || !t["axes"] || !t["axes"].IsScalar() || !t["shape"]) continue;
+        const std::string axes = t["axes"].as<std::string>();
+        const YAML::Node sizes = t["shape"].IsMap() ? t["shape"]["min"] : t["shape"];
+        if (!sizes || !sizes.IsSequence() || sizes.size() != axes.size()) continue;
+        for (size_t i = 0; i < axes.size(); ++i)
+          refs[t["name"].as<std::string>()][axes[i]] = sizes[i].as<double>();
+      }
+    YAML::Node converted(YAML::NodeType::Sequence);
+    for (size_t k = 0; k < tensors.size(); ++k)
+      converted.push_back(upgradeTensor04(tensors[k], input, k, rdf[tests][k], refs, rdf_path));
+    out[io] = converted;
+  }
+  if (rdf["weights"]) out["weights"] = upgradeWeights04(rdf["weights"]);
+  return out;
 }
 
 const std::set<std::string>& rdfTopLevelFields() {
@@ -440,10 +824,26 @@ std::string scalarField(const YAML::Node& rdf, const char* field, const std::str
 
 }  // namespace
 
-ModelCard readBioimageioRdf(const std::string& rdf_path) {
+namespace {
+
+// The spec versions a card's format_version may name: 0.4.x is read as its 0.5 conversion.
+void refuseOtherVersions(const std::string& version, const std::string& rdf_path) {
+  const std::string how =
+      "; tiler reads spec 0.4 and 0.5 descriptions: convert it with bioimageio.core's `bioimageio "
+      "update-format` "
+      "(or export the model again with a current bioimageio.core)";
+  TILER_CHECK(
+      !version.empty(), ConfigError,
+      "'" << rdf_path << "': no format_version (a description older than spec 0.2, or not one)" << how);
+  TILER_CHECK(version.rfind("0.4.", 0) == 0 || version.rfind("0.5.", 0) == 0, ConfigError,
+              "'" << rdf_path << "': format_version '" << version << "'" << how);
+}
+
+// A card's text as YAML within the bounds of a card, and its format_version, checked before anything else.
+YAML::Node loadRdf(const std::string& text, const std::string& rdf_path, std::string& version) {
   YAML::Node rdf;
   try {
-    rdf = YAML::Load(cardText(rdf_path));
+    rdf = YAML::Load(text);
   } catch (const YAML::Exception& e) {
     TILER_THROW(ConfigError, "'" << rdf_path << "': not a YAML model description: " << e.what());
   }
@@ -453,33 +853,98 @@ ModelCard readBioimageioRdf(const std::string& rdf_path) {
                   << byteSizeText(kMaxCardExpandedBytes) << "; a model card is far smaller");
   TILER_CHECK(rdf.IsMap(), ConfigError, "'" << rdf_path << "': not a YAML mapping");
   // The version first: an older card's other fields differ (0.3 had no type).
-  const std::string version = scalarField(rdf, "format_version", rdf_path);
-  TILER_CHECK(version.rfind("0.5.", 0) == 0, ConfigError,
-              "'" << rdf_path << "': format_version '" << version
-                  << "': tiler reads spec 0.5 descriptions (bioimageio.spec converts older ones)");
+  version = scalarField(rdf, "format_version", rdf_path);
+  refuseOtherVersions(version, rdf_path);
+  return rdf;
+}
+
+// A card's text read as a model description: `rdf_path` names it in messages, `pkg` holds its files.
+ModelCard readRdfText(const std::string& text, const std::string& rdf_path, const Package& pkg) {
+  std::string version;
+  YAML::Node rdf = loadRdf(text, rdf_path, version);
   const std::string type = scalarField(rdf, "type", rdf_path);
   TILER_CHECK(type == "model", ConfigError, "'" << rdf_path << "': type '" << type << "' is not a model");
-  TILER_CHECK(!rdf["run_mode"], ConfigError,
-              "'" << rdf_path
-                  << "': field 'run_mode' asks for a way to run the "
-                     "model that tiler does not have");
-  refuseUnknownKeys(rdf, rdfTopLevelFields(), rdf_path, "");
   ModelCard card;
   card.kind = "bioimageio";
   card.path = rdf_path;
   try {
+    if (version.rfind("0.4.", 0) == 0) rdf = upgradeRdf04(rdf, rdf_path);
+    TILER_CHECK(!rdf["run_mode"], ConfigError,
+                "'" << rdf_path
+                    << "': field 'run_mode' asks for a way to run the "
+                       "model that tiler does not have");
+    refuseUnknownKeys(rdf, rdfTopLevelFields(), rdf_path, "");
     for (const char* io : {"inputs", "outputs"})
       TILER_CHECK(rdf[io] && rdf[io].IsSequence() && rdf[io].size() == 1, ConfigError,
                   "'" << rdf_path << "': " << io << " must hold one tensor; tiler feeds and reads one");
-    readInput(rdf["inputs"][0], rdf_path, card);
-    readOutput(rdf["outputs"][0], rdf_path, card);
-    readWeights(rdf["weights"], rdf_path, card);
+    readInput(rdf["inputs"][0], rdf_path, pkg, card);
+    readOutput(rdf["outputs"][0], rdf_path, pkg, card);
+    readWeights(rdf["weights"], rdf_path, pkg, card);
     const YAML::Node output_id = rdf["outputs"][0]["id"];
     readTolerance(rdf["config"], output_id ? output_id.as<std::string>() : "output", card);
   } catch (const YAML::Exception& e) {
     TILER_THROW(ConfigError, "'" << rdf_path << "': " << e.what());
   }
   return card;
+}
+
+// The card of a zip package: as bioimageio.spec finds it (rdf.yaml, bioimageio.yaml, model.yaml, or a name
+// ending in "." and one of them), at the archive's root or in its one top folder.
+std::string cardMember(const ZipArchive& archive) {
+  const std::vector<std::string> names = archive.names();
+  std::string top;
+  bool one_top = !names.empty();
+  for (const auto& name : names) {
+    const size_t slash = name.find('/');
+    if (slash == std::string::npos) one_top = false;
+    const std::string first = name.substr(0, slash + 1);
+    if (top.empty()) top = first;
+    if (first != top) one_top = false;
+  }
+  for (const std::string& folder : {std::string(), one_top ? top : std::string("\n")})
+    for (const char* card : {"rdf.yaml", "bioimageio.yaml", "model.yaml"})
+      for (const auto& name : names) {
+        if (name.compare(0, folder.size(), folder) != 0) continue;
+        const std::string rest = name.substr(folder.size());
+        if (rest.find('/') != std::string::npos) continue;
+        const std::string dotted = std::string(".") + card;
+        if (rest == card || (rest.size() > dotted.size() &&
+                             rest.compare(rest.size() - dotted.size(), dotted.size(), dotted) == 0))
+          return name;
+      }
+  TILER_THROW(ConfigError,
+              "'" << archive.path()
+                  << "': no rdf.yaml or bioimageio.yaml (or NAME.rdf.yaml, NAME.bioimageio.yaml) "
+                     "at the archive's root or in its one top folder: not a bioimage.io package");
+}
+
+}  // namespace
+
+ModelCard readBioimageioRdf(const std::string& rdf_path) {
+  return readRdfText(cardText(rdf_path), rdf_path, Package{});
+}
+
+std::string bioimageioAs05(const std::string& rdf_path) {
+  std::string version;
+  YAML::Node rdf = loadRdf(cardText(rdf_path), rdf_path, version);
+  try {
+    if (version.rfind("0.4.", 0) == 0) rdf = upgradeRdf04(rdf, rdf_path);
+  } catch (const YAML::Exception& e) {
+    TILER_THROW(ConfigError, "'" << rdf_path << "': " << e.what());
+  }
+  YAML::Emitter out;
+  out << rdf;
+  return out.c_str();
+}
+
+ModelCard readBioimageioZip(const std::string& zip_path) {
+  Package pkg;
+  pkg.zip = zip_path;
+  pkg.archive = std::make_shared<ZipArchive>(zip_path);
+  const std::string member = cardMember(*pkg.archive);
+  pkg.folder = member.substr(0, member.rfind('/') + 1);
+  const std::string rdf_path = zipMemberPath(zip_path, member);
+  return readRdfText(pkg.archive->readAll(member, kMaxCardBytes), rdf_path, pkg);
 }
 
 std::optional<ModelCard> findModelCard(const std::string& model) {
@@ -500,8 +965,10 @@ std::optional<ModelCard> findModelCard(const std::string& model) {
                        << "' is a directory without rdf.yaml or bioimageio.yaml (bioimage.io), or "
                           "config.json and torchscript_model.pt (WSInfer)");
   }
-  const std::string ext = fs::path(model).extension().string();
+  std::string ext = fs::path(model).extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](char c) { return std::tolower(c); });
   if (ext == ".yaml" || ext == ".yml") return readBioimageioRdf(model);
+  if (ext == ".zip") return readBioimageioZip(model);
   const fs::path config = fs::path(model).parent_path() / "config.json";
   if (!fs::is_regular_file(config, ec)) return std::nullopt;
   // Another tool's config.json beside the model is no card: WSInfer's has its spacing and patch size.

@@ -1,18 +1,26 @@
 // The TorchScript runtime: torch::jit::load, the forward's schema checked, optionally frozen and optimised.
 #include <torch/script.h>
 
+#include <sstream>
+
 #include "tiler/core/error.hpp"
 #include "tiler/core/platform.hpp"
+#include "tiler/io/zip_archive.hpp"
 #include "tiler/model/model_runtime.hpp"
 
 namespace tiler {
 
 torch::jit::Module loadTorchScript(const std::string& path, const torch::Device& device) {
   const std::string not_a_file = notARegularFile(path);
-  TILER_CHECK(not_a_file.empty(), ModelError,
+  // A zipped bioimage.io package's weights (ARCHIVE!/MEMBER) load from the member's bytes, never extracted.
+  const auto member = not_a_file.empty() ? std::nullopt : splitZipMemberPath(path);
+  TILER_CHECK(not_a_file.empty() || member, ModelError,
               "'" << path << "': " << (not_a_file == "not found" ? "model file not found" : not_a_file)
                   << "; -m takes a model file (.pt from torch.jit.save, or a .pt2 package)");
+  std::istringstream bytes(member ? ZipArchive(member->first).readAll(member->second, kMaxZipWeightsBytes)
+                                  : std::string());
   try {
+    if (member) return torch::jit::load(bytes, device);
     return torch::jit::load(path, device);
   } catch (const c10::Error& e) {
     std::string what = e.what_without_backtrace();

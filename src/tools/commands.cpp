@@ -6,6 +6,7 @@
 #include "tiler/core/error.hpp"
 #include "tiler/core/platform.hpp"
 #include "tiler/io/npy.hpp"
+#include "tiler/io/zip_archive.hpp"
 #include "tiler/model/model.hpp"
 #include "tiler/model/model_card.hpp"
 #include "tiler/tasks/registry.hpp"
@@ -64,13 +65,15 @@ int64_t testTensorBytes(const ModelCard& card) {
 
 int checkModel(const std::string& card_path, const std::string& device) {
   const auto card = findModelCard(card_path);
-  TILER_CHECK(
-      card && !card->test_input.empty(), ConfigError,
-      "'" << card_path
-          << "' names no test tensors: check-model takes a bioimage.io rdf.yaml or package directory");
+  TILER_CHECK(card && !card->test_input.empty(), ConfigError,
+              "'" << card_path
+                  << "' names no test tensors: check-model takes a bioimage.io rdf.yaml, package directory "
+                     "or zipped package");
   checkCardNumbers(*card);
   const int64_t most = testTensorBytes(*card);
-  const NpyArray input = readNpy(card->test_input, most), expected = readNpy(card->test_output, most);
+  // A zipped package's test tensors are read from its members.
+  const NpyArray input = parseNpy(readFileOrZipMember(card->test_input, most), card->test_input),
+                 expected = parseNpy(readFileOrZipMember(card->test_output, most), card->test_output);
   torch::Tensor out;
   try {
     out = runTestInput(*card, input, device);

@@ -147,7 +147,8 @@ int runCheckModelCli(int argc, char** argv) {
   CLI::App app{
       "tiler check-model: run a bioimage.io model card's test input through its model and compare the "
       "result with its test output (exit 0: within the card's tolerance, 1: not)"};
-  app.add_option("card", card, "rdf.yaml, or a package directory holding one")->required();
+  app.add_option("card", card, "rdf.yaml, a package directory holding one, or a zipped package (.zip)")
+      ->required();
   app.add_option(flagNames("--device"), device, "cpu | cuda | cuda:K")->capture_default_str();
   if (const int code = tiler::parseCommandLine(app, argc, argv, "tiler check-model"); code >= 0) return code;
   return tiler::tools::checkModel(card, device);

@@ -26,6 +26,8 @@ constexpr int64_t kMaxNpyBytes = int64_t(1) << 30;
 // The array in `path`; IoError naming it when it is not a regular file (a FIFO, /dev/zero) or holds more
 // than `max_bytes`, refused before a byte is read.
 NpyArray readNpy(const std::string& path, int64_t max_bytes = kMaxNpyBytes);
+// The array a .npy file's `bytes` hold (a zip member's, say), its errors naming `path`.
+NpyArray parseNpy(const std::string& bytes, const std::string& path);
 
 // NumPy's typestr of a sample type, as its data is laid out here (little-endian): "|u1", "<u2", "<i2",
 // "<f2", "<f4", ...

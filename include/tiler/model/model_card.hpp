@@ -1,11 +1,15 @@
 // model_card: the settings a model carries with it, read into tiler's option values: a WSInfer config.json
-// beside the TorchScript file, or a bioimage.io model description (rdf.yaml, spec 0.5) that names its
-// TorchScript weights and test tensors. Promise: every card field that changes how the model is fed or read
-// is either taken or refused by name (a ConfigError naming the card file and the field: ONNX-only weights, a
-// preprocessing step tiler lacks, an axis layout other than batch, channel, y, x, a halo on an axis other
-// than y and x or unequal on them); descriptive fields
-// (names, authors, licence, covers) are left alone. An explicit flag always wins over the card, and the
-// report says where each setting came from (settingsFrom). No LibTorch.
+// beside the TorchScript file, or a bioimage.io model description (rdf.yaml / bioimageio.yaml, spec 0.4.x or
+// 0.5.x) that names its TorchScript weights and test tensors, in a package directory or a zipped package read
+// in place. Promise: the format_version is checked first (0.3 and older, or none, refused naming it and
+// `bioimageio update-format`); a 0.4 card is converted to 0.5's shape at the YAML level as bioimageio.spec
+// converts it, so one reader sees one shape. Every card field that changes how the model is fed or read is
+// either taken or refused by name (a ConfigError naming the card file and the field: ONNX-only weights, a
+// state dict without TorchScript weights (naming scripts/export_model.py --card), a preprocessing step tiler
+// lacks, an axis layout other than batch, channel, y, x, a halo on an axis other than y and x or unequal on
+// them); descriptive fields (names, authors, licence, covers) are left alone. The files a card names lie in its package (a zip's: its members, named
+// ARCHIVE!/MEMBER), and where it gives their sha256 they are checked when the card is read. An explicit flag
+// always wins over the card, and the report says where each setting came from (settingsFrom). No LibTorch.
 #pragma once
 
 #include <cstdint>
@@ -32,7 +36,7 @@ constexpr double kLeastCardNumber = 1e-30;
 struct ModelCard {
   std::string kind;     // "wsinfer" | "bioimageio"
   std::string path;     // the card file
-  std::string weights;  // the TorchScript file it describes
+  std::string weights;  // the TorchScript file it describes (in a zip: ARCHIVE!/MEMBER)
   // The settings it gives (unset: the card says nothing), as the flags of the same names take them.
   std::optional<std::string> window;  // "N" or "W,H"
   std::optional<double> mpp;
@@ -47,13 +51,19 @@ struct ModelCard {
   CardTolerance tolerance;
 };
 
-// The card of `-m`'s value: a bioimage.io description (a .yaml file, or a directory holding rdf.yaml or
-// bioimageio.yaml), a WSInfer zoo directory (config.json and torchscript_model.pt), or a model file with a
-// WSInfer config.json beside it (one that has WSInfer's keys: another tool's config.json there is not a
-// card). nullopt: no card (an empty value: the bundled sample model).
+// The card of `-m`'s value: a bioimage.io description (a .yaml file, a directory holding rdf.yaml or
+// bioimageio.yaml, or a zipped package: a .zip holding one at its root or in its one top folder), a WSInfer
+// zoo directory (config.json and torchscript_model.pt), or a model file with a WSInfer config.json beside it
+// (one that has WSInfer's keys: another tool's config.json there is not a card). nullopt: no card (an empty
+// value: the bundled sample model).
 std::optional<ModelCard> findModelCard(const std::string& model);
 ModelCard readWsinferConfig(const std::string& config_path, const std::string& weights);
 ModelCard readBioimageioRdf(const std::string& rdf_path);
+// A zipped package: its card, weights and test tensors are members (ARCHIVE!/MEMBER), never extracted.
+ModelCard readBioimageioZip(const std::string& zip_path);
+// The description in `rdf_path` as YAML of spec 0.5's shape, as the reader sees it: a 0.4 card converted, a
+// 0.5 card as it is; its version checked, nothing else (no field is taken, no file looked at).
+std::string bioimageioAs05(const std::string& rdf_path);
 
 // The option fields a card's settings go to (null: the command has no such flag).
 struct CardTargets {
