@@ -3,8 +3,9 @@
 // TorchScript weights and test tensors. Promise: every card field that changes how the model is fed or read
 // is either taken or refused by name (a ConfigError naming the card file and the field: ONNX-only weights, a
 // preprocessing step tiler lacks, an axis layout other than batch, channel, y, x); descriptive fields
-// (names, authors, licence, covers) are left alone. An explicit flag always wins over the card, and the
-// report says where each setting came from (settingsFrom). No LibTorch.
+// (names, authors, licence, covers) are left alone, and so are a WSInfer config's fields outside its schema
+// (which WSInfer's schema allows and WSInfer ignores): each is named once in a warning. An explicit flag
+// always wins over the card, and the report says where each setting came from (settingsFrom). No LibTorch.
 #pragma once
 
 #include <cstdint>
