@@ -13,6 +13,10 @@
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
+
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include <yaml-cpp/yaml.h>
 
@@ -153,8 +157,11 @@ TEST(ModelCard, WsinferFieldsTilerLacksAreRefusedByName) {
   EXPECT_NE(crop.find("config.json': transform CenterCrop is not a step tiler has"), std::string::npos)
       << crop;
   const std::string field = refusal([](auto& j) { j["stain_normalization"] = "macenko"; });
-  EXPECT_NE(field.find("field 'stain_normalization' is not a WSInfer model config field"), std::string::npos)
+  EXPECT_NE(field.find("field 'stain_normalization' (\"macenko\") says the patches are fed otherwise"),
+            std::string::npos)
       << field;
+  const std::string step = refusal([](auto& j) { j["transform"][1]["p"] = 0.5; });
+  EXPECT_NE(step.find("transform field 'p' is not WSInfer's"), std::string::npos) << step;
   const std::string names = refusal([](auto& j) { j["class_names"].push_back("other"); });
   EXPECT_NE(names.find("class_names has 3 name(s), num_classes is 2"), std::string::npos) << names;
   const std::string missing = refusal([](auto& j) { j.erase("spacing_um_px"); });
@@ -165,6 +172,33 @@ TEST(ModelCard, WsinferFieldsTilerLacksAreRefusedByName) {
       << interp;
   const std::string comma = refusal([](auto& j) { j["class_names"][1] = "tumor,high grade"; });
   EXPECT_NE(comma.find("class name 'tumor,high grade'"), std::string::npos) << comma;
+}
+
+// WSInfer's schema allows fields of its own and WSInfer ignores them: read, each named once in a warning.
+TEST(ModelCard, WsinferFieldsOutsideItsSchemaAreWarnedOnceAndIgnored) {
+  const std::string dir = test::scratchDir("card_wsinfer_extra");
+  nlohmann::json j = nlohmann::json::parse(kWsinferConfig);
+  j["description"] = "TILs in H&E";
+  j["training_set"] = {{"slides", 120}};
+  writeFile(dir + "/config.json", j.dump());
+  std::ostringstream log;
+  const auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(
+      std::make_shared<spdlog::logger>("capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(log)));
+  std::optional<ModelCard> card;
+  EXPECT_NO_THROW(card = findModelCard(dir + "/m.pt"));
+  spdlog::set_default_logger(previous);
+  ASSERT_TRUE(card);
+  EXPECT_EQ(*card->window, "224");
+  EXPECT_EQ(*card->classes, "notumor,tumor");
+  const std::string text = log.str();
+  for (const std::string field : {"'description'", "'training_set'"}) {
+    const size_t at = text.find(field);
+    EXPECT_NE(at, std::string::npos) << text;
+    EXPECT_EQ(text.find(field, at + 1), std::string::npos) << "named once: " << text;
+  }
+  EXPECT_NE(text.find("ignored"), std::string::npos) << text;
+  EXPECT_EQ(text.find("'architecture'"), std::string::npos) << "a schema field is no surprise: " << text;
 }
 
 TEST(ModelCard, BioimageioRdfGivesWindowResolutionPreprocessingAndOutputs) {

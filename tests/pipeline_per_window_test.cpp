@@ -3,8 +3,10 @@
 
 #include <torch/script.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
+#include <fstream>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 #include <set>
@@ -438,6 +440,122 @@ TEST_F(Pipeline, EmbedUnderAMaskAndAtAnotherResolution) {
   auto attrs = run("h5dump -a /coords/patch_size_level0 -a /coords/mpp " + half + "/a_large.h5");
   EXPECT_NE(attrs.output.find("(0): 128"), std::string::npos) << attrs.output;
   EXPECT_NE(attrs.output.find("(0): 0.5"), std::string::npos) << attrs.output;
+}
+
+// WSInfer's TILs model as its zoo ships it (100 px at 0.5 µm/px resized to 299, an extra field in its
+// config) on a 0.25 µm/px TIFF: upsampled 299/200x with a warning and the factor in the report, windows that
+// are 200 px level-0 boxes, scores equal to those of the windows' pixels computed here by the area rule in
+// integers, refused with --no_upsample, and WSInfer's layout byte-identical on one rank and two.
+TEST_F(Pipeline, WsinferTilsConfigRunsOnAFinerScanByUpsampling) {
+  const std::string dir = root_ + "/tils";
+  fs::create_directories(dir + "/zoo");
+  fs::create_directories(dir + "/slides");
+  cv::Mat slide(420, 620, CV_8UC3);
+  cv::RNG(17).fill(slide, cv::RNG::UNIFORM, 0, 256);
+  WriterOptions wo;
+  wo.mpp = 0.25;
+  wo.tile = 64;
+  ImageWriter writer(dir + "/slides/purple.tif", slide.cols, slide.rows, 3, SampleType::kU8, wo);
+  writer.writeRows(slide);
+  writer.close();
+  // The mean square of the normalised red channel: as sensitive to how pixels are resampled as to where.
+  torch::jit::Module m("Tils");
+  m.define(
+      "def forward(self, x):\n    s = torch.mean(x[:, 0] * x[:, 0], [1, 2])\n"
+      "    return torch.stack([torch.zeros_like(s), s], 1)\n");
+  m.save(dir + "/zoo/torchscript_model.pt");
+  std::ofstream(dir + "/zoo/config.json") << R"({"spec_version": "1.0", "architecture": "inception_v4nobn",
+    "num_classes": 2, "class_names": ["Other", "Lymphocytes"], "patch_size_pixels": 100, "spacing_um_px": 0.5,
+    "transform": [{"name": "Resize", "arguments": {"size": 299}}, {"name": "ToTensor"},
+                  {"name": "Normalize", "arguments": {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}}],
+    "description": "tumor-infiltrating lymphocytes"})";
+  const std::string args =
+      " -i " + dir + "/slides -m " + dir + "/zoo --threads 1 --batch_size 2 --no_progress -o " + dir;
+  auto r = run(kTiler + args + "/out");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("'description'"), std::string::npos) << "the extra field, warned: " << r.output;
+  EXPECT_NE(r.output.find("upsampled 1.495x"), std::string::npos) << r.output;
+  const nlohmann::json out_report = report(dir + "/out");
+  const auto* entry = imageEntry(out_report, "purple.tif");
+  ASSERT_NE(entry, nullptr);
+  EXPECT_NEAR((*entry)["upsample_factor"].get<double>(), 299.0 / 200, 1e-9);
+  EXPECT_NEAR((*entry)["mpp"].get<double>(), 0.5 * 100 / 299, 1e-12);
+  // The processing image is floor(620 x 299 / 200) x floor(420 x 299 / 200): 926 x 627, 3 x 2 whole windows.
+  EXPECT_EQ((*entry)["width"], 926);
+  EXPECT_EQ((*entry)["height"], 627);
+  // Processing pixel i spans [200 i, 200 i + 200) in 1/299ths of a level pixel; level pixel j [299 j, 299 j +
+  // 299).
+  const auto overlap = [](int64_t i, int64_t j) {
+    return std::max<int64_t>(0, std::min(200 * i + 200, 299 * j + 299) - std::max(200 * i, 299 * j));
+  };
+  const auto expected = [&](int64_t x0, int64_t y0) {  // the window at processing (x0, y0): p(Lymphocytes)
+    double squares = 0;
+    for (int64_t y = y0; y < y0 + 299; ++y)
+      for (int64_t x = x0; x < x0 + 299; ++x) {
+        int64_t sum = 0;  // the red value x 40000
+        for (int64_t j = 200 * x / 299; j <= (200 * x + 199) / 299; ++j)
+          for (int64_t k = 200 * y / 299; k <= (200 * y + 199) / 299; ++k)
+            sum += overlap(x, j) * overlap(y, k) *
+                   slide.at<cv::Vec3b>(int(k), int(j))[0];  // tiler's mats are RGB
+        const double v = double((sum + 20000) / 40000) / 255.0, n = (v - 0.5) / 0.5;
+        squares += n * n;
+      }
+    return 1.0 / (1.0 + std::exp(-squares / (299.0 * 299.0)));
+  };
+  std::istringstream csv(slurp(dir + "/out/purple.csv"));
+  std::string line;
+  std::getline(csv, line);
+  EXPECT_EQ(line, "minx,miny,width,height,prob_Other,prob_Lymphocytes");
+  int whole = 0;
+  while (std::getline(csv, line)) {
+    std::replace(line.begin(), line.end(), ',', ' ');
+    std::istringstream in(line);
+    int64_t x = 0, y = 0, w = 0, h = 0;
+    double p0 = 0, p1 = 0;
+    in >> x >> y >> w >> h >> p0 >> p1;
+    EXPECT_EQ(x % 200, 0) << line;
+    EXPECT_EQ(y % 200, 0) << line;
+    if (x + 200 > 620 || y + 200 > 420) continue;  // a lattice window past the edge, padded
+    ++whole;
+    EXPECT_EQ(w, 200) << line;
+    EXPECT_EQ(h, 200) << line;
+    EXPECT_NEAR(p1, expected(x * 299 / 200, y * 299 / 200), 2e-5) << line;
+  }
+  EXPECT_EQ(whole, 6);
+  // --no_upsample: the image fails, naming the factor it would take.
+  r = run(kTiler + args + "/refused --no_upsample");
+  EXPECT_EQ(r.code, 2) << r.output;
+  const nlohmann::json refused_report = report(dir + "/refused");
+  const auto* refused = imageEntry(refused_report, "purple.tif");
+  ASSERT_NE(refused, nullptr);
+  const std::string error = (*refused)["error"];
+  EXPECT_NE(error.find("is finer than the scan itself"), std::string::npos) << error;
+  EXPECT_NE(error.find("--no_upsample"), std::string::npos) << error;
+  // WSInfer's layout, one rank and two: the same bytes; the CSV column by column.
+  r = run(kTiler + args + "/one --wsinfer_layout");
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run(kCtrun + " --nproc_per_node 2 --master_port 0 " + kTiler + args + "/two --wsinfer_layout");
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* file : {"/model-outputs-csv/purple.csv", "/model-outputs-geojson/purple.geojson"}) {
+    ASSERT_TRUE(fs::exists(dir + "/one" + file)) << file;
+    EXPECT_TRUE(slurp(dir + "/one" + file) == slurp(dir + "/two" + file)) << file;
+  }
+  EXPECT_FALSE(fs::exists(dir + "/one/purple.csv")) << "WSInfer's files in place of tiler's";
+  std::istringstream table(slurp(dir + "/one/model-outputs-csv/purple.csv"));
+  std::getline(table, line);
+  std::vector<std::string> starts;
+  while (std::getline(table, line)) starts.push_back(line.substr(0, line.find(',', line.find(',') + 1)));
+  ASSERT_GE(starts.size(), 6u);
+  EXPECT_EQ(starts[0], "0,0");
+  EXPECT_EQ(starts[1], "0,200") << "column by column, as WSInfer's patches";
+  const auto geojson = nlohmann::json::parse(slurp(dir + "/one/model-outputs-geojson/purple.geojson"));
+  EXPECT_EQ(geojson["features"].size(), starts.size());
+  EXPECT_EQ(geojson["features"][1]["geometry"]["coordinates"][0][0], (nlohmann::json{200.0, 200.0}));
+  // --wsinfer_layout is classify's: another task refuses it.
+  r = run(kTiler + " -i " + root_ + "/images/c_small.png -m " + model_ + " -o " + dir +
+          "/segment --threads 1 --no_progress --wsinfer_layout");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("--wsinfer_layout is for --task classify"), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <opencv2/core.hpp>
 #include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
 #include <random>
 
 #include "slide_util.hpp"
@@ -112,6 +113,30 @@ TEST(Slide, TargetsThatCannotBeMetNameTheImageAndWhy) {
   EXPECT_TRUE(chooseResolution(slideInfo(0.25, 40), ResolutionSpec{-1, 0.249}).native());
 }
 
+TEST(Slide, ATargetFinerThanLevelZeroIsLevelZeroUpsampledUnlessRefused) {
+  const std::string refused = errorOf(slideInfo(0.25, 40), ResolutionSpec{-1, 0.125});
+  EXPECT_NE(
+      refused.find("--mpp 0.125 is finer than the scan itself (level 0 is 0.25 µm/px, 40x), which would "
+                   "take upsampling 2x; --no_upsample refuses it"),
+      std::string::npos)
+      << refused;
+  const auto up = chooseResolution(slideInfo(0.25, 40), ResolutionSpec{-1, 0.125, 0, 0, /*upsample=*/true});
+  EXPECT_EQ(up.level, 0);
+  EXPECT_DOUBLE_EQ(up.factor, 0.5);
+  EXPECT_DOUBLE_EQ(up.downsample, 0.5);
+  EXPECT_DOUBLE_EQ(up.upsampleFactor(), 2.0);
+  EXPECT_EQ(up.width, 8000);
+  EXPECT_EQ(up.height, 6000);
+  EXPECT_DOUBLE_EQ(*up.mpp, 0.125);
+  EXPECT_FALSE(up.native());
+  const auto by_power = chooseResolution(slideInfo(0.25, 40), ResolutionSpec{-1, 0, 80, 0, true});
+  EXPECT_DOUBLE_EQ(by_power.upsampleFactor(), 2.0);
+  // Upsampling allowed changes nothing at or below level 0's resolution.
+  EXPECT_DOUBLE_EQ(
+      chooseResolution(slideInfo(0.25, 40), ResolutionSpec{-1, 0.75, 0, 0, true}).upsampleFactor(), 1.0);
+  EXPECT_TRUE(chooseResolution(slideInfo(0.25, 40), ResolutionSpec{-1, 0.249, 0, 0, true}).native());
+}
+
 cv::Mat noiseImage(int h, int w, int type, unsigned seed) {
   cv::Mat m(h, w, type);
   cv::RNG rng(seed);
@@ -168,6 +193,63 @@ TEST(Slide, ResampledWindowsHoldTheSamePixelsWhereverTheyLie) {
                            img.at<cv::Vec3b>(2 * y + 1, 2 * x + 1)[c];
         EXPECT_EQ(h2.at<cv::Vec3b>(y, x)[c], cv::saturate_cast<uint8_t>(sum / 4.0));
       }
+}
+
+// Upsampling is the area rule with f < 1: at f = 1/2 each level pixel repeated 2x2, exactly; at WSInfer's
+// TILs factor (100 px at 0.5 µm/px resized to 299, on a 0.25 µm/px scan: f = 200/299) each pixel the
+// area-weighted mean of the one or two level pixels under it along each axis, computed here in integers, and
+// the same pixels wherever a region lies.
+TEST(Slide, UpsampledPixelsAreTheAreaRuleAndTileExactly) {
+  const std::string dir = test::scratchDir("slide_upsample");
+  const cv::Mat img = noiseImage(43, 57, CV_8UC3, 11);
+  writeTiff(dir + "/a.tif", img);
+  const ImageInfo info = ImageReader::open(dir + "/a.tif")->info();
+  const auto twice = chooseResolution(info, ResolutionSpec{-1, 0.125, 0, 0.25, true});
+  ASSERT_EQ(twice.width, 114);
+  ASSERT_EQ(twice.height, 86);
+  auto reader = atResolution(ImageReader::open(dir + "/a.tif"), twice);
+  cv::Mat repeated;
+  cv::resize(img, repeated, cv::Size(), 2, 2, cv::INTER_NEAREST);
+  EXPECT_EQ(cv::norm(reader->readRegion({0, 0, 114, 86}), repeated, cv::NORM_INF), 0);
+  EXPECT_EQ(cv::norm(reader->readRegion({33, 7, 40, 51}), repeated(cv::Rect(33, 7, 40, 51)), cv::NORM_INF),
+            0);
+
+  const auto tils = chooseResolution(info, ResolutionSpec{-1, 0.5 * 100 / 299, 0, 0.25, true});
+  ASSERT_NEAR(tils.upsampleFactor(), 299.0 / 200, 1e-12);
+  reader = atResolution(ImageReader::open(dir + "/a.tif"), tils);
+  const int64_t w = reader->info().width, h = reader->info().height;
+  EXPECT_EQ(w, 85);  // floor(57 * 299 / 200)
+  EXPECT_EQ(h, 64);
+  const cv::Mat whole = reader->readRegion({0, 0, w, h});
+  // In 1/299ths of a level pixel, output pixel i spans [200 i, 200 i + 200), level pixel j [299 j, 299 j +
+  // 299).
+  const auto overlap = [](int64_t i, int64_t j) {
+    return std::max<int64_t>(0, std::min(200 * i + 200, 299 * j + 299) - std::max(200 * i, 299 * j));
+  };
+  int64_t ties = 0;
+  for (int64_t y = 0; y < h; ++y)
+    for (int64_t x = 0; x < w; ++x)
+      for (int c = 0; c < 3; ++c) {
+        int64_t sum = 0;  // the value x 40000
+        for (int64_t j = 200 * x / 299; j <= (200 * x + 199) / 299; ++j)
+          for (int64_t k = 200 * y / 299; k <= (200 * y + 199) / 299; ++k)
+            sum += overlap(x, j) * overlap(y, k) * img.at<cv::Vec3b>(int(k), int(j))[c];
+        const int got = whole.at<cv::Vec3b>(int(y), int(x))[c];
+        if (sum % 40000 == 20000) {  // a tie: either neighbour is the area mean rounded
+          ++ties;
+          EXPECT_TRUE(got == sum / 40000 || got == sum / 40000 + 1) << x << "," << y;
+        } else {
+          EXPECT_EQ(got, (sum + 20000) / 40000) << x << "," << y << " channel " << c;
+        }
+      }
+  EXPECT_LT(ties, w * h * 3 / 50) << "ties are few: the rule decides every other pixel";
+  std::mt19937 rng(5);
+  for (int i = 0; i < 40; ++i) {
+    const int x = int(rng() % 80), y = int(rng() % 60);
+    const int rw = 1 + int(rng() % uint32_t(w - x)), rh = 1 + int(rng() % uint32_t(h - y));
+    EXPECT_EQ(cv::norm(reader->readRegion({x, y, rw, rh}), whole(cv::Rect(x, y, rw, rh)), cv::NORM_INF), 0)
+        << x << "," << y << " " << rw << "x" << rh;
+  }
 }
 
 TEST(Slide, TiffReaderReadsReducedPagesAndSubIfdsAsLevels) {

@@ -397,6 +397,102 @@ TEST(WindowOutputs, ManyClassesQuotedNamesDistinctColoursAndNaN) {
   removeTree(dir);
 }
 
+// WSInfer's results layout: model-outputs-csv/<stem>.csv with run_inference.py's columns, windows column by
+// column (itertools.product of x, then y), values as pandas writes float64;
+// model-outputs-geojson/<stem>.geojson as write_geojson.py's json.dump writes it.
+// tests/data/wsinfer/tils_purple_head.csv is the head of WSInfer's own reference output of the TILs model
+// (SBU-BMI/wsinfer tests/reference/).
+TEST(WindowOutputs, WsinferLayoutIsWsinfersColumnsOrderAndGeojson) {
+  const std::string dir = test::scratchDir("classify_wsinfer");
+  CatalogImage img = image(dir, 2.0);
+  img.masked = true;
+  img.kept = {0, 1, 2, 3, 5, 6, 7, 8, 9, 10, 11};  // window 4 (column 0, row 1) masked out
+  img.outputs = {{"wsinfer_csv", dir + "/model-outputs-csv/slide.csv"},
+                 {"wsinfer_geojson", dir + "/model-outputs-geojson/slide.geojson"}};
+  WindowOutputOptions o;
+  o.class_scores = true;
+  o.kinds = {"wsinfer_csv", "wsinfer_geojson"};
+  o.dim = 2;
+  o.classes = parseClasses("Other,Lymphocytes");
+  const auto commitIn = [&](const std::vector<int64_t>& order) {
+    WindowOutputs out(img, o);
+    for (int64_t k : order) {
+      std::vector<float> v = vectorOf(img.gridWindow(k), 2);
+      if (img.gridWindow(k) == 1) v = {1.0f, 3.4273725e-12f};
+      if (img.gridWindow(k) == 2) v = {0.1f, std::numeric_limits<float>::quiet_NaN()};
+      out.add(img.gridWindow(k), v.data());
+    }
+    return out.commit();
+  };
+  std::vector<int64_t> order = test::inOrder(img.plannedWindows());
+  EXPECT_EQ(commitIn(order).size(), 2u);
+  const std::string csv_text = test::slurp(dir + "/model-outputs-csv/slide.csv");
+  std::istringstream csv(csv_text);
+  std::string line;
+  std::getline(csv, line);
+  std::string wsinfer_header;
+  std::getline(std::istringstream(test::slurp(std::string(TILER_TEST_SOURCE_DIR) +
+                                              "/tests/data/wsinfer/tils_purple_head.csv")),
+               wsinfer_header);
+  EXPECT_EQ(line, wsinfer_header) << "WSInfer's own header for the TILs model's classes";
+  std::vector<std::string> rows;
+  while (std::getline(csv, line)) rows.push_back(line);
+  ASSERT_EQ(rows.size(), 11u);
+  // Column 0 top to bottom (its row 1 masked), then column 1: level-0 pixels (downsample 2).
+  EXPECT_EQ(rows[0], "0,0,20,20,0.0,1.0");
+  EXPECT_EQ(rows[1], "0,40,20,20,800.0,801.0");
+  EXPECT_EQ(rows[2], "20,0,20,20,1.0,3.4273725350864037e-12") << "a float32 score widened, as pandas";
+  EXPECT_EQ(rows[3], "20,20,20,20,500.0,501.0");
+  EXPECT_EQ(rows[5], "40,0,20,20,0.10000000149011612,") << "NaN: an empty field, as pandas";
+  EXPECT_EQ(rows[10], "60,40,20,20,1100.0,1101.0");
+  // write_geojson.py's features, in the CSV's order.
+  const std::string geojson_bytes = test::slurp(dir + "/model-outputs-geojson/slide.geojson");
+  std::string geojson_text = geojson_bytes;
+  EXPECT_EQ(
+      geojson_text.rfind(R"({"type": "FeatureCollection", "features": [{"type": "Feature", "id": ")", 0), 0u)
+      << geojson_text.substr(0, 200);
+  EXPECT_NE(
+      geojson_text.find(R"("geometry": {"type": "Polygon", "coordinates": [[[40.0, 0.0], [40.0, 20.0], )"
+                        R"([20.0, 20.0], [20.0, 0.0], [40.0, 0.0]]]}, "properties": {"isLocked": true, )"
+                        R"("measurements": {"prob_Other": 1.0, "prob_Lymphocytes": 3.4273725350864037e-12}, )"
+                        R"("objectType": "tile"}})"),
+      std::string::npos)
+      << geojson_text;
+  EXPECT_NE(geojson_text.find(R"("prob_Lymphocytes": NaN})"), std::string::npos) << "json.dump's NaN";
+  // json.dump's NaN is no JSON: read the rest with it as null.
+  for (size_t at; (at = geojson_text.find("NaN")) != std::string::npos;) geojson_text.replace(at, 3, "null");
+  const auto geojson = nlohmann::json::parse(geojson_text);
+  ASSERT_EQ(geojson["features"].size(), 11u);
+  std::set<std::string> ids;
+  for (size_t i = 0; i < 11; ++i) {
+    const auto& f = geojson["features"][i];
+    std::vector<std::string> keys, properties;
+    for (const auto& [key, value] : f.items()) keys.push_back(key);
+    EXPECT_EQ(keys, (std::vector<std::string>{"geometry", "id", "properties", "type"}));
+    const std::string id = f["id"];
+    EXPECT_EQ(id.size(), 36u);
+    EXPECT_EQ(id[14], '8') << "an RFC 9562 version 8 UUID: " << id;
+    ids.insert(id);
+    const auto& ring = f["geometry"]["coordinates"][0];
+    std::istringstream row(rows[i]);
+    std::string field;
+    std::vector<double> box;
+    for (int n = 0; n < 4 && std::getline(row, field, ','); ++n) box.push_back(std::stod(field));
+    const double minx = box[0], miny = box[1], maxx = box[0] + box[2], maxy = box[1] + box[3];
+    EXPECT_EQ(ring, (nlohmann::json{{maxx, miny}, {maxx, maxy}, {minx, maxy}, {minx, miny}, {maxx, miny}}));
+    EXPECT_EQ(f["properties"]["objectType"], "tile");
+    EXPECT_EQ(f["properties"]["isLocked"], true);
+    EXPECT_FALSE(f["properties"].contains("classification")) << "WSInfer names no class a tile";
+  }
+  EXPECT_EQ(ids.size(), 11u);
+  // Any arrival order, the same bytes (the ids too).
+  std::reverse(order.begin(), order.end());
+  commitIn(order);
+  EXPECT_EQ(test::slurp(dir + "/model-outputs-csv/slide.csv"), csv_text);
+  EXPECT_EQ(test::slurp(dir + "/model-outputs-geojson/slide.geojson"), geojson_bytes);
+  removeTree(dir);
+}
+
 TEST(WindowOutputs, MagnificationFromMicronsPerPixel) {
   CatalogImage img = image("/nonexistent");
   EXPECT_EQ(level0Magnification(img), 40.0) << "the slide's own power first";

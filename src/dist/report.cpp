@@ -98,6 +98,7 @@ nlohmann::json inferReport(const RunSummary& run, const WindowCatalog& catalog,
       e["source_mpp"] =
           img.resolution.source_mpp ? nlohmann::json(*img.resolution.source_mpp) : nlohmann::json(nullptr);
       e["reader"] = img.info.reader;
+      if (img.resolution.upsampleFactor() > 1.0) e["upsample_factor"] = img.resolution.upsampleFactor();
       if (img.non_finite_values > 0) e["non_finite_values"] = img.non_finite_values;
       if (img.f16_overflow_values > 0) e["f16_overflow_values"] = img.f16_overflow_values;
       if (img.objects >= 0) {

@@ -29,7 +29,7 @@ void addImageSet(TrainingData& data, const LabelContext& context, int source_ind
                          context.probe.scale,
                          o.scale,
                          parseMaskSpec(o.mask, o.mask_fraction, source.regionOf(set)),
-                         ResolutionSpec{o.level, o.mpp, o.magnification, o.input_mpp},
+                         ResolutionSpec{o.level, o.mpp, o.magnification, o.input_mpp, !o.no_upsample},
                          true,
                          parseChannelList(o.channels)};
   for (const auto& f : files) {

@@ -149,6 +149,7 @@ class InferJob {
 void InferJob::settleTask() {
   const Task& task = *probe_.task;
   if (plan_.flags.kinds.empty()) plan_.flags.kinds = task.defaultKinds();
+  plan_.flags.kinds = task.settledKinds(plan_.flags);
   for (const std::string& kind : plan_.flags.kinds) requireFormatFeature(kind);
   tiler::settleTask(task, probe_, plan_.flags, plan_.spec);
 }
@@ -177,6 +178,7 @@ void InferJob::settleHeads() {
                                   << "x the window, head '" << first.spec.name << "' at "
                                   << first.probe.scale.value() << "x: the heads of one run share one scale");
     if (head.flags.kinds.empty()) head.flags.kinds = task.defaultKinds();
+    head.flags.kinds = task.settledKinds(head.flags);
     for (const std::string& kind : head.flags.kinds) requireFormatFeature(kind);
     tiler::settleTask(task, head.probe, head.flags, plan_.spec);
     head.offset = offset;
@@ -518,6 +520,14 @@ void InferJob::planImages() {
     catalog_ = buildInferCatalog(co, CatalogSpec{plan_.spec, probe_.input_channels, probe_.scale, o_.scale,
                                                  plan_.mask, plan_.resolution, true, plan_.channels});
     if (rank() == 0) checkReportPath();
+    if (rank() == 0)
+      for (const auto& img : catalog_.images())
+        if (img.status == "ok" && img.resolution.upsampleFactor() > 1.0)
+          spdlog::warn(
+              "'{}': its level 0 ({} um/px) is coarser than the model's {} um/px: upsampled {:.6g}x by "
+              "area (--no_upsample refuses)",
+              img.input, img.resolution.source_mpp.value_or(0), img.resolution.mpp.value_or(0),
+              img.resolution.upsampleFactor());
     if (plan_.abort_on_error) {
       for (const auto& img : catalog_.images())
         TILER_CHECK(img.status != "error", IoError, img.error << " (--on_error abort)");

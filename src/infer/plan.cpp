@@ -151,7 +151,7 @@ InferPlan planInfer(InferOptions& o) {
               "--level, --mpp and --magnification choose the same thing; give at most one");
   TILER_CHECK(o.mpp >= 0 && o.magnification >= 0 && o.input_mpp >= 0, ConfigError,
               "--mpp, --magnification and --input_mpp must be positive");
-  p.resolution = ResolutionSpec{o.level, o.mpp, o.magnification, o.input_mpp};
+  p.resolution = ResolutionSpec{o.level, o.mpp, o.magnification, o.input_mpp, !o.no_upsample};
   p.flags.classes = parseClasses(o.classes);
   TILER_CHECK(o.replicas >= 0, ConfigError,
               "--replicas must be >= 0 (0: one per CPU core, up to " << kMaxAutoReplicas << ")");

@@ -17,7 +17,8 @@ std::string number(double v) {
   return out.str();
 }
 
-// Area weights of one axis: processing pixel i covers source [i*f, (i+1)*f) of the level.
+// Area weights of one axis: processing pixel i covers source [i*f, (i+1)*f) of the level, a part of one or
+// two level pixels when f < 1 (upsampling), many when f > 1.
 struct AxisWeights {
   std::vector<int64_t> first;  // first source index of each output pixel (relative to the block)
   std::vector<std::vector<double>> weights;
@@ -142,11 +143,12 @@ ProcessingResolution chooseResolution(const ImageInfo& info, const ResolutionSpe
       target = kMicrometresAtUnitMagnification / spec.magnification / *r.source_mpp;
       wanted = "--magnification " + number(spec.magnification);
     }
-    TILER_CHECK(target >= 1.0 - kResolutionTolerance, IoError,
+    TILER_CHECK(spec.upsample || target >= 1.0 - kResolutionTolerance, IoError,
                 "'" << p << "': " << wanted << " is finer than the scan itself (level 0"
                     << (r.source_mpp ? " is " + number(*r.source_mpp) + " µm/px" : std::string())
                     << (info.objective_power ? ", " + number(*info.objective_power) + "x" : std::string())
-                    << "); tiler does not upsample");
+                    << "), which would take upsampling " << number(1.0 / target)
+                    << "x; --no_upsample refuses it");
     for (size_t l = 0; l < levels.size(); ++l)
       if (levels[l].downsample <= target * (1.0 + kResolutionTolerance)) r.level = int(l);
     // Coarser than one pixel of the whole image would be no image at all (and --mpp 1e308 overflows a

@@ -4,6 +4,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <spdlog/spdlog.h>
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -118,10 +119,20 @@ ModelCard readWsinferConfig(const std::string& config_path, const std::string& w
   static const std::set<std::string> known = {"spec_version",      "architecture",  "num_classes",
                                               "patch_size_pixels", "spacing_um_px", "class_names",
                                               "transform"};
-  for (const auto& [key, value] : j.items())
-    TILER_CHECK(
-        known.count(key), ConfigError,
-        "'" << config_path << "': field '" << key << "' is not a WSInfer model config field tiler knows");
+  // WSInfer's schema allows fields of its own (a zoo entry's notes) and WSInfer ignores them; one that
+  // says the patches were fed otherwise (stain-normalised) would have tiler feed the model wrong colours.
+  static const std::set<std::string> feeding = {"stain_normalization"};
+  std::string ignored;
+  for (const auto& [key, value] : j.items()) {
+    TILER_CHECK(!feeding.count(key), ConfigError,
+                "'" << config_path << "': field '" << key << "' (" << value.dump().substr(0, 80)
+                    << ") says the patches are fed otherwise than its transform does, which tiler cannot "
+                    << "follow");
+    if (!known.count(key)) ignored += (ignored.empty() ? "'" : ", '") + key + "'";
+  }
+  if (!ignored.empty())
+    spdlog::warn("'{}': field(s) {} are not WSInfer's model config fields; ignored, as WSInfer ignores them",
+                 config_path, ignored);
   for (const char* key : {"num_classes", "patch_size_pixels", "spacing_um_px", "class_names", "transform"})
     TILER_CHECK(j.contains(key), ConfigError,
                 "'" << config_path << "': WSInfer's field '" << key << "' is missing");

@@ -93,8 +93,10 @@ void addJobFlags(CLI::App& app, tiler::JobOptions& o) {
   app.add_flag(flagNames("--no_progress"), o.no_progress, "no progress output");
 }
 
-// --level | --mpp | --magnification (at most one) and --input_mpp, for infer and info.
-void addResolutionFlags(CLI::App& app, int& level, double& mpp, double& magnification, double& input_mpp) {
+// --level | --mpp | --magnification (at most one), --input_mpp and --no_upsample, for infer, finetune and
+// info.
+void addResolutionFlags(CLI::App& app, int& level, double& mpp, double& magnification, double& input_mpp,
+                        bool& no_upsample) {
   auto* l = app.add_option(flagNames("--level"), level, "process this resolution level as it is (0: full)")
                 ->check(nonNegativeNumber());
   auto* m = app.add_option(flagNames("--mpp"), mpp,
@@ -108,6 +110,9 @@ void addResolutionFlags(CLI::App& app, int& level, double& mpp, double& magnific
   m->excludes(x);
   app.add_option(flagNames("--input_mpp"), input_mpp, "the inputs' level-0 um/px, over their metadata")
       ->check(positiveNumber());
+  app.add_flag(flagNames("--no_upsample"), no_upsample,
+               "refuse an image whose level 0 is coarser than --mpp / --magnification asks (default: "
+               "upsample it by area, with a warning)");
 }
 
 // A model `tiler finetune` wrote records how it was trained (its window, um/px and classes): a card of its
@@ -161,9 +166,15 @@ void addTaskFlag(CLI::App& app, tiler::InferOptions& o, const std::string& name)
       std::find_if(flags.begin(), flags.end(), [&name](const tiler::TaskFlag& f) { return name == f.name; });
   if (flag == flags.end()) throw std::logic_error("no task declares --" + name);
   std::string& value = o.task_flags[flag->name] = flag->default_value;
+  using Check = tiler::TaskFlag::Check;
+  if (flag->check == Check::kSwitch) {
+    app.add_flag_function(
+        flagNames("--" + name), [&value](int64_t count) { value = count > 0 ? "true" : "false"; },
+        flag->help);
+    return;
+  }
   CLI::Option* option = app.add_option(flagNames("--" + name), value, flag->help);
   if (flag->show_default) option->capture_default_str();
-  using Check = tiler::TaskFlag::Check;
   if (flag->check != Check::kNone) option->type_name("FLOAT");
   if (flag->check == Check::kNumber) option->check(finiteNumber().description(""));
   if (flag->check == Check::kPositive) option->check(positiveNumber());
@@ -244,7 +255,7 @@ void addRegionFlags(CLI::App& app, tiler::InferOptions& o) {
                  "GeoJSON polygons (level-0 pixels, or a georeferenced image's CRS), or a directory of "
                  "<stem>.geojson: process only windows in them (with --mask: in both)");
   app.add_option(flagNames("--roi_class"), o.roi_class, "only the ROI features of this classification name");
-  addResolutionFlags(app, o.level, o.mpp, o.magnification, o.input_mpp);
+  addResolutionFlags(app, o.level, o.mpp, o.magnification, o.input_mpp, o.no_upsample);
   app.add_flag(flagNames("--pyramid"), o.pyramid, "reduced-resolution levels in the TIFF outputs");
   addTaskFlag(app, o, "simplify");
   app.add_option(flagNames("--classes"), o.classes,
@@ -331,9 +342,11 @@ int runInfoCli(int argc, char** argv) {
   app.add_option(flagNames("--roi"), o.roi, "GeoJSON file or directory of <stem>.geojson: show its coverage");
   app.add_option(flagNames("--roi_class"), o.roi_class, "only the ROI features of this classification name");
   app.add_option(flagNames("--mask_preview"), o.mask_preview, "write the coverage map as a PNG");
+  bool no_upsample = false;
   addResolutionFlags(app, o.resolution.level, o.resolution.mpp, o.resolution.magnification,
-                     o.resolution.input_mpp);
+                     o.resolution.input_mpp, no_upsample);
   if (const int code = tiler::parseCommandLine(app, argc, argv, "tiler info"); code >= 0) return code;
+  o.resolution.upsample = !no_upsample;
   return tiler::runInfo(o);
 }
 
@@ -394,7 +407,7 @@ int runFinetuneCli(int argc, char** argv) {
       ->capture_default_str()
       ->check(nonNegativeNumber());
   app.add_option(flagNames("--roi"), o.roi, "GeoJSON or directory of <stem>.geojson: train only in it");
-  addResolutionFlags(app, o.level, o.mpp, o.magnification, o.input_mpp);
+  addResolutionFlags(app, o.level, o.mpp, o.magnification, o.input_mpp, o.no_upsample);
   app.add_option(flagNames("--loss_scale"), o.loss_scale,
                  "first dynamic loss scale (default: 65536 with fp16, none otherwise; given: scaled in any "
                  "precision)")

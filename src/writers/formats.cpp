@@ -17,6 +17,8 @@ std::unique_ptr<WindowRowOutput> openFeaturesTensor(const RowContext& context);
 std::unique_ptr<WindowRowOutput> openClassCsv(const RowContext& context);
 std::unique_ptr<WindowRowOutput> openTiles(const RowContext& context);
 std::unique_ptr<WindowRowOutput> openHeatmap(const RowContext& context);
+std::unique_ptr<WindowRowOutput> openWsinferCsv(const RowContext& context);
+std::unique_ptr<WindowRowOutput> openWsinferGeojson(const RowContext& context);
 std::unique_ptr<BoxOutput> openBoxesGeojson(const CatalogImage& image, const std::string& path, double width,
                                             double height);
 std::unique_ptr<BoxOutput> openBoxesCsv(const CatalogImage& image, const std::string& path, double width,
@@ -94,6 +96,21 @@ std::vector<OutputFormat> makeFormats() {
        "",
        "",
        {nullptr, openHeatmap}},
+      {{"wsinfer_csv", "model-outputs-csv/{stem}.csv"},
+       C::kWindowScores,
+       "WSInfer's results table (its columns, windows column by column, as its tools read it; "
+       "--wsinfer_layout)",
+       "",
+       "",
+       "",
+       {nullptr, openWsinferCsv}},
+      {{"wsinfer_geojson", "model-outputs-geojson/{stem}.geojson"},
+       C::kWindowScores,
+       "WSInfer's tiles GeoJSON (write_geojson.py's features and properties; --wsinfer_layout)",
+       "",
+       "",
+       "",
+       {nullptr, openWsinferGeojson}},
       {{"objects", "{stem}_objects.geojson"},
        C::kObjects,
        "QuPath detections: each object's outline (a box, or an instance's traced polygon) and class",

@@ -507,7 +507,8 @@ WindowOutputs::WindowOutputs(const CatalogImage& image, WindowOutputOptions opti
   // A detector without rows (N = 0) finds nothing, which is an answer; a vector needs a value.
   TILER_CHECK(options_.dim > 0 || options_.boxes, ConfigError,
               "a per-window output needs a vector of at least one value");
-  fs::create_directories(fs::path(image.outputs.begin()->second).parent_path());
+  // An output may lie in a directory of its kind's (WSInfer's model-outputs-csv/).
+  for (const auto& [kind, path] : image.outputs) fs::create_directories(fs::path(path).parent_path());
   std::vector<ClassInfo> classes;
   if (options_.class_scores) {
     classes = classNames(options_.dim, options_.classes);

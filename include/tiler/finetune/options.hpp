@@ -28,7 +28,8 @@ struct FinetuneOptions : JobOptions {
   std::string roi;
   int level = -1;
   double mpp = 0, magnification = 0, input_mpp = 0;
-  double loss_scale = 0;  // the first dynamic loss scale; 0: 65536 under fp16, no scaling otherwise
+  bool no_upsample = false;  // a target finer than an image's level 0 stops the run instead of upsampling
+  double loss_scale = 0;     // the first dynamic loss scale; 0: 65536 under fp16, no scaling otherwise
   int64_t loss_scale_growth_steps = 2000;  // finite steps after which the scale doubles
   std::string output = "finetuned.pt";
   int epochs = 5;

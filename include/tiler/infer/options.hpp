@@ -58,6 +58,7 @@ struct InferOptions : JobOptions {
   double mpp = 0.0;
   double magnification = 0.0;
   double input_mpp = 0.0;
+  bool no_upsample = false;  // a target finer than an image's level 0 fails it instead of upsampling
   // Model replicas, each on a thread of its own with --threads intra-op threads; 0: one per CPU core (up to
   // kMaxAutoReplicas) without --threads, else one.
   int replicas = 0;

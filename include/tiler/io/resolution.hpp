@@ -1,6 +1,8 @@
 // resolution: images at the resolution a model was trained for: the choice of level and target resolution
-// (--level, --mpp, --magnification, --input_mpp), and the reader that shows an image (any backend's, see
-// readers.hpp) at its processing resolution: a level as it is, or a level resampled by area averaging.
+// (--level, --mpp, --magnification, --input_mpp, --no_upsample), and the reader that shows an image (any
+// backend's, see readers.hpp) at its processing resolution: a level as it is, or a level resampled by area
+// (one rule both ways: a processing pixel is the area-weighted mean of the level pixels it covers, which
+// for a target finer than level 0 is the one or two level pixels under it along each axis).
 // Promise: a region read at the processing resolution holds the same pixels wherever it lies (each
 // processing pixel's weights depend on its own position only), so resampled windows tile exactly and every
 // world size writes the same bytes.
@@ -21,6 +23,7 @@ struct ResolutionSpec {
   double mpp = 0;            // --mpp: micrometres per processing pixel
   double magnification = 0;  // --magnification: the objective power to process at (20 = "20x")
   double input_mpp = 0;      // --input_mpp: every source's level-0 µm/px, over its metadata
+  bool upsample = false;     // a target finer than level 0 is level 0 upsampled (else refused)
   bool chosen() const { return level >= 0 || mpp > 0 || magnification > 0; }
 };
 
@@ -38,12 +41,15 @@ struct ProcessingResolution {
   std::optional<double> mpp;         // processing µm/px, when level 0's is known
   std::optional<double> source_mpp;  // level 0's µm/px (metadata or --input_mpp)
   bool native() const { return level == 0 && factor == 1.0; }
+  // Processing pixels per level-0 pixel where the target is finer than level 0 (> 1), else 1.
+  double upsampleFactor() const { return downsample < 1.0 ? 1.0 / downsample : 1.0; }
 };
 
 // The processing resolution of the image `info` describes (its level 0 and levels) for `spec`: --level as
 // it is; --mpp / --magnification from the coarsest level at least as fine as the target, resampled when no
-// level is within kResolutionTolerance of it; level 0 otherwise. Throws IoError naming the image when it
-// cannot be met: no such level, no resolution metadata to go by, or a target finer than level 0.
+// level is within kResolutionTolerance of it; level 0 upsampled for a target finer than level 0 (with
+// spec.upsample); level 0 otherwise. Throws IoError naming the image when it cannot be met: no such level,
+// no resolution metadata to go by, or a target finer than level 0 without spec.upsample.
 ProcessingResolution chooseResolution(const ImageInfo& info, const ResolutionSpec& spec);
 
 // `source` seen at `resolution` (the source itself when native): info() is the source's with the processing

@@ -7,8 +7,10 @@
 // either taken or refused by name (a ConfigError naming the card file and the field: ONNX-only weights, a
 // state dict without TorchScript weights (naming scripts/export_model.py --card), a preprocessing step tiler
 // lacks, an axis layout other than batch, channel, y, x, a halo on an axis other than y and x or unequal on
-// them); descriptive fields (names, authors, licence, covers) are left alone. The files a card names lie in its package (a zip's: its members, named
-// ARCHIVE!/MEMBER), and where it gives their sha256 they are checked when the card is read. An explicit flag
+// them); descriptive fields (names, authors, licence, covers) are left alone, and so are a WSInfer config's
+// fields outside its schema (which WSInfer's schema allows and WSInfer ignores): each is named once in a
+// warning. The files a card names lie in its package (a zip's: its members, named ARCHIVE!/MEMBER), and where
+// it gives their sha256 they are checked when the card is read. An explicit flag
 // always wins over the card, and the report says where each setting came from (settingsFrom). No LibTorch.
 #pragma once
 

@@ -35,7 +35,8 @@ namespace tiler {
 // (taskFlagDeclarations), its value reaches the task as given (FlagValues) and the task parses it into its
 // settings (Task::parseSettings).
 struct TaskFlag {
-  enum class Check { kNone, kNumber, kPositive, kNonNegative };  // what the command line checks of it
+  // What the command line checks of it; kSwitch: a flag without a value ("true" when given, else "false").
+  enum class Check { kNone, kNumber, kPositive, kNonNegative, kSwitch };
   const char* name;           // "nms": --nms, and a head's --head_opt KEY when `head`
   const char* help;           // --help's words
   const char* default_value;  // its value when not given
@@ -144,6 +145,9 @@ class Task {
   std::vector<std::string> outputKinds() const;
   // Those it writes when --save is not given.
   virtual std::vector<std::string> defaultKinds() const = 0;
+  // The kinds it writes of `flags.kinds` (--save's, or its defaults) with its own flags: another format in
+  // place of one (classify's --wsinfer_layout: WSInfer's files for csv and tiles).
+  virtual std::vector<std::string> settledKinds(const TaskFlags& flags) const { return flags.kinds; }
   // Whether it writes output kind `kind` (or a head's, "<head>/<kind>").
   bool writes(const std::string& kind) const;
   // The flags it owns, in --help's order.

@@ -5,10 +5,11 @@
 // a spatial index; written by geojson_file, csv and coco). No LibTorch, no blending, no file format.
 // Promise: an image's vectors are written in its window order (the catalog's, whatever order they arrive
 // in: early ones wait in memory, as the stitcher's rows do), each window with its level-0 rectangle, so any
-// world size gives the same files. An image's writers are committed together by the one commit protocol
-// (output_file.hpp's commitWriters): every file under its partial name until all are finished, then all
-// renamed or none; a writer destroyed before commit removes its partial files. Every failure is an IoError
-// naming the file.
+// world size gives the same files (WSInfer's layout, writers/wsinfer.cpp, holds them to write them column by
+// column). An output may lie in a directory of its kind's, made here. An image's writers are committed
+// together by the one commit protocol (output_file.hpp's commitWriters): every file under its partial name
+// until all are finished, then all renamed or none; a writer destroyed before commit removes its partial
+// files. Every failure is an IoError naming the file.
 #pragma once
 
 #include <array>
