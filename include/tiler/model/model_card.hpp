@@ -2,7 +2,8 @@
 // beside the TorchScript file, or a bioimage.io model description (rdf.yaml, spec 0.5) that names its
 // TorchScript weights and test tensors. Promise: every card field that changes how the model is fed or read
 // is either taken or refused by name (a ConfigError naming the card file and the field: ONNX-only weights, a
-// preprocessing step tiler lacks, an axis layout other than batch, channel, y, x); descriptive fields
+// pre- or postprocessing step tiler cannot follow, with the reason; an axis layout other than batch, channel,
+// y, x); descriptive fields
 // (names, authors, licence, covers) are left alone. An explicit flag always wins over the card, and the
 // report says where each setting came from (settingsFrom). No LibTorch.
 #pragma once
@@ -13,6 +14,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "tiler/core/processing.hpp"
 
 namespace tiler {
 
@@ -38,6 +41,12 @@ struct ModelCard {
   std::optional<double> scale;
   std::optional<std::vector<double>> mean, std;
   std::optional<std::string> classes, activation, task;
+  // bioimage.io: the steps tiler follows beyond those settings, in the card's order. preprocessing: the
+  // whole chain where it is more than fixed affine steps (those alone are scale, mean and std), applied
+  // after tiler's --scale, --mean and --std; postprocessing: the steps after a leading sigmoid or softmax
+  // (activation), applied to each window's output. input_id: inputs[0].id.
+  std::vector<ProcessingStep> preprocessing, postprocessing;
+  std::string input_id;
   // bioimage.io: the test tensors (.npy) and the tolerance they are compared with.
   std::string test_input, test_output;
   CardTolerance tolerance;
@@ -61,6 +70,8 @@ struct CardTargets {
   std::string* classes = nullptr;
   std::string* activation = nullptr;
   std::string* task = nullptr;
+  std::vector<ProcessingStep>* preprocessing = nullptr;
+  std::vector<ProcessingStep>* postprocessing = nullptr;
 };
 
 // The card's numbers held to what the flags of the same names take (a std of 1e-320 or -1, a NaN offset
@@ -73,8 +84,8 @@ void checkCardNumbers(const ModelCard& card);
 const std::vector<std::string>& cardSettingNames();
 
 // Sets each target that the card gives and `given` (the setting names the user set by flag or --config) does
-// not hold, after checkCardNumbers. Returns where each setting came from, in
-// cardSettingNames()' order: "flag", "card" or "default".
+// not hold, after checkCardNumbers, and the step lists (no flag sets them). Returns where each setting came
+// from, in cardSettingNames()' order: "flag", "card" or "default".
 std::vector<std::pair<std::string, std::string>> applyModelCard(const ModelCard& card,
                                                                 const std::set<std::string>& given,
                                                                 const CardTargets& targets);
