@@ -774,4 +774,16 @@ y = ((e / e.sum(1, keepdims=True)) > 0.5).astype(np.float64)
   const auto c = test::runCommand(kTiler + " check-model " + root + "/per_channel");
   EXPECT_EQ(c.code, 1) << c.output;
   EXPECT_NE(c.output.find(": FAIL"), std::string::npos) << c.output;
+  // Values one a channel must match the channels of the tensor the step meets (the model's 2 outputs here).
+  std::string three = test::slurp(affine + "/rdf.yaml");
+  const std::string post_gain = "{gain: 2, offset: -0.5}";
+  three.replace(three.find(post_gain), post_gain.size(), "{gain: [2, 2, 2], offset: -0.5, axis: channel}");
+  fs::copy(affine, root + "/three");
+  writeFile(root + "/three/rdf.yaml", three);
+  const auto t = test::runCommand(kTiler + " check-model " + root + "/three");
+  EXPECT_EQ(t.code, 1) << t.output;
+  EXPECT_NE(t.output.find("outputs[0].postprocessing step scale_linear has 3 values, one a channel, but the "
+                          "model's tensor there has 2 channels"),
+            std::string::npos)
+      << t.output;
 }

@@ -428,7 +428,8 @@ print(json.dumps({'image': of(x), 'window': of(x[:64, :64])}))
   if (numpy.code != 0) GTEST_SKIP() << "no NumPy or PIL: " << numpy.output;
   const auto want = nlohmann::json::parse(numpy.output);
   for (const std::string out : {"one", "two"}) {
-    const auto* e = imageEntry(report(dir + "/" + out), "b_mixed.png");
+    const auto j = report(dir + "/" + out);
+    const auto* e = imageEntry(j, "b_mixed.png");
     ASSERT_NE(e, nullptr);
     const auto& got = (*e)["input_statistics"];
     for (size_t c = 0; c < 3; ++c) {
@@ -453,7 +454,8 @@ print(json.dumps({'image': of(x), 'window': of(x[:64, :64])}))
   EXPECT_GT(std::abs(want["window"]["mean"][0].get<double>() - want["image"]["mean"][0].get<double>()), 1e-3)
       << "the window's statistics differ from the image's";
   // The float image: percentiles within one bin of its range, the extremes exact.
-  const auto* f = imageEntry(report(dir + "/one"), "e_float.tif");
+  const auto one_report = report(dir + "/one");
+  const auto* f = imageEntry(one_report, "e_float.tif");
   ASSERT_NE(f, nullptr);
   EXPECT_TRUE((*f)["input_statistics"]["all"]["percentiles"].contains("98"));
   EXPECT_EQ((*f)["status"], "ok");
