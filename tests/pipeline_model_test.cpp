@@ -459,6 +459,29 @@ print(json.dumps({'image': of(x), 'window': of(x[:64, :64])}))
   ASSERT_NE(f, nullptr);
   EXPECT_TRUE((*f)["input_statistics"]["all"]["percentiles"].contains("98"));
   EXPECT_EQ((*f)["status"], "ok");
+  // An image whose pixels cannot be read for its statistics (a deflate strip overwritten; its header is
+  // whole) fails as an unreadable image does, naming the file; the other image runs.
+  fs::create_directories(dir + "/broken_images");
+  fs::copy_file(root_ + "/images/b_mixed.png", dir + "/broken_images/b_mixed.png");
+  std::ofstream(dir + "/broken.py") << R"(import sys, numpy as np
+from PIL import Image
+Image.fromarray((np.random.RandomState(0).rand(200, 300, 3) * 255).astype(np.uint8)).save(sys.argv[1], compression='tiff_deflate')
+b = bytearray(open(sys.argv[1], 'rb').read())
+b[len(b) // 2:len(b) // 2 + 2000] = b'U' * 2000
+open(sys.argv[1], 'wb').write(bytes(b))
+)";
+  const auto made = run("/usr/bin/python3 " + dir + "/broken.py " + dir + "/broken_images/broken.tif");
+  ASSERT_EQ(made.code, 0) << made.output;
+  const auto broken = run(kTiler + " -i " + dir + "/broken_images -m " + dir +
+                          "/pkg --threads 1 --save probs --no_progress -o " + dir + "/broken");
+  EXPECT_EQ(broken.code, 2) << broken.output;
+  const auto broken_report = report(dir + "/broken");
+  const auto* b = imageEntry(broken_report, "broken.tif");
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ((*b)["status"], "error");
+  EXPECT_NE((*b)["error"].get<std::string>().find("broken.tif': reading its statistics: "), std::string::npos)
+      << (*b)["error"];
+  EXPECT_EQ((*imageEntry(broken_report, "b_mixed.png"))["status"], "ok");
 }
 
 }  // namespace

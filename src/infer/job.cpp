@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -599,8 +600,12 @@ void InferJob::prepareImages() {
         } catch (const std::bad_alloc&) {
           throw;
         } catch (...) {
-          errors += std::to_string(planned[k]) + "\t" + errorRankPrefix() +
-                    describeImageException(std::current_exception(), img.input) + "\n";
+          // The loader of each rank that meets its windows fails the image with this message.
+          std::string message =
+              "'" + img.input + "': reading its statistics: " + describeException(std::current_exception());
+          std::replace(message.begin(), message.end(), '\n', ' ');
+          std::replace(message.begin(), message.end(), '\t', ' ');
+          errors += std::to_string(planned[k]) + "\t" + message + "\n";
         }
       }
     });
