@@ -1,6 +1,7 @@
 // model_card: WSInfer's config.json and bioimage.io's rdf.yaml read into tiler's settings, each refusal by
-// name; end to end, a card's run equals the run with its settings as flags, a flag wins and the report says
-// so, and `tiler check-model` reproduces a package's test tensors and fails on altered weights.
+// name (pre- and postprocessing steps with the reason); end to end, a card's run equals the run with its
+// settings as flags, a flag wins and the report says so, and `tiler check-model` reproduces a package's test
+// tensors (through every step, as NumPy computes them) and fails on altered weights.
 #include "tiler/model/model_card.hpp"
 
 #include <gtest/gtest.h>
@@ -304,6 +305,136 @@ TEST(ModelCard, BioimageioOutputHaloIsOneBandOfTheSpaceAxes) {
             std::string::npos);
 }
 
+namespace {
+
+// rdfText with its preprocessing and postprocessing lists replaced by `pre` and `post` (YAML list items).
+std::string rdfWithSteps(const std::string& pre, const std::string& post) {
+  std::string text = rdfText();
+  const size_t pre_at = text.find("    preprocessing:\n"), pre_end = text.find("outputs:");
+  text.replace(pre_at, pre_end - pre_at, "    preprocessing:\n" + pre);
+  const size_t post_at = text.find("    postprocessing:\n"), post_end = text.find("weights:");
+  text.replace(post_at, post_end - post_at, "    postprocessing:\n" + post);
+  return text;
+}
+
+}  // namespace
+
+TEST(ModelCard, EveryStepIsReadInTheCardsOrder) {
+  const std::string dir = test::scratchDir("card_steps");
+  const auto card = readBioimageioRdf(writeFile(
+      dir + "/rdf.yaml",
+      rdfWithSteps(R"(      - {id: scale_linear, kwargs: {gain: 2, offset: [1, 2, 3], axis: channel}}
+      - {id: scale_range, kwargs: {axes: [y, x], min_percentile: 1, max_percentile: 99.8, eps: 1.0e-5, mode: per_sample, reference_tensor: raw}}
+      - {id: zero_mean_unit_variance, kwargs: {axes: [batch, channel, y, x], eps: 1.0e-4}}
+      - {id: fixed_zero_mean_unit_variance, kwargs: {mean: 0.5, std: 2}}
+      - {id: ensure_dtype, kwargs: {dtype: float32}}
+      - {id: clip, kwargs: {min: -3, max: 3}}
+      - {id: sigmoid}
+      - {id: binarize, kwargs: {threshold: [0.2, 0.5, 0.7], axis: channel}}
+)",
+                   R"(      - {id: sigmoid}
+      - {id: scale_linear, kwargs: {gain: 0.5, offset: 0.25}}
+      - {id: clip, kwargs: {max: 0.6}}
+      - {id: binarize, kwargs: {threshold: 0.4}}
+      - {id: ensure_dtype, kwargs: {dtype: uint8}}
+)")));
+  const auto& pre = card.preprocessing;
+  EXPECT_EQ(stepNames(pre),
+            "scale_linear, scale_range, zero_mean_unit_variance, scale_linear, clip, sigmoid, binarize");
+  ASSERT_EQ(pre.size(), 7u);
+  EXPECT_EQ(pre[0].gain, (std::vector<double>{2, 2, 2}));
+  EXPECT_EQ(pre[0].offset, (std::vector<double>{1, 2, 3}));
+  EXPECT_TRUE(pre[1].per_channel);
+  EXPECT_EQ(pre[1].min_percentile, 1);
+  EXPECT_EQ(pre[1].max_percentile, 99.8);
+  EXPECT_EQ(pre[1].eps, 1e-5);
+  EXPECT_FALSE(pre[2].per_channel);
+  EXPECT_EQ(pre[2].eps, 1e-4);
+  // fixed_zero_mean_unit_variance: (x - 0.5) / (2 + 1e-6), a scale_linear.
+  EXPECT_DOUBLE_EQ(pre[3].gain[0], 1 / (2 + 1e-6));
+  EXPECT_DOUBLE_EQ(pre[3].offset[0], -0.5 / (2 + 1e-6));
+  EXPECT_EQ(pre[4].min, -3);
+  EXPECT_EQ(pre[4].max, 3);
+  EXPECT_EQ(pre[6].threshold, (std::vector<double>{0.2, 0.5, 0.7}));
+  // The chain is more than fixed numbers: no --mean or --std from it, raw values (scale 1) into it.
+  EXPECT_FALSE(card.mean);
+  EXPECT_FALSE(card.std);
+  EXPECT_EQ(*card.scale, 1.0);
+  // A leading sigmoid is the activation; the rest follow it, the cast after binarize changing nothing.
+  EXPECT_EQ(*card.activation, "sigmoid");
+  EXPECT_EQ(stepNames(card.postprocessing), "scale_linear, clip, binarize");
+  EXPECT_EQ(card.postprocessing[1].max, 0.6);
+  EXPECT_EQ(card.postprocessing[2].threshold, (std::vector<double>{0.4}));
+  // Statistics axes default to all of them (the spec's default).
+  const auto plain =
+      readBioimageioRdf(writeFile(dir + "/plain.yaml", rdfWithSteps("      - {id: zero_mean_unit_variance}\n",
+                                                                    "      - {id: softmax}\n")));
+  ASSERT_EQ(plain.preprocessing.size(), 1u);
+  EXPECT_FALSE(plain.preprocessing[0].per_channel);
+  EXPECT_EQ(plain.preprocessing[0].eps, 1e-6);
+  EXPECT_TRUE(plain.postprocessing.empty());
+  // applyModelCard hands the lists to the job.
+  std::vector<ProcessingStep> pre_target, post_target;
+  CardTargets targets;
+  targets.preprocessing = &pre_target, targets.postprocessing = &post_target;
+  applyModelCard(card, {}, targets);
+  EXPECT_EQ(pre_target.size(), 7u);
+  EXPECT_EQ(post_target.size(), 3u);
+}
+
+TEST(ModelCard, StepsTilerCannotFollowAreRefusedByNameWithTheReason) {
+  const std::string dir = test::scratchDir("card_steps_bad");
+  auto refusal = [&](const std::string& pre, const std::string& post = "      - {id: softmax}\n") {
+    const std::string path = writeFile(dir + "/rdf.yaml", rdfWithSteps(pre, post));
+    return configError([&] { readBioimageioRdf(path); });
+  };
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"      - {id: scale_range, kwargs: {mode: per_dataset, axes: [y, x]}}\n",
+       {"inputs[0].preprocessing[0] (scale_range)'s mode per_dataset", "normalises each image by its own"}},
+      {"      - {id: zero_mean_unit_variance, kwargs: {axes: [x]}}\n",
+       {"preprocessing[0] (zero_mean_unit_variance)'s axes leave out y or x", "never per row or column"}},
+      {"      - {id: zero_mean_unit_variance, kwargs: {axes: [z, y, x]}}\n",
+       {"(zero_mean_unit_variance)'s axis 'z' is not one of the input's"}},
+      {"      - {id: clip, kwargs: {min: 0, max: 255}}\n      - {id: zero_mean_unit_variance}\n",
+       {"preprocessing[1] (zero_mean_unit_variance) after clip", "through affine steps only"}},
+      {"      - {id: scale_range, kwargs: {reference_tensor: other}}\n",
+       {"reference_tensor 'other' is not the input ('raw')"}},
+      {"      - {id: scale_range, kwargs: {min_percentile: 99, max_percentile: 1}}\n",
+       {"percentiles 99 and 1 are not 0 <= min < max <= 100"}},
+      {"      - {id: ensure_dtype, kwargs: {dtype: uint8}}\n",
+       {"(ensure_dtype) to 'uint8': tiler feeds float32"}},
+      {"      - {id: scale_linear, kwargs: {gain: [1, 2], axis: y}}\n",
+       {"(scale_linear) along axis 'y'", "along the channel axis"}},
+      {"      - {id: scale_linear, kwargs: {gain: 2, factor: 3}}\n",
+       {"(scale_linear)'s kwarg 'factor' is not one tiler knows"}},
+      {"      - {id: softmax}\n", {"preprocessing[0] (softmax) is a postprocessing step"}},
+      {"      - {id: resize, kwargs: {factor: 2}}\n", {"preprocessing[0] (resize) is not a step tiler has"}},
+      {"      - {id: binarize}\n", {"(binarize) has no threshold"}},
+      {"      - {id: clip, kwargs: {min: 2, max: 1}}\n", {"(clip)'s min 2 is over its max 1"}},
+  };
+  for (const auto& [pre, wanted] : cases) {
+    const std::string message = refusal(pre);
+    for (const auto& fragment : wanted)
+      EXPECT_NE(message.find(fragment), std::string::npos) << pre << message;
+  }
+  const std::string scale_id = "      - {id: scale_linear, kwargs: {gain: 2}}\n";
+  for (const std::string& id : {"zero_mean_unit_variance", "scale_range", "scale_mean_variance"}) {
+    const std::string message = refusal(scale_id, "      - {id: " + id + "}\n");
+    EXPECT_NE(message.find("outputs[0].postprocessing[0] (" + id +
+                           "): a postprocessing step over the output's "
+                           "statistics needs the whole output"),
+              std::string::npos)
+        << message;
+  }
+  const std::string cast =
+      refusal(scale_id, "      - {id: sigmoid}\n      - {id: ensure_dtype, kwargs: {dtype: uint8}}\n");
+  EXPECT_NE(cast.find("postprocessing[1] (ensure_dtype) to 'uint8': tiler writes float outputs"),
+            std::string::npos)
+      << cast;
+  const std::string along = refusal(scale_id, "      - {id: softmax, kwargs: {axis: y}}\n");
+  EXPECT_NE(along.find("(softmax) along y; tiler's is along channel"), std::string::npos) << along;
+}
+
 TEST(ModelCard, BioimageioFieldsTilerLacksAreRefusedByName) {
   const std::string dir = test::scratchDir("card_rdf_bad");
   auto refusal = [&](const std::string& from, const std::string& to) {
@@ -313,13 +444,12 @@ TEST(ModelCard, BioimageioFieldsTilerLacksAreRefusedByName) {
   const std::string onnx = refusal("  torchscript: {source: weights.pt, pytorch_version: \"1.13\"}\n", "");
   EXPECT_NE(onnx.find("rdf.yaml': weights has onnx only; tiler runs torchscript weights"), std::string::npos)
       << onnx;
-  const std::string zmuv = refusal("id: fixed_zero_mean_unit_variance", "id: zero_mean_unit_variance");
-  EXPECT_NE(zmuv.find("preprocessing 'zero_mean_unit_variance' is not a step tiler has"), std::string::npos)
-      << zmuv;
-  const std::string range = refusal("id: scale_linear", "id: scale_range");
-  EXPECT_NE(range.find("preprocessing 'scale_range' is not a step tiler has"), std::string::npos) << range;
-  const std::string post = refusal("id: softmax", "id: binarize");
-  EXPECT_NE(post.find("postprocessing 'binarize' is not a step tiler has"), std::string::npos) << post;
+  const std::string step = refusal("id: scale_linear", "id: resize");
+  EXPECT_NE(step.find("inputs[0].preprocessing[1] (resize) is not a step tiler has"), std::string::npos)
+      << step;
+  const std::string post = refusal("id: softmax", "id: resize");
+  EXPECT_NE(post.find("outputs[0].postprocessing[0] (resize) is not a step tiler has"), std::string::npos)
+      << post;
   const std::string axes = refusal("      - type: channel\n        channel_names: [r, g, b]\n", "");
   EXPECT_NE(axes.find("inputs[0].axes are batch,y,x; tiler feeds batch,channel,y,x"), std::string::npos)
       << axes;
@@ -1051,6 +1181,52 @@ double largestDifference(const std::string& probs, const std::string& whole) {
   return worst;
 }
 
+// A package whose card has the steps `pre` and `post` (YAML list items) and whose test output NumPy computes
+// from them (`numpy_pre`, `numpy_post`: Python lines turning x, then y, in float64) around the tiny net of
+// makePackage; `extra` ends the card (a config). Empty where the Python has no PyTorch or NumPy.
+std::string makeStepsPackage(const std::string& dir, const std::string& pre, const std::string& post,
+                             const std::string& numpy_pre, const std::string& numpy_post, std::string* why) {
+  const std::string python = "/usr/bin/python3";
+  if (test::runCommand(python + " -c 'import torch, numpy'").code != 0) {
+    *why = python + " has no PyTorch or NumPy to make the package's test tensors";
+    return "";
+  }
+  fs::create_directories(dir);
+  writeFile(dir + "/make.py", R"(import sys, torch, numpy as np
+d = sys.argv[1]
+torch.manual_seed(0)
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.b = torch.nn.Conv2d(8, 2, 1)
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+net = Net().eval()
+torch.jit.script(net).save(d + '/weights.pt')
+raw = (torch.rand(1, 3, 64, 64) ** 2 * 255).numpy()
+x = raw.astype(np.float64)
+ch = (0, 2, 3)      # statistics over y, x of each channel
+every = (0, 1, 2, 3)  # over channel, y, x
+def pct(x, q, axes): return np.percentile(x, q, axis=axes, keepdims=True)
+sigmoid = lambda v: 1 / (1 + np.exp(-v))
+)" + numpy_pre + R"(
+with torch.no_grad():
+    y = net(torch.from_numpy(x.astype(np.float32))).double().numpy()
+)" + numpy_post + R"(
+np.save(d + '/test_input.npy', raw)
+np.save(d + '/test_output.npy', y.astype(np.float32))
+)");
+  const auto r = test::runCommand(python + " " + dir + "/make.py " + dir);
+  EXPECT_EQ(r.code, 0) << r.output;
+  std::string rdf = rdfWithSteps(pre, post);
+  const std::string sizes = "{min: 64, step: 32}, unit: micrometer, scale: 0.5}";
+  for (int k = 0; k < 2; ++k) rdf.replace(rdf.find(sizes), sizes.size(), "64}");
+  rdf.replace(rdf.find("  onnx:"), std::string::npos, "");
+  writeFile(dir + "/rdf.yaml", rdf);
+  return r.code == 0 ? dir : "";
+}
+
 }  // namespace
 
 // A model whose outer 12 px of every window are garbage (+100) and exact inside, as bioimage.io's `halo`
@@ -1201,4 +1377,77 @@ TEST(ModelCard, AZippedPackagePassesCheckModelAsItsDirectory) {
                                         "/images/small.png --threads 1 --no_progress -o " + root + "/bad");
   EXPECT_EQ(bad_run.code, 1) << bad_run.output;
   EXPECT_NE(bad_run.output.find("sha256"), std::string::npos) << bad_run.output;
+}
+
+// check-model runs a card's test input through every step (its statistics of the whole test tensor) and
+// matches the test output NumPy computed from the steps' definitions.
+TEST(ModelCard, CheckModelFollowsEveryStepAsNumpyComputesIt) {
+  const std::string root = test::scratchDir("card_check_steps");
+  std::string why;
+  const std::string affine = makeStepsPackage(
+      root + "/affine", R"(      - {id: scale_linear, kwargs: {gain: 0.5, offset: [0, 1, 2], axis: channel}}
+      - {id: scale_range, kwargs: {axes: [y, x], min_percentile: 1, max_percentile: 99.5}}
+      - {id: zero_mean_unit_variance, kwargs: {axes: [channel, y, x]}}
+      - {id: fixed_zero_mean_unit_variance, kwargs: {mean: 0.1, std: 0.9}}
+      - {id: clip, kwargs: {min: -1.5, max: 1.5}}
+      - {id: sigmoid}
+)",
+      R"(      - {id: sigmoid}
+      - {id: scale_linear, kwargs: {gain: 2, offset: -0.5}}
+      - {id: clip, kwargs: {min: 0, max: 1.2}}
+)",
+      R"(x = x * 0.5 + np.array([0, 1, 2]).reshape(1, 3, 1, 1)
+lo, hi = pct(x, 1, ch), pct(x, 99.5, ch)
+x = (x - lo) / (hi - lo + 1e-6)
+x = (x - x.mean()) / (x.std() + 1e-6)
+x = (x - 0.1) / (0.9 + 1e-6)
+x = sigmoid(np.clip(x, -1.5, 1.5))
+)",
+      R"(y = np.clip(sigmoid(y) * 2 - 0.5, 0, 1.2)
+)",
+      &why);
+  if (affine.empty()) GTEST_SKIP() << why;
+  const auto a = test::runCommand(kTiler + " check-model " + affine);
+  EXPECT_EQ(a.code, 0) << a.output;
+  EXPECT_NE(a.output.find(": pass"), std::string::npos) << a.output;
+  const std::string binary = makeStepsPackage(
+      root + "/binary",
+      R"(      - {id: scale_range, kwargs: {axes: [channel, y, x], min_percentile: 5, max_percentile: 95, eps: 0.001}}
+      - {id: binarize, kwargs: {threshold: [0.2, 0.5, 0.6], axis: channel}}
+)",
+      R"(      - {id: softmax}
+      - {id: binarize, kwargs: {threshold: 0.5}}
+      - {id: ensure_dtype, kwargs: {dtype: uint8}}
+)",
+      R"(lo, hi = pct(x, 5, every), pct(x, 95, every)
+x = (x - lo) / (hi - lo + 0.001)
+x = (x > np.array([0.2, 0.5, 0.6]).reshape(1, 3, 1, 1)).astype(np.float64)
+)",
+      R"(e = np.exp(y - y.max(1, keepdims=True))
+y = ((e / e.sum(1, keepdims=True)) > 0.5).astype(np.float64)
+)",
+      &why);
+  const auto b = test::runCommand(kTiler + " check-model " + binary);
+  EXPECT_EQ(b.code, 0) << b.output;
+  EXPECT_NE(b.output.find(" 0 beyond"), std::string::npos) << b.output;
+  // The statistics are the whole tensor's: a card whose range is over each channel gives other numbers.
+  std::string per_channel = test::slurp(binary + "/rdf.yaml");
+  per_channel.replace(per_channel.find("[channel, y, x]"), 15, "[y, x]");
+  fs::copy(binary, root + "/per_channel");
+  writeFile(root + "/per_channel/rdf.yaml", per_channel);
+  const auto c = test::runCommand(kTiler + " check-model " + root + "/per_channel");
+  EXPECT_EQ(c.code, 1) << c.output;
+  EXPECT_NE(c.output.find(": FAIL"), std::string::npos) << c.output;
+  // Values one a channel must match the channels of the tensor the step meets (the model's 2 outputs here).
+  std::string three = test::slurp(affine + "/rdf.yaml");
+  const std::string post_gain = "{gain: 2, offset: -0.5}";
+  three.replace(three.find(post_gain), post_gain.size(), "{gain: [2, 2, 2], offset: -0.5, axis: channel}");
+  fs::copy(affine, root + "/three");
+  writeFile(root + "/three/rdf.yaml", three);
+  const auto t = test::runCommand(kTiler + " check-model " + root + "/three");
+  EXPECT_EQ(t.code, 1) << t.output;
+  EXPECT_NE(t.output.find("outputs[0].postprocessing step scale_linear has 3 values, one a channel, but the "
+                          "model's tensor there has 2 channels"),
+            std::string::npos)
+      << t.output;
 }

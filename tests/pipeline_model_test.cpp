@@ -1,12 +1,13 @@
 // End-to-end tests of `tiler infer` on what the model does: running out of memory (halving), answering a
 // batch wrongly or with NaN, class counts at the label type's edges, pinned pixels of a known model, model
-// replicas, the BLAS it calls, a .pt2 package.
+// replicas, the BLAS it calls, a .pt2 package, a model card's per-image statistics.
 #include "pipeline_util.hpp"
 
 #include <torch/script.h>
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 
 #include "tiler/core/cpu_layout.hpp"
 #include "tiler/model/model_runtime.hpp"
@@ -363,6 +364,124 @@ TEST_F(Pipeline, Pt2PackageIsByteIdenticalAcrossRanksAndRunsLikeItsTorchScript) 
   const cv::Mat a = ImageReader::open(dir + "/one/wave_labels.tif")->readRegion({0, 0, 420, 300});
   const cv::Mat b = ImageReader::open(dir + "/script/wave_labels.tif")->readRegion({0, 0, 420, 300});
   EXPECT_LE(cv::countNonZero(a != b), 420 * 300 / 10000) << "labels differ only where two classes tie";
+}
+
+// A card whose preprocessing reads each image's statistics: they are the whole image's (NumPy's over it, not
+// any window's), the same on one rank and two, and so are the outputs' bytes; 8-bit and float images alike.
+TEST_F(Pipeline, CardStatisticsAreOfTheWholeImageAndTheSameOnEveryRank) {
+  const std::string dir = root_ + "/card_stats";
+  fs::create_directories(dir + "/pkg");
+  fs::create_directories(dir + "/images");
+  fs::copy_file(model_, dir + "/pkg/weights.pt");
+  fs::copy_file(root_ + "/images/b_mixed.png", dir + "/images/b_mixed.png");
+  fs::copy_file(root_ + "/images/e_float.tif", dir + "/images/e_float.tif");
+  std::ofstream(dir + "/pkg/rdf.yaml") << R"(type: model
+format_version: 0.5.4
+name: statistics
+inputs:
+  - id: raw
+    axes:
+      - type: batch
+      - type: channel
+        channel_names: [r, g, b]
+      - {type: space, id: y, size: 64}
+      - {type: space, id: x, size: 64}
+    test_tensor: {source: test_input.npy}
+    preprocessing:
+      - {id: scale_range, kwargs: {axes: [channel, y, x], min_percentile: 2, max_percentile: 98}}
+      - {id: zero_mean_unit_variance, kwargs: {axes: [y, x]}}
+outputs:
+  - id: probs
+    axes:
+      - type: batch
+      - type: channel
+        channel_names: [a, b]
+      - {type: space, id: y, size: {tensor_id: raw, axis_id: y}}
+      - {type: space, id: x, size: {tensor_id: raw, axis_id: x}}
+    test_tensor: {source: test_output.npy}
+    postprocessing:
+      - {id: softmax}
+weights:
+  torchscript: {source: weights.pt}
+)";
+  const std::string args =
+      " -i " + dir + "/images -m " + dir + "/pkg --threads 1 --save probs --no_progress -o ";
+  const auto one = run(kTiler + args + dir + "/one");
+  ASSERT_EQ(one.code, 0) << one.output;
+  const auto two = run(kCtrun + " --nproc_per_node 2 --master_port 0 " + kTiler + args + dir + "/two");
+  ASSERT_EQ(two.code, 0) << two.output;
+  for (const std::string name : {"b_mixed_probs.tif", "e_float_probs.tif"})
+    EXPECT_TRUE(slurp(dir + "/one/" + name) == slurp(dir + "/two/" + name))
+        << name << ": two ranks, the same bytes";
+  // NumPy's statistics of the whole image, and of its first 64x64 window (which must differ, or this test
+  // could not tell them apart).
+  std::ofstream(dir + "/stats.py") << R"(import sys, json, numpy as np
+from PIL import Image
+x = np.asarray(Image.open(sys.argv[1])).astype(np.float64)
+if x.ndim == 2: x = x[:, :, None]
+def of(a):
+    c = a.reshape(-1, a.shape[2])
+    return {'mean': list(c.mean(0)), 'std': list(c.std(0)), 'p2': np.percentile(c, 2), 'p98': np.percentile(c, 98)}
+print(json.dumps({'image': of(x), 'window': of(x[:64, :64])}))
+)";
+  const auto numpy = run("/usr/bin/python3 " + dir + "/stats.py " + dir + "/images/b_mixed.png");
+  if (numpy.code != 0) GTEST_SKIP() << "no NumPy or PIL: " << numpy.output;
+  const auto want = nlohmann::json::parse(numpy.output);
+  for (const std::string out : {"one", "two"}) {
+    const auto j = report(dir + "/" + out);
+    const auto* e = imageEntry(j, "b_mixed.png");
+    ASSERT_NE(e, nullptr);
+    const auto& got = (*e)["input_statistics"];
+    for (size_t c = 0; c < 3; ++c) {
+      EXPECT_NEAR(got["mean"][c].get<double>(), want["image"]["mean"][c].get<double>(), 1e-9) << out;
+      EXPECT_NEAR(got["std"][c].get<double>(), want["image"]["std"][c].get<double>(), 1e-9) << out;
+      EXPECT_EQ(got["count"][c].get<double>(), 200.0 * 300.0);
+    }
+    EXPECT_NEAR(got["all"]["percentiles"]["2"].get<double>(), want["image"]["p2"].get<double>(), 1e-9);
+    EXPECT_NEAR(got["all"]["percentiles"]["98"].get<double>(), want["image"]["p98"].get<double>(), 1e-9);
+    // The map the run used (the card's scale 1: raw values), composed by hand from NumPy's numbers.
+    const double p2 = want["image"]["p2"], p98 = want["image"]["p98"];
+    for (size_t c = 0; c < 3; ++c) {
+      const double a = 1 / (p98 - p2 + 1e-6), b = -p2 * a;
+      const double mean = a * want["image"]["mean"][c].get<double>() + b,
+                   std = a * want["image"]["std"][c].get<double>();
+      const double gain = a / (std + 1e-6), offset = (b - mean) / (std + 1e-6);
+      EXPECT_NEAR((*e)["input_normalisation"]["gain"][c].get<double>(), gain, 1e-9 * std::abs(gain));
+      EXPECT_NEAR((*e)["input_normalisation"]["offset"][c].get<double>(), offset,
+                  1e-9 * std::abs(offset) + 1e-12);
+    }
+  }
+  EXPECT_GT(std::abs(want["window"]["mean"][0].get<double>() - want["image"]["mean"][0].get<double>()), 1e-3)
+      << "the window's statistics differ from the image's";
+  // The float image: percentiles within one bin of its range, the extremes exact.
+  const auto one_report = report(dir + "/one");
+  const auto* f = imageEntry(one_report, "e_float.tif");
+  ASSERT_NE(f, nullptr);
+  EXPECT_TRUE((*f)["input_statistics"]["all"]["percentiles"].contains("98"));
+  EXPECT_EQ((*f)["status"], "ok");
+  // An image whose pixels cannot be read for its statistics (a deflate strip overwritten; its header is
+  // whole) fails as an unreadable image does, naming the file; the other image runs.
+  fs::create_directories(dir + "/broken_images");
+  fs::copy_file(root_ + "/images/b_mixed.png", dir + "/broken_images/b_mixed.png");
+  std::ofstream(dir + "/broken.py") << R"(import sys, numpy as np
+from PIL import Image
+Image.fromarray((np.random.RandomState(0).rand(200, 300, 3) * 255).astype(np.uint8)).save(sys.argv[1], compression='tiff_deflate')
+b = bytearray(open(sys.argv[1], 'rb').read())
+b[len(b) // 2:len(b) // 2 + 2000] = b'U' * 2000
+open(sys.argv[1], 'wb').write(bytes(b))
+)";
+  const auto made = run("/usr/bin/python3 " + dir + "/broken.py " + dir + "/broken_images/broken.tif");
+  ASSERT_EQ(made.code, 0) << made.output;
+  const auto broken = run(kTiler + " -i " + dir + "/broken_images -m " + dir +
+                          "/pkg --threads 1 --save probs --no_progress -o " + dir + "/broken");
+  EXPECT_EQ(broken.code, 2) << broken.output;
+  const auto broken_report = report(dir + "/broken");
+  const auto* b = imageEntry(broken_report, "broken.tif");
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ((*b)["status"], "error");
+  EXPECT_NE((*b)["error"].get<std::string>().find("broken.tif': reading its statistics: "), std::string::npos)
+      << (*b)["error"];
+  EXPECT_EQ((*imageEntry(broken_report, "b_mixed.png"))["status"], "ok");
 }
 
 }  // namespace

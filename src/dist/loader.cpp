@@ -210,6 +210,7 @@ WindowBatch WindowLoader::assemble(int64_t step) {
   const auto type = options_.bytes ? torch::kUInt8 : torch::kFloat32;
   batch.pixels = torch::empty({B, C, H, W}, torch::TensorOptions(type).pinned_memory(options_.pinned));
   batch.scales = torch::ones({B}, torch::kFloat32);
+  if (options_.affine) batch.affine = torch::zeros({B, 2, C}, torch::kFloat32);
   batch.slots.assign(size_t(B), WindowSlot{});
   if (options_.make_labels) batch.labels = options_.make_labels(B);
   std::vector<std::optional<SlotRead>> reads = planReads(step, batch);
@@ -251,6 +252,11 @@ std::vector<std::optional<WindowLoader::SlotRead>> WindowLoader::planReads(int64
     read.local = local;
     if (auto failed = open_failures.find(image_id); failed != open_failures.end()) {
       read.error = failed->second;  // not opened again for each of its windows
+      continue;
+    }
+    if (!img.statistics_error.empty()) {
+      read.error = std::make_exception_ptr(IoError(img.statistics_error));
+      open_failures.emplace(image_id, read.error);
       continue;
     }
     try {
@@ -306,6 +312,15 @@ void WindowLoader::settleSlots(std::vector<std::optional<SlotRead>>& reads, Wind
       readers_.drop(img.input);
     } else {
       batch.scales[j] = float(img.scale);
+      if (batch.affine.defined()) {
+        const auto& f = img.input_affine;
+        auto* row = batch.affine.data_ptr<float>() + j * 2 * options_.input_channels;
+        for (int c = 0; c < options_.input_channels; ++c) {
+          row[c] = float(f.gain.empty() ? 1.0 : f.gain[f.gain.size() == 1 ? 0 : size_t(c)]);
+          row[options_.input_channels + c] =
+              float(f.offset.empty() ? 0.0 : f.offset[f.offset.size() == 1 ? 0 : size_t(c)]);
+        }
+      }
       slot.status = SlotStatus::kOk;
       ++batch.valid;
     }

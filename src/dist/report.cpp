@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "tiler/core/error.hpp"
 #include "tiler/core/platform.hpp"
@@ -17,6 +18,39 @@
 namespace fs = std::filesystem;
 
 namespace tiler {
+
+namespace {
+
+// A percentile's key: the number as a card writes it ("99.8", "0").
+std::string percentileKey(double q) {
+  std::ostringstream text;
+  text << q;
+  return text.str();
+}
+
+// An image's statistics under plain keys: per channel lists (count, mean, std, percentiles by key) and the
+// same over all channels ("all").
+nlohmann::json statisticsJson(const ImageStatistics& s) {
+  auto one = [](const ValueStatistics& v) {
+    nlohmann::json p = nlohmann::json::object();
+    for (const auto& [q, value] : v.percentiles) p[percentileKey(q)] = value;
+    return nlohmann::json{{"count", v.count}, {"mean", v.mean}, {"std", v.std}, {"percentiles", p}};
+  };
+  nlohmann::json j = {{"count", nlohmann::json::array()},
+                      {"mean", nlohmann::json::array()},
+                      {"std", nlohmann::json::array()},
+                      {"percentiles", nlohmann::json::object()}};
+  for (const ValueStatistics& c : s.channels) {
+    j["count"].push_back(c.count);
+    j["mean"].push_back(c.mean);
+    j["std"].push_back(c.std);
+    for (const auto& [q, value] : c.percentiles) j["percentiles"][percentileKey(q)].push_back(value);
+  }
+  j["all"] = one(s.all);
+  return j;
+}
+
+}  // namespace
 
 std::vector<double> RankStats::pack() const {
   return {double(windows),       read_seconds,  forward_seconds,       gather_seconds,       peak_rss_mb,
@@ -106,6 +140,9 @@ nlohmann::json inferReport(const RunSummary& run, const WindowCatalog& catalog,
         e["objects_at_window_edge"] = img.objects_at_window_edge;
       }
     }
+    if (img.input_statistics) e["input_statistics"] = statisticsJson(*img.input_statistics);
+    if (!img.input_affine.gain.empty())
+      e["input_normalisation"] = {{"gain", img.input_affine.gain}, {"offset", img.input_affine.offset}};
     if (isRemoteInput(img.input)) e["remote_bytes_read"] = img.remote_bytes_read;
     if (status == "ok" || status == "skipped") e["outputs"] = img.outputs;
     j["images"].push_back(e);

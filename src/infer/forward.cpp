@@ -42,7 +42,9 @@ void BatchForward::forwardSlots(ModelRunner& model, WindowBatch& batch, int64_t 
   std::string message;
   try {
     if (fault_slot >= first && fault_slot < first + count) faults_.in_forward();
-    auto preds = model.forward(batch.pixels.narrow(0, first, count), batch.scales.narrow(0, first, count));
+    auto preds =
+        model.forward(batch.pixels.narrow(0, first, count), batch.scales.narrow(0, first, count),
+                      batch.affine.defined() ? batch.affine.narrow(0, first, count) : torch::Tensor());
     TILER_CHECK(preds.sizes() == torch::IntArrayRef(sizesOf(count)), ModelError,
                 "the model's output is " << preds.sizes() << " for " << count << " windows, not "
                                          << torch::IntArrayRef(sizesOf(count)) << " as for the first");

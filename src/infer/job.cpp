@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -25,6 +26,7 @@
 #include "tiler/ctrun/launcher.hpp"
 #include "tiler/dist/dist.hpp"
 #include "tiler/dist/exchange.hpp"
+#include "tiler/dist/image_statistics.hpp"
 #include "tiler/dist/loader.hpp"
 #include "tiler/dist/report.hpp"
 #include "tiler/dist/session.hpp"
@@ -83,6 +85,10 @@ class InferJob {
   void connect();    // the process group, on the model's device
   // The images and their windows, the same on every rank (or every rank stops with the reason).
   void planImages();
+  // A card's preprocessing chain: each planned image's statistics (when the chain reads any), gathered by
+  // one rank and shared with all, and its map of raw values to the model's input (CatalogImage::
+  // input_affine), before any window is read.
+  void prepareImages();
   // The report (rank 0's) is none of the files the run reads (inputs, the model, the mask), its outputs or
   // its lock: a ConfigError naming the clash. The catalog checked the outputs against what is read.
   void checkReportPath() const;
@@ -242,6 +248,7 @@ LoaderOptions InferJob::loaderOptions() const {
   lo.bytes = inputAsBytes(catalog_);
   lo.device = model_->device();
   lo.before_read = faults_.before_read;
+  lo.affine = !o_.preprocessing.empty();
   return lo;
 }
 
@@ -438,6 +445,7 @@ int InferJob::run() {
     connect();
     startupMark("connected");
     planImages();
+    prepareImages();
   } catch (const ConfigError& e) {
     if (o_.model_card.empty()) throw;
     TILER_THROW(ConfigError, cardBlamed(e.message(), o_.settings_from, o_.model_card));
@@ -551,6 +559,100 @@ void InferJob::planImages() {
     TILER_CHECK(torch::equal(plans[r], agree), DistError,
                 "rank " << r << " planned " << plans[r][0][0].item<int64_t>() << " windows, rank " << rank()
                         << " planned " << catalog_.totalWindows() << ": the ranks see different inputs");
+  }
+}
+
+namespace {
+
+// One image's statistics as a row of doubles (each channel's, then those over all: count, mean, std, then
+// each of `qs`), and back.
+void packStatistics(const ImageStatistics& s, const std::vector<double>& qs, double* row) {
+  std::vector<const ValueStatistics*> parts;
+  for (const auto& c : s.channels) parts.push_back(&c);
+  parts.push_back(&s.all);
+  for (const ValueStatistics* v : parts) {
+    *row++ = v->count, *row++ = v->mean, *row++ = v->std;
+    for (double q : qs) *row++ = v->percentiles.at(q);
+  }
+}
+
+ImageStatistics unpackStatistics(const double* row, int channels, const std::vector<double>& qs) {
+  ImageStatistics s;
+  for (int c = 0; c <= channels; ++c) {
+    ValueStatistics v;
+    v.count = *row++, v.mean = *row++, v.std = *row++;
+    for (double q : qs) v.percentiles[q] = *row++;
+    (c < channels ? s.channels.emplace_back(v) : s.all) = v;
+  }
+  return s;
+}
+
+}  // namespace
+
+void InferJob::prepareImages() {
+  const std::vector<ProcessingStep>& steps = o_.preprocessing;
+  if (steps.empty()) return;
+  const int C = probe_.input_channels;
+  const std::vector<double> qs = percentilesRead(steps);
+  std::vector<int> planned;
+  for (int id = 0; id < int(catalog_.images().size()); ++id)
+    if (catalog_.image(id).status == "ok" && catalog_.image(id).first_window >= 0) planned.push_back(id);
+  if (usesStatistics(steps)) {
+    // Rank r gathers the statistics of every W-th planned image from the r-th; every rank then holds all
+    // of them (the same numbers wherever they were gathered: outputs do not depend on the world size).
+    const int64_t fields = int64_t((3 + qs.size()) * size_t(C + 1));
+    torch::Tensor mine = torch::zeros({int64_t(planned.size()), fields}, torch::kDouble);
+    std::string errors;  // "<image id>\t<message>\n" each
+    auto fatal = captureFailure([&] {
+      for (size_t k = size_t(rank()); k < planned.size(); k += size_t(worldSize())) {
+        const CatalogImage& img = catalog_.image(planned[k]);
+        try {
+          packStatistics(gatherImageStatistics(img, C, qs), qs, mine[int64_t(k)].data_ptr<double>());
+        } catch (const std::bad_alloc&) {
+          throw;
+        } catch (...) {
+          // The loader of each rank that meets its windows fails the image with this message.
+          std::string message =
+              "'" + img.input + "': reading its statistics: " + describeException(std::current_exception());
+          std::replace(message.begin(), message.end(), '\n', ' ');
+          std::replace(message.begin(), message.end(), '\t', ' ');
+          errors += std::to_string(planned[k]) + "\t" + message + "\n";
+        }
+      }
+    });
+    exchange().check(fatal, "the images' statistics");
+    const auto every = exchange().allgather(mine, "the images' statistics");
+    for (const std::string& text : exchange().allgatherStrings(errors, "the images' statistics")) {
+      std::istringstream lines(text);
+      std::string line;
+      while (std::getline(lines, line)) {
+        const size_t tab = line.find('\t');
+        catalog_.image(std::stoi(line.substr(0, tab))).statistics_error = line.substr(tab + 1);
+      }
+    }
+    for (size_t k = 0; k < planned.size(); ++k) {
+      CatalogImage& img = catalog_.image(planned[k]);
+      if (img.statistics_error.empty())
+        img.input_statistics = unpackStatistics(
+            every[k % size_t(worldSize())].to(torch::kDouble).contiguous()[int64_t(k)].data_ptr<double>(), C,
+            qs);
+    }
+  }
+  for (int id : planned) {
+    CatalogImage& img = catalog_.image(id);
+    if (!img.statistics_error.empty()) continue;
+    // Tiler's own normalisation first, (x * scale - mean) / std, then the chain's affine steps.
+    ChannelAffine before;
+    for (int c = 0; c < C; ++c) {
+      const double mean = o_.mean.empty() ? 0.0 : o_.mean[o_.mean.size() == 1 ? 0 : size_t(c)];
+      const double std = o_.std.empty() ? 1.0 : o_.std[o_.std.size() == 1 ? 0 : size_t(c)];
+      before.gain.push_back(img.scale / std);
+      before.offset.push_back(-mean / std);
+    }
+    ImageStatistics none;
+    none.channels.resize(size_t(C));
+    img.input_affine = inputAffine(steps, img.input_statistics ? *img.input_statistics : none, before,
+                                   "'" + img.input + "'");
   }
 }
 

@@ -56,6 +56,8 @@ ModelOptions modelOptionsFor(const JobOptions& job, int local_rank) {
   mo.output_key = job.output_key;
   mo.mean = job.mean;
   mo.std = job.std;
+  mo.input_steps = job.preprocessing;
+  mo.output_steps = job.postprocessing;
   mo.local_rank = local_rank;
   mo.preferred_input_channels = int(parseChannelList(job.channels).size());
   return mo;
@@ -141,7 +143,8 @@ ModelRunner::ModelRunner(const ModelRunner& other, std::unique_ptr<ModelRuntime>
       probe_(other.probe_),
       head_probes_(other.head_probes_),
       mean_(other.mean_),
-      inv_std_(other.inv_std_) {}
+      inv_std_(other.inv_std_),
+      input_tail_(other.input_tail_) {}
 
 void ModelRunner::synchronize() const {
   if (device_.is_cpu()) return;
@@ -174,6 +177,46 @@ torch::jit::Module& ModelRunner::module() {
 }
 
 namespace {
+
+// A step's per-channel values as a tensor that broadcasts along dimension 1 of a tensor of `dims`
+// dimensions ([B, C, H, W] or a per-window [B, D]).
+torch::Tensor perChannel(const std::vector<double>& v, const torch::Tensor& like) {
+  std::vector<int64_t> shape(size_t(like.dim()), 1);
+  shape[1] = int64_t(v.size());
+  return torch::tensor(v, torch::kFloat32).to(like.device()).view(shape);
+}
+
+// A card's fixed steps on a batch, in order (bioimage.io's definitions; binarize gives 0 and 1).
+torch::Tensor applySteps(torch::Tensor x, const std::vector<ProcessingStep>& steps) {
+  for (const ProcessingStep& s : steps) {
+    if (s.id == "scale_linear") {
+      x = x * perChannel(s.gain, x) + perChannel(s.offset, x);
+    } else if (s.id == "clip") {
+      x = torch::clamp(x, std::isfinite(s.min) ? c10::optional<c10::Scalar>(s.min) : c10::nullopt,
+                       std::isfinite(s.max) ? c10::optional<c10::Scalar>(s.max) : c10::nullopt);
+    } else if (s.id == "sigmoid") {
+      x = torch::sigmoid(x);
+    } else if (s.id == "softmax") {
+      x = torch::softmax(x, 1);
+    } else if (s.id == "binarize") {
+      x = torch::gt(x, perChannel(s.threshold, x)).to(x.scalar_type());
+    } else {
+      TILER_THROW(ConfigError, "step '" << s.id << "' is not one tiler applies to a window");
+    }
+  }
+  return x;
+}
+
+// Each step's per-channel values are one or one a channel of the tensor it meets.
+void checkStepChannels(const std::vector<ProcessingStep>& steps, int channels, const std::string& list,
+                       const std::string& path) {
+  for (const ProcessingStep& s : steps)
+    for (const auto* v : {&s.gain, &s.offset, &s.threshold})
+      TILER_CHECK(v->size() <= 1 || int(v->size()) == channels, ConfigError,
+                  "'" << path << "': the card's " << list << " step " << s.id << " has " << v->size()
+                      << " values, one a channel, but the model's tensor there has " << channels
+                      << " channels");
+}
 
 // `key` as an index below `size`, if it is one.
 std::optional<size_t> indexKey(const std::string& key, size_t size) {
@@ -382,6 +425,9 @@ const ModelProbe& ModelRunner::probe(int64_t window_w, int64_t window_h) {
                   "--std values must be non-zero normal float32 numbers; got " << s);
     inv_std_ = 1.0 / per_channel(options_.std, "std");
   }
+  input_tail_ = fixedTail(options_.input_steps);
+  checkStepChannels(input_tail_, c, "inputs[0].preprocessing", path);
+  checkStepChannels(options_.output_steps, probe_.output_channels, "outputs[0].postprocessing", path);
   spdlog::debug("model '{}': {} -> {} channels, scale {}/{}, task {}", path, c, probe_.output_channels,
                 probe_.scale.num, probe_.scale.den, taskName(probe_.task));
   return probe_;
@@ -435,14 +481,25 @@ double ModelRunner::secondsPerWindow(int64_t window_w, int64_t window_h, int64_t
   return best;
 }
 
-torch::Tensor ModelRunner::normalize(const torch::Tensor& batch, const torch::Tensor& scales) const {
+torch::Tensor ModelRunner::normalize(const torch::Tensor& batch, const torch::Tensor& scales,
+                                     const torch::Tensor& affine) const {
   const bool cuda = device_.is_cuda();
-  // A batch of bytes becomes floats on the device (a quarter of the copy); the same values either way.
-  const auto scale = scales.to(device_, cuda).view({-1, 1, 1, 1});
   torch::Tensor x = batch.to(device_, /*non_blocking=*/cuda);
-  x = x.is_floating_point() ? x * scale : x.to(torch::kFloat32).mul_(scale);
-  if (mean_.defined()) x.sub_(mean_);
-  if (inv_std_.defined()) x.mul_(inv_std_);
+  if (affine.defined()) {
+    // Each image's own map (scale, mean, std and a card's statistics steps composed): [B, 2, C].
+    const auto f = affine.to(device_, cuda);
+    const int64_t b = f.size(0), c = f.size(2);
+    const auto gain = f.select(1, 0).reshape({b, c, 1, 1}), offset = f.select(1, 1).reshape({b, c, 1, 1});
+    x = x.is_floating_point() ? x * gain : x.to(torch::kFloat32).mul_(gain);
+    x.add_(offset);
+  } else {
+    // A batch of bytes becomes floats on the device (a quarter of the copy); the same values either way.
+    const auto scale = scales.to(device_, cuda).view({-1, 1, 1, 1});
+    x = x.is_floating_point() ? x * scale : x.to(torch::kFloat32).mul_(scale);
+    if (mean_.defined()) x.sub_(mean_);
+    if (inv_std_.defined()) x.mul_(inv_std_);
+  }
+  if (!input_tail_.empty()) x = applySteps(x, input_tail_);
   return x.contiguous();
 }
 
@@ -464,6 +521,8 @@ std::vector<torch::Tensor> ModelRunner::activatedHeads(const torch::Tensor& x) {
     const Activation activation = options_.heads.empty() ? options_.activation : options_.heads[h].activation;
     if (activation == Activation::kSoftmax) out = torch::softmax(out, 1);
     if (activation == Activation::kSigmoid) out = torch::sigmoid(out);
+    if (options_.heads.empty() && !options_.output_steps.empty())
+      out = applySteps(out, options_.output_steps);
   }
   return outs;
 }
@@ -481,9 +540,10 @@ torch::Tensor packHeads(const std::vector<torch::Tensor>& heads, bool packed) {
 
 }  // namespace
 
-torch::Tensor ModelRunner::forward(const torch::Tensor& batch, const torch::Tensor& scales) {
+torch::Tensor ModelRunner::forward(const torch::Tensor& batch, const torch::Tensor& scales,
+                                   const torch::Tensor& affine) {
   c10::InferenceMode guard;
-  const torch::Tensor x = normalize(batch, scales);
+  const torch::Tensor x = normalize(batch, scales, affine);
   if (options_.tta == Tta::kNone) return packHeads(activatedHeads(x), !options_.heads.empty());
   // (quarter turns, mirrored): the copies of the batch, all in one forward.
   std::vector<std::pair<int64_t, bool>> views = {{0, false}, {0, true}};

@@ -237,72 +237,243 @@ void refuseUnknownKeys(const YAML::Node& node, const std::set<std::string>& know
   }
 }
 
-// Per-channel y = a * x + b, the affine map a chain of fixed preprocessing steps makes.
-struct Affine {
-  std::vector<double> a{1.0}, b{0.0};
-  void widen(size_t n) {
-    if (a.size() == 1 && n > 1) a.assign(n, a[0]), b.assign(n, b[0]);
-  }
-};
-
 std::vector<double> scalarOrList(const YAML::Node& node, double fallback) {
   if (!node) return {fallback};
   if (node.IsSequence()) return node.as<std::vector<double>>();
   return {node.as<double>()};
 }
 
-void applyStep(Affine& f, const std::vector<double>& gain, const std::vector<double>& offset,
-               const std::string& rdf) {
-  const size_t n = std::max(gain.size(), offset.size());
-  TILER_CHECK(gain.size() == offset.size() || gain.size() == 1 || offset.size() == 1, ConfigError,
-              "'" << rdf << "': a preprocessing step has " << gain.size() << " gains and " << offset.size()
-                  << " offsets");
-  TILER_CHECK(f.a.size() == 1 || n == 1 || f.a.size() == n, ConfigError,
-              "'" << rdf << "': preprocessing steps give " << f.a.size() << " and " << n << " channels");
-  f.widen(n);
-  for (size_t c = 0; c < f.a.size(); ++c) {
-    const double g = gain[gain.size() == 1 ? 0 : c], o = offset[offset.size() == 1 ? 0 : c];
-    f.a[c] *= g;
-    f.b[c] = f.b[c] * g + o;
-  }
+// An axis's id: as given, else the spec's default (its type; "x" for a space axis).
+std::string axisId(const YAML::Node& axis);
+
+// Where a step stands in the card, for messages: "inputs[0].preprocessing[2] (scale_range)".
+std::string stepWhere(const std::string& list, size_t index, const std::string& id) {
+  return list + "[" + std::to_string(index) + "] (" + id + ")";
 }
 
-// inputs[0].preprocessing as --scale, --mean and --std: (x * scale - mean) / std.
-void readPreprocessing(const YAML::Node& steps, const std::string& rdf, ModelCard& card) {
-  Affine f;
-  for (const auto& step : steps) {
-    const std::string id = step["id"] ? step["id"].as<std::string>() : "";
-    const YAML::Node kw = step["kwargs"] ? step["kwargs"] : YAML::Node(YAML::NodeType::Map);
-    if (id == "ensure_dtype") {
-      const std::string dtype = kw && kw["dtype"] ? kw["dtype"].as<std::string>() : "";
-      TILER_CHECK(dtype == "float32" || dtype == "float64", ConfigError,
-                  "'" << rdf << "': preprocessing ensure_dtype " << dtype << ": tiler feeds float32");
-    } else if (id == "scale_linear") {
-      applyStep(f, scalarOrList(kw["gain"], 1.0), scalarOrList(kw["offset"], 0.0), rdf);
-    } else if (id == "fixed_zero_mean_unit_variance") {
-      // bioimageio.core divides by std + 1e-6.
-      std::vector<double> gain = scalarOrList(kw["std"], 1.0), offset = scalarOrList(kw["mean"], 0.0);
-      for (double& g : gain) g = 1.0 / (g + 1e-6);
-      for (size_t c = 0; c < offset.size(); ++c) offset[c] *= -gain[gain.size() == 1 ? 0 : c];
-      applyStep(f, gain, offset, rdf);
+// One pre- or postprocessing step of a 0.5 card (id and kwargs) as tiler follows it; `where` names it in
+// messages; `axis_ids` are the input's axes (batch, channel, y, x as the card names them), `input_id` its id.
+// `pre`: a preprocessing step (postprocessing has no statistics steps tiler can follow). nullopt: a step
+// that changes nothing tiler feeds (ensure_dtype to a float type).
+std::optional<ProcessingStep> readStep(const YAML::Node& step, const std::string& rdf,
+                                       const std::string& where, const std::vector<std::string>& axis_ids,
+                                       const std::string& input_id, bool pre, const std::string& previous) {
+  TILER_CHECK(step.IsMap() && step["id"], ConfigError, "'" << rdf << "': " << where << " has no id");
+  const std::string id = step["id"].as<std::string>();
+  const YAML::Node kw = step["kwargs"] ? step["kwargs"] : YAML::Node(YAML::NodeType::Map);
+  TILER_CHECK(kw.IsMap(), ConfigError, "'" << rdf << "': " << where << "'s kwargs are not a mapping");
+  auto only = [&](const std::set<std::string>& known) {
+    for (const auto& kv : kw) {
+      const std::string key = kv.first.as<std::string>();
+      TILER_CHECK(known.count(key), ConfigError,
+                  "'" << rdf << "': " << where << "'s kwarg '" << key << "' is not one tiler knows");
+    }
+  };
+  // A list of values runs along one axis: the channel axis is the only one tiler's steps hold apart.
+  auto alongChannel = [&] {
+    const YAML::Node axis = kw["axis"];
+    if (axis) {
+      const std::string name = axis.as<std::string>();
+      TILER_CHECK(name == axis_ids[1], ConfigError,
+                  "'" << rdf << "': " << where << " along axis '" << name << "': tiler's per-axis values "
+                      << "are along the channel axis ('" << axis_ids[1] << "')");
+    }
+  };
+  ProcessingStep s;
+  s.id = id;
+  if (id == "ensure_dtype") {
+    only({"dtype"});
+    const std::string dtype = kw["dtype"] ? kw["dtype"].as<std::string>() : "";
+    if (dtype == "float32" || dtype == "float64") return std::nullopt;
+    // After binarize the values are 0 and 1, which every type holds: the cast changes no value.
+    TILER_CHECK(!pre && previous == "binarize" && !dtype.empty(), ConfigError,
+                "'" << rdf << "': " << where << " to '" << dtype << "': tiler "
+                    << (pre ? "feeds float32"
+                            : "writes float outputs (an integer type only "
+                              "after binarize, whose 0 and 1 it holds)"));
+    return std::nullopt;
+  }
+  if (id == "scale_linear") {
+    only({"gain", "offset", "axis"});
+    alongChannel();
+    s.gain = scalarOrList(kw["gain"], 1.0), s.offset = scalarOrList(kw["offset"], 0.0);
+  } else if (id == "fixed_zero_mean_unit_variance") {
+    only({"mean", "std", "axis", "eps"});
+    alongChannel();
+    const double eps = kw["eps"] ? kw["eps"].as<double>() : 1e-6;
+    // bioimageio.core: (x - mean) / (std + eps), a fixed scale_linear.
+    s.id = "scale_linear";
+    s.gain = scalarOrList(kw["std"], 1.0), s.offset = scalarOrList(kw["mean"], 0.0);
+    TILER_CHECK(s.gain.size() == s.offset.size() || s.gain.size() == 1 || s.offset.size() == 1, ConfigError,
+                "'" << rdf << "': " << where << " has " << s.offset.size() << " means and " << s.gain.size()
+                    << " stds");
+    const size_t n = std::max(s.gain.size(), s.offset.size());
+    std::vector<double> gain, offset;
+    for (size_t c = 0; c < n; ++c) {
+      const double std = s.gain[s.gain.size() == 1 ? 0 : c], mean = s.offset[s.offset.size() == 1 ? 0 : c];
+      TILER_CHECK(std + eps > 0, ConfigError,
+                  "'" << rdf << "': " << where << "'s std " << std << " is not positive");
+      gain.push_back(1.0 / (std + eps)), offset.push_back(-mean / (std + eps));
+    }
+    s.gain = gain, s.offset = offset;
+  } else if (id == "scale_range" || id == "zero_mean_unit_variance" || id == "scale_mean_variance") {
+    TILER_CHECK(
+        pre, ConfigError,
+        "'" << rdf << "': " << where << ": a postprocessing step over the output's statistics needs "
+            << "the whole output before its windows are blended, and tiler blends windows as they come");
+    TILER_CHECK(id != "scale_mean_variance", ConfigError,
+                "'" << rdf << "': " << where << " is a postprocessing step (it matches the output to a "
+                    << "reference tensor's statistics)");
+    if (id == "scale_range") {
+      only({"axes", "min_percentile", "max_percentile", "eps", "mode", "reference_tensor"});
+      if (kw["min_percentile"]) s.min_percentile = kw["min_percentile"].as<double>();
+      if (kw["max_percentile"]) s.max_percentile = kw["max_percentile"].as<double>();
+      TILER_CHECK(s.min_percentile >= 0 && s.min_percentile < s.max_percentile && s.max_percentile <= 100,
+                  ConfigError,
+                  "'" << rdf << "': " << where << "'s percentiles " << s.min_percentile << " and "
+                      << s.max_percentile << " are not 0 <= min < max <= 100");
+      if (kw["reference_tensor"]) {
+        const std::string ref = kw["reference_tensor"].as<std::string>();
+        TILER_CHECK(ref == input_id, ConfigError,
+                    "'" << rdf << "': " << where << "'s reference_tensor '" << ref << "' is not the input ('"
+                        << input_id << "'), the one tensor tiler feeds");
+      }
     } else {
-      TILER_THROW(
-          ConfigError,
-          "'" << rdf << "': preprocessing '" << id
-              << "' is not a step tiler has (it normalises every window with fixed numbers: ensure_dtype "
-                 "float32, scale_linear, fixed_zero_mean_unit_variance)");
+      only({"axes", "eps", "mode"});
+    }
+    if (kw["eps"]) s.eps = kw["eps"].as<double>();
+    TILER_CHECK(std::isfinite(s.eps) && s.eps >= 0, ConfigError,
+                "'" << rdf << "': " << where << "'s eps " << s.eps << " is not a number of 0 or more");
+    if (kw["mode"]) {
+      const std::string mode = kw["mode"].as<std::string>();
+      TILER_CHECK(mode != "per_dataset", ConfigError,
+                  "'" << rdf << "': " << where << "'s mode per_dataset: statistics over a dataset tiler does "
+                      << "not have (it normalises each image by its own statistics, per_sample)");
+      TILER_CHECK(mode == "per_sample", ConfigError,
+                  "'" << rdf << "': " << where << "'s mode '" << mode << "' is not per_sample");
+    }
+    // Statistics over y, x (each channel) or channel, y, x (all together); the batch axis is one image.
+    s.per_channel = false;
+    if (kw["axes"]) {
+      TILER_CHECK(kw["axes"].IsSequence(), ConfigError,
+                  "'" << rdf << "': " << where << "'s axes are not a list of axis ids");
+      std::set<std::string> axes;
+      for (const auto& a : kw["axes"]) {
+        const std::string name = a.as<std::string>();
+        TILER_CHECK(std::find(axis_ids.begin(), axis_ids.end(), name) != axis_ids.end(), ConfigError,
+                    "'" << rdf << "': " << where << "'s axis '" << name << "' is not one of the input's ("
+                        << axis_ids[0] << ", " << axis_ids[1] << ", " << axis_ids[2] << ", " << axis_ids[3]
+                        << ")");
+        axes.insert(name);
+      }
+      TILER_CHECK(axes.count(axis_ids[2]) && axes.count(axis_ids[3]), ConfigError,
+                  "'" << rdf << "': " << where << "'s axes leave out " << axis_ids[2] << " or " << axis_ids[3]
+                      << ": tiler takes statistics over the whole image ([" << axis_ids[2] << ", "
+                      << axis_ids[3] << "] per channel or [" << axis_ids[1] << ", " << axis_ids[2] << ", "
+                      << axis_ids[3] << "]), never per row or column");
+      s.per_channel = !axes.count(axis_ids[1]);
+    }
+  } else if (id == "clip") {
+    only({"min", "max"});
+    if (kw["min"]) s.min = kw["min"].as<double>();
+    if (kw["max"]) s.max = kw["max"].as<double>();
+    TILER_CHECK(!(s.min > s.max), ConfigError,
+                "'" << rdf << "': " << where << "'s min " << s.min << " is over its max " << s.max);
+  } else if (id == "sigmoid") {
+    only({});
+  } else if (id == "softmax") {
+    TILER_CHECK(!pre, ConfigError, "'" << rdf << "': " << where << " is a postprocessing step");
+    only({"axis"});
+    const std::string axis = kw["axis"] ? kw["axis"].as<std::string>() : "channel";
+    TILER_CHECK(axis == "channel", ConfigError,
+                "'" << rdf << "': " << where << " along " << axis << "; tiler's is along channel");
+  } else if (id == "binarize") {
+    only({"threshold", "axis"});
+    alongChannel();
+    TILER_CHECK(kw["threshold"], ConfigError, "'" << rdf << "': " << where << " has no threshold");
+    s.threshold = scalarOrList(kw["threshold"], 0.0);
+  } else {
+    TILER_THROW(
+        ConfigError,
+        "'" << rdf << "': " << where << " is not a step tiler has ("
+            << (pre ? "scale_linear, scale_range, zero_mean_unit_variance, fixed_zero_mean_unit_variance, "
+                      "clip, sigmoid, binarize, ensure_dtype"
+                    : "scale_linear, fixed_zero_mean_unit_variance, clip, sigmoid, softmax, binarize, "
+                      "ensure_dtype")
+            << ")");
+  }
+  for (const auto& list : {s.gain, s.offset, s.threshold})
+    for (double v : list)
+      TILER_CHECK(std::isfinite(v), ConfigError,
+                  "'" << rdf << "': " << where << " holds " << v << ", not a finite number");
+  TILER_CHECK(s.gain.size() == s.offset.size() || s.gain.size() == 1 || s.offset.size() == 1, ConfigError,
+              "'" << rdf << "': " << where << " has " << s.gain.size() << " gains and " << s.offset.size()
+                  << " offsets");
+  if (s.gain.size() == 1 && s.offset.size() > 1) s.gain.assign(s.offset.size(), s.gain[0]);
+  if (s.offset.size() == 1 && s.gain.size() > 1) s.offset.assign(s.gain.size(), s.offset[0]);
+  return s;
+}
+
+// The steps of a list, in the card's order.
+std::vector<ProcessingStep> readSteps(const YAML::Node& steps, const std::string& rdf,
+                                      const std::string& list, const std::vector<std::string>& axis_ids,
+                                      const std::string& input_id, bool pre) {
+  std::vector<ProcessingStep> out;
+  if (!steps) return out;
+  TILER_CHECK(steps.IsSequence(), ConfigError, "'" << rdf << "': " << list << " is not a list of steps");
+  std::string previous, non_affine;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const YAML::Node step = steps[i];
+    const std::string id = step.IsMap() && step["id"] ? step["id"].as<std::string>() : "";
+    const std::string where = stepWhere(list, i, id);
+    auto s = readStep(step, rdf, where, axis_ids, input_id, pre, previous);
+    previous = id;
+    if (!s) continue;
+    // Statistics are of the image as read, carried through affine maps only: after a clip or a sigmoid
+    // they would be of other values.
+    TILER_CHECK(!s->usesStatistics() || non_affine.empty(), ConfigError,
+                "'" << rdf << "': " << where << " after " << non_affine << ": tiler gathers the image's "
+                    << "statistics as read and carries them through affine steps only");
+    if (!s->isAffine() && non_affine.empty()) non_affine = s->id;
+    out.push_back(*s);
+  }
+  return out;
+}
+
+// inputs[0].preprocessing: fixed affine steps alone become --scale, --mean and --std ((x * scale - mean) /
+// std), which a flag still overrides; any other chain is kept as its steps (ModelCard::preprocessing).
+void readPreprocessing(const YAML::Node& steps, const std::string& rdf,
+                       const std::vector<std::string>& axis_ids, const std::string& input_id,
+                       ModelCard& card) {
+  const auto list = readSteps(steps, rdf, "inputs[0].preprocessing", axis_ids, input_id, true);
+  card.scale = 1.0;  // bioimage.io feeds the tensor's values as they are
+  const bool fixed =
+      std::all_of(list.begin(), list.end(), [](const ProcessingStep& s) { return s.id == "scale_linear"; });
+  if (!fixed) {
+    card.preprocessing = list;
+    return;
+  }
+  std::vector<double> a{1.0}, b{0.0};
+  for (const auto& s : list) {
+    const size_t n = s.gain.size();
+    TILER_CHECK(a.size() == 1 || n == 1 || a.size() == n, ConfigError,
+                "'" << rdf << "': preprocessing steps give " << a.size() << " and " << n << " channels");
+    if (a.size() == 1 && n > 1) a.assign(n, a[0]), b.assign(n, b[0]);
+    for (size_t c = 0; c < a.size(); ++c) {
+      const double g = s.gain[n == 1 ? 0 : c], o = s.offset[n == 1 ? 0 : c];
+      a[c] *= g;
+      b[c] = b[c] * g + o;
     }
   }
-  card.scale = 1.0;  // bioimage.io feeds the tensor's values as they are
   std::vector<double> mean, std;
-  for (size_t c = 0; c < f.a.size(); ++c) {
-    TILER_CHECK(f.a[c] > 0, ConfigError,
-                "'" << rdf << "': preprocessing scales channel " << c << " by " << f.a[c]
+  for (size_t c = 0; c < a.size(); ++c) {
+    TILER_CHECK(a[c] > 0, ConfigError,
+                "'" << rdf << "': preprocessing scales channel " << c << " by " << a[c]
                     << "; tiler's --std must be positive");
-    std.push_back(1.0 / f.a[c]);
-    mean.push_back(-f.b[c] / f.a[c]);
+    std.push_back(1.0 / a[c]);
+    mean.push_back(-b[c] / a[c]);
   }
-  if (f.a.size() > 1 || f.a[0] != 1.0 || f.b[0] != 0.0) card.mean = mean, card.std = std;
+  if (a.size() > 1 || a[0] != 1.0 || b[0] != 0.0) card.mean = mean, card.std = std;
 }
 
 // An axis's id: as given, else the spec's default (its type; "x" for a space axis).
@@ -363,10 +534,10 @@ void readInput(const YAML::Node& input, const std::string& rdf, const Package& p
   TILER_CHECK(mpp_y == mpp_x, ConfigError,
               "'" << rdf << "': the y and x axes' scales differ; tiler's --mpp is one");
   if (mpp_x) card.mpp = *mpp_x;
-  if (input["preprocessing"])
-    readPreprocessing(input["preprocessing"], rdf, card);
-  else
-    readPreprocessing(YAML::Node(YAML::NodeType::Sequence), rdf, card);
+  const std::vector<std::string> axis_ids = {"batch", axisId(axes[1]), axisId(axes[2]), axisId(axes[3])};
+  card.input_id = input["id"] ? input["id"].as<std::string>() : "input";
+  readPreprocessing(input["preprocessing"], rdf, axis_ids, card.input_id, card);
+  readPreprocessing(YAML::Node(YAML::NodeType::Sequence), rdf, card);
   card.test_input = joinPath(rdf, "inputs[0].test_tensor.source", input["test_tensor"]["source"], pkg);
   checkSha256(rdf, "inputs[0].test_tensor", input["test_tensor"], card.test_input, kMaxNpyBytes);
 }
@@ -417,21 +588,16 @@ void readOutput(const YAML::Node& output, const std::string& rdf, const Package&
   const YAML::Node names = axes[1]["channel_names"];
   if (names && names.IsSequence() && names.size() > 1)
     card.classes = classesText(names.as<std::vector<std::string>>(), rdf, "output channel name");
+  // A leading sigmoid or softmax is --activation (which a flag overrides, and which sets the label
+  // threshold); the steps after it are applied to each window's output after it.
   card.activation = "none";
-  for (const auto& step : output["postprocessing"]) {
-    const std::string id = step["id"] ? step["id"].as<std::string>() : "";
-    if (id == "sigmoid" || id == "softmax") {
-      const YAML::Node kwargs = step["kwargs"];
-      const std::string axis = kwargs && kwargs["axis"] ? kwargs["axis"].as<std::string>() : "channel";
-      TILER_CHECK(
-          axis == "channel", ConfigError,
-          "'" << rdf << "': postprocessing " << id << " along " << axis << "; tiler's is along channel");
-      card.activation = id;
-    } else if (id != "ensure_dtype") {
-      TILER_THROW(ConfigError, "'" << rdf << "': postprocessing '" << id
-                                   << "' is not a step tiler has (sigmoid, softmax, ensure_dtype)");
-    }
+  auto steps = readSteps(output["postprocessing"], rdf, "outputs[0].postprocessing",
+                         {"batch", "channel", "y", "x"}, card.input_id, false);
+  if (!steps.empty() && (steps[0].id == "sigmoid" || steps[0].id == "softmax")) {
+    card.activation = steps[0].id;
+    steps.erase(steps.begin());
   }
+  card.postprocessing = steps;
   card.test_output = joinPath(rdf, "outputs[0].test_tensor.source", output["test_tensor"]["source"], pkg);
   checkSha256(rdf, "outputs[0].test_tensor", output["test_tensor"], card.test_output, kMaxNpyBytes);
 }
@@ -1044,6 +1210,9 @@ std::vector<std::pair<std::string, std::string>> applyModelCard(const ModelCard&
   take("activation", card.activation, t.activation);
   take("task", card.task, t.task);
   take("halo", card.halo, t.halo);
+  // The card's step lists have no flags: a run with a card follows them.
+  if (t.preprocessing) *t.preprocessing = card.preprocessing;
+  if (t.postprocessing) *t.postprocessing = card.postprocessing;
   return from;
 }
 

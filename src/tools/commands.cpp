@@ -28,6 +28,8 @@ torch::Tensor runTestInput(const ModelCard& card, const NpyArray& input, const s
   mo.mean = card.mean.value_or(std::vector<double>{});
   mo.std = card.std.value_or(std::vector<double>{});
   mo.activation = parseActivation(card.activation.value_or("none"));
+  mo.input_steps = card.preprocessing;
+  mo.output_steps = card.postprocessing;
   mo.task = findTask(card.task.value_or("auto"));
   mo.classes_named = card.classes.has_value();
   mo.batch_size = input.shape[0];
@@ -36,7 +38,26 @@ torch::Tensor runTestInput(const ModelCard& card, const NpyArray& input, const s
   model.probe(input.shape[3], input.shape[2]);
   torch::Tensor batch = torch::tensor(input.values, torch::kDouble).to(torch::kFloat).reshape(input.shape);
   torch::Tensor scales = torch::full({input.shape[0]}, card.scale.value_or(1.0), torch::kFloat);
-  return model.forward(batch, scales).to(torch::kCPU, torch::kDouble).contiguous();
+  torch::Tensor affine;
+  if (!card.preprocessing.empty()) {
+    // The test tensor is the image: its statistics are the whole tensor's (every batch entry), exact.
+    const int64_t B = input.shape[0], C = input.shape[1], plane = input.shape[2] * input.shape[3];
+    std::vector<std::vector<double>> channels(static_cast<size_t>(C));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t c = 0; c < C; ++c) {
+        const double* at = input.values.data() + (b * C + c) * plane;
+        channels[size_t(c)].insert(channels[size_t(c)].end(), at, at + plane);
+      }
+    const ImageStatistics stats = exactStatistics(channels, percentilesRead(card.preprocessing));
+    const ChannelAffine before{{card.scale.value_or(1.0)}, {0.0}};
+    const ChannelAffine f = inputAffine(card.preprocessing, stats, before, "'" + card.test_input + "'");
+    affine = torch::empty({B, 2, C}, torch::kFloat);
+    for (int64_t c = 0; c < C; ++c) {
+      affine.select(2, c).select(1, 0).fill_(f.gain[size_t(c)]);
+      affine.select(2, c).select(1, 1).fill_(f.offset[size_t(c)]);
+    }
+  }
+  return model.forward(batch, scales, affine).to(torch::kCPU, torch::kDouble).contiguous();
 }
 
 // Element `flat` of a C-order array of `shape` as [i, j, ...].

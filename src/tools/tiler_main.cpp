@@ -142,9 +142,10 @@ void takeModelCard(const CLI::App& app, tiler::InferOptions& o) {
   if (app.count("--level") + app.count("--magnification") > 0) given.insert("mpp");
   o.model = card->weights;
   o.model_card = card->path;
-  o.settings_from = tiler::applyModelCard(
-      *card, given,
-      {&o.window, &o.mpp, &o.scale, &o.mean, &o.std, &o.classes, &o.activation, &o.task, &o.halo});
+  o.settings_from =
+      tiler::applyModelCard(*card, given,
+                            {&o.window, &o.mpp, &o.scale, &o.mean, &o.std, &o.classes, &o.activation, &o.task,
+                             &o.halo, &o.preprocessing, &o.postprocessing});
 }
 
 int runCheckModelCli(int argc, char** argv) {

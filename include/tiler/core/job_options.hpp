@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "tiler/core/processing.hpp"
+
 namespace tiler {
 
 struct JobOptions {
@@ -23,6 +25,10 @@ struct JobOptions {
   std::string channels;  // --channels: the input channels taken, in order ("2,0,1", "0-2"); empty: all
   double scale = 0.0;    // input scale; 0: by sample type (u8 1/255, u16 1/65535, f32 1)
   std::vector<double> mean, std;
+  // A model card's steps beyond scale, mean, std and activation (ModelCard::preprocessing, postprocessing):
+  // preprocessing after (x * scale - mean) / std, with each image's statistics; postprocessing after the
+  // activation. Empty: none.
+  std::vector<ProcessingStep> preprocessing, postprocessing;
   std::string output_key;  // dict key or tuple index of the model's output; empty: the first tensor
   int prefetch = 2;        // batches read ahead
   bool no_progress = false;

@@ -152,8 +152,11 @@ class ReaderCache {
 
 // One step's batch as this rank read it. Tensors are owned CPU tensors.
 struct WindowBatch {
-  torch::Tensor pixels;                               // [B,C,H,W] raw sample values: uint8 or float32
-  torch::Tensor scales;                               // float32 [B]
+  torch::Tensor pixels;  // [B,C,H,W] raw sample values: uint8 or float32
+  torch::Tensor scales;  // float32 [B]
+  // LoaderOptions::affine: float32 [B, 2, C], each slot's image's CatalogImage::input_affine (gains, then
+  // offsets); else undefined.
+  torch::Tensor affine;
   StepSlots slots;                                    // [B]: the window each slot holds and its fate
   std::vector<std::pair<int, std::string>> failures;  // (image id, message) found while reading
   std::exception_ptr first_error;     // the first failed slot's exception as thrown (training rethrows it)
@@ -171,6 +174,7 @@ struct LoaderOptions {
   int read_threads = 1;  // threads reading one batch's windows (the read-ahead thread and helpers)
   bool pinned = false;   // page-locked pixels, for asynchronous copies to a GPU
   bool bytes = false;    // uint8 pixels (inputAsBytes of the catalog), else float32
+  bool affine = false;   // WindowBatch::affine from each image's input_affine (a card's preprocessing)
   // The model's device, made current on the read-ahead thread (pinned buffers belong to its context).
   torch::Device device = torch::kCPU;
   // Called before each window is read, with its file, in slot order on the read-ahead thread; what it

@@ -9,12 +9,14 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "tiler/core/grid.hpp"
 #include "tiler/core/output_kinds.hpp"
+#include "tiler/core/processing.hpp"
 #include "tiler/io/image_io.hpp"
 #include "tiler/io/mask.hpp"
 #include "tiler/io/resolution.hpp"
@@ -51,6 +53,13 @@ struct CatalogImage {
   ChannelAdapt adapt = ChannelAdapt::kNone;
   std::vector<int> channels;  // the source channels read for the model, in order (--channels); empty: all
   double scale = 1.0;         // raw sample value -> model input, before mean/std
+  // Infer with a card's preprocessing chain (JobOptions::preprocessing): the per-channel map of raw values to
+  // the model's input (scale, mean, std and the chain's affine steps, with this image's statistics), set
+  // before any of its windows is read, and the statistics it was made from (when the chain reads any).
+  // statistics_error: why they could not be gathered (its windows then fail as a failed read does).
+  ChannelAffine input_affine;
+  std::optional<ImageStatistics> input_statistics;
+  std::string statistics_error;
   int64_t first_window = -1;  // global index of its window 0; -1: not planned
   std::string status = "ok";  // ok | skipped | error (infer: done once its outputs are committed)
   std::string error;

@@ -28,6 +28,7 @@
 #include "tiler/core/cpu_layout.hpp"
 #include "tiler/core/grid.hpp"
 #include "tiler/core/job_options.hpp"
+#include "tiler/core/processing.hpp"
 #include "tiler/model/block_cache.hpp"
 #include "tiler/model/model_runtime.hpp"
 #include "tiler/model/probe.hpp"
@@ -53,6 +54,9 @@ struct ModelOptions {
   int threads = 0;                 // LibTorch intra-op threads of each replica; 0: defaultIntraOpThreads()
   std::string output_key;          // dict output key or tuple index; empty: the first tensor
   std::vector<double> mean, std;   // per channel (1 or C values), applied after scaling
+  // A card's steps (JobOptions::preprocessing, postprocessing): of input_steps, those from the first one that
+  // is no affine map on (fixedTail) after the normalisation; output_steps after the activation (one output).
+  std::vector<ProcessingStep> input_steps, output_steps;
   Activation activation = Activation::kNone;
   bool jit_optimize = false;          // freeze + optimize_for_inference
   Tta tta = Tta::kNone;               // forward() only
@@ -102,12 +106,16 @@ class ModelRunner {
   // under `enough`, at the second window alone if over twice it, or at a run over twice it that took
   // 100 ms (past the first runs' one-time cost).
   double secondsPerWindow(int64_t window_w, int64_t window_h, int64_t batch, double enough);
-  // batch: float32 or uint8 [B,C,H,W] raw values on the CPU; scales: float32 [B]. Returns
-  // [B,C',H',W'] of predictionType(), activation applied, computed under InferenceMode.
-  torch::Tensor forward(const torch::Tensor& batch, const torch::Tensor& scales);
+  // batch: float32 or uint8 [B,C,H,W] raw values on the CPU; scales: float32 [B]; affine: float32 [B,2,C]
+  // per-sample gains and offsets (WindowBatch::affine) that replace scale, mean and std, or undefined.
+  // Returns [B,C',H',W'] of predictionType(), activation and output_steps applied, computed under
+  // InferenceMode.
+  torch::Tensor forward(const torch::Tensor& batch, const torch::Tensor& scales,
+                        const torch::Tensor& affine = {});
   // The pieces of forward() that training reuses with autograd on: normalisation onto the device (NCHW), and
   // the module under autocast with its output tensor picked and cast to predictionType().
-  torch::Tensor normalize(const torch::Tensor& batch, const torch::Tensor& scales) const;
+  torch::Tensor normalize(const torch::Tensor& batch, const torch::Tensor& scales,
+                          const torch::Tensor& affine = {}) const;
   torch::Tensor apply(const torch::Tensor& nchw);
   const torch::Device& device() const { return device_; }
   // Waits for what this thread queued on the model's device (its current stream); nothing on the CPU.
@@ -138,7 +146,8 @@ class ModelRunner {
   std::unique_ptr<ModelRuntime> runtime_;
   ModelProbe probe_;
   std::vector<ModelProbe> head_probes_;
-  torch::Tensor mean_, inv_std_;  // [1,C,1,1] on device, or undefined
+  torch::Tensor mean_, inv_std_;            // [1,C,1,1] on device, or undefined
+  std::vector<ProcessingStep> input_tail_;  // fixedTail(options_.input_steps)
 };
 
 // Runs jobs on `layout.replicas` threads, each with the model's device current; a free thread takes the

@@ -5,13 +5,14 @@
 // `bioimageio update-format`); a 0.4 card is converted to 0.5's shape at the YAML level as bioimageio.spec
 // converts it, so one reader sees one shape. Every card field that changes how the model is fed or read is
 // either taken or refused by name (a ConfigError naming the card file and the field: ONNX-only weights, a
-// state dict without TorchScript weights (naming scripts/export_model.py --card), a preprocessing step tiler
-// lacks, an axis layout other than batch, channel, y, x, a halo on an axis other than y and x or unequal on
-// them); descriptive fields (names, authors, licence, covers) are left alone, and so are a WSInfer config's
-// fields outside its schema (which WSInfer's schema allows and WSInfer ignores): each is named once in a
-// warning. The files a card names lie in its package (a zip's: its members, named ARCHIVE!/MEMBER), and where
-// it gives their sha256 they are checked when the card is read. An explicit flag
-// always wins over the card, and the report says where each setting came from (settingsFrom). No LibTorch.
+// state dict without TorchScript weights (naming scripts/export_model.py --card), a pre- or postprocessing
+// step tiler cannot follow, with the reason; an axis layout other than batch, channel, y, x; a halo on an
+// axis other than y and x or unequal on them); descriptive fields (names, authors, licence, covers) are left
+// alone, and so are a WSInfer config's fields outside its schema (which WSInfer's schema allows and WSInfer
+// ignores): each is named once in a warning. The files a card names lie in its package (a zip's: its members,
+// named ARCHIVE!/MEMBER), and where it gives their sha256 they are checked when the card is read. An explicit
+// flag always wins over the card, and the report says where each setting came from (settingsFrom). No
+// LibTorch.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "tiler/core/processing.hpp"
 
 namespace tiler {
 
@@ -48,6 +51,12 @@ struct ModelCard {
   // bioimage.io: the output's halo (px of the output, its y and x axes' alike): the band of each window's
   // edge the model cannot compute reliably (--halo).
   std::optional<int64_t> halo;
+  // bioimage.io: the steps tiler follows beyond those settings, in the card's order. preprocessing: the
+  // whole chain where it is more than fixed affine steps (those alone are scale, mean and std), applied
+  // after tiler's --scale, --mean and --std; postprocessing: the steps after a leading sigmoid or softmax
+  // (activation), applied to each window's output. input_id: inputs[0].id.
+  std::vector<ProcessingStep> preprocessing, postprocessing;
+  std::string input_id;
   // bioimage.io: the test tensors (.npy) and the tolerance they are compared with.
   std::string test_input, test_output;
   CardTolerance tolerance;
@@ -78,6 +87,8 @@ struct CardTargets {
   std::string* activation = nullptr;
   std::string* task = nullptr;
   int64_t* halo = nullptr;
+  std::vector<ProcessingStep>* preprocessing = nullptr;
+  std::vector<ProcessingStep>* postprocessing = nullptr;
 };
 
 // The card's numbers held to what the flags of the same names take (a std of 1e-320 or -1, a NaN offset
@@ -90,8 +101,8 @@ void checkCardNumbers(const ModelCard& card);
 const std::vector<std::string>& cardSettingNames();
 
 // Sets each target that the card gives and `given` (the setting names the user set by flag or --config) does
-// not hold, after checkCardNumbers. Returns where each setting came from, in
-// cardSettingNames()' order: "flag", "card" or "default".
+// not hold, after checkCardNumbers, and the step lists (no flag sets them). Returns where each setting came
+// from, in cardSettingNames()' order: "flag", "card" or "default".
 std::vector<std::pair<std::string, std::string>> applyModelCard(const ModelCard& card,
                                                                 const std::set<std::string>& given,
                                                                 const CardTargets& targets);
