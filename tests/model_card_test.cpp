@@ -1451,3 +1451,53 @@ y = ((e / e.sum(1, keepdims=True)) > 0.5).astype(np.float64)
             std::string::npos)
       << t.output;
 }
+
+// The spec's own example as shipped (its TorchScript weights, test tensors and both cards, unchanged): each
+// card passes check-model with its sha256 checked, and over a 2x2 mosaic of its test input (each quarter
+// mirrored, so no window sees the same pixels twice) the default run, its statistics of the whole mosaic and
+// its output halo followed, is one forward of the whole mosaic within the card's tolerance.
+TEST(ModelCard, TheSpecsNucleiExampleRunsAsShippedAndItsMosaicIsOneForward) {
+  const char* env = std::getenv("TILER_PYTHON");
+  const std::string python = env && *env ? env : "/usr/bin/python3";
+  if (test::runCommand(python + " -c 'import torch, numpy, PIL'").code != 0)
+    GTEST_SKIP() << python << " has no PyTorch, NumPy or Pillow";
+  const std::string root = test::scratchDir("card_nuclei"), pkg = root + "/pkg";
+  const std::string data = std::string(TILER_TEST_SOURCE_DIR) + "/tests/data/bioimageio/";
+  fs::create_directories(pkg);
+  for (const char* file : {"weights.pt", "test_input.npy", "test_output.npy"})
+    fs::copy_file(data + "unet2d_nuclei_broad/" + file, pkg + "/" + file);
+  fs::copy_file(data + "unet2d_nuclei_broad_v0_5.yaml", pkg + "/bioimageio.yaml");
+  fs::copy_file(data + "unet2d_nuclei_broad_v0_4_9.yaml", pkg + "/v0_4_9.bioimageio.yaml");
+  for (const std::string card : {pkg, pkg + "/v0_4_9.bioimageio.yaml"}) {
+    const auto checked = test::runCommand(kTiler + " check-model " + card);
+    EXPECT_EQ(checked.code, 0) << checked.output;
+    EXPECT_NE(checked.output.find(": pass"), std::string::npos) << checked.output;
+  }
+  writeFile(root + "/whole.py", R"(import sys, numpy as np, torch
+from PIL import Image
+pkg, root = sys.argv[1], sys.argv[2]
+x = np.load(pkg + '/test_input.npy')[0, 0]
+m = np.block([[x, x[:, ::-1]], [x[::-1], x[::-1, ::-1]]]).astype(np.float32)
+Image.fromarray(m, mode='F').save(root + '/mosaic.tif')
+d = m.astype(np.float64)
+fed = ((d - d.mean()) / (d.std() + 1e-6)).astype(np.float32)
+net = torch.jit.load(pkg + '/weights.pt').eval()
+with torch.no_grad():
+    y = torch.sigmoid(net(torch.from_numpy(fed)[None, None])).numpy()[0, 0]
+Image.fromarray(y.astype(np.float32), mode='F').save(root + '/whole.tif')
+print('mean', repr(d.mean()), 'std', repr(d.std()))
+)");
+  const auto whole = test::runCommand(python + " " + root + "/whole.py " + pkg + " " + root);
+  ASSERT_EQ(whole.code, 0) << whole.output;
+  const auto run = test::runCommand(kTiler + " -m " + pkg + " -i " + root + "/mosaic.tif -o " + root +
+                                    "/out --save probs --no_progress");
+  ASSERT_EQ(run.code, 0) << run.output;
+  EXPECT_LE(largestDifference(root + "/out/mosaic_probs.tif", root + "/whole.tif"), 1e-3);
+  const auto report = reportOf(root + "/out");
+  EXPECT_EQ(report["halo"], 32);
+  const auto& statistics = report["images"][0]["input_statistics"];
+  const double mean = std::stod(whole.output.substr(whole.output.find("mean ") + 5)),
+               std = std::stod(whole.output.substr(whole.output.find("std ") + 4));
+  EXPECT_NEAR(statistics["mean"][0].get<double>(), mean, 1e-9 * mean);
+  EXPECT_NEAR(statistics["std"][0].get<double>(), std, 1e-9 * std);
+}

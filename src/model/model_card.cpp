@@ -537,7 +537,6 @@ void readInput(const YAML::Node& input, const std::string& rdf, const Package& p
   const std::vector<std::string> axis_ids = {"batch", axisId(axes[1]), axisId(axes[2]), axisId(axes[3])};
   card.input_id = input["id"] ? input["id"].as<std::string>() : "input";
   readPreprocessing(input["preprocessing"], rdf, axis_ids, card.input_id, card);
-  readPreprocessing(YAML::Node(YAML::NodeType::Sequence), rdf, card);
   card.test_input = joinPath(rdf, "inputs[0].test_tensor.source", input["test_tensor"]["source"], pkg);
   checkSha256(rdf, "inputs[0].test_tensor", input["test_tensor"], card.test_input, kMaxNpyBytes);
 }
