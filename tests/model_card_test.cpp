@@ -1526,7 +1526,7 @@ TEST(ModelCard, TheSpecsNucleiExampleRunsAsShippedAndItsMosaicIsOneForward) {
     fs::copy_file(data + "unet2d_nuclei_broad/" + file, pkg + "/" + file);
   fs::copy_file(data + "unet2d_nuclei_broad_v0_5.yaml", pkg + "/bioimageio.yaml");
   fs::copy_file(data + "unet2d_nuclei_broad_v0_4_9.yaml", pkg + "/v0_4_9.bioimageio.yaml");
-  for (const std::string card : {pkg, pkg + "/v0_4_9.bioimageio.yaml"}) {
+  for (const std::string& card : {pkg, pkg + "/v0_4_9.bioimageio.yaml"}) {
     const auto checked = test::runCommand(kTiler + " check-model " + card);
     EXPECT_EQ(checked.code, 0) << checked.output;
     EXPECT_NE(checked.output.find(": pass"), std::string::npos) << checked.output;
