@@ -240,14 +240,18 @@ def open_package(given, tmp):
     p = Path(given)
     if not p.exists():
         raise CardError(f"{given}: no such file or directory")
-    names = ("rdf.yaml", "bioimageio.yaml")
+    names = ("rdf.yaml", "bioimageio.yaml", "model.yaml")
     if p.is_dir() or zipfile.is_zipfile(p):
         root = p
         if not p.is_dir():
             root = Path(tmp) / "package"
             extract_zip(p, root)
+            # As tiler reads a zip: the card at the archive's root or in its one top folder.
+            entries = list(root.iterdir())
+            if len(entries) == 1 and entries[0].is_dir():
+                root = entries[0]
         cards = [root / n for n in names if (root / n).is_file()]
-        cards = cards or sorted(root.glob("*.bioimageio.yaml"))
+        cards = cards or sorted(root.glob("*.bioimageio.yaml")) + sorted(root.glob("*.rdf.yaml"))
         if len(cards) != 1:
             raise CardError(f"{given}: " + ("holds no rdf.yaml or bioimageio.yaml" if not cards else
                                             f"holds several cards ({', '.join(c.name for c in cards)}); give one"))
@@ -256,11 +260,25 @@ def open_package(given, tmp):
     return Package(p, p.parent, given)
 
 
+MAX_EXTRACTED_BYTES = 8 << 30
+
+
 def extract_zip(zip_path, root):
     """A zip's members into `root`; a member whose name would leave it (absolute, ..) is refused by name."""
     try:
         with zipfile.ZipFile(zip_path) as z:
-            for info in z.infolist():
+            infos = z.infolist()
+            # Sizes from the directory bound what extraction writes (zipfile reads no member past its size).
+            total = sum(info.file_size for info in infos)
+            if total > MAX_EXTRACTED_BYTES:
+                raise CardError(f"{zip_path}: its members hold {total} bytes, over the {MAX_EXTRACTED_BYTES} a "
+                                "model package is taken to hold")
+            names = [info.filename for info in infos]
+            for name in {n for n in names if names.count(n) > 1}:
+                raise CardError(f"{zip_path}: member '{name}' is in the archive twice; which one is meant is not known")
+            for info in infos:
+                if info.flag_bits & 1:
+                    raise CardError(f"{zip_path}: member '{info.filename}' is encrypted; a plain archive is read")
                 name = os.path.normpath(info.filename)
                 if info.filename.startswith(("/", "\\")) or name == ".." or name.startswith(".." + os.sep) or \
                         os.path.isabs(name) or ":" in name.split(os.sep)[0]:
@@ -428,6 +446,13 @@ def architecture(pkg, card):
     fn = getattr(mod, name, None)
     if not callable(fn):
         raise CardError(f"{where}: has no callable '{name}' (weights.pytorch_state_dict.architecture)")
+    # An installed module's callable runs with the card's kwargs: a network class, or a model builder of the
+    # libraries that publish them, never whatever else the card names (shutil.rmtree).
+    builders = ("torchvision.", "torch.", "monai.", "timm.", "segmentation_models_pytorch.")
+    if not source and not (isinstance(fn, type) and issubclass(fn, torch.nn.Module)) and \
+            not (str(module) + ".").startswith(builders):
+        raise CardError(f"{shown}: the architecture {module}.{name} is neither a torch.nn.Module class nor a "
+                        f"model builder of {', '.join(b.rstrip('.') for b in builders)}; tiler does not call it")
     if not isinstance(kwargs, dict):
         raise CardError(f"{shown}: the architecture's kwargs are not a mapping")
     return fn, kwargs, where

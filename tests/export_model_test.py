@@ -356,7 +356,9 @@ class ExportCard(unittest.TestCase):
             (arch(source="link.py", sha256=None), "through a symbolic link"),
             (arch(source=None, import_from="no_such_module_here"), "'no_such_module_here' does not import"),
             (arch(source=None, import_from="collections", callable="OrderedDict", kwargs={}),
-             "not a torch.nn.Module"),
+             "collections.OrderedDict is neither a torch.nn.Module class nor a model builder"),
+            (arch(source=None, import_from="shutil", callable="rmtree", kwargs={"path": str(self.tmp / "p")}),
+             "shutil.rmtree is neither a torch.nn.Module class"),
             (lambda c: c["weights"]["pytorch_state_dict"].update(source="junk.pt", sha256=None),
              "junk.pt: not a state dict torch.load reads"),
             (lambda c: c["outputs"][0].update(test_tensor={"source": "small.npy"}), "test output is [1, 1, 16, 16]"),
@@ -399,6 +401,36 @@ class ExportCard(unittest.TestCase):
             link.external_attr = (0o120777 << 16)
             z.writestr(link, "/etc/passwd")
         self.refused(zip_path, "'state.pt' is a symbolic link")
+        with zipfile.ZipFile(zip_path, "w") as z:
+            z.writestr("rdf.yaml", "format_version: 0.5.4\n")
+            z.writestr("state.pt", "a")
+            with self.assertWarns(UserWarning):  # zipfile's own "Duplicate name"
+                z.writestr("state.pt", "b")
+        self.refused(zip_path, "'state.pt' is in the archive twice")
+        with zipfile.ZipFile(zip_path, "w") as z:
+            z.writestr("rdf.yaml", "format_version: 0.5.4\n")
+            big = zipfile.ZipInfo("state.pt")
+            z.writestr(big, "small")
+        with zipfile.ZipFile(zip_path) as z:
+            self.assertEqual(z.getinfo("state.pt").file_size, 5)
+        old_bound = export_model.MAX_EXTRACTED_BYTES
+        export_model.MAX_EXTRACTED_BYTES = 10
+        try:
+            with self.assertRaisesRegex(export_model.CardError, "over the 10 a model package is taken to hold"):
+                export_model.extract_zip(zip_path, self.tmp / "bomb")
+        finally:
+            export_model.MAX_EXTRACTED_BYTES = old_bound
+        self.assertFalse((self.tmp / "bomb").exists())
+
+    def test_a_zip_with_its_package_in_one_top_folder_is_read(self):
+        _, _, _, pre = make_package(self.tmp / "pkg", "0.5")
+        zip_path = self.tmp / "top.zip"
+        with zipfile.ZipFile(zip_path, "w") as z:
+            for f in sorted((self.tmp / "pkg").iterdir()):
+                z.write(f, "model/" + f.name)
+        shutil.rmtree(self.tmp / "pkg")
+        package = self.written(export(zip_path))
+        self.check_torchscript(package, "bioimageio.yaml", pre)
 
 
 class Steps(unittest.TestCase):

@@ -707,7 +707,8 @@ TEST(ModelCard, Bioimageio04StepsComeOutInTheir05Form) {
       "      - {name: scale_mean_variance, kwargs: {mode: per_sample, reference_tensor: raw, axes: yx}}");
   const YAML::Node rdf = YAML::Load(bioimageioAs05(writeFile(dir + "/rdf.yaml", text)));
   const YAML::Node pre = rdf["inputs"][0]["preprocessing"], post = rdf["outputs"][0]["postprocessing"];
-  EXPECT_EQ(canonical(pre[0]), "{id: zero_mean_unit_variance, kwargs: {axes: [batch, x, y], eps: 1.0e-5}}");
+  EXPECT_EQ(canonical(pre[0]),
+            "{id: zero_mean_unit_variance, kwargs: {axes: [x, y], eps: 1.0e-5, mode: per_dataset}}");
   EXPECT_EQ(canonical(pre[1]), "{id: fixed_zero_mean_unit_variance, kwargs: {mean: 0.5, std: 0.2}}");
   EXPECT_EQ(canonical(pre[2]),
             "{id: scale_range, kwargs: {axes: [y, x], max_percentile: 99.8, min_percentile: 1}}");
@@ -715,6 +716,30 @@ TEST(ModelCard, Bioimageio04StepsComeOutInTheir05Form) {
   EXPECT_EQ(canonical(pre[4]), "{id: scale_linear, kwargs: {gain: 2, offset: 1}}");
   EXPECT_EQ(canonical(post[0]), "{id: binarize, kwargs: {threshold: 0.5}}");
   EXPECT_EQ(canonical(post[1]), "{id: scale_mean_variance, kwargs: {axes: [y, x], reference_tensor: raw}}");
+  // A 0.4 zero_mean_unit_variance without a mode is of mode fixed (0.4's default): the card's numbers.
+  text = kRdf04;
+  text.replace(
+      text.find("    preprocessing:"), text.find("outputs:") - text.find("    preprocessing:"),
+      "    preprocessing:\n      - {name: zero_mean_unit_variance, kwargs: {axes: xy, mean: 0.5, std: "
+      "0.2}}\n");
+  const YAML::Node fixed = YAML::Load(bioimageioAs05(writeFile(dir + "/fixed.yaml", text)));
+  EXPECT_EQ(canonical(fixed["inputs"][0]["preprocessing"][0]),
+            "{id: fixed_zero_mean_unit_variance, kwargs: {axis: channel, mean: 0.5, std: 0.2}}");
+  text.replace(text.find(", mean: 0.5"), std::string(", mean: 0.5").size(), "");
+  try {
+    bioimageioAs05(writeFile(dir + "/no_mean.yaml", text));
+    ADD_FAILURE() << "a fixed zero_mean_unit_variance without its mean was read";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("of mode fixed (0.4's default) gives no mean"), std::string::npos)
+        << e.what();
+  }
+  // per_dataset (of either statistics step) is refused when the card is read, not run on each image's own.
+  try {
+    readBioimageioRdf(dir + "/rdf.yaml");
+    ADD_FAILURE() << "a 0.4 per_dataset step was read";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("mode per_dataset"), std::string::npos) << e.what();
+  }
 }
 
 TEST(ModelCard, Bioimageio04FieldsThatChangeHowTheModelIsFedAreRefusedByName) {
@@ -1430,6 +1455,39 @@ y = ((e / e.sum(1, keepdims=True)) > 0.5).astype(np.float64)
   const auto b = test::runCommand(kTiler + " check-model " + binary);
   EXPECT_EQ(b.code, 0) << b.output;
   EXPECT_NE(b.output.find(" 0 beyond"), std::string::npos) << b.output;
+  // binarize runs on each window: a run whose windows are blended, or views averaged, is refused; with
+  // --blend crop each pixel is one window's, and the map holds 0s and 1s alone.
+  const std::string small =
+      " -i " + kSamples + "/images/small.png --threads 1 --no_progress --save probs -o ";
+  const auto blended = test::runCommand(kTiler + " -m " + binary + small + root + "/blended");
+  EXPECT_EQ(blended.code, 1) << blended.output;
+  EXPECT_NE(blended.output.find("binarize is applied to each window's output, which --blend gaussian blends"),
+            std::string::npos)
+      << blended.output;
+  const auto views =
+      test::runCommand(kTiler + " -m " + binary + small + root + "/views --blend crop --tta flip");
+  EXPECT_EQ(views.code, 1) << views.output;
+  EXPECT_NE(views.output.find("--tta flip averages over views"), std::string::npos) << views.output;
+  const auto cropped = test::runCommand(kTiler + " -m " + binary + small + root + "/cropped --blend crop");
+  ASSERT_EQ(cropped.code, 0) << cropped.output;
+  const auto probs = ImageReader::open(root + "/cropped/small_probs.tif");
+  const cv::Mat map = probs->readRegion({0, 0, probs->info().width, probs->info().height});
+  for (int r = 0; r < map.rows; ++r)
+    for (int i = 0; i < map.cols * map.channels(); ++i) {
+      const float v = map.ptr<float>(r)[i];
+      ASSERT_TRUE(v == 0.0f || v == 1.0f) << "row " << r << ": " << v;
+    }
+  // An image of NaN alone (a nodata band) has no statistics to normalise it by: it fails naming the file.
+  const auto made = test::runCommand(
+      "/usr/bin/python3 -c \"import numpy as np; from PIL import Image; "
+      "Image.fromarray(np.full((80, 90), np.nan, np.float32), mode='F').save('" +
+      root + "/nan.tif')\"");
+  ASSERT_EQ(made.code, 0) << made.output;
+  const auto nan = test::runCommand(kTiler + " -m " + affine + " -i " + root +
+                                    "/nan.tif --threads 1 --no_progress -o " + root + "/nan");
+  EXPECT_NE(nan.code, 0) << nan.output;
+  EXPECT_NE(nan.output.find("nan.tif': the model's input channel 0 holds no number"), std::string::npos)
+      << nan.output;
   // The statistics are the whole tensor's: a card whose range is over each channel gives other numbers.
   std::string per_channel = test::slurp(binary + "/rdf.yaml");
   per_channel.replace(per_channel.find("[channel, y, x]"), 15, "[y, x]");
@@ -1468,7 +1526,7 @@ TEST(ModelCard, TheSpecsNucleiExampleRunsAsShippedAndItsMosaicIsOneForward) {
     fs::copy_file(data + "unet2d_nuclei_broad/" + file, pkg + "/" + file);
   fs::copy_file(data + "unet2d_nuclei_broad_v0_5.yaml", pkg + "/bioimageio.yaml");
   fs::copy_file(data + "unet2d_nuclei_broad_v0_4_9.yaml", pkg + "/v0_4_9.bioimageio.yaml");
-  for (const std::string card : {pkg, pkg + "/v0_4_9.bioimageio.yaml"}) {
+  for (const std::string& card : {pkg, pkg + "/v0_4_9.bioimageio.yaml"}) {
     const auto checked = test::runCommand(kTiler + " check-model " + card);
     EXPECT_EQ(checked.code, 0) << checked.output;
     EXPECT_NE(checked.output.find(": pass"), std::string::npos) << checked.output;

@@ -182,3 +182,22 @@ TEST(Processing, AChainsAffineStepsMakeOneMapPerChannel) {
   EXPECT_EQ(stepNames(fixedTail({zmuv, clip, negate})), "clip, scale_linear");
   EXPECT_EQ(percentilesRead({range}), (std::vector<double>{1, 99}));
 }
+
+// The common 0.1 / 99.9 pair: 100 - 99.9 is 0.1 only within rounding, so the percentiles read are the two
+// given (each the other's mirror) and no near-copy, and a negative gain still finds its mirror.
+TEST(Processing, PercentilesThatMirrorEachOtherAreReadOnce) {
+  ProcessingStep negate, range;
+  negate.id = "scale_linear", negate.gain = {-1}, negate.offset = {0};
+  range.id = "scale_range", range.min_percentile = 0.1, range.max_percentile = 99.9, range.eps = 0;
+  EXPECT_EQ(percentilesRead({range}), (std::vector<double>{0.1, 99.9}));
+  EXPECT_EQ(percentilesRead({range, range}).size(), 2u);
+  ImageStatistics s;
+  s.channels.resize(1);
+  s.channels[0].count = 10, s.channels[0].mean = 5, s.channels[0].std = 1;
+  s.channels[0].percentiles = {{0.1, 2}, {99.9, 8}};
+  s.all = s.channels[0];
+  // -x in [-8, -2] -> (-x + 8) / 6.
+  const ChannelAffine f = inputAffine({negate, range}, s, {{1.0}, {0.0}}, "t");
+  EXPECT_DOUBLE_EQ(f.gain[0], -1.0 / 6);
+  EXPECT_DOUBLE_EQ(f.offset[0], 8.0 / 6);
+}

@@ -119,3 +119,21 @@ TEST(ZipArchive, Sha256MatchesTheStandardsVectors) {
   const std::string zip = makeZip(dir + "/p.zip", {{"'abc'", "'abc'"}});
   EXPECT_EQ(sha256OfFileOrZipMember(zipMemberPath(zip, "abc"), 100), sha256Hex("abc"));
 }
+
+// A member compressed with a method minizip cannot decompress (LZMA, as Python's zipfile writes it) is
+// refused naming the member and the method when it is read; the archive's other members still read.
+TEST(ZipArchive, AMemberInAnotherCompressionIsNamedNotCalledCorrupt) {
+  const std::string dir = test::scratchDir("zip_lzma");
+  std::ofstream(dir + "/make.py") << "import zipfile, sys\n"
+                                     "z = zipfile.ZipFile(sys.argv[1], 'w')\n"
+                                     "z.writestr('rdf.yaml', 'type: model\\n', zipfile.ZIP_DEFLATED)\n"
+                                     "z.writestr('weights.pt', b'\\x00' * 1000, zipfile.ZIP_LZMA)\n"
+                                     "z.close()\n";
+  const auto r = test::runCommand("/usr/bin/python3 " + dir + "/make.py " + dir + "/pkg.zip 2>&1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const ZipArchive archive(dir + "/pkg.zip");
+  EXPECT_EQ(archive.readAll("rdf.yaml", 100), "type: model\n");
+  const std::string message = configError([&] { archive.readAll("weights.pt", 10000); });
+  EXPECT_NE(message.find("pkg.zip!/weights.pt': compressed with method 14 (LZMA)"), std::string::npos)
+      << message;
+}

@@ -21,9 +21,16 @@ bool usesStatistics(const std::vector<ProcessingStep>& steps) {
 std::vector<double> percentilesRead(const std::vector<ProcessingStep>& steps) {
   std::set<double> qs;
   for (const auto& step : steps)
-    if (step.id == "scale_range")
-      for (double q : {step.min_percentile, step.max_percentile}) qs.insert(q), qs.insert(100 - q);
-  return {qs.begin(), qs.end()};
+    if (step.id == "scale_range") qs.insert({step.min_percentile, step.max_percentile});
+  // Each one's mirror too (a negative gain reads it), unless it is one already: 100 - 99.9 is 0.1 only
+  // within rounding, and two keys of one name would stand for different channels in the report.
+  std::set<double> all = qs;
+  for (double q : qs) {
+    const double mirror = 100 - q;
+    if (std::none_of(all.begin(), all.end(), [&](double e) { return std::abs(e - mirror) < 1e-9; }))
+      all.insert(mirror);
+  }
+  return {all.begin(), all.end()};
 }
 
 namespace {
@@ -44,9 +51,17 @@ void mapValues(ValueStatistics& s, double a, double b) {
   s.mean = a * s.mean + b;
   s.std = std::abs(a) * s.std;
   std::map<double, double> p;
-  // A negative gain turns the order around: the q-th percentile of a*x+b is a times the (100-q)-th.
-  for (const auto& [q, v] : s.percentiles)
-    if (a >= 0 || s.percentiles.count(100 - q)) p[q] = a * (a >= 0 ? v : s.percentiles.at(100 - q)) + b;
+  // A negative gain turns the order around: the q-th percentile of a*x+b is a times the (100-q)-th (a key
+  // within rounding of 100 - q: percentilesRead keeps one of the two).
+  for (const auto& [q, v] : s.percentiles) {
+    if (a >= 0) {
+      p[q] = a * v + b;
+      continue;
+    }
+    const auto mirror = std::find_if(s.percentiles.begin(), s.percentiles.end(),
+                                     [&](const auto& e) { return std::abs(e.first - (100 - q)) < 1e-9; });
+    if (mirror != s.percentiles.end()) p[q] = a * mirror->second + b;
+  }
   s.percentiles = p;
 }
 

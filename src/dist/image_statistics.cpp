@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <opencv2/core.hpp>
 
+#include "tiler/core/error.hpp"
 #include "tiler/dist/loader.hpp"
 #include "tiler/io/resolution.hpp"
 
@@ -41,7 +42,14 @@ ImageStatistics gatherImageStatistics(const CatalogImage& img, int model_channel
       }
     }
   }
-  return gatherer.finish();
+  ImageStatistics statistics = gatherer.finish();
+  // A channel of NaN alone (a nodata band) has no mean, std or percentile to normalise it by.
+  for (size_t c = 0; c < statistics.channels.size(); ++c)
+    TILER_CHECK(
+        statistics.channels[c].count > 0, IoError,
+        "'" << img.input << "': the model's input channel " << c
+            << " holds no number (every value NaN): the card's statistics steps have nothing to go by");
+  return statistics;
 }
 
 }  // namespace tiler

@@ -113,6 +113,22 @@ InferPlan planInfer(InferOptions& o) {
   p.flags.tta = parseTta(o.tta);
   TILER_CHECK(p.flags.tta != Tta::kD4 || p.spec.window_w == p.spec.window_h, ConfigError,
               "--tta d4 rotates windows, so they must be square; got --window " << o.window);
+  // A card's binarize runs on each window's output: blended with its neighbours' (any blend but crop) or
+  // averaged over views (--tta), its 0s and 1s would come out as fractions.
+  const bool binarizes = std::any_of(o.postprocessing.begin(), o.postprocessing.end(),
+                                     [](const ProcessingStep& s) { return s.id == "binarize"; });
+  if (binarizes) {
+    const auto blend = o.task_flags.find("blend");
+    const std::string how = blend == o.task_flags.end() ? "gaussian" : blend->second;
+    const bool maps = o.task == "segment" || o.task == "regress";
+    TILER_CHECK((!maps || how == "crop") && p.flags.tta == Tta::kNone, ConfigError,
+                "the model card's outputs[0].postprocessing binarize is applied to each window's output, "
+                "which "
+                    << (p.flags.tta != Tta::kNone ? "--tta " + o.tta + " averages over views"
+                                                  : "--blend " + how + " blends with its neighbours'")
+                    << ": its 0s and 1s would come out as fractions; run with --blend crop and without --tta "
+                       "(or give --activation and read the labels, tiler's threshold of the blended map)");
+  }
   TILER_CHECK(
       o.read_threads >= 0, ConfigError,
       "--read_threads must be >= 0 (0: the CPUs the forward leaves, up to " << kMaxAutoReadThreads << ")");

@@ -76,9 +76,10 @@ ZipArchive::ZipArchive(const std::string& path) : path_(path) {
                   "'" << path << "': member '" << member << "' is encrypted; tiler reads plain archives");
       unz64_file_pos pos{};
       unzGetFilePos64(handle(unz_), &pos);
-      const bool fresh =
-          members_.emplace(member, Member{pos.pos_in_zip_directory, pos.num_of_file, info.uncompressed_size})
-              .second;
+      const bool fresh = members_
+                             .emplace(member, Member{pos.pos_in_zip_directory, pos.num_of_file,
+                                                     info.uncompressed_size, info.compression_method})
+                             .second;
       TILER_CHECK(fresh, ConfigError,
                   "'" << path << "': member '" << member << "' is in the archive twice; which one is meant "
                       << "is not known");
@@ -109,6 +110,14 @@ void ZipArchive::read(const std::string& member, int64_t max_bytes,
   TILER_CHECK(int64_t(it->second.size) <= max_bytes, ConfigError,
               "'" << named << "': " << byteSizeText(int64_t(it->second.size)) << ", over the "
                   << byteSizeText(max_bytes) << " such a member may hold");
+  // LZMA, bzip2 or zstd members are valid zips minizip cannot decompress: said so, not "corrupt".
+  TILER_CHECK(it->second.method == 0 || it->second.method == 8, ConfigError,
+              "'" << named << "': compressed with method " << it->second.method << " ("
+                  << (it->second.method == 14   ? "LZMA"
+                      : it->second.method == 12 ? "bzip2"
+                      : it->second.method == 93 ? "zstd"
+                                                : "not deflate")
+                  << "); tiler reads members stored or deflated: zip the package again with deflate");
   unz64_file_pos pos{it->second.pos_in_central_dir, it->second.num_of_file};
   TILER_CHECK(unzGoToFilePos64(handle(unz_), &pos) == UNZ_OK && unzOpenCurrentFile(handle(unz_)) == UNZ_OK,
               ConfigError, "'" << named << "': the member cannot be opened (a corrupt zip archive)");

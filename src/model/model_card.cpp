@@ -714,24 +714,21 @@ YAML::Node upgradeStep04(const YAML::Node& step, const std::string& tensor_axes,
   } else if (name == "scale_mean_variance") {
     copyKeys(kw, kwargs, {"reference_tensor", "eps"});
     if (kw["axes"]) kwargs["axes"] = axisIds04(letters);
-  } else if (name == "zero_mean_unit_variance" && kw["mode"] && kw["mode"].as<std::string>() == "fixed") {
+  } else if (name == "zero_mean_unit_variance" && (!kw["mode"] || kw["mode"].as<std::string>() == "fixed")) {
+    // 0.4's default mode is fixed: the card's own mean and std, not the image's.
+    TILER_CHECK(kw["mean"] && kw["std"], ConfigError,
+                "'" << rdf << "': " << field << " (zero_mean_unit_variance) of mode fixed"
+                    << (kw["mode"] ? "" : " (0.4's default)") << " gives no "
+                    << (kw["mean"] ? "std" : "mean"));
     out["id"] = "fixed_zero_mean_unit_variance";
     copyKeys(kw, kwargs, {"mean", "std"});
     if (kw["axes"])
       if (const auto axis = complementAxis04(tensor_axes, letters, rdf, field)) kwargs["axis"] = *axis;
-  } else if (name == "zero_mean_unit_variance") {
-    copyKeys(kw, kwargs, {"eps"});
-    YAML::Node axes = axisIds04(letters);
-    // 0.5 says "per dataset" by reducing over the batch axis too.
-    if (kw["mode"] && kw["mode"].as<std::string>() == "per_dataset") {
-      YAML::Node with_batch(YAML::NodeType::Sequence);
-      with_batch.push_back("batch");
-      for (const auto& a : axes) with_batch.push_back(a.as<std::string>());
-      axes = with_batch;
-    }
-    if (axes.size() > 0) kwargs["axes"] = axes;
-  } else if (name == "scale_range") {
-    copyKeys(kw, kwargs, {"min_percentile", "max_percentile", "eps", "reference_tensor"});
+  } else if (name == "zero_mean_unit_variance" || name == "scale_range") {
+    // bioimageio.spec turns 0.4's per_dataset into a reduction over the batch axis too; a batch here is one
+    // image, so the mode is kept for the reader to refuse by name rather than run on each image's own.
+    copyKeys(kw, kwargs, {"eps", "min_percentile", "max_percentile", "reference_tensor"});
+    if (kw["mode"] && kw["mode"].as<std::string>() != "per_sample") copyKeys(kw, kwargs, {"mode"});
     if (kw["axes"]) kwargs["axes"] = axisIds04(letters);
   } else {
     kwargs = YAML::Clone(kw);

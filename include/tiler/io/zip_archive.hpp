@@ -45,6 +45,7 @@ class ZipArchive {
   struct Member {
     uint64_t pos_in_central_dir = 0, num_of_file = 0;
     uint64_t size = 0;
+    uint64_t method = 0;  // 0 stored, 8 deflated: what minizip decompresses
   };
   std::string path_;
   void* unz_ = nullptr;
