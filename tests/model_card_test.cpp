@@ -1543,7 +1543,7 @@ net = torch.jit.load(pkg + '/weights.pt').eval()
 with torch.no_grad():
     y = torch.sigmoid(net(torch.from_numpy(fed)[None, None])).numpy()[0, 0]
 Image.fromarray(y.astype(np.float32), mode='F').save(root + '/whole.tif')
-print('mean', repr(d.mean()), 'std', repr(d.std()))
+print('mean', repr(float(d.mean())), 'std', repr(float(d.std())))  # NumPy 2 reprs np.float64(...)
 )");
   const auto whole = test::runCommand(python + " " + root + "/whole.py " + pkg + " " + root);
   ASSERT_EQ(whole.code, 0) << whole.output;
