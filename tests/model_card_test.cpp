@@ -1097,18 +1097,9 @@ TEST(ModelCard, AWsinferCardRunsAsItsSettingsGivenAsFlags) {
 
 namespace {
 
-// A bioimage.io package made here: a small TorchScript segmentation net, a test input and the test output the
-// net gives for it with the card's preprocessing and softmax (PyTorch and NumPy of TILER_PYTHON or the
-// system's Python), and the same net with one output channel's weights shifted (altered.pt). Empty, with the
-// reason in `why`, where that Python has no PyTorch or NumPy.
-std::string makePackage(const std::string& dir, std::string* why) {
-  const char* env = std::getenv("TILER_PYTHON");
-  const std::string python = env && *env ? env : "/usr/bin/python3";
-  if (test::runCommand(python + " -c 'import torch, numpy'").code != 0) {
-    *why = python + " has no PyTorch or NumPy to make the package's test tensors";
-    return "";
-  }
-  writeFile(dir + "/make.py", R"(import sys, torch, numpy as np
+// The start of the packages' make.py: a small TorchScript segmentation net (3 -> 2 channels), seeded, saved
+// as weights.pt into the directory argv[1] names (`d`), as `net`.
+constexpr const char* kTinyNetScript = R"(import sys, torch, numpy as np
 d = sys.argv[1]
 torch.manual_seed(0)
 class Net(torch.nn.Module):
@@ -1120,7 +1111,20 @@ class Net(torch.nn.Module):
         return self.b(torch.relu(self.a(x)))
 net = Net().eval()
 torch.jit.script(net).save(d + '/weights.pt')
-x = torch.rand(1, 3, 64, 64) * 255
+)";
+
+// A bioimage.io package made here: a small TorchScript segmentation net, a test input and the test output the
+// net gives for it with the card's preprocessing and softmax (PyTorch and NumPy of TILER_PYTHON or the
+// system's Python), and the same net with one output channel's weights shifted (altered.pt). Empty, with the
+// reason in `why`, where that Python has no PyTorch or NumPy.
+std::string makePackage(const std::string& dir, std::string* why) {
+  const char* env = std::getenv("TILER_PYTHON");
+  const std::string python = env && *env ? env : "/usr/bin/python3";
+  if (test::runCommand(python + " -c 'import torch, numpy'").code != 0) {
+    *why = python + " has no PyTorch or NumPy to make the package's test tensors";
+    return "";
+  }
+  writeFile(dir + "/make.py", std::string(kTinyNetScript) + R"(x = torch.rand(1, 3, 64, 64) * 255
 mean = torch.tensor([0.5, 0.25, 0.5]).view(1, 3, 1, 1)
 std = torch.tensor([0.5, 0.25, 1.0]).view(1, 3, 1, 1)
 with torch.no_grad():
@@ -1217,19 +1221,8 @@ std::string makeStepsPackage(const std::string& dir, const std::string& pre, con
     return "";
   }
   fs::create_directories(dir);
-  writeFile(dir + "/make.py", R"(import sys, torch, numpy as np
-d = sys.argv[1]
-torch.manual_seed(0)
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a = torch.nn.Conv2d(3, 8, 3, padding=1)
-        self.b = torch.nn.Conv2d(8, 2, 1)
-    def forward(self, x):
-        return self.b(torch.relu(self.a(x)))
-net = Net().eval()
-torch.jit.script(net).save(d + '/weights.pt')
-raw = (torch.rand(1, 3, 64, 64) ** 2 * 255).numpy()
+  writeFile(
+      dir + "/make.py", std::string(kTinyNetScript) + R"(raw = (torch.rand(1, 3, 64, 64) ** 2 * 255).numpy()
 x = raw.astype(np.float64)
 ch = (0, 2, 3)      # statistics over y, x of each channel
 every = (0, 1, 2, 3)  # over channel, y, x
