@@ -24,6 +24,7 @@
 #include "tiler/model/runtime_info.hpp"
 #include "tiler/tasks/heads.hpp"
 #include "tiler/tasks/registry.hpp"
+#include "tiler/view/server.hpp"
 
 namespace {
 
@@ -158,6 +159,34 @@ int runCheckModelCli(int argc, char** argv) {
   app.add_option(flagNames("--device"), device, "cpu | cuda | cuda:K")->capture_default_str();
   if (const int code = tiler::parseCommandLine(app, argc, argv, "tiler check-model"); code >= 0) return code;
   return tiler::tools::checkModel(card, device);
+}
+
+int runViewCli(int argc, char** argv) {
+  tiler::ViewOptions o;
+  CLI::App app{
+      "tiler view: serve a finished job's images and results to a browser (IIIF Image API 3.0 tiles and a "
+      "page over them) and print the URL to open"};
+  app.add_option("output_dir", o.output_dir, "the job's output directory (holding its report.json)")
+      ->required();
+  app.add_option(flagNames("--port"), o.port, "TCP port (0: a free one, printed)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65535));
+  app.add_option(
+         flagNames("--host"), o.host,
+         "address to listen on; any other than 127.0.0.1 lets other machines read the job (a warning)")
+      ->capture_default_str();
+  app.add_option(flagNames("--cache_mb"), o.cache_mb, "MiB of served tiles kept for the next request")
+      ->capture_default_str()
+      ->check(nonNegativeNumber());
+  app.add_option(flagNames("--threads"), o.threads, "requests worked on at once (read, resample, encode)")
+      ->capture_default_str()
+      ->check(positiveNumber());
+  app.add_option(flagNames("--objects_limit"), o.objects_limit,
+                 "outlines one objects request returns; past it, their centroids")
+      ->capture_default_str()
+      ->check(positiveNumber());
+  if (const int code = tiler::parseCommandLine(app, argc, argv, "tiler view"); code >= 0) return code;
+  return tiler::runView(o);
 }
 
 // Task flag `name` (a tasks/registry declaration) into o.task_flags, at its place in --help.
@@ -310,6 +339,7 @@ int runInferCli(int argc, char** argv) {
       "  tiler info IMAGE...                 what tiler sees: size, type, levels, grid, mask\n"
       "  tiler overlay IMAGE LABELS OUT.png  a colour overlay of a result, with grid and mask\n"
       "  tiler check-model CARD              reproduce a bioimage.io package's test tensors\n"
+      "  tiler view OUT_DIR                  a job's images and results in the browser (IIIF tiles)\n"
       "  tiler version                       versions, CUDA/NCCL, where the bundled samples are\n"
       "Run 'tiler COMMAND --help' for a command's flags.");
   app.set_config(flagNames("--config"), "", "TOML/INI file with any of these flags");
@@ -466,6 +496,7 @@ int main(int argc, char** argv) {
     if (sub == "overlay") return runOverlayCli(argc - 1, argv + 1);
     if (sub == "check-model") return exitWithoutTeardown(runCheckModelCli(argc - 1, argv + 1));
     if (sub == "finetune") return exitWithoutTeardown(runFinetuneCli(argc - 1, argv + 1));
+    if (sub == "view") return exitWithoutTeardown(runViewCli(argc - 1, argv + 1));
     if (sub == "infer") return exitWithoutTeardown(runInferCli(argc - 1, argv + 1));
     return exitWithoutTeardown(runInferCli(argc, argv));
   } catch (const std::exception& e) {

@@ -58,6 +58,18 @@ std::unique_ptr<ImageReader> atResolution(std::unique_ptr<ImageReader> source,
                                           const ProcessingResolution& resolution);
 std::unique_ptr<ImageReader> viewAtResolution(ImageReader& source, const ProcessingResolution& resolution);
 
+// One axis of a grid of output pixels over a level: pixel i (start <= i < start + count) covers the level's
+// [origin + i*factor, origin + (i+1)*factor), clipped to the level.
+struct AreaAxis {
+  double origin = 0;
+  double factor = 1;
+  int64_t start = 0, count = 0;
+};
+// Level `level` of `source` resampled by area onto the grid `x` by `y`: each output pixel the area-weighted
+// mean of the level pixels it covers, in the source's sample type. atResolution's rule (its grid has origin
+// 0), for a grid at any origin and a scale per axis (the viewer's IIIF regions).
+cv::Mat readByArea(ImageReader& source, int level, const AreaAxis& x, const AreaAxis& y);
+
 // The coarsest level whose longer side still has `min_side` pixels (level 0 when none has): what a
 // low-resolution overview (the tissue mask) reads.
 int overviewLevel(const ImageInfo& info, int min_side);
