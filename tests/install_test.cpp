@@ -125,7 +125,7 @@ TEST(Install, BadFlagsExitOneAndHelpListsTheCommands) {
   }
   auto help = run(tiler + " --help");
   EXPECT_EQ(help.code, 0);
-  for (const char* command : {"tiler finetune", "tiler info", "tiler overlay", "tiler version"})
+  for (const char* command : {"tiler finetune", "tiler info", "tiler overlay", "tiler view", "tiler version"})
     EXPECT_NE(help.output.find(command), std::string::npos) << command;
   for (const char* command : {"finetune", "info", "overlay", "infer"}) {
     auto r = run(tiler + " " + command + " --help");

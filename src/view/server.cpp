@@ -194,6 +194,10 @@ class Viewer {
     const size_t threads = size_t(std::max(1, options_.threads)), queue = size_t(std::max(0, options_.queue));
     server.new_task_queue = [threads, queue] { return new BoundedPool(threads, queue); };
     server.set_keep_alive_timeout(1);
+    server.set_keep_alive_max_count(100);
+    // A response's header and body are two writes: without it, Nagle holds the second for the client's
+    // delayed ACK (40 ms a request).
+    server.set_tcp_nodelay(true);
     server.set_read_timeout(10);
     server.set_payload_max_length(0);
     server.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
