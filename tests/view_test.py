@@ -233,6 +233,57 @@ class View(unittest.TestCase):
         self.assertEqual(status, 400)
         self.assertIsNone(self.server.poll(), "the server is still up")
 
+    def test_refused_directories_and_the_host_warning(self):
+        r = subprocess.run([TILER, "view", str(self.tmp / "nothing")], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("report.json", r.stderr)
+        bad = self.tmp / "bad"
+        bad.mkdir(exist_ok=True)
+        (bad / "report.json").write_text(json.dumps({"images": [{"input": str(self.tmp / "gone.tif")}]}))
+        r = subprocess.run([TILER, "view", str(bad)], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("names no image whose input can be read", r.stderr)
+        (bad / "report.json").write_text("[1, 2")
+        r = subprocess.run([TILER, "view", str(bad)], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("not a tiler report", r.stderr)
+        server = subprocess.Popen([TILER, "view", str(self.out), "--port", "0", "--host", "0.0.0.0"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            first = server.stdout.readline()
+            self.assertIn("serving on 0.0.0.0, not only this machine", first)
+        finally:
+            server.kill()
+            server.wait()
+
+    def test_requests_past_the_queue_answer_503(self):
+        import socket
+        server = subprocess.Popen([TILER, "view", str(self.out), "--port", "0", "--threads", "1"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        idle = []
+        try:
+            port = None
+            for line in server.stdout:
+                m = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
+                if m:
+                    port = int(m.group(1))
+                    break
+            # One connection holds the one thread (it sends nothing), 64 wait in the queue: the next is refused.
+            for _ in range(65):
+                idle.append(socket.create_connection(("127.0.0.1", port)))
+                time.sleep(0.01)
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            c.request("GET", "/api/images")
+            r = c.getresponse()
+            body = r.read()
+            self.assertEqual(r.status, 503, body[:200])
+            self.assertIn(b"busy", body)
+        finally:
+            for s in idle:
+                s.close()
+            server.kill()
+            server.wait()
+
     def test_objects_by_viewport(self):
         status, body = self.get("/api/objects?image=0&x=450&y=250&w=100&h=100")
         j = json.loads(body)
@@ -241,7 +292,10 @@ class View(unittest.TestCase):
         self.assertEqual(j["objects"][0]["rings"][0][0], [500.0, 300.0])
         self.assertEqual(j["objects"][0]["class"], "nucleus")
         j = json.loads(self.get("/api/objects?image=0&limit=2")[1])
-        self.assertEqual((j["mode"], j["count"], len(j["points"])), ("centroids", 3, 2))
+        self.assertEqual(j["mode"], "centroids")
+        # Each of the 16 x 16 cells gives its first centroid: all three, each once.
+        self.assertEqual(sorted(p[:2] for p in j["points"]), [[60.0, 60.0], [600.0, 375.0], [1115.0, 815.0]])
+        self.assertEqual(j["cells"], 16)
 
     def screenshot(self, query, name):
         if not CHROMIUM:

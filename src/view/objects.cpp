@@ -4,6 +4,7 @@
 #include <sqlite3.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -128,6 +129,45 @@ int64_t ObjectStore::count() {
   return sqlite3_step(s.s) == SQLITE_ROW ? sqlite3_column_int64(s.s, 0) : 0;
 }
 
+nlohmann::json ObjectStore::sampled(const Rect& area, int64_t limit) {
+  // kCells x kCells cells, each its first objects (by centroid, so none twice): an even spread of the area
+  // whatever the store's row order, each cell a bounded R-tree walk.
+  constexpr int64_t kCells = 16;
+  const int64_t per_cell = std::max<int64_t>(1, limit / (kCells * kCells));
+  const char* sql =
+      "SELECT a.cx, a.cy, a.properties FROM rtree r JOIN annotations a ON a.id = r.id "
+      "WHERE r.max_x >= ?1 AND r.min_x <= ?2 AND r.max_y >= ?3 AND r.min_y <= ?4 "
+      "AND a.cx >= ?1 AND a.cx < ?2 AND a.cy >= ?3 AND a.cy < ?4 LIMIT ?5";
+  Statement s;
+  TILER_CHECK(sqlite3_prepare_v2(db_, sql, -1, &s.s, nullptr) == SQLITE_OK, IoError,
+              "'" << path_ << "': not an annotation store: " << sqlite3_errmsg(db_));
+  nlohmann::json points = nlohmann::json::array();
+  nlohmann::json cells = nlohmann::json::array();
+  const double cw = double(area.w) / double(kCells), ch = double(area.h) / double(kCells);
+  for (int64_t j = 0; j < kCells; ++j) {
+    for (int64_t i = 0; i < kCells; ++i) {
+      const double x0 = double(area.x) + double(i) * cw, y0 = double(area.y) + double(j) * ch;
+      sqlite3_reset(s.s);
+      sqlite3_bind_double(s.s, 1, x0);
+      sqlite3_bind_double(s.s, 2, x0 + cw);
+      sqlite3_bind_double(s.s, 3, y0);
+      sqlite3_bind_double(s.s, 4, y0 + ch);
+      sqlite3_bind_int64(s.s, 5, per_cell + 1);
+      int64_t found = 0;
+      int rc;
+      while ((rc = sqlite3_step(s.s)) == SQLITE_ROW) {
+        if (found++ < per_cell)
+          points.push_back({sqlite3_column_double(s.s, 0), sqlite3_column_double(s.s, 1),
+                            classOf(sqlite3_column_text(s.s, 2))});
+      }
+      TILER_CHECK(rc == SQLITE_DONE, IoError, "'" << path_ << "': " << sqlite3_errmsg(db_));
+      cells.push_back(found > per_cell);
+    }
+  }
+  return {
+      {"mode", "centroids"}, {"cells", kCells}, {"full", std::move(cells)}, {"points", std::move(points)}};
+}
+
 nlohmann::json ObjectStore::query(const Rect& area, int64_t limit) {
   std::lock_guard<std::mutex> lock(mutex_);
   const char* sql =
@@ -161,22 +201,7 @@ nlohmann::json ObjectStore::query(const Rect& area, int64_t limit) {
     rows.push_back(std::move(r));
   }
   TILER_CHECK(rc == SQLITE_DONE, IoError, "'" << path_ << "': " << sqlite3_errmsg(db_));
-  if (int64_t(rows.size()) > limit) {
-    Statement n;
-    const char* count_sql =
-        "SELECT COUNT(*) FROM rtree WHERE max_x >= ?1 AND min_x <= ?2 AND max_y >= ?3 AND min_y <= ?4";
-    TILER_CHECK(sqlite3_prepare_v2(db_, count_sql, -1, &n.s, nullptr) == SQLITE_OK, IoError,
-                "'" << path_ << "': " << sqlite3_errmsg(db_));
-    sqlite3_bind_double(n.s, 1, double(area.x));
-    sqlite3_bind_double(n.s, 2, double(area.right()));
-    sqlite3_bind_double(n.s, 3, double(area.y));
-    sqlite3_bind_double(n.s, 4, double(area.bottom()));
-    const int64_t total =
-        sqlite3_step(n.s) == SQLITE_ROW ? sqlite3_column_int64(n.s, 0) : int64_t(rows.size());
-    nlohmann::json points = nlohmann::json::array();
-    for (size_t k = 0; k < size_t(limit); ++k) points.push_back({rows[k].cx, rows[k].cy, rows[k].cls});
-    return {{"mode", "centroids"}, {"count", total}, {"points", std::move(points)}};
-  }
+  if (int64_t(rows.size()) > limit) return sampled(area, limit);
   nlohmann::json objects = nlohmann::json::array();
   for (auto& r : rows) {
     nlohmann::json rings = nlohmann::json::array();

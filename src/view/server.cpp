@@ -140,7 +140,6 @@ struct Layer {
 
 struct Image {
   std::string name, input;
-  nlohmann::json report;  // the report's entry
   int64_t width = 0, height = 0;
   std::optional<double> mpp;
   std::map<std::string, Layer> layers;
@@ -263,7 +262,6 @@ class Viewer {
       auto image = std::make_unique<Image>();
       image->input = entry["input"].get<std::string>();
       image->name = fs::path(image->input).stem().string();
-      image->report = entry;
       try {
         addLayers(*image, dir, entry);
       } catch (const Error& e) {
@@ -303,7 +301,7 @@ class Viewer {
               std::make_shared<RasterLayer>(path, type == "labels" ? LayerKind::kLabels : LayerKind::kScores);
           row["width"] = raster->info().width;
           row["height"] = raster->info().height;
-          row["classes"] = classes(*raster, type, outputs, dir);
+          row["classes"] = classes(*raster, type);
           if (type == "labels") {
             image.layers[name] = {name, kind, raster, 0};
           } else {
@@ -325,8 +323,7 @@ class Viewer {
 
   // A raster's classes: names from the labels TIFF's description ({"classes": [...]}) or class_<k>; colours
   // from its palette.
-  nlohmann::json classes(RasterLayer& raster, const std::string& type, const nlohmann::json&,
-                         const fs::path&) {
+  nlohmann::json classes(RasterLayer& raster, const std::string& type) {
     const ImageInfo& i = raster.info();
     std::vector<std::string> names;
     std::string error;
@@ -504,9 +501,17 @@ class Viewer {
       return;
     }
     const Rect area{*x, *y, *w < 0 ? i.width : *w, *h < 0 ? i.height : *h};
+    const int64_t cap = std::min(*limit, options_.objects_limit);
+    const std::string key = "objects/" + std::to_string(*image) + "/" + std::to_string(area.x) + "," +
+                            std::to_string(area.y) + "," + std::to_string(area.w) + "," +
+                            std::to_string(area.h) + "/" + std::to_string(cap);
     try {
-      res.set_content(i.objects->query(area, std::min(*limit, options_.objects_limit)).dump(),
-                      "application/json");
+      auto body = cache_.get(key);
+      if (!body) {
+        body = std::make_shared<const std::string>(i.objects->query(area, cap).dump());
+        cache_.put(key, body);
+      }
+      res.set_content(body->data(), body->size(), "application/json");
     } catch (const std::exception& e) {
       fail(res, 500, e.what());
     }

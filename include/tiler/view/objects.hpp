@@ -2,8 +2,9 @@
 // SQLiteStore layout: `annotations` (id, key, objtype, cx, cy, geometry, properties, area), the R-tree
 // `rtree` (id, min_x, max_x, min_y, max_y) on the same ids, WKB geometry zlib-compressed when `metadata`'s
 // compression says so). Promise: a query reads only the R-tree's hits in its rectangle, at most `limit` + 1
-// rows: outlines when at most `limit` objects lie there, else their centroids (at most `limit` of them) and
-// the count; read-only (the file is opened read-only and immutable to SQLite). No LibTorch.
+// rows: outlines when at most `limit` objects lie there, else centroids spread over the rectangle (at most
+// `limit`, a bounded R-tree walk in each of 16 x 16 cells); read-only (the file is opened read-only and
+// immutable to SQLite). No LibTorch.
 #pragma once
 
 #include <memory>
@@ -25,14 +26,16 @@ class ObjectStore {
   ObjectStore(const ObjectStore&) = delete;
   ObjectStore& operator=(const ObjectStore&) = delete;
 
-  // The objects whose bounds meet `area` (level-0 pixels): {"mode": "outlines", "objects": [{"id", "class",
-  // "rings": [[[x, y], ...], ...]}]} when at most `limit`, else {"mode": "centroids", "count": N, "points":
-  // [[x, y, class], ...]} (the first `limit` the R-tree yields).
+  // The objects whose bounds meet `area` (level-0 pixels): {"mode": "outlines", "count", "objects": [{"id",
+  // "class", "rings": [[[x, y], ...], ...]}]} when at most `limit`, else {"mode": "centroids", "cells": 16,
+  // "points": [[x, y, class], ...], "full": [bool a cell, row by row]}: each cell's first limit / 256
+  // centroids, "full" where it holds more (a density, not every object).
   nlohmann::json query(const Rect& area, int64_t limit);
   // The number of objects in the store.
   int64_t count();
 
  private:
+  nlohmann::json sampled(const Rect& area, int64_t limit);  // query's centroids, mutex_ held
   std::string path_;
   sqlite3* db_ = nullptr;
   bool compressed_ = false;
