@@ -54,7 +54,27 @@ class BoundedPool : public httplib::TaskQueue {
   BoundedPool(size_t threads, size_t queue) : queue_limit_(queue) {
     for (size_t k = 0; k < threads; ++k) threads_.emplace_back([this] { work(); });
   }
+#if TILER_HTTPLIB_ENQUEUE_BOOL
+  bool enqueue(std::function<void()> fn) override {
+    take(std::move(fn));
+    return true;
+  }
+#else
   void enqueue(std::function<void()> fn) override {
+    take(std::move(fn));
+  }
+#endif
+  void shutdown() override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    cond_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+ private:
+  void take(std::function<void()> fn) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (jobs_.size() < queue_limit_) {
@@ -67,16 +87,6 @@ class BoundedPool : public httplib::TaskQueue {
     fn();
     t_overloaded = false;
   }
-  void shutdown() override {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-    }
-    cond_.notify_all();
-    for (auto& t : threads_) t.join();
-  }
-
- private:
   void work() {
     while (true) {
       std::function<void()> fn;
