@@ -297,14 +297,69 @@ class View(unittest.TestCase):
         self.assertEqual(sorted(p[:2] for p in j["points"]), [[60.0, 60.0], [600.0, 375.0], [1115.0, 815.0]])
         self.assertEqual(j["cells"], 16)
 
-    def screenshot(self, query, name):
+    def test_a_classifiers_window_scores_as_a_grid(self):
+        out = self.tmp / "cls"
+        model = Path(TILER).resolve().parent.parent / "samples/models/classifier.pt"
+        if not model.exists():
+            model = Path(__file__).resolve().parent.parent / "samples/models/classifier.pt"
+        subprocess.run([TILER, "-i", str(self.input), "-o", str(out), "-m", str(model), "--task", "classify",
+                        "--activation", "softmax", "--save", "heatmap", "--no_progress"], check=True,
+                       stdout=subprocess.DEVNULL)
+        # The sample classifier scores every window alike: the heatmap is rewritten with a value a cell (its
+        # size and description kept), so that a cell shown out of place shows.
+        heat = out / "slide_heatmap.tif"
+        columns, rows = (W + 255) // 256, (H + 255) // 256
+        description = subprocess.run(["tiffinfo", str(heat)], capture_output=True, text=True).stdout
+        description = re.search(r"ImageDescription: (.*)", description).group(1)
+        values = np.zeros((rows, columns, 2), np.float32)
+        values[..., 1] = np.arange(rows * columns).reshape(rows, columns) / (rows * columns - 1)
+        values[..., 0] = 1 - values[..., 1]
+        raw = self.tmp / "heat.raw"
+        values.tofile(raw)
+        subprocess.run(["vips", "rawload", str(raw), str(self.tmp / "heat.v"), str(columns), str(rows), "2",
+                        "--format", "float"], check=True)
+        heat.unlink()
+        subprocess.run(["vips", "tiffsave", str(self.tmp / "heat.v"), str(heat)], check=True)
+        subprocess.run(["tiffset", "-s", "270", description, str(heat)], check=True)
+        scores = band_pixels(heat, 1)
+        server = subprocess.Popen([TILER, "view", str(out), "--port", "0"], stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
+        try:
+            port = None
+            for line in server.stdout:
+                m = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
+                if m:
+                    port = int(m.group(1))
+                    break
+            images = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/images").read())["images"]
+            grid = next(l for l in images[0]["layers"] if l["type"] == "grid")
+            columns, rows = grid["width"], grid["height"]
+            self.assertEqual(len(scores), columns * rows)
+            scores = scores.reshape(rows, columns)
+            # 256 px windows, no overlap: the stride is the window, the grid starts at the origin.
+            self.assertEqual(grid["place"], {"x": 0.0, "y": 0.0, "width": columns * 256.0})
+            self.assertEqual([c["name"] for c in grid["classes"]], ["class_0", "class_1"])
+            shot = self.screenshot("panel=0&layers=grid&class=1&opacity_grid=1&view=0,0,1200,900", "grid",
+                                   url=f"http://127.0.0.1:{port}/")
+            for r in range(rows):
+                for c in range(columns):
+                    ix, iy = c * 256 + 128, r * 256 + 128
+                    if ix >= W or iy >= H:
+                        continue
+                    got = shot[int(iy / 1.5), int(ix / 1.5)]
+                    self.assertLessEqual(np.abs(got - heatmap(float(scores[r, c]))).max(), 2, f"cell ({c}, {r})")
+        finally:
+            server.kill()
+            server.wait()
+
+    def screenshot(self, query, name, url=None):
         if not CHROMIUM:
             self.skipTest("chromium is not installed (Debian: apt-get install chromium)")
         shot = self.tmp / f"{name}.png"
         keep = os.environ.get("TILER_VIEW_SCREENSHOTS")
         subprocess.run([CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
                         "--force-device-scale-factor=1", "--window-size=800,600", "--virtual-time-budget=20000",
-                        f"--user-data-dir={self.tmp / 'chromium'}", f"--screenshot={shot}", self.url + "?size=800x600&" + query],
+                        f"--user-data-dir={self.tmp / 'chromium'}", f"--screenshot={shot}", (url or self.url) + "?size=800x600&" + query],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
         if keep:
             shutil.copy(shot, Path(keep) / shot.name)

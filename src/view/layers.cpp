@@ -82,8 +82,8 @@ cv::Mat RasterLayer::sample(const IiifRequest& q) {
   // Output pixel (u, v) covers level-0 [x + u*sx, x + (u+1)*sx) x [y + v*sy, ...): in level pixels, times ax.
   const AreaAxis gx{double(q.region.x) * ax, sx * ax, 0, q.width};
   const AreaAxis gy{double(q.region.y) * ay, sy * ay, 0, q.height};
-  if (kind_ != LayerKind::kLabels) return readByArea(*reader_, level, gx, gy);
-  // Labels: the level pixel under each output pixel's centre.
+  if (kind_ == LayerKind::kImage || kind_ == LayerKind::kScores) return readByArea(*reader_, level, gx, gy);
+  // Labels and window grids: the level pixel under each output pixel's centre.
   const int64_t lw = i.levels.empty() ? i.width : i.levels[size_t(level)].width;
   const int64_t lh = i.levels.empty() ? i.height : i.levels[size_t(level)].height;
   auto at = [](const AreaAxis& g, int64_t u, int64_t limit) {
@@ -107,7 +107,8 @@ cv::Mat RasterLayer::sample(const IiifRequest& q) {
 
 cv::Mat RasterLayer::render(const IiifRequest& q, int band) {
   const ImageInfo& i = info();
-  if (kind_ == LayerKind::kScores && (band < 0 || band >= i.channels))
+  const bool scores = kind_ == LayerKind::kScores || kind_ == LayerKind::kGrid;
+  if (scores && (band < 0 || band >= i.channels))
     throw RequestError("class " + std::to_string(band) + " is not a band of '" + i.path + "' (" +
                        std::to_string(i.channels) + " bands)");
   cv::Mat s = sample(q);

@@ -161,6 +161,7 @@ std::string kindType(const std::string& kind) {
   const std::string last = kind.substr(kind.rfind('/') == std::string::npos ? 0 : kind.rfind('/') + 1);
   if (last == "labels" || last == "instances") return "labels";
   if (last == "probs") return "scores";
+  if (last == "heatmap") return "grid";
   if (last == "objects_store") return "objects";
   return "";
 }
@@ -307,11 +308,13 @@ class Viewer {
           image.objects = std::make_unique<ObjectStore>(path);
           row["count"] = image.objects->count();
         } else {
-          auto raster =
-              std::make_shared<RasterLayer>(path, type == "labels" ? LayerKind::kLabels : LayerKind::kScores);
+          auto raster = std::make_shared<RasterLayer>(path, type == "labels" ? LayerKind::kLabels
+                                                            : type == "grid" ? LayerKind::kGrid
+                                                                             : LayerKind::kScores);
           row["width"] = raster->info().width;
           row["height"] = raster->info().height;
           row["classes"] = classes(*raster, type);
+          if (type == "grid") row["place"] = gridPlace(image, entry, *raster);
           if (type == "labels") {
             image.layers[name] = {name, kind, raster, 0};
           } else {
@@ -331,6 +334,29 @@ class Viewer {
     image.listing["mpp"] = image.mpp ? nlohmann::json(*image.mpp) : nlohmann::json();
   }
 
+  // Where a classifier's heatmap lies over the input, in level-0 pixels: pixel (column, row) is the window
+  // at (column, row) x its stride (processing pixels, its description says), drawn as the stride around the
+  // window's centre.
+  static nlohmann::json gridPlace(const Image& image, const nlohmann::json& entry, RasterLayer& raster) {
+    std::string error;
+    const auto d = parseJsonDocument(raster.info().description, error);
+    TILER_CHECK(
+        d && d->is_object() && d->contains("heatmap") && (*d)["heatmap"].is_object(), IoError,
+        "'" << raster.info().path << "': a heatmap without its grid (ImageDescription's \"heatmap\")");
+    const auto& h = (*d)["heatmap"];
+    TILER_CHECK(h.contains("stride") && h["stride"].is_array() && h["stride"].size() == 2 &&
+                    h.contains("window") && h["window"].is_array() && h["window"].size() == 2 &&
+                    h["stride"][0].is_number() && h["window"][0].is_number(),
+                IoError,
+                "'" << raster.info().path << "': the heatmap's stride and window are not two numbers");
+    const double processing_width = entry.value("width", 0.0);
+    const double downsample = processing_width > 0 ? double(image.width) / processing_width : 1.0;
+    const double stride = h["stride"][0].get<double>(), window = h["window"][0].get<double>();
+    return {{"x", (window - stride) / 2 * downsample},
+            {"y", (h["window"][1].get<double>() - h["stride"][1].get<double>()) / 2 * downsample},
+            {"width", double(raster.info().width) * stride * downsample}};
+  }
+
   // A raster's classes: names from the labels TIFF's description ({"classes": [...]}) or class_<k>; colours
   // from its palette.
   nlohmann::json classes(RasterLayer& raster, const std::string& type) {
@@ -339,11 +365,15 @@ class Viewer {
     std::string error;
     if (!i.description.empty()) {
       const auto d = parseJsonDocument(i.description, error);
-      if (d && d->is_object() && d->contains("classes") && (*d)["classes"].is_array())
-        for (const auto& n : (*d)["classes"])
-          names.push_back(n.is_string() ? n.get<std::string>() : defaultClassName(int(names.size())));
+      // A labels TIFF's {"classes": [...]}; a heatmap's {"heatmap": {"classes": [...]}}.
+      if (d && d->is_object()) {
+        const nlohmann::json& from = d->contains("heatmap") ? d->at("heatmap") : *d;
+        if (from.is_object() && from.contains("classes") && from.at("classes").is_array())
+          for (const auto& n : from.at("classes"))
+            names.push_back(n.is_string() ? n.get<std::string>() : defaultClassName(int(names.size())));
+      }
     }
-    const int count = type == "scores" ? i.channels : names.empty() ? 2 : int(names.size());
+    const int count = type != "labels" ? i.channels : names.empty() ? 2 : int(names.size());
     nlohmann::json out = nlohmann::json::array();
     for (int k = 0; k < count; ++k) {
       nlohmann::json c{{"index", k},
@@ -409,7 +439,7 @@ class Viewer {
       for (auto& l : j["layers"]) {
         const std::string type = l["type"];
         if (type == "labels") l["id"] = iiif + l["layer"].get<std::string>();
-        if (type == "scores")
+        if (type == "scores" || type == "grid")
           for (auto& c : l["classes"])
             c["id"] = iiif + l["layer"].get<std::string>() + "-" + std::to_string(c["index"].get<int>());
         if (type == "objects") l["url"] = "/api/objects?image=" + std::to_string(k);

@@ -17,7 +17,8 @@
 
 namespace tiler {
 
-enum class LayerKind { kImage, kLabels, kScores };
+// kGrid: a classifier's heatmap, a pixel a grid window, coloured as scores but sampled as labels are.
+enum class LayerKind { kImage, kLabels, kScores, kGrid };
 
 // The heatmap's colour map: a value in [0, 1] is interpolated between these stops (value, R, G, B); the
 // page's legend draws the same stops.

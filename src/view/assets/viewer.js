@@ -63,18 +63,23 @@
     });
     const W = image.width;
     // Every raster covers the input's extent: its world width is the input's (1), whatever its own pixels.
-    const add = (name, id, index) => new Promise(done => viewer.addTiledImage({
-      tileSource: id + '/info.json', x: 0, y: 0, width: 1, index: index,
+    const add = (name, id, index, place) => new Promise(done => viewer.addTiledImage({
+      tileSource: id + '/info.json', x: place ? place.x / W : 0, y: place ? place.y / W : 0,
+      width: place ? place.width / W : 1, index: index,
       opacity: want.includes(name) ? opacityOf(name) : 0,
       success: e => { layers[name] = e.item; done(); },
       error: e => { status.textContent = 'could not open ' + name + ': ' + (e.message || e); done(); }
     }));
-    const labels = layerOf('labels'), scores = layerOf('scores');
+    const labels = layerOf('labels'), scores = layerOf('scores'), grid = layerOf('grid');
     const cls = scores ? Math.min(parseInt(params.get('class') || String(scores.classes.length - 1), 10),
                                   scores.classes.length - 1) : 0;
     const loads = [add('input', image.id, 0)];
-    if (labels) loads.push(add('labels', labels.id, 1));
-    if (scores) loads.push(add('probs', scores.classes[cls].id, labels ? 2 : 1));
+    if (labels) loads.push(add('labels', labels.id, loads.length));
+    if (scores) loads.push(add('probs', scores.classes[cls].id, loads.length));
+    // A classifier's scores, a cell a window, placed as its grid lies over the input.
+    const gcls = grid ? Math.min(parseInt(params.get('class') || String(grid.classes.length - 1), 10),
+                                 grid.classes.length - 1) : 0;
+    if (grid) loads.push(add('grid', grid.classes[gcls].id, loads.length, grid.place));
     Promise.all(loads).then(() => {
       const view = (params.get('view') || '').split(',').map(Number);
       if (view.length === 4 && view.every(v => !isNaN(v)) && view[2] > 0 && view[3] > 0) {
@@ -93,7 +98,7 @@
         viewer.viewport.goHome(true);
       }
       viewer.forceRedraw();
-      controls(labels, scores, cls);
+      controls(labels, scores, cls, grid, gcls);
       requestObjects();
     });
     viewer.addHandler('tile-load-failed', e => { status.textContent = 'a tile failed: ' + e.message; });
@@ -102,7 +107,7 @@
     viewer.addHandler('resize', () => { draw(); requestObjects(); });
   }
 
-  function controls(labels, scores, cls) {
+  function controls(labels, scores, cls, grid, gcls) {
     const box = document.getElementById('layers');
     box.innerHTML = '';
     const want = shown();
@@ -137,23 +142,25 @@
       });
       row('labels', 'Labels', legend);
     }
-    if (scores) {
+    for (const [name, title, layer, chosen] of [['probs', 'Probability', scores, cls],
+                                                ['grid', 'Window scores', grid, gcls]]) {
+      if (!layer) continue;
       const extra = document.createElement('div');
       const select = document.createElement('select');
-      scores.classes.forEach(c => {
+      layer.classes.forEach(c => {
         const o = document.createElement('option'); o.value = c.index; o.textContent = c.name; select.appendChild(o);
       });
-      select.value = cls;
-      select.onchange = () => { params.set('class', select.value); params.set('layers', 'input,labels,probs');
+      select.value = chosen;
+      select.onchange = () => { params.set('class', select.value); params.set('layers', 'input,labels,' + name);
                                 open(+document.getElementById('image').value); };
       const stops = api.heatmap.map(s => 'rgb(' + s[1] + ',' + s[2] + ',' + s[3] + ') ' + (s[0] * 100) + '%');
       const gradient = document.createElement('div');
-      gradient.id = 'gradient';
+      gradient.className = 'gradient';
       gradient.style.background = 'linear-gradient(to right, ' + stops.join(', ') + ')';
       const ends = document.createElement('div');
       ends.innerHTML = '<span>0</span><span style="float:right">1</span>';
       extra.appendChild(select); extra.appendChild(gradient); extra.appendChild(ends);
-      row('probs', 'Probability', extra);
+      row(name, title, extra);
     }
     if (layerOf('objects')) row('objects', 'Objects (' + layerOf('objects').count + ')');
     status.textContent = image.mpp ? image.mpp.toFixed(3) + ' µm/px' : 'no µm/px in the file';
