@@ -191,4 +191,13 @@ int overviewLevel(const ImageInfo& info, int min_side) {
   return level;
 }
 
+std::string upsampleWarning(const std::string& image, const ProcessingResolution& resolution) {
+  if (!(resolution.upsampleFactor() > 1.0)) return {};
+  std::ostringstream out;
+  out << "'" << image << "': its level 0 (" << resolution.source_mpp.value_or(0)
+      << " um/px) is coarser than the model's " << resolution.mpp.value_or(0) << " um/px: upsampled "
+      << resolution.upsampleFactor() << "x by area (--no_upsample refuses)";
+  return out.str();
+}
+
 }  // namespace tiler
