@@ -442,10 +442,16 @@ TEST(ModelCard, StepsTilerCannotFollowAreRefusedByNameWithTheReason) {
     const std::string message = refusal(scale_id, "      - {id: " + id + "}\n");
     EXPECT_NE(message.find("outputs[0].postprocessing[0] (" + id +
                            "): a postprocessing step over the output's "
-                           "statistics needs the whole output"),
+                           "statistics needs the whole output ('probs') before its windows are blended"),
               std::string::npos)
         << message;
   }
+  const std::string matched =
+      refusal(scale_id,
+              "      - {id: scale_mean_variance, kwargs: {reference_tensor: raw, axes: [channel, y, x]}}\n");
+  EXPECT_NE(matched.find("the whole output ('probs', matched to reference_tensor 'raw') before"),
+            std::string::npos)
+      << matched;
   const std::string cast =
       refusal(scale_id, "      - {id: sigmoid}\n      - {id: ensure_dtype, kwargs: {dtype: uint8}}\n");
   EXPECT_NE(cast.find("postprocessing[1] (ensure_dtype) to 'uint8': tiler writes float outputs"),

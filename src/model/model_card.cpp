@@ -256,12 +256,14 @@ std::string stepWhere(const std::string& list, size_t index, const std::string& 
 }
 
 // One pre- or postprocessing step of a 0.5 card (id and kwargs) as tiler follows it; `where` names it in
-// messages; `axis_ids` are the input's axes (batch, channel, y, x as the card names them), `input_id` its id.
-// `pre`: a preprocessing step (postprocessing has no statistics steps tiler can follow). nullopt: a step
-// that changes nothing tiler feeds (ensure_dtype to a float type).
+// messages; `axis_ids` are the input's axes (batch, channel, y, x as the card names them), `input_id` its id,
+// `tensor_id` the id of the tensor the step is of. `pre`: a preprocessing step (postprocessing has no
+// statistics steps tiler can follow). nullopt: a step that changes nothing tiler feeds (ensure_dtype to a
+// float type).
 std::optional<ProcessingStep> readStep(const YAML::Node& step, const std::string& rdf,
                                        const std::string& where, const std::vector<std::string>& axis_ids,
-                                       const std::string& input_id, bool pre, const std::string& previous) {
+                                       const std::string& input_id, const std::string& tensor_id, bool pre,
+                                       const std::string& previous) {
   TILER_CHECK(step.IsMap() && step["id"], ConfigError, "'" << rdf << "': " << where << " has no id");
   const std::string id = step["id"].as<std::string>();
   const YAML::Node kw = step["kwargs"] ? step["kwargs"] : YAML::Node(YAML::NodeType::Map);
@@ -321,10 +323,16 @@ std::optional<ProcessingStep> readStep(const YAML::Node& step, const std::string
     }
     s.gain = gain, s.offset = offset;
   } else if (id == "scale_range" || id == "zero_mean_unit_variance" || id == "scale_mean_variance") {
-    TILER_CHECK(
-        pre, ConfigError,
-        "'" << rdf << "': " << where << ": a postprocessing step over the output's statistics needs "
-            << "the whole output before its windows are blended, and tiler blends windows as they come");
+    // Each window normalised by its own statistics would give each window other numbers (seams); the
+    // whole image's are known only once every window is blended, and tiler writes each band as it is.
+    TILER_CHECK(pre, ConfigError,
+                "'" << rdf << "': " << where << ": a postprocessing step over the output's statistics needs "
+                    << "the whole output ('" << tensor_id << "'"
+                    << (kw["reference_tensor"] ? ", matched to reference_tensor '" +
+                                                     kw["reference_tensor"].as<std::string>() + "'"
+                                               : std::string())
+                    << ") before its windows are blended, and tiler blends windows as they come and writes "
+                       "each blended band at once (per window, every window would get numbers of its own)");
     TILER_CHECK(id != "scale_mean_variance", ConfigError,
                 "'" << rdf << "': " << where << " is a postprocessing step (it matches the output to a "
                     << "reference tensor's statistics)");
@@ -418,10 +426,10 @@ std::optional<ProcessingStep> readStep(const YAML::Node& step, const std::string
   return s;
 }
 
-// The steps of a list, in the card's order.
+// The steps of a list (of tensor `tensor_id`), in the card's order.
 std::vector<ProcessingStep> readSteps(const YAML::Node& steps, const std::string& rdf,
                                       const std::string& list, const std::vector<std::string>& axis_ids,
-                                      const std::string& input_id, bool pre) {
+                                      const std::string& input_id, const std::string& tensor_id, bool pre) {
   std::vector<ProcessingStep> out;
   if (!steps) return out;
   TILER_CHECK(steps.IsSequence(), ConfigError, "'" << rdf << "': " << list << " is not a list of steps");
@@ -430,7 +438,7 @@ std::vector<ProcessingStep> readSteps(const YAML::Node& steps, const std::string
     const YAML::Node step = steps[i];
     const std::string id = step.IsMap() && step["id"] ? step["id"].as<std::string>() : "";
     const std::string where = stepWhere(list, i, id);
-    auto s = readStep(step, rdf, where, axis_ids, input_id, pre, previous);
+    auto s = readStep(step, rdf, where, axis_ids, input_id, tensor_id, pre, previous);
     previous = id;
     if (!s) continue;
     // Statistics are of the image as read, carried through affine maps only: after a clip or a sigmoid
@@ -450,7 +458,7 @@ std::vector<ProcessingStep> readSteps(const YAML::Node& steps, const std::string
 void readPreprocessing(const YAML::Node& steps, const std::string& rdf,
                        const std::vector<std::string>& axis_ids, const std::string& input_id,
                        ModelCard& card) {
-  const auto list = readSteps(steps, rdf, "inputs[0].preprocessing", axis_ids, input_id, true);
+  const auto list = readSteps(steps, rdf, "inputs[0].preprocessing", axis_ids, input_id, input_id, true);
   card.scale = 1.0;  // bioimage.io feeds the tensor's values as they are
   const bool fixed =
       std::all_of(list.begin(), list.end(), [](const ProcessingStep& s) { return s.id == "scale_linear"; });
@@ -630,8 +638,9 @@ void readOutput(const YAML::Node& output, const YAML::Node& input, const std::st
   // A leading sigmoid or softmax is --activation (which a flag overrides, and which sets the label
   // threshold); the steps after it are applied to each window's output after it.
   card.activation = "none";
-  auto steps = readSteps(output["postprocessing"], rdf, "outputs[0].postprocessing",
-                         {"batch", "channel", "y", "x"}, card.input_id, false);
+  auto steps =
+      readSteps(output["postprocessing"], rdf, "outputs[0].postprocessing", {"batch", "channel", "y", "x"},
+                card.input_id, output["id"] ? output["id"].as<std::string>() : "output", false);
   if (!steps.empty() && (steps[0].id == "sigmoid" || steps[0].id == "softmax")) {
     card.activation = steps[0].id;
     steps.erase(steps.begin());
