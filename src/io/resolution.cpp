@@ -1,5 +1,7 @@
 #include "tiler/io/resolution.hpp"
 
+#include <spdlog/fmt/fmt.h>
+
 #include <algorithm>
 #include <cmath>
 #include <sstream>
@@ -193,11 +195,10 @@ int overviewLevel(const ImageInfo& info, int min_side) {
 
 std::string upsampleWarning(const std::string& image, const ProcessingResolution& resolution) {
   if (!(resolution.upsampleFactor() > 1.0)) return {};
-  std::ostringstream out;
-  out << "'" << image << "': its level 0 (" << resolution.source_mpp.value_or(0)
-      << " um/px) is coarser than the model's " << resolution.mpp.value_or(0) << " um/px: upsampled "
-      << resolution.upsampleFactor() << "x by area (--no_upsample refuses)";
-  return out.str();
+  return fmt::format(
+      "'{}': its level 0 ({} um/px) is coarser than the model's {} um/px: upsampled {:.6g}x by area "
+      "(--no_upsample refuses)",
+      image, resolution.source_mpp.value_or(0), resolution.mpp.value_or(0), resolution.upsampleFactor());
 }
 
 }  // namespace tiler
