@@ -151,7 +151,8 @@ TEST(Readers, DirectoryDiscoveryFindsExactlyTheExtensionsTheRowsDeclare) {
   const std::string dir = test::scratchDir("readers_discovery");
   std::set<std::string> declared;
   for (const ReaderBackend& b : readerBackends()) {
-    EXPECT_FALSE(b.extensions.empty()) << b.name;
+    // Every row that reads files names them (the in-memory row reads none).
+    EXPECT_EQ(b.extensions.empty(), std::string(b.name) == "memory") << b.name;
     for (const std::string& ext : b.extensions) {
       EXPECT_TRUE(declared.insert(ext).second) << ext << " is declared by two rows";
       std::ofstream(dir + "/lower" + ext) << "";
