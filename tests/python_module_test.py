@@ -176,6 +176,25 @@ class Infer(unittest.TestCase):
         self.assertTrue(seen)
         self.assertEqual(seen[-1][0], seen[-1][1])
 
+    def test_a_tqdm_like_bar_is_told_every_window(self):
+        class Bar:
+            total, n = None, 0
+
+            def update(self, k):
+                self.n += k
+
+        bar = Bar()
+        report = tiler.infer(SMALL, self.dir, MODELS / "sample.pt", window=64, progress=bar)
+        self.assertEqual(bar.total, report["windows_total"])
+        self.assertEqual(bar.n, bar.total)
+
+    def test_log_lines_go_to_pythons_logging(self):
+        import logging
+
+        with self.assertLogs("tiler", level="INFO") as logs:
+            tiler.infer(SMALL, self.dir, MODELS / "sample.pt", window=64, no_progress=True)
+        self.assertTrue(any("windows of 64x64" in line for line in logs.output), logs.output)
+
     def test_an_exception_in_progress_stops_the_run_and_is_raised(self):
         def stop(done, total):
             raise KeyboardInterrupt
@@ -287,6 +306,23 @@ class Predict(unittest.TestCase):
         # Another window is another model as the engine probes it: made anew.
         self.assertEqual(model.predict(test_image(np.uint8, seed=1), window=32)["report"]["window"], [32, 32])
         self.assertEqual(model.loads, 2)
+
+    def test_torch_imported_first_shares_the_process(self):
+        """Debian's python3-torch and tiler share one LibTorch: importing both gives the same numbers."""
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            self.skipTest("no torch in this Python")
+        path = os.path.join(self.dir, "pixels.npy")
+        np.save(path, test_image(np.uint8, seed=5))
+        code = ("import sys, numpy as np, torch; sys.path.insert(0, %r); import tiler; "
+                "r = tiler.predict(np.load(%r), %r, window=64, save='probs'); "
+                "sys.stdout.buffer.write(r['probs'].tobytes())" % (os.path.abspath(MODULE_DIR), path,
+                                                                    str(MODELS / "sample.pt")))
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        ours = tiler.predict(np.load(path), MODELS / "sample.pt", window=64, save="probs")["probs"]
+        self.assertEqual(run.stdout, ours.tobytes())
 
     def test_a_bad_dtype_is_refused(self):
         with self.assertRaises(ValueError) as caught:
