@@ -1006,6 +1006,45 @@ def bench_view(b):
             server.wait()
 
 
+SMALL_CONV_NET = """import sys, torch
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(16, 16, 3, padding=1),
+                          torch.nn.ReLU(), torch.nn.Conv2d(16, 2, 1)).eval()
+torch.jit.script(net).save(sys.argv[1])
+"""
+
+
+def bench_python(b):
+    module_dir = b.bin / "python"
+    if not list(module_dir.glob("tiler*.so")) or not b.debian_python_has("torch"):
+        print(f"bench python: no module in {module_dir} or no torch in {DEBIAN_PYTHON}: skipped", file=sys.stderr)
+        return
+    small = b.cache / "small_conv.pt"
+    if not small.exists():
+        b.output([DEBIAN_PYTHON, "-c", SMALL_CONV_NET, small])
+    size = b.size(4096, 1024)
+    for name, model in (("small conv net", small), ("sample UNet", b.model)):
+        for _ in b.repeat():
+            out = b.json_out([DEBIAN_PYTHON, "scripts/python_predict.py", "--module_dir", module_dir, "-m", model,
+                              "--size", size, "--threads", 2], "seconds")
+            scenario = f"python: {size}px, {name}, 2 threads"
+            b.emit(f"{scenario}, tiler.predict", "seconds", out.get("seconds"))
+            b.emit(f"{scenario}, MONAI's sliding window in PyTorch", "seconds", out.get("monai_seconds"))
+            b.emit(f"{scenario}: MONAI's / tiler.predict", "speedup", out.get("speedup"))
+            b.emit(f"{scenario}: tiler.predict against MONAI's", "max_abs_difference", out.get("max_abs_difference"))
+    job = ["--threads", 2, "--no_progress"]
+    for _ in b.repeat():
+        out = b.fresh("out_python_command")
+        command = b.wall(b.tiler("-i", b.sample, "-m", b.model, "-o", out, *job))
+        out = b.fresh("out_python_infer")
+        call = (f"import sys; sys.path.insert(0, {str(module_dir)!r}); import tiler; "
+                f"tiler.infer({str(b.sample)!r}, {str(out)!r}, {b.model!r}, threads=2, no_progress=True)")
+        infer = b.wall([DEBIAN_PYTHON, "-c", call])
+        b.emit("python: tiler command, pipeline's job", "seconds", command)
+        b.emit("python: tiler.infer in python3, the same job", "seconds", infer)
+        b.emit("python: tiler.infer / command", "time_ratio", ratio(infer, command))
+
+
 BENCHES = [
     Row("model", "the sample UNet's pure batched forward by batch and precision",
         "tiler_bench forward -m sample.pt --windows 64 --threads 2, batch 1/4/8/16 x fp32/bf16",
@@ -1102,6 +1141,13 @@ BENCHES = [
         "fcn_resnet50, batch, precision, outputs, blended on the device or the host (not in all)",
         "tiler --device cuda over GPU_BENCH_IMAGES (4) x GPU_BENCH_SIZE (16384; --quick: 4096) px; python3 "
         "scripts/python_forward.py --device cuda", "seconds, overhead_ratio", bench_gpu, in_all=False),
+    Row("python", "tiler.predict on a 4096 px array (--quick: 1024) against MONAI's sliding_window_inference "
+        "written in plain PyTorch (MONAI is no Debian package: scripts/python_predict.py), same process, model, "
+        "grid and gaussian, 2 threads each, a small conv net and the sample UNet; tiler.infer's whole process "
+        "against the command's on the pipeline's job",
+        "python_predict.py --size 4096 --threads 2 -m small_conv.pt | sample.pt; tiler -i blobs_4096.tif "
+        "--threads 2 against python3 -c 'tiler.infer(...)'",
+        "seconds, speedup, max_abs_difference, time_ratio", bench_python),
 ]
 
 
@@ -1133,6 +1179,9 @@ def build():
                     "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     subprocess.run(["cmake", "--build", "build", "--target", "tiler", "ctrun", "tiler_bench"], cwd=ROOT, check=True,
                    stdout=subprocess.DEVNULL)
+    # The Python module, where this build has it (pybind11): the python bench skips itself without.
+    subprocess.run(["cmake", "--build", "build", "--target", "tiler_python"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
     return ROOT / "build"
 
 
