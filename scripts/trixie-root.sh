@@ -47,8 +47,8 @@ trixie_root() {
   echo "$packages" >"$stamp"
 }
 
-# trixie_copy_source ROOT: the tracked and unignored files into ROOT/src/tiler, where the last copy and its build
-# trees (build-*) stay. A file whose bytes did not change keeps the last copy's mtime, so a fresh clone (whose
+# trixie_copy_source ROOT: the tracked and unignored files, and .deps/viewer, into ROOT/src/tiler, where the last
+# copy and its build trees (build-*) stay. A file whose bytes did not change keeps the last copy's mtime, so a fresh clone (whose
 # files are all new to make) rebuilds only what changed since the last run here, even with an empty compiler
 # cache; a changed or new file (or mode) gets the time of the copy (not its own mtime, which can be older than
 # a build another tree made here since: ninja would keep the old object), a file gone from the tree goes.
@@ -56,7 +56,9 @@ trixie_copy_source() {
   local dest="$1/src/tiler" incoming="$1/src/incoming"
   rm -rf "$incoming"
   mkdir -p "$dest" "$incoming"
-  git ls-files -co --exclude-standard -z | tar --null -T - -cf - | tar -xpf - -C "$incoming"
+  # The tree, and what setup-deps.sh put in .deps/viewer (npm's OpenSeadragon: the root has no npm).
+  { git ls-files -co --exclude-standard -z; [ ! -d .deps/viewer ] || find .deps/viewer -type f -print0; } |
+    tar --null -T - -cf - | tar -xpf - -C "$incoming"
   (cd "$dest" && find . -path './build-*' -prune -o \( -type f -o -type l \) -print0) |
     while IFS= read -r -d '' f; do [ -e "$incoming/$f" ] || [ -L "$incoming/$f" ] || rm -f "$dest/$f"; done
   (cd "$incoming" && find . \( -type f -o -type l \) -print0) |
