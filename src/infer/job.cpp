@@ -530,12 +530,9 @@ void InferJob::planImages() {
     if (rank() == 0) checkReportPath();
     if (rank() == 0)
       for (const auto& img : catalog_.images())
-        if (img.status == "ok" && img.resolution.upsampleFactor() > 1.0)
-          spdlog::warn(
-              "'{}': its level 0 ({} um/px) is coarser than the model's {} um/px: upsampled {:.6g}x by "
-              "area (--no_upsample refuses)",
-              img.input, img.resolution.source_mpp.value_or(0), img.resolution.mpp.value_or(0),
-              img.resolution.upsampleFactor());
+        if (const std::string upsampled = upsampleWarning(img.input, img.resolution);
+            img.status == "ok" && !upsampled.empty())
+          spdlog::warn("{}", upsampled);
     if (plan_.abort_on_error) {
       for (const auto& img : catalog_.images())
         TILER_CHECK(img.status != "error", IoError, img.error << " (--on_error abort)");

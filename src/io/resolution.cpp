@@ -1,5 +1,7 @@
 #include "tiler/io/resolution.hpp"
 
+#include <spdlog/fmt/fmt.h>
+
 #include <algorithm>
 #include <cmath>
 #include <sstream>
@@ -189,6 +191,14 @@ int overviewLevel(const ImageInfo& info, int min_side) {
   for (size_t l = 0; l < info.levels.size(); ++l)
     if (std::max(info.levels[l].width, info.levels[l].height) >= min_side) level = int(l);
   return level;
+}
+
+std::string upsampleWarning(const std::string& image, const ProcessingResolution& resolution) {
+  if (!(resolution.upsampleFactor() > 1.0)) return {};
+  return fmt::format(
+      "'{}': its level 0 ({} um/px) is coarser than the model's {} um/px: upsampled {:.6g}x by area "
+      "(--no_upsample refuses)",
+      image, resolution.source_mpp.value_or(0), resolution.mpp.value_or(0), resolution.upsampleFactor());
 }
 
 }  // namespace tiler

@@ -141,6 +141,7 @@ void takeModelCard(const CLI::App& app, tiler::InferOptions& o) {
     if (app.count("--" + name) > 0) given.insert(name);
   if (app.count("--level") + app.count("--magnification") > 0) given.insert("mpp");
   o.model = card->weights;
+  o.model_sha256 = card->weights_sha256;
   o.model_card = card->path;
   o.settings_from =
       tiler::applyModelCard(*card, given,

@@ -51,6 +51,9 @@ struct ProcessingResolution {
 // spec.upsample); level 0 otherwise. Throws IoError naming the image when it cannot be met: no such level,
 // no resolution metadata to go by, or a target finer than level 0 without spec.upsample.
 ProcessingResolution chooseResolution(const ImageInfo& info, const ResolutionSpec& spec);
+// The warning a run gives for `image` read at `resolution` where that upsamples level 0 (the image's µm/px,
+// the target's and the factor; infer and finetune alike), else empty.
+std::string upsampleWarning(const std::string& image, const ProcessingResolution& resolution);
 
 // `source` seen at `resolution` (the source itself when native): info() is the source's with the processing
 // width and height; regions are processing pixels. The second form does not own `source`.
