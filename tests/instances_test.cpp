@@ -1,7 +1,8 @@
 // Instance objects: outlines exact to the pixel edges (areas equal pixel counts, holes kept, parts that meet
 // at a corner apart), objects measured from their pixels, ids that are no ids refused, and each object kept
 // once, by the window whose core holds its centroid, in any arrival order, into GeoJSON, CSV and a uint32
-// TIFF equal to the image's own objects; objects cut by a window edge counted, never duplicated.
+// TIFF equal to the image's own objects; objects a window edge cuts joined whole (rings and C shapes too),
+// those taller than the band counted, never written in pieces.
 #include "tiler/writers/instances.hpp"
 
 #include <gtest/gtest.h>
@@ -278,6 +279,27 @@ InstanceOptions instanceOptions() {
   return o;
 }
 
+// The scene object of each object of an instance TIFF (an int32 map of `global`'s size): empty, with a
+// failure, unless the TIFF has an object exactly where the scene has one, each scene object one TIFF object
+// (none split, none written twice).
+std::map<int, int> sceneIds(const cv::Mat& tiff, const cv::Mat& global) {
+  std::map<int, int> to_scene, to_object;
+  if (tiff.type() != CV_32S || tiff.size() != global.size()) {
+    ADD_FAILURE() << "the TIFF is not an int32 map of the scene's size";
+    return {};
+  }
+  for (int y = 0; y < global.rows; ++y)
+    for (int x = 0; x < global.cols; ++x) {
+      const int got = tiff.at<int32_t>(y, x), want = global.at<int32_t>(y, x);
+      if ((got == 0) != (want == 0) || (got != 0 && (to_scene.emplace(got, want).first->second != want ||
+                                                     to_object.emplace(want, got).first->second != got))) {
+        ADD_FAILURE() << "pixel " << x << "," << y << ": object " << got << ", scene object " << want;
+        return {};
+      }
+    }
+  return to_scene;
+}
+
 TEST(Instances, EachObjectIsKeptOnceByTheWindowWhoseCoreHoldsItsCentroidInAnyOrder) {
   Scene s = scene("instances_core");
   // A disc across four windows' overlaps, a square at the image's corner, an L whose bounding box is not
@@ -309,14 +331,7 @@ TEST(Instances, EachObjectIsKeptOnceByTheWindowWhoseCoreHoldsItsCentroidInAnyOrd
     // The instance TIFF: the scene's objects, renumbered 1.. in the order their windows kept them.
     cv::Mat tiff = ImageReader::open(s.dir + "/slide_instances.tif")->readRegion({0, 0, 40, 30});
     ASSERT_EQ(tiff.type(), CV_32S);
-    std::map<int, int> to_scene;
-    for (int y = 0; y < 30; ++y)
-      for (int x = 0; x < 40; ++x) {
-        const int got = tiff.at<int32_t>(y, x), want = s.global.at<int32_t>(y, x);
-        ASSERT_EQ(got == 0, want == 0) << x << "," << y;
-        if (got == 0) continue;
-        ASSERT_EQ(to_scene.emplace(got, want).first->second, want) << x << "," << y;
-      }
+    const std::map<int, int> to_scene = sceneIds(tiff, s.global);
     EXPECT_EQ(to_scene.size(), 5u);
     const auto j = nlohmann::json::parse(geojson);
     ASSERT_EQ(j["features"].size(), 5u);
@@ -351,18 +366,20 @@ TEST(Instances, EachObjectIsKeptOnceByTheWindowWhoseCoreHoldsItsCentroidInAnyOrd
   }
 }
 
-TEST(Instances, AnObjectLargerThanTheOverlapIsCountedNeverDuplicated) {
+TEST(Instances, AnObjectLargerThanTheOverlapIsJoinedOnceWhole) {
   Scene s = scene("instances_large");
   // 14 px wide across windows 8 px apart: every window that sees it sees it cut.
   cv::rectangle(s.global, cv::Rect(13, 10, 14, 4), cv::Scalar(1), cv::FILLED);
   InstanceOutputs out(s.img, instanceOptions());
   for (int64_t w = 0; w < s.img.grid.count(); ++w) out.add(w, asFloats(windowMap(s, w)).data());
   out.commit();
-  const auto objects = out.objects();
-  // Two windows saw a part of it, each part's centroid in that window's core: both parts are counted.
-  EXPECT_EQ((*objects)[0], 0);
-  EXPECT_EQ((*objects)[1], 2);
-  EXPECT_EQ(nlohmann::json::parse(test::slurp(s.dir + "/slide_objects.geojson"))["features"].size(), 0u);
+  EXPECT_EQ(out.objects(), (std::array<int64_t, 2>{1, 0}));
+  const auto j = nlohmann::json::parse(test::slurp(s.dir + "/slide_objects.geojson"));
+  ASSERT_EQ(j["features"].size(), 1u);
+  EXPECT_EQ(j["features"][0]["properties"]["measurements"]["area"].get<double>(), 4 * 14 * 4);
+  cv::Mat tiff = ImageReader::open(s.dir + "/slide_instances.tif")->readRegion({0, 0, 40, 30});
+  EXPECT_EQ(cv::countNonZero(tiff == 1), 14 * 4);
+  EXPECT_EQ(cv::countNonZero(tiff), 14 * 4);
 }
 
 TEST(Instances, ARecordIsTheWindowsObjectsAndNothingElse) {
@@ -453,6 +470,157 @@ std::vector<OutlinePolygon> scenePolygons(const nlohmann::json& geometry) {
     }
   }
   return polygons;
+}
+
+// A scene of `width` x `height` pixels in windows of 16 at a stride of 8 (an overlap of 8), level 0 at twice
+// its pixels.
+Scene largeScene(const std::string& name, int width, int height) {
+  Scene s = scene(name);
+  s.img.info.width = width;
+  s.img.info.height = height;
+  s.img.info.levels = {{2 * width, 2 * height, 1.0}};
+  s.img.grid = WindowGrid(width, height, GridSpec{16, 16, 0.5, 0.5});
+  s.global = cv::Mat::zeros(height, width, CV_32S);
+  return s;
+}
+
+// Window w's map as a connected-components model gives it: every 8-connected piece of an object that the
+// window sees is an object of its own (ids 1, 2, ... in the window), then a class channel that grows with
+// the image's x (x / width) and its complement, so that an object's score is the mean over all its pixels.
+std::vector<double> componentMap(const Scene& s, int64_t w) {
+  const Rect r = s.img.grid.imageWindow(w);
+  std::vector<double> map(3 * 16 * 16, 0.0);
+  cv::Mat view = cv::Mat::zeros(16, 16, CV_32S);
+  for (int y = 0; y < 16; ++y)
+    for (int x = 0; x < 16; ++x) {
+      const int64_t gx = r.x + x, gy = r.y + y;
+      if (gx < 0 || gy < 0 || gx >= s.global.cols || gy >= s.global.rows) continue;
+      view.at<int32_t>(y, x) = s.global.at<int32_t>(int(gy), int(gx));
+      map[size_t(256 + y * 16 + x)] = double(gx) / s.global.cols;
+      map[size_t(512 + y * 16 + x)] = 1 - double(gx) / s.global.cols;
+    }
+  std::set<int> ids(view.begin<int32_t>(), view.end<int32_t>());
+  int next = 1;
+  for (int id : ids) {
+    if (id == 0) continue;
+    cv::Mat pieces;
+    const int n = cv::connectedComponents(view == id, pieces, 8, CV_32S);
+    for (int y = 0; y < 16; ++y)
+      for (int x = 0; x < 16; ++x)
+        if (pieces.at<int32_t>(y, x) > 0) map[size_t(y * 16 + x)] = next + pieces.at<int32_t>(y, x) - 1;
+    next += n - 1;
+  }
+  return map;
+}
+
+// The scene's objects through records in the given order of windows, committed.
+void writeComponents(const Scene& s, bool backwards) {
+  InstanceOutputs out(s.img, instanceOptions());
+  const int64_t n = s.img.grid.count();
+  for (int64_t k = 0; k < n; ++k) {
+    const int64_t w = backwards ? n - 1 - k : k;
+    out.addRecord(
+        w, encodeWindowObjects(keepWindowObjects(s.img, instanceOptions(), w, componentMap(s, w).data())));
+  }
+  EXPECT_EQ(out.heldWindows(), 0u);
+  out.commit();
+}
+
+// Objects of up to three overlaps, a ring whose two sides a window sees apart and a C whose arms a window
+// sees apart (they meet only in a neighbouring window), two such objects that touch, and a small one: each
+// written once, whole, its measurements those of all its pixels, in any order the windows arrive.
+TEST(Instances, ObjectsLargerThanTheOverlapAreJoinedWholeWhateverTheirShape) {
+  Scene s = largeScene("instances_join", 72, 48);
+  cv::rectangle(s.global, cv::Rect(44, 4, 14, 24), cv::Scalar(1), cv::FILLED);  // a ring 3 px thick
+  cv::rectangle(s.global, cv::Rect(47, 7, 8, 18), cv::Scalar(0), cv::FILLED);
+  drawObject(s, 8, 26,
+             {"########################", "########################", "########################", "###",
+              "###", "###", "###", "###", "###", "###", "###", "########################",
+              "########################", "########################"},
+             2);  // a C open to the right, 24 x 14
+  cv::rectangle(s.global, cv::Rect(2, 42, 24, 4), cv::Scalar(3), cv::FILLED);   // a bar of three overlaps
+  cv::rectangle(s.global, cv::Rect(24, 12, 10, 6), cv::Scalar(4), cv::FILLED);  // two that touch
+  cv::rectangle(s.global, cv::Rect(34, 12, 10, 6), cv::Scalar(5), cv::FILLED);
+  cv::circle(s.global, {64, 40}, 2, cv::Scalar(6), cv::FILLED);  // seen whole
+  // The ring's sides and the C's arms are apart in some window.
+  const auto pieces = [&](int64_t w, int id) {
+    const std::vector<double> map = componentMap(s, w);
+    std::set<double> found;
+    const Rect r = s.img.grid.imageWindow(w);
+    for (int y = 0; y < 16; ++y)
+      for (int x = 0; x < 16; ++x)
+        if (s.global.at<int32_t>(int(r.y + y), int(r.x + x)) == id) found.insert(map[size_t(y * 16 + x)]);
+    return found.size();
+  };
+  EXPECT_EQ(pieces(1 * 8 + 5, 1), 2u);  // column 5 (x 40..55), row 1 (y 8..23)
+  EXPECT_EQ(pieces(3 * 8 + 2, 2), 2u);  // column 2 (x 16..31), row 3 (y 24..39)
+  std::string first_csv, first_geojson;
+  for (bool backwards : {false, true}) {
+    writeComponents(s, backwards);
+    const std::string csv = test::slurp(s.dir + "/slide_objects.csv");
+    const std::string geojson = test::slurp(s.dir + "/slide_objects.geojson");
+    cv::Mat tiff = ImageReader::open(s.dir + "/slide_instances.tif")->readRegion({0, 0, 72, 48});
+    // The TIFF is the scene: one object for each of the scene's, none split, none twice.
+    const std::map<int, int> to_scene = sceneIds(tiff, s.global);
+    EXPECT_EQ(to_scene.size(), 6u);
+    const auto j = nlohmann::json::parse(geojson);
+    ASSERT_EQ(j["features"].size(), 6u);
+    for (const auto& f : j["features"]) {
+      const int id = f["id"].get<int>(), scene_id = to_scene.at(id);
+      const cv::Mat mask = s.global == scene_id;
+      const double pixels = double(cv::countNonZero(mask));
+      const auto& m = f["properties"]["measurements"];
+      EXPECT_EQ(m["area"].get<double>(), 4 * pixels) << scene_id;
+      double outline = 0;
+      for (const OutlinePolygon& polygon : scenePolygons(f["geometry"])) {
+        EXPECT_EQ(outlineProblem(polygon), "") << f["geometry"].dump();
+        outline += polygonArea(polygon);
+      }
+      EXPECT_EQ(4 * outline, 4 * pixels) << scene_id;
+      // Centroid and score of all its pixels (level 0 twice the scene).
+      double sx = 0, sy = 0, score = 0;
+      for (int y = 0; y < 48; ++y)
+        for (int x = 0; x < 72; ++x)
+          if (mask.at<uint8_t>(y, x)) {
+            sx += x + 0.5;
+            sy += y + 0.5;
+            score += double(x) / 72;
+          }
+      EXPECT_NEAR(m["centroid_x"].get<double>(), 2 * sx / pixels, 1e-9) << scene_id;
+      EXPECT_NEAR(m["centroid_y"].get<double>(), 2 * sy / pixels, 1e-9) << scene_id;
+      EXPECT_NEAR(m["prob_near"].get<double>(), score / pixels, 1e-6) << scene_id;
+    }
+    if (!backwards) {
+      first_csv = csv;
+      first_geojson = geojson;
+    } else {
+      EXPECT_EQ(csv, first_csv);
+      EXPECT_EQ(geojson, first_geojson);
+    }
+    for (const char* f : {"/slide_objects.csv", "/slide_objects.geojson", "/slide_instances.tif"})
+      fs::remove(s.dir + f);
+  }
+}
+
+// The owner holds kJoinBandWindows window heights of rows to join objects in: an object taller than that
+// is counted and left out, never written in pieces, and the objects beside it are written as ever.
+TEST(Instances, AnObjectTallerThanTheBandIsCountedNotWrittenInPieces) {
+  Scene s = largeScene("instances_band", 40, 80);
+  ASSERT_EQ(kJoinBandWindows * 16, 48);
+  cv::rectangle(s.global, cv::Rect(18, 10, 4, 50), cv::Scalar(1), cv::FILLED);  // 50 rows tall
+  cv::rectangle(s.global, cv::Rect(26, 40, 12, 3), cv::Scalar(2), cv::FILLED);  // cut, joined
+  cv::rectangle(s.global, cv::Rect(2, 70, 3, 3), cv::Scalar(3), cv::FILLED);    // whole
+  cv::rectangle(s.global, cv::Rect(2, 16, 4, 32), cv::Scalar(4), cv::FILLED);   // two window heights, cut
+  InstanceOutputs out(s.img, instanceOptions());
+  for (int64_t w = 0; w < s.img.grid.count(); ++w)
+    out.addRecord(
+        w, encodeWindowObjects(keepWindowObjects(s.img, instanceOptions(), w, componentMap(s, w).data())));
+  out.commit();
+  EXPECT_EQ(out.objects(), (std::array<int64_t, 2>{3, 1}));
+  cv::Mat tiff = ImageReader::open(s.dir + "/slide_instances.tif")->readRegion({0, 0, 40, 80});
+  EXPECT_EQ(cv::countNonZero(tiff(cv::Rect(18, 10, 4, 50))), 0) << "no piece of the tall object";
+  EXPECT_EQ(cv::countNonZero(tiff), 12 * 3 + 3 * 3 + 4 * 32);
+  EXPECT_EQ(nlohmann::json::parse(test::slurp(s.dir + "/slide_objects.geojson"))["features"].size(), 3u);
 }
 
 TEST(Instances, EveryOutlineWrittenIsValidAsGeosJudgesIt) {

@@ -213,14 +213,24 @@ def forward(self, x):
   r = tiler("det_tta", body + "    return torch.zeros(b, 3, 6)\n", " --tta flip");
   EXPECT_EQ(r.code, 1) << r.output;
   EXPECT_NE(r.output.find("--tta is for maps and vectors"), std::string::npos) << r.output;
-  // A box as large as the window: every window keeps its own, cut where the window ends inside the image.
+  // A box of a window's top-left quarter: every window keeps its own, those of windows inside the image cut
+  // where the window begins, and no two meet in the windows' overlap: counted as cut.
+  r = tiler("det_quarter", body +
+                               "    return torch.tensor([0.0, 0.0, w / 2, h / 2, 1.0, 0.0]).view(1, 1, "
+                               "6).expand(b, 1, 6)\n");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("touch a window edge inside the image"), std::string::npos) << r.output;
+  const auto e = *imageEntry(report(root_ + "/out_det_quarter"), "grey.tif");
+  EXPECT_GT(e["objects_at_window_edge"].get<int64_t>(), 0) << e;
+  EXPECT_EQ(e["objects"], e["windows"]) << e;
+  // A box as large as the window: every window keeps its own, cut where the window ends inside the image;
+  // the parts overlap where the windows do and are merged into one box, the image.
   r = tiler("det_whole",
             body + "    return torch.tensor([0.0, 0.0, w, h, 1.0, 0.0]).view(1, 1, 6).expand(b, 1, 6)\n");
   EXPECT_EQ(r.code, 0) << r.output;
-  EXPECT_NE(r.output.find("touch a window edge inside the image"), std::string::npos) << r.output;
-  const auto e = *imageEntry(report(root_ + "/out_det_whole"), "grey.tif");
-  EXPECT_GT(e["objects_at_window_edge"].get<int64_t>(), 0) << e;
-  EXPECT_EQ(e["objects"], e["windows"]) << e;
+  const auto whole = *imageEntry(report(root_ + "/out_det_whole"), "grey.tif");
+  EXPECT_EQ(whole["objects"], 1) << whole;
+  EXPECT_EQ(whole["objects_at_window_edge"], 0) << whole;
   for (const char* name : {"out_det_swapped", "out_det_nan"})
     EXPECT_FALSE(fs::exists(root_ + "/" + name + "/grey_objects.geojson"))
         << name << ": nothing half-written";

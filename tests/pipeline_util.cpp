@@ -101,6 +101,16 @@ std::string saveDetector(const std::string& path, const std::string& forward) {
   return path;
 }
 
+std::string blobsAndGreenModel(const std::string& root) {
+  torch::jit::Module m("BlobsAndGreen");
+  m.register_module("blobs",
+                    torch::jit::load(std::string(TILER_TEST_SOURCE_DIR) + "/samples/models/instances.pt"));
+  m.define("def forward(self, x):\n    return torch.cat([self.blobs.forward(x), x[:, 1:2]], 1)\n");
+  const std::string path = root + "/blobs_green.pt";
+  m.save(path);
+  return path;
+}
+
 std::string perWindowModel(const std::string& root, const std::string& name, const std::string& forward) {
   torch::jit::Module m("PerWindow");
   torch::manual_seed(3);

@@ -93,6 +93,10 @@ std::string thresholdModel(const std::string& dir);
 // A detector whose forward is `forward` (TorchScript source), saved at `path`.
 std::string saveDetector(const std::string& path, const std::string& forward);
 
+// An instance model: the bundled one's ids (8-connected bright blobs, window-local ids), then the green
+// channel as one class score, saved under `root`.
+std::string blobsAndGreenModel(const std::string& root);
+
 // Per-window models: a tiny encoder ([B, 8]: 3x3 stride-2 convolution, relu, mean over the window) and a
 // classifier (its features through a linear head, [B, 3]), saved under `root`.
 std::string perWindowModel(const std::string& root, const std::string& name, const std::string& forward);

@@ -580,6 +580,43 @@ TEST(WindowOutputs, EachBoxIsKeptByTheWindowWhoseCoreHoldsItsCentre) {
   EXPECT_EQ(out.objects(), (std::array<int64_t, 2>{1, 0}));
 }
 
+// A box larger than the overlap, seen cut by each window that sees it: the parts its windows keep (their
+// centres in their cores) chain across the windows, where they overlap in the region both windows see, and
+// are written as one box, their union, never counted as cut.
+TEST(WindowOutputs, ABoxCutByWindowEdgesIsMergedFromItsParts) {
+  const std::string dir = test::scratchDir("detect_cut");
+  CatalogImage img = image(dir, 2.0);
+  img.grid = WindowGrid(40, 30, GridSpec{16, 16, 0.5, 0.5});
+  img.outputs["objects_csv"] = dir + "/slide_objects.csv";
+  WindowOutputOptions o;
+  o.boxes = true;
+  o.kinds = {"objects_csv"};
+  o.dim = 12;
+  for (bool backwards : {false, true}) {
+    WindowOutputs out(img, o);
+    int64_t kept = 0;
+    for (int64_t k = 0; k < img.grid.count(); ++k) {
+      const int64_t w = backwards ? img.grid.count() - 1 - k : k;
+      const Rect r = img.grid.imageWindow(w);
+      // The object [5, 35) x [12, 16) as the window sees it (clipped to it), a second box apart from it.
+      const float x1 = std::max(5.0f - float(r.x), 0.0f), x2 = std::min(35.0f - float(r.x), 16.0f);
+      const float y1 = std::max(12.0f - float(r.y), 0.0f), y2 = std::min(16.0f - float(r.y), 16.0f);
+      std::vector<float> boxes(12, 0.0f);
+      if (x1 < x2 && y1 < y2) boxes = {x1, y1, x2, y2, 0.5f + 0.01f * float(w), 1, 0, 0, 0, 0, 0, 0};
+      const std::string record = detectionRecord(img, o, w, boxes.data());
+      kept += int64_t(record.size() / (6 * sizeof(float)));
+      out.addRecord(w, record);
+    }
+    EXPECT_EQ(kept, 4);  // the four columns of grid row 1
+    out.commit();
+    // Level 0 at twice the pixels; the highest score of its parts (window 7).
+    EXPECT_EQ(test::slurp(dir + "/slide_objects.csv"),
+              "id,class,score,x1,y1,x2,y2\n1,class_1,0.57,10,24,70,32\n");
+    EXPECT_EQ(out.objects(), (std::array<int64_t, 2>{1, 0}));
+    fs::remove(dir + "/slide_objects.csv");
+  }
+}
+
 // One box a window, written as GeoJSON.
 WindowOutputOptions oneBoxAWindow() {
   WindowOutputOptions o;

@@ -1,6 +1,6 @@
 // tasks/instances: the task instances: a map of object ids and K class scores a window, [1 + K, h, w], whose
-// objects are found and kept where the window ran and sent to the owner as records (instances: objects,
-// objects_csv, instances).
+// objects are found where the window ran and sent to the owner as records, where the parts of objects a
+// window edge cuts are joined (instances: objects, objects_csv, instances).
 #include "tiler/tasks/task.hpp"
 
 #include <spdlog/spdlog.h>
@@ -26,7 +26,7 @@ InstanceOptions instanceOptions(const TaskOutputs& outputs) {
 class InstanceConsumer : public ImageConsumer {
  public:
   InstanceConsumer(CatalogImage& image, InstanceOptions options)
-      : image_(image), out_(image, std::move(options)) {}
+      : image_(image), band_height_(options.height), out_(image, std::move(options)) {}
 
   void aggregate(const std::vector<WindowResult>& windows) override {
     for (const WindowResult& w : windows) {
@@ -45,14 +45,16 @@ class InstanceConsumer : public ImageConsumer {
     image_.objects_at_window_edge = (*objects)[1];
     if (image_.objects_at_window_edge > 0)
       spdlog::warn(
-          "'{}': {} object(s) were cut by a window edge inside the image where their window kept them and "
-          "were left out (a larger --overlap than the largest object's diameter keeps them); {} written",
-          image_.input, image_.objects_at_window_edge, image_.objects);
+          "'{}': {} object(s) cut by a window edge were taller than the {} rows of the map held to join "
+          "them ({} window heights) and were left out; {} written",
+          image_.input, image_.objects_at_window_edge, kJoinBandWindows * band_height_, kJoinBandWindows,
+          image_.objects);
     return paths;
   }
 
  private:
   CatalogImage& image_;  // the catalog's, which outlives the stage
+  int64_t band_height_;  // a window's height in output pixels
   InstanceOutputs out_;
 };
 

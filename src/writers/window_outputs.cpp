@@ -311,6 +311,13 @@ class WindowOutputs::DetectionFiles {
         level0_height_(double(std::llround(double(image.grid.imageHeight()) * image.resolution.downsample))) {
     TILER_CHECK(o.dim % 6 == 0, ConfigError,
                 "--task detect needs 6 values a box, not " << o.dim << " a window");
+    const auto overlap = [](const std::vector<int64_t>& starts, int64_t size) {
+      for (size_t i = 1; i < starts.size(); ++i)
+        if (starts[i] - starts[i - 1] < size) return true;
+      return false;
+    };
+    windows_overlap_ = overlap(image.grid.startsX(), image.grid.windowWidth()) ||
+                       overlap(image.grid.startsY(), image.grid.windowHeight());
     const auto saved = [&](const char* kind) {
       return std::find(o.kinds.begin(), o.kinds.end(), kind) != o.kinds.end();
     };
@@ -327,6 +334,13 @@ class WindowOutputs::DetectionFiles {
     const Rect place = grid.imageWindow(window);
     const int64_t row = window / grid.columns();
     const double d = image_.resolution.downsample;
+    // The window in level-0 pixels, within the image: where its cut boxes meet their other parts.
+    const std::array<double, 4> seen = {std::clamp(double(place.x) * d, 0.0, level0_width_),
+                                        std::clamp(double(place.y) * d, 0.0, level0_height_),
+                                        std::clamp(double(place.right()) * d, 0.0, level0_width_),
+                                        std::clamp(double(place.bottom()) * d, 0.0, level0_height_)};
+    // No window from this one on reaches above its top: the cut boxes whose windows end there are complete.
+    settleCuts(seen[1]);
     // A box reaching past the image (a window's padding; any finite value a model gives) ends at its edge.
     const auto x = [&](float at) { return std::clamp((double(place.x) + at) * d, 0.0, level0_width_); };
     const auto y = [&](float at) { return std::clamp((double(place.y) + at) * d, 0.0, level0_height_); };
@@ -345,20 +359,20 @@ class WindowOutputs::DetectionFiles {
       box.at_window_edge = (b[0] <= 0 && place.x > 0) || (b[1] <= 0 && place.y > 0) ||
                            (b[2] >= float(place.w) && place.right() < grid.imageWidth()) ||
                            (b[3] >= float(place.h) && place.bottom() < grid.imageHeight());
-      if (nms_ <= 0) {
-        write(box);
+      // Where windows overlap, its other parts may come in the windows beside it.
+      if (box.at_window_edge && windows_overlap_) {
+        cut(box, window, seen);
         continue;
       }
-      // With NMS a box waits until every box that could overlap it has come: those of its own grid row and
-      // the rows next to it. A new row means the rows two above it are settled.
-      if (box.row > last_row_) settle(box.row - 2);
-      last_row_ = box.row;
-      pending_.push_back(box);
+      keep(box);
     }
   }
 
   // Writes the boxes NMS still held.
-  void settleAll() { settle(std::numeric_limits<int64_t>::max()); }
+  void settleAll() {
+    settleCuts(std::numeric_limits<double>::infinity());
+    settle(std::numeric_limits<int64_t>::max());
+  }
   // In commit order.
   std::vector<OutputWriter*> writers() const {
     std::vector<OutputWriter*> writers;
@@ -378,6 +392,33 @@ class WindowOutputs::DetectionFiles {
     bool at_window_edge = false;
     bool settled = false;  // NMS: written or suppressed
   };
+  // A box to write: at once, or held for NMS.
+  void keep(const Box& box) {
+    if (nms_ <= 0) {
+      write(box);
+      return;
+    }
+    // With NMS a box waits until every box that could overlap it has come: those of its own grid row and
+    // the rows next to it. A new row means the rows two above it are settled.
+    if (box.row > last_row_) settle(box.row - 2);
+    last_row_ = std::max(last_row_, box.row);
+    pending_.push_back(box);
+  }
+  // A box cut by its window's edge, waiting for its parts in the windows beside it: its window (level-0
+  // pixels within the image) and its group of parts (the id of the group's first).
+  struct Cut {
+    Box box;
+    int64_t window = 0, group = 0;
+    std::array<double, 4> seen;  // x1, y1, x2, y2
+  };
+  // Joins a cut box to the cut parts of other windows whose boxes, clipped to the region both windows see,
+  // overlap it by an IoU above one half: an object larger than the overlap is seen cut by each window that
+  // sees it, and those parts chain across the windows.
+  void cut(const Box& box, int64_t window, const std::array<double, 4>& seen);
+  // Writes (keep) the groups of cut parts whose windows all end at or above `top`: each group as one box,
+  // their union, with the highest score; a part that met no other stays counted as cut by a window edge.
+  void settleCuts(double top);
+
   static double iou(const Box& a, const Box& b) {
     const double w = std::min(a.x2, b.x2) - std::max(a.x1, b.x1),
                  h = std::min(a.y2, b.y2) - std::max(a.y1, b.y1);
@@ -488,10 +529,64 @@ class WindowOutputs::DetectionFiles {
   double nms_;  // IoU above which the lower-scoring of two boxes of a class goes; 0: none
   double level0_width_, level0_height_;  // the image at level 0, where boxes are clipped (COCO's size)
   int64_t objects_ = 0, at_window_edge_ = 0;
-  int64_t order_ = 0;         // kept boxes so far
-  int64_t last_row_ = -1;     // the grid row of the last kept box
-  std::vector<Box> pending_;  // NMS: kept boxes not yet written, and written ones a later box may meet
+  int64_t order_ = 0;             // kept boxes so far
+  int64_t last_row_ = -1;         // the grid row of the last kept box
+  std::vector<Box> pending_;      // NMS: kept boxes not yet written, and written ones a later box may meet
+  std::vector<Cut> cuts_;         // cut boxes whose groups are not complete, in the order they came
+  bool windows_overlap_ = false;  // some two windows of the grid share pixels
 };
+
+void WindowOutputs::DetectionFiles::cut(const Box& box, int64_t window, const std::array<double, 4>& seen) {
+  Cut c{box, window, box.order, seen};
+  for (const Cut& e : cuts_) {
+    if (e.window == window || e.box.k != box.k) continue;
+    const double x1 = std::max(e.seen[0], seen[0]), y1 = std::max(e.seen[1], seen[1]);
+    const double x2 = std::min(e.seen[2], seen[2]), y2 = std::min(e.seen[3], seen[3]);
+    if (x2 <= x1 || y2 <= y1) continue;
+    const auto clip = [&](Box b) {
+      b.x1 = std::clamp(b.x1, x1, x2);
+      b.x2 = std::clamp(b.x2, x1, x2);
+      b.y1 = std::clamp(b.y1, y1, y2);
+      b.y2 = std::clamp(b.y2, y1, y2);
+      return b;
+    };
+    if (iou(clip(e.box), clip(box)) <= 0.5 || e.group == c.group) continue;
+    // The later group joins the earlier.
+    const int64_t from = std::max(e.group, c.group), into = std::min(e.group, c.group);
+    for (Cut& other : cuts_)
+      if (other.group == from) other.group = into;
+    c.group = into;
+  }
+  cuts_.push_back(c);
+}
+
+void WindowOutputs::DetectionFiles::settleCuts(double top) {
+  std::map<int64_t, double> bottom;  // group -> the lowest bottom of its parts' windows
+  for (const Cut& c : cuts_) bottom[c.group] = std::max(bottom[c.group], c.seen[3]);
+  for (const auto& [group, end] : bottom) {
+    if (end > top) continue;
+    Box merged;
+    int parts = 0;
+    for (const Cut& c : cuts_) {
+      if (c.group != group) continue;
+      if (parts++ == 0) {
+        merged = c.box;
+        continue;
+      }
+      merged.x1 = std::min(merged.x1, c.box.x1);
+      merged.y1 = std::min(merged.y1, c.box.y1);
+      merged.x2 = std::max(merged.x2, c.box.x2);
+      merged.y2 = std::max(merged.y2, c.box.y2);
+      merged.score = std::max(merged.score, c.box.score);
+    }
+    merged.at_window_edge = parts == 1;
+    merged.row = std::max(merged.row, last_row_);
+    keep(merged);
+  }
+  cuts_.erase(
+      std::remove_if(cuts_.begin(), cuts_.end(), [&](const Cut& c) { return bottom.at(c.group) <= top; }),
+      cuts_.end());
+}
 
 std::unique_ptr<GeoJsonFile> openObjectsGeojson(const CatalogImage& image, std::optional<GeoFrame>& geo) {
   if (readerHas(image.info, kTiffTags)) geo = geoFrameOf(image.input);

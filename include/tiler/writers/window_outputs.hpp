@@ -1,8 +1,9 @@
 // window_outputs: the glue between a model that gives one vector per window instead of a map and the
 // writers of its outputs (writers/): an encoder's features (embed: hdf5, torch_tensor), a classifier's class
 // scores (classify: csv, geojson_file tiles, heatmap) or a detector's boxes (detect: a fixed number of box
-// records a window, merged by the windows' cores, clipped to the image; NMS near linear in the boxes, through
-// a spatial index; written by geojson_file, csv and coco). No LibTorch, no blending, no file format.
+// records a window, kept by the windows' cores, a box cut by a window edge merged with its parts from
+// overlapping windows, clipped to the image; NMS near linear in the boxes, through a spatial index; written
+// by geojson_file, csv and coco). No LibTorch, no blending, no file format.
 // Promise: an image's vectors are written in its window order (the catalog's, whatever order they arrive
 // in: early ones wait in memory, as the stitcher's rows do), each window with its level-0 rectangle, so any
 // world size gives the same files (WSInfer's layout, writers/wsinfer.cpp, holds them to write them column by
