@@ -8,6 +8,7 @@ packages=(
   libopenslide-dev libhdf5-dev gdal-bin libvips-tools openslide-tools hdf5-tools python3-h5py python3-torch
   python3-setuptools python3-pil util-linux python3-zarr python3-jsonschema openmpi-bin
   libyaml-cpp-dev libminizip-dev libssl-dev python3-yaml
+  libsqlite3-dev python3-shapely
 )
 # --print: the list, one line, for scripts that install the same packages elsewhere (test-torch2.sh).
 if [ "${1:-}" = "--print" ]; then
