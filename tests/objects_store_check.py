@@ -88,11 +88,11 @@ def measure(polygons):
     return area, mx / area, my / area, [min(xs), min(ys), max(xs), max(ys)]
 
 
-def tiatoolbox_reading(store, bbox, source):
-    """What TIAToolbox's own SQLiteStore makes of the store (a copy: SQLiteStore's close() optimizes)."""
-    stub = tempfile.mkdtemp()
-    try:
-        package = os.path.join(stub, "tiatoolbox")
+def import_sqlitestore(source, stub):
+    """TIAToolbox's SQLiteStore class from a source tree, its package's top level and pandas (which reading does
+    not use) stubbed in the directory `stub`."""
+    package = os.path.join(stub, "tiatoolbox")
+    if not os.path.isdir(package):
         os.makedirs(os.path.join(package, "annotation"))
         shutil.copy(os.path.join(source, "tiatoolbox", "enums.py"), package)
         for name in ("storage.py", "dsl.py"):
@@ -109,9 +109,18 @@ def tiatoolbox_reading(store, bbox, source):
             os.makedirs(os.path.join(stub, "pandas"))
             with open(os.path.join(stub, "pandas", "__init__.py"), "w") as f:
                 f.write("DataFrame = None\n")
-        sys.path.insert(0, stub)
+    sys.path.insert(0, stub)
+    from tiatoolbox.annotation.storage import SQLiteStore
+
+    return SQLiteStore
+
+
+def tiatoolbox_reading(store, bbox, source):
+    """What TIAToolbox's own SQLiteStore makes of the store (a copy: SQLiteStore's close() optimizes)."""
+    stub = tempfile.mkdtemp()
+    try:
+        SQLiteStore = import_sqlitestore(source, stub)
         from shapely.geometry import box
-        from tiatoolbox.annotation.storage import SQLiteStore
 
         copy = os.path.join(stub, "store.db")
         shutil.copy(store, copy)

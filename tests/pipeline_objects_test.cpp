@@ -208,6 +208,41 @@ TEST_F(Pipeline, InstancesAreTheWholeImagesObjectsWhateverTheWorldSize) {
   }
 }
 
+// --save objects_store: TIAToolbox's SQLiteStore of the discs as Python's sqlite3 and SQLiteStore's own SQL
+// read it (tests/objects_store_check.py): each object once, its area its pixel count, its R-tree box its
+// outline's; the same bytes on 1 and 2 ranks.
+TEST_F(Pipeline, InstancesStoreIsTiatoolboxsLayoutOnAnyWorldSize) {
+  const DiscScene scene = discScene();
+  const std::string dir = root_ + "/instances_store";
+  fs::create_directories(dir);
+  writeImage(dir + "/discs.tif", scene.image, SampleType::kU8);
+  const std::string args = " -i " + dir + " -m " + TILER_TEST_SOURCE_DIR +
+                           "/samples/models/instances.pt --task instances --window 128 --overlap 0.5 "
+                           "--threads 1 --save objects,objects_store --no_progress -o ";
+  const std::string out = root_ + "/out_store1", other = root_ + "/out_store2";
+  auto r = run(kTiler + args + out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run("/usr/bin/python3 " + std::string(TILER_TEST_SOURCE_DIR) + "/tests/objects_store_check.py " + out +
+          "/discs_objects.db 0,0,300,260");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["integrity"], "ok");
+  ASSERT_EQ(int(j["rows"].size()), scene.n);
+  std::multiset<double> want_areas, got_areas;
+  for (int k = 1; k <= scene.n; ++k) want_areas.insert(cv::countNonZero(scene.parts == k));
+  for (const auto& row : j["rows"]) {
+    got_areas.insert(row["area"].get<double>());
+    EXPECT_EQ(row["properties"]["area"], row["area"]);
+    EXPECT_DOUBLE_EQ(row["cx"].get<double>(), row["geometry_cx"].get<double>());
+    EXPECT_DOUBLE_EQ(row["properties"]["centroid_x"].get<double>(), row["cx"].get<double>());
+  }
+  EXPECT_EQ(got_areas, want_areas);
+  EXPECT_EQ(int(j["bbox_keys"].size()), scene.n);  // the whole image's box finds them all
+  r = run(kCtrun + " --nproc_per_node 2 --master_port 0 " + kTiler + args + other);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(slurp(other + "/discs_objects.db") == slurp(out + "/discs_objects.db"));
+}
+
 // A mask over the left half (x < 150): the windows of columns 0 and 1 (128 px at a stride of 64) run, those
 // of columns 2 to 4 do not, so exactly the parts whose centroid lies in columns 0 and 1's cores (x < 160) are
 // found.
