@@ -771,8 +771,8 @@ def bench_objects_store(b):
     def discs(pitch):
         return b.made(b.cache / f"discs_{n}_{pitch}.tif", "make", "--size", n, "--discs", pitch)
 
-    def run(img, save):  # -> (output directory, report): one rank, default flags
-        out = b.fresh("out_store")
+    def run(img, save, name):  # -> (output directory, report): one rank, default flags
+        out = b.fresh(name)
         b.wall(b.tiler("-i", img, "-m", instances, "-o", out, "--no_progress", "--task", "instances", "--save",
                        save))
         return out, b.report(out / "report.json")
@@ -780,9 +780,9 @@ def bench_objects_store(b):
     # About a million discs and about 100 000 (a pitch of n / 1024 and n / 316 px).
     many, few = discs(n // 1024), discs(round(n / 316))
     for _ in b.repeat():
-        out, r = run(many, "objects,objects_store")
-        _, plain = run(many, "objects")
-        out_few, r_few = run(few, "objects,objects_store")
+        out, r = run(many, "objects,objects_store", "out_store_many")
+        _, plain = run(many, "objects", "out_store_plain")
+        out_few, r_few = run(few, "objects,objects_store", "out_store_few")
         count, few_count = field(r, "objects"), field(r_few, "objects")
         name = f"objects_store: {n}px, {count} discs"
         stem = many.stem
