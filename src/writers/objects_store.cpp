@@ -119,24 +119,37 @@ std::vector<StorePolygon> ObjectsStore::box(double x1, double y1, double x2, dou
 }
 
 ObjectsStore::ObjectsStore(std::string path) : path_(std::move(path)) {
-  // Created anew, as every output's partial file is: a link or a file there is refused.
+  // Created anew, as every output's partial file is (what was there, a link included, replaced).
   const int fd = createFileExclusively(partial());
   TILER_CHECK(fd >= 0, IoError, "'" << partial() << "': cannot create: " << std::strerror(errno));
   ::close(fd);
-  if (sqlite3_open_v2(partial().c_str(), &db_, SQLITE_OPEN_READWRITE, nullptr) != SQLITE_OK) fail("open");
-  // No journal and no syncs while it is written: a failed partial file is removed, never repaired, and
-  // finish() syncs it once. One exclusive connection, a bounded page cache.
-  exec("PRAGMA journal_mode = OFF");
-  exec("PRAGMA synchronous = OFF");
-  exec("PRAGMA locking_mode = EXCLUSIVE");
-  exec("PRAGMA cache_size = -32768");
-  exec("BEGIN");
-  for (const char* sql : kSchema) exec(sql);
-  if (sqlite3_prepare_v2(db_, "INSERT INTO annotations VALUES(?, ?, ?, ?, ?, ?, ?, ?)", -1,
-                         &insert_annotation_, nullptr) != SQLITE_OK ||
-      sqlite3_prepare_v2(db_, "INSERT INTO rtree VALUES(?, ?, ?, ?, ?)", -1, &insert_rtree_, nullptr) !=
-          SQLITE_OK)
-    fail("prepare");
+  try {
+    if (sqlite3_open_v2(partial().c_str(), &db_, SQLITE_OPEN_READWRITE, nullptr) != SQLITE_OK) fail("open");
+    // No journal and no syncs while it is written: a failed partial file is removed, never repaired, and
+    // finish() syncs it once. One exclusive connection, a bounded page cache.
+    exec("PRAGMA journal_mode = OFF");
+    exec("PRAGMA synchronous = OFF");
+    exec("PRAGMA locking_mode = EXCLUSIVE");
+    exec("PRAGMA cache_size = -32768");
+    exec("BEGIN");
+    for (const char* sql : kSchema) exec(sql);
+    // What compress2 does for each geometry, its state made once: a deflate state is some hundreds of KB to
+    // allocate and clear, more than a geometry costs to compress.
+    zlib_ = new z_stream{};
+    TILER_CHECK(deflateInit(zlib_, kZlibLevel) == Z_OK, IoError,
+                "'" << partial() << "': zlib failed to start");
+    if (sqlite3_prepare_v2(db_, "INSERT INTO annotations VALUES(?, ?, ?, ?, ?, ?, ?, ?)", -1,
+                           &insert_annotation_, nullptr) != SQLITE_OK ||
+        sqlite3_prepare_v2(db_, "INSERT INTO rtree VALUES(?, ?, ?, ?, ?)", -1, &insert_rtree_, nullptr) !=
+            SQLITE_OK)
+      fail("prepare");
+  } catch (...) {
+    // No destructor runs for a constructor that throws.
+    close();
+    std::error_code ec;
+    fs::remove(partial(), ec);
+    throw;
+  }
 }
 
 ObjectsStore::~ObjectsStore() {
@@ -146,6 +159,9 @@ ObjectsStore::~ObjectsStore() {
 }
 
 void ObjectsStore::close() {
+  if (zlib_) deflateEnd(zlib_);
+  delete zlib_;
+  zlib_ = nullptr;
   sqlite3_finalize(insert_annotation_);
   sqlite3_finalize(insert_rtree_);
   insert_annotation_ = insert_rtree_ = nullptr;
@@ -197,12 +213,15 @@ void ObjectsStore::add(int64_t id, const std::vector<StorePolygon>& polygons,
   const double cy = area != 0 ? my / area : (min_y + max_y) / 2;
 
   const std::string wkb = storeWkb(polygons);
-  std::string compressed(compressBound(uLong(wkb.size())), '\0');
-  uLongf size = uLongf(compressed.size());
-  TILER_CHECK(compress2(reinterpret_cast<Bytef*>(compressed.data()), &size,
-                        reinterpret_cast<const Bytef*>(wkb.data()), uLong(wkb.size()), kZlibLevel) == Z_OK,
-              IoError, "'" << partial() << "': object " << id << ": zlib failed");
-  compressed.resize(size);
+  std::string compressed(deflateBound(zlib_, uLong(wkb.size())), '\0');
+  zlib_->next_in = reinterpret_cast<Bytef*>(const_cast<char*>(wkb.data()));
+  zlib_->avail_in = uInt(wkb.size());
+  zlib_->next_out = reinterpret_cast<Bytef*>(compressed.data());
+  zlib_->avail_out = uInt(compressed.size());
+  const bool deflated = deflate(zlib_, Z_FINISH) == Z_STREAM_END;
+  compressed.resize(compressed.size() - zlib_->avail_out);
+  TILER_CHECK(deflated && deflateReset(zlib_) == Z_OK, IoError,
+              "'" << partial() << "': object " << id << ": zlib failed");
   const std::string key = std::to_string(id);
   const std::string json = properties.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
   const char* type = polygons.size() == 1 ? "Polygon" : "MultiPolygon";

@@ -24,6 +24,7 @@
 
 struct sqlite3;
 struct sqlite3_stmt;
+struct z_stream_s;
 
 namespace tiler {
 
@@ -68,6 +69,7 @@ class ObjectsStore : public OutputWriter {
   sqlite3* db_ = nullptr;                      // owned
   sqlite3_stmt* insert_annotation_ = nullptr;  // owned
   sqlite3_stmt* insert_rtree_ = nullptr;       // owned
+  z_stream_s* zlib_ = nullptr;  // owned: one deflate state reset for each geometry (compress2's bytes)
   int64_t objects_ = 0, last_id_ = 0;
   bool committed_ = false;
 };
