@@ -11,10 +11,11 @@ set(tiler_floors
     "ctrun: ctrun ctrun/rendezvous"
     "io: io io/readers"
     "writers: writers"
+    "view: view"
     "compute: model dist stitch tasks"
     "jobs: infer finetune"
     "tools: tools")
-set(tiler_first_torch_floor 5)  # compute
+set(tiler_first_torch_floor 6)  # compute
 # Below the compute floor, the one LibTorch header allowed: c10's zip writer (the features tensor file writes
 # torch.save's archive; no tensor library).
 set(tiler_floor_torch_exceptions "writers/torch_tensor.cpp:caffe2/serialize/inline_container.h")

@@ -1017,6 +1017,160 @@ class Row:
     in_all: bool = True
 
 
+def make_object_store(path, count, size):
+    """A TIAToolbox-layout store of `count` 12-sided cells over a size x size slide (zlib WKB, R-tree)."""
+    import random
+    import sqlite3
+    import struct
+    import zlib
+    tmp = Path(str(path) + ".partial")
+    tmp.unlink(missing_ok=True)
+    con = sqlite3.connect(tmp)
+    con.execute("CREATE TABLE metadata (key TEXT UNIQUE, value TEXT)")
+    con.executemany("INSERT INTO metadata VALUES (?, ?)", [("version", '"1.0.1"'), ("compression", '"zlib"'),
+                                                            ("compression_level", "9")])
+    con.execute("CREATE VIRTUAL TABLE rtree USING rtree(id, min_x, max_x, min_y, max_y)")
+    con.execute("CREATE TABLE annotations(id INTEGER PRIMARY KEY, key TEXT UNIQUE, objtype TEXT, cx FLOAT NOT NULL, "
+                "cy FLOAT NOT NULL, geometry BLOB, properties TEXT, area FLOAT NOT NULL)")
+    rng = random.Random(7)
+    angles = [2 * math.pi * k / 12 for k in range(13)]
+    rows, boxes = [], []
+    for i in range(1, count + 1):
+        cx, cy, r = rng.uniform(8, size - 8), rng.uniform(8, size - 8), rng.uniform(3, 7)
+        ring = [(cx + r * math.cos(a), cy + r * math.sin(a)) for a in angles]
+        wkb = struct.pack("<BII", 1, 3, 1) + struct.pack("<I", len(ring)) + b"".join(struct.pack("<dd", *p) for p in ring)
+        rows.append((i, f"k{i}", "Polygon", cx, cy, zlib.compress(wkb, 6), '{"type": "cell"}', math.pi * r * r))
+        boxes.append((i, cx - r, cx + r, cy - r, cy + r))
+        if len(rows) == 50000 or i == count:
+            con.executemany("INSERT INTO annotations VALUES (?,?,?,?,?,?,?,?)", rows)
+            con.executemany("INSERT INTO rtree VALUES (?,?,?,?,?)", boxes)
+            rows, boxes = [], []
+    con.commit()
+    con.close()
+    os.replace(tmp, path)
+
+
+def bench_view(b):
+    import http.client
+    import random
+    import re
+    n = b.size(16384, 2048)
+    cells = b.size(1000000, 20000)
+    slide = b.cache / f"view_slide_{n}.tif"
+    if not slide.exists():
+        b.output(["vips", "tiffsave", b.image(n), slide, "--compression", "jpeg", "--Q", "90", "--tile",
+                  "--tile-width", "256", "--tile-height", "256", "--pyramid"])
+    out = b.cache / f"view_out_{n}"
+    if not (out / "report.json").exists():
+        shutil.rmtree(out, ignore_errors=True)
+        b.output(b.tiler("-i", slide, "-o", out, "-m", b.tiny, "--save", "labels,probs", "--pyramid", "--batch_size",
+                         16, "--no_progress"))
+    store = out / f"view_slide_{n}_objects.db"
+    if not store.exists():
+        make_object_store(store, cells, n)
+    report = json.loads((out / "report.json").read_text())
+    report["images"][0]["outputs"]["objects_store"] = str(store)
+    (out / "report.json").write_text(json.dumps(report))
+    rng = random.Random(3)
+    # A viewer's session: at each power-of-two scale, up to 24 tiles of each raster, then viewports of objects.
+    tiles = []
+    scale = 1
+    while n // scale >= 256:
+        per_side = (n // scale + 255) // 256
+        for _ in range(min(24, per_side * per_side)):
+            tx, ty = rng.randrange(per_side), rng.randrange(per_side)
+            x, y = tx * 256 * scale, ty * 256 * scale
+            w, h = min(256 * scale, n - x), min(256 * scale, n - y)
+            size = f"{max(1, w // scale)},{max(1, h // scale)}"
+            for layer in ("input", "labels", "probs-0"):
+                tiles.append(f"/iiif/0/{layer}/{x},{y},{w},{h}/{size}/0/default.png")
+        scale *= 2
+    views = []
+    for side in (512, 2048, 8192, n):
+        side = min(side, n)
+        for _ in range(8):
+            x, y = rng.randrange(n - side + 1), rng.randrange(n - side + 1)
+            views.append(f"/api/objects?image=0&x={x}&y={y}&w={side}&h={side}")
+    for _ in b.repeat():
+        server = subprocess.Popen([b.tool("tiler"), "view", out, "--port", "0"], stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
+        try:
+            port = None
+            for line in server.stdout:
+                m = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
+                if m:
+                    port = int(m.group(1))
+                    break
+            if port is None:
+                raise BenchError("tiler view printed no URL")
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+
+            def fetch(path):
+                t0 = time.monotonic()
+                conn.request("GET", path)
+                r = conn.getresponse()
+                r.read()
+                if r.status != 200:
+                    raise BenchError(f"tiler view: {path}: {r.status}")
+                return (time.monotonic() - t0) * 1000
+
+            def percentiles(name, ms):
+                ms = sorted(ms)
+                b.emit(name, "p50_ms", ms[len(ms) // 2])
+                b.emit(name, "p95_ms", ms[min(len(ms) - 1, int(len(ms) * 0.95))])
+
+            percentiles(f"view: {n}px tiles, cold", [fetch(t) for t in tiles])
+            percentiles(f"view: {n}px tiles, warm", [fetch(t) for t in tiles])
+            percentiles(f"view: {cells} objects by viewport, cold", [fetch(v) for v in views])
+            percentiles(f"view: {cells} objects by viewport, warm", [fetch(v) for v in views])
+            conn.close()
+            status = Path(f"/proc/{server.pid}/status").read_text()
+            hwm = next(int(l.split()[1]) for l in status.splitlines() if l.startswith("VmHWM:"))
+            b.emit(f"view: {n}px, {cells} objects", "peak_rss_mb", hwm / 1024)
+        finally:
+            server.kill()
+            server.wait()
+
+
+SMALL_CONV_NET = """import sys, torch
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(16, 16, 3, padding=1),
+                          torch.nn.ReLU(), torch.nn.Conv2d(16, 2, 1)).eval()
+torch.jit.script(net).save(sys.argv[1])
+"""
+
+
+def bench_python(b):
+    module_dir = b.bin / "python"
+    if not list(module_dir.glob("tiler*.so")) or not b.debian_python_has("torch"):
+        print(f"bench python: no module in {module_dir} or no torch in {DEBIAN_PYTHON}: skipped", file=sys.stderr)
+        return
+    small = b.cache / "small_conv.pt"
+    if not small.exists():
+        b.output([DEBIAN_PYTHON, "-c", SMALL_CONV_NET, small])
+    size = b.size(4096, 1024)
+    for name, model in (("small conv net", small), ("sample UNet", b.model)):
+        for _ in b.repeat():
+            out = b.json_out([DEBIAN_PYTHON, "scripts/python_predict.py", "--module_dir", module_dir, "-m", model,
+                              "--size", size, "--threads", 2], "seconds")
+            scenario = f"python: {size}px, {name}, 2 threads"
+            b.emit(f"{scenario}, tiler.predict", "seconds", out.get("seconds"))
+            b.emit(f"{scenario}, MONAI's sliding window in PyTorch", "seconds", out.get("monai_seconds"))
+            b.emit(f"{scenario}: MONAI's / tiler.predict", "speedup", out.get("speedup"))
+            b.emit(f"{scenario}: tiler.predict against MONAI's", "max_abs_difference", out.get("max_abs_difference"))
+    job = ["--threads", 2, "--no_progress"]
+    for _ in b.repeat():
+        out = b.fresh("out_python_command")
+        command = b.wall(b.tiler("-i", b.sample, "-m", b.model, "-o", out, *job))
+        out = b.fresh("out_python_infer")
+        call = (f"import sys; sys.path.insert(0, {str(module_dir)!r}); import tiler; "
+                f"tiler.infer({str(b.sample)!r}, {str(out)!r}, {b.model!r}, threads=2, no_progress=True)")
+        infer = b.wall([DEBIAN_PYTHON, "-c", call])
+        b.emit("python: tiler command, pipeline's job", "seconds", command)
+        b.emit("python: tiler.infer in python3, the same job", "seconds", infer)
+        b.emit("python: tiler.infer / command", "time_ratio", ratio(infer, command))
+
+
 BENCHES = [
     Row("model", "the sample UNet's pure batched forward by batch and precision",
         "tiler_bench forward -m sample.pt --windows 64 --threads 2, batch 1/4/8/16 x fp32/bf16",
@@ -1104,6 +1258,11 @@ BENCHES = [
         "layout and Python's: the bundled encoder, and torchvision's ResNet-18 where Debian's python has it",
         "tiler -m encoder.pt --window 256 | resnet18.pt --window 224; tiler_bench forward; python_forward.py",
         "seconds, overhead_ratio, windows_per_second", bench_embed),
+    Row("view", "tiler view: IIIF tile latency over a pyramidal slide (input, labels, a class's probabilities; "
+        "every power-of-two scale, cold then from the tile cache) and objects by viewport from a store of a "
+        "million cells (--quick: 20000); the server's peak RSS",
+        "vips tiffsave --pyramid of a 16384 px RGB (--quick: 2048); tiler -m tiny.pt --save labels,probs "
+        "--pyramid; tiler view --port 0, requests one at a time", "p50_ms, p95_ms, peak_rss_mb", bench_view),
     Row("runtimes", "the same network as TorchScript and as a .pt2 package, whole process and pure forward "
         "(not in all: needs LibTorch 2.6+ and a python3 that exports packages; RUNTIMES_DEVICE=cuda on a GPU)",
         "TILER_BUILD_DIR=build-torch2 in scripts/test-torch2.sh's root; export_model.py, then tiler -m "
@@ -1113,6 +1272,13 @@ BENCHES = [
         "fcn_resnet50, batch, precision, outputs, blended on the device or the host (not in all)",
         "tiler --device cuda over GPU_BENCH_IMAGES (4) x GPU_BENCH_SIZE (16384; --quick: 4096) px; python3 "
         "scripts/python_forward.py --device cuda", "seconds, overhead_ratio", bench_gpu, in_all=False),
+    Row("python", "tiler.predict on a 4096 px array (--quick: 1024) against MONAI's sliding_window_inference "
+        "written in plain PyTorch (MONAI is no Debian package: scripts/python_predict.py), same process, model, "
+        "grid and gaussian, 2 threads each, a small conv net and the sample UNet; tiler.infer's whole process "
+        "against the command's on the pipeline's job",
+        "python_predict.py --size 4096 --threads 2 -m small_conv.pt | sample.pt; tiler -i blobs_4096.tif "
+        "--threads 2 against python3 -c 'tiler.infer(...)'",
+        "seconds, speedup, max_abs_difference, time_ratio", bench_python),
 ]
 
 
@@ -1144,6 +1310,9 @@ def build():
                     "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     subprocess.run(["cmake", "--build", "build", "--target", "tiler", "ctrun", "tiler_bench"], cwd=ROOT, check=True,
                    stdout=subprocess.DEVNULL)
+    # The Python module, where this build has it (pybind11): the python bench skips itself without.
+    subprocess.run(["cmake", "--build", "build", "--target", "tiler_python"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
     return ROOT / "build"
 
 

@@ -8,7 +8,7 @@ bin="$(realpath "${1:-build}")"
 version=$(sed -n 's/^#define CLI11_VERSION "\(.*\)"/\1/p' /usr/include/CLI/Version.hpp)
 {
   echo "# --help as CLI11 $version prints it: scripts/refresh-help.sh rewrites this file, install_test compares it"
-  for command in "tiler" "tiler infer" "tiler finetune" "tiler info" "tiler overlay" "tiler check-model" "ctrun"; do
+  for command in "tiler" "tiler infer" "tiler finetune" "tiler info" "tiler overlay" "tiler check-model" "tiler view" "ctrun"; do
     echo "== $command --help"
     set -- $command
     # A clean environment: ctrun's defaults come from PET_* variables where they are set.

@@ -8,8 +8,13 @@ packages=(
   libopenslide-dev libhdf5-dev gdal-bin libvips-tools openslide-tools hdf5-tools python3-h5py python3-torch
   python3-setuptools python3-pil util-linux python3-zarr python3-jsonschema openmpi-bin
   libyaml-cpp-dev libminizip-dev libssl-dev python3-yaml
-  libsqlite3-dev python3-shapely
+  libcpp-httplib-dev libsqlite3-dev chromium pybind11-dev python3-dev
+  python3-shapely
 )
+# tiler view's page: OpenSeadragon, pinned, from npm into .deps/viewer (CMake copies it beside the binary). npm
+# itself from Debian where no Node.js is installed (a NodeSource Node.js brings its own).
+osd_version=6.1.1
+command -v npm >/dev/null 2>&1 || packages+=(npm)
 # --print: the list, one line, for scripts that install the same packages elsewhere (test-torch2.sh).
 if [ "${1:-}" = "--print" ]; then
   echo "${packages[*]}"
@@ -19,10 +24,24 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
+install_viewer() {
+  local root dir
+  root=$(cd "$(dirname "$0")/.." && pwd)
+  dir=$root/.deps/viewer
+  [ -f "$dir/node_modules/openseadragon/build/openseadragon/openseadragon.min.js" ] &&
+    grep -q "\"version\": \"$osd_version\"" "$dir/node_modules/openseadragon/package.json" && return 0
+  echo "setup-deps: npm install openseadragon@$osd_version into $dir"
+  mkdir -p "$dir"
+  npm install --prefix "$dir" --no-audit --no-fund --no-save "openseadragon@$osd_version" >/dev/null
+}
+if [ ${#missing[@]} -eq 0 ]; then
+  install_viewer
+  exit 0
+fi
 echo "setup-deps: installing ${missing[*]}"
 sudo=""
 [ "$(id -u)" -ne 0 ] && sudo="sudo"
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+install_viewer

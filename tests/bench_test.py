@@ -31,7 +31,7 @@ def main(build_dir):
     check(listed.returncode == 0, f"--list exits 0 (got {listed.returncode}: {listed.stderr})")
     names = [line.split()[0] for line in listed.stdout.splitlines() if line.strip()]
     for name in ("model", "light", "pipeline", "ceiling", "gather", "memory", "io", "ctrun", "finetune", "outputs",
-                 "codecs", "embed", "runtimes", "gpu"):
+                 "codecs", "embed", "view", "runtimes", "gpu", "python"):
         check(name in names, f"--list names the row {name}")
     row = bench("--list", "ctrun")
     check(row.returncode == 0 and all(f"{k}:" in row.stdout for k in ("measures", "runs", "reports")),

@@ -325,16 +325,6 @@ TEST_F(Finetune, ItsOutputsNeverReplaceWhatTrainingReads) {
 // the same words (finetune took --threads -1 and --scale -1 that infer refused: the command line's own checks
 // hid it, a --config file or a library caller did not).
 TEST(SharedJobFlags, ABadSharedFlagIsRefusedInTheSameWordsByInferAndFinetune) {
-  const auto refusal = [](const auto& run_job) {
-    try {
-      run_job();
-    } catch (const ConfigError& e) {
-      return e.message();
-    } catch (const std::exception& e) {
-      return std::string("not a ConfigError: ") + e.what();
-    }
-    return std::string("(taken)");
-  };
   const std::vector<std::function<void(JobOptions&)>> bad = {
       [](JobOptions& o) { o.threads = -1; },    [](JobOptions& o) { o.scale = -1; },
       [](JobOptions& o) { o.batch_size = 0; },  [](JobOptions& o) { o.prefetch = 0; },
@@ -347,9 +337,9 @@ TEST(SharedJobFlags, ABadSharedFlagIsRefusedInTheSameWordsByInferAndFinetune) {
     set(infer);
     set(finetune);
     finetune.images_dir = finetune.labels_dir = "/no/such/dir";
-    const std::string infer_says = refusal([&] { runInfer(infer); });
-    EXPECT_NE(infer_says, "(taken)");
-    EXPECT_EQ(refusal([&] { runFinetune(finetune); }), infer_says);
+    const std::string infer_says = test::configError([&] { runInfer(infer); });
+    EXPECT_NE(infer_says, "no error");
+    EXPECT_EQ(test::configError([&] { runFinetune(finetune); }), infer_says);
   }
 }
 
@@ -586,6 +576,28 @@ TEST_F(Finetune, ASlideAndItsQuPathAnnotationsTrainAtHalfAMicronAndInferFindsThe
                  uni = cv::countNonZero((predicted == c) | (truth == c));
     EXPECT_GT(inter / uni, 0.8) << "class " << c << " in the half never annotated";
   }
+}
+
+// Training at a µm/px finer than the images' is upsampling them, and says so as infer does (rank 0, once an
+// image); --no_upsample refuses it. Annotations are drawn at the processing resolution, so they still fit.
+TEST_F(Finetune, UpsampledImagesAreWarnedAboutAsInferWarns) {
+  fs::create_directories(dir_ + "/img");
+  ASSERT_TRUE(cv::imwrite(dir_ + "/img/a.png", cv::Mat(64, 64, CV_8UC3, cv::Scalar(200, 200, 200))));
+  writeQuPathGeoJson(dir_ + "/a.geojson", {{"Tumor", {square(0, 0, 32, 32)}}});
+  const std::string args = " finetune -m " + writeShapeModel(dir_ + "/random.pt") + " --images " + dir_ +
+                           "/img --annotations " + dir_ + "/a.geojson --classes Background,Tumor,Stroma " +
+                           "--window 32 --overlap 0 --val_fraction 0 --epochs 1 --threads 1 --no_progress " +
+                           "--input_mpp 0.5 --mpp 0.25 -o " + dir_;
+  auto r = run(kTiler + args + "/up.pt");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string warning =
+      "a.png': its level 0 (0.5 um/px) is coarser than the model's 0.25 um/px: "
+      "upsampled 2x by area (--no_upsample refuses)";
+  EXPECT_NE(r.output.find(warning), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find(warning), r.output.rfind(warning)) << r.output;
+  r = run(kTiler + args + "/no.pt --no_upsample");
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("--no_upsample refuses it"), std::string::npos) << r.output;
 }
 
 // --class_weights auto weighs each class by the inverse of its labelled pixels in the training windows:

@@ -81,6 +81,15 @@ TEST(Install, ConfigureRefusesAForeignBundleAndACpuLibTorchWhenCudaIsRequired) {
   EXPECT_NE(r.output.find("has no CUDA"), std::string::npos) << r.output;
 }
 
+// The Python module's file name in this build (build/python/tiler.<abi>.so), "" when it has none.
+std::string pythonModuleName() {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(kBin + "/python", ec))
+    if (e.path().filename().string().rfind("tiler.", 0) == 0 && e.path().extension() == ".so")
+      return e.path().filename().string();
+  return "";
+}
+
 TEST(Install, PrefixHoldsABinaryThatFindsItsSamples) {
   const std::string dir = test::scratchDir("install");
   auto r = run("cmake --install " + kBin + " --prefix " + dir + "/prefix");
@@ -89,6 +98,16 @@ TEST(Install, PrefixHoldsABinaryThatFindsItsSamples) {
                         "/share/tiler/samples/images/blobs_4096.tif"})
     EXPECT_TRUE(fs::exists(dir + "/prefix" + f)) << f;
   expectBundledJobRuns(dir + "/prefix/bin", dir + "/prefix/share", dir + "/out");
+  // The Python module, where this build has it: under the prefix where Debian's python3 looks, and imported
+  // from there.
+  const std::string module = pythonModuleName();
+  if (module.empty()) return;
+  const std::string packages = dir + "/prefix/lib/python3/dist-packages";
+  EXPECT_TRUE(fs::exists(packages + "/" + module)) << module;
+  if (!fs::exists("/usr/bin/python3")) return;
+  r = run("cd / && PYTHONPATH=" + packages + " /usr/bin/python3 -c 'import tiler; print(tiler.__file__)'");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find(packages), std::string::npos) << r.output;
 }
 
 TEST(Install, DebianPackageDependsOnWhatItLinksAndRuns) {
@@ -106,6 +125,8 @@ TEST(Install, DebianPackageDependsOnWhatItLinksAndRuns) {
   auto contents = run("dpkg-deb -c " + deb);
   for (const char* f : {"./usr/bin/tiler", "./usr/bin/ctrun", "./usr/share/tiler/samples/models/sample.pt"})
     EXPECT_NE(contents.output.find(f), std::string::npos) << f;
+  if (const std::string module = pythonModuleName(); !module.empty())
+    EXPECT_NE(contents.output.find("./usr/lib/python3/dist-packages/" + module), std::string::npos) << module;
   // apt resolves its dependencies (a simulation: nothing is installed).
   auto apt = run("apt-get install -s " + deb);
   EXPECT_EQ(apt.code, 0) << apt.output;
@@ -125,7 +146,7 @@ TEST(Install, BadFlagsExitOneAndHelpListsTheCommands) {
   }
   auto help = run(tiler + " --help");
   EXPECT_EQ(help.code, 0);
-  for (const char* command : {"tiler finetune", "tiler info", "tiler overlay", "tiler version"})
+  for (const char* command : {"tiler finetune", "tiler info", "tiler overlay", "tiler view", "tiler version"})
     EXPECT_NE(help.output.find(command), std::string::npos) << command;
   for (const char* command : {"finetune", "info", "overlay", "infer"}) {
     auto r = run(tiler + " " + command + " --help");

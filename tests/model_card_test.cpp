@@ -19,15 +19,18 @@
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 
+#include <torch/script.h>
 #include <yaml-cpp/yaml.h>
 
 #include "test_util.hpp"
 #include "tiler/core/error.hpp"
 #include "tiler/io/image_io.hpp"
 #include "tiler/io/zip_archive.hpp"
+#include "tiler/model/model_runtime.hpp"
 
 namespace fs = std::filesystem;
 using namespace tiler;
+using test::configError;
 
 namespace {
 
@@ -38,15 +41,6 @@ std::string writeFile(const std::string& path, const std::string& text) {
   fs::create_directories(fs::path(path).parent_path());
   std::ofstream(path) << text;
   return path;
-}
-
-std::string configError(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const ConfigError& e) {
-    return e.message();
-  }
-  return "no error";
 }
 
 const char* kWsinferConfig = R"({
@@ -272,10 +266,36 @@ TEST(ModelCard, BioimageioOutputHaloIsOneBandOfTheSpaceAxes) {
   EXPECT_NE(unequal.find("outputs[0]'s halo is 16 on axis y and 32 on axis x"), std::string::npos) << unequal;
   const std::string one = configError([&] { readBioimageioRdf(card("", ", halo: 8")); });
   EXPECT_NE(one.find("halo is 0 on axis y and 8 on axis x"), std::string::npos) << one;
-  // The window is 256 (min 64, step 32): a halo of 128 leaves no pixel.
-  const std::string wide = configError([&] { readBioimageioRdf(card(", halo: 128", ", halo: 128")); });
-  EXPECT_NE(wide.find("outputs[0]'s halo 128 is not less than half the window (256 px)"), std::string::npos)
+  // The window is 256 (min 64, step 32) at 0.5 µm/px, the output's axes (no scale: 1) 128 px: a halo of 64
+  // leaves no pixel of it.
+  const std::string wide = configError([&] { readBioimageioRdf(card(", halo: 64", ", halo: 64")); });
+  EXPECT_NE(wide.find("outputs[0]'s halo 64 is not less than half the output window (y 128 px, x 128 px, of "
+                      "the input's 256 px)"),
+            std::string::npos)
       << wide;
+  // A 2x upsampling model (its output axes half the input's scale): the halo is of its 128 px output window,
+  // not of the 64 px input.
+  std::string up = rdfText();
+  for (const std::string axis : {"y", "x"}) {
+    const std::string in = "{type: space, id: " + axis +
+                           ", size: {min: 64, step: 32}, unit: micrometer, scale: 0.5}",
+                      out = "{type: space, id: " + axis + ", size: {tensor_id: raw, axis_id: " + axis + "}}";
+    up.replace(up.find(in), in.size(), "{type: space, id: " + axis + ", size: 64}");
+    up.replace(up.find(out), out.size(),
+               "{type: space, id: " + axis + ", size: {tensor_id: raw, axis_id: " + axis +
+                   "}, scale: 0.5, halo: HALO}");
+  }
+  const auto upsampling = [&](const std::string& halo) {
+    std::string text = up;
+    for (size_t at = text.find("HALO"); at != std::string::npos; at = text.find("HALO"))
+      text.replace(at, 4, halo);
+    return writeFile(dir + "/up.yaml", text);
+  };
+  EXPECT_EQ(configError([&] { EXPECT_EQ(readBioimageioRdf(upsampling("40")).halo, 40); }), "no error");
+  const std::string up_wide = configError([&] { readBioimageioRdf(upsampling("64")); });
+  EXPECT_NE(up_wide.find("halo 64 is not less than half the output window (y 128 px, x 128 px"),
+            std::string::npos)
+      << up_wide;
   const std::string negative = configError([&] { readBioimageioRdf(card(", halo: -2", ", halo: -2")); });
   EXPECT_NE(negative.find("halo -2 is negative"), std::string::npos) << negative;
   std::string on_channel = rdfText("channel_names: [background, blob]",
@@ -422,10 +442,16 @@ TEST(ModelCard, StepsTilerCannotFollowAreRefusedByNameWithTheReason) {
     const std::string message = refusal(scale_id, "      - {id: " + id + "}\n");
     EXPECT_NE(message.find("outputs[0].postprocessing[0] (" + id +
                            "): a postprocessing step over the output's "
-                           "statistics needs the whole output"),
+                           "statistics needs the whole output ('probs') before its windows are blended"),
               std::string::npos)
         << message;
   }
+  const std::string matched =
+      refusal(scale_id,
+              "      - {id: scale_mean_variance, kwargs: {reference_tensor: raw, axes: [channel, y, x]}}\n");
+  EXPECT_NE(matched.find("the whole output ('probs', matched to reference_tensor 'raw') before"),
+            std::string::npos)
+      << matched;
   const std::string cast =
       refusal(scale_id, "      - {id: sigmoid}\n      - {id: ensure_dtype, kwargs: {dtype: uint8}}\n");
   EXPECT_NE(cast.find("postprocessing[1] (ensure_dtype) to 'uint8': tiler writes float outputs"),
@@ -726,20 +752,11 @@ TEST(ModelCard, Bioimageio04StepsComeOutInTheir05Form) {
   EXPECT_EQ(canonical(fixed["inputs"][0]["preprocessing"][0]),
             "{id: fixed_zero_mean_unit_variance, kwargs: {axis: channel, mean: 0.5, std: 0.2}}");
   text.replace(text.find(", mean: 0.5"), std::string(", mean: 0.5").size(), "");
-  try {
-    bioimageioAs05(writeFile(dir + "/no_mean.yaml", text));
-    ADD_FAILURE() << "a fixed zero_mean_unit_variance without its mean was read";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("of mode fixed (0.4's default) gives no mean"), std::string::npos)
-        << e.what();
-  }
+  const std::string no_mean = configError([&] { bioimageioAs05(writeFile(dir + "/no_mean.yaml", text)); });
+  EXPECT_NE(no_mean.find("of mode fixed (0.4's default) gives no mean"), std::string::npos) << no_mean;
   // per_dataset (of either statistics step) is refused when the card is read, not run on each image's own.
-  try {
-    readBioimageioRdf(dir + "/rdf.yaml");
-    ADD_FAILURE() << "a 0.4 per_dataset step was read";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("mode per_dataset"), std::string::npos) << e.what();
-  }
+  const std::string per_dataset = configError([&] { readBioimageioRdf(dir + "/rdf.yaml"); });
+  EXPECT_NE(per_dataset.find("mode per_dataset"), std::string::npos) << per_dataset;
 }
 
 TEST(ModelCard, Bioimageio04FieldsThatChangeHowTheModelIsFedAreRefusedByName) {
@@ -807,12 +824,17 @@ TEST(ModelCard, CardSha256IsCheckedNamingTheFile) {
   const std::string good = sha256Hex("weights"), bad = sha256Hex("other weights");
   EXPECT_EQ(configError([&] { readBioimageioRdf(writeFile(dir + "/ok.yaml", withSha(kRdf05Twin, good))); }),
             "no error");
+  // The weights' digest is the loader's to check, on the bytes it loads (the card is read without them).
+  std::string upper = bad;
+  std::transform(upper.begin(), upper.end(), upper.begin(), [](char c) { return std::toupper(c); });
+  const ModelCard card = readBioimageioRdf(writeFile(dir + "/bad.yaml", withSha(kRdf05Twin, upper)));
+  EXPECT_EQ(card.weights_sha256, bad);
   const std::string mismatch =
-      configError([&] { readBioimageioRdf(writeFile(dir + "/bad.yaml", withSha(kRdf05Twin, bad))); });
+      configError([&] { loadTorchScript(card.weights, torch::kCPU, card.weights_sha256, card.path); });
   EXPECT_NE(mismatch.find("'" + dir + "/weights.pt': its sha256 is " + good +
                           ", the card's "
                           "weights.torchscript.sha256 is " +
-                          bad),
+                          bad + " ('" + dir + "/bad.yaml')"),
             std::string::npos)
       << mismatch;
   // A test tensor's digest too, and a digest that is no digest.
@@ -882,8 +904,11 @@ TEST(ModelCard, ZippedPackagesAreReadInPlaceAndMembersStayInside) {
       configError([&] { findModelCard(zipPackage(dir + "/bare", dir + "/nocard.zip")); });
   EXPECT_NE(no_card.find("nocard.zip': no rdf.yaml or bioimageio.yaml"), std::string::npos) << no_card;
   writeFile(dir + "/pkg/weights.pt", "altered");
-  const std::string altered =
-      configError([&] { findModelCard(zipPackage(dir + "/pkg", dir + "/altered.zip")); });
+  const auto altered_card = findModelCard(zipPackage(dir + "/pkg", dir + "/altered.zip"));
+  ASSERT_TRUE(altered_card);
+  const std::string altered = configError([&] {
+    loadTorchScript(altered_card->weights, torch::kCPU, altered_card->weights_sha256, altered_card->path);
+  });
   EXPECT_NE(altered.find("altered.zip!/weights.pt': its sha256 is " + sha256Hex("altered")),
             std::string::npos)
       << altered;
@@ -1501,6 +1526,104 @@ y = ((e / e.sum(1, keepdims=True)) > 0.5).astype(np.float64)
                           "model's tensor there has 2 channels"),
             std::string::npos)
       << t.output;
+}
+
+// A chain of fixed affine steps whose gain comes out negative (an inverted channel) is no --std: it is
+// followed step by step, each image's affine map, and check-model matches NumPy's numbers.
+TEST(ModelCard, ANegativeFixedGainIsFollowedAsItsSteps) {
+  const std::string root = test::scratchDir("card_negative_gain");
+  const std::string pre =
+      R"(      - {id: scale_linear, kwargs: {gain: -0.01, offset: [1, 2, 0.5], axis: channel}}
+      - {id: fixed_zero_mean_unit_variance, kwargs: {mean: 0.5, std: 2}}
+)";
+  const ModelCard card =
+      readBioimageioRdf(writeFile(root + "/rdf.yaml", rdfWithSteps(pre, "      - {id: softmax}\n")));
+  EXPECT_FALSE(card.mean.has_value());
+  EXPECT_FALSE(card.std.has_value());
+  ASSERT_EQ(card.preprocessing.size(), 2u);
+  EXPECT_EQ(card.preprocessing[0].gain, std::vector<double>(3, -0.01));
+  std::string why;
+  const std::string pkg = makeStepsPackage(root + "/pkg", pre, "      - {id: softmax}\n",
+                                           R"(x = x * -0.01 + np.array([1, 2, 0.5]).reshape(1, 3, 1, 1)
+x = (x - 0.5) / (2 + 1e-6)
+)",
+                                           R"(e = np.exp(y - y.max(1, keepdims=True))
+y = e / e.sum(1, keepdims=True)
+)",
+                                           &why);
+  if (pkg.empty()) GTEST_SKIP() << why;
+  const auto check = test::runCommand(kTiler + " check-model " + pkg);
+  EXPECT_EQ(check.code, 0) << check.output;
+  EXPECT_NE(check.output.find(": pass"), std::string::npos) << check.output;
+  const auto run = test::runCommand(kTiler + " -m " + pkg + " -i " + kSamples +
+                                    "/images/small.png --threads 1 --no_progress -o " + root + "/out");
+  ASSERT_EQ(run.code, 0) << run.output;
+  const auto gain = reportOf(root + "/out")["images"][0]["input_normalisation"]["gain"];
+  ASSERT_EQ(gain.size(), 3u) << gain;
+  // 8-bit values (/ 255 is tiler's own scale, 1 here: the card feeds raw values) times -0.01 / 2.
+  EXPECT_NEAR(gain[0].get<double>(), -0.01 / (2 + 1e-6), 1e-12);
+}
+
+// A card describes one output: its postprocessing steps are refused with --heads (which would apply them to
+// no head), naming the flag and the steps.
+TEST(ModelCard, HeadsWithACardsPostprocessingAreRefusedByName) {
+  const std::string root = test::scratchDir("card_heads");
+  std::string why;
+  const std::string pkg =
+      makeStepsPackage(root + "/pkg", "      - {id: scale_linear, kwargs: {gain: 2}}\n",
+                       R"(      - {id: sigmoid}
+      - {id: scale_linear, kwargs: {gain: 2, offset: -0.5}}
+      - {id: clip, kwargs: {min: 0, max: 1.2}}
+)",
+                       "x = x * 2\n", "y = np.clip(sigmoid(y) * 2 - 0.5, 0, 1.2)\n", &why);
+  if (pkg.empty()) GTEST_SKIP() << why;
+  const auto run =
+      test::runCommand(kTiler + " -m " + pkg + " -i " + kSamples +
+                       "/images/small.png --heads 0:segment --threads 1 --no_progress -o " + root + "/out");
+  EXPECT_EQ(run.code, 1) << run.output;
+  EXPECT_NE(
+      run.output.find("--heads 0:segment: the model card's outputs[0].postprocessing (scale_linear, clip) "
+                      "is of the card's one output"),
+      std::string::npos)
+      << run.output;
+  // The card's one output, as it is, runs.
+  const auto one = test::runCommand(kTiler + " -m " + pkg + " -i " + kSamples +
+                                    "/images/small.png --threads 1 --no_progress -o " + root + "/one");
+  EXPECT_EQ(one.code, 0) << one.output;
+}
+
+// A card's weights are read once, where they are loaded: hashed there and loaded from the bytes hashed (a
+// file and a zip member alike), so weights replaced after the card was read are caught, never run.
+TEST(ModelCard, WeightsAreHashedOnTheBytesTheyAreLoadedFrom) {
+  const std::string root = test::scratchDir("card_weights_once");
+  std::string why;
+  const std::string pkg = makePackage(root + "/pkg", &why);
+  if (pkg.empty()) GTEST_SKIP() << why;
+  const std::string sha = sha256OfFileOrZipMember(pkg + "/weights.pt", int64_t(1) << 30);
+  std::string rdf = test::slurp(pkg + "/rdf.yaml");
+  rdf.replace(rdf.find("source: weights.pt,"), 19, "source: weights.pt, sha256: " + sha + ",");
+  writeFile(pkg + "/rdf.yaml", rdf);
+  const std::string zip = zipPackage(pkg, root + "/pkg.zip");
+  const torch::Tensor x = torch::rand({1, 3, 64, 64});
+  std::vector<torch::Tensor> outputs;
+  for (const std::string& model : {pkg, zip}) {
+    const auto card = findModelCard(model);
+    ASSERT_TRUE(card) << model;
+    EXPECT_EQ(card->weights_sha256, sha) << model;
+    torch::jit::Module m = loadTorchScript(card->weights, torch::kCPU, card->weights_sha256, card->path);
+    outputs.push_back(m.forward({x}).toTensor());
+  }
+  EXPECT_TRUE(torch::equal(outputs[0], outputs[1]));
+  const auto card = findModelCard(pkg);
+  ASSERT_TRUE(card);
+  fs::copy_file(pkg + "/altered.pt", pkg + "/weights.pt", fs::copy_options::overwrite_existing);
+  const std::string replaced =
+      configError([&] { loadTorchScript(card->weights, torch::kCPU, card->weights_sha256, card->path); });
+  EXPECT_NE(replaced.find("weights.pt': its sha256 is " +
+                          sha256OfFileOrZipMember(pkg + "/altered.pt", int64_t(1) << 30) +
+                          ", the card's weights.torchscript.sha256 is " + sha),
+            std::string::npos)
+      << replaced;
 }
 
 // The spec's own example as shipped (its TorchScript weights, test tensors and both cards, unchanged): each

@@ -3,8 +3,9 @@
 // every .tif (refusing one that is not a TIFF), libjpeg for JPEG bytes, OpenCV for the rest; the extensions
 // the rows declare are what directory discovery lists, and their traits what other code asks of an image;
 // remote inputs (URLs) go to libtiff by byte ranges through GDAL, served in these tests by
-// tests/range_server.py. Errors are checked for what they must say (the file, the problem's key word), not
-// for their whole sentence.
+// tests/range_server.py; an in-memory image (the Python module's arrays) is read through its strides,
+// whatever its axis order, by its name alone. Errors are checked for what they must say (the file, the
+// problem's key word), not for their whole sentence.
 #include "tiler/io/readers/readers.hpp"
 
 #include <gtest/gtest.h>
@@ -60,10 +61,48 @@ void expectOpenFails(const std::string& dir, const std::string& file, const std:
   expectErrorNaming([&] { ImageReader::open(dir + "/" + file); }, "/" + file, word);
 }
 
+// The same pixels held H x W x C and C x H x W read the same regions, as a cv::Mat of their own; a name that
+// is no registered image (or no longer) is refused naming it, even where a file of that name exists.
+TEST(Readers, AnInMemoryImageIsReadThroughItsStrides) {
+  const int64_t H = 5, W = 7;
+  const int C = 3;
+  std::vector<uint16_t> hwc(size_t(H * W * C)), chw(hwc.size());
+  for (int64_t y = 0; y < H; ++y)
+    for (int64_t x = 0; x < W; ++x)
+      for (int c = 0; c < C; ++c) {
+        const auto v = uint16_t(1000 * c + 10 * y + x);
+        hwc[size_t((y * W + x) * C + c)] = v;
+        chw[size_t((c * H + y) * W + x)] = v;
+      }
+  const int64_t s = sizeof(uint16_t);
+  const std::string packed =
+      registerMemoryImage({hwc.data(), SampleType::kU16, W, H, C, W * C * s, C * s, s}, "packed");
+  const std::string planar =
+      registerMemoryImage({chw.data(), SampleType::kU16, W, H, C, W * s, s, H * W * s}, "planar");
+  EXPECT_TRUE(isMemoryInput(packed));
+  EXPECT_EQ(identifyReader(FileHead{planar, "", ""})->name, std::string("memory"));
+  EXPECT_EQ(inputStem(planar), "planar");
+  auto a = ImageReader::open(packed), b = ImageReader::open(planar);
+  EXPECT_EQ(b->info().reader, "memory");
+  EXPECT_EQ(b->info().width, W);
+  EXPECT_EQ(b->info().height, H);
+  EXPECT_EQ(b->info().channels, C);
+  EXPECT_EQ(b->info().type, SampleType::kU16);
+  const Rect region{2, 1, 4, 3};
+  const cv::Mat from_packed = a->readRegion(region), from_planar = b->readRegion(region);
+  ASSERT_EQ(from_planar.type(), CV_16UC3);
+  EXPECT_EQ(cv::norm(from_packed, from_planar, cv::NORM_INF), 0.0);
+  EXPECT_EQ(from_planar.at<cv::Vec3w>(0, 0)[2], 2000 + 10 * 1 + 2);
+  EXPECT_NE(from_planar.data, reinterpret_cast<const uchar*>(chw.data()));
+  unregisterMemoryImage(planar);
+  expectErrorNaming([&] { ImageReader::open(planar); }, planar, "no such in-memory image");
+  unregisterMemoryImage(packed);
+}
+
 TEST(Readers, TheBackendsAreAskedInTheirOrder) {
   std::vector<std::string> names;
   for (const ReaderBackend& b : readerBackends()) names.push_back(b.name);
-  EXPECT_EQ(names, (std::vector<std::string>{"openslide", "tiff", "jpeg", "opencv"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"memory", "openslide", "tiff", "jpeg", "opencv"}));
 }
 
 // Each row's identify takes the heads of its own samples and none of the others' (whatever their names: the
@@ -112,7 +151,8 @@ TEST(Readers, DirectoryDiscoveryFindsExactlyTheExtensionsTheRowsDeclare) {
   const std::string dir = test::scratchDir("readers_discovery");
   std::set<std::string> declared;
   for (const ReaderBackend& b : readerBackends()) {
-    EXPECT_FALSE(b.extensions.empty()) << b.name;
+    // Every row that reads files names them (the in-memory row reads none).
+    EXPECT_EQ(b.extensions.empty(), std::string(b.name) == "memory") << b.name;
     for (const std::string& ext : b.extensions) {
       EXPECT_TRUE(declared.insert(ext).second) << ext << " is declared by two rows";
       std::ofstream(dir + "/lower" + ext) << "";

@@ -18,6 +18,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <numeric>
 #include <sstream>
 #include <string>
@@ -30,6 +31,19 @@
 #include "tiler/net/tcp_store.hpp"
 
 namespace tiler::test {
+
+// The message of the ConfigError `f` throws: "no error" where it throws none, "not a ConfigError: WHAT"
+// where it throws another exception (a refusal of the wrong kind fails the test's match as a missing one).
+inline std::string configError(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const ConfigError& e) {
+    return e.message();
+  } catch (const std::exception& e) {
+    return std::string("not a ConfigError: ") + e.what();
+  }
+  return "no error";
+}
 
 // Whether this build has optional feature `name` (gdal, openslide, hdf5: CMake's TILER_WITH_*).
 inline bool featureBuilt(const std::string& name) {

@@ -13,17 +13,9 @@
 
 namespace fs = std::filesystem;
 using namespace tiler;
+using test::configError;
 
 namespace {
-
-std::string configError(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const ConfigError& e) {
-    return e.message();
-  }
-  return "no error";
-}
 
 // A zip of `members` (name, text) written by Python's zipfile; `stored`: no compression.
 std::string makeZip(const std::string& path, const std::vector<std::pair<std::string, std::string>>& members,

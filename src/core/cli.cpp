@@ -57,7 +57,7 @@ CLI::Validator nonNegativeNumber() {
   return numberCheck("NONNEGATIVE", ">= 0", [](double v) { return v >= 0; });
 }
 
-int parseCommandLine(CLI::App& app, int argc, char** argv, const std::string& tool) {
+int parseCommandLine(CLI::App& app, int argc, char** argv, const std::string& tool, bool throw_errors) {
   app.allow_config_extras(false);
   try {
     app.parse(argc, argv);
@@ -65,6 +65,7 @@ int parseCommandLine(CLI::App& app, int argc, char** argv, const std::string& to
   } catch (const CLI::Success& e) {
     return app.exit(e);  // --help, --version: printed, exit 0
   } catch (const CLI::ParseError& e) {
+    if (throw_errors) throw ConfigError(e.what());
     std::cerr << tool << ": error: " << e.what() << "\nRun '" << tool << " --help' for the flags."
               << std::endl;
     return kExitFatal;

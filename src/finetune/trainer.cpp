@@ -22,6 +22,7 @@
 #include "tiler/finetune/train_metrics.hpp"
 #include "tiler/finetune/training_data.hpp"
 #include "tiler/finetune/validation.hpp"
+#include "tiler/io/resolution.hpp"
 #include "tiler/model/model.hpp"
 #include "tiler/tasks/registry.hpp"
 
@@ -165,6 +166,11 @@ void Trainer::connect() {
       session_->lockDirectory(o_.checkpoint_dir, "--checkpoint_dir");
     loadData();
     if (rank() == 0) checkWrittenPaths();
+    // Training on upsampled pixels is as much the user's to know as inferring on them.
+    if (rank() == 0)
+      for (const CatalogImage& img : data_.catalog.images())
+        if (const std::string upsampled = upsampleWarning(img.input, img.resolution); !upsampled.empty())
+          spdlog::warn("{}", upsampled);
   });
   batches_ = std::make_unique<TrainingBatches>(o_, plan_, data_, *runner_, faults_,
                                                session_->world().world_size, rank());

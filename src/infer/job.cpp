@@ -136,7 +136,7 @@ class InferJob {
   std::unique_ptr<RankSession> session_;  // from run() on
   InferPlan plan_;                        // the flags, parsed once
   FaultHooks faults_;                     // TILER_FAULT, this rank's
-  std::unique_ptr<ModelRunner> model_;
+  std::shared_ptr<ModelRunner> model_;    // the caller's too, with InferOptions::load_model
   ForwardLayout layout_;
   int read_threads_ = 1;
   int64_t shard_run_ = 1;          // the most windows one rank takes in a row (RowDeal::longest_part)
@@ -472,7 +472,8 @@ void InferJob::loadModel() {
     mo.heads.push_back(HeadOptions{head.spec.name, head.spec.name, head.task, head.flags.activation,
                                    !head.flags.classes.empty()});
   mo.batch_size = o_.batch_size;
-  model_ = std::make_unique<ModelRunner>(mo);
+  model_ = o_.load_model ? o_.load_model(mo, plan_.spec.window_w, plan_.spec.window_h)
+                         : std::make_shared<ModelRunner>(mo);
   startupMark("model loaded");
   probe_ = model_->probe(plan_.spec.window_w, plan_.spec.window_h);
   startupMark("model probed");
@@ -530,12 +531,9 @@ void InferJob::planImages() {
     if (rank() == 0) checkReportPath();
     if (rank() == 0)
       for (const auto& img : catalog_.images())
-        if (img.status == "ok" && img.resolution.upsampleFactor() > 1.0)
-          spdlog::warn(
-              "'{}': its level 0 ({} um/px) is coarser than the model's {} um/px: upsampled {:.6g}x by "
-              "area (--no_upsample refuses)",
-              img.input, img.resolution.source_mpp.value_or(0), img.resolution.mpp.value_or(0),
-              img.resolution.upsampleFactor());
+        if (const std::string upsampled = upsampleWarning(img.input, img.resolution);
+            img.status == "ok" && !upsampled.empty())
+          spdlog::warn("{}", upsampled);
     if (plan_.abort_on_error) {
       for (const auto& img : catalog_.images())
         TILER_CHECK(img.status != "error", IoError, img.error << " (--on_error abort)");
@@ -735,7 +733,9 @@ int InferJob::runSteps(Deal deal) {
     ForwardedBatch forwarded = started.front().get();
     started.pop_front();
     runStep(step, steps, std::move(forwarded), loader, outputs);
-    progress.update(std::min(catalog_.totalWindows(), (step + 1) * B * worldSize()));
+    const int64_t done = std::min(catalog_.totalWindows(), (step + 1) * B * worldSize());
+    progress.update(done);
+    if (o_.after_step) o_.after_step(done, catalog_.totalWindows());
     if (faults_.after_windows) faults_.after_windows(stats_.windows);
   }
   loader.stop();

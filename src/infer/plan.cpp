@@ -11,6 +11,7 @@
 #include "tiler/core/cpu_layout.hpp"
 #include "tiler/core/error.hpp"
 #include "tiler/core/platform.hpp"
+#include "tiler/core/processing.hpp"
 #include "tiler/dist/session.hpp"
 #include "tiler/stitch/outputs.hpp"
 #include "tiler/tasks/registry.hpp"
@@ -96,6 +97,12 @@ std::vector<InferHead> plannedHeads(const InferOptions& o, const InferPlan& p) {
   }
   TILER_CHECK(heads.empty() || o.output_key.empty(), ConfigError,
               "--output_key picks one output, --heads several: give one of them");
+  // A card describes one output: its postprocessing is that output's, and no head is it.
+  TILER_CHECK(heads.empty() || o.postprocessing.empty(), ConfigError,
+              "--heads " << o.heads << ": the model card's outputs[0].postprocessing ("
+                         << stepNames(o.postprocessing)
+                         << ") is of the card's one output, not of each head, and tiler would apply it to "
+                            "none: run the card's output without --heads (or --output_key NAME for it)");
   return heads;
 }
 

@@ -1,5 +1,7 @@
 #include "tiler/io/resolution.hpp"
 
+#include <spdlog/fmt/fmt.h>
+
 #include <algorithm>
 #include <cmath>
 #include <sstream>
@@ -17,18 +19,20 @@ std::string number(double v) {
   return out.str();
 }
 
-// Area weights of one axis: processing pixel i covers source [i*f, (i+1)*f) of the level, a part of one or
-// two level pixels when f < 1 (upsampling), many when f > 1.
+// Area weights of one axis: output pixel i covers source [origin + i*f, origin + (i+1)*f) of the level, a
+// part of one or two level pixels when f < 1 (upsampling), many when f > 1.
 struct AxisWeights {
   std::vector<int64_t> first;  // first source index of each output pixel (relative to the block)
   std::vector<std::vector<double>> weights;
 };
 
-AxisWeights areaWeights(int64_t start, int64_t count, double factor, int64_t block_start, int64_t limit) {
+AxisWeights areaWeights(const AreaAxis& axis, int64_t block_start, int64_t limit) {
   AxisWeights a;
-  for (int64_t i = start; i < start + count; ++i) {
-    const double s0 = double(i) * factor, s1 = double(i + 1) * factor;
-    const int64_t j0 = int64_t(std::floor(s0)), j1 = std::min<int64_t>(int64_t(std::ceil(s1)), limit);
+  const double factor = axis.factor;
+  for (int64_t i = axis.start; i < axis.start + axis.count; ++i) {
+    const double s0 = axis.origin + double(i) * factor, s1 = axis.origin + double(i + 1) * factor;
+    const int64_t j0 = std::min<int64_t>(int64_t(std::floor(s0)), limit - 1);
+    const int64_t j1 = std::max<int64_t>(std::min<int64_t>(int64_t(std::ceil(s1)), limit), j0 + 1);
     a.first.push_back(j0 - block_start);
     std::vector<double> w;
     for (int64_t j = j0; j < j1; ++j)
@@ -36,6 +40,15 @@ AxisWeights areaWeights(int64_t start, int64_t count, double factor, int64_t blo
     a.weights.push_back(std::move(w));
   }
   return a;
+}
+
+// The level pixels [first, end) that an axis's output pixels cover.
+std::pair<int64_t, int64_t> areaSpan(const AreaAxis& axis, int64_t limit) {
+  const int64_t first =
+      std::min<int64_t>(int64_t(std::floor(axis.origin + double(axis.start) * axis.factor)), limit - 1);
+  const int64_t end = std::min<int64_t>(
+      int64_t(std::ceil(axis.origin + double(axis.start + axis.count) * axis.factor)), limit);
+  return {first, std::max(end, first + 1)};
 }
 
 class ResampledReader final : public ImageReader {
@@ -58,44 +71,7 @@ class ResampledReader final : public ImageReader {
             << ")");
     if (resolution_.factor == 1.0) return source_.readRegion(r, resolution_.level);
     const double f = resolution_.factor;
-    const ImageInfo::Level& l = info_.levels[size_t(resolution_.level)];
-    // The level pixels the region's processing pixels cover, read once.
-    const int64_t sx0 = int64_t(std::floor(double(r.x) * f)), sy0 = int64_t(std::floor(double(r.y) * f));
-    const int64_t sx1 = std::min<int64_t>(int64_t(std::ceil(double(r.right()) * f)), l.width);
-    const int64_t sy1 = std::min<int64_t>(int64_t(std::ceil(double(r.bottom()) * f)), l.height);
-    cv::Mat block = source_.readRegion({sx0, sy0, sx1 - sx0, sy1 - sy0}, resolution_.level);
-    cv::Mat values;
-    block.convertTo(values, CV_64F);
-    const int channels = block.channels();
-    const AxisWeights wx = areaWeights(r.x, r.w, f, sx0, l.width);
-    const AxisWeights wy = areaWeights(r.y, r.h, f, sy0, l.height);
-    // Columns first, then rows; each output's sum runs in the same order wherever the region lies.
-    cv::Mat across(values.rows, int(r.w), CV_64FC(channels));
-    for (int y = 0; y < values.rows; ++y) {
-      const double* src = values.ptr<double>(y);
-      double* dst = across.ptr<double>(y);
-      for (int64_t i = 0; i < r.w; ++i) {
-        for (int c = 0; c < channels; ++c) {
-          double sum = 0;
-          const auto& w = wx.weights[size_t(i)];
-          for (size_t k = 0; k < w.size(); ++k)
-            sum += w[k] * src[(size_t(wx.first[size_t(i)]) + k) * size_t(channels) + size_t(c)];
-          dst[size_t(i) * size_t(channels) + size_t(c)] = sum;
-        }
-      }
-    }
-    cv::Mat out(int(r.h), int(r.w), CV_64FC(channels), cv::Scalar::all(0));
-    for (int64_t i = 0; i < r.h; ++i) {
-      double* dst = out.ptr<double>(int(i));
-      const auto& w = wy.weights[size_t(i)];
-      for (size_t k = 0; k < w.size(); ++k) {
-        const double* src = across.ptr<double>(int(wy.first[size_t(i)] + int64_t(k)));
-        for (int64_t x = 0; x < r.w * channels; ++x) dst[x] += w[k] * src[x];
-      }
-    }
-    cv::Mat result;
-    out.convertTo(result, block.type());
-    return result;
+    return readByArea(source_, resolution_.level, {0.0, f, r.x, r.w}, {0.0, f, r.y, r.h});
   }
 
  private:
@@ -106,6 +82,48 @@ class ResampledReader final : public ImageReader {
 };
 
 }  // namespace
+
+cv::Mat readByArea(ImageReader& source, int level, const AreaAxis& x, const AreaAxis& y) {
+  const ImageInfo& info = source.info();
+  const ImageInfo::Level& l =
+      info.levels.empty() ? ImageInfo::Level{info.width, info.height, 1.0} : info.levels[size_t(level)];
+  // The level pixels the output pixels cover, read once.
+  const auto [sx0, sx1] = areaSpan(x, l.width);
+  const auto [sy0, sy1] = areaSpan(y, l.height);
+  cv::Mat block = source.readRegion({sx0, sy0, sx1 - sx0, sy1 - sy0}, level);
+  cv::Mat values;
+  block.convertTo(values, CV_64F);
+  const int channels = block.channels();
+  const AxisWeights wx = areaWeights(x, sx0, l.width);
+  const AxisWeights wy = areaWeights(y, sy0, l.height);
+  // Columns first, then rows; each output's sum runs in the same order wherever the region lies.
+  cv::Mat across(values.rows, int(x.count), CV_64FC(channels));
+  for (int row = 0; row < values.rows; ++row) {
+    const double* src = values.ptr<double>(row);
+    double* dst = across.ptr<double>(row);
+    for (int64_t i = 0; i < x.count; ++i) {
+      for (int c = 0; c < channels; ++c) {
+        double sum = 0;
+        const auto& w = wx.weights[size_t(i)];
+        for (size_t k = 0; k < w.size(); ++k)
+          sum += w[k] * src[(size_t(wx.first[size_t(i)]) + k) * size_t(channels) + size_t(c)];
+        dst[size_t(i) * size_t(channels) + size_t(c)] = sum;
+      }
+    }
+  }
+  cv::Mat out(int(y.count), int(x.count), CV_64FC(channels), cv::Scalar::all(0));
+  for (int64_t i = 0; i < y.count; ++i) {
+    double* dst = out.ptr<double>(int(i));
+    const auto& w = wy.weights[size_t(i)];
+    for (size_t k = 0; k < w.size(); ++k) {
+      const double* src = across.ptr<double>(int(wy.first[size_t(i)] + int64_t(k)));
+      for (int64_t v = 0; v < x.count * channels; ++v) dst[v] += w[k] * src[v];
+    }
+  }
+  cv::Mat result;
+  out.convertTo(result, block.type());
+  return result;
+}
 
 ProcessingResolution chooseResolution(const ImageInfo& info, const ResolutionSpec& spec) {
   const std::string& p = info.path;
@@ -189,6 +207,14 @@ int overviewLevel(const ImageInfo& info, int min_side) {
   for (size_t l = 0; l < info.levels.size(); ++l)
     if (std::max(info.levels[l].width, info.levels[l].height) >= min_side) level = int(l);
   return level;
+}
+
+std::string upsampleWarning(const std::string& image, const ProcessingResolution& resolution) {
+  if (!(resolution.upsampleFactor() > 1.0)) return {};
+  return fmt::format(
+      "'{}': its level 0 ({} um/px) is coarser than the model's {} um/px: upsampled {:.6g}x by area "
+      "(--no_upsample refuses)",
+      image, resolution.source_mpp.value_or(0), resolution.mpp.value_or(0), resolution.upsampleFactor());
 }
 
 }  // namespace tiler

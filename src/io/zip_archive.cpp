@@ -223,4 +223,11 @@ std::string sha256OfFileOrZipMember(const std::string& path, int64_t max_bytes) 
   return sha.hex();
 }
 
+void requireSha256(const std::string& file, const std::string& found, const std::string& expected,
+                   const std::string& field, const std::string& card) {
+  TILER_CHECK(found == expected, ConfigError,
+              "'" << file << "': its sha256 is " << found << ", the card's " << field << ".sha256 is "
+                  << expected << " ('" << card << "'): the file is not the one the card describes");
+}
+
 }  // namespace tiler

@@ -50,6 +50,8 @@ std::string outOfMemoryLine(const std::string& what) {
 ModelOptions modelOptionsFor(const JobOptions& job, int local_rank) {
   ModelOptions mo;
   mo.path = job.model.empty() ? bundledSamplesDir() + "/models/sample.pt" : job.model;
+  mo.sha256 = job.model_sha256;
+  mo.sha256_card = job.model_card;
   mo.device = job.device;
   mo.precision = job.precision;
   mo.threads = job.threads;
@@ -123,8 +125,11 @@ ModelRunner::ModelRunner(const ModelOptions& options)
   // would stay fp32 or mix with fp16 weights.
   TILER_CHECK(!options.jit_optimize || precision_ == Precision::kFp32, ConfigError,
               "--jit_optimize fuses ops that mixed precision does not cover; use it with --precision fp32");
-  runtime_ =
-      openModelRuntime(RuntimeOptions{options.path, device_, options.jit_optimize, options.batch_size});
+  RuntimeOptions runtime;
+  runtime.path = options.path, runtime.device = device_, runtime.jit_optimize = options.jit_optimize;
+  runtime.batch = options.batch_size, runtime.sha256 = options.sha256,
+  runtime.sha256_card = options.sha256_card;
+  runtime_ = openModelRuntime(runtime);
   if (!runtime_->autocasts()) {
     TILER_CHECK(options.precision == "auto" || options.precision == "fp32", ConfigError,
                 "'" << options.path << "': --precision " << options.precision

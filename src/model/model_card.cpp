@@ -211,20 +211,24 @@ std::string joinPath(const std::string& rdf, const std::string& field, const YAM
   return joined.string();
 }
 
-// A file's sha256 against the card's (`descr`: the {source, sha256} node that names it), where it gives one.
-void checkSha256(const std::string& rdf, const std::string& field, const YAML::Node& descr,
-                 const std::string& file, int64_t max_bytes) {
-  if (!descr || !descr.IsMap() || !descr["sha256"]) return;
+// The sha256 the card gives of a file (`descr`: the {source, sha256} node that names it), lowercase; empty
+// where it gives none.
+std::string statedSha256(const std::string& rdf, const std::string& field, const YAML::Node& descr) {
+  if (!descr || !descr.IsMap() || !descr["sha256"]) return {};
   std::string expected = descr["sha256"].as<std::string>();
   std::transform(expected.begin(), expected.end(), expected.begin(), [](char c) { return std::tolower(c); });
   TILER_CHECK(
       expected.size() == 64 && expected.find_first_not_of("0123456789abcdef") == std::string::npos,
       ConfigError,
       "'" << rdf << "': " << field << ".sha256 '" << expected << "' is not a SHA-256 digest (64 hex digits)");
-  const std::string found = sha256OfFileOrZipMember(file, max_bytes);
-  TILER_CHECK(found == expected, ConfigError,
-              "'" << file << "': its sha256 is " << found << ", the card's " << field << ".sha256 is "
-                  << expected << " ('" << rdf << "'): the file is not the one the card describes");
+  return expected;
+}
+
+// A file's sha256 against the card's, where it gives one.
+void checkSha256(const std::string& rdf, const std::string& field, const YAML::Node& descr,
+                 const std::string& file, int64_t max_bytes) {
+  const std::string expected = statedSha256(rdf, field, descr);
+  if (!expected.empty()) requireSha256(file, sha256OfFileOrZipMember(file, max_bytes), expected, field, rdf);
 }
 
 void refuseUnknownKeys(const YAML::Node& node, const std::set<std::string>& known, const std::string& rdf,
@@ -252,12 +256,14 @@ std::string stepWhere(const std::string& list, size_t index, const std::string& 
 }
 
 // One pre- or postprocessing step of a 0.5 card (id and kwargs) as tiler follows it; `where` names it in
-// messages; `axis_ids` are the input's axes (batch, channel, y, x as the card names them), `input_id` its id.
-// `pre`: a preprocessing step (postprocessing has no statistics steps tiler can follow). nullopt: a step
-// that changes nothing tiler feeds (ensure_dtype to a float type).
+// messages; `axis_ids` are the input's axes (batch, channel, y, x as the card names them), `input_id` its id,
+// `tensor_id` the id of the tensor the step is of. `pre`: a preprocessing step (postprocessing has no
+// statistics steps tiler can follow). nullopt: a step that changes nothing tiler feeds (ensure_dtype to a
+// float type).
 std::optional<ProcessingStep> readStep(const YAML::Node& step, const std::string& rdf,
                                        const std::string& where, const std::vector<std::string>& axis_ids,
-                                       const std::string& input_id, bool pre, const std::string& previous) {
+                                       const std::string& input_id, const std::string& tensor_id, bool pre,
+                                       const std::string& previous) {
   TILER_CHECK(step.IsMap() && step["id"], ConfigError, "'" << rdf << "': " << where << " has no id");
   const std::string id = step["id"].as<std::string>();
   const YAML::Node kw = step["kwargs"] ? step["kwargs"] : YAML::Node(YAML::NodeType::Map);
@@ -317,10 +323,16 @@ std::optional<ProcessingStep> readStep(const YAML::Node& step, const std::string
     }
     s.gain = gain, s.offset = offset;
   } else if (id == "scale_range" || id == "zero_mean_unit_variance" || id == "scale_mean_variance") {
-    TILER_CHECK(
-        pre, ConfigError,
-        "'" << rdf << "': " << where << ": a postprocessing step over the output's statistics needs "
-            << "the whole output before its windows are blended, and tiler blends windows as they come");
+    // Each window normalised by its own statistics would give each window other numbers (seams); the
+    // whole image's are known only once every window is blended, and tiler writes each band as it is.
+    TILER_CHECK(pre, ConfigError,
+                "'" << rdf << "': " << where << ": a postprocessing step over the output's statistics needs "
+                    << "the whole output ('" << tensor_id << "'"
+                    << (kw["reference_tensor"] ? ", matched to reference_tensor '" +
+                                                     kw["reference_tensor"].as<std::string>() + "'"
+                                               : std::string())
+                    << ") before its windows are blended, and tiler blends windows as they come and writes "
+                       "each blended band at once (per window, every window would get numbers of its own)");
     TILER_CHECK(id != "scale_mean_variance", ConfigError,
                 "'" << rdf << "': " << where << " is a postprocessing step (it matches the output to a "
                     << "reference tensor's statistics)");
@@ -414,10 +426,10 @@ std::optional<ProcessingStep> readStep(const YAML::Node& step, const std::string
   return s;
 }
 
-// The steps of a list, in the card's order.
+// The steps of a list (of tensor `tensor_id`), in the card's order.
 std::vector<ProcessingStep> readSteps(const YAML::Node& steps, const std::string& rdf,
                                       const std::string& list, const std::vector<std::string>& axis_ids,
-                                      const std::string& input_id, bool pre) {
+                                      const std::string& input_id, const std::string& tensor_id, bool pre) {
   std::vector<ProcessingStep> out;
   if (!steps) return out;
   TILER_CHECK(steps.IsSequence(), ConfigError, "'" << rdf << "': " << list << " is not a list of steps");
@@ -426,7 +438,7 @@ std::vector<ProcessingStep> readSteps(const YAML::Node& steps, const std::string
     const YAML::Node step = steps[i];
     const std::string id = step.IsMap() && step["id"] ? step["id"].as<std::string>() : "";
     const std::string where = stepWhere(list, i, id);
-    auto s = readStep(step, rdf, where, axis_ids, input_id, pre, previous);
+    auto s = readStep(step, rdf, where, axis_ids, input_id, tensor_id, pre, previous);
     previous = id;
     if (!s) continue;
     // Statistics are of the image as read, carried through affine maps only: after a clip or a sigmoid
@@ -440,12 +452,13 @@ std::vector<ProcessingStep> readSteps(const YAML::Node& steps, const std::string
   return out;
 }
 
-// inputs[0].preprocessing: fixed affine steps alone become --scale, --mean and --std ((x * scale - mean) /
-// std), which a flag still overrides; any other chain is kept as its steps (ModelCard::preprocessing).
+// inputs[0].preprocessing: fixed affine steps alone, of a positive gain on every channel, become --scale,
+// --mean and --std ((x * scale - mean) / std), which a flag still overrides; any other chain is kept as its
+// steps (ModelCard::preprocessing).
 void readPreprocessing(const YAML::Node& steps, const std::string& rdf,
                        const std::vector<std::string>& axis_ids, const std::string& input_id,
                        ModelCard& card) {
-  const auto list = readSteps(steps, rdf, "inputs[0].preprocessing", axis_ids, input_id, true);
+  const auto list = readSteps(steps, rdf, "inputs[0].preprocessing", axis_ids, input_id, input_id, true);
   card.scale = 1.0;  // bioimage.io feeds the tensor's values as they are
   const bool fixed =
       std::all_of(list.begin(), list.end(), [](const ProcessingStep& s) { return s.id == "scale_linear"; });
@@ -465,11 +478,14 @@ void readPreprocessing(const YAML::Node& steps, const std::string& rdf,
       b[c] = b[c] * g + o;
     }
   }
+  // --std is positive (a flag's std of -1 is a mistake), so a gain of 0 or less (an inverted channel) is no
+  // std: the chain is followed as steps, each image's affine map, which takes any gain.
+  if (std::any_of(a.begin(), a.end(), [](double g) { return !(g > 0); })) {
+    card.preprocessing = list;
+    return;
+  }
   std::vector<double> mean, std;
   for (size_t c = 0; c < a.size(); ++c) {
-    TILER_CHECK(a[c] > 0, ConfigError,
-                "'" << rdf << "': preprocessing scales channel " << c << " by " << a[c]
-                    << "; tiler's --std must be positive");
     std.push_back(1.0 / a[c]);
     mean.push_back(-b[c] / a[c]);
   }
@@ -541,12 +557,41 @@ void readInput(const YAML::Node& input, const std::string& rdf, const Package& p
   checkSha256(rdf, "inputs[0].test_tensor", input["test_tensor"], card.test_input, kMaxNpyBytes);
 }
 
+// The size along output space axis `axis` of the output of a window of `window` px (its card's input):
+// a fixed size, or spec 0.5's reference to an input axis, reference.size * reference.scale / axis.scale +
+// offset (a 2x upsampling model's output axis has half the input's scale). nullopt where the card leaves the
+// size to the run ({min, step}, or another tensor's axis): the set-up checks the halo against the window the
+// model gives.
+std::optional<int64_t> outputAxisSize(const YAML::Node& axis, const YAML::Node& input,
+                                      const std::string& window) {
+  const YAML::Node size = axis["size"];
+  if (size && size.IsScalar()) return size.as<int64_t>();
+  if (!size || !size.IsMap() || !size["tensor_id"] || !size["axis_id"] || !input.IsMap()) return std::nullopt;
+  const std::string input_id = input["id"] ? input["id"].as<std::string>() : "input",
+                    ref_axis = size["axis_id"].as<std::string>();
+  const YAML::Node axes = input["axes"];
+  if (size["tensor_id"].as<std::string>() != input_id || !axes || !axes.IsSequence() || axes.size() != 4)
+    return std::nullopt;
+  const auto [w, h] = parseWindowSize(window);
+  for (size_t k : {size_t(2), size_t(3)}) {
+    if (axisId(axes[k]) != ref_axis) continue;
+    const double ref_scale = axes[k]["scale"] ? axes[k]["scale"].as<double>() : 1.0,
+                 scale = axis["scale"] ? axis["scale"].as<double>() : 1.0;
+    if (!(ref_scale > 0) || !(scale > 0)) return std::nullopt;
+    const int64_t offset = size["offset"] ? size["offset"].as<int64_t>() : 0;
+    return std::llround(double(k == 2 ? h : w) * ref_scale / scale) + offset;
+  }
+  return std::nullopt;
+}
+
 // The output axes' halo (spec 0.5: `halo` on an output space axis), as one --halo: y's and x's alike; a
 // halo elsewhere (a channel or time axis) is refused naming the axis, and so is one that leaves no core of
-// the window (card.window: the input's, readInput's).
-void readHalo(const YAML::Node& axes, const std::string& rdf, ModelCard& card) {
+// the output window (of the input window card.window, readInput's, as outputAxisSize finds it).
+void readHalo(const YAML::Node& axes, const YAML::Node& input, const std::string& rdf, ModelCard& card) {
   if (!axes || !axes.IsSequence()) return;
   std::optional<int64_t> y, x;
+  std::string sizes;  // "y 128 px, x 128 px": the output window's known sides
+  std::optional<int64_t> least;
   for (const auto& axis : axes) {
     if (!axis.IsMap() || !axis["halo"]) continue;
     const std::string type = axis["type"] ? axis["type"].as<std::string>() : "?", id = axisId(axis);
@@ -558,27 +603,30 @@ void readHalo(const YAML::Node& axes, const std::string& rdf, ModelCard& card) {
     TILER_CHECK(halo >= 0, ConfigError,
                 "'" << rdf << "': outputs[0] axis " << id << "'s halo " << halo << " is negative");
     (id == "y" ? y : x) = halo;
+    if (const auto side = card.window ? outputAxisSize(axis, input, *card.window) : std::nullopt) {
+      sizes += (sizes.empty() ? "" : ", ") + id + " " + std::to_string(*side) + " px";
+      least = std::min(least.value_or(*side), *side);
+    }
   }
   if (!y && !x) return;
   TILER_CHECK(y.value_or(0) == x.value_or(0), ConfigError,
               "'" << rdf << "': outputs[0]'s halo is " << y.value_or(0) << " on axis y and " << x.value_or(0)
                   << " on axis x; tiler's --halo is one band for both");
   const int64_t halo = y.value_or(0);
-  if (card.window) {
-    const auto [w, h] = parseWindowSize(*card.window);
-    TILER_CHECK(2 * halo < std::min(w, h), ConfigError,
-                "'" << rdf << "': outputs[0]'s halo " << halo << " is not less than half the window ("
-                    << *card.window << " px): no window would keep a pixel");
-  }
+  TILER_CHECK(!least || 2 * halo < *least, ConfigError,
+              "'" << rdf << "': outputs[0]'s halo " << halo << " is not less than half the output window ("
+                  << sizes << ", of the input's " << card.window.value_or("") << " px): no window would keep "
+                  << "a pixel");
   card.halo = halo;
 }
 
-void readOutput(const YAML::Node& output, const std::string& rdf, const Package& pkg, ModelCard& card) {
+void readOutput(const YAML::Node& output, const YAML::Node& input, const std::string& rdf, const Package& pkg,
+                ModelCard& card) {
   refuseUnknownKeys(output,
                     {"id", "description", "axes", "test_tensor", "sample_tensor", "data", "postprocessing"},
                     rdf, "outputs[0] ");
   const YAML::Node axes = output["axes"];
-  readHalo(axes, rdf, card);
+  readHalo(axes, input, rdf, card);
   const std::string layout = axes ? axesText(axes) : "missing";
   TILER_CHECK(layout == "batch,channel,y,x" || layout == "batch,channel", ConfigError,
               "'" << rdf << "': outputs[0].axes are " << layout
@@ -590,8 +638,9 @@ void readOutput(const YAML::Node& output, const std::string& rdf, const Package&
   // A leading sigmoid or softmax is --activation (which a flag overrides, and which sets the label
   // threshold); the steps after it are applied to each window's output after it.
   card.activation = "none";
-  auto steps = readSteps(output["postprocessing"], rdf, "outputs[0].postprocessing",
-                         {"batch", "channel", "y", "x"}, card.input_id, false);
+  auto steps =
+      readSteps(output["postprocessing"], rdf, "outputs[0].postprocessing", {"batch", "channel", "y", "x"},
+                card.input_id, output["id"] ? output["id"].as<std::string>() : "output", false);
   if (!steps.empty() && (steps[0].id == "sigmoid" || steps[0].id == "softmax")) {
     card.activation = steps[0].id;
     steps.erase(steps.begin());
@@ -614,7 +663,8 @@ void readWeights(const YAML::Node& weights, const std::string& rdf, const Packag
   TILER_CHECK(weights["torchscript"], ConfigError,
               "'" << rdf << "': weights has " << formats << " only; tiler runs torchscript weights");
   card.weights = joinPath(rdf, "weights.torchscript.source", weights["torchscript"]["source"], pkg);
-  checkSha256(rdf, "weights.torchscript", weights["torchscript"], card.weights, kMaxZipWeightsBytes);
+  // Checked where the weights are loaded, on the bytes loaded: read once, never hashed here and read again.
+  card.weights_sha256 = statedSha256(rdf, "weights.torchscript", weights["torchscript"]);
 }
 
 // config.bioimageio.reproducibility_tolerance: the first entry for torchscript weights and this output.
@@ -1051,7 +1101,7 @@ ModelCard readRdfText(const std::string& text, const std::string& rdf_path, cons
       TILER_CHECK(rdf[io] && rdf[io].IsSequence() && rdf[io].size() == 1, ConfigError,
                   "'" << rdf_path << "': " << io << " must hold one tensor; tiler feeds and reads one");
     readInput(rdf["inputs"][0], rdf_path, pkg, card);
-    readOutput(rdf["outputs"][0], rdf_path, pkg, card);
+    readOutput(rdf["outputs"][0], rdf["inputs"][0], rdf_path, pkg, card);
     readWeights(rdf["weights"], rdf_path, pkg, card);
     const YAML::Node output_id = rdf["outputs"][0]["id"];
     readTolerance(rdf["config"], output_id ? output_id.as<std::string>() : "output", card);

@@ -21,6 +21,7 @@
 
 #include "tiler/core/error.hpp"
 #include "tiler/core/platform.hpp"
+#include "tiler/io/zip_archive.hpp"
 
 namespace tiler {
 
@@ -441,8 +442,15 @@ std::unique_ptr<ModelRuntime> openModelRuntime(const RuntimeOptions& options) {
   // say what the file is not.
   static const std::vector<RuntimeBackend> backends = {{isPt2Package, openPt2Runtime},
                                                        {anyFile, openTorchScriptRuntime}};
-  for (const auto& backend : backends)
-    if (backend.claims(options.path)) return backend.open(options);
+  for (const auto& backend : backends) {
+    if (!backend.claims(options.path)) continue;
+    // A package loads from its path, so its digest is of the file as it lies; TorchScript's is of the bytes
+    // it loads (loadTorchScript).
+    if (backend.open == openPt2Runtime && !options.sha256.empty())
+      requireSha256(options.path, sha256OfFileOrZipMember(options.path, kMaxZipWeightsBytes), options.sha256,
+                    "weights.torchscript", options.sha256_card);
+    return backend.open(options);
+  }
   TILER_THROW(ModelError, "'" << options.path << "': no runtime takes this file");
 }
 

@@ -1,7 +1,10 @@
 // The TorchScript runtime: torch::jit::load, the forward's schema checked, optionally frozen and optimised.
+#include <caffe2/serialize/read_adapter_interface.h>
 #include <torch/script.h>
 
-#include <sstream>
+#include <algorithm>
+#include <cstring>
+#include <memory>
 
 #include "tiler/core/error.hpp"
 #include "tiler/core/platform.hpp"
@@ -10,17 +13,43 @@
 
 namespace tiler {
 
-torch::jit::Module loadTorchScript(const std::string& path, const torch::Device& device) {
+namespace {
+
+// Bytes held once, read by the loader where they lie (an istringstream of them would copy them all).
+class HeldBytes final : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  explicit HeldBytes(std::string bytes) : bytes_(std::move(bytes)) {}
+  size_t size() const override { return bytes_.size(); }
+  size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
+    if (pos >= bytes_.size()) return 0;
+    n = std::min<size_t>(n, size_t(bytes_.size() - pos));
+    std::memcpy(buf, bytes_.data() + pos, n);
+    return n;
+  }
+
+ private:
+  std::string bytes_;
+};
+
+}  // namespace
+
+torch::jit::Module loadTorchScript(const std::string& path, const torch::Device& device,
+                                   const std::string& sha256, const std::string& sha256_card) {
   const std::string not_a_file = notARegularFile(path);
   // A zipped bioimage.io package's weights (ARCHIVE!/MEMBER) load from the member's bytes, never extracted.
   const auto member = not_a_file.empty() ? std::nullopt : splitZipMemberPath(path);
   TILER_CHECK(not_a_file.empty() || member, ModelError,
               "'" << path << "': " << (not_a_file == "not found" ? "model file not found" : not_a_file)
                   << "; -m takes a model file (.pt from torch.jit.save, or a .pt2 package)");
-  std::istringstream bytes(member ? ZipArchive(member->first).readAll(member->second, kMaxZipWeightsBytes)
-                                  : std::string());
+  // The bytes hashed are the bytes loaded: a file a card states the digest of is read once, as a member is.
+  std::shared_ptr<HeldBytes> held;
+  if (member || !sha256.empty()) {
+    std::string bytes = readFileOrZipMember(path, kMaxZipWeightsBytes);
+    if (!sha256.empty()) requireSha256(path, sha256Hex(bytes), sha256, "weights.torchscript", sha256_card);
+    held = std::make_shared<HeldBytes>(std::move(bytes));
+  }
   try {
-    if (member) return torch::jit::load(bytes, device);
+    if (held) return torch::jit::load(std::move(held), device);
     return torch::jit::load(path, device);
   } catch (const c10::Error& e) {
     std::string what = e.what_without_backtrace();
@@ -59,7 +88,7 @@ class TorchScriptRuntime final : public ModelRuntime {
 
 std::unique_ptr<ModelRuntime> openTorchScriptRuntime(const RuntimeOptions& options) {
   const std::string& path = options.path;
-  torch::jit::Module module = loadTorchScript(path, options.device);
+  torch::jit::Module module = loadTorchScript(path, options.device, options.sha256, options.sha256_card);
   module.eval();
   auto forward = module.find_method("forward");
   TILER_CHECK(forward.has_value(), ModelError,

@@ -23,6 +23,7 @@ torch::Tensor runTestInput(const ModelCard& card, const NpyArray& input, const s
                   << " dimension(s); tiler feeds batch, channel, y, x");
   ModelOptions mo;
   mo.path = card.weights;
+  mo.sha256 = card.weights_sha256, mo.sha256_card = card.path;
   mo.device = device;
   mo.precision = "fp32";
   mo.mean = card.mean.value_or(std::vector<double>{});

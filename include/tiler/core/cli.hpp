@@ -15,8 +15,9 @@ namespace tiler {
 // error there too, as a mistyped flag is on the command line). Returns -1 when the tool should go on;
 // otherwise the exit code: 0 after --help or
 // --version (printed), 1 (kExitFatal) for a bad flag, with CLI11's message and a pointer to `<tool> --help`
-// on stderr.
-int parseCommandLine(CLI::App& app, int argc, char** argv, const std::string& tool);
+// on stderr; with `throw_errors`, a bad flag throws a ConfigError holding CLI11's message instead.
+int parseCommandLine(CLI::App& app, int argc, char** argv, const std::string& tool,
+                     bool throw_errors = false);
 
 // "-i,--input_dir" -> "-i,--input_dir,--input-dir": the CLI11 name list with both spellings.
 std::string flagNames(const std::string& names);

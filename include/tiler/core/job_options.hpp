@@ -36,6 +36,9 @@ struct JobOptions {
   // its settings came from: {"window", "card"}, {"mpp", "flag"}, ... (the report's settings_from). Empty:
   // no card.
   std::string model_card;
+  // The sha256 the card states of `model` (lowercase hex; empty: none), checked on the bytes the model is
+  // loaded from.
+  std::string model_sha256;
   std::vector<std::pair<std::string, std::string>> settings_from;
 };
 

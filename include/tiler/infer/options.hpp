@@ -2,7 +2,10 @@
 // (plan.hpp) parses and checks once; plain data, no LibTorch.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -10,6 +13,12 @@
 #include "tiler/core/job_options.hpp"
 
 namespace tiler {
+
+class ModelRunner;    // model/model.hpp
+struct ModelOptions;  // model/model.hpp
+// Makes a job's model for its options and window (w, h); InferOptions::load_model.
+using ModelLoader = std::function<std::shared_ptr<ModelRunner>(const ModelOptions& options, int64_t window_w,
+                                                               int64_t window_h)>;
 
 // The flat parameter struct of `tiler infer`: the shared job flags plus one field per infer flag.
 struct InferOptions : JobOptions {
@@ -76,6 +85,13 @@ struct InferOptions : JobOptions {
   // model's device, a CPU one too, where the owner's windows arrive there: one rank, NCCL, gloo between
   // CPUs).
   std::string stitch = "auto";
+  // Called after each step on every rank, with the windows done of the total (the progress line's numbers),
+  // on the thread that called runInfer: a caller's progress display, or its interruption (what it throws
+  // ends the run, as a fatal error of this rank). Empty: none.
+  std::function<void(int64_t done, int64_t total)> after_step;
+  // Makes the model instead of loading it anew: a caller that runs many jobs of one model (the Python
+  // module's Model) keeps it loaded between them. Empty: each run loads its model.
+  ModelLoader load_model;
 };
 
 }  // namespace tiler

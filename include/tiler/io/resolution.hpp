@@ -51,12 +51,27 @@ struct ProcessingResolution {
 // spec.upsample); level 0 otherwise. Throws IoError naming the image when it cannot be met: no such level,
 // no resolution metadata to go by, or a target finer than level 0 without spec.upsample.
 ProcessingResolution chooseResolution(const ImageInfo& info, const ResolutionSpec& spec);
+// The warning a run gives for `image` read at `resolution` where that upsamples level 0 (the image's µm/px,
+// the target's and the factor; infer and finetune alike), else empty.
+std::string upsampleWarning(const std::string& image, const ProcessingResolution& resolution);
 
 // `source` seen at `resolution` (the source itself when native): info() is the source's with the processing
 // width and height; regions are processing pixels. The second form does not own `source`.
 std::unique_ptr<ImageReader> atResolution(std::unique_ptr<ImageReader> source,
                                           const ProcessingResolution& resolution);
 std::unique_ptr<ImageReader> viewAtResolution(ImageReader& source, const ProcessingResolution& resolution);
+
+// One axis of a grid of output pixels over a level: pixel i (start <= i < start + count) covers the level's
+// [origin + i*factor, origin + (i+1)*factor), clipped to the level.
+struct AreaAxis {
+  double origin = 0;
+  double factor = 1;
+  int64_t start = 0, count = 0;
+};
+// Level `level` of `source` resampled by area onto the grid `x` by `y`: each output pixel the area-weighted
+// mean of the level pixels it covers, in the source's sample type. atResolution's rule (its grid has origin
+// 0), for a grid at any origin and a scale per axis (the viewer's IIIF regions).
+cv::Mat readByArea(ImageReader& source, int level, const AreaAxis& x, const AreaAxis& y);
 
 // The coarsest level whose longer side still has `min_side` pixels (level 0 when none has): what a
 // low-resolution overview (the tissue mask) reads.

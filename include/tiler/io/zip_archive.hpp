@@ -66,5 +66,9 @@ std::string readFileOrZipMember(const std::string& path, int64_t max_bytes);
 // SHA-256 as lowercase hex: of bytes, and of a plain file or zip member streamed (at most `max_bytes`).
 std::string sha256Hex(const std::string& bytes);
 std::string sha256OfFileOrZipMember(const std::string& path, int64_t max_bytes);
+// A ConfigError where `found`, the sha256 of `file`, is not `expected`, the card `card`'s `field`.sha256
+// (weights.torchscript): naming the file, saying sha256 and giving both digests.
+void requireSha256(const std::string& file, const std::string& found, const std::string& expected,
+                   const std::string& field, const std::string& card);
 
 }  // namespace tiler

@@ -49,11 +49,12 @@ struct HeadOptions {
 
 struct ModelOptions {
   std::string path;
-  std::string device = "auto";     // auto | cpu | cuda | cuda:K
-  std::string precision = "auto";  // auto | fp32 | fp16 | bf16
-  int threads = 0;                 // LibTorch intra-op threads of each replica; 0: defaultIntraOpThreads()
-  std::string output_key;          // dict output key or tuple index; empty: the first tensor
-  std::vector<double> mean, std;   // per channel (1 or C values), applied after scaling
+  std::string sha256, sha256_card;  // RuntimeOptions' (a model card's digest of the weights, and the card)
+  std::string device = "auto";      // auto | cpu | cuda | cuda:K
+  std::string precision = "auto";   // auto | fp32 | fp16 | bf16
+  int threads = 0;                  // LibTorch intra-op threads of each replica; 0: defaultIntraOpThreads()
+  std::string output_key;           // dict output key or tuple index; empty: the first tensor
+  std::vector<double> mean, std;    // per channel (1 or C values), applied after scaling
   // A card's steps (JobOptions::preprocessing, postprocessing): of input_steps, those from the first one that
   // is no affine map on (fixedTail) after the normalisation; output_steps after the activation (one output).
   std::vector<ProcessingStep> input_steps, output_steps;

@@ -10,7 +10,8 @@
 // axis other than y and x or unequal on them); descriptive fields (names, authors, licence, covers) are left
 // alone, and so are a WSInfer config's fields outside its schema (which WSInfer's schema allows and WSInfer
 // ignores): each is named once in a warning. The files a card names lie in its package (a zip's: its members,
-// named ARCHIVE!/MEMBER), and where it gives their sha256 they are checked when the card is read. An explicit
+// named ARCHIVE!/MEMBER), and where it gives their sha256 they are checked: the test tensors' when the card
+// is read, the weights' by the model's loader on the bytes it loads (weights_sha256). An explicit
 // flag always wins over the card, and the report says where each setting came from (settingsFrom). No
 // LibTorch.
 #pragma once
@@ -42,6 +43,9 @@ struct ModelCard {
   std::string kind;     // "wsinfer" | "bioimageio"
   std::string path;     // the card file
   std::string weights;  // the TorchScript file it describes (in a zip: ARCHIVE!/MEMBER)
+  // bioimage.io: weights.torchscript.sha256 (lowercase; empty: none), checked on the bytes the model loads
+  // (JobOptions::model_sha256), not when the card is read.
+  std::string weights_sha256;
   // The settings it gives (unset: the card says nothing), as the flags of the same names take them.
   std::optional<std::string> window;  // "N" or "W,H"
   std::optional<double> mpp;
@@ -52,9 +56,9 @@ struct ModelCard {
   // edge the model cannot compute reliably (--halo).
   std::optional<int64_t> halo;
   // bioimage.io: the steps tiler follows beyond those settings, in the card's order. preprocessing: the
-  // whole chain where it is more than fixed affine steps (those alone are scale, mean and std), applied
-  // after tiler's --scale, --mean and --std; postprocessing: the steps after a leading sigmoid or softmax
-  // (activation), applied to each window's output. input_id: inputs[0].id.
+  // whole chain where it is more than fixed affine steps of a positive gain (those alone are scale, mean
+  // and std), applied after tiler's --scale, --mean and --std; postprocessing: the steps after a leading
+  // sigmoid or softmax (activation), applied to each window's output. input_id: inputs[0].id.
   std::vector<ProcessingStep> preprocessing, postprocessing;
   std::string input_id;
   // bioimage.io: the test tensors (.npy) and the tolerance they are compared with.

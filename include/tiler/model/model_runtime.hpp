@@ -33,6 +33,10 @@ struct RuntimeOptions {
   bool jit_optimize = false;  // TorchScript: freeze + optimize_for_inference
   int64_t batch = 1;          // the most windows one forward runs (a package without shapes is probed at it)
   bool in_probe = false;      // in probeShapesInChild's child: run what it is given, learn nothing
+  // The sha256 a model card states of the file (weights.torchscript.sha256, lowercase hex; empty: none) and
+  // that card: a mismatch is a ConfigError naming the file and both digests. TorchScript is hashed on the
+  // bytes it is loaded from, read once.
+  std::string sha256, sha256_card;
 };
 
 class ModelRuntime {
@@ -77,8 +81,11 @@ std::unique_ptr<ModelRuntime> openModelRuntime(const RuntimeOptions& options);
 bool pt2Supported();
 const char* pt2Unsupported();
 
-// Loads a TorchScript module with tiler's error messages (infer, finetune and its checkpoints).
-torch::jit::Module loadTorchScript(const std::string& path, const torch::Device& device);
+// Loads a TorchScript module with tiler's error messages (infer, finetune and its checkpoints). A zip
+// member's bytes (ARCHIVE!/MEMBER), or a file a card states the `sha256` of, are read once and held once:
+// hashed (a mismatch: requireSha256's ConfigError naming `sha256_card`) and loaded from where they are held.
+torch::jit::Module loadTorchScript(const std::string& path, const torch::Device& device,
+                                   const std::string& sha256 = "", const std::string& sha256_card = "");
 
 // The runtimes, one file each (the registry in model_runtime.cpp lists them).
 std::unique_ptr<ModelRuntime> openTorchScriptRuntime(const RuntimeOptions& options);

@@ -17,6 +17,14 @@
 namespace fs = std::filesystem;
 
 namespace tiler {
+
+void checkOneLevelRegion(const ImageInfo& info, const Rect& r, int level) {
+  TILER_CHECK(level == 0, IoError, "'" << info.path << "': no resolution level " << level << " (it has 1)");
+  TILER_CHECK(
+      r.x >= 0 && r.y >= 0 && r.w > 0 && r.h > 0 && r.right() <= info.width && r.bottom() <= info.height,
+      IoError, "'" << info.path << "': region outside the image");
+}
+
 namespace {
 
 // An image decoded whole (RGB(A) or grey), shared by every region.
@@ -54,11 +62,7 @@ class DecodedImageReader final : public ImageReader {
   const ImageInfo& info() const override { return info_; }
   size_t cachedBytes() const override { return image_.total() * image_.elemSize(); }
   cv::Mat readRegion(const Rect& r, int level) override {
-    TILER_CHECK(level == 0, IoError,
-                "'" << info_.path << "': no resolution level " << level << " (it has 1)");
-    TILER_CHECK(
-        r.x >= 0 && r.y >= 0 && r.w > 0 && r.h > 0 && r.right() <= info_.width && r.bottom() <= info_.height,
-        IoError, "'" << info_.path << "': region outside the image");
+    checkOneLevelRegion(info_, r, level);
     return image_(cv::Rect(int(r.x), int(r.y), int(r.w), int(r.h))).clone();
   }
 

@@ -33,8 +33,13 @@ std::unique_ptr<ImageReader> openJpeg(const std::string& path);
 bool identifyByOpenCv(const FileHead& head);
 std::unique_ptr<ImageReader> openWithOpenCv(const std::string& path);
 
+// memory_reader.cpp: a caller's pixels in memory (registerMemoryImage), read through their strides.
+bool identifyMemoryImage(const FileHead& head);
+std::unique_ptr<ImageReader> openMemoryImage(const std::string& name);
+
 const std::vector<ReaderBackend>& readerBackends() {
   static const std::vector<ReaderBackend> backends = {
+      {"memory", identifyMemoryImage, {}, 0, openMemoryImage},
       {"openslide",
        identifyWholeSlide,
        {".svs", ".ndpi", ".mrxs", ".scn", ".vms", ".vmu", ".bif", ".svslide"},
@@ -117,6 +122,7 @@ bool isWholeSlideExtension(const std::string& path) {
 
 std::unique_ptr<ImageReader> ImageReader::open(const std::string& path) {
   if (isRemoteInput(path)) return openRemote(path);
+  if (isMemoryInput(path)) return openMemoryImage(path);
   std::error_code ec;
   const fs::file_status target = fs::status(path, ec);
   if (!fs::exists(target) || (ec && target.type() == fs::file_type::none)) {

@@ -5,9 +5,10 @@
 // ImageReader::open gives a file to the first row that identifies it: OpenSlide for the vendor formats it
 // knows (whatever the extension) and for a slide extension that is no TIFF (its own error says why it
 // cannot read it), libtiff for any other TIFF (even named .svs) and for a .tif/.tiff, which it refuses when
-// it is not one, libjpeg for a JPEG, OpenCV for the rest. A remote input (remote_input.hpp) is identified by
-// its bytes alone, by the rows that read byte ranges (libtiff), and refused otherwise. Adding a reader is a
-// file of its own and a row here (docs/design.md). No LibTorch.
+// it is not one, libjpeg for a JPEG, OpenCV for the rest; an in-memory image (memory:...) by its name alone.
+// A remote input (remote_input.hpp) is identified by its bytes alone, by the rows that read byte ranges
+// (libtiff), and refused otherwise. Adding a reader is a file of its own and a row here (docs/design.md). No
+// LibTorch.
 #pragma once
 
 #include <memory>
@@ -69,9 +70,28 @@ bool hasImageExtension(const std::string& path);
 // An extension of a kWholeSlide row (.svs .ndpi .mrxs .scn .vms .vmu .bif .svslide).
 bool isWholeSlideExtension(const std::string& path);
 
+// Pixels a caller holds in memory (the Python module's NumPy arrays), as the in-memory row reads them: sample
+// (y, x, c) at data + y * stride_y + x * stride_x + c * stride_c (bytes), colour RGB(A) or grey as a file's.
+struct MemoryPixels {
+  const void* data = nullptr;
+  SampleType type = SampleType::kU8;
+  int64_t width = 0, height = 0;
+  int channels = 0;
+  int64_t stride_y = 0, stride_x = 0, stride_c = 0;
+};
+// Makes `pixels` an input, named "memory:<n>/<stem>" (its outputs' stem is `stem`), until unregistered; the
+// caller keeps them alive and unchanged until then. ConfigError for an empty image.
+std::string registerMemoryImage(const MemoryPixels& pixels, const std::string& stem);
+void unregisterMemoryImage(const std::string& name);
+// The input names a registered in-memory image ("memory:..."): never a file, whatever is on the disk.
+bool isMemoryInput(const std::string& input);
+
 // An image decoded whole (`pixels`: HWC, RGB(A) or grey) as a reader of its regions; `reader` is the
 // report's name for the backend (opencv_reader.cpp; the decoders of whole files share it).
 std::unique_ptr<ImageReader> decodedImage(const std::string& path, cv::Mat pixels, const std::string& reader);
+// Throws an IoError naming the image unless `region` lies inside level `level` of `info`'s image, which has
+// one level (the decoded-whole and in-memory readers').
+void checkOneLevelRegion(const ImageInfo& info, const Rect& region, int level);
 // Opens `path` with OpenSlide and reads a corner of each level in a child process, once per file and
 // process (the OpenSlide reader does so first): a slide that makes OpenSlide end the process (a GLib abort,
 // a crash in a decoder) throws an IoError naming it and the signal, and only the child is lost. Errors
