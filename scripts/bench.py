@@ -686,6 +686,132 @@ def bench_objects(b):
         b.emit(f"objects: {n}px, {lots} vs {few} discs, instances", "rss_ratio", ratio(many_rss, few_rss))
 
 
+def viewport_query(store, side, repeats=20):
+    """Seconds (median) of SQLiteStore's bbox_intersects query of a `side` px square at the store's centre, with
+    its columns (key, properties, cx, cy, geometry) fetched and each geometry decompressed and loaded (shapely
+    where installed, as SQLiteStore.query does), and the number of objects it found."""
+    import sqlite3
+    import statistics
+    import zlib
+    try:
+        from shapely import wkb as shapely_wkb
+        load = shapely_wkb.loads
+    except ImportError:
+        load = bytes
+    sql = ("SELECT [key], properties, cx, cy, geometry\n                 FROM annotations, rtree\n"
+           "                WHERE annotations.id == rtree.id\n                AND max_x >= :min_x AND min_x <= :max_x "
+           "AND max_y >= :min_y AND min_y <= :max_y ")
+    con = sqlite3.connect(f"file:{store}?mode=ro", uri=True)
+    x0, x1, y0, y1 = con.execute("SELECT min(min_x), max(max_x), min(min_y), max(max_y) FROM rtree").fetchone()
+    cx, cy = (x0 + x1) / 2, (y0 + y1) / 2
+    box = {"min_x": cx - side / 2, "max_x": cx + side / 2, "min_y": cy - side / 2, "max_y": cy + side / 2}
+    times, found = [], 0
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        rows = con.execute(sql, box).fetchall()
+        for _key, properties, _cx, _cy, geometry in rows:
+            json.loads(properties)
+            load(zlib.decompress(geometry))
+        times.append(time.perf_counter() - t0)
+        found = len(rows)
+    con.close()
+    return statistics.median(times[1:]), found
+
+
+def tiatoolbox_viewport_query(store, side, source, repeats=20):
+    """As viewport_query, through TIAToolbox's own SQLiteStore.query(box, geometry_predicate="bbox_intersects")
+    (its source tree imported as tests/objects_store_check.py does; over a copy, as SQLiteStore writes)."""
+    import importlib.util
+    import statistics
+    spec = importlib.util.spec_from_file_location("objects_store_check", ROOT / "tests/objects_store_check.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    with tempfile.TemporaryDirectory() as stub:
+        SQLiteStore = check.import_sqlitestore(source, stub)
+        from shapely.geometry import box
+        copy = Path(stub) / "store.db"
+        shutil.copy(store, copy)
+        s = SQLiteStore(str(copy))
+        x0, y0, x1, y1 = s.con.execute("SELECT min(min_x), min(min_y), max(max_x), max(max_y) FROM rtree").fetchone()
+        cx, cy = (x0 + x1) / 2, (y0 + y1) / 2
+        viewport = box(cx - side / 2, cy - side / 2, cx + side / 2, cy + side / 2)
+        times, found = [], 0
+        for _ in range(repeats + 1):
+            t0 = time.perf_counter()
+            found = len(s.query(viewport, geometry_predicate="bbox_intersects"))
+            times.append(time.perf_counter() - t0)
+        s.close()
+        del s
+    return statistics.median(times[1:]), found
+
+
+def tiatoolbox_own_store_bytes(store, source):
+    """The bytes of TIAToolbox's own store of the same annotations (SQLiteStore.append_many of what it reads
+    from `store`: its uuid keys, its defaults)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("objects_store_check", ROOT / "tests/objects_store_check.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    with tempfile.TemporaryDirectory() as stub:
+        SQLiteStore = check.import_sqlitestore(source, stub)
+        copy = Path(stub) / "ours.db"
+        shutil.copy(store, copy)
+        ours, own = SQLiteStore(str(copy)), SQLiteStore(str(Path(stub) / "own.db"))
+        own.append_many(ours.values())
+        own.close()
+        ours.close()
+        del own, ours
+        return (Path(stub) / "own.db").stat().st_size
+
+
+def bench_objects_store(b):
+    n = b.size(32768, 8192)
+    instances = ROOT / "samples/models/instances.pt"
+
+    def discs(pitch):
+        return b.made(b.cache / f"discs_{n}_{pitch}.tif", "make", "--size", n, "--discs", pitch)
+
+    def run(img, save, name):  # -> (output directory, report): one rank, default flags
+        out = b.fresh(name)
+        b.wall(b.tiler("-i", img, "-m", instances, "-o", out, "--no_progress", "--task", "instances", "--save",
+                       save))
+        return out, b.report(out / "report.json")
+
+    # About a million discs and about 100 000 (a pitch of n / 1024 and n / 316 px).
+    many, few = discs(n // 1024), discs(round(n / 316))
+    for _ in b.repeat():
+        out, r = run(many, "objects,objects_store", "out_store_many")
+        _, plain = run(many, "objects", "out_store_plain")
+        out_few, r_few = run(few, "objects,objects_store", "out_store_few")
+        count, few_count = field(r, "objects"), field(r_few, "objects")
+        name = f"objects_store: {n}px, {count} discs"
+        stem = many.stem
+        store, geojson = out / f"{stem}_objects.db", out / f"{stem}_objects.geojson"
+        b.emit(f"{name}, objects + objects_store", "seconds", field(r, "seconds"))
+        b.emit(f"{name}, objects alone", "seconds", field(plain, "seconds"))
+        b.emit(f"{name}, the store's write", "seconds", plus(field(r, "seconds"), -field(plain, "seconds")))
+        b.emit(f"{name}, objects + objects_store", "peak_rss_mb", field(r, "peak_rss_mb"))
+        b.emit(f"objects_store: {n}px, {count} vs {few_count} discs", "rss_ratio",
+               ratio(field(r, "peak_rss_mb"), field(r_few, "peak_rss_mb")))
+        b.emit(f"{name}, store", "bytes_written", store.stat().st_size)
+        b.emit(f"{name}, geojson", "bytes_written", geojson.stat().st_size)
+        b.emit(f"{name}, store / geojson", "size_ratio", ratio(store.stat().st_size, geojson.stat().st_size))
+        # A 2000 px viewport of the full image (32768 px: about 3 900 objects, a square millimetre of nuclei at
+        # 0.5 um/px), scaled with the image so that it holds as many objects.
+        side = 2000 * n // 32768
+        seconds, found = viewport_query(store, side)
+        b.emit(f"{name}, {side} px viewport ({found} objects), sqlite3", "query_seconds", round(seconds, 5))
+        if os.environ.get("TILER_TIATOOLBOX_SOURCE"):
+            seconds, found = tiatoolbox_viewport_query(store, side, os.environ["TILER_TIATOOLBOX_SOURCE"])
+            b.emit(f"{name}, {side} px viewport ({found} objects), SQLiteStore", "query_seconds", round(seconds, 5))
+            # TIAToolbox's own store of the same objects, written by SQLiteStore itself (the smaller image's:
+            # Python writes it at some thousands of objects a second).
+            few_store = out_few / f"{few.stem}_objects.db"
+            b.emit(f"objects_store: {n}px, {few_count} discs, store / TIAToolbox's own store", "size_ratio",
+                   ratio(few_store.stat().st_size, tiatoolbox_own_store_bytes(few_store,
+                                                                              os.environ["TILER_TIATOOLBOX_SOURCE"])))
+
+
 def bench_heads(b):
     heads = ROOT / "samples/models/heads.pt"
 
@@ -1115,6 +1241,11 @@ BENCHES = [
         "ctrun --nproc_per_node 1/2 tiler -m instances.pt --batch_size 16 --task instances --save "
         "objects,objects_csv,instances | --task segment --save labels",
         "seconds, time_ratio, peak_rss_mb, rss_ratio", bench_objects),
+    Row("objects_store", "--save objects_store at scale: about a million discs and about 100 000 over 32768 px "
+        "(--quick: 8192), one rank, default flags: the store's write time (the job with and without it), peak RSS "
+        "(1M / 100k), the store's bytes against the GeoJSON's, SQLiteStore's bbox query of a 2000 px viewport",
+        "tiler -m instances.pt --task instances --save objects[,objects_store]; sqlite3: SQLiteStore's bbox SQL",
+        "seconds, peak_rss_mb, rss_ratio, bytes_written, size_ratio, query_seconds", bench_objects_store),
     Row("heads", "a three-head model (np, hv, tp) in one job against one head alone and against three single-head "
         "jobs, with and without probabilities, whole process",
         "tiler -i blobs_4096.tif (--quick: 1024 px) -m heads.pt --heads ... / --output_key np|hv|tp",

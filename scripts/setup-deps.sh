@@ -9,6 +9,7 @@ packages=(
   python3-setuptools python3-pil util-linux python3-zarr python3-jsonschema openmpi-bin
   libyaml-cpp-dev libminizip-dev libssl-dev python3-yaml
   libcpp-httplib-dev libsqlite3-dev chromium pybind11-dev python3-dev
+  python3-shapely
 )
 # tiler view's page: OpenSeadragon, pinned, from npm into .deps/viewer (CMake copies it beside the binary). npm
 # itself from Debian where no Node.js is installed (a NodeSource Node.js brings its own).

@@ -21,7 +21,12 @@ TEST(Formats, EveryRowIsWhole) {
     EXPECT_GT(std::strlen(format.summary), 10u) << name;
     const int openers =
         int(format.open.map != nullptr) + int(format.open.row != nullptr) + int(format.open.box != nullptr);
-    EXPECT_LE(openers, 1) << name;
+    // Objects and classified windows alike (objects_store): a row and a box opener.
+    if (format.consumes == Consumes::kStoredObjects)
+      EXPECT_TRUE(format.open.row != nullptr && format.open.box != nullptr && format.open.map == nullptr)
+          << name;
+    else
+      EXPECT_LE(openers, 1) << name;
     const bool map = format.consumes == Consumes::kMapValues || format.consumes == Consumes::kMapLabels;
     const bool row =
         format.consumes == Consumes::kWindowScores || format.consumes == Consumes::kWindowVectors;

@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <opencv2/imgproc.hpp>
 
 #include "slide_util.hpp"
 #include "tiler/core/error.hpp"
@@ -250,6 +251,38 @@ std::vector<FaultCase> faultCases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Matrix, PipelineFaults, ::testing::ValuesIn(faultCases()), faultCaseName);
+
+// TILER_FAULT's write failure on an objects store: from the 2nd window a_discs's store can grow no more, as
+// on a full disk; a_discs fails with SQLite's "disk is full" and none of its files is left under a final
+// name; b_discs goes on, its files as a clean run's.
+TEST_F(Pipeline, AFullDiskFailsTheObjectsStoresImageAlone) {
+  const std::string dir = root_ + "/store_full";
+  fs::create_directories(dir);
+  cv::Mat image(512, 512, CV_8UC3, cv::Scalar::all(40));
+  for (int y = 8; y < 512; y += 16)
+    for (int x = 8; x < 512; x += 16) cv::circle(image, {x, y}, 4, cv::Scalar(220, 200, 180), cv::FILLED);
+  writeImage(dir + "/a_discs.tif", image, SampleType::kU8);
+  writeImage(dir + "/b_discs.tif", image(cv::Rect(0, 0, 256, 256)).clone(), SampleType::kU8);
+  const std::string args = kTiler + " -i " + dir + " -m " + TILER_TEST_SOURCE_DIR +
+                           "/samples/models/instances.pt --task instances --window 128 --overlap 0.5 "
+                           "--threads 1 --save objects,objects_store --no_progress -o ";
+  const std::string out = root_ + "/out_store_full", clean = root_ + "/out_store_clean";
+  auto r = run("TILER_FAULT=rank:0,after_windows:2,kind:throw,stage:write " + args + out);
+  EXPECT_EQ(r.code, 2) << r.output;
+  ASSERT_EQ(run(args + clean).code, 0);
+  const auto j = report(out);
+  const auto& failed = *imageEntry(j, "a_discs.tif");
+  EXPECT_EQ(failed["status"], "error");
+  EXPECT_NE(failed["error"].get<std::string>().find("a_discs_objects.db.partial"), std::string::npos)
+      << failed;
+  EXPECT_NE(failed["error"].get<std::string>().find("disk is full"), std::string::npos) << failed;
+  EXPECT_FALSE(fs::exists(out + "/a_discs_objects.db"));
+  EXPECT_FALSE(fs::exists(out + "/a_discs_objects.geojson"));
+  EXPECT_TRUE(partialFiles(out).empty());
+  EXPECT_EQ((*imageEntry(j, "b_discs.tif"))["status"], "ok");
+  for (const char* file : {"b_discs_objects.db", "b_discs_objects.geojson"})
+    EXPECT_TRUE(slurp(out + "/" + file) == slurp(clean + "/" + file)) << file;
+}
 
 TEST_F(Pipeline, SlidesThatCannotBeReadAtTheResolutionFailAlone) {
   TILER_SKIP_WITHOUT_FEATURE("openslide");

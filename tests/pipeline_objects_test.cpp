@@ -250,9 +250,10 @@ TEST_F(Pipeline, ObjectsLargerThanTheOverlapAreTheWholeImagesOnAnyWorldSize) {
   fs::create_directories(dir);
   writeImage(dir + "/large.tif", scene.image, SampleType::kU8);
   const std::string model = blobsAndGreenModel(root_);
-  const std::string args = " -i " + dir + " -m " + model +
-                           " --task instances --window 64 --overlap 0.5 --batch_size 4 --threads 1 "
-                           "--save objects,objects_csv,instances --classes green --no_progress -o ";
+  const std::string args =
+      " -i " + dir + " -m " + model +
+      " --task instances --window 64 --overlap 0.5 --batch_size 4 --threads 1 "
+      "--save objects,objects_csv,objects_store,instances --classes green --no_progress -o ";
   const std::string out = root_ + "/out_large1";
   auto r = run(kTiler + args + out);
   ASSERT_EQ(r.code, 0) << r.output;
@@ -313,12 +314,24 @@ TEST_F(Pipeline, ObjectsLargerThanTheOverlapAreTheWholeImagesOnAnyWorldSize) {
   EXPECT_EQ(rows, scene.n);
   const auto geojson = nlohmann::json::parse(slurp(out + "/large_objects.geojson"));
   EXPECT_EQ(int(geojson["features"].size()), scene.n);
+  // The store holds the joined objects too, each once, with the CSV's areas.
+  r =
+      run("/usr/bin/python3 -c \"import sqlite3, sys; print(sqlite3.connect(sys.argv[1]).execute("
+          "'SELECT COUNT(*), SUM(area) FROM annotations').fetchone())\" " +
+          out + "/large_objects.db");
+  ASSERT_EQ(r.code, 0) << r.output;
+  int64_t total = 0;
+  for (const auto& [part, n] : part_pixels) total += n;
+  EXPECT_NE(r.output.find("(" + std::to_string(scene.n) + ", " + std::to_string(total) + ".0)"),
+            std::string::npos)
+      << r.output;
   for (int ranks : {2, 3}) {
     const std::string other = root_ + "/out_large" + std::to_string(ranks);
     r = run(kCtrun + " --nproc_per_node " + std::to_string(ranks) + " --master_port 0 " + kTiler + args +
             other);
     ASSERT_EQ(r.code, 0) << r.output;
-    for (const char* file : {"large_objects.geojson", "large_objects.csv", "large_instances.tif"})
+    for (const char* file :
+         {"large_objects.geojson", "large_objects.csv", "large_objects.db", "large_instances.tif"})
       EXPECT_TRUE(slurp(other + "/" + file) == slurp(out + "/" + file)) << ranks << " ranks: " << file;
   }
 }
@@ -346,6 +359,41 @@ TEST_F(Pipeline, AnObjectTallerThanTheJoinBandIsCountedAndLeftOut) {
   cv::Mat got = ImageReader::open(out + "/tall_instances.tif")->readRegion({0, 0, 96, 256});
   EXPECT_EQ(cv::countNonZero(got(cv::Rect(40, 10, 6, 200))), 0);
   EXPECT_EQ(cv::countNonZero(got), 30 * 6);
+}
+
+// --save objects_store: TIAToolbox's SQLiteStore of the discs as Python's sqlite3 and SQLiteStore's own SQL
+// read it (tests/objects_store_check.py): each object once, its area its pixel count, its R-tree box its
+// outline's; the same bytes on 1 and 2 ranks.
+TEST_F(Pipeline, InstancesStoreIsTiatoolboxsLayoutOnAnyWorldSize) {
+  const DiscScene scene = discScene();
+  const std::string dir = root_ + "/instances_store";
+  fs::create_directories(dir);
+  writeImage(dir + "/discs.tif", scene.image, SampleType::kU8);
+  const std::string args = " -i " + dir + " -m " + TILER_TEST_SOURCE_DIR +
+                           "/samples/models/instances.pt --task instances --window 128 --overlap 0.5 "
+                           "--threads 1 --save objects,objects_store --no_progress -o ";
+  const std::string out = root_ + "/out_store1", other = root_ + "/out_store2";
+  auto r = run(kTiler + args + out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run("/usr/bin/python3 " + std::string(TILER_TEST_SOURCE_DIR) + "/tests/objects_store_check.py " + out +
+          "/discs_objects.db 0,0,300,260");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["integrity"], "ok");
+  ASSERT_EQ(int(j["rows"].size()), scene.n);
+  std::multiset<double> want_areas, got_areas;
+  for (int k = 1; k <= scene.n; ++k) want_areas.insert(cv::countNonZero(scene.parts == k));
+  for (const auto& row : j["rows"]) {
+    got_areas.insert(row["area"].get<double>());
+    EXPECT_EQ(row["properties"]["area"], row["area"]);
+    EXPECT_DOUBLE_EQ(row["cx"].get<double>(), row["geometry_cx"].get<double>());
+    EXPECT_DOUBLE_EQ(row["properties"]["centroid_x"].get<double>(), row["cx"].get<double>());
+  }
+  EXPECT_EQ(got_areas, want_areas);
+  EXPECT_EQ(int(j["bbox_keys"].size()), scene.n);  // the whole image's box finds them all
+  r = run(kCtrun + " --nproc_per_node 2 --master_port 0 " + kTiler + args + other);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(slurp(other + "/discs_objects.db") == slurp(out + "/discs_objects.db"));
 }
 
 // A mask over the left half (x < 150): the windows of columns 0 and 1 (128 px at a stride of 64) run, those

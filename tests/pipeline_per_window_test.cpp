@@ -65,8 +65,9 @@ TEST_F(Pipeline, DetectionsAreEachObjectOnceWhateverTheWorldSize) {
   const std::string dir = root_ + "/detect", model = saveDetector(root_ + "/cells.pt", kCellDetector);
   fs::create_directories(dir);
   writeImage(dir + "/squares.tif", img, SampleType::kU8);
-  const std::string args = " -i " + dir + " -m " + model + " --task detect --window 64 --overlap 0.25 " +
-                           "--batch_size 4 --threads 1 --save objects,objects_csv,coco --no_progress -o ";
+  const std::string args =
+      " -i " + dir + " -m " + model + " --task detect --window 64 --overlap 0.25 " +
+      "--batch_size 4 --threads 1 --save objects,objects_csv,coco,objects_store --no_progress -o ";
   auto r = run(kTiler + args + root_ + "/out_detect1");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(csvBoxes(root_ + "/out_detect1/squares_objects.csv"), want);
@@ -80,6 +81,19 @@ TEST_F(Pipeline, DetectionsAreEachObjectOnceWhateverTheWorldSize) {
   const auto geojson = nlohmann::json::parse(slurp(root_ + "/out_detect1/squares_objects.geojson"));
   ASSERT_EQ(geojson["features"].size(), std::size(cells));
   EXPECT_EQ(geojson["features"][0]["properties"]["objectType"], "detection");
+  // The store: a box each, its key its id, its class `type` (tests/objects_store_check.py reads it).
+  r = run("/usr/bin/python3 " + std::string(TILER_TEST_SOURCE_DIR) + "/tests/objects_store_check.py " +
+          root_ + "/out_detect1/squares_objects.db 0,0,1,1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto store = nlohmann::json::parse(r.output);
+  ASSERT_EQ(store["rows"].size(), std::size(cells));
+  for (size_t i = 0; i < std::size(cells); ++i) {
+    const auto& row = store["rows"][i];
+    const auto& feature = geojson["features"][i];
+    EXPECT_EQ(row["key"], std::to_string(feature["id"].get<int>()));
+    EXPECT_EQ(row["properties"]["type"], feature["properties"]["classification"]["name"]);
+    EXPECT_EQ(row["objtype"], "Polygon");
+  }
   if (run("command -v ogrinfo").code == 0) {
     auto ogr = run("ogrinfo -so -al " + root_ + "/out_detect1/squares_objects.geojson");
     EXPECT_NE(ogr.output.find("Feature Count: " + std::to_string(std::size(cells))), std::string::npos)
@@ -90,7 +104,8 @@ TEST_F(Pipeline, DetectionsAreEachObjectOnceWhateverTheWorldSize) {
     r = run(kCtrun + " --nproc_per_node " + std::to_string(ranks) + " --master_port 0 " + kTiler + args +
             out);
     ASSERT_EQ(r.code, 0) << r.output;
-    for (const char* file : {"squares_objects.geojson", "squares_objects.csv", "squares_coco.json"})
+    for (const char* file :
+         {"squares_objects.geojson", "squares_objects.csv", "squares_coco.json", "squares_objects.db"})
       EXPECT_TRUE(slurp(out + "/" + file) == slurp(root_ + "/out_detect1/" + file))
           << ranks << " ranks: " << file;
   }
@@ -370,7 +385,7 @@ TEST_F(Pipeline, ClassifyWritesCsvTilesAndHeatmapThatGdalReads) {
   const std::string out = root_ + "/out_classify";
   auto r = run(kTiler + " -i " + root_ + "/images/a_large.tif -m " + classifier + " -o " + out +
                " --window 64 --batch_size 4 --threads 1 --no_progress --activation softmax "
-               "--classes stroma,tumor:#ff0000,fat --save csv,tiles,heatmap");
+               "--classes stroma,tumor:#ff0000,fat --save csv,tiles,heatmap,objects_store");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(report(out)["task"], "classify") << "softmax over a [B, K] output: a classifier";
   EXPECT_EQ(report(out)["feature_dim"], 3);
@@ -392,6 +407,16 @@ TEST_F(Pipeline, ClassifyWritesCsvTilesAndHeatmapThatGdalReads) {
   const auto tiles = nlohmann::json::parse(slurp(out + "/a_large_tiles.geojson"));
   ASSERT_EQ(tiles["features"].size(), 88u);
   EXPECT_EQ(tiles["features"][0]["properties"]["objectType"], "tile");
+  // The store: each window its box, its class `type` the tile's classification.
+  r = run("/usr/bin/python3 " + std::string(TILER_TEST_SOURCE_DIR) + "/tests/objects_store_check.py " + out +
+          "/a_large_objects.db 0,0,1,1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto store = nlohmann::json::parse(r.output);
+  ASSERT_EQ(store["rows"].size(), 88u);
+  EXPECT_EQ(store["rows"][0]["properties"]["type"],
+            tiles["features"][0]["properties"]["classification"]["name"]);
+  EXPECT_EQ(store["rows"][0]["area"], 64.0 * 64.0);
+  EXPECT_EQ(store["bbox_keys"], nlohmann::json({"1"}));
   if (have("ogrinfo")) {
     for (const char* file : {"a_large.csv", "a_large_tiles.geojson"}) {
       auto info = run("ogrinfo -ro -so -al " + out + "/" + file);

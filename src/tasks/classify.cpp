@@ -21,7 +21,9 @@ struct ClassifySettings : TaskSettings {
 class ClassifyTask : public VectorTask {
  public:
   const char* name() const override { return "classify"; }
-  std::vector<Consumes> produces() const override { return {Consumes::kWindowScores}; }
+  std::vector<Consumes> produces() const override {
+    return {Consumes::kWindowScores, Consumes::kStoredObjects};
+  }
   std::vector<std::string> defaultKinds() const override { return {"csv", "tiles"}; }
   std::vector<TaskFlag> flags() const override {
     return {{"wsinfer_layout",

@@ -24,7 +24,9 @@ struct DetectSettings : TaskSettings {
 class DetectTask : public Task {
  public:
   const char* name() const override { return "detect"; }
-  std::vector<Consumes> produces() const override { return {Consumes::kBoxes, Consumes::kObjects}; }
+  std::vector<Consumes> produces() const override {
+    return {Consumes::kBoxes, Consumes::kObjects, Consumes::kStoredObjects};
+  }
   std::vector<std::string> defaultKinds() const override { return {"objects"}; }
   std::string refuses(const std::vector<int64_t>& sizes) const override {
     if (sizes.size() == 3 && sizes[2] == 6) return "";

@@ -37,6 +37,7 @@ class InstanceConsumer : public ImageConsumer {
     }
   }
   bool done() const override { return out_.done(); }
+  bool injectTileFault() override { return out_.injectTileFault(); }
   std::vector<std::string> finalize() override {
     addNonFinite(image_, out_.nonFiniteValues());
     std::vector<std::string> paths = out_.commit();
@@ -61,7 +62,9 @@ class InstanceConsumer : public ImageConsumer {
 class InstancesTask : public Task {
  public:
   const char* name() const override { return "instances"; }
-  std::vector<Consumes> produces() const override { return {Consumes::kObjects, Consumes::kInstanceMap}; }
+  std::vector<Consumes> produces() const override {
+    return {Consumes::kObjects, Consumes::kInstanceMap, Consumes::kStoredObjects};
+  }
   std::vector<std::string> defaultKinds() const override { return {"objects"}; }
   std::string refuses(const std::vector<int64_t>& sizes) const override {
     if (sizes.size() == 4 && sizes[1] >= 1) return "";

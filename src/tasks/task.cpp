@@ -162,6 +162,7 @@ class WindowOutputsConsumer : public ImageConsumer {
     }
   }
   bool done() const override { return out_.done(); }
+  bool injectTileFault() override { return out_.injectTileFault(); }
   std::vector<std::string> finalize() override {
     addNonFinite(image_, 0);
     std::vector<std::string> paths = out_.commit();

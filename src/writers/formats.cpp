@@ -19,10 +19,13 @@ std::unique_ptr<WindowRowOutput> openTiles(const RowContext& context);
 std::unique_ptr<WindowRowOutput> openHeatmap(const RowContext& context);
 std::unique_ptr<WindowRowOutput> openWsinferCsv(const RowContext& context);
 std::unique_ptr<WindowRowOutput> openWsinferGeojson(const RowContext& context);
+std::unique_ptr<WindowRowOutput> openTilesStore(const RowContext& context);
 std::unique_ptr<BoxOutput> openBoxesGeojson(const CatalogImage& image, const std::string& path, double width,
                                             double height);
 std::unique_ptr<BoxOutput> openBoxesCsv(const CatalogImage& image, const std::string& path, double width,
                                         double height);
+std::unique_ptr<BoxOutput> openBoxesStore(const CatalogImage& image, const std::string& path, double width,
+                                          double height);
 std::unique_ptr<BoxOutput> openCoco(const CatalogImage& image, const std::string& path, double width,
                                     double height);
 
@@ -125,6 +128,16 @@ std::vector<OutputFormat> makeFormats() {
        "",
        "",
        {nullptr, nullptr, openBoxesCsv}},
+      // classify writes its windows (row), detect its boxes (box), instances its outlines itself.
+      {{"objects_store", "{stem}_objects.db"},
+       C::kStoredObjects,
+       "TIAToolbox's SQLiteStore (SQLite: WKB geometry, JSON properties, an R-tree) of the objects, or of "
+       "the "
+       "classified windows as boxes",
+       "",
+       "",
+       "",
+       {nullptr, openTilesStore, openBoxesStore}},
       {{"coco", "{stem}_coco.json"},
        C::kBoxes,
        "the boxes as a COCO detection file",
@@ -170,6 +183,8 @@ const char* consumesWords(Consumes consumes) {
       return "objects";
     case Consumes::kInstanceMap:
       return "an instance map";
+    case Consumes::kStoredObjects:
+      return "objects, or classified windows";
   }
   return "?";
 }

@@ -14,6 +14,7 @@
 
 #include "tiler/core/error.hpp"
 #include "tiler/writers/blend.hpp"
+#include "tiler/writers/objects_store.hpp"
 
 namespace fs = std::filesystem;
 
@@ -233,6 +234,7 @@ InstanceOutputs::InstanceOutputs(const CatalogImage& image, InstanceOptions opti
     return std::find(options_.kinds.begin(), options_.kinds.end(), kind) != options_.kinds.end();
   };
   if (saved("objects")) geojson_ = openObjectsGeojson(image, geo_);
+  if (saved("objects_store")) store_ = std::make_unique<ObjectsStore>(image.outputs.at("objects_store"));
   if (saved("objects_csv")) {
     std::vector<std::string> columns = {"id",         "class", "score", "area", "centroid_x",
                                         "centroid_y", "x1",    "y1",    "x2",   "y2"};
@@ -328,8 +330,10 @@ WindowObjects keepWindowObjects(const CatalogImage& image, const InstanceOptions
   };
   const double s = options.scale.value();
   const int64_t h = options.height, w = options.width, plane = h * w, classes = options.channels - 1;
-  const bool outlines =
-      std::find(options.kinds.begin(), options.kinds.end(), "objects") != options.kinds.end();
+  const auto saved = [&](const char* kind) {
+    return std::find(options.kinds.begin(), options.kinds.end(), kind) != options.kinds.end();
+  };
+  const bool outlines = saved("objects") || saved("objects_store");
   // The window's output pixels that are the image's (a lattice window or a small image's reaches past it):
   // an object is what the model found there, as the instance TIFF holds it; padding is no one's.
   const int64_t ox = options.scale.apply(place.x), oy = options.scale.apply(place.y);
@@ -836,7 +840,7 @@ void InstanceOutputs::finishGroup(int64_t id) {
     o.cy = sy / double(o.pixels);
     for (double& m : o.class_means) m /= double(o.pixels);
   }
-  if (geojson_) k.outlines = outlineRuns(o.runs, o.x0, o.y0, o.x1, o.y1);
+  if (geojson_ || store_) k.outlines = outlineRuns(o.runs, o.x0, o.y0, o.x1, o.y1);
   if (!o.class_means.empty()) k.k = highestClass(o.class_means.data(), o.class_means.size());
   if (k.k >= 0) k.score = o.class_means[size_t(k.k)];
   forget();
@@ -890,6 +894,30 @@ void InstanceOutputs::writeFeature(const KeptObject& kept, const Rect& rect) {
       feature.measurements->add("prob_" + options_.classes[k].name, float(o.class_means[k]));
     geojson_->writer.add(feature);
   }
+  if (store_) {
+    // The outlines in level-0 pixels, untransformed (a store is in the image's pixels).
+    std::vector<StorePolygon> polygons;
+    for (const OutlinePolygon& polygon : kept.outlines) {
+      StorePolygon& p = polygons.emplace_back();
+      for (const OutlineRing& ring : polygon) {
+        StoreRing& r = p.emplace_back();
+        r.reserve(ring.size());
+        for (const auto& v : ring)
+          r.push_back({level0x(double(o.x0 - 1 + v[0])), level0y(double(o.y0 - 1 + v[1]))});
+      }
+    }
+    nlohmann::ordered_json properties;
+    if (kept.k >= 0) {
+      properties["type"] = objectClass(kept.k, options_.classes).name;
+      properties["score"] = storeNumber(float(kept.score));
+    }
+    properties["area"] = area;
+    properties["centroid_x"] = cx;
+    properties["centroid_y"] = cy;
+    for (size_t k = 0; k < o.class_means.size(); ++k)
+      properties["prob_" + options_.classes[k].name] = storeNumber(float(o.class_means[k]));
+    store_->add(objects_, polygons, properties);
+  }
   if (csv_) {
     std::string row = fmt::format("{},{},{},{},{},{},{},{},{},{}", id,
                                   kept.k >= 0 ? csvField(objectClass(kept.k, options_.classes).name) : "",
@@ -935,7 +963,11 @@ std::vector<std::string> InstanceOutputs::commit() {
                   << " windows written");
   finishJoins(std::numeric_limits<int64_t>::max());
   if (raster_) advanceRaster(out_h_);
-  return commitWriters({geojson_.get(), csv_.get(), raster_.get()});
+  return commitWriters({geojson_.get(), csv_.get(), store_.get(), raster_.get()});
+}
+
+bool InstanceOutputs::injectTileFault() {
+  return store_ && store_->failAsFullDisk();
 }
 
 std::optional<std::array<int64_t, 2>> InstanceOutputs::objects() const {

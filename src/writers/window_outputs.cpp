@@ -21,6 +21,7 @@
 #include "tiler/writers/coco.hpp"
 #include "tiler/writers/formats.hpp"
 #include "tiler/writers/hdf5.hpp"
+#include "tiler/writers/objects_store.hpp"
 #include "tiler/writers/torch_tensor.hpp"
 
 namespace fs = std::filesystem;
@@ -167,6 +168,28 @@ std::unique_ptr<WindowRowOutput> openTiles(const RowContext& c) {
       });
 }
 
+// <stem>_objects.db: each window as its box, in level-0 pixels, its class the highest score's (none where
+// every score is NaN), its key its place among the windows written (from 1).
+std::unique_ptr<WindowRowOutput> openTilesStore(const RowContext& c) {
+  return feedInto<WindowRowOutput>(std::make_unique<ObjectsStore>(c.path),
+                                   [classes = c.classes, written = int64_t(0)](
+                                       ObjectsStore& f, const WindowPlace& p, const float* v) mutable {
+                                     const size_t K = classes.size();
+                                     const int best = highestClass(v, K);
+                                     const double x0 = double(p.x), y0 = double(p.y),
+                                                  x1 = x0 + double(p.width), y1 = y0 + double(p.height);
+                                     nlohmann::ordered_json properties;
+                                     if (best >= 0) {
+                                       properties["type"] = classes[size_t(best)].name;
+                                       properties["score"] = storeNumber(v[best]);
+                                     }
+                                     properties["area"] = (x1 - x0) * (y1 - y0);
+                                     for (size_t k = 0; k < K; ++k)
+                                       properties["prob_" + classes[k].name] = storeNumber(v[k]);
+                                     f.add(++written, ObjectsStore::box(x0, y0, x1, y1), properties);
+                                   });
+}
+
 namespace {
 
 // The heatmap TIFF's options: a pixel spans a stride of processing pixels.
@@ -284,6 +307,17 @@ std::unique_ptr<BoxOutput> openBoxesCsv(const CatalogImage&, const std::string& 
         f.row(
             fmt::format("{},{},{},{},{},{},{}", b.id, csvField(b.c->name), b.score, b.x1, b.y1, b.x2, b.y2));
       });
+}
+
+// <stem>_objects.db, in level-0 pixels: each box as its polygon, its key its id.
+std::unique_ptr<BoxOutput> openBoxesStore(const CatalogImage&, const std::string& path, double, double) {
+  return feedInto<BoxOutput>(std::make_unique<ObjectsStore>(path), [](ObjectsStore& f, const KeptBox& b) {
+    nlohmann::ordered_json properties;
+    properties["type"] = b.c->name;
+    properties["score"] = storeNumber(b.score);
+    properties["area"] = (b.x2 - b.x1) * (b.y2 - b.y1);
+    f.add(b.id, ObjectsStore::box(b.x1, b.y1, b.x2, b.y2), properties);
+  });
 }
 
 // <stem>_coco.json, in pixels; the image's level-0 size is COCO's.
@@ -613,7 +647,8 @@ WindowOutputs::WindowOutputs(const CatalogImage& image, WindowOutputOptions opti
   // In the formats' order, whatever order --save named them in.
   for (const OutputFormat& format : outputFormats()) {
     const std::string kind = format.naming.name;
-    if (format.open.row != nullptr &&
+    // A detector's formats take its boxes, never its rows (a format may take either: objects_store).
+    if (format.open.row != nullptr && !options_.boxes &&
         std::find(options_.kinds.begin(), options_.kinds.end(), kind) != options_.kinds.end())
       rows_.push_back(format.open.row(RowContext{image, options_, classes, image.outputs.at(kind)}));
   }
@@ -657,6 +692,14 @@ std::vector<std::string> WindowOutputs::commit() {
   if (detections_)
     for (OutputWriter* writer : detections_->writers()) writers.push_back(writer);
   return commitWriters(writers);
+}
+
+bool WindowOutputs::injectTileFault() {
+  bool any = false;
+  for (auto& row : rows_) any = row->failAsFullDisk() || any;
+  if (detections_)
+    for (OutputWriter* writer : detections_->writers()) any = writer->failAsFullDisk() || any;
+  return any;
 }
 
 std::optional<std::array<int64_t, 2>> WindowOutputs::objects() const {

@@ -59,8 +59,8 @@ class ImageConsumer {
   // Closes every file under its partial name (throws IoError; nothing is renamed then), then renames them
   // all, or none; counts what the image's report holds (non-finite values, objects). Returns the paths.
   virtual std::vector<std::string> finalize() = 0;
-  // TILER_FAULT's write failure: true when the consumer's tiles now fail as they are compressed; false when
-  // it writes no tiles (the stage fails the image itself).
+  // TILER_FAULT's write failure: true when the consumer's tiles now fail as they are compressed, or its
+  // objects store as on a full disk; false when it has neither (the stage fails the image itself).
   virtual bool injectTileFault() { return false; }
 };
 

@@ -31,12 +31,14 @@ enum class Consumes {
   kBoxes,          // boxes kept by the windows' cores (detect)
   kObjects,        // objects, boxes or traced instances (detect, instances)
   kInstanceMap,    // an image of object ids (instances)
+  kStoredObjects,  // objects, or classified windows as boxes (detect, instances, classify)
 };
 // "a stitched map's values", ...: for the docs.
 const char* consumesWords(Consumes consumes);
 
 // Its writer, by what it consumes: exactly one is set, but for an instance format, which the instances
-// consumer writes itself (writers/instances.hpp).
+// consumer writes itself (writers/instances.hpp), and for one that takes a window's scores (row) and boxes
+// (box) alike.
 struct FormatOpener {
   std::unique_ptr<MapWriter> (*map)(const std::string& path, const MapOutput& output) = nullptr;
   std::unique_ptr<WindowRowOutput> (*row)(const RowContext& context) = nullptr;

@@ -36,6 +36,8 @@
 
 namespace tiler {
 
+class ObjectsStore;
+
 // A ring of an outline: pixel-corner vertices (x right, y down), only where the direction turns, starting
 // at its smallest (y, x), each vertex once (a simple ring); outer rings run clockwise on screen (a positive
 // shoelace area in these coordinates), holes the other way.
@@ -137,6 +139,8 @@ class InstanceOutputs : public WindowConsumer {
   std::vector<std::string> commit() override;
   // The objects written, and those cut by a window edge that were too tall to join (left out).
   std::optional<std::array<int64_t, 2>> objects() const override;
+  // TILER_FAULT's write failure: the objects store fails as on a full disk; false when it is not saved.
+  bool injectTileFault() override;
   // Windows whose kept objects wait for an earlier window.
   size_t heldWindows() const { return order_.held(); }
 
@@ -162,6 +166,7 @@ class InstanceOutputs : public WindowConsumer {
   int64_t objects_ = 0, cut_ = 0, non_finite_ = 0;
   std::unique_ptr<GeoJsonFile> geojson_;  // owned; null unless saved
   std::unique_ptr<CsvFile> csv_;          // owned; null unless saved
+  std::unique_ptr<ObjectsStore> store_;   // owned; null unless saved
   std::optional<GeoFrame> geo_;           // the input's CRS, where the GeoJSON is written in it
   std::unique_ptr<ImageOutput> raster_;   // the instance TIFF; null unless saved
   int64_t out_w_ = 0, out_h_ = 0;         // the map's size in output pixels (the TIFF's)

@@ -25,6 +25,9 @@ class OutputWriter {
   virtual void finish() = 0;
   // Phase two: renamed into place; the final name is added to `renamed` (taken back if a later one fails).
   virtual void commit(std::vector<std::string>& renamed) = 0;
+  // TILER_FAULT's write failure: true when the output's writes now fail as on a full disk; false when it has
+  // no such fault (its stage fails the image itself).
+  virtual bool failAsFullDisk() { return false; }
 };
 
 // One text (or raw bytes) output written under "<path>.partial" (created anew: a link or a file there is

@@ -81,6 +81,7 @@ class FeedInto<Output, Writer, Feed, FedOutput<Item...>> : public Output {
   void feed(Item... item) override { feed_(*writer_, item...); }
   void finish() override { writer_->finish(); }
   void commit(std::vector<std::string>& renamed) override { writer_->commit(renamed); }
+  bool failAsFullDisk() override { return writer_->failAsFullDisk(); }
 
  private:
   std::unique_ptr<Writer> writer_;
@@ -187,8 +188,8 @@ class WindowConsumer {
   virtual std::optional<std::array<int64_t, 2>> objects() const { return std::nullopt; }
   // Values of the windows' results that were not finite, where the consumer counts them itself (records).
   virtual int64_t nonFiniteValues() const { return 0; }
-  // TILER_FAULT's write failure: true when the consumer's tiles now fail as they are compressed; false when
-  // it writes no tiles (the stage fails the image itself).
+  // TILER_FAULT's write failure: true when the consumer's tiles now fail as they are compressed, or its
+  // objects store as on a full disk; false when it has neither (the stage fails the image itself).
   virtual bool injectTileFault() { return false; }
 };
 
@@ -218,6 +219,8 @@ class WindowOutputs : public WindowConsumer {
   std::vector<std::string> commit() override;
   // detect: the objects written and those of them cut by a window edge inside the image; nullopt otherwise.
   std::optional<std::array<int64_t, 2>> objects() const override;
+  // TILER_FAULT's write failure: the outputs that can fail as on a full disk (the objects store) now do.
+  bool injectTileFault() override;
 
  private:
   class DetectionFiles;
