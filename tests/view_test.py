@@ -284,6 +284,33 @@ class View(unittest.TestCase):
             server.kill()
             server.wait()
 
+    def test_a_relative_input_is_found_from_anywhere(self):
+        # The job names its input relative to where it ran; the viewer runs elsewhere.
+        job = self.tmp / "relative_job"
+        job.mkdir(exist_ok=True)
+        shutil.copy(self.input, job / "rel.tif")
+        subprocess.run([TILER, "-i", "rel.tif", "-o", "out", "--save", "labels", "--no_progress"], cwd=job,
+                       check=True, stdout=subprocess.DEVNULL)
+        server = subprocess.Popen([TILER, "view", str(job / "out"), "--port", "0"], cwd="/",
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            port = None
+            for line in server.stdout:
+                m = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
+                if m:
+                    port = int(m.group(1))
+                    break
+            self.assertIsNotNone(port, "tiler view printed no URL")
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            c.request("GET", "/api/images")
+            r = c.getresponse()
+            images = json.loads(r.read())
+            self.assertEqual(r.status, 200)
+            self.assertEqual(len(images["images"]), 1, images)
+        finally:
+            server.kill()
+            server.wait()
+
     def test_objects_by_viewport(self):
         status, body = self.get("/api/objects?image=0&x=450&y=250&w=100&h=100")
         j = json.loads(body)

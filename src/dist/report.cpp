@@ -74,6 +74,10 @@ nlohmann::json inferReport(const RunSummary& run, const WindowCatalog& catalog,
   j["windows_total"] = catalog.totalWindows();
   j["windows_per_second"] = run.seconds > 0 ? double(catalog.totalWindows()) / run.seconds : 0.0;
   j["model"] = run.model;
+  // Inputs and -m are named as given, relative ones to this directory (where `tiler view` finds them).
+  std::error_code cwd_error;
+  const std::filesystem::path cwd = std::filesystem::current_path(cwd_error);
+  if (!cwd_error) j["working_directory"] = cwd.string();
   j["runtime"] = run.runtime;
   j["stitch"] = run.stitch;
   if (!run.model_card.empty()) {

@@ -34,6 +34,7 @@
 #include "tiler/core/platform.hpp"
 #include "tiler/io/classes.hpp"
 #include "tiler/io/image_io.hpp"
+#include "tiler/io/readers/remote_input.hpp"
 #include "tiler/view/iiif.hpp"
 #include "tiler/view/layers.hpp"
 #include "tiler/view/objects.hpp"
@@ -268,10 +269,17 @@ class Viewer {
     const auto report = parseJsonDocument(*text, error);
     TILER_CHECK(report && report->is_object() && report->contains("images") && (*report)["images"].is_array(),
                 ConfigError, "tiler view: '" << report_path << "': not a tiler report (" << error << ")");
+    // A relative input is the job's: relative to the directory it ran in, wherever the viewer runs.
+    const fs::path job_dir =
+        report->contains("working_directory") && (*report)["working_directory"].is_string()
+            ? fs::path((*report)["working_directory"].get<std::string>())
+            : fs::path();
     for (const auto& entry : (*report)["images"]) {
       if (!entry.is_object() || !entry.contains("input") || !entry["input"].is_string()) continue;
       auto image = std::make_unique<Image>();
       image->input = entry["input"].get<std::string>();
+      if (!job_dir.empty() && !isRemoteInput(image->input) && fs::path(image->input).is_relative())
+        image->input = (job_dir / image->input).string();
       image->name = fs::path(image->input).stem().string();
       try {
         addLayers(*image, dir, entry);
