@@ -76,6 +76,21 @@ def area_mean(level, x0, y0, f, w, h):
     return np.einsum("vy,yxc,ux->vuc", wy, level, wx)
 
 
+def start_view(out, *flags, cwd=None):
+    """`tiler view OUT --port 0 FLAGS`: the server, its port, and what it printed up to its URL."""
+    server = subprocess.Popen([TILER, "view", str(out), "--port", "0", *flags], cwd=cwd, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in server.stdout:
+        lines.append(line)
+        m = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
+        if m:
+            return server, int(m.group(1)), "".join(lines)
+    server.kill()
+    server.wait()
+    raise RuntimeError("tiler view printed no URL: " + "".join(lines))
+
+
 def make_store(path):
     """A store in TIAToolbox's SQLiteStore layout: a 200x150 box and two small ones, zlib-compressed WKB."""
     con = sqlite3.connect(path)
@@ -121,19 +136,7 @@ class View(unittest.TestCase):
         report["images"][0]["outputs"]["objects_store"] = str(cls.out / "slide_objects.db")
         report["images"][0]["outputs"]["instances"] = str(cls.out / "slide_evil.tif")
         (cls.out / "report.json").write_text(json.dumps(report))
-        cls.server = subprocess.Popen([TILER, "view", str(cls.out), "--port", "0", "--cache_mb", "16"],
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        lines = []
-        for line in cls.server.stdout:
-            lines.append(line)
-            m = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
-            if m:
-                break
-        cls.warnings = "".join(lines)
-        if not m:
-            cls.server.kill()
-            raise RuntimeError("tiler view printed no URL: " + cls.warnings)
-        cls.port = int(m.group(1))
+        cls.server, cls.port, cls.warnings = start_view(cls.out, "--cache_mb", "16")
         cls.url = f"http://127.0.0.1:{cls.port}/"
         cls.labels = np.asarray(Image.open(cls.out / "slide_labels.tif").convert("RGB")).astype(np.float64)
         cls.prob1 = band_pixels(cls.out / "slide_probs.tif", 1).reshape(H, W)
@@ -258,16 +261,9 @@ class View(unittest.TestCase):
 
     def test_requests_past_the_queue_answer_503(self):
         import socket
-        server = subprocess.Popen([TILER, "view", str(self.out), "--port", "0", "--threads", "1"],
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        server, port, _ = start_view(self.out, "--threads", "1")
         idle = []
         try:
-            port = None
-            for line in server.stdout:
-                m = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
-                if m:
-                    port = int(m.group(1))
-                    break
             # One connection holds the one thread (it sends nothing), 64 wait in the queue: the next is refused.
             for _ in range(65):
                 idle.append(socket.create_connection(("127.0.0.1", port)))
@@ -291,16 +287,8 @@ class View(unittest.TestCase):
         shutil.copy(self.input, job / "rel.tif")
         subprocess.run([TILER, "-i", "rel.tif", "-o", "out", "--save", "labels", "--no_progress"], cwd=job,
                        check=True, stdout=subprocess.DEVNULL)
-        server = subprocess.Popen([TILER, "view", str(job / "out"), "--port", "0"], cwd="/",
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        server, port, _ = start_view(job / "out", cwd="/")
         try:
-            port = None
-            for line in server.stdout:
-                m = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
-                if m:
-                    port = int(m.group(1))
-                    break
-            self.assertIsNotNone(port, "tiler view printed no URL")
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
             c.request("GET", "/api/images")
             r = c.getresponse()
@@ -349,15 +337,8 @@ class View(unittest.TestCase):
         subprocess.run(["vips", "tiffsave", str(self.tmp / "heat.v"), str(heat)], check=True)
         subprocess.run(["tiffset", "-s", "270", description, str(heat)], check=True)
         scores = band_pixels(heat, 1)
-        server = subprocess.Popen([TILER, "view", str(out), "--port", "0"], stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True)
+        server, port, _ = start_view(out)
         try:
-            port = None
-            for line in server.stdout:
-                m = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
-                if m:
-                    port = int(m.group(1))
-                    break
             images = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/images").read())["images"]
             grid = next(l for l in images[0]["layers"] if l["type"] == "grid")
             columns, rows = grid["width"], grid["height"]
