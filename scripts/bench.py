@@ -331,15 +331,17 @@ def bench_pipeline(b):
         b.emit("pipeline: tiler 1 rank, default flags", "seconds", default)
         b.emit("pipeline: tiler 1 rank, default flags", "replicas", replicas)
         b.emit("pipeline: tiler 1 rank, default flags", "threads_per_replica", threads)
+        stage_table(b, r, default)
         layout = b.json_out(b.tiler_bench("forward", "-m", model, "--windows", n, "--replicas", replicas,
                                           "--threads", threads), "seconds").get("seconds")
         b.emit("pipeline: pure forward in tiler's default layout", "seconds", layout)
         b.emit("pipeline: tiler default flags / pure forward in its layout", "overhead_ratio", ratio(default, layout))
-        # The opt-in --jit_optimize (freeze + optimize_for_inference), default flags otherwise.
+        # The default freeze + optimize_for_inference (--jit_optimize) against the model as loaded.
+        optimized = default if r.get("jit_optimize") else None
         out = b.fresh("out_pipeline")
-        optimized = b.wall(b.tiler("-i", sample, "-m", model, "-o", out, "--no_progress", "--jit_optimize"))
-        b.emit("pipeline: tiler 1 rank, default flags, --jit_optimize", "seconds", optimized)
-        b.emit("pipeline: tiler --jit_optimize / default flags", "time_ratio", ratio(optimized, default))
+        plain = b.wall(b.tiler("-i", sample, "-m", model, "-o", out, "--no_progress", "--no_jit_optimize"))
+        b.emit("pipeline: tiler 1 rank, default flags, --no_jit_optimize", "seconds", plain)
+        b.emit("pipeline: tiler default flags (optimised) / --no_jit_optimize", "time_ratio", ratio(optimized, plain))
         if b.debian_python_has("torch"):
             py = b.python_forward("-m", model, "--windows", n, "--threads", 2).get("seconds")
             b.emit(f"pipeline: pure forward in Python, 2 threads ({n} windows)", "seconds", py)
@@ -347,9 +349,34 @@ def bench_pipeline(b):
             b.emit("pipeline: tiler 1 rank x 2 threads / Python pure forward", "overhead_ratio", ratio(e2e, py))
             pyopt = b.python_forward("-m", model, "--windows", n, "--threads", 2, "--optimize").get("seconds")
             b.emit("pipeline: pure forward in Python, 2 threads, frozen + optimize_for_inference", "seconds", pyopt)
-            b.emit("pipeline: tiler --jit_optimize / Python frozen pure forward", "overhead_ratio",
+            b.emit("pipeline: tiler default flags (optimised) / Python frozen pure forward", "overhead_ratio",
                    ratio(optimized, pyopt))
             b.emit("pipeline: Python frozen / Python as loaded", "time_ratio", ratio(pyopt, py))
+
+
+def stage_table(b, report, wall):
+    """Rank 0's stage seconds (the report's per_rank[0].stages): the main thread's parts, each with its share of
+    the rank's wall, their sum against that wall, then the busy seconds of the threads that overlap them; and
+    the process's own wall (`wall`, measured outside) against the report's."""
+    stages = (report.get("per_rank") or [{}])[0].get("stages")
+    if not stages:
+        return
+    rank_wall = stages["wall"] or 0.0
+    print("stage (main thread: the critical path)   seconds   share of wall", file=sys.stderr)
+    path = stages["critical_path"]
+    for name in ("libtorch", "model_load", "probe", "setup", "wait_read", "wait_forward", "gather", "submit",
+                 "other", "drain"):
+        seconds = path.get(name, 0.0)
+        print(f"  {name:<38} {seconds:8.3f}   {seconds / rank_wall if rank_wall else 0:6.1%}", file=sys.stderr)
+        b.emit(f"pipeline: stage {name}, default flags", "seconds", seconds)
+    total = stages["critical_path_sum"]
+    print(f"  {'sum':<38} {total:8.3f}   {total / rank_wall if rank_wall else 0:6.1%} of the rank's wall "
+          f"{rank_wall:.3f} s (the process's {wall:.3f} s)", file=sys.stderr)
+    print("overlapped (other threads' busy seconds)", file=sys.stderr)
+    for name, seconds in stages["overlapped"].items():
+        print(f"  {name:<38} {seconds:8.3f}", file=sys.stderr)
+        b.emit(f"pipeline: busy {name}, default flags", "seconds", seconds)
+    b.emit("pipeline: stage sum / the rank's wall", "time_ratio", ratio(total, rank_wall))
 
 
 def bench_blas(b):
@@ -1180,9 +1207,10 @@ BENCHES = [
         "tiler_bench forward -m tiny.pt --windows 160 and python_forward.py, 1x8 / 2x8 / 1x16 (threads x batch)",
         "windows_per_second", bench_light),
     Row("pipeline", "the whole tiler process against the pure forward of as many windows: C++ in 1x2 and in "
-        "tiler's default layout, Python (as loaded and frozen); --jit_optimize against default flags",
+        "tiler's default layout, Python (as loaded and frozen); default flags (optimised) against "
+        "--no_jit_optimize; the default run's stage table (the report's per_rank[0].stages) on stderr",
         "tiler -i blobs_4096.tif (441 windows; --quick: 1024 px, 25) -m sample.pt, --threads 2 / default / "
-        "--jit_optimize; tiler_bench forward; python_forward.py --threads 2 [--optimize]",
+        "--no_jit_optimize; tiler_bench forward; python_forward.py --threads 2 [--optimize]",
         "seconds, replicas, threads_per_replica, overhead_ratio, time_ratio", bench_pipeline),
     Row("blas", "the installed BLAS (OpenBLAS) against Debian's reference libblas3, pure forward and whole process",
         "LD_LIBRARY_PATH=/usr/lib/<multiarch>/blas tiler_bench forward --replicas 2 --threads 1; tiler default "

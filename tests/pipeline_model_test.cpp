@@ -6,6 +6,7 @@
 #include <torch/script.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <fstream>
 
@@ -172,6 +173,104 @@ TEST_F(Pipeline, ReplicasWriteTheBytesOfOneThreadAndFailImagesAlone) {
                 slurp(ref + "/" + std::string(stem) + "_probs.tif"))
         << stem;
   EXPECT_TRUE(partialFiles(faulted).empty());
+}
+
+// Without --threads and --replicas, a model heavier than its windows' reading and stitching times its first
+// batches as one replica of both threads and as two replicas of one, and the faster runs the rest: the report
+// gives both timings and keeps the faster; either flag skips the timing. The report's stage seconds: the main
+// thread's parts, each >= 0, add up to the rank's wall within 5 % (which the process's own outlasts); the
+// other threads' busy seconds stand apart.
+TEST_F(Pipeline, TheLayoutIsTimedAndTheStagesAddUpToTheWall) {
+  const std::string model = convolutionsModel(root_, 8);
+  double elapsed = 0;
+  auto job = [&](const std::string& out, const std::string& flags) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = run("OMP_NUM_THREADS=2 " + kTiler + " -i " + root_ + "/images/a_large.tif -m " + model + " -o " +
+                 out + " --window 96 --batch_size 1 --save labels,probs --no_progress " + flags);
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(r.code, 0) << r.output;
+    return report(out);
+  };
+  const auto timed = job(root_ + "/out_layout_timed", "");
+  const double process = elapsed;
+  ASSERT_TRUE(timed.contains("layouts_timed")) << timed.dump();
+  const auto& layouts = timed["layouts_timed"];
+  ASSERT_TRUE(layouts.contains("1x2") && layouts.contains("2x1")) << layouts.dump();
+  const std::string kept =
+      std::to_string(timed["replicas"].get<int>()) + "x" + std::to_string(timed["threads"].get<int>());
+  ASSERT_TRUE(layouts.contains(kept)) << kept;
+  for (const auto& [layout, seconds] : layouts.items()) {
+    EXPECT_GT(seconds.get<double>(), 0) << layout;
+    EXPECT_LE(layouts[kept].get<double>(), seconds.get<double>()) << "the faster layout is kept";
+  }
+  for (const char* flags : {"--replicas 2", "--threads 2"})
+    EXPECT_FALSE(
+        job(root_ + "/out_layout_flags", flags + std::string(" --overwrite")).contains("layouts_timed"))
+        << flags;
+
+  const auto& rank = timed["per_rank"][0];
+  const auto& stages = rank["stages"];
+  const double wall = stages["wall"].get<double>();
+  EXPECT_GT(wall, 0);
+  EXPECT_LE(wall, process + 0.05) << "the process outlasts the rank's wall";
+  double sum = 0;
+  for (const auto& [part, seconds] : stages["critical_path"].items()) {
+    EXPECT_GE(seconds.get<double>(), 0) << part;
+    sum += seconds.get<double>();
+  }
+  EXPECT_NEAR(sum, wall, 0.05 * wall) << stages.dump(2);
+  EXPECT_NEAR(stages["critical_path_sum"].get<double>(), sum, 1e-9);
+  EXPECT_GT(stages["critical_path"]["libtorch"].get<double>(), 0);
+  EXPECT_GT(stages["critical_path"]["model_load"].get<double>(), 0);
+  EXPECT_NEAR(rank["libtorch_seconds"].get<double>() + rank["model_load_seconds"].get<double>() +
+                  rank["probe_seconds"].get<double>() + rank["setup_seconds"].get<double>(),
+              rank["startup_seconds"].get<double>(), 1e-6)
+      << "start-up's parts";
+  for (const auto& [stage, seconds] : stages["overlapped"].items())
+    EXPECT_GE(seconds.get<double>(), 0) << stage;
+  EXPECT_GT(stages["overlapped"]["normalize"].get<double>(), 0);
+  EXPECT_GT(stages["overlapped"]["forward"].get<double>(), stages["overlapped"]["normalize"].get<double>());
+}
+
+// Freeze + optimize_for_inference is the default where the probe's check finds the model's outputs within
+// kJitOptimizeTolerance: a model whose outputs are random (an op left in training mode) runs as loaded and
+// the report says why; --no_jit_optimize and bf16 run as loaded; the two flags together are refused.
+TEST_F(Pipeline, JitOptimizeIsTheDefaultWhereItChangesNoOutput) {
+  torch::jit::Module noisy("Noisy");
+  noisy.register_parameter("w", torch::ones({2, 3, 1, 1}), false);
+  noisy.define("def forward(self, x):\n    return torch.conv2d(x, self.w) + torch.rand_like(x[:, :2])\n");
+  const std::string noisy_path = root_ + "/noisy.pt";
+  noisy.save(noisy_path);
+  auto job = [&](const std::string& out, const std::string& model, const std::string& flags) {
+    return run(kTiler + " -i " + root_ + "/images/a_large.tif -m " + model + " -o " + out +
+               " --window 128 --batch_size 4 --threads 1 --save labels --no_progress " + flags);
+  };
+  const std::string plain = convolutionsModel(root_, 0);
+  struct Case {
+    std::string name, model, flags;
+    bool optimized;
+    std::string why;
+  };
+  for (const Case& c :
+       {Case{"default", plain, "", true, ""}, Case{"off", plain, "--no_jit_optimize", false, ""},
+        Case{"bf16", plain, "--precision bf16", false, "--precision bf16"},
+        Case{"noisy", noisy_path, "", false, "differs from the model's as loaded"}}) {
+    const std::string out = root_ + "/out_jit_" + c.name;
+    auto r = job(out, c.model, c.flags);
+    ASSERT_EQ(r.code, 0) << c.name << ": " << r.output;
+    const auto j = report(out);
+    EXPECT_EQ(j["jit_optimize"], c.optimized) << c.name;
+    if (c.why.empty()) {
+      EXPECT_FALSE(j.contains("jit_optimize_fallback")) << c.name << ": " << j.dump();
+    } else {
+      ASSERT_TRUE(j.contains("jit_optimize_fallback")) << c.name;
+      EXPECT_NE(j["jit_optimize_fallback"].get<std::string>().find(c.why), std::string::npos)
+          << j["jit_optimize_fallback"];
+    }
+  }
+  auto r = job(root_ + "/out_jit_both", plain, "--jit_optimize --no_jit_optimize");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("--jit_optimize and --no_jit_optimize"), std::string::npos) << r.output;
 }
 
 // Debian's reference BLAS (libblas3) first on the library path: the start-up warns, the report names it.

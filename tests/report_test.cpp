@@ -67,6 +67,39 @@ TEST(Report, RankStatsRoundTrip) {
   EXPECT_EQ(back.bytes_written, int64_t(1) << 40);
   EXPECT_EQ(back.images_owned, 3);
   EXPECT_THROW(RankStats::unpack({1, 2}), Error);
+  s.wall_seconds = 9, s.libtorch_seconds = 0.5, s.model_load_seconds = 0.25, s.probe_seconds = 0.125;
+  s.setup_seconds = 0.875, s.wait_read_seconds = 1, s.wait_forward_seconds = 3, s.submit_seconds = 0.5;
+  s.other_seconds = 0.25, s.drain_seconds = 2, s.normalize_seconds = 0.0625;
+  back = RankStats::unpack(s.pack());
+  EXPECT_EQ(back.wall_seconds, 9);
+  EXPECT_EQ(back.setup_seconds, 0.875);
+  EXPECT_EQ(back.drain_seconds, 2);
+  EXPECT_EQ(back.normalize_seconds, 0.0625);
+  // The critical path: start-up's four parts, the step's five and the drain, each once.
+  const nlohmann::json stages = stageSeconds(back);
+  EXPECT_EQ(stages["critical_path"].size(), 10u);
+  EXPECT_EQ(stages["critical_path"]["gather"], 2.5);
+  EXPECT_EQ(stages["critical_path_sum"], 0.5 + 0.25 + 0.125 + 0.875 + 1 + 3 + 2.5 + 0.5 + 0.25 + 2);
+  EXPECT_EQ(stages["wall"], 9);
+  EXPECT_EQ(stages["overlapped"]["forward"], 1.5);
+  EXPECT_EQ(stages["overlapped"]["normalize"], 0.0625);
+  EXPECT_FALSE(stages["critical_path"].contains("forward")) << "busy seconds of other threads are apart";
+}
+
+TEST(Report, JitOptimizeAndTimedLayouts) {
+  RunSummary run;
+  run.jit_optimize = false;
+  run.jit_optimize_fallback = "why";
+  run.layouts_timed = {{"1x2", 0.02}, {"2x1", 0.015}};
+  auto j = inferReport(run, catalogWith({"done"}), {RankStats{}});
+  EXPECT_EQ(j["jit_optimize"], false);
+  EXPECT_EQ(j["jit_optimize_fallback"], "why");
+  EXPECT_EQ(j["layouts_timed"]["2x1"], 0.015);
+  EXPECT_TRUE(j["per_rank"][0].contains("stages"));
+  run = RunSummary{};
+  j = inferReport(run, catalogWith({"done"}), {RankStats{}});
+  EXPECT_FALSE(j.contains("layouts_timed")) << "no layouts timed: none reported";
+  EXPECT_FALSE(j.contains("jit_optimize_fallback"));
 }
 
 TEST(Report, JsonIsWrittenAtomically) {

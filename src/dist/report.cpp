@@ -50,17 +50,51 @@ nlohmann::json statisticsJson(const ImageStatistics& s) {
   return j;
 }
 
+// RankStats::pack's count of values.
+constexpr size_t kRankStatsValues = 21;
+
 }  // namespace
 
 std::vector<double> RankStats::pack() const {
-  return {double(windows),       read_seconds,  forward_seconds,       gather_seconds,       peak_rss_mb,
-          double(tiles_decoded), write_seconds, double(bytes_written), double(images_owned), startup_seconds};
+  return {double(windows),      read_seconds,          forward_seconds, gather_seconds,
+          peak_rss_mb,          double(tiles_decoded), write_seconds,   double(bytes_written),
+          double(images_owned), startup_seconds,       wall_seconds,    libtorch_seconds,
+          model_load_seconds,   probe_seconds,         setup_seconds,   wait_read_seconds,
+          wait_forward_seconds, submit_seconds,        other_seconds,   drain_seconds,
+          normalize_seconds};
 }
 
 RankStats RankStats::unpack(const std::vector<double>& v) {
-  TILER_CHECK(v.size() == 10, ConfigError, "rank statistics: expected 10 values, got " << v.size());
-  return RankStats{int64_t(v[0]), v[1], v[2],          v[3],          v[4],
-                   int64_t(v[5]), v[6], int64_t(v[7]), int64_t(v[8]), v[9]};
+  TILER_CHECK(v.size() == kRankStatsValues, ConfigError,
+              "rank statistics: expected " << kRankStatsValues << " values, got " << v.size());
+  RankStats s{int64_t(v[0]), v[1], v[2], v[3], v[4], int64_t(v[5]), v[6], int64_t(v[7]), int64_t(v[8]), v[9]};
+  s.wall_seconds = v[10], s.libtorch_seconds = v[11], s.model_load_seconds = v[12], s.probe_seconds = v[13];
+  s.setup_seconds = v[14], s.wait_read_seconds = v[15], s.wait_forward_seconds = v[16];
+  s.submit_seconds = v[17], s.other_seconds = v[18], s.drain_seconds = v[19], s.normalize_seconds = v[20];
+  return s;
+}
+
+nlohmann::json stageSeconds(const RankStats& s) {
+  const std::vector<std::pair<const char*, double>> path = {
+      {"libtorch", s.libtorch_seconds},   {"model_load", s.model_load_seconds},
+      {"probe", s.probe_seconds},         {"setup", s.setup_seconds},
+      {"wait_read", s.wait_read_seconds}, {"wait_forward", s.wait_forward_seconds},
+      {"gather", s.gather_seconds},       {"submit", s.submit_seconds},
+      {"other", s.other_seconds},         {"drain", s.drain_seconds}};
+  nlohmann::json critical = nlohmann::json::object();
+  double sum = 0;
+  for (const auto& [name, seconds] : path) {
+    critical[name] = seconds;
+    sum += seconds;
+  }
+  return {{"wall", s.wall_seconds},
+          {"critical_path", critical},
+          {"critical_path_sum", sum},
+          {"overlapped",
+           {{"read", s.read_seconds},
+            {"normalize", s.normalize_seconds},
+            {"forward", s.forward_seconds},
+            {"write", s.write_seconds}}}};
 }
 
 nlohmann::json inferReport(const RunSummary& run, const WindowCatalog& catalog,
@@ -79,6 +113,12 @@ nlohmann::json inferReport(const RunSummary& run, const WindowCatalog& catalog,
   const std::filesystem::path cwd = std::filesystem::current_path(cwd_error);
   if (!cwd_error) j["working_directory"] = cwd.string();
   j["runtime"] = run.runtime;
+  j["jit_optimize"] = run.jit_optimize;
+  if (!run.jit_optimize_fallback.empty()) j["jit_optimize_fallback"] = run.jit_optimize_fallback;
+  if (!run.layouts_timed.empty()) {
+    j["layouts_timed"] = nlohmann::json::object();
+    for (const auto& [layout, seconds] : run.layouts_timed) j["layouts_timed"][layout] = seconds;
+  }
   j["stitch"] = run.stitch;
   if (!run.model_card.empty()) {
     j["model_card"] = run.model_card;
@@ -110,7 +150,19 @@ nlohmann::json inferReport(const RunSummary& run, const WindowCatalog& catalog,
                              {"write_seconds", s.write_seconds},
                              {"bytes_written", s.bytes_written},
                              {"images_owned", s.images_owned},
-                             {"startup_seconds", s.startup_seconds}});
+                             {"startup_seconds", s.startup_seconds},
+                             {"wall_seconds", s.wall_seconds},
+                             {"libtorch_seconds", s.libtorch_seconds},
+                             {"model_load_seconds", s.model_load_seconds},
+                             {"probe_seconds", s.probe_seconds},
+                             {"setup_seconds", s.setup_seconds},
+                             {"wait_read_seconds", s.wait_read_seconds},
+                             {"wait_forward_seconds", s.wait_forward_seconds},
+                             {"submit_seconds", s.submit_seconds},
+                             {"other_seconds", s.other_seconds},
+                             {"drain_seconds", s.drain_seconds},
+                             {"normalize_seconds", s.normalize_seconds},
+                             {"stages", stageSeconds(s)}});
   }
   double startup = 0;
   for (const RankStats& s : per_rank) startup = std::max(startup, s.startup_seconds);

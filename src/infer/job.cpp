@@ -70,6 +70,76 @@ double lightModelSeconds(const GridSpec& spec, bool per_window) {
 // A window's forward cost is timed at this batch at most: as much as at any larger batch, without its memory.
 constexpr int kTimingBatch = 64;
 
+// The main thread's time, lap by lap, each lap added to one part of the critical path (RankStats): the parts
+// add up to the time since the first lap began.
+class Laps {
+ public:
+  void start() { last_ = Clock::now(); }
+  void lap(double& part) {
+    const auto now = Clock::now();
+    part += std::chrono::duration<double>(now - last_).count();
+    last_ = now;
+  }
+
+ private:
+  Clock::time_point last_ = Clock::now();
+};
+
+// Without --threads and --replicas, a CPU rank whose model is not light times one replica of every thread
+// (`threads`) against its replicas (`replicas`) on the job's first batches and keeps the faster. Each
+// layout's first batches a replica warm it (LibTorch 1.13 profiles and optimises a shape's first forwards),
+// the next ones are timed; a job of fewer than kMinTrialShare times the trial's batches is not timed.
+constexpr int64_t kTrialWarmBatches = 2, kTrialTimedBatches = 2, kMinTrialShare = 2;
+
+class LayoutTrial {
+ public:
+  LayoutTrial() = default;
+  // One replica of every thread first, then `replicas`; inactive when `steps` is too few.
+  LayoutTrial(ForwardLayout replicas, int64_t steps) {
+    const ForwardLayout threads{1, replicas.replicas * replicas.threads};
+    layouts_ = {threads, replicas};
+    int64_t end = 0;
+    for (const ForwardLayout& l : layouts_) {
+      end += int64_t(l.replicas) * (kTrialWarmBatches + kTrialTimedBatches);
+      ends_.push_back(end);
+    }
+    active_ = replicas.replicas > 1 && steps >= kMinTrialShare * end;
+  }
+  bool active() const { return active_ && phase_ < layouts_.size(); }
+  // The layout to run the trial's steps from `step` on in (the current one until the phase's last step).
+  const ForwardLayout& layout() const { return layouts_[phase_]; }
+  int64_t phaseEnd() const { return ends_[phase_]; }
+  // Step `step`'s batch took `seconds` on its replica; past a phase's last step the next phase begins.
+  void record(int64_t step, double seconds) {
+    const int64_t begin = phase_ == 0 ? 0 : ends_[phase_ - 1];
+    if (step - begin >= int64_t(layouts_[phase_].replicas) * kTrialWarmBatches)
+      timed_[phase_].push_back(seconds);
+    if (step + 1 == ends_[phase_]) ++phase_;
+  }
+  // Seconds a batch of the whole rank: a batch's mean seconds over the replicas that run side by side.
+  double batchSeconds(size_t k) const {
+    double sum = 0;
+    for (double t : timed_[k]) sum += t;
+    return timed_[k].empty() ? 0.0 : sum / double(timed_[k].size()) / layouts_[k].replicas;
+  }
+  ForwardLayout faster() const { return batchSeconds(0) < batchSeconds(1) ? layouts_[0] : layouts_[1]; }
+  bool measured() const { return active_ && phase_ == layouts_.size(); }
+  std::vector<std::pair<std::string, double>> timings(int64_t batch) const {
+    std::vector<std::pair<std::string, double>> out;
+    for (size_t k = 0; k < layouts_.size(); ++k)
+      out.emplace_back(std::to_string(layouts_[k].replicas) + "x" + std::to_string(layouts_[k].threads),
+                       batchSeconds(k) / double(batch));
+    return out;
+  }
+
+ private:
+  bool active_ = false;
+  size_t phase_ = 0;
+  std::vector<ForwardLayout> layouts_;
+  std::vector<int64_t> ends_;  // each phase's end step
+  std::vector<double> timed_[2];
+};
+
 class InferJob {
  public:
   explicit InferJob(InferOptions o) : o_(std::move(o)) {}
@@ -109,7 +179,7 @@ class InferJob {
   struct ForwardedBatch {
     std::optional<WindowBatch> batch;
     torch::Tensor preds;
-    double forward_seconds = 0;
+    double forward_seconds = 0, normalize_seconds = 0;
     std::optional<std::string> fatal;
   };
   // Reads the next step's batch (main thread, in step order) and queues its forward on a free replica.
@@ -150,6 +220,10 @@ class InferJob {
   std::vector<int> owners_;                // the rank that stitches and writes each image (assignOwners)
   std::unique_ptr<BatchForward> forward_;  // from runSteps on (the model's device and the exchange's known)
   RankStats stats_;
+  Laps laps_;                    // the main thread's, from the first step on
+  bool measure_layout_ = false;  // time the layouts on the first batches (LayoutTrial)
+  std::vector<std::pair<std::string, double>> layouts_timed_;
+  std::string jit_fallback_;  // why the default --jit_optimize was not kept
 };
 
 void InferJob::settleTask() {
@@ -254,10 +328,12 @@ LoaderOptions InferJob::loaderOptions() const {
 
 std::future<InferJob::ForwardedBatch> InferJob::startStep(WindowLoader& loader, ForwardPool& pool) {
   ForwardedBatch f;
+  laps_.lap(stats_.other_seconds);
   f.fatal = captureFailure([&] {
     f.batch = loader.next();
     TILER_CHECK(f.batch.has_value(), DistError, "the loader stopped early");
   });
+  laps_.lap(stats_.wait_read_seconds);
   // TILER_FAULT in the forward: the slot holding this rank's K-th window.
   const int64_t fault_slot = f.batch && faults_.forward_slot ? faults_.forward_slot(f.batch->slots) : -1;
   if (f.fatal) {
@@ -268,10 +344,12 @@ std::future<InferJob::ForwardedBatch> InferJob::startStep(WindowLoader& loader, 
   return pool.submit<ForwardedBatch>([this, f, fault_slot](ModelRunner& model) mutable {
     f.fatal = captureFailure([&] {
       const auto t0 = Clock::now();
+      const double normalized = normalizeSecondsOfThisThread();
       f.preds = forward_->run(model, *f.batch, fault_slot);
       // Kernels and copies run asynchronously on this thread's stream: the predictions are whole after this.
       model.synchronize();
       f.forward_seconds = secondsSince(t0);
+      f.normalize_seconds = normalizeSecondsOfThisThread() - normalized;
     });
     return f;
   });
@@ -302,6 +380,7 @@ void InferJob::runStep(int64_t step, int64_t steps, ForwardedBatch forwarded, Wi
       if (auto e = outputs.error()) throw std::runtime_error(*e);
       stats_.read_seconds += batch->read_seconds;
       stats_.forward_seconds += forwarded.forward_seconds;
+      stats_.normalize_seconds += forwarded.normalize_seconds;
       reportFailures(*batch, 0);
     });
   }
@@ -319,7 +398,7 @@ void InferJob::runStep(int64_t step, int64_t steps, ForwardedBatch forwarded, Wi
       reportFailures(*batch, reported);
     });
   }
-  const auto t1 = Clock::now();
+  laps_.lap(stats_.other_seconds);
   // The window lists carry every rank's status: a fatal error anywhere throws here on every rank.
   const auto every_rank = exchange().shareSlots(batch->slots, fatal, "the window list of " + what);
   const RouteContext route = routeContext();
@@ -327,7 +406,7 @@ void InferJob::runStep(int64_t step, int64_t steps, ForwardedBatch forwarded, Wi
   window_sizes.erase(window_sizes.begin());
   StepResult result = record_of_ ? routeRecords(every_rank, records, route, what)
                                  : routePredictions(every_rank, preds, window_sizes, route, what);
-  stats_.gather_seconds += secondsSince(t1);
+  laps_.lap(stats_.gather_seconds);
   stats_.windows += batch->valid;
   for (const StepSlots& slots : every_rank) {
     for (const WindowSlot& slot : slots) {
@@ -338,7 +417,9 @@ void InferJob::runStep(int64_t step, int64_t steps, ForwardedBatch forwarded, Wi
                           slot.image, "'" + catalog_.image(slot.image).input + "': failed on another rank"));
     }
   }
+  laps_.lap(stats_.other_seconds);
   outputs.submit(std::move(result));  // a stopped stage says why at the next step
+  laps_.lap(stats_.submit_seconds);
 }
 
 std::vector<std::string> InferJob::windowRecords(WindowBatch& batch, const torch::Tensor& preds) {
@@ -397,6 +478,9 @@ RunSummary InferJob::runSummary() const {
   run.task = reportedTask();
   run.feature_dim = perWindow(probe_) ? int64_t(probe_.output_channels) : 0;
   run.runtime = model_->runtimeName();
+  run.jit_optimize = model_->jitOptimized();
+  run.jit_optimize_fallback = jit_fallback_;
+  run.layouts_timed = layouts_timed_;
   run.stitch = stitch_on_device_ ? "device" : "host";
   run.model_card = o_.model_card;
   run.settings_from = o_.settings_from;
@@ -406,11 +490,13 @@ RunSummary InferJob::runSummary() const {
 int InferJob::finishRun(OutputStage& outputs, int64_t steps) {
   // Every rank's output stage drains; a failure of one ends every rank here with its message.
   std::string owned;
+  laps_.lap(stats_.other_seconds);
   auto drained = captureFailure([&] {
     outputs.finish();
     if (auto e = outputs.error()) throw std::runtime_error(*e);
     owned = outputs.ownedResults();
   });
+  laps_.lap(stats_.drain_seconds);
   // Past the last step: an owner still writing its outputs is the rank a timeout from here names.
   exchange().markStep(steps);
   exchange().check(drained, "the end of the output stages");
@@ -419,6 +505,8 @@ int InferJob::finishRun(OutputStage& outputs, int64_t steps) {
   stats_.write_seconds = outputs.stats().write_seconds;
   stats_.bytes_written = outputs.stats().bytes_written;
   stats_.images_owned = outputs.stats().images_owned;
+  laps_.lap(stats_.other_seconds);
+  stats_.wall_seconds = secondsSinceProcessStart();
   RanksAtEnd ranks;
   ranks.stats = exchange().allgather(torch::tensor(stats_.pack(), torch::kDouble), "the final statistics");
   ranks.results = exchange().allgatherStrings(owned, "the images' results");
@@ -432,6 +520,7 @@ int InferJob::finishRun(OutputStage& outputs, int64_t steps) {
 
 int InferJob::run() {
   startupMark("main");
+  stats_.libtorch_seconds = std::max(0.0, secondsSinceProcessStart());
   session_ = std::make_unique<RankSession>(joinWorld());
   startupMark("world joined");
   cpu_blas_ = cpuBlasName();
@@ -465,17 +554,24 @@ void InferJob::loadModel() {
   mo.threads = layout_.threads;
   mo.activation = plan_.flags.activation;
   mo.tta = plan_.flags.tta;
+  TILER_CHECK(!o_.jit_optimize || !o_.no_jit_optimize, ConfigError,
+              "--jit_optimize and --no_jit_optimize: give one of them");
   mo.jit_optimize = o_.jit_optimize;
+  mo.jit_optimize_default = !o_.jit_optimize && !o_.no_jit_optimize;
   mo.task = plan_.task;
   mo.classes_named = !plan_.flags.classes.empty();
   for (const InferHead& head : plan_.heads)
     mo.heads.push_back(HeadOptions{head.spec.name, head.spec.name, head.task, head.flags.activation,
                                    !head.flags.classes.empty()});
   mo.batch_size = o_.batch_size;
+  auto t0 = Clock::now();
   model_ = o_.load_model ? o_.load_model(mo, plan_.spec.window_w, plan_.spec.window_h)
                          : std::make_shared<ModelRunner>(mo);
+  stats_.model_load_seconds = secondsSince(t0);
   startupMark("model loaded");
+  t0 = Clock::now();
   probe_ = model_->probe(plan_.spec.window_w, plan_.spec.window_h);
+  jit_fallback_ = model_->jitOptimizeFallback();
   startupMark("model probed");
   if (plan_.heads.empty())
     settleTask();
@@ -493,7 +589,9 @@ void InferJob::loadModel() {
       layout_ = chooseForwardLayout(0, 0, false, defaultIntraOpThreads(), /*light=*/true);
       at::set_num_threads(layout_.threads);
     }
+    measure_layout_ = !light;
   }
+  stats_.probe_seconds = secondsSince(t0);
   // The owner's windows of other ranks must arrive on the model's device too: one rank, or ranks that gather
   // on it (NCCL; gloo between CPU ranks); through the host (gloo between GPU ranks) the host stitches.
   stitch_on_device_ =
@@ -719,19 +817,45 @@ int InferJob::runSteps(Deal deal) {
   forward_ = std::make_unique<BatchForward>(fs, catalog_, faults_);
   OutputStage outputs(catalog_, oo);
   WindowLoader loader(catalog_, plan_.spec, loaderOptions(), std::move(deal.slots), steps);
-  ForwardPool pool(*model_, layout_);
-  // Every replica busy and one more batch queued, so that none waits while this thread exchanges.
-  const int64_t ahead = pool.replicas() + 1;
+  LayoutTrial trial = measure_layout_ ? LayoutTrial(layout_, steps) : LayoutTrial();
+  ForwardLayout running = trial.active() ? trial.layout() : layout_;
+  auto pool = std::make_unique<ForwardPool>(*model_, running);
   std::deque<std::future<ForwardedBatch>> started;
   Progress progress(catalog_.totalWindows(), "windows", !o_.no_progress && rank() == 0);
   stats_.startup_seconds = secondsSinceProcessStart();
+  stats_.setup_seconds = std::max(0.0, stats_.startup_seconds - stats_.libtorch_seconds -
+                                           stats_.model_load_seconds - stats_.probe_seconds);
+  laps_.start();
   startupMark("first step");
   // A collective that times out names the ranks behind this one (markStep).
   for (int64_t step = 0; step < steps; ++step) {
-    while (int64_t(started.size()) < ahead && step + int64_t(started.size()) < steps)
-      started.push_back(startStep(loader, pool));
+    // Every replica busy and one more batch queued, so that none waits while this thread exchanges; a
+    // layout on trial takes only its own steps.
+    const int64_t ahead = pool->replicas() + 1, last = trial.active() ? trial.phaseEnd() : steps;
+    while (int64_t(started.size()) < ahead && step + int64_t(started.size()) < last)
+      started.push_back(startStep(loader, *pool));
     ForwardedBatch forwarded = started.front().get();
+    laps_.lap(stats_.wait_forward_seconds);
     started.pop_front();
+    if (trial.active()) {
+      trial.record(step, forwarded.forward_seconds);
+      if (!trial.active()) {
+        layout_ = trial.faster();
+        layouts_timed_ = trial.timings(o_.batch_size);
+        if (rank() == 0)
+          spdlog::info("{} replica(s) x {} thread(s): a window's forward {:.2f} ms, against {:.2f} ms as {}",
+                       layout_.replicas, layout_.threads,
+                       1e3 * std::min(layouts_timed_[0].second, layouts_timed_[1].second),
+                       1e3 * std::max(layouts_timed_[0].second, layouts_timed_[1].second),
+                       layout_.replicas == 1 ? layouts_timed_[1].first : layouts_timed_[0].first);
+      }
+      const ForwardLayout next = trial.active() ? trial.layout() : layout_;
+      if (next.replicas != running.replicas || next.threads != running.threads) {
+        pool.reset();  // no step of its layout is left
+        running = next;
+        pool = std::make_unique<ForwardPool>(*model_, running);
+      }
+    }
     runStep(step, steps, std::move(forwarded), loader, outputs);
     const int64_t done = std::min(catalog_.totalWindows(), (step + 1) * B * worldSize());
     progress.update(done);

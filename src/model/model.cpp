@@ -16,6 +16,7 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include <mutex>
@@ -125,11 +126,22 @@ ModelRunner::ModelRunner(const ModelOptions& options)
   // would stay fp32 or mix with fp16 weights.
   TILER_CHECK(!options.jit_optimize || precision_ == Precision::kFp32, ConfigError,
               "--jit_optimize fuses ops that mixed precision does not cover; use it with --precision fp32");
+  const bool by_default = options.jit_optimize_default && !options.jit_optimize;
+  if (by_default && precision_ != Precision::kFp32)
+    jit_fallback_ = "--precision " + std::string(precisionName(precision_)) +
+                    ": optimize_for_inference fuses ops that mixed precision does not cover";
+  else if (by_default && !device_.is_cpu())
+    jit_fallback_ = "optimize_for_inference's fusions are oneDNN's, for the CPU";
   RuntimeOptions runtime;
-  runtime.path = options.path, runtime.device = device_, runtime.jit_optimize = options.jit_optimize;
+  runtime.path = options.path, runtime.device = device_;
+  runtime.jit_optimize = options.jit_optimize || (by_default && jit_fallback_.empty());
+  runtime.jit_optimize_default = by_default;
   runtime.batch = options.batch_size, runtime.sha256 = options.sha256,
   runtime.sha256_card = options.sha256_card;
   runtime_ = openModelRuntime(runtime);
+  if (runtime.jit_optimize && by_default && !runtime_->optimized())
+    jit_fallback_ = runtime_->autocasts() ? runtime_->notOptimized() : "a .pt2 package is compiled already";
+  if (!jit_fallback_.empty()) spdlog::debug("'{}' runs as loaded: {}", options.path, jit_fallback_);
   if (!runtime_->autocasts()) {
     TILER_CHECK(options.precision == "auto" || options.precision == "fp32", ConfigError,
                 "'" << options.path << "': --precision " << options.precision
@@ -149,7 +161,8 @@ ModelRunner::ModelRunner(const ModelRunner& other, std::unique_ptr<ModelRuntime>
       head_probes_(other.head_probes_),
       mean_(other.mean_),
       inv_std_(other.inv_std_),
-      input_tail_(other.input_tail_) {}
+      input_tail_(other.input_tail_),
+      jit_fallback_(other.jit_fallback_) {}
 
 void ModelRunner::synchronize() const {
   if (device_.is_cpu()) return;
@@ -433,9 +446,79 @@ const ModelProbe& ModelRunner::probe(int64_t window_w, int64_t window_h) {
   input_tail_ = fixedTail(options_.input_steps);
   checkStepChannels(input_tail_, c, "inputs[0].preprocessing", path);
   checkStepChannels(options_.output_steps, probe_.output_channels, "outputs[0].postprocessing", path);
+  if (options_.jit_optimize_default && !options_.jit_optimize && runtime_->optimized())
+    checkOptimized(c, window_w, window_h);
   spdlog::debug("model '{}': {} -> {} channels, scale {}/{}, task {}", path, c, probe_.output_channels,
                 probe_.scale.num, probe_.scale.den, taskName(probe_.task));
   return probe_;
+}
+
+namespace {
+
+// Every tensor of a model's output (a tensor, or those of a tuple, list or dict, nested), in order.
+void tensorsOf(const c10::IValue& v, std::vector<torch::Tensor>& out) {
+  if (v.isTensor()) {
+    out.push_back(v.toTensor());
+  } else if (v.isTuple()) {
+    for (const auto& e : v.toTuple()->elements()) tensorsOf(e, out);
+  } else if (v.isList()) {
+    for (const auto& e : v.toList()) tensorsOf(e, out);
+  } else if (v.isGenericDict()) {
+    for (const auto& entry : v.toGenericDict()) tensorsOf(entry.value(), out);
+  }
+}
+
+// Why the optimised outputs `got` are not the loaded module's `want`, or empty.
+std::string outputsDiffer(const std::vector<torch::Tensor>& got, const std::vector<torch::Tensor>& want) {
+  if (got.size() != want.size())
+    return std::to_string(got.size()) + " output tensors, the model as loaded " + std::to_string(want.size());
+  for (size_t k = 0; k < got.size(); ++k) {
+    if (got[k].sizes() != want[k].sizes())
+      return "output " + std::to_string(k) + " is " + c10::str(got[k].sizes()) + ", as loaded " +
+             c10::str(want[k].sizes());
+    if (want[k].numel() == 0) continue;
+    const torch::Tensor a = got[k].to(torch::kDouble), b = want[k].to(torch::kDouble);
+    const double scale = std::max(1.0, b.abs().max().item<double>());
+    const double diff = (a - b).abs().max().item<double>();
+    // NaN anywhere fails too.
+    if (!(diff <= kJitOptimizeTolerance * scale)) {
+      std::ostringstream why;
+      why << "its output " << k << " differs from the model's as loaded by up to " << diff << " (over "
+          << kJitOptimizeTolerance << " x " << scale << ")";
+      return why.str();
+    }
+  }
+  return {};
+}
+
+thread_local double normalize_seconds = 0;
+
+}  // namespace
+
+double normalizeSecondsOfThisThread() {
+  return normalize_seconds;
+}
+
+void ModelRunner::checkOptimized(int channels, int64_t window_w, int64_t window_h) {
+  c10::InferenceMode guard;
+  // Values in [0, 1) that change from pixel to pixel and channel to channel (a zero window checks only the
+  // biases), through the job's normalisation.
+  const torch::Tensor u = torch::arange(int64_t(channels) * window_h * window_w, torch::kFloat32)
+                              .mul_(0.6180339887f)
+                              .frac_()
+                              .view({1, channels, window_h, window_w});
+  const torch::Tensor x = normalize(u, torch::ones({1}));
+  std::vector<torch::Tensor> got, want;
+  tensorsOf(runtime_->run(x), got);
+  tensorsOf(runtime_->runUnoptimized(x), want);
+  const std::string why = outputsDiffer(got, want);
+  if (why.empty()) {
+    runtime_->dropUnoptimized();
+    return;
+  }
+  runtime_->useUnoptimized();
+  jit_fallback_ = "the frozen + optimize_for_inference model's check failed: " + why;
+  spdlog::warn("'{}' runs as loaded: {}", options_.path, jit_fallback_);
 }
 
 double ModelRunner::secondsPerWindow(int64_t window_w, int64_t window_h, int64_t batch, double enough) {
@@ -488,6 +571,13 @@ double ModelRunner::secondsPerWindow(int64_t window_w, int64_t window_h, int64_t
 
 torch::Tensor ModelRunner::normalize(const torch::Tensor& batch, const torch::Tensor& scales,
                                      const torch::Tensor& affine) const {
+  const auto t0 = std::chrono::steady_clock::now();
+  struct Count {
+    std::chrono::steady_clock::time_point t0;
+    ~Count() {
+      normalize_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+  } count{t0};
   const bool cuda = device_.is_cuda();
   torch::Tensor x = batch.to(device_, /*non_blocking=*/cuda);
   if (affine.defined()) {
@@ -578,7 +668,7 @@ torch::Tensor ModelRunner::forward(const torch::Tensor& batch, const torch::Tens
   return packHeads(means, !options_.heads.empty());
 }
 
-ForwardPool::ForwardPool(ModelRunner& model, ForwardLayout layout) {
+ForwardPool::ForwardPool(ModelRunner& model, ForwardLayout layout) : threads_each_(layout.threads) {
   const bool shared = !model.device().is_cpu();
   if (!shared)
     for (int i = 1; i < layout.replicas; ++i) copies_.push_back(model.replicate());
@@ -612,6 +702,8 @@ void ForwardPool::loop(ModelRunner& runner) {
     static std::mutex init_mutex;  // init_num_threads also resets process-wide caches
     std::lock_guard<std::mutex> lock(init_mutex);
     at::init_num_threads();
+    // The layout's count, whatever the last at::set_num_threads said (a job may time several layouts).
+    if (runner.device().is_cpu() && threads_each_ > 0) at::set_num_threads(threads_each_);
   }
   for (;;) {
     std::function<void(ModelRunner&)> job;

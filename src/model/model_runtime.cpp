@@ -437,6 +437,10 @@ ShapeProbe probeShapesInChild(const RuntimeOptions& options, int64_t w, int64_t 
   return found;
 }
 
+c10::IValue ModelRuntime::runUnoptimized(const torch::Tensor& nchw) {
+  return run(nchw);
+}
+
 std::unique_ptr<ModelRuntime> openModelRuntime(const RuntimeOptions& options) {
   // TorchScript last: anything else (a directory, a missing file too) goes to loadTorchScript, whose errors
   // say what the file is not.

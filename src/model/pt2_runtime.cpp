@@ -68,7 +68,7 @@ class Pt2Runtime final : public ModelRuntime {
  public:
   explicit Pt2Runtime(const RuntimeOptions& options) : options_(options) {
     const std::string& path = options.path;
-    TILER_CHECK(!options.jit_optimize, ConfigError,
+    TILER_CHECK(!options.jit_optimize || options.jit_optimize_default, ConfigError,
                 "'" << path << "': --jit_optimize is for TorchScript; a .pt2 package is compiled already");
     // The device first, from the package's metadata file: LibTorch's loader would fail on a package for a
     // device it was not built for with its own words.

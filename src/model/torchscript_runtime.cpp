@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <optional>
 
 #include "tiler/core/error.hpp"
 #include "tiler/core/platform.hpp"
@@ -70,18 +71,39 @@ namespace {
 
 class TorchScriptRuntime final : public ModelRuntime {
  public:
-  explicit TorchScriptRuntime(torch::jit::Module module) : module_(std::move(module)) {}
+  explicit TorchScriptRuntime(torch::jit::Module module, bool optimized = false,
+                              std::optional<torch::jit::Module> unoptimized = std::nullopt,
+                              std::string not_optimized = "")
+      : module_(std::move(module)),
+        optimized_(optimized),
+        unoptimized_(std::move(unoptimized)),
+        not_optimized_(std::move(not_optimized)) {}
 
   const char* name() const override { return "torchscript"; }
   c10::IValue run(const torch::Tensor& nchw) override { return module_.forward({nchw}); }
   std::unique_ptr<ModelRuntime> replicate() const override {
-    return std::make_unique<TorchScriptRuntime>(module_.clone());
+    return std::make_unique<TorchScriptRuntime>(module_.clone(), optimized_);
   }
   bool autocasts() const override { return true; }
   torch::jit::Module* module() override { return &module_; }
+  bool optimized() const override { return optimized_; }
+  std::string notOptimized() const override { return not_optimized_; }
+  c10::IValue runUnoptimized(const torch::Tensor& nchw) override {
+    return unoptimized_ ? unoptimized_->forward({nchw}) : run(nchw);
+  }
+  void dropUnoptimized() override { unoptimized_.reset(); }
+  void useUnoptimized() override {
+    if (!unoptimized_) return;
+    module_ = std::move(*unoptimized_);
+    unoptimized_.reset();
+    optimized_ = false;
+  }
 
  private:
   torch::jit::Module module_;
+  bool optimized_ = false;
+  std::optional<torch::jit::Module> unoptimized_;
+  std::string not_optimized_;
 };
 
 }  // namespace
@@ -101,8 +123,17 @@ std::unique_ptr<ModelRuntime> openTorchScriptRuntime(const RuntimeOptions& optio
                   << " inputs; tiler passes exactly one tensor (NCHW)");
   TILER_CHECK(args[1].type()->kind() == c10::TypeKind::TensorType, ModelError,
               "'" << path << "': forward() takes a " << args[1].type()->str() << ", not a Tensor");
-  if (options.jit_optimize) module = torch::jit::optimize_for_inference(module);
-  return std::make_unique<TorchScriptRuntime>(std::move(module));
+  if (!options.jit_optimize) return std::make_unique<TorchScriptRuntime>(std::move(module));
+  if (!options.jit_optimize_default)
+    return std::make_unique<TorchScriptRuntime>(torch::jit::optimize_for_inference(module), true);
+  // Freezing copies the module: the one as loaded stays as it was, to check the copy against.
+  try {
+    torch::jit::Module optimized = torch::jit::optimize_for_inference(module);
+    return std::make_unique<TorchScriptRuntime>(std::move(optimized), true, std::move(module));
+  } catch (const std::exception& e) {
+    return std::make_unique<TorchScriptRuntime>(std::move(module), false, std::nullopt,
+                                                "freezing refused the module: " + firstLine(e.what()));
+  }
 }
 
 }  // namespace tiler

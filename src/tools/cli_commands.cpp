@@ -261,7 +261,9 @@ void addRegionFlags(CLI::App& app, tiler::InferOptions& o) {
                  "class names NAME[:#rrggbb],... (labels palette, metadata)");
   app.add_flag(flagNames("--recursive"), o.recursive, "walk input directories recursively");
   app.add_option(flagNames("--output_key"), o.output_key, "dict key or tuple index of the model's output");
-  app.add_flag(flagNames("--jit_optimize"), o.jit_optimize, "freeze + optimize_for_inference");
+  app.add_flag(flagNames("--jit_optimize"), o.jit_optimize,
+               "freeze + optimize_for_inference (default: where the probe finds the same outputs)");
+  app.add_flag(flagNames("--no_jit_optimize"), o.no_jit_optimize, "run the model as loaded");
 }
 
 // How infer's stages share the machine: read-ahead, replicas, threads, buffers, where it stitches.

@@ -55,7 +55,9 @@ struct InferOptions : JobOptions {
   std::string on_error = "skip";
   std::string report;  // empty: <output>/report.json
   bool recursive = false;
-  bool jit_optimize = false;
+  // --jit_optimize: freeze + optimize_for_inference, asked for; --no_jit_optimize: never; neither: where the
+  // probe's check finds the same outputs (ModelOptions::jit_optimize_default).
+  bool jit_optimize = false, no_jit_optimize = false;
   std::string mask = "none";    // none | auto | PATH
   double mask_fraction = 0.05;  // share of a window inside the mask for it to be processed
   std::string roi;              // GeoJSON file or directory of <stem>.geojson: windows only where it is

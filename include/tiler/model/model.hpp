@@ -59,7 +59,11 @@ struct ModelOptions {
   // is no affine map on (fixedTail) after the normalisation; output_steps after the activation (one output).
   std::vector<ProcessingStep> input_steps, output_steps;
   Activation activation = Activation::kNone;
-  bool jit_optimize = false;          // freeze + optimize_for_inference
+  bool jit_optimize = false;  // freeze + optimize_for_inference
+  // Without jit_optimize: optimise where that is safe (a TorchScript model, fp32 on the CPU, a module that
+  // freezing takes) and keep it only if the probe's check finds its outputs within kJitOptimizeTolerance of
+  // the module as loaded (jitOptimizeFallback() says why not).
+  bool jit_optimize_default = false;
   Tta tta = Tta::kNone;               // forward() only
   int local_rank = 0;                 // for device auto/cuda
   const Task* task = &segmentTask();  // what probe() expects (null: the output's shape decides)
@@ -93,6 +97,13 @@ torch::Device resolveDevice(const std::string& spec, int local_rank);
 // Resolves --precision for a device (auto: fp16 on CUDA, fp32 on CPU); fp16 on CPU is a ConfigError.
 Precision resolvePrecision(const std::string& spec, const torch::Device& device);
 
+// The largest difference between the optimised and the loaded module's outputs that probe() accepts, as a
+// share of the loaded outputs' largest magnitude (at least 1): what the tests hold between runs.
+constexpr double kJitOptimizeTolerance = 1e-5;
+
+// Seconds this thread has spent in ModelRunner::normalize (the report's normalize_seconds).
+double normalizeSecondsOfThisThread();
+
 class ModelRunner {
  public:
   explicit ModelRunner(const ModelOptions& options);
@@ -124,6 +135,9 @@ class ModelRunner {
   Precision precision() const { return precision_; }
   // "torchscript" or "pt2".
   const char* runtimeName() const { return runtime_->name(); }
+  // Whether the model runs frozen + optimize_for_inference; where that was the default and it does not, why.
+  bool jitOptimized() const { return runtime_->optimized(); }
+  const std::string& jitOptimizeFallback() const { return jit_fallback_; }
   // The TorchScript module, for training; a ConfigError for a .pt2 package (compiled code).
   torch::jit::Module& module();
   // A copy of this probed runner with its own parameters, for another thread.
@@ -137,6 +151,9 @@ class ModelRunner {
   std::vector<torch::Tensor> applyHeads(const torch::Tensor& nchw);
   // Each head's output of one forward, activated, per-window ones as [B, D].
   std::vector<torch::Tensor> activatedHeads(const torch::Tensor& x);
+  // ModelOptions::jit_optimize_default: the optimised module against the loaded one on a window of varied
+  // values (`channels` x `window_h` x `window_w`); the loaded one runs instead when they differ.
+  void checkOptimized(int channels, int64_t window_w, int64_t window_h);
 
   ModelOptions options_;
   torch::Device device_;
@@ -149,13 +166,15 @@ class ModelRunner {
   std::vector<ModelProbe> head_probes_;
   torch::Tensor mean_, inv_std_;            // [1,C,1,1] on device, or undefined
   std::vector<ProcessingStep> input_tail_;  // fixedTail(options_.input_steps)
+  std::string jit_fallback_;
 };
 
-// Runs jobs on `layout.replicas` threads, each with the model's device current; a free thread takes the
-// oldest job. On the CPU each thread has a replica of the probed model (the first is `model` itself); on a
-// GPU they all run `model`, each on a stream of its own (made current for its jobs: a job ends with
-// synchronize()). Thread safe. The destructor drops jobs not started (their futures report a broken promise),
-// lets running ones finish and joins; jobs must not outlive what they capture.
+// Runs jobs on `layout.replicas` threads, each with the model's device current (and on the CPU
+// `layout.threads` intra-op threads); a free thread takes the oldest job. On the CPU each thread has a
+// replica of the probed model (the first is `model` itself); on a GPU they all run `model`, each on a stream
+// of its own (made current for its jobs: a job ends with synchronize()). Thread safe. The destructor drops
+// jobs not started (their futures report a broken promise), lets running ones finish and joins; jobs must not
+// outlive what they capture.
 class ForwardPool {
  public:
   ForwardPool(ModelRunner& model, ForwardLayout layout);
@@ -179,6 +198,7 @@ class ForwardPool {
  private:
   void loop(ModelRunner& runner);
 
+  int threads_each_ = 0;                              // intra-op threads of each CPU replica
   std::vector<std::unique_ptr<ModelRunner>> copies_;  // CPU replicas 1..R-1 (owned)
   std::mutex mutex_;
   std::condition_variable wake_;

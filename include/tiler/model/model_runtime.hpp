@@ -31,8 +31,11 @@ struct RuntimeOptions {
   std::string path;
   torch::Device device = torch::kCPU;
   bool jit_optimize = false;  // TorchScript: freeze + optimize_for_inference
-  int64_t batch = 1;          // the most windows one forward runs (a package without shapes is probed at it)
-  bool in_probe = false;      // in probeShapesInChild's child: run what it is given, learn nothing
+  // jit_optimize is the default, not asked for: a package ignores it, and a module that freezing refuses runs
+  // as loaded (ModelRuntime::notOptimized says why); the loaded module is kept until dropUnoptimized().
+  bool jit_optimize_default = false;
+  int64_t batch = 1;      // the most windows one forward runs (a package without shapes is probed at it)
+  bool in_probe = false;  // in probeShapesInChild's child: run what it is given, learn nothing
   // The sha256 a model card states of the file (weights.torchscript.sha256, lowercase hex; empty: none) and
   // that card: a mismatch is a ConfigError naming the file and both digests. TorchScript is hashed on the
   // bytes it is loaded from, read once.
@@ -56,6 +59,15 @@ class ModelRuntime {
   // Why a window of w x h must not be run (a package compiled for another size does not check its inputs:
   // garbage or a crash), or empty. A package that does not say what it was compiled for learns it here.
   virtual std::string refusesWindow(int64_t /*w*/, int64_t /*h*/) { return {}; }
+  // Frozen + optimize_for_inference (RuntimeOptions::jit_optimize); where it was the default and was not
+  // done, why (freezing refused the module); empty otherwise.
+  virtual bool optimized() const { return false; }
+  virtual std::string notOptimized() const { return {}; }
+  // With RuntimeOptions::jit_optimize_default: the module as loaded, run beside the optimised one to check
+  // it, then either dropped (dropUnoptimized) or kept in its place (useUnoptimized).
+  virtual c10::IValue runUnoptimized(const torch::Tensor& nchw);
+  virtual void dropUnoptimized() {}
+  virtual void useUnoptimized() {}
 };
 
 // What running a model at one window size in a child process found, for a package that does not say what it
