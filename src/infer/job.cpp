@@ -89,7 +89,7 @@ class Laps {
 // (`threads`) against its replicas (`replicas`) on the job's first batches and keeps the faster. Each
 // layout's first batches a replica warm it (LibTorch 1.13 profiles and optimises a shape's first forwards),
 // the next ones are timed; a job of fewer than kMinTrialShare times the trial's batches is not timed.
-constexpr int64_t kTrialWarmBatches = 2, kTrialTimedBatches = 2, kMinTrialShare = 2;
+constexpr int64_t kTrialWarmBatches = 1, kTrialTimedBatches = 2, kMinTrialShare = 2;
 
 class LayoutTrial {
  public:
