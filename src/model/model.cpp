@@ -595,8 +595,8 @@ torch::Tensor ModelRunner::normalize(const torch::Tensor& batch, const torch::Te
     x = x.is_floating_point() ? x * gain : x.to(torch::kFloat32).mul_(gain);
     x.add_(offset);
   } else {
-    // A batch of bytes becomes floats on the device (a quarter of the copy); the same values either way. Bytes
-    // times float32 scales are float32 products of the bytes' exact values, in one pass over the batch.
+    // A batch of bytes becomes floats on the device (a quarter of the copy); the same values either way.
+    // Bytes times float32 scales are float32 products of the bytes' exact values, in one pass over the batch.
     const auto scale = scales.to(device_, cuda).view({-1, 1, 1, 1});
     x = x * scale;
     if (mean_.defined()) x.sub_(mean_);
