@@ -1817,7 +1817,8 @@ std::vector<std::string> partialFilesIn(const std::string& dir) {
 // whole-image forward within 1e-5 x max(1, |value|) (scale_mean_variance's gain of ~119 here: 1e-4; 5e-4
 // where percentiles of the output are read: a histogram of 65536 bins, within one bin's width), on one rank
 // and two alike byte for byte; check-model follows the same
-// chain on its test tensors; the report gives the output's statistics and map beside the input's.
+// chain on its test tensors; --stitch device writes the host's bytes; the report gives the output's
+// statistics and map beside the input's.
 TEST(ModelCard, PostprocessingOverTheOutputsStatisticsIsTheWholeBlendedMaps) {
   const std::string root = test::scratchDir("card_output_statistics");
   if (test::runCommand("/usr/bin/python3 -c 'import torch, numpy, PIL'").code != 0)
@@ -1838,6 +1839,13 @@ TEST(ModelCard, PostprocessingOverTheOutputsStatisticsIsTheWholeBlendedMaps) {
     ASSERT_EQ(both.code, 0) << name << "\n" << both.output;
     for (const std::string file : {"a_probs.tif", "a_labels.tif"})
       EXPECT_TRUE(test::slurp(out + "/" + file) == test::slurp(two + "/" + file)) << name << " " << file;
+    if (name == "zmuv") {
+      // --stitch device: such an image is blended on the host all the same, the same bytes.
+      const auto device =
+          test::runCommand(kTiler + " -m " + pkg + common + " --stitch device -o " + out + "_dev");
+      ASSERT_EQ(device.code, 0) << device.output;
+      EXPECT_TRUE(test::slurp(out + "/a_probs.tif") == test::slurp(out + "_dev/a_probs.tif"));
+    }
     const auto image = reportOf(two)["images"][0];
     ASSERT_TRUE(image.contains("output_statistics")) << image;
     EXPECT_EQ(image["output_statistics"], reportOf(out)["images"][0]["output_statistics"]) << name;
