@@ -257,9 +257,9 @@ std::string stepWhere(const std::string& list, size_t index, const std::string& 
 
 // One pre- or postprocessing step of a 0.5 card (id and kwargs) as tiler follows it; `where` names it in
 // messages; `axis_ids` are the input's axes (batch, channel, y, x as the card names them), `input_id` its id,
-// `tensor_id` the id of the tensor the step is of. `pre`: a preprocessing step (postprocessing has no
-// statistics steps tiler can follow). nullopt: a step that changes nothing tiler feeds (ensure_dtype to a
-// float type).
+// `tensor_id` the id of the tensor the step is of. `pre`: a preprocessing step (a postprocessing step's
+// statistics are the blended output's, or the input's as read where its reference_tensor names the input).
+// nullopt: a step that changes nothing tiler feeds (ensure_dtype to a float type).
 std::optional<ProcessingStep> readStep(const YAML::Node& step, const std::string& rdf,
                                        const std::string& where, const std::vector<std::string>& axis_ids,
                                        const std::string& input_id, const std::string& tensor_id, bool pre,
