@@ -27,7 +27,8 @@ struct JobOptions {
   std::vector<double> mean, std;
   // A model card's steps beyond scale, mean, std and activation (ModelCard::preprocessing, postprocessing):
   // preprocessing after (x * scale - mean) / std, with each image's statistics; postprocessing after the
-  // activation. Empty: none.
+  // activation, on each window up to its first statistics step, from it on the blended image
+  // (splitAtStatistics). Empty: none.
   std::vector<ProcessingStep> preprocessing, postprocessing;
   std::string output_key;  // dict key or tuple index of the model's output; empty: the first tensor
   int prefetch = 2;        // batches read ahead
