@@ -140,18 +140,16 @@ class MemoryMapWriter : public MapWriter {
                 "'" << path_ << "': a band of " << rows.rows << " x " << rows.cols << " x " << rows.channels()
                     << " after " << rows_done_ << " of " << height_ << " rows does not fit the map");
     const size_t sample = bytesPerSample(array_.type);
-    const size_t plane = size_t(height_ * width_) * sample;
     for (int y = 0; y < rows.rows; ++y) {
-      const uint8_t* src = rows.ptr<uint8_t>(y);
-      uint8_t* dst = array_.data.get() + size_t(rows_done_ + y) * size_t(width_) * sample;
-      if (channels_ == 1) {
-        std::memcpy(dst, src, size_t(width_) * sample);
-        continue;
-      }
-      for (int64_t c = 0; c < channels_; ++c)
-        for (int64_t x = 0; x < width_; ++x)
-          std::memcpy(dst + size_t(c) * plane + size_t(x) * sample, src + size_t(x * channels_ + c) * sample,
-                      sample);
+      const size_t at = size_t(rows_done_ + y) * size_t(width_);
+      if (channels_ == 1)
+        std::memcpy(array_.data.get() + at * sample, rows.ptr<uint8_t>(y), size_t(width_) * sample);
+      else if (sample == 4)
+        spread(rows.ptr<uint32_t>(y), reinterpret_cast<uint32_t*>(array_.data.get()) + at);
+      else if (sample == 2)
+        spread(rows.ptr<uint16_t>(y), reinterpret_cast<uint16_t*>(array_.data.get()) + at);
+      else
+        spread(rows.ptr<uint8_t>(y), array_.data.get() + at);
     }
     rows_done_ += rows.rows;
   }
@@ -166,6 +164,13 @@ class MemoryMapWriter : public MapWriter {
   }
 
  private:
+  // A row of interleaved samples (`channels_` a pixel) into the planes, `row` its start in the first.
+  template <typename Sample>
+  void spread(const Sample* pixels, Sample* row) const {
+    const size_t plane = size_t(height_ * width_);
+    for (int64_t c = 0; c < channels_; ++c, row += plane)
+      for (int64_t x = 0; x < width_; ++x) row[x] = pixels[x * channels_ + c];
+  }
   std::string path_;
   bool labels_;
   int64_t channels_ = 1, width_ = 0, height_ = 0, rows_done_ = 0;
