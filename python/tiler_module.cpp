@@ -62,7 +62,12 @@ class PythonLogSink : public spdlog::sinks::base_sink<std::mutex> {
     try {
       py::module_::import("logging").attr("getLogger")("tiler").attr("log")(level, text);
     } catch (py::error_already_set& e) {
-      e.discard_as_unraisable("tiler's log sink");
+      // Python ran its signal handlers in the logging call: a Ctrl-C is raised again at the engine's next
+      // check (PyErr_SetInterrupt), not lost as an unraisable error here.
+      if (e.matches(PyExc_KeyboardInterrupt))
+        PyErr_SetInterrupt();
+      else
+        e.discard_as_unraisable("tiler's log sink");
     }
   }
   void flush_() override {}

@@ -269,6 +269,38 @@ class Infer(unittest.TestCase):
         self.assertEqual([name for name in left if name.endswith(".partial") or name == ".tiler.lock"], [], left)
 
 
+    def test_ctrl_c_during_set_up_stops_before_any_window(self):
+        """An interrupt while the model loads (a timer's, 10 ms into the call): KeyboardInterrupt at the next
+        phase's check, before the windows are dealt (their log line) and with no lock or partial file left."""
+        import logging
+        import signal
+
+        lines = []
+
+        class Keep(logging.Handler):
+            def emit(self, record):
+                lines.append(record.getMessage())
+
+        def interrupt(signum, frame):
+            raise KeyboardInterrupt
+
+        logger, handler = logging.getLogger("tiler"), Keep()
+        level = logger.level
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        previous = signal.signal(signal.SIGALRM, interrupt)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0.01)
+            with self.assertRaises(KeyboardInterrupt):
+                tiler.infer(SMALL, self.dir, MODELS / "sample.pt", window=32, batch_size=1, no_progress=True)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+        self.assertEqual([line for line in lines if "windows of" in line], [], lines)
+        self.assertEqual([n for n in os.listdir(self.dir) if n.endswith(".partial") or n == ".tiler.lock"], [])
+
     def test_ctrl_c_stops_finetune_within_5_s(self):
         """SIGINT while tiler.finetune trains (GIL released): KeyboardInterrupt within 5 s, the checkpoint
         directory's lock gone, no partial file and no model written."""
