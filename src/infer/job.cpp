@@ -41,6 +41,7 @@
 #include "tiler/tasks/heads.hpp"
 #include "tiler/tasks/registry.hpp"
 #include "tiler/writers/blend.hpp"
+#include "tiler/writers/memory_output.hpp"
 #include "tiler/writers/window_outputs.hpp"
 
 namespace fs = std::filesystem;
@@ -544,17 +545,24 @@ int InferJob::run() {
   session_ = std::make_unique<RankSession>(joinWorld());
   startupMark("world joined");
   cpu_blas_ = cpuBlasName();
+  const auto check_interrupt = [this] {
+    if (o_.check_interrupt) o_.check_interrupt();
+  };
   try {
     plan_ = planInfer(o_);
     faults_ = faultHooks(Fault::fromEnvironment(), rank(), [] {
       throw c10::OutOfMemoryError({__func__, __FILE__, uint32_t(__LINE__)},
                                   injectedFailure("out of memory in the forward"));
     });
+    check_interrupt();
     loadModel();
+    check_interrupt();
     connect();
     startupMark("connected");
     planImages();
+    check_interrupt();
     prepareImages();
+    check_interrupt();
   } catch (const ConfigError& e) {
     if (o_.model_card.empty()) throw;
     TILER_THROW(ConfigError, cardBlamed(e.message(), o_.settings_from, o_.model_card));
@@ -597,6 +605,10 @@ void InferJob::loadModel() {
     settleTask();
   else
     settleHeads();
+  // An output directory in memory holds the formats it can keep, and no other (before any window is read).
+  if (isMemoryOutput(o_.output_dir))
+    for (const SavedOutput& saved : catalogOutputs())
+      TILER_CHECK(memoryKindRefusal(saved.kind).empty(), ConfigError, memoryKindRefusal(saved.kind));
   if (o_.threads == 0 && o_.replicas == 0 && model_->device().is_cpu() && layout_.replicas > 1) {
     const double bar = lightModelSeconds(plan_.spec, perWindow(probe_));
     const int timing_batch = std::min(o_.batch_size, kTimingBatch);
@@ -631,7 +643,9 @@ void InferJob::connect() {
 void InferJob::planImages() {
   // Setup that one rank can fail alone goes through the exchange, so that every rank stops with its message.
   auto setup = captureFailure([&] {
-    if (rank() == 0) session_->lockDirectory(o_.output_dir, "output directory");
+    // An output directory in memory is this process's alone.
+    if (rank() == 0 && !isMemoryOutput(o_.output_dir))
+      session_->lockDirectory(o_.output_dir, "output directory");
     InferCatalogOptions co;
     co.inputs = o_.inputs;
     co.recursive = o_.recursive;

@@ -50,7 +50,7 @@ class StitchedOutputs : public ImageConsumer {
         classes_(int(outputs.probe.output_channels)),
         pool_(wo.pool.get()) {
     const OutputOptions& o = outputs.stage;
-    fs::create_directories(fs::path(img.outputs.begin()->second).parent_path());
+    makeParentDirectory(img.outputs.begin()->second);
     MapOutput map;
     map.width = o.scale.apply(img.info.width);
     map.height = o.scale.apply(img.info.height);

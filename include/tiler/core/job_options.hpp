@@ -3,6 +3,7 @@
 // output key). Plain data, no LibTorch.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -41,6 +42,10 @@ struct JobOptions {
   // loaded from.
   std::string model_sha256;
   std::vector<std::pair<std::string, std::string>> settings_from;
+  // Called between the phases before the first step (the model loaded, the data planned) and after each
+  // training step (finetune), on the thread that runs the job: a caller's interruption (the Python module's
+  // Ctrl-C), what it throws ending the run as a fatal error of this rank. Empty: none.
+  std::function<void()> check_interrupt;
 };
 
 }  // namespace tiler
