@@ -205,9 +205,9 @@ class ModelCache {
     key << '\n';
     for (double v : o.std) key << v << ',';
     key << '\n'
-        << int(o.activation) << ' ' << o.jit_optimize << ' ' << int(o.tta) << ' ' << o.local_rank << ' '
-        << static_cast<const void*>(o.task) << ' ' << o.classes_named << ' ' << o.batch_size << ' '
-        << o.preferred_input_channels << ' ' << window_w << ' ' << window_h;
+        << int(o.activation) << ' ' << o.jit_optimize << ' ' << o.jit_optimize_default << ' ' << int(o.tta)
+        << ' ' << o.local_rank << ' ' << static_cast<const void*>(o.task) << ' ' << o.classes_named << ' '
+        << o.batch_size << ' ' << o.preferred_input_channels << ' ' << window_w << ' ' << window_h;
     return key.str();
   }
   mutable std::mutex mutex_;
