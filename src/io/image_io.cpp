@@ -456,6 +456,12 @@ int compressionThreads(const Compression& c, int requested) {
   return int(fit);
 }
 
+bool keepsPredictor(size_t with, size_t without, size_t raw) {
+  const bool background = without * 64 <= raw, smaller = with * 102 < without * 100;
+  const bool compressible = without * 3 <= raw && with * 3 <= raw, cheap = with * 5 <= without * 6;
+  return background || smaller || (compressible && cheap);
+}
+
 // ---- writer ---------------------------------------------------------------------------------------------
 
 ImageWriter::ImageWriter(const std::string& path, int64_t width, int64_t height, int channels,
@@ -681,7 +687,7 @@ ImageWriter::TileRow ImageWriter::encodeTileRow(cv::Mat buffer, int64_t first_ro
   const int tile = options_.tile;
   const size_t px = buffer.elemSize();
   for (int y = int(rows); y < tile; ++y) std::memset(buffer.ptr(y), 0, size_t(width_) * px);
-  if (choose_predictor_) choosePredictor(buffer);
+  if (choose_predictor_) choosePredictor(buffer, rows);
   auto encoding = std::make_shared<TileEncoding>();
   encoding->channels = channels_;
   encoding->type = type_;
@@ -710,7 +716,7 @@ ImageWriter::TileRow ImageWriter::encodeTileRow(cv::Mat buffer, int64_t first_ro
   return row;
 }
 
-void ImageWriter::choosePredictor(const cv::Mat& row) {
+void ImageWriter::choosePredictor(const cv::Mat& row, int64_t rows) {
   choose_predictor_ = false;
   const int tile = options_.tile;
   const int64_t tiles = (width_ + tile - 1) / tile, sampled = std::min<int64_t>(tiles, kPredictorSampleTiles);
@@ -727,11 +733,12 @@ void ImageWriter::choosePredictor(const cv::Mat& row) {
     }
     return bytes;
   };
-  const size_t raw = size_t(sampled) * size_t(tile) * size_t(tile) * row.elemSize();
+  // The image's own samples in those tiles: their zero padding would make noise look compressible.
+  size_t raw = 0;
+  for (int64_t k = 0; k < sampled; ++k)
+    raw += size_t(std::min<int64_t>(tile, width_ - k * tiles / sampled * tile) * rows) * row.elemSize();
   const size_t with = bytesOf(true), without = bytesOf(false);
-  // Tiles that shrink 64x without it (a background, a constant) say nothing about the rest: then the
-  // predictor, which smooth outputs need. Else it must save more than 2% to be worth its time.
-  const bool predictor = without * 64 <= raw || with * 102 < without * 100;
+  const bool predictor = keepsPredictor(with, without, raw);
   spdlog::debug("'{}': {} bytes with the floating-point predictor, {} without, of {} ({} tiles): {}", path_,
                 with, without, raw, sampled, predictor ? "with" : "without");
   options_.compression->predictor = predictor;
