@@ -458,7 +458,7 @@ int compressionThreads(const Compression& c, int requested) {
 
 bool keepsPredictor(size_t with, size_t without, size_t raw) {
   const bool background = without * 64 <= raw, smaller = with * 102 < without * 100;
-  const bool compressible = without * 3 <= raw && with * 3 <= raw, cheap = with * 5 <= without * 6;
+  const bool compressible = without * 3 <= raw && with * 3 <= raw, cheap = with * 4 <= without * 5;
   return background || smaller || (compressible && cheap);
 }
 

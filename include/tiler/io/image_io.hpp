@@ -145,7 +145,7 @@ int compressionThreads(const Compression& compression, int requested);
 // Whether default float compression keeps the floating-point predictor, from the bytes of the same tiles
 // (`raw`: the image's bytes in them, without padding) with it and without: where it makes them smaller; where
 // they shrink 64x without it (a background, a constant: it says nothing of the rest); and where they compress
-// 3x or more either way and it costs at most a fifth more bytes, since zstd then compresses the predictor's
+// 3x or more either way and it costs at most a quarter more bytes, since zstd then compresses the predictor's
 // planes faster than the samples (docs/performance.md, "The predictor where it pays"). Not on noise: no
 // smaller, and slower.
 bool keepsPredictor(size_t with, size_t without, size_t raw);
