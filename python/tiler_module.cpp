@@ -2,15 +2,15 @@
 // finetune() turn keywords into the command's flags and run the command's own function of its argv
 // (cli_commands.hpp), so the flags, their checks, their words and the outputs are the command's; predict()
 // runs infer on a NumPy array registered as an in-memory input (readers.hpp's MemoryPixels, read where it
-// lies) and hands back its outputs as arrays. The GIL is released while the engine runs; after each step the
-// engine's thread takes it to run Python's signal handlers (Ctrl-C: KeyboardInterrupt) and the progress
-// callback. tiler's log lines go to Python's `logging` (logger "tiler").
+// lies) into an output directory in memory (writers/memory_output.hpp) and hands its arrays to NumPy as they
+// are: no file is written. The GIL is released while the engine runs; between its set-up phases and after
+// each step the engine's thread takes it to run Python's signal handlers (Ctrl-C: KeyboardInterrupt) and,
+// after a step, the progress callback. tiler's log lines go to Python's `logging` (logger "tiler").
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
-#include <stdlib.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -28,6 +28,7 @@
 #include "tiler/io/image_io.hpp"
 #include "tiler/io/readers/readers.hpp"
 #include "tiler/model/model.hpp"
+#include "tiler/writers/memory_output.hpp"
 
 namespace py = pybind11;
 
@@ -61,7 +62,12 @@ class PythonLogSink : public spdlog::sinks::base_sink<std::mutex> {
     try {
       py::module_::import("logging").attr("getLogger")("tiler").attr("log")(level, text);
     } catch (py::error_already_set& e) {
-      e.discard_as_unraisable("tiler's log sink");
+      // Python ran its signal handlers in the logging call: a Ctrl-C is raised again at the engine's next
+      // check (PyErr_SetInterrupt), not lost as an unraisable error here.
+      if (e.matches(PyExc_KeyboardInterrupt))
+        PyErr_SetInterrupt();
+      else
+        e.discard_as_unraisable("tiler's log sink");
     }
   }
   void flush_() override {}
@@ -225,6 +231,12 @@ py::object runCommand(Command command, const std::vector<std::string>& args, con
   std::shared_ptr<py::error_already_set> raised;  // what Python raised in a hook
   int64_t reported = 0;                           // windows a tqdm-like bar was told of
   const bool bar = !progress.is_none() && py::hasattr(progress, "update");
+  hooks.check_interrupt = [&] {
+    py::gil_scoped_acquire gil;
+    if (PyErr_CheckSignals() == 0) return;
+    raised = std::make_shared<py::error_already_set>();
+    throw std::runtime_error("stopped by Python: " + std::string(raised->what()));
+  };
   hooks.after_step = [&](int64_t done, int64_t total) {
     py::gil_scoped_acquire gil;
     try {
@@ -257,10 +269,18 @@ py::object runCommand(Command command, const std::vector<std::string>& args, con
     if (raised) throw *raised;
     throw;
   }
-  if (report_path.empty() || access(report_path.c_str(), R_OK) != 0) return py::none();
-  const char* rank = std::getenv("RANK");
-  if (rank && std::strcmp(rank, "0") != 0) return py::none();
-  py::dict report = py::module_::import("json").attr("loads")(tiler::readWholeFile(report_path));
+  std::string report_text;
+  if (tiler::isMemoryOutput(report_path)) {
+    std::optional<std::string> kept = tiler::takeMemoryText(report_path);
+    if (!kept) return py::none();
+    report_text = std::move(*kept);
+  } else {
+    if (report_path.empty() || access(report_path.c_str(), R_OK) != 0) return py::none();
+    const char* rank = std::getenv("RANK");
+    if (rank && std::strcmp(rank, "0") != 0) return py::none();
+    report_text = tiler::readWholeFile(report_path);
+  }
+  py::dict report = py::module_::import("json").attr("loads")(report_text);
   report["exit_code"] = code;
   return report;
 }
@@ -284,23 +304,17 @@ py::object finetune(const py::object& images, const py::object& output, const py
   return runCommand(Command::kFinetune, args, py::none());
 }
 
-// A temporary directory for one predict's outputs, removed with everything in it.
-class ScratchDir {
+// An output directory in memory (writers/memory_output) for one predict's outputs, dropped with what is left.
+class MemoryOutputDir {
  public:
-  ScratchDir() {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/tiler-predict-XXXXXX";
-    TILER_CHECK(::mkdtemp(pattern.data()) != nullptr, tiler::IoError,
-                "cannot make a scratch directory '" << pattern << "': " << std::strerror(errno));
-    path_ = pattern;
-  }
-  ~ScratchDir() { tiler::removeTree(path_); }
-  ScratchDir(const ScratchDir&) = delete;
-  ScratchDir& operator=(const ScratchDir&) = delete;
-  const std::string& path() const { return path_; }
+  MemoryOutputDir() : name_(tiler::registerMemoryOutput()) {}
+  ~MemoryOutputDir() { tiler::unregisterMemoryOutput(name_); }
+  MemoryOutputDir(const MemoryOutputDir&) = delete;
+  MemoryOutputDir& operator=(const MemoryOutputDir&) = delete;
+  const std::string& name() const { return name_; }
 
  private:
-  std::string path_;
+  std::string name_;
 };
 
 // An input registered for the life of this object.
@@ -349,34 +363,17 @@ tiler::MemoryPixels pixelsOf(const py::array& array, const std::string& layout) 
   return p;
 }
 
-// A TIFF output read whole: H x W for one band, else C x H x W, float32 (probabilities) or its own type.
-py::array readOutputImage(const std::string& path, bool bands_first) {
-  auto reader = tiler::ImageReader::open(path);
-  const tiler::ImageInfo& info = reader->info();
-  const cv::Mat pixels = reader->readRegion({0, 0, info.width, info.height});
-  const int C = pixels.channels();
-  const size_t bytes = pixels.elemSize1();
-  py::dtype type = info.type == tiler::SampleType::kU8    ? py::dtype::of<uint8_t>()
-                   : info.type == tiler::SampleType::kU16 ? py::dtype::of<uint16_t>()
-                   : info.type == tiler::SampleType::kU32 ? py::dtype::of<uint32_t>()
-                   : info.type == tiler::SampleType::kI16 ? py::dtype::of<int16_t>()
+// A kept array as a NumPy array that owns its buffer (no copy).
+py::array arrayOf(tiler::MemoryArray kept) {
+  py::dtype type = kept.type == tiler::SampleType::kU8    ? py::dtype::of<uint8_t>()
+                   : kept.type == tiler::SampleType::kU16 ? py::dtype::of<uint16_t>()
+                   : kept.type == tiler::SampleType::kU32 ? py::dtype::of<uint32_t>()
+                   : kept.type == tiler::SampleType::kI16 ? py::dtype::of<int16_t>()
+                   : kept.type == tiler::SampleType::kF16 ? py::dtype("float16")
                                                           : py::dtype::of<float>();
-  TILER_CHECK(info.type != tiler::SampleType::kF16, tiler::IoError,
-              "'" << path << "': float16 outputs are not read back (--probs_dtype f32 or u8)");
-  const int64_t H = info.height, W = info.width;
-  if (C == 1) {
-    py::array out(type, {H, W});
-    for (int64_t y = 0; y < H; ++y)
-      std::memcpy(static_cast<char*>(out.mutable_data()) + y * W * bytes, pixels.ptr(int(y)),
-                  size_t(W) * bytes);
-    return out;
-  }
-  py::array hwc(type, {H, W, int64_t(C)});
-  for (int64_t y = 0; y < H; ++y)
-    std::memcpy(static_cast<char*>(hwc.mutable_data()) + y * W * C * bytes, pixels.ptr(int(y)),
-                size_t(W) * C * bytes);
-  if (!bands_first) return hwc;
-  return py::module_::import("numpy").attr("ascontiguousarray")(hwc.attr("transpose")(2, 0, 1));
+  uint8_t* data = kept.data.release();
+  py::capsule owner(data, [](void* p) { delete[] static_cast<uint8_t*>(p); });
+  return py::array(type, kept.shape, data, owner);
 }
 
 py::dict predict(const py::object& image, const py::object& model, const py::object& window,
@@ -385,15 +382,15 @@ py::dict predict(const py::object& image, const py::object& model, const py::obj
   py::array array = py::array::ensure(image);
   TILER_CHECK(array, tiler::ConfigError, "image: not an array (the buffer protocol)");
   const RegisteredImage input(pixelsOf(array, layout));
-  const ScratchDir scratch;
-  std::vector<std::string> args{"-i",           input.name(), "-o",
-                                scratch.path(), "--report",   scratch.path() + "/report.json"};
+  TILER_CHECK(
+      !flags.contains("output") && !flags.contains("report"), tiler::ConfigError,
+      "predict keeps its outputs and report in memory: no output or report (tiler.infer writes them)");
+  const MemoryOutputDir memory;
+  std::vector<std::string> args{"-i", input.name(), "-o", memory.name()};
   if (!model.is_none()) args.insert(args.end(), {"-m", pathsOf(model).at(0)});
   if (!window.is_none()) args.insert(args.end(), {"--window", py::str(window)});
   if (!overlap.is_none()) args.insert(args.end(), {"--overlap", py::str(overlap)});
   if (!flags.contains("no_progress")) args.push_back("--no_progress");
-  // The values do not depend on the codec; an uncompressed scratch file is the cheapest to write and read.
-  if (!flags.contains("compression")) args.insert(args.end(), {"--compression", "none"});
   appendFlags(args, flags);
   py::dict report = runCommand(Command::kInfer, args, progress, models);
   py::dict entry = report["images"].cast<py::list>()[0];
@@ -406,14 +403,16 @@ py::dict predict(const py::object& image, const py::object& model, const py::obj
   py::dict out;
   py::dict outputs = entry["outputs"];
   for (const auto& [kind_object, path_object] : outputs) {
-    const std::string kind = py::str(kind_object), path = py::str(path_object);
-    const std::string ext = tiler::lowerExtension(path);
-    if (ext == ".tif" || ext == ".tiff" || ext == ".png")
-      out[kind_object] = readOutputImage(path, kind == "probs");
-    else if (ext == ".geojson" || ext == ".json")
-      out[kind_object] = py::module_::import("json").attr("loads")(tiler::readWholeFile(path));
-    else if (ext == ".csv")
-      out[kind_object] = py::str(tiler::readWholeFile(path));
+    const std::string path = py::str(path_object);
+    if (std::optional<tiler::MemoryArray> kept = tiler::takeMemoryArray(path)) {
+      out[kind_object] = arrayOf(std::move(*kept));
+    } else if (std::optional<std::string> text = tiler::takeMemoryText(path)) {
+      const std::string ext = tiler::lowerExtension(path);
+      if (ext == ".geojson" || ext == ".json")
+        out[kind_object] = py::module_::import("json").attr("loads")(py::str(*text));
+      else
+        out[kind_object] = py::str(*text);
+    }
   }
   out["report"] = report;
   return out;

@@ -1053,7 +1053,7 @@ def make_object_store(path, count, size):
 def bench_view(b):
     import http.client
     import random
-    import re
+    from view_server import start_view, stop_view
     n = b.size(16384, 2048)
     cells = b.size(1000000, 20000)
     slide = b.cache / f"view_slide_{n}.tif"
@@ -1092,17 +1092,11 @@ def bench_view(b):
             x, y = rng.randrange(n - side + 1), rng.randrange(n - side + 1)
             views.append(f"/api/objects?image=0&x={x}&y={y}&w={side}&h={side}")
     for _ in b.repeat():
-        server = subprocess.Popen([b.tool("tiler"), "view", out, "--port", "0"], stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True)
         try:
-            port = None
-            for line in server.stdout:
-                m = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
-                if m:
-                    port = int(m.group(1))
-                    break
-            if port is None:
-                raise BenchError("tiler view printed no URL")
+            server, port, _ = start_view(b.tool("tiler"), out)
+        except RuntimeError as e:
+            raise BenchError(str(e))
+        try:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
 
             def fetch(path):
@@ -1128,8 +1122,7 @@ def bench_view(b):
             hwm = next(int(l.split()[1]) for l in status.splitlines() if l.startswith("VmHWM:"))
             b.emit(f"view: {n}px, {cells} objects", "peak_rss_mb", hwm / 1024)
         finally:
-            server.kill()
-            server.wait()
+            stop_view(server)
 
 
 SMALL_CONV_NET = """import sys, torch

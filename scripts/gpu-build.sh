@@ -5,7 +5,9 @@
 # Unpacks the dependency bundle (scripts/build-deps.sh: .deps/tiler-deps-<arch>.tar.xz), configures tiler against
 # the LibTorch of the python3 that holds torch, builds with every core, runs `ctest -L gpu` (or more, or none:
 # the tools alone, when a device call's minutes are for measuring) and
-# scripts/gpu-check.sh, and with --bench `scripts/bench.sh gpu`. Writes DIR/gpu-build.log (everything) and
+# scripts/gpu-check.sh, and with --bench `scripts/bench.sh gpu`. The Python module `tiler` is built for that
+# python3 too (against the wheel's LibTorch, as the tools) when it has pybind11's CMake files (pip's pybind11)
+# and Python's headers, and tests/python_module_test.py runs under it (not with --tests none). Writes DIR/gpu-build.log (everything) and
 # DIR/gpu-build.json (each stage's seconds and outcome); exits 1 if a stage failed. DIR: $OUT or gpu-out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -73,21 +75,33 @@ torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
 # The tests that export .pt2 packages use this Python (the wheel's), not the system's.
 TILER_PYTHON=$(command -v python3)
 export TILER_PYTHON
+# The module for this Python (python/): pybind11's CMake files from its pip package; without them, none.
+pybind11_dir=$(python3 -c 'import pybind11; print(pybind11.get_cmake_dir())' 2>/dev/null)
 nvidia-smi >>"$log" 2>&1
 configure() {
   # The wheel's CUDA: CMake's CUDA language is not used, but LibTorch's config looks for the toolkit. Unity
   # units off: the CUDA paths have never been compiled as one unit, and a GPU machine has the cores.
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTILER_DEPS="$deps/tiler-deps" -DTILER_REQUIRE_CUDA=ON \
     -DTILER_UNITY_BUILD=OFF \
-    -DCMAKE_PREFIX_PATH="$torch_prefix" ${CUDA_HOME:+-DCUDAToolkit_ROOT="$CUDA_HOME"}
+    -DCMAKE_PREFIX_PATH="$torch_prefix" ${CUDA_HOME:+-DCUDAToolkit_ROOT="$CUDA_HOME"} \
+    -DPython3_EXECUTABLE="$TILER_PYTHON" ${pybind11_dir:+-Dpybind11_DIR="$pybind11_dir"}
 }
 stage configure configure || finish
+# Whether the configuration found pybind11 and Python's headers: the module's target exists.
+module=0
+grep -q '^build tiler_python:' "$build/build.ninja" 2>/dev/null && module=1
+echo "== python module: $module (python3 $TILER_PYTHON, pybind11 ${pybind11_dir:-not found})" | tee -a "$log"
 # --tests gpu builds only what the GPU suites and gpu-check run (the rest of the suite is CPU-only).
 targets=()
 [ "$tests" = gpu ] && targets=(--target tiler ctrun tiler_bench ctrun_helper compute_tests launcher_test)
 [ "$tests" = none ] && targets=(--target tiler ctrun tiler_bench ctrun_helper)
+[ ${#targets[@]} -gt 0 ] && [ $module = 1 ] && targets+=(tiler_python)
 stage build cmake --build "$build" -j "$(nproc)" "${targets[@]}" || finish
 stage version "$build/tiler" --version
+if [ $module = 1 ] && [ "$tests" != none ]; then
+  # The module next to the wheel's torch in one process, and its outputs against the command's.
+  stage python-module "$TILER_PYTHON" tests/python_module_test.py "$build/python" "$build/tiler" "$build/ctrun"
+fi
 case $tests in
   gpu) stage ctest-gpu ctest --test-dir "$build" -L gpu --output-on-failure ;;
   unit) stage ctest-unit ctest --test-dir "$build" -L "unit|gpu" -j "$(nproc)" --output-on-failure ;;

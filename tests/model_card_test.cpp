@@ -25,6 +25,7 @@
 #include "test_util.hpp"
 #include "tiler/core/error.hpp"
 #include "tiler/io/image_io.hpp"
+#include "tiler/io/npy.hpp"
 #include "tiler/io/zip_archive.hpp"
 #include "tiler/model/model_runtime.hpp"
 
@@ -438,20 +439,42 @@ TEST(ModelCard, StepsTilerCannotFollowAreRefusedByNameWithTheReason) {
       EXPECT_NE(message.find(fragment), std::string::npos) << pre << message;
   }
   const std::string scale_id = "      - {id: scale_linear, kwargs: {gain: 2}}\n";
-  for (const std::string& id : {"zero_mean_unit_variance", "scale_range", "scale_mean_variance"}) {
-    const std::string message = refusal(scale_id, "      - {id: " + id + "}\n");
-    EXPECT_NE(message.find("outputs[0].postprocessing[0] (" + id +
-                           "): a postprocessing step over the output's "
-                           "statistics needs the whole output ('probs') before its windows are blended"),
-              std::string::npos)
-        << message;
+  // Postprocessing over statistics: of the output or against the input, per sample only, carried through
+  // affine steps from the first statistics step on.
+  const std::vector<std::pair<std::string, std::vector<std::string>>> post_cases = {
+      {"      - {id: scale_mean_variance}\n",
+       {"outputs[0].postprocessing[0] (scale_mean_variance) has no reference_tensor"}},
+      {"      - {id: scale_mean_variance, kwargs: {reference_tensor: other}}\n",
+       {"reference_tensor 'other' is not the input ('raw')", "nor the output ('probs')"}},
+      {"      - {id: zero_mean_unit_variance, kwargs: {mode: per_dataset}}\n",
+       {"postprocessing[0] (zero_mean_unit_variance)'s mode per_dataset", "scales each image by its own"}},
+      {"      - {id: scale_mean_variance, kwargs: {reference_tensor: raw, mode: per_dataset}}\n",
+       {"postprocessing[0] (scale_mean_variance)'s mode per_dataset", "tiler does not have"}},
+      {"      - {id: scale_mean_variance, kwargs: {reference_tensor: raw, gain: 2}}\n",
+       {"(scale_mean_variance)'s kwarg 'gain' is not one tiler knows"}},
+      {"      - {id: zero_mean_unit_variance}\n      - {id: clip, kwargs: {max: 1}}\n"
+       "      - {id: scale_range}\n",
+       {"postprocessing[2] (scale_range) after clip", "where its first statistics step is"}},
+  };
+  for (const auto& [post, wanted] : post_cases) {
+    const std::string message = refusal(scale_id, post);
+    for (const auto& fragment : wanted)
+      EXPECT_NE(message.find(fragment), std::string::npos) << post << message;
   }
-  const std::string matched =
-      refusal(scale_id,
-              "      - {id: scale_mean_variance, kwargs: {reference_tensor: raw, axes: [channel, y, x]}}\n");
-  EXPECT_NE(matched.find("the whole output ('probs', matched to reference_tensor 'raw') before"),
-            std::string::npos)
-      << matched;
+  // A statistics step after a sigmoid of each window's is of the blended sigmoid's values: read.
+  const std::string path = writeFile(
+      dir + "/ok.yaml",
+      rdfWithSteps(scale_id,
+                   "      - {id: sigmoid}\n      - {id: clip, kwargs: {min: 0.1}}\n"
+                   "      - {id: scale_mean_variance, kwargs: {reference_tensor: raw, axes: [y, x]}}\n"
+                   "      - {id: scale_range, kwargs: {reference_tensor: probs}}\n"));
+  const ModelCard card = readBioimageioRdf(path);
+  EXPECT_EQ(stepNames(card.postprocessing), "clip, scale_mean_variance, scale_range");
+  EXPECT_TRUE(card.postprocessing[1].reference_input);
+  EXPECT_TRUE(card.postprocessing[1].per_channel);
+  EXPECT_FALSE(card.postprocessing[2].reference_input);
+  EXPECT_EQ(stepNames(splitAtStatistics(card.postprocessing).first), "clip");
+  EXPECT_TRUE(readsInputStatistics(card.postprocessing));
   const std::string cast =
       refusal(scale_id, "      - {id: sigmoid}\n      - {id: ensure_dtype, kwargs: {dtype: uint8}}\n");
   EXPECT_NE(cast.find("postprocessing[1] (ensure_dtype) to 'uint8': tiler writes float outputs"),
@@ -742,6 +765,13 @@ TEST(ModelCard, Bioimageio04StepsComeOutInTheir05Form) {
   EXPECT_EQ(canonical(pre[4]), "{id: scale_linear, kwargs: {gain: 2, offset: 1}}");
   EXPECT_EQ(canonical(post[0]), "{id: binarize, kwargs: {threshold: 0.5}}");
   EXPECT_EQ(canonical(post[1]), "{id: scale_mean_variance, kwargs: {axes: [y, x], reference_tensor: raw}}");
+  // scale_mean_variance's per_dataset is kept for the reader to refuse by name.
+  std::string dataset = text;
+  dataset.replace(dataset.find("mode: per_sample, reference_tensor"), std::string("mode: per_sample").size(),
+                  "mode: per_dataset");
+  EXPECT_EQ(canonical(YAML::Load(
+                bioimageioAs05(writeFile(dir + "/smv.yaml", dataset)))["outputs"][0]["postprocessing"][1]),
+            "{id: scale_mean_variance, kwargs: {axes: [y, x], mode: per_dataset, reference_tensor: raw}}");
   // A 0.4 zero_mean_unit_variance without a mode is of mode fixed (0.4's default): the card's numbers.
   text = kRdf04;
   text.replace(
@@ -1674,4 +1704,248 @@ print('mean', repr(float(d.mean())), 'std', repr(float(d.std())))  # NumPy 2 rep
                std = std::stod(whole.output.substr(whole.output.find("std ") + 4));
   EXPECT_NEAR(statistics["mean"][0].get<double>(), mean, 1e-9 * mean);
   EXPECT_NEAR(statistics["std"][0].get<double>(), std, 1e-9 * std);
+}
+
+namespace {
+
+// make.py of the output-statistics tests: a pointwise net (1x1 convolution, 3 -> 2 channels: a window's
+// values are the whole image's forward's, whatever the blend), a 200 x 150 RGB image and a second one, and
+// for each card of CHAINS (its postprocessing in YAML, and the same in NumPy over the whole image's output
+// `y` with the input `raw`, in float64) the package pkg_<name> (64 px windows, test tensors of a 64 px crop)
+// and want_<name>.npy: the chain over the whole image's forward.
+constexpr const char* kOutputStatisticsScript = R"(import sys, os, torch, numpy as np
+from PIL import Image
+d = sys.argv[1]
+torch.manual_seed(0)
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv2d(3, 2, 1)
+    def forward(self, x):
+        return self.a(x / 64.0)
+net = Net().eval()
+torch.jit.script(net).save(d + '/weights.pt')
+rng = np.random.default_rng(0)
+img = (rng.random((150, 200, 3)) ** 2 * 255).astype(np.uint8)
+os.makedirs(d + '/images', exist_ok=True)
+Image.fromarray(img).save(d + '/images/a.png')
+Image.fromarray(img[:90, :120].copy()).save(d + '/images/b.png')
+ch, every = (0, 2, 3), (0, 1, 2, 3)
+sig = lambda v: 1 / (1 + np.exp(-v))
+def zmuv(y, axes): return (y - y.mean(axis=axes, keepdims=True)) / (y.std(axis=axes, keepdims=True) + 1e-6)
+def srange(y, ref, axes, lo, hi):
+    p, q = np.percentile(ref, lo, axis=axes, keepdims=True), np.percentile(ref, hi, axis=axes, keepdims=True)
+    return (y - p) / (q - p + 1e-6)
+def smv(y, ref, axes):
+    m, s = y.mean(axis=axes, keepdims=True), y.std(axis=axes, keepdims=True) + 1e-6
+    return (y - m) / s * (ref.std(axis=axes, keepdims=True) + 1e-6) + ref.mean(axis=axes, keepdims=True)
+CHAINS = {
+  'zmuv': ('''      - {id: sigmoid}
+      - {id: zero_mean_unit_variance, kwargs: {axes: [y, x]}}
+      - {id: clip, kwargs: {min: -1.5, max: 1.5}}
+''', lambda y, raw: np.clip(zmuv(sig(y), ch), -1.5, 1.5)),
+  'range': ('''      - {id: scale_linear, kwargs: {gain: 2.0, offset: 1.0}}
+      - {id: scale_range, kwargs: {axes: [channel, y, x], min_percentile: 5, max_percentile: 95}}
+      - {id: clip, kwargs: {min: 0.0, max: 1.0}}
+''', lambda y, raw: np.clip(srange(2 * y + 1, 2 * y + 1, every, 5, 95), 0, 1)),
+  'smv': ('''      - {id: scale_mean_variance, kwargs: {reference_tensor: raw, axes: [channel, y, x]}}
+''', lambda y, raw: smv(y, raw, every)),
+  'ref_range': ('''      - {id: scale_range, kwargs: {reference_tensor: raw, axes: [channel, y, x], min_percentile: 1, max_percentile: 99}}
+      - {id: zero_mean_unit_variance, kwargs: {axes: [y, x]}}
+''', lambda y, raw: zmuv(srange(y, raw, every, 1, 99), ch)),
+}
+rdf = open(d + '/rdf.yaml').read()
+raw = img.transpose(2, 0, 1)[None].astype(np.float64)
+def forward(x):
+    with torch.no_grad():
+        return net(torch.from_numpy(x.astype(np.float32))).double().numpy()
+for name, (steps, numpy) in CHAINS.items():
+    p = d + '/pkg_' + name
+    os.makedirs(p, exist_ok=True)
+    torch.jit.script(net).save(p + '/weights.pt')
+    crop = raw[:, :, 40:104, 60:124]
+    np.save(p + '/test_input.npy', crop.astype(np.float32))
+    np.save(p + '/test_output.npy', numpy(forward(crop), crop).astype(np.float32))
+    open(p + '/rdf.yaml', 'w').write(rdf.replace('STEPS\n', steps))
+    np.save(d + '/want_' + name + '.npy', numpy(forward(raw), raw)[0].astype(np.float32))
+)";
+
+// The largest |a - b| / max(1, |b|) between a probabilities TIFF (HWC, a) and a [C, H, W] .npy (b).
+double largestNpyDifference(const std::string& probs, const std::string& npy) {
+  const auto r = ImageReader::open(probs);
+  const cv::Mat x = r->readRegion({0, 0, r->info().width, r->info().height});
+  const NpyArray want = parseNpy(test::slurp(npy), npy);
+  EXPECT_EQ(want.shape, (std::vector<int64_t>{x.channels(), x.rows, x.cols})) << npy;
+  if (want.shape != std::vector<int64_t>{x.channels(), x.rows, x.cols}) return 1e9;
+  double worst = 0;
+  for (int c = 0; c < x.channels(); ++c)
+    for (int y = 0; y < x.rows; ++y)
+      for (int i = 0; i < x.cols; ++i) {
+        const double b = want.values[size_t((int64_t(c) * x.rows + y) * x.cols + i)];
+        const double a = x.ptr<float>(y)[i * x.channels() + c];
+        worst = std::max(worst, std::abs(a - b) / std::max(1.0, std::abs(b)));
+      }
+  return worst;
+}
+
+// Runs make.py (kOutputStatisticsScript) in `root`, with the card it fills in; false where it failed.
+bool makeOutputStatisticsPackages(const std::string& root) {
+  std::string rdf = rdfWithSteps("", "STEPS\n");
+  rdf.replace(rdf.find("    preprocessing:\n"), std::string("    preprocessing:\n").size(), "");
+  const std::string sizes = "{min: 64, step: 32}, unit: micrometer, scale: 0.5}";
+  for (int k = 0; k < 2; ++k) rdf.replace(rdf.find(sizes), sizes.size(), "64}");
+  rdf.replace(rdf.find("  onnx:"), std::string::npos, "");
+  writeFile(root + "/rdf.yaml", rdf);
+  writeFile(root + "/make.py", kOutputStatisticsScript);
+  const auto made = test::runCommand("/usr/bin/python3 " + root + "/make.py " + root);
+  EXPECT_EQ(made.code, 0) << made.output;
+  return made.code == 0;
+}
+
+std::vector<std::string> partialFilesIn(const std::string& dir) {
+  std::vector<std::string> found;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.path().extension() == ".partial") found.push_back(e.path().string());
+  return found;
+}
+
+}  // namespace
+
+// A card's postprocessing over the output's own statistics (zero_mean_unit_variance and scale_range of the
+// output, scale_mean_variance and scale_range against the input as reference_tensor, with steps before and
+// after them) is the chain over the whole blended map: tiler's probabilities equal NumPy's chain over a
+// whole-image forward within 1e-5 x max(1, |value|) (scale_mean_variance's gain of ~119 here: 1e-4; 5e-4
+// where percentiles of the output are read: a histogram of 65536 bins, within one bin's width), on one rank
+// and two alike byte for byte; check-model follows the same
+// chain on its test tensors; --stitch device writes the host's bytes; the report gives the output's
+// statistics and map beside the input's.
+TEST(ModelCard, PostprocessingOverTheOutputsStatisticsIsTheWholeBlendedMaps) {
+  const std::string root = test::scratchDir("card_output_statistics");
+  if (test::runCommand("/usr/bin/python3 -c 'import torch, numpy, PIL'").code != 0)
+    GTEST_SKIP() << "/usr/bin/python3 has no PyTorch, NumPy or PIL";
+  ASSERT_TRUE(makeOutputStatisticsPackages(root));
+  const std::string common = " -i " + root + "/images/a.png --save labels,probs --threads 1 --no_progress";
+  const std::string ctrun = std::string(TILER_BIN_DIR) + "/ctrun --nproc_per_node 2 --master_port 0 ";
+  for (const std::string name : {"zmuv", "range", "smv", "ref_range"}) {
+    const std::string pkg = root + "/pkg_" + name, out = root + "/out_" + name, two = root + "/two_" + name;
+    const auto check = test::runCommand(kTiler + " check-model " + pkg);
+    EXPECT_EQ(check.code, 0) << name << "\n" << check.output;
+    const auto one = test::runCommand(kTiler + " -m " + pkg + common + " -o " + out);
+    ASSERT_EQ(one.code, 0) << name << "\n" << one.output;
+    // float32's rounding of the blended map, times scale_mean_variance's gain of ~119 here: 1e-4.
+    const double tolerance = name == "range" ? 5e-4 : name == "smv" ? 1e-4 : 1e-5;
+    EXPECT_LE(largestNpyDifference(out + "/a_probs.tif", root + "/want_" + name + ".npy"), tolerance) << name;
+    const auto both = test::runCommand(ctrun + kTiler + " -m " + pkg + common + " -o " + two);
+    ASSERT_EQ(both.code, 0) << name << "\n" << both.output;
+    for (const std::string file : {"a_probs.tif", "a_labels.tif"})
+      EXPECT_TRUE(test::slurp(out + "/" + file) == test::slurp(two + "/" + file)) << name << " " << file;
+    if (name == "zmuv") {
+      // --stitch device: such an image is blended on the host all the same, the same bytes.
+      const auto device =
+          test::runCommand(kTiler + " -m " + pkg + common + " --stitch device -o " + out + "_dev");
+      ASSERT_EQ(device.code, 0) << device.output;
+      EXPECT_TRUE(test::slurp(out + "/a_probs.tif") == test::slurp(out + "_dev/a_probs.tif"));
+    }
+    const auto image = reportOf(two)["images"][0];
+    ASSERT_TRUE(image.contains("output_statistics")) << image;
+    EXPECT_EQ(image["output_statistics"], reportOf(out)["images"][0]["output_statistics"]) << name;
+    EXPECT_EQ(image["output_statistics"]["count"], nlohmann::json({30000.0, 30000.0}));
+    EXPECT_EQ(image["output_normalisation"]["gain"].size(), 2u);
+    EXPECT_EQ(image.contains("input_statistics"), name == "smv" || name == "ref_range") << image;
+  }
+  // The numbers used, under plain keys: the output's 5th and 95th percentiles over all channels
+  // (scale_range), the input's mean and std as read (scale_mean_variance's reference).
+  const auto range = reportOf(root + "/out_range")["images"][0];
+  EXPECT_TRUE(range["output_statistics"]["all"]["percentiles"].contains("5")) << range;
+  EXPECT_TRUE(range["output_statistics"]["all"]["percentiles"].contains("95")) << range;
+  const auto smv = reportOf(root + "/out_smv")["images"][0];
+  EXPECT_NEAR(smv["input_statistics"]["all"]["count"].get<double>(), 90000, 0);
+  EXPECT_GT(smv["input_statistics"]["all"]["std"].get<double>(), 10);
+}
+
+// A failure of the blended output's temporary file fails its image alone, with a message naming it and the
+// directory, and leaves no output of it (not even a partial file): a TMPDIR that is no directory, and the
+// file's disk full (TILER_FAULT stage write).
+TEST(ModelCard, TheTemporaryFileOfTheOutputsStatisticsFailsItsImageAlone) {
+  const std::string root = test::scratchDir("card_output_statistics_faults");
+  if (test::runCommand("/usr/bin/python3 -c 'import torch, numpy, PIL'").code != 0)
+    GTEST_SKIP() << "/usr/bin/python3 has no PyTorch, NumPy or PIL";
+  ASSERT_TRUE(makeOutputStatisticsPackages(root));
+  const std::string args = kTiler + " -m " + root + "/pkg_zmuv -i " + root +
+                           "/images --save labels,probs --threads 1 --no_progress -o ";
+  writeFile(root + "/not_a_dir", "");
+  const auto nodir = test::runCommand("TMPDIR=" + root + "/not_a_dir " + args + root + "/nodir");
+  EXPECT_EQ(nodir.code, kExitSomeFailed) << nodir.output;
+  for (const auto& image : reportOf(root + "/nodir")["images"]) {
+    EXPECT_EQ(image["status"], "error") << image;
+    EXPECT_NE(image["error"].get<std::string>().find("temporary file"), std::string::npos) << image;
+    EXPECT_NE(image["error"].get<std::string>().find("TMPDIR"), std::string::npos) << image;
+  }
+  EXPECT_TRUE(partialFilesIn(root + "/nodir").empty());
+  EXPECT_FALSE(fs::exists(root + "/nodir/a_probs.tif"));
+  // The disk full under the first image's temporary file: b (the second) is written as without the fault.
+  const auto full =
+      test::runCommand("TILER_FAULT=rank:0,after_windows:2,kind:throw,stage:write " + args + root + "/full");
+  EXPECT_EQ(full.code, kExitSomeFailed) << full.output;
+  const auto clean = test::runCommand(args + root + "/clean");
+  ASSERT_EQ(clean.code, 0) << clean.output;
+  const auto images = reportOf(root + "/full")["images"];
+  ASSERT_EQ(images.size(), 2u);
+  EXPECT_EQ(images[0]["status"], "error") << images[0];
+  const std::string error = images[0]["error"].get<std::string>();
+  EXPECT_NE(error.find("blended output's temporary file"), std::string::npos) << error;
+  EXPECT_NE(error.find("No space left on device"), std::string::npos) << error;
+  EXPECT_FALSE(fs::exists(root + "/full/a_probs.tif"));
+  EXPECT_FALSE(fs::exists(root + "/full/a_labels.tif"));
+  EXPECT_TRUE(partialFilesIn(root + "/full").empty());
+  EXPECT_EQ(images[1]["status"], "ok") << images[1];
+  for (const std::string file : {"b_probs.tif", "b_labels.tif"})
+    EXPECT_TRUE(test::slurp(root + "/full/" + file) == test::slurp(root + "/clean/" + file)) << file;
+}
+
+// Refused before any window is read, naming the steps and why: the output's statistics for a model of one
+// vector a window, a per-channel reference of another channel count (check-model too, naming the test
+// tensor), and a step's values for another channel count than the output's.
+TEST(ModelCard, OutputStatisticsStepsTilerCannotFollowAreRefusedAtTheStart) {
+  const std::string root = test::scratchDir("card_output_statistics_refused");
+  if (test::runCommand("/usr/bin/python3 -c 'import torch, numpy, PIL'").code != 0)
+    GTEST_SKIP() << "/usr/bin/python3 has no PyTorch, NumPy or PIL";
+  ASSERT_TRUE(makeOutputStatisticsPackages(root));
+  const std::string common = " -i " + root + "/images/a.png --threads 1 --no_progress -o " + root + "/out";
+  fs::create_directories(root + "/vector");
+  fs::copy_file(root + "/pkg_zmuv/rdf.yaml", root + "/vector/rdf.yaml");
+  fs::copy_file(kSamples + "/models/classifier.pt", root + "/vector/weights.pt");
+  for (const char* npy : {"/test_input.npy", "/test_output.npy"})
+    fs::copy_file(root + "/pkg_zmuv" + npy, root + "/vector" + npy);
+  const auto vector = test::runCommand(kTiler + " -m " + root + "/vector --task classify" + common);
+  EXPECT_EQ(vector.code, 1) << vector.output;
+  EXPECT_NE(vector.output.find("outputs[0].postprocessing (zero_mean_unit_variance, clip) reads the output's "
+                               "statistics over the whole blended map; --task classify gives no map"),
+            std::string::npos)
+      << vector.output;
+  std::string card = test::slurp(root + "/pkg_smv/rdf.yaml");
+  card.replace(card.find("axes: [channel, y, x]"), std::string("axes: [channel, y, x]").size(),
+               "axes: [y, x]");
+  writeFile(root + "/pkg_smv/rdf.yaml", card);
+  const auto apart = test::runCommand(kTiler + " -m " + root + "/pkg_smv" + common);
+  EXPECT_EQ(apart.code, 1) << apart.output;
+  EXPECT_NE(apart.output.find("scale_mean_variance over y, x of each channel matches output channel k to "
+                              "input channel k, but the model takes 3 channel(s) and gives 2"),
+            std::string::npos)
+      << apart.output;
+  const auto check = test::runCommand(kTiler + " check-model " + root + "/pkg_smv");
+  EXPECT_EQ(check.code, 1) << check.output;
+  EXPECT_NE(check.output.find("test_output.npy': scale_mean_variance over y, x of each channel"),
+            std::string::npos)
+      << check.output;
+  card = test::slurp(root + "/pkg_range/rdf.yaml");
+  card.replace(card.find("      - {id: clip"), 0, "      - {id: scale_linear, kwargs: {gain: [1, 2, 3]}}\n");
+  writeFile(root + "/pkg_range/rdf.yaml", card);
+  const auto values = test::runCommand(kTiler + " -m " + root + "/pkg_range" + common);
+  EXPECT_EQ(values.code, 1) << values.output;
+  EXPECT_NE(
+      values.output.find("postprocessing step scale_linear has 3 values, one a channel, but the model's "
+                         "tensor there has 2 channels"),
+      std::string::npos)
+      << values.output;
 }

@@ -201,3 +201,98 @@ TEST(Processing, PercentilesThatMirrorEachOtherAreReadOnce) {
   EXPECT_DOUBLE_EQ(f.gain[0], -1.0 / 6);
   EXPECT_DOUBLE_EQ(f.offset[0], 8.0 / 6);
 }
+
+// A postprocessing chain splits at its first statistics step; the rest's affine head is one map from the
+// output's statistics and the input's (a reference_tensor), by bioimageio.core's formulas; a per-channel
+// reference of another channel count is refused naming both counts; the fixed steps after it give hand
+// numbers.
+TEST(Processing, TheOutputsStatisticsStepsMakeOneMapAndTheFixedStepsFollow) {
+  ImageStatistics out;
+  out.channels.resize(2);
+  out.channels[0].count = out.channels[1].count = 4;
+  out.channels[0].mean = 1, out.channels[0].std = 2;
+  out.channels[1].mean = -3, out.channels[1].std = 0.5;
+  out.channels[0].percentiles = {{5, 0}, {95, 4}};
+  out.channels[1].percentiles = {{5, -4}, {95, -2}};
+  // Over all: mean -1, variance (4 + 0.25) / 2 + (1 + 9) / 2 - 1.
+  out.all.count = 8, out.all.mean = -1, out.all.std = std::sqrt(6.125);
+  ImageStatistics in = out;
+  in.channels[0].mean = 100, in.channels[0].std = 10;
+  in.channels[1].mean = 50, in.channels[1].std = 5;
+  in.all.mean = 75, in.all.std = 20;
+  ProcessingStep sigmoid, smv, zmuv, clip;
+  sigmoid.id = "sigmoid";
+  smv.id = "scale_mean_variance", smv.reference_input = true, smv.eps = 0;
+  zmuv.id = "zero_mean_unit_variance", zmuv.eps = 0, zmuv.per_channel = false;
+  clip.id = "clip", clip.min = 0, clip.max = 1;
+  const auto [head, rest] = splitAtStatistics({sigmoid, smv, zmuv, clip});
+  EXPECT_EQ(stepNames(head), "sigmoid");
+  EXPECT_EQ(stepNames(rest), "scale_mean_variance, zero_mean_unit_variance, clip");
+  EXPECT_TRUE(splitAtStatistics({sigmoid, clip}).second.empty());
+  // (x - 1) / 2 * 10 + 100 and (x + 3) / 0.5 * 5 + 50: each channel then has the input's mean and std, so
+  // zero_mean_unit_variance over all channels maps by the channels' moments combined (mean 75).
+  const ChannelAffine just = outputAffine({smv}, out, &in, "t");
+  EXPECT_DOUBLE_EQ(just.gain[0], 5);
+  EXPECT_DOUBLE_EQ(just.offset[0], 95);
+  EXPECT_DOUBLE_EQ(just.gain[1], 10);
+  EXPECT_DOUBLE_EQ(just.offset[1], 80);
+  const double all_std = std::sqrt((100.0 + 25.0) / 2 + (100.0 * 100 + 50.0 * 50) / 2 - 75.0 * 75);
+  const ChannelAffine both = outputAffine(rest, out, &in, "t");
+  EXPECT_DOUBLE_EQ(both.gain[0], 5 / all_std);
+  EXPECT_DOUBLE_EQ(both.offset[0], (95 - 75) / all_std);
+  // Over all channels against the input's: its mean and std over all.
+  smv.per_channel = false;
+  const ChannelAffine over_all = outputAffine({smv}, out, &in, "t");
+  EXPECT_DOUBLE_EQ(over_all.gain[1], 20.0 / std::sqrt(6.125));
+  EXPECT_DOUBLE_EQ(over_all.offset[1], 75 + 20.0 / std::sqrt(6.125));
+  // scale_range against the input's percentiles, not the output's.
+  ProcessingStep range;
+  range.id = "scale_range", range.min_percentile = 5, range.max_percentile = 95, range.eps = 0;
+  range.reference_input = true;
+  EXPECT_EQ(percentilesRead({range}, true), (std::vector<double>{5, 95}));
+  EXPECT_TRUE(percentilesRead({range}).empty());
+  in.channels[0].percentiles = {{5, 10}, {95, 30}};
+  EXPECT_DOUBLE_EQ(outputAffine({range}, out, &in, "t").gain[0], 1.0 / 20);
+  // Output channel k against input channel k: three input channels for two output channels are refused.
+  smv.per_channel = true;
+  ImageStatistics three = in;
+  three.channels.push_back(in.channels[0]);
+  try {
+    outputAffine({smv}, out, &three, "'img.tif'");
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(e.message().find("'img.tif': scale_mean_variance over y, x of each channel"), std::string::npos)
+        << e.message();
+    EXPECT_NE(e.message().find("the output has 2 channel(s) and the input 3"), std::string::npos)
+        << e.message();
+  }
+  // The map, then clip, softmax, binarize and scale_linear on interleaved pixels of two channels.
+  std::vector<float> v = {0.0f, 1.0f, 2.0f, -1.0f};
+  applyFixedSteps(v.data(), 2, 2, {{2.0, 1.0}, {0.0, -1.0}}, {clip});
+  EXPECT_EQ(v, (std::vector<float>{0.0f, 0.0f, 1.0f, 0.0f}));
+  ProcessingStep softmax, binarize, linear;
+  softmax.id = "softmax", binarize.id = "binarize", binarize.threshold = {0.5};
+  linear.id = "scale_linear", linear.gain = {1, 3}, linear.offset = {0, 1};
+  v = {0.0f, 0.0f, 3.0f, 1.0f};
+  applyFixedSteps(v.data(), 2, 2, {}, {softmax});
+  EXPECT_FLOAT_EQ(v[0], 0.5f);
+  EXPECT_FLOAT_EQ(v[2], 1 / (1 + std::exp(-2.0f)));
+  applyFixedSteps(v.data(), 2, 2, {}, {binarize, linear});
+  EXPECT_EQ(v, (std::vector<float>{0.0f, 1.0f, 1.0f, 1.0f}));
+  // A step's values for another channel count are refused.
+  linear.gain = {1, 2, 3};
+  EXPECT_THROW(applyFixedSteps(v.data(), 2, 2, {}, {linear}), ConfigError);
+}
+
+// Without a percentile asked, moments alone: no range pass is needed, and they are numpy's.
+TEST(Processing, MomentsAloneNeedNoRange) {
+  StatisticsGatherer g(1, /*exact=*/false, {});
+  const std::vector<float> a = {1, 2, 3}, b = {4, NAN, 6};
+  g.add(0, a.data(), 3);
+  g.add(0, b.data(), 3);
+  const ImageStatistics s = g.finish();
+  EXPECT_EQ(s.channels[0].count, 5);
+  EXPECT_DOUBLE_EQ(s.channels[0].mean, 3.2);
+  EXPECT_NEAR(s.channels[0].std, std::sqrt(((1 - 3.2) * (1 - 3.2) + 1.44 + 0.04 + 0.64 + 7.84) / 5), 1e-12);
+  EXPECT_TRUE(s.channels[0].percentiles.empty());
+}

@@ -1,7 +1,8 @@
 """The Python module `tiler` (python/): tiler.infer writes the command's bytes (segment, classify, instances) and
 returns its report; tiler.predict on arrays in memory (uint8, uint16, float32; H x W x C and C x H x W) gives
-the command's numbers on the same pixels saved as a TIFF; a Model used twice; a bad flag's message and type;
-two ranks under ctrun running a Python script.
+the command's numbers on the same pixels saved as a TIFF, its outputs kept in memory (no file written); a Model
+used twice; a bad flag's message and type; Ctrl-C in infer and finetune; two ranks under ctrun running a Python
+script.
 Usage: python_module_test.py MODULE_DIR TILER CTRUN (build/python, build/tiler, build/ctrun)."""
 import json
 import os
@@ -142,6 +143,32 @@ class Infer(unittest.TestCase):
         self.same_bytes(MODELS / "instances.pt", ["--task", "instances", "--window", "64", "--overlap", "0.5"],
                         task="instances", window=64, overlap=0.5)
 
+    def test_the_engine_runs_as_the_commands_does(self):
+        """The same job from the command and from Python (torch imported first with its own thread settings,
+        where this Python has torch) takes the same layout: threads, replicas, read threads, BLAS; the
+        engine's settings win over those Python's torch was given."""
+        layout = ("threads", "replicas", "read_threads", "shard_run", "cpu_blas", "backend", "precision", "stitch")
+        by_command = os.path.join(self.dir, "command")
+        # One replica: its threads are the CPUs' (the light-model timing, which the load sways, is not asked).
+        command("-i", SMALL, "-o", by_command, "-m", MODELS / "sample.pt", "--window", "64", "--replicas", "1",
+                "--no_progress")
+        with open(os.path.join(by_command, "report.json"), encoding="utf-8") as f:
+            written = json.load(f)
+        expected = {k: written[k] for k in layout}
+        try:
+            import torch  # noqa: F401
+            prelude = "import torch; torch.set_num_threads(1); torch.set_num_interop_threads(1); "
+        except ImportError:
+            prelude = ""
+        code = ("import json, sys; %ssys.path.insert(0, %r); import tiler; "
+                "r = tiler.infer(%r, %r, %r, window=64, replicas=1, no_progress=True); "
+                "print(json.dumps({k: r[k] for k in %r}))"
+                % (prelude, os.path.abspath(MODULE_DIR), SMALL, os.path.join(self.dir, "python"),
+                   str(MODELS / "sample.pt"), layout))
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        self.assertEqual(json.loads(run.stdout.splitlines()[-1]), expected)
+
     def test_a_bad_flag_is_a_value_error_with_the_commands_message(self):
         run = subprocess.run([TILER, "-i", SMALL, "-o", self.dir, "--windw", "64"], capture_output=True, text=True)
         self.assertEqual(run.returncode, 1)
@@ -242,6 +269,78 @@ class Infer(unittest.TestCase):
         self.assertEqual([name for name in left if name.endswith(".partial") or name == ".tiler.lock"], [], left)
 
 
+    def test_ctrl_c_during_set_up_stops_before_any_window(self):
+        """An interrupt while the model loads (a timer's, 10 ms into the call): KeyboardInterrupt at the next
+        phase's check, before the windows are dealt (their log line) and with no lock or partial file left."""
+        import logging
+        import signal
+
+        lines = []
+
+        class Keep(logging.Handler):
+            def emit(self, record):
+                lines.append(record.getMessage())
+
+        def interrupt(signum, frame):
+            raise KeyboardInterrupt
+
+        logger, handler = logging.getLogger("tiler"), Keep()
+        level = logger.level
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        previous = signal.signal(signal.SIGALRM, interrupt)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0.01)
+            with self.assertRaises(KeyboardInterrupt):
+                tiler.infer(SMALL, self.dir, MODELS / "sample.pt", window=32, batch_size=1, no_progress=True)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+        self.assertEqual([line for line in lines if "windows of" in line], [], lines)
+        self.assertEqual([n for n in os.listdir(self.dir) if n.endswith(".partial") or n == ".tiler.lock"], [])
+
+    def test_ctrl_c_stops_finetune_within_5_s(self):
+        """SIGINT while tiler.finetune trains (GIL released): KeyboardInterrupt within 5 s, the checkpoint
+        directory's lock gone, no partial file and no model written."""
+        script = os.path.join(self.dir, "train.py")
+        out = os.path.join(self.dir, "tuned.pt")
+        checkpoints = os.path.join(self.dir, "checkpoints")
+        with open(script, "w", encoding="utf-8") as f:
+            f.write("import logging, sys, time\n"
+                    "sys.path.insert(0, %r)\n"
+                    "import tiler\n"
+                    "class Started(logging.Handler):\n"
+                    "    def emit(self, record):\n"
+                    "        if record.getMessage().startswith('finetune: '):\n"
+                    "            print('started', flush=True)\n"
+                    "logging.getLogger('tiler').addHandler(Started())\n"
+                    "logging.getLogger('tiler').setLevel(logging.INFO)\n"
+                    "try:\n"
+                    "    tiler.finetune(%r, %r, %r, labels=%r, epochs=1000, window=64, batch_size=2, threads=1,\n"
+                    "                   val_fraction=0, checkpoint_dir=%r, no_progress=True)\n"
+                    "except KeyboardInterrupt:\n"
+                    "    print('interrupted', time.monotonic(), flush=True)\n"
+                    % (os.path.abspath(MODULE_DIR), str(ROOT / "samples/train/images"), out,
+                       str(MODELS / "init.pt"), str(ROOT / "samples/train/labels"), checkpoints))
+        run = subprocess.Popen([sys.executable, script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.assertEqual(run.stdout.readline().strip(), "started")
+        import signal
+        import time
+        time.sleep(0.5)  # training steps under way
+        sent = time.monotonic()
+        run.send_signal(signal.SIGINT)
+        stdout, stderr = run.communicate(timeout=60)
+        self.assertEqual(run.returncode, 0, stderr)
+        words = stdout.split()
+        self.assertIn("interrupted", words, stdout + stderr)
+        self.assertLess(float(words[words.index("interrupted") + 1]) - sent, 5.0)
+        left = sorted(os.listdir(self.dir)) + sorted(os.listdir(checkpoints) if os.path.isdir(checkpoints) else [])
+        self.assertNotIn("tuned.pt", left)  # the model is written when training ends
+        self.assertEqual([n for n in left if n.endswith(".partial") or n == ".tiler.lock"], [], left)
+
+
 class Predict(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -335,9 +434,63 @@ class Predict(unittest.TestCase):
             tiler.predict(np.zeros((8, 8, 3), np.int32), MODELS / "sample.pt")
         self.assertIn("int32", str(caught.exception))
 
-    def test_objects_for_an_object_task(self):
-        result = tiler.predict(test_image(np.uint8), MODELS / "instances.pt", window=64, overlap=0.5, task="instances")
+    def test_objects_are_the_commands_for_an_object_task(self):
+        pixels = test_image(np.uint8)
+        path = os.path.join(self.dir, "objects.tif")
+        write_tiff(pixels, path)
+        out = os.path.join(self.dir, "objects")
+        flags = ["--window", "64", "--overlap", "0.5", "--task", "instances", "--save", "objects,objects_csv"]
+        command("-i", path, "-o", out, "-m", MODELS / "instances.pt", "--no_progress", *flags)
+        result = tiler.predict(pixels, MODELS / "instances.pt", window=64, overlap=0.5, task="instances",
+                               save="objects,objects_csv")
         self.assertEqual(result["objects"]["type"], "FeatureCollection")
+        self.assertTrue(result["objects"]["features"])
+        with open(os.path.join(out, "objects_objects.geojson"), encoding="utf-8") as f:
+            self.assertEqual(result["objects"], json.load(f))
+        self.assertEqual(result["objects_csv"], Path(out, "objects_objects.csv").read_text(encoding="utf-8"))
+
+    def test_predict_writes_no_file(self):
+        """The outputs and the report stay in memory: no scratch directory, no lock, nothing in the working
+        directory."""
+        with tempfile.TemporaryDirectory() as work, tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(self.dir, "pixels.npy")
+            np.save(path, test_image(np.uint8, seed=4))
+            code = ("import sys, numpy as np; sys.path.insert(0, %r); import tiler; "
+                    "r = tiler.predict(np.load(%r), %r, window=64, save='labels,probs'); "
+                    "assert r['labels'].shape == (150, 200) and r['probs'].shape == (2, 150, 200), r.keys(); "
+                    "assert r['report']['images'][0]['status'] == 'ok', r['report']"
+                    % (os.path.abspath(MODULE_DIR), path, str(MODELS / "sample.pt")))
+            run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=work,
+                                 env=dict(os.environ, TMPDIR=tmp))
+            self.assertEqual(run.returncode, 0, run.stderr)
+            self.assertEqual(os.listdir(work), [])
+            self.assertEqual(os.listdir(tmp), [])
+
+    def test_arrays_own_their_memory(self):
+        """The returned arrays are NumPy's own (their buffers freed with them), writable, and a second predict
+        gives new ones."""
+        first = tiler.predict(test_image(np.uint8), MODELS / "sample.pt", window=64, save="labels,probs")
+        second = tiler.predict(test_image(np.uint8), MODELS / "sample.pt", window=64, save="labels,probs")
+        for kind in ("labels", "probs"):
+            self.assertTrue(first[kind].flags.c_contiguous and first[kind].flags.writeable)
+            self.assertFalse(np.shares_memory(first[kind], second[kind]))
+            np.testing.assert_array_equal(first[kind], second[kind])
+
+    def test_a_format_not_kept_in_memory_is_refused(self):
+        with self.assertRaises(tiler.ConfigError) as caught:
+            tiler.predict(test_image(np.uint8), MODELS / "sample.pt", window=64, save="labels,zarr")
+        self.assertIn("--save zarr", str(caught.exception))
+        with self.assertRaises(ValueError) as caught:
+            tiler.predict(test_image(np.uint8), MODELS / "sample.pt", window=64, output=self.dir)
+        self.assertIn("memory", str(caught.exception))
+
+    def test_u8_probabilities_are_the_commands(self):
+        pixels = test_image(np.uint8, seed=6)
+        out = self.command_outputs(pixels, "probs_u8", ["--window", "64", "--probs_dtype", "u8"])
+        result = tiler.predict(pixels, MODELS / "sample.pt", window=64, save="labels,probs", probs_dtype="u8")
+        self.assertEqual(result["probs"].dtype, np.uint8)
+        probs = read_raw_tiff(os.path.join(out, "probs_u8_probs.tif"))
+        self.assertEqual(result["probs"].tobytes(), np.ascontiguousarray(np.moveaxis(probs, -1, 0)).tobytes())
 
 
 def read_raw_tiff(path):

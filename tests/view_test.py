@@ -30,7 +30,10 @@ except ImportError:  # CMake's Python lacks NumPy or PIL: Debian's has both
         raise
     os.execv(python, [python, *sys.argv])
 
-TILER = sys.argv.pop(1) if len(sys.argv) > 1 and os.path.isfile(sys.argv[1]) else ""
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+import view_server  # noqa: E402  (scripts/: the one way the test and the bench start the server)
+
+TILER = os.path.abspath(sys.argv.pop(1)) if len(sys.argv) > 1 and os.path.isfile(sys.argv[1]) else ""
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 W, H = 1200, 900  # the input: level 0, then vips's levels of 600x450 and 300x225
 VIRIDIS = [(0.0, 68, 1, 84), (0.2, 65, 68, 135), (0.4, 42, 120, 142), (0.6, 34, 168, 132), (0.8, 122, 209, 81),
@@ -77,18 +80,7 @@ def area_mean(level, x0, y0, f, w, h):
 
 
 def start_view(out, *flags, cwd=None):
-    """`tiler view OUT --port 0 FLAGS`: the server, its port, and what it printed up to its URL."""
-    server = subprocess.Popen([TILER, "view", str(out), "--port", "0", *flags], cwd=cwd, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
-    lines = []
-    for line in server.stdout:
-        lines.append(line)
-        m = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
-        if m:
-            return server, int(m.group(1)), "".join(lines)
-    server.kill()
-    server.wait()
-    raise RuntimeError("tiler view printed no URL: " + "".join(lines))
+    return view_server.start_view(TILER, out, *flags, cwd=cwd)
 
 
 def make_store(path):
@@ -144,8 +136,7 @@ class View(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         if hasattr(cls, "server"):
-            cls.server.kill()
-            cls.server.wait()
+            view_server.stop_view(cls.server)
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def get(self, path):
@@ -256,8 +247,7 @@ class View(unittest.TestCase):
             first = server.stdout.readline()
             self.assertIn("serving on 0.0.0.0, not only this machine", first)
         finally:
-            server.kill()
-            server.wait()
+            view_server.stop_view(server)
 
     def test_requests_past_the_queue_answer_503(self):
         import socket
@@ -277,8 +267,7 @@ class View(unittest.TestCase):
         finally:
             for s in idle:
                 s.close()
-            server.kill()
-            server.wait()
+            view_server.stop_view(server)
 
     def test_a_relative_input_is_found_from_anywhere(self):
         # The job names its input relative to where it ran; the viewer runs elsewhere.
@@ -296,8 +285,7 @@ class View(unittest.TestCase):
             self.assertEqual(r.status, 200)
             self.assertEqual(len(images["images"]), 1, images)
         finally:
-            server.kill()
-            server.wait()
+            view_server.stop_view(server)
 
     def test_objects_by_viewport(self):
         status, body = self.get("/api/objects?image=0&x=450&y=250&w=100&h=100")
@@ -357,8 +345,7 @@ class View(unittest.TestCase):
                     got = shot[int(iy / 1.5), int(ix / 1.5)]
                     self.assertLessEqual(np.abs(got - heatmap(float(scores[r, c]))).max(), 2, f"cell ({c}, {r})")
         finally:
-            server.kill()
-            server.wait()
+            view_server.stop_view(server)
 
     def screenshot(self, query, name, url=None):
         if not CHROMIUM:

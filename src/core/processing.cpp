@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <set>
 
 #include "tiler/core/error.hpp"
@@ -18,10 +19,11 @@ bool usesStatistics(const std::vector<ProcessingStep>& steps) {
   return std::any_of(steps.begin(), steps.end(), [](const ProcessingStep& s) { return s.usesStatistics(); });
 }
 
-std::vector<double> percentilesRead(const std::vector<ProcessingStep>& steps) {
+std::vector<double> percentilesRead(const std::vector<ProcessingStep>& steps, bool reference) {
   std::set<double> qs;
   for (const auto& step : steps)
-    if (step.id == "scale_range") qs.insert({step.min_percentile, step.max_percentile});
+    if (step.id == "scale_range" && step.reference_input == reference)
+      qs.insert({step.min_percentile, step.max_percentile});
   // Each one's mirror too (a negative gain reads it), unless it is one already: 100 - 99.9 is 0.1 only
   // within rounding, and two keys of one name would stand for different channels in the report.
   std::set<double> all = qs;
@@ -31,6 +33,10 @@ std::vector<double> percentilesRead(const std::vector<ProcessingStep>& steps) {
       all.insert(mirror);
   }
   return {all.begin(), all.end()};
+}
+
+bool readsInputStatistics(const std::vector<ProcessingStep>& steps) {
+  return std::any_of(steps.begin(), steps.end(), [](const ProcessingStep& s) { return s.reference_input; });
 }
 
 namespace {
@@ -104,8 +110,13 @@ double percentileOf(const ValueStatistics& s, double q, bool known, const std::s
 
 }  // namespace
 
-ChannelAffine inputAffine(const std::vector<ProcessingStep>& steps, const ImageStatistics& stats,
-                          const ChannelAffine& before, const std::string& what) {
+namespace {
+
+// The map of the affine steps at the head of `steps` on values whose statistics are `stats`, after `before`;
+// `reference`: the input's statistics as read, for a step that reads them (null: none does).
+ChannelAffine affineOf(const std::vector<ProcessingStep>& steps, const ImageStatistics& stats,
+                       const ChannelAffine& before, const ImageStatistics* reference,
+                       const std::string& what) {
   const size_t n = stats.channels.size();
   TILER_CHECK(n > 0, ConfigError, what << ": no statistics of the image's channels");
   ChannelAffine total;
@@ -115,6 +126,14 @@ ChannelAffine inputAffine(const std::vector<ProcessingStep>& steps, const ImageS
   mapCarried(carried, before);
   for (const auto& step : steps) {
     if (!step.isAffine()) break;
+    // The input's statistics are its own, as read: no step of this chain maps them.
+    const ImageStatistics* ref = step.reference_input ? reference : nullptr;
+    TILER_CHECK(!step.reference_input || ref, ConfigError,
+                what << ": " << step.id << " reads the input's statistics, which were not gathered");
+    TILER_CHECK(!ref || !step.per_channel || ref->channels.size() == n, ConfigError,
+                what << ": " << step.id << " over y, x of each channel matches output channel k to input "
+                     << "channel k, but the output has " << n << " channel(s) and the input "
+                     << (ref ? ref->channels.size() : 0) << " (give its axes as channel, y, x)");
     ChannelAffine f;
     for (size_t k = 0; k < n; ++k) {
       const ValueStatistics& s = step.per_channel ? carried.channels[k] : carried.all;
@@ -123,10 +142,15 @@ ChannelAffine inputAffine(const std::vector<ProcessingStep>& steps, const ImageS
         a = at(step.gain, k), b = at(step.offset, k);
       } else if (step.id == "zero_mean_unit_variance") {
         a = 1.0 / (s.std + step.eps), b = -s.mean * a;
+      } else if (step.id == "scale_mean_variance") {
+        // bioimageio.core: (x - mean) / (std + eps) * (ref_std + eps) + ref_mean.
+        const ValueStatistics& r = !ref ? s : step.per_channel ? ref->channels[k] : ref->all;
+        a = (r.std + step.eps) / (s.std + step.eps), b = r.mean - s.mean * a;
       } else {  // scale_range
-        const bool known = step.per_channel || carried.all_percentiles;
-        const double lo = percentileOf(s, step.min_percentile, known, what, k, step.per_channel),
-                     hi = percentileOf(s, step.max_percentile, known, what, k, step.per_channel);
+        const ValueStatistics& p = ref ? (step.per_channel ? ref->channels[k] : ref->all) : s;
+        const bool known = ref || step.per_channel || carried.all_percentiles;
+        const double lo = percentileOf(p, step.min_percentile, known, what, k, step.per_channel),
+                     hi = percentileOf(p, step.max_percentile, known, what, k, step.per_channel);
         a = 1.0 / (hi - lo + step.eps), b = -lo * a;
       }
       f.gain.push_back(a), f.offset.push_back(b);
@@ -138,6 +162,71 @@ ChannelAffine inputAffine(const std::vector<ProcessingStep>& steps, const ImageS
     mapCarried(carried, f);
   }
   return total;
+}
+
+}  // namespace
+
+ChannelAffine inputAffine(const std::vector<ProcessingStep>& steps, const ImageStatistics& stats,
+                          const ChannelAffine& before, const std::string& what) {
+  return affineOf(steps, stats, before, nullptr, what);
+}
+
+ChannelAffine outputAffine(const std::vector<ProcessingStep>& rest, const ImageStatistics& output,
+                           const ImageStatistics* input, const std::string& what) {
+  return affineOf(rest, output, ChannelAffine{{1.0}, {0.0}}, input, what);
+}
+
+std::pair<std::vector<ProcessingStep>, std::vector<ProcessingStep>> splitAtStatistics(
+    const std::vector<ProcessingStep>& steps) {
+  auto first =
+      std::find_if(steps.begin(), steps.end(), [](const ProcessingStep& s) { return s.usesStatistics(); });
+  return {{steps.begin(), first}, {first, steps.end()}};
+}
+
+void applyFixedSteps(float* values, int64_t pixels, int channels, const ChannelAffine& affine,
+                     const std::vector<ProcessingStep>& steps) {
+  const size_t C = size_t(channels);
+  for (const auto* list : {&affine.gain, &affine.offset})
+    TILER_CHECK(list->size() <= 1 || list->size() == C, ConfigError,
+                "a map of " << list->size() << " channels for values of " << C);
+  for (const ProcessingStep& s : steps) {
+    for (const auto* list : {&s.gain, &s.offset, &s.threshold})
+      TILER_CHECK(list->size() <= 1 || list->size() == C, ConfigError,
+                  "postprocessing step " << s.id << " has " << list->size() << " values, one a channel, "
+                                         << "but the output has " << C << " channels");
+    TILER_CHECK(s.id == "scale_linear" || s.id == "clip" || s.id == "sigmoid" || s.id == "softmax" ||
+                    s.id == "binarize",
+                ConfigError, "step '" << s.id << "' is not one tiler applies to fixed numbers");
+  }
+  std::vector<float> gain(C, 1.f), offset(C, 0.f);
+  for (size_t c = 0; c < C; ++c)
+    if (!affine.gain.empty()) gain[c] = float(at(affine.gain, c)), offset[c] = float(at(affine.offset, c));
+  for (int64_t i = 0; i < pixels; ++i) {
+    float* v = values + i * int64_t(C);
+    if (!affine.gain.empty())
+      for (size_t c = 0; c < C; ++c) v[c] = v[c] * gain[c] + offset[c];
+    for (const ProcessingStep& s : steps) {
+      if (s.id == "scale_linear") {
+        for (size_t c = 0; c < C; ++c) v[c] = v[c] * float(at(s.gain, c)) + float(at(s.offset, c));
+      } else if (s.id == "clip") {
+        // NaN stays NaN, as torch::clamp keeps it.
+        for (size_t c = 0; c < C; ++c) {
+          if (std::isfinite(s.min) && v[c] < float(s.min)) v[c] = float(s.min);
+          if (std::isfinite(s.max) && v[c] > float(s.max)) v[c] = float(s.max);
+        }
+      } else if (s.id == "sigmoid") {
+        for (size_t c = 0; c < C; ++c) v[c] = 1.f / (1.f + std::exp(-v[c]));
+      } else if (s.id == "softmax") {
+        float top = -std::numeric_limits<float>::infinity();
+        for (size_t c = 0; c < C; ++c) top = std::max(top, v[c]);
+        float sum = 0;
+        for (size_t c = 0; c < C; ++c) sum += (v[c] = std::exp(v[c] - top));
+        for (size_t c = 0; c < C; ++c) v[c] /= sum;
+      } else {  // binarize
+        for (size_t c = 0; c < C; ++c) v[c] = v[c] > float(at(s.threshold, c)) ? 1.f : 0.f;
+      }
+    }
+  }
 }
 
 std::vector<ProcessingStep> fixedTail(const std::vector<ProcessingStep>& steps) {
@@ -236,6 +325,7 @@ void StatisticsGatherer::add(int channel, const float* values, int64_t n) {
     }
     return;
   }
+  if (percentiles_.empty()) return;
   for (Histogram* hist : {&h, &all}) {
     if (hist->bins.empty()) hist->bins.assign(size_t(kFloatBins), 0);
     const double width = (hist->hi - hist->lo) / kFloatBins;

@@ -147,6 +147,9 @@ nlohmann::json inferReport(const RunSummary& run, const WindowCatalog& catalog,
     if (img.input_statistics) e["input_statistics"] = statisticsJson(*img.input_statistics);
     if (!img.input_affine.gain.empty())
       e["input_normalisation"] = {{"gain", img.input_affine.gain}, {"offset", img.input_affine.offset}};
+    if (img.output_statistics) e["output_statistics"] = statisticsJson(*img.output_statistics);
+    if (!img.output_affine.gain.empty())
+      e["output_normalisation"] = {{"gain", img.output_affine.gain}, {"offset", img.output_affine.offset}};
     if (isRemoteInput(img.input)) e["remote_bytes_read"] = img.remote_bytes_read;
     if (status == "ok" || status == "skipped") e["outputs"] = img.outputs;
     j["images"].push_back(e);

@@ -101,11 +101,18 @@ int Trainer::run() {
   session_ = std::make_unique<RankSession>(joinWorld());
   plan_ = planFinetune(o_);
   faults_ = faultHooks(Fault::fromEnvironment(), rank());
+  const auto check_interrupt = [this] {
+    if (o_.check_interrupt) o_.check_interrupt();
+  };
+  check_interrupt();
   loadModel();
+  check_interrupt();
   connect();
+  check_interrupt();
   const int first_epoch = resumeEpoch();
   broadcastState();
   if (plan_.auto_class_weights) computeClassWeights();
+  check_interrupt();
   loss_ = makeLoss(plan_.loss, class_weights_);
   planSteps();
   Progress progress(state_.total_steps, "steps", !o_.no_progress && rank() == 0);
@@ -298,6 +305,7 @@ void Trainer::trainEpoch(int epoch, Progress& progress) {
   for (int64_t s = 0; s < steps_per_epoch_; ++s) {
     trainStep(epoch, s, mine, *loader, loss_sum, counted);
     progress.update(state_.step);
+    if (o_.check_interrupt) o_.check_interrupt();
   }
   auto train_loss = torch::tensor({loss_sum, double(counted)}, torch::kDouble);
   exchange().allreduceSum(train_loss, "the training loss");

@@ -41,6 +41,7 @@
 #include "tiler/tasks/heads.hpp"
 #include "tiler/tasks/registry.hpp"
 #include "tiler/writers/blend.hpp"
+#include "tiler/writers/memory_output.hpp"
 #include "tiler/writers/window_outputs.hpp"
 
 namespace fs = std::filesystem;
@@ -154,6 +155,26 @@ class InferJob {
 
 void InferJob::settleTask() {
   const Task& task = *probe_.task;
+  const std::vector<ProcessingStep>& blended = plan_.flags.blended_steps;
+  // The output's statistics are a blended map's: a vector a window has no whole image to gather them over.
+  TILER_CHECK(blended.empty() || task.stitches(), ConfigError,
+              "the model card's outputs[0].postprocessing ("
+                  << stepNames(blended) << ") reads the output's "
+                  << "statistics over the whole blended map; --task " << task.name() << " gives "
+                  << "no map to blend (tiler follows it for --task segment and regress)");
+  for (const ProcessingStep& step : blended) {
+    for (const auto* list : {&step.gain, &step.offset, &step.threshold})
+      TILER_CHECK(list->size() <= 1 || int(list->size()) == probe_.output_channels, ConfigError,
+                  "'" << o_.model << "': the card's outputs[0].postprocessing step " << step.id << " has "
+                      << list->size() << " values, one a channel, but the model's tensor there has "
+                      << probe_.output_channels << " channels");
+    TILER_CHECK(!step.reference_input || !step.per_channel || probe_.input_channels == probe_.output_channels,
+                ConfigError,
+                "the model card's outputs[0].postprocessing "
+                    << step.id << " over y, x of each channel "
+                    << "matches output channel k to input channel k, but the model takes "
+                    << probe_.input_channels << " channel(s) and gives " << probe_.output_channels);
+  }
   if (plan_.flags.kinds.empty()) plan_.flags.kinds = task.defaultKinds();
   plan_.flags.kinds = task.settledKinds(plan_.flags);
   for (const std::string& kind : plan_.flags.kinds) requireFormatFeature(kind);
@@ -435,17 +456,24 @@ int InferJob::run() {
   session_ = std::make_unique<RankSession>(joinWorld());
   startupMark("world joined");
   cpu_blas_ = cpuBlasName();
+  const auto check_interrupt = [this] {
+    if (o_.check_interrupt) o_.check_interrupt();
+  };
   try {
     plan_ = planInfer(o_);
     faults_ = faultHooks(Fault::fromEnvironment(), rank(), [] {
       throw c10::OutOfMemoryError({__func__, __FILE__, uint32_t(__LINE__)},
                                   injectedFailure("out of memory in the forward"));
     });
+    check_interrupt();
     loadModel();
+    check_interrupt();
     connect();
     startupMark("connected");
     planImages();
+    check_interrupt();
     prepareImages();
+    check_interrupt();
   } catch (const ConfigError& e) {
     if (o_.model_card.empty()) throw;
     TILER_THROW(ConfigError, cardBlamed(e.message(), o_.settings_from, o_.model_card));
@@ -481,6 +509,10 @@ void InferJob::loadModel() {
     settleTask();
   else
     settleHeads();
+  // An output directory in memory holds the formats it can keep, and no other (before any window is read).
+  if (isMemoryOutput(o_.output_dir))
+    for (const SavedOutput& saved : catalogOutputs())
+      TILER_CHECK(memoryKindRefusal(saved.kind).empty(), ConfigError, memoryKindRefusal(saved.kind));
   if (o_.threads == 0 && o_.replicas == 0 && model_->device().is_cpu() && layout_.replicas > 1) {
     const double bar = lightModelSeconds(plan_.spec, perWindow(probe_));
     const int timing_batch = std::min(o_.batch_size, kTimingBatch);
@@ -513,7 +545,9 @@ void InferJob::connect() {
 void InferJob::planImages() {
   // Setup that one rank can fail alone goes through the exchange, so that every rank stops with its message.
   auto setup = captureFailure([&] {
-    if (rank() == 0) session_->lockDirectory(o_.output_dir, "output directory");
+    // An output directory in memory is this process's alone.
+    if (rank() == 0 && !isMemoryOutput(o_.output_dir))
+      session_->lockDirectory(o_.output_dir, "output directory");
     InferCatalogOptions co;
     co.inputs = o_.inputs;
     co.recursive = o_.recursive;
@@ -589,13 +623,18 @@ ImageStatistics unpackStatistics(const double* row, int channels, const std::vec
 
 void InferJob::prepareImages() {
   const std::vector<ProcessingStep>& steps = o_.preprocessing;
-  if (steps.empty()) return;
+  // A postprocessing step's reference_tensor: the input's statistics as read, the same pass's.
+  const bool reference = readsInputStatistics(plan_.flags.blended_steps);
+  if (steps.empty() && !reference) return;
   const int C = probe_.input_channels;
-  const std::vector<double> qs = percentilesRead(steps);
+  std::vector<double> qs = percentilesRead(steps);
+  for (double q : percentilesRead(plan_.flags.blended_steps, true))
+    if (std::find(qs.begin(), qs.end(), q) == qs.end()) qs.push_back(q);
+  std::sort(qs.begin(), qs.end());
   std::vector<int> planned;
   for (int id = 0; id < int(catalog_.images().size()); ++id)
     if (catalog_.image(id).status == "ok" && catalog_.image(id).first_window >= 0) planned.push_back(id);
-  if (usesStatistics(steps)) {
+  if (usesStatistics(steps) || reference) {
     // Rank r gathers the statistics of every W-th planned image from the r-th; every rank then holds all
     // of them (the same numbers wherever they were gathered: outputs do not depend on the world size).
     const int64_t fields = int64_t((3 + qs.size()) * size_t(C + 1));
@@ -636,6 +675,7 @@ void InferJob::prepareImages() {
             qs);
     }
   }
+  if (steps.empty()) return;
   for (int id : planned) {
     CatalogImage& img = catalog_.image(id);
     if (!img.statistics_error.empty()) continue;

@@ -122,7 +122,8 @@ InferPlan planInfer(InferOptions& o) {
               "--tta d4 rotates windows, so they must be square; got --window " << o.window);
   // A card's binarize runs on each window's output: blended with its neighbours' (any blend but crop) or
   // averaged over views (--tta), its 0s and 1s would come out as fractions.
-  const bool binarizes = std::any_of(o.postprocessing.begin(), o.postprocessing.end(),
+  const auto [per_window_steps, blended_steps] = splitAtStatistics(o.postprocessing);
+  const bool binarizes = std::any_of(per_window_steps.begin(), per_window_steps.end(),
                                      [](const ProcessingStep& s) { return s.id == "binarize"; });
   if (binarizes) {
     const auto blend = o.task_flags.find("blend");
@@ -166,6 +167,7 @@ InferPlan planInfer(InferOptions& o) {
   TILER_CHECK(o.halo >= 0, ConfigError,
               "--halo must be >= 0 (px at the output's resolution); got " << o.halo);
   p.flags.halo = o.halo;
+  p.flags.blended_steps = blended_steps;
   p.task = findTask(o.task);
   p.flags.save = o.save;
   if (o.save) p.flags.kinds = saveKindsOf(*o.save, p.task);  // else the task's default, once it is known

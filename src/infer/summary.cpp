@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tiler/stitch/outputs.hpp"
+#include "tiler/writers/memory_output.hpp"
 
 namespace tiler {
 namespace {
@@ -22,7 +23,10 @@ int writeRunReport(WindowCatalog& catalog, const RunSummary& run, const RanksAtE
   std::vector<RankStats> per_rank;
   for (const auto& t : ranks.stats) per_rank.push_back(RankStats::unpack(valuesOf(t)));
   nlohmann::json j = inferReport(run, catalog, per_rank);
-  writeJsonAtomically(path, j);
+  if (isMemoryOutput(path))
+    keepMemoryText(path, j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+  else
+    writeJsonAtomically(path, j);
   int failed = 0, ok = 0, skipped = 0;
   for (const auto& e : j["images"]) {
     failed += e["status"] == "error";

@@ -360,7 +360,9 @@ WindowCatalog buildInferCatalog(const InferCatalogOptions& o, const CatalogSpec&
     for (const SavedOutput& saved : o.outputs)
       img.outputs[saved.kind] =
           (fs::path(o.output_dir) / outputFileName(saved.naming, saved.kind, stem, o.format)).string();
-    img.reading_mark = (fs::path(o.output_dir) / ("." + stem + ".tiler-reading")).string();
+    // An output directory in memory (the Python module's: "memory:...") holds no mark.
+    if (!isMemoryInput(o.output_dir))
+      img.reading_mark = (fs::path(o.output_dir) / ("." + stem + ".tiler-reading")).string();
     for (const auto& [kind, out] : img.outputs) {
       const auto [other, unclaimed] = written.emplace(fs::path(out).lexically_normal().string(), path);
       if (img.status != "error" && !unclaimed) {

@@ -59,7 +59,7 @@ ModelOptions modelOptionsFor(const JobOptions& job, int local_rank) {
   mo.mean = job.mean;
   mo.std = job.std;
   mo.input_steps = job.preprocessing;
-  mo.output_steps = job.postprocessing;
+  mo.output_steps = splitAtStatistics(job.postprocessing).first;  // the rest: the blended image's
   mo.local_rank = local_rank;
   mo.preferred_input_channels = int(parseChannelList(job.channels).size());
   return mo;

@@ -257,9 +257,9 @@ std::string stepWhere(const std::string& list, size_t index, const std::string& 
 
 // One pre- or postprocessing step of a 0.5 card (id and kwargs) as tiler follows it; `where` names it in
 // messages; `axis_ids` are the input's axes (batch, channel, y, x as the card names them), `input_id` its id,
-// `tensor_id` the id of the tensor the step is of. `pre`: a preprocessing step (postprocessing has no
-// statistics steps tiler can follow). nullopt: a step that changes nothing tiler feeds (ensure_dtype to a
-// float type).
+// `tensor_id` the id of the tensor the step is of. `pre`: a preprocessing step (a postprocessing step's
+// statistics are the blended output's, or the input's as read where its reference_tensor names the input).
+// nullopt: a step that changes nothing tiler feeds (ensure_dtype to a float type).
 std::optional<ProcessingStep> readStep(const YAML::Node& step, const std::string& rdf,
                                        const std::string& where, const std::vector<std::string>& axis_ids,
                                        const std::string& input_id, const std::string& tensor_id, bool pre,
@@ -323,19 +323,22 @@ std::optional<ProcessingStep> readStep(const YAML::Node& step, const std::string
     }
     s.gain = gain, s.offset = offset;
   } else if (id == "scale_range" || id == "zero_mean_unit_variance" || id == "scale_mean_variance") {
-    // Each window normalised by its own statistics would give each window other numbers (seams); the
-    // whole image's are known only once every window is blended, and tiler writes each band as it is.
-    TILER_CHECK(pre, ConfigError,
-                "'" << rdf << "': " << where << ": a postprocessing step over the output's statistics needs "
-                    << "the whole output ('" << tensor_id << "'"
-                    << (kw["reference_tensor"] ? ", matched to reference_tensor '" +
-                                                     kw["reference_tensor"].as<std::string>() + "'"
-                                               : std::string())
-                    << ") before its windows are blended, and tiler blends windows as they come and writes "
-                       "each blended band at once (per window, every window would get numbers of its own)");
-    TILER_CHECK(id != "scale_mean_variance", ConfigError,
+    // In postprocessing the statistics are the whole blended output's (never a window's: every window would
+    // get numbers of its own), or the input's as read where the step names it as its reference_tensor.
+    TILER_CHECK(pre || id != "scale_mean_variance" || kw["reference_tensor"], ConfigError,
+                "'" << rdf << "': " << where << " has no reference_tensor (the tensor whose mean and std "
+                    << "the output is given)");
+    TILER_CHECK(id != "scale_mean_variance" || !pre, ConfigError,
                 "'" << rdf << "': " << where << " is a postprocessing step (it matches the output to a "
                     << "reference tensor's statistics)");
+    if (kw["reference_tensor"]) {
+      const std::string ref = kw["reference_tensor"].as<std::string>();
+      TILER_CHECK(ref == input_id || (!pre && ref == tensor_id), ConfigError,
+                  "'" << rdf << "': " << where << "'s reference_tensor '" << ref << "' is not the input ('"
+                      << input_id << "'), the one tensor tiler feeds"
+                      << (pre ? std::string() : ", nor the output ('" + tensor_id + "')"));
+      s.reference_input = !pre && ref == input_id;
+    }
     if (id == "scale_range") {
       only({"axes", "min_percentile", "max_percentile", "eps", "mode", "reference_tensor"});
       if (kw["min_percentile"]) s.min_percentile = kw["min_percentile"].as<double>();
@@ -344,12 +347,8 @@ std::optional<ProcessingStep> readStep(const YAML::Node& step, const std::string
                   ConfigError,
                   "'" << rdf << "': " << where << "'s percentiles " << s.min_percentile << " and "
                       << s.max_percentile << " are not 0 <= min < max <= 100");
-      if (kw["reference_tensor"]) {
-        const std::string ref = kw["reference_tensor"].as<std::string>();
-        TILER_CHECK(ref == input_id, ConfigError,
-                    "'" << rdf << "': " << where << "'s reference_tensor '" << ref << "' is not the input ('"
-                        << input_id << "'), the one tensor tiler feeds");
-      }
+    } else if (id == "scale_mean_variance") {
+      only({"axes", "eps", "mode", "reference_tensor"});
     } else {
       only({"axes", "eps", "mode"});
     }
@@ -360,7 +359,8 @@ std::optional<ProcessingStep> readStep(const YAML::Node& step, const std::string
       const std::string mode = kw["mode"].as<std::string>();
       TILER_CHECK(mode != "per_dataset", ConfigError,
                   "'" << rdf << "': " << where << "'s mode per_dataset: statistics over a dataset tiler does "
-                      << "not have (it normalises each image by its own statistics, per_sample)");
+                      << "not have (it " << (pre ? "normalises" : "scales") << " each image by its own "
+                      << "statistics, per_sample)");
       TILER_CHECK(mode == "per_sample", ConfigError,
                   "'" << rdf << "': " << where << "'s mode '" << mode << "' is not per_sample");
     }
@@ -434,6 +434,7 @@ std::vector<ProcessingStep> readSteps(const YAML::Node& steps, const std::string
   if (!steps) return out;
   TILER_CHECK(steps.IsSequence(), ConfigError, "'" << rdf << "': " << list << " is not a list of steps");
   std::string previous, non_affine;
+  bool statistics = false;
   for (size_t i = 0; i < steps.size(); ++i) {
     const YAML::Node step = steps[i];
     const std::string id = step.IsMap() && step["id"] ? step["id"].as<std::string>() : "";
@@ -441,12 +442,16 @@ std::vector<ProcessingStep> readSteps(const YAML::Node& steps, const std::string
     auto s = readStep(step, rdf, where, axis_ids, input_id, tensor_id, pre, previous);
     previous = id;
     if (!s) continue;
-    // Statistics are of the image as read, carried through affine maps only: after a clip or a sigmoid
-    // they would be of other values.
-    TILER_CHECK(!s->usesStatistics() || non_affine.empty(), ConfigError,
-                "'" << rdf << "': " << where << " after " << non_affine << ": tiler gathers the image's "
-                    << "statistics as read and carries them through affine steps only");
-    if (!s->isAffine() && non_affine.empty()) non_affine = s->id;
+    // Statistics are of the image as read (postprocessing: of the blended output where the first statistics
+    // step meets it), carried through affine steps only: after a clip or a sigmoid they would be of other
+    // values, which one more pass over the whole image would have to gather.
+    TILER_CHECK(
+        !s->usesStatistics() || non_affine.empty(), ConfigError,
+        "'" << rdf << "': " << where << " after " << non_affine << ": tiler gathers the "
+            << (pre ? "image's statistics as read" : "output's statistics where its first statistics step is")
+            << " and carries them through affine steps only");
+    statistics = statistics || s->usesStatistics();
+    if (!s->isAffine() && non_affine.empty() && (pre || statistics)) non_affine = s->id;
     out.push_back(*s);
   }
   return out;
@@ -762,7 +767,9 @@ YAML::Node upgradeStep04(const YAML::Node& step, const std::string& tensor_axes,
     if (kw["axes"])
       if (const auto axis = complementAxis04(tensor_axes, letters, rdf, field)) kwargs["axis"] = *axis;
   } else if (name == "scale_mean_variance") {
+    // per_dataset kept for the reader to refuse by name, as below.
     copyKeys(kw, kwargs, {"reference_tensor", "eps"});
+    if (kw["mode"] && kw["mode"].as<std::string>() != "per_sample") copyKeys(kw, kwargs, {"mode"});
     if (kw["axes"]) kwargs["axes"] = axisIds04(letters);
   } else if (name == "zero_mean_unit_variance" && (!kw["mode"] || kw["mode"].as<std::string>() == "fixed")) {
     // 0.4's default mode is fixed: the card's own mean and std, not the image's.

@@ -50,18 +50,52 @@ void OutputStage::finish() {
   if (thread_.joinable()) thread_.join();
 }
 
+namespace {
+
+// An image's output statistics as the owner sends them to rank 0: [count, mean, std, [[q, value], ...]] of
+// each channel, then of all channels.
+nlohmann::json statisticsRows(const ImageStatistics& s) {
+  nlohmann::json rows = nlohmann::json::array();
+  auto row = [](const ValueStatistics& v) {
+    nlohmann::json qs = nlohmann::json::array();
+    for (const auto& [q, value] : v.percentiles) qs.push_back({q, value});
+    return nlohmann::json{v.count, v.mean, v.std, qs};
+  };
+  for (const ValueStatistics& c : s.channels) rows.push_back(row(c));
+  rows.push_back(row(s.all));
+  return rows;
+}
+
+ImageStatistics statisticsOfRows(const nlohmann::json& rows) {
+  ImageStatistics s;
+  for (size_t k = 0; k < rows.size(); ++k) {
+    ValueStatistics v;
+    v.count = rows[k][0].get<double>(), v.mean = rows[k][1].get<double>(), v.std = rows[k][2].get<double>();
+    for (const auto& q : rows[k][3]) v.percentiles[q[0].get<double>()] = q[1].get<double>();
+    (k + 1 < rows.size() ? s.channels.emplace_back(v) : s.all) = v;
+  }
+  return s;
+}
+
+}  // namespace
+
 std::string OutputStage::ownedResults() const {
   nlohmann::json results = nlohmann::json::array();
   for (int id = 0; id < int(catalog_.images().size()); ++id) {
     const CatalogImage& img = catalog_.image(id);
-    if (owns(id))
-      results.push_back({{"id", id},
-                         {"status", img.status},
-                         {"error", utf8Safe(img.error)},
-                         {"non_finite", img.non_finite_values},
-                         {"f16_overflow", img.f16_overflow_values},
-                         {"objects", img.objects},
-                         {"objects_at_window_edge", img.objects_at_window_edge}});
+    if (!owns(id)) continue;
+    nlohmann::json r = {{"id", id},
+                        {"status", img.status},
+                        {"error", utf8Safe(img.error)},
+                        {"non_finite", img.non_finite_values},
+                        {"f16_overflow", img.f16_overflow_values},
+                        {"objects", img.objects},
+                        {"objects_at_window_edge", img.objects_at_window_edge}};
+    if (img.output_statistics) {
+      r["output_statistics"] = statisticsRows(*img.output_statistics);
+      r["output_affine"] = {img.output_affine.gain, img.output_affine.offset};
+    }
+    results.push_back(r);
   }
   return results.dump();
 }
@@ -75,6 +109,11 @@ void OutputStage::applyResults(WindowCatalog& catalog, const std::string& result
     img.f16_overflow_values = r["f16_overflow"].get<int64_t>();
     img.objects = r["objects"].get<int64_t>();
     img.objects_at_window_edge = r["objects_at_window_edge"].get<int64_t>();
+    if (r.contains("output_statistics")) {
+      img.output_statistics = statisticsOfRows(r["output_statistics"]);
+      img.output_affine.gain = r["output_affine"][0].get<std::vector<double>>();
+      img.output_affine.offset = r["output_affine"][1].get<std::vector<double>>();
+    }
   }
 }
 

@@ -11,6 +11,7 @@
 #include "tiler/core/error.hpp"
 #include "tiler/core/platform.hpp"
 #include "tiler/stitch/device_stitch.hpp"
+#include "tiler/stitch/output_statistics.hpp"
 #include "tiler/writers/blend.hpp"
 #include "tiler/writers/map_writers.hpp"
 
@@ -49,7 +50,7 @@ class StitchedOutputs : public ImageConsumer {
         classes_(int(outputs.probe.output_channels)),
         pool_(wo.pool.get()) {
     const OutputOptions& o = outputs.stage;
-    fs::create_directories(fs::path(img.outputs.begin()->second).parent_path());
+    makeParentDirectory(img.outputs.begin()->second);
     MapOutput map;
     map.width = o.scale.apply(img.info.width);
     map.height = o.scale.apply(img.info.height);
@@ -57,6 +58,14 @@ class StitchedOutputs : public ImageConsumer {
     map.settings = s_.map;
     map.writer = wo;
     map.input_pixels_per_label_pixel = 1.0 / wo.metadata_scale;
+    // A card's postprocessing over the output's statistics: the blended map is held on disk until they are
+    // known (two passes); the host blends it, whose bands are floats.
+    if (!outputs.flags.blended_steps.empty()) {
+      passes_ = std::make_unique<StatisticsPasses>(outputs.flags.blended_steps,
+                                                   img.input_statistics ? &*img.input_statistics : nullptr,
+                                                   map.width, map.height, classes_, "'" + img.input + "'");
+      band_rows_ = std::max<int64_t>(1, o.scale.apply(img.grid.windowHeight()));
+    }
     // In the formats' order, so that a format is made after the one whose file it reads (its `after`).
     for (const OutputFormat& format : outputFormats()) {
       const std::string kind = format.naming.name;
@@ -71,7 +80,7 @@ class StitchedOutputs : public ImageConsumer {
     StitchOptions stitch = s_.stitch;
     stitch.pool = wo.pool.get();
     auto windows = img.masked ? std::optional<std::vector<int64_t>>(img.kept) : std::nullopt;
-    if (o.stitch_device) {
+    if (o.stitch_device && !passes_) {
       try {
         if (o.before_device_stitcher) o.before_device_stitcher();
         DeviceBandOptions band{needs_labels_, needs_probs_, s_.map.probs_type, s_.label_threshold};
@@ -86,7 +95,8 @@ class StitchedOutputs : public ImageConsumer {
     }
     if (!device_stitcher_)
       stitcher_ = std::make_unique<Stitcher>(
-          img.grid, classes_, stitch, [this](const cv::Mat& band, int64_t) { writeBand(band); }, windows);
+          img.grid, classes_, stitch,
+          [this](const cv::Mat& band, int64_t) { passes_ ? passes_->add(band) : writeBand(band); }, windows);
   }
 
   // A step's windows of one grid row are accumulated together; windows on OutputOptions::stitch_device are
@@ -111,19 +121,27 @@ class StitchedOutputs : public ImageConsumer {
   bool done() const override { return device_stitcher_ ? device_stitcher_->done() : stitcher_->done(); }
   bool injectTileFault() override {
     for (auto& writer : writers_) writer->injectFault();
+    if (passes_) passes_->failAsFullDisk();
     return true;
   }
 
   std::vector<std::string> finalize() override {
+    // An image a mask left without a window: all zeros, band by band.
+    if (img_.plannedWindows() == 0 && device_stitcher_) device_stitcher_->finishEmpty();
+    if (img_.plannedWindows() == 0 && stitcher_) stitcher_->finishEmpty();
+    if (passes_) {
+      // The second pass: the whole map's statistics known, every band through the rest of the chain.
+      passes_->replay(band_rows_, [this](const cv::Mat& band) { writeBand(band); });
+      img_.output_statistics = passes_->statistics();
+      img_.output_affine = passes_->affine();
+      passes_.reset();  // its temporary file goes now, not with the image's writers
+    }
     addNonFinite(img_, 0);
     if (img_.f16_overflow_values > 0)
       spdlog::warn(
           "'{}': {} value(s) are beyond float16's range (65504) and are stored as infinite "
           "(--probs_dtype f16); --probs_dtype f32 keeps them",
           img_.input, img_.f16_overflow_values);
-    // An image a mask left without a window: all zeros, band by band.
-    if (img_.plannedWindows() == 0 && device_stitcher_) device_stitcher_->finishEmpty();
-    if (img_.plannedWindows() == 0 && stitcher_) stitcher_->finishEmpty();
     // Phase one: every output closed under its partial name. Phase two: all renamed, or none.
     std::vector<OutputWriter*> writers;
     for (auto& writer : writers_) writers.push_back(writer.get());
@@ -178,6 +196,8 @@ class StitchedOutputs : public ImageConsumer {
   bool needs_labels_ = false, needs_probs_ = false;  // what some writer takes of each band
   std::unique_ptr<Stitcher> stitcher_;               // on the host, or
   std::unique_ptr<DeviceStitcher> device_stitcher_;  // on OutputOptions::stitch_device
+  std::unique_ptr<StatisticsPasses> passes_;         // a card's steps over the output's statistics, or null
+  int64_t band_rows_ = 0;                            // rows a band of its second pass holds
 };
 
 }  // namespace

@@ -329,6 +329,7 @@ int runInferCli(int argc, char** argv, const CommandHooks& hooks) {
   o.overlap_given = app.count("--overlap") > 0;
   takeModelCard(app, o);
   o.after_step = hooks.after_step;
+  o.check_interrupt = hooks.check_interrupt;
   o.load_model = hooks.load_model;
   if (hooks.report_path) *hooks.report_path = o.report.empty() ? o.output_dir + "/report.json" : o.report;
   return tiler::runInfer(o);
@@ -454,6 +455,7 @@ int runFinetuneCli(int argc, char** argv, const CommandHooks& hooks) {
       code >= 0)
     return code;
   if (hooks.report_path) *hooks.report_path = o.report.empty() ? o.output + ".report.json" : o.report;
+  o.check_interrupt = hooks.check_interrupt;
   return tiler::runFinetune(o);
 }
 

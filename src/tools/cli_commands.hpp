@@ -18,6 +18,8 @@ struct CommandHooks {
   bool throw_parse_errors = false;
   // infer: InferOptions::after_step.
   std::function<void(int64_t done, int64_t total)> after_step;
+  // infer, finetune: JobOptions::check_interrupt.
+  std::function<void()> check_interrupt;
   // infer: InferOptions::load_model.
   ModelLoader load_model;
   // infer, finetune: set to the path of the report the run writes, before it runs.

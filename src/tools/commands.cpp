@@ -30,7 +30,8 @@ torch::Tensor runTestInput(const ModelCard& card, const NpyArray& input, const s
   mo.std = card.std.value_or(std::vector<double>{});
   mo.activation = parseActivation(card.activation.value_or("none"));
   mo.input_steps = card.preprocessing;
-  mo.output_steps = card.postprocessing;
+  const auto [per_window, blended] = splitAtStatistics(card.postprocessing);
+  mo.output_steps = per_window;
   mo.task = findTask(card.task.value_or("auto"));
   mo.classes_named = card.classes.has_value();
   mo.batch_size = input.shape[0];
@@ -58,7 +59,31 @@ torch::Tensor runTestInput(const ModelCard& card, const NpyArray& input, const s
       affine.select(2, c).select(1, 1).fill_(f.offset[size_t(c)]);
     }
   }
-  return model.forward(batch, scales, affine).to(torch::kCPU, torch::kDouble).contiguous();
+  torch::Tensor out = model.forward(batch, scales, affine).to(torch::kCPU, torch::kFloat).contiguous();
+  if (!blended.empty()) {
+    // The test output is the whole image's: the steps over its statistics run on all of it at once (every
+    // batch entry), exact, with the test input's as read for a reference_tensor.
+    TILER_CHECK(out.dim() == 4, ConfigError,
+                "outputs[0].postprocessing (" << stepNames(blended) << ") reads the statistics of a map; the "
+                                              << "model gives " << out.sizes());
+    auto exact = [](const torch::Tensor& t, const std::vector<double>& qs) {
+      const torch::Tensor planes = t.transpose(0, 1).reshape({t.size(1), -1}).to(torch::kDouble).contiguous();
+      std::vector<std::vector<double>> channels(size_t(planes.size(0)));
+      for (int64_t c = 0; c < planes.size(0); ++c)
+        channels[size_t(c)].assign(planes[c].data_ptr<double>(),
+                                   planes[c].data_ptr<double>() + planes.size(1));
+      return exactStatistics(channels, qs);
+    };
+    const ImageStatistics output = exact(out, percentilesRead(blended)),
+                          reference = exact(torch::tensor(input.values, torch::kDouble).reshape(input.shape),
+                                            percentilesRead(blended, true));
+    const ChannelAffine f = outputAffine(blended, output, &reference, "'" + card.test_output + "'");
+    torch::Tensor hwc = out.permute({0, 2, 3, 1}).contiguous();
+    applyFixedSteps(hwc.data_ptr<float>(), hwc.numel() / out.size(1), int(out.size(1)), f,
+                    fixedTail(blended));
+    out = hwc.permute({0, 3, 1, 2}).contiguous();
+  }
+  return out.to(torch::kDouble).contiguous();
 }
 
 // Element `flat` of a C-order array of `shape` as [i, j, ...].

@@ -229,7 +229,7 @@ InstanceOutputs::InstanceOutputs(const CatalogImage& image, InstanceOptions opti
     : image_(image), options_(std::move(options)), order_(image) {
   TILER_CHECK(options_.channels >= 1 && options_.height > 0 && options_.width > 0, ConfigError,
               "--task instances needs a map of at least one channel");
-  fs::create_directories(fs::path(image.outputs.begin()->second).parent_path());
+  makeParentDirectory(image.outputs.begin()->second);
   const auto saved = [&](const char* kind) {
     return std::find(options_.kinds.begin(), options_.kinds.end(), kind) != options_.kinds.end();
   };

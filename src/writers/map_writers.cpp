@@ -1,10 +1,14 @@
 #include "tiler/writers/map_writers.hpp"
 
 #include <cstdio>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "tiler/core/error.hpp"
+#include "tiler/core/fault.hpp"
+#include "tiler/core/output_kinds.hpp"
 #include "tiler/writers/formats.hpp"
+#include "tiler/writers/memory_output.hpp"
 
 namespace tiler {
 
@@ -111,6 +115,69 @@ class PolygonsWriter : public MapWriter {
   bool committed_ = false;
 };
 
+// A map's labels (H x W) or its probabilities as stored (C x H x W: each band's interleaved pixels spread
+// over the planes), filled band by band in the array it keeps at commit.
+class MemoryMapWriter : public MapWriter {
+ public:
+  MemoryMapWriter(std::string path, const MapOutput& m, bool labels)
+      : path_(std::move(path)), labels_(labels) {
+    array_.type = labels ? labelSampleType(labelClassCount(m.classes)) : m.settings.probs_type;
+    channels_ = labels ? 1 : m.classes;
+    width_ = m.width, height_ = m.height;
+    array_.shape =
+        labels ? std::vector<int64_t>{height_, width_} : std::vector<int64_t>{channels_, height_, width_};
+    const size_t bytes = size_t(channels_ * height_ * width_) * bytesPerSample(array_.type);
+    array_.data.reset(new uint8_t[bytes]);
+  }
+  bool needsLabels() const override { return labels_; }
+  bool needsProbs() const override { return !labels_; }
+  void write(const MapBand& band) override {
+    TILER_CHECK(!fault_, IoError, "'" << path_ << "': " << injectedFailure("write failure"));
+    const cv::Mat& rows = labels_ ? *band.labels : *band.probs;
+    TILER_CHECK(rows_done_ + rows.rows <= height_ && rows.cols == width_ && rows.channels() == channels_ &&
+                    rows.elemSize1() == bytesPerSample(array_.type),
+                IoError,
+                "'" << path_ << "': a band of " << rows.rows << " x " << rows.cols << " x " << rows.channels()
+                    << " after " << rows_done_ << " of " << height_ << " rows does not fit the map");
+    const size_t sample = bytesPerSample(array_.type);
+    for (int y = 0; y < rows.rows; ++y) {
+      const size_t at = size_t(rows_done_ + y) * size_t(width_);
+      if (channels_ == 1)
+        std::memcpy(array_.data.get() + at * sample, rows.ptr<uint8_t>(y), size_t(width_) * sample);
+      else if (sample == 4)
+        spread(rows.ptr<uint32_t>(y), reinterpret_cast<uint32_t*>(array_.data.get()) + at);
+      else if (sample == 2)
+        spread(rows.ptr<uint16_t>(y), reinterpret_cast<uint16_t*>(array_.data.get()) + at);
+      else
+        spread(rows.ptr<uint8_t>(y), array_.data.get() + at);
+    }
+    rows_done_ += rows.rows;
+  }
+  void injectFault() override { fault_ = true; }
+  void finish() override {
+    TILER_CHECK(rows_done_ == height_, IoError,
+                "'" << path_ << "': " << rows_done_ << " of " << height_ << " rows were written");
+  }
+  void commit(std::vector<std::string>& renamed) override {
+    keepMemoryArray(path_, std::move(array_));
+    renamed.push_back(path_);
+  }
+
+ private:
+  // A row of interleaved samples (`channels_` a pixel) into the planes, `row` its start in the first.
+  template <typename Sample>
+  void spread(const Sample* pixels, Sample* row) const {
+    const size_t plane = size_t(height_ * width_);
+    for (int64_t c = 0; c < channels_; ++c, row += plane)
+      for (int64_t x = 0; x < width_; ++x) row[x] = pixels[x * channels_ + c];
+  }
+  std::string path_;
+  bool labels_;
+  int64_t channels_ = 1, width_ = 0, height_ = 0, rows_done_ = 0;
+  MemoryArray array_;
+  bool fault_ = false;
+};
+
 }  // namespace
 
 std::string probabilitiesDescription(SampleType type, const std::vector<ClassInfo>& named) {
@@ -138,6 +205,12 @@ std::unique_ptr<MapWriter> makeMapWriter(const std::string& kind, const std::str
                                          const MapOutput& output) {
   const OutputFormat* format = findOutputFormat(kind);
   if (format == nullptr || format->open.map == nullptr) return nullptr;
+  if (isMemoryOutput(path)) {
+    // In memory: the labels and probabilities as arrays, no other map output (memoryKindRefusal).
+    const std::string bare = bareKind(kind);
+    TILER_CHECK(bare == "labels" || bare == "probs", ConfigError, memoryKindRefusal(kind));
+    return std::make_unique<MemoryMapWriter>(path, output, bare == "labels");
+  }
   return format->open.map(path, output);
 }
 

@@ -3,17 +3,25 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
 #include "tiler/core/error.hpp"
 #include "tiler/core/platform.hpp"
+#include "tiler/writers/memory_output.hpp"
 
 namespace fs = std::filesystem;
 
 namespace tiler {
 
 TextFile::TextFile(std::string path) : path_(std::move(path)) {
+  if (isMemoryOutput(path_)) {
+    file_ = open_memstream(&memory_, &memory_size_);
+    TILER_CHECK(file_ != nullptr, IoError,
+                "'" << path_ << "': cannot open in memory: " << std::strerror(errno));
+    return;
+  }
   const int fd = createFileExclusively(partial());
   TILER_CHECK(fd >= 0, IoError, "'" << partial() << "': cannot create: " << std::strerror(errno));
   file_ = fdopen(fd, "w");
@@ -25,8 +33,9 @@ TextFile::TextFile(std::string path) : path_(std::move(path)) {
 
 TextFile::~TextFile() {
   if (file_) std::fclose(file_);
+  std::free(memory_);
   std::error_code ec;
-  if (!committed_) fs::remove(partial(), ec);
+  if (!committed_ && !isMemoryOutput(path_)) fs::remove(partial(), ec);
 }
 
 void TextFile::write(const void* data, size_t bytes) {
@@ -36,7 +45,8 @@ void TextFile::write(const void* data, size_t bytes) {
 }
 
 void TextFile::close(bool durable) {
-  const bool ok = std::fflush(file_) == 0 && (!durable || ::fsync(fileno(file_)) == 0);
+  const bool ok =
+      std::fflush(file_) == 0 && (!durable || isMemoryOutput(path_) || ::fsync(fileno(file_)) == 0);
   const int err = errno;
   const bool closed = std::fclose(file_) == 0;
   file_ = nullptr;
@@ -44,7 +54,10 @@ void TextFile::close(bool durable) {
 }
 
 void TextFile::commit(std::vector<std::string>& renamed) {
-  renameFromPartial(path_);
+  if (isMemoryOutput(path_))
+    keepMemoryText(path_, std::string(memory_ ? memory_ : "", memory_size_));
+  else
+    renameFromPartial(path_);
   committed_ = true;
   renamed.push_back(path_);
 }
@@ -52,6 +65,10 @@ void TextFile::commit(std::vector<std::string>& renamed) {
 void ImageOutput::commit(std::vector<std::string>& renamed) {
   writer_->commit();
   renamed.push_back(writer_->path());
+}
+
+void makeParentDirectory(const std::string& path) {
+  if (!isMemoryOutput(path)) fs::create_directories(fs::path(path).parent_path());
 }
 
 void renameFromPartial(const std::string& path) {

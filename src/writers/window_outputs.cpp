@@ -637,7 +637,7 @@ WindowOutputs::WindowOutputs(const CatalogImage& image, WindowOutputOptions opti
   TILER_CHECK(options_.dim > 0 || options_.boxes, ConfigError,
               "a per-window output needs a vector of at least one value");
   // An output may lie in a directory of its kind's (WSInfer's model-outputs-csv/).
-  for (const auto& [kind, path] : image.outputs) fs::create_directories(fs::path(path).parent_path());
+  for (const auto& [kind, path] : image.outputs) makeParentDirectory(path);
   std::vector<ClassInfo> classes;
   if (options_.class_scores) {
     classes = classNames(options_.dim, options_.classes);

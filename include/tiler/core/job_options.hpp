@@ -3,6 +3,7 @@
 // output key). Plain data, no LibTorch.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -27,7 +28,8 @@ struct JobOptions {
   std::vector<double> mean, std;
   // A model card's steps beyond scale, mean, std and activation (ModelCard::preprocessing, postprocessing):
   // preprocessing after (x * scale - mean) / std, with each image's statistics; postprocessing after the
-  // activation. Empty: none.
+  // activation, on each window up to its first statistics step, from it on the blended image
+  // (splitAtStatistics). Empty: none.
   std::vector<ProcessingStep> preprocessing, postprocessing;
   std::string output_key;  // dict key or tuple index of the model's output; empty: the first tensor
   int prefetch = 2;        // batches read ahead
@@ -40,6 +42,10 @@ struct JobOptions {
   // loaded from.
   std::string model_sha256;
   std::vector<std::pair<std::string, std::string>> settings_from;
+  // Called between the phases before the first step (the model loaded, the data planned) and after each
+  // training step (finetune), on the thread that runs the job: a caller's interruption (the Python module's
+  // Ctrl-C), what it throws ending the run as a fatal error of this rank. Empty: none.
+  std::function<void()> check_interrupt;
 };
 
 }  // namespace tiler

@@ -60,6 +60,10 @@ struct CatalogImage {
   ChannelAffine input_affine;
   std::optional<ImageStatistics> input_statistics;
   std::string statistics_error;
+  // Infer with a card's postprocessing over the output's statistics (TaskFlags::blended_steps): the blended
+  // output's statistics, and the per-channel map its affine steps made of them (set by the image's owner).
+  std::optional<ImageStatistics> output_statistics;
+  ChannelAffine output_affine;
   int64_t first_window = -1;  // global index of its window 0; -1: not planned
   std::string status = "ok";  // ok | skipped | error (infer: done once its outputs are committed)
   std::string error;

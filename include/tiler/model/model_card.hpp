@@ -58,7 +58,8 @@ struct ModelCard {
   // bioimage.io: the steps tiler follows beyond those settings, in the card's order. preprocessing: the
   // whole chain where it is more than fixed affine steps of a positive gain (those alone are scale, mean
   // and std), applied after tiler's --scale, --mean and --std; postprocessing: the steps after a leading
-  // sigmoid or softmax (activation), applied to each window's output. input_id: inputs[0].id.
+  // sigmoid or softmax (activation), applied to each window's output up to the first step over statistics,
+  // the rest to each image's blended output (splitAtStatistics). input_id: inputs[0].id.
   std::vector<ProcessingStep> preprocessing, postprocessing;
   std::string input_id;
   // bioimage.io: the test tensors (.npy) and the tolerance they are compared with.

@@ -22,6 +22,7 @@
 
 #include "tiler/core/error.hpp"
 #include "tiler/core/grid.hpp"
+#include "tiler/core/processing.hpp"
 #include "tiler/io/catalog.hpp"
 #include "tiler/io/polygons.hpp"
 #include "tiler/model/probe.hpp"
@@ -72,6 +73,9 @@ struct TaskFlags {
   std::string edge = "auto";        // --edge
   bool overlap_given = false;       // --overlap was given
   int64_t halo = 0;                 // --halo: output px of a window's edge not blended where windows meet
+  // A card's postprocessing from its first statistics step on (splitAtStatistics' rest): applied to the
+  // blended map of each image, over its statistics, before the map's writers see it. Empty: none.
+  std::vector<ProcessingStep> blended_steps;
   Tta tta = Tta::kNone;
   Activation activation = Activation::kNone;
   std::string activation_name = "none";  // --activation as given

@@ -1,6 +1,7 @@
 // map_writers: the outputs of a stitched map (--task segment, regress) behind one interface, one
 // writers/formats row per --save kind: labels (TIFF or PNG), probs (TIFF), polygons (GeoJSON traced from the
-// labels), zarr (an OME-Zarr store). The stitcher hands each finished band, top to bottom, to every writer of
+// labels), zarr (an OME-Zarr store); in an output directory in memory (memory_output.hpp), labels and probs
+// as arrays. The stitcher hands each finished band, top to bottom, to every writer of
 // an image, as the labels and stored probabilities each asked for; an image commits in two phases (every
 // writer finished under its partial name, then all renamed or none: commitWriters). No LibTorch. Promise: a
 // writer holds a band of rows (or rows of tiles/chunks), never the image; a writer destroyed before its

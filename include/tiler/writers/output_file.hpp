@@ -31,7 +31,8 @@ class OutputWriter {
 };
 
 // One text (or raw bytes) output written under "<path>.partial" (created anew: a link or a file there is
-// refused); removed when destroyed uncommitted.
+// refused); removed when destroyed uncommitted. In an output directory in memory (memory_output.hpp) the
+// bytes go to a buffer instead, kept there at commit.
 class TextFile : public OutputWriter {
  public:
   explicit TextFile(std::string path);
@@ -52,6 +53,8 @@ class TextFile : public OutputWriter {
   std::string path_;
   FILE* file_ = nullptr;  // owned
   bool committed_ = false;
+  char* memory_ = nullptr;  // in memory: open_memstream's buffer (owned), its size
+  size_t memory_size_ = 0;
 };
 
 // An output that is one ImageWriter (a TIFF, or a PNG assembled in memory): its finish and commit.
@@ -66,6 +69,8 @@ class ImageOutput : public OutputWriter {
   std::unique_ptr<ImageWriter> writer_;
 };
 
+// Makes the directory output `path` goes into (none for one in memory).
+void makeParentDirectory(const std::string& path);
 // Renames `path`.partial to `path`.
 void renameFromPartial(const std::string& path);
 // Phase two of committing an image's outputs, all or nothing: `rename_all` renames each finished output into
