@@ -909,6 +909,20 @@ TEST(ImageWriter, EachSampleTypeGetsTheMeasuredDefaultCodec) {
   }
 }
 
+// The predictor's rule on the bytes of the sampled tiles (of 1000 raw): kept where it makes them smaller by
+// more than 2%, on a background, and on tiles that compress 3x where it costs at most a quarter more bytes
+// (zstd is then faster on its planes); not on noise, nor where it costs more than a quarter.
+TEST(ImageWriter, KeepsThePredictorWhereItPaysInBytesOrInTime) {
+  EXPECT_TRUE(keepsPredictor(580, 880, 1000));   // smooth: 1.5x smaller with it
+  EXPECT_TRUE(keepsPredictor(30, 15, 1000));     // a background: 64x smaller without it
+  EXPECT_TRUE(keepsPredictor(207, 177, 1000));   // textured: 17% larger with it, 4.8x smaller
+  EXPECT_TRUE(keepsPredictor(250, 200, 1000));   // a quarter larger: still kept
+  EXPECT_FALSE(keepsPredictor(251, 200, 1000));  // more than a quarter
+  EXPECT_FALSE(keepsPredictor(227, 176, 1000));  // textured, 5 classes: 29% larger with it
+  EXPECT_FALSE(keepsPredictor(893, 900, 1000));  // noise: under 2% smaller with it
+  EXPECT_FALSE(keepsPredictor(340, 330, 1000));  // compresses under 3x with it
+}
+
 // The default float compression keeps the floating-point predictor where the first row of tiles says it pays:
 // smooth values (model outputs over real images: much smaller with it), a first row of one value (a slide's
 // background says nothing); not on noise (no smaller, 2.4x slower). Each pyramid level decides on its own

@@ -155,24 +155,122 @@ struct TileEncoder {
   ~TileEncoder() {
     if (tif != nullptr) TIFFCleanup(tif);  // frees it without writing a directory nobody reads
   }
-  bool encodes(const TileEncoding& e) const {
-    return tif != nullptr && channels == e.channels && tile == e.options.tile && type == e.type &&
-           compression == *e.options.compression;
+  bool encodes(int c, int t, SampleType s, const Compression& codec) const {
+    return tif != nullptr && channels == c && tile == t && type == s && compression == codec;
   }
 };
 
+// libtiff's floating-point predictor (Predictor 3, tif_predict.c's fpDiff) on each row of a tile, in place:
+// the row's bytes regrouped by significance (the most significant byte of every sample first, as libtiff
+// orders them on this host), then each byte less the one `stride` (samples a pixel) before it. libtiff's own
+// copies the tile, allocates a buffer a row and moves one byte at a time (docs/performance.md: the predictor
+// then cost as much as zstd); the bytes are the same (ImageWriter.PooledCompressionStoresWhatLibtiffStores).
+template <int kBytes>
+void floatingPointDifference(uint8_t* tile, size_t rows, size_t row_bytes, size_t stride,
+                             std::vector<uint8_t>& planes) {
+  // 16 bytes at a time where the compiler has vectors (SSE2, NEON), else as many scalar subtractions.
+  typedef uint8_t Bytes16 __attribute__((vector_size(16)));
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  constexpr bool kBig = true;
+#else
+  constexpr bool kBig = false;
+#endif
+  const size_t samples = row_bytes / kBytes;
+  planes.resize(row_bytes);
+  for (size_t r = 0; r < rows; ++r) {
+    uint8_t* row = tile + r * row_bytes;
+    // toM: where byte M of each sample in memory goes (libtiff: the most significant plane first).
+    uint8_t* const to0 = planes.data() + size_t(kBig ? 0 : kBytes - 1) * samples;
+    uint8_t* const to1 = planes.data() + size_t(kBig ? 1 : kBytes - 2) * samples;
+    if constexpr (kBytes == 4) {
+      uint8_t* const to2 = planes.data() + size_t(kBig ? 2 : 1) * samples;
+      uint8_t* const to3 = planes.data() + size_t(kBig ? 3 : 0) * samples;
+      size_t i = 0;
+      // 16 samples at a time: three rounds of byte interleaving take 4 x 16 bytes to their 4 planes (what
+      // SSE2's punpck and NEON's zips do, whichever the compiler has).
+      for (; i + 16 <= samples; i += 16) {
+        Bytes16 a, b, c, d;
+        std::memcpy(&a, row + i * 4, 16);
+        std::memcpy(&b, row + i * 4 + 16, 16);
+        std::memcpy(&c, row + i * 4 + 32, 16);
+        std::memcpy(&d, row + i * 4 + 48, 16);
+        const auto low = [](Bytes16 x, Bytes16 y) {
+          return __builtin_shufflevector(x, y, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+        };
+        const auto high = [](Bytes16 x, Bytes16 y) {
+          return __builtin_shufflevector(x, y, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+        };
+        const Bytes16 t0 = low(a, b), t1 = high(a, b), t2 = low(c, d), t3 = high(c, d);
+        const Bytes16 u0 = low(t0, t1), u1 = high(t0, t1), u2 = low(t2, t3), u3 = high(t2, t3);
+        const Bytes16 v0 = low(u0, u1), v1 = high(u0, u1), v2 = low(u2, u3), v3 = high(u2, u3);
+        // v0: byte 0 of samples 0-7, then byte 1; v1: bytes 2 and 3; v2, v3: the same of samples 8-15.
+        const Bytes16 m0 =
+            __builtin_shufflevector(v0, v2, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
+        const Bytes16 m1 =
+            __builtin_shufflevector(v0, v2, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+        const Bytes16 m2 =
+            __builtin_shufflevector(v1, v3, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
+        const Bytes16 m3 =
+            __builtin_shufflevector(v1, v3, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+        std::memcpy(to0 + i, &m0, 16);
+        std::memcpy(to1 + i, &m1, 16);
+        std::memcpy(to2 + i, &m2, 16);
+        std::memcpy(to3 + i, &m3, 16);
+      }
+      for (; i < samples; ++i) {
+        to0[i] = row[i * 4];
+        to1[i] = row[i * 4 + 1];
+        to2[i] = row[i * 4 + 2];
+        to3[i] = row[i * 4 + 3];
+      }
+    } else {
+      for (size_t i = 0; i < samples; ++i) {
+        to0[i] = row[i * 2];
+        to1[i] = row[i * 2 + 1];
+      }
+    }
+    const uint8_t* p = planes.data();
+    const size_t head = std::min(stride, row_bytes);
+    std::memcpy(row, p, head);
+    size_t j = head;
+    for (; j + 16 <= row_bytes; j += 16) {
+      Bytes16 now, before;
+      std::memcpy(&now, p + j, 16);
+      std::memcpy(&before, p + j - stride, 16);
+      now -= before;
+      std::memcpy(row + j, &now, 16);
+    }
+    for (; j < row_bytes; ++j) row[j] = uint8_t(p[j] - p[j - stride]);
+  }
+}
+
 // One tile (tile x tile samples, zero padded) compressed exactly as TIFFWriteEncodedTile would into the
 // output: the same fields, codec and predictor, written as tile 0 of a one-tile TIFF in memory and cut out.
+// Floats' predictor is applied here (floatingPointDifference) and the codec given the result.
 std::vector<uint8_t> encodeTile(std::vector<uint8_t>& samples, const TileEncoding& e) {
   thread_local std::unique_ptr<TileEncoder> encoder;
-  if (!encoder || !encoder->encodes(e)) {
+  thread_local std::vector<uint8_t> planes;
+  Compression codec = *e.options.compression;
+  const bool floats = e.type == SampleType::kF32 || e.type == SampleType::kF16;
+  if (floats && codec.predictor && codec.codec != Codec::kNone) {
+    const size_t tile = size_t(e.options.tile), bytes = bytesPerSample(e.type);
+    const size_t row_bytes = tile * size_t(e.channels) * bytes;
+    if (bytes == 4)
+      floatingPointDifference<4>(samples.data(), tile, row_bytes, size_t(e.channels), planes);
+    else
+      floatingPointDifference<2>(samples.data(), tile, row_bytes, size_t(e.channels), planes);
+    codec.predictor = false;
+  }
+  if (!encoder || !encoder->encodes(e.channels, e.options.tile, e.type, codec)) {
     auto fresh = std::make_unique<TileEncoder>();
     fresh->tif = openTiffInMemory(fresh->file, "tile");
-    setTiffFields(fresh->tif, e.options.tile, e.options.tile, e.channels, e.type, e.options, false);
+    WriterOptions o = e.options;
+    o.compression = codec;
+    setTiffFields(fresh->tif, o.tile, o.tile, e.channels, e.type, o, false);
     fresh->channels = e.channels;
     fresh->tile = e.options.tile;
     fresh->type = e.type;
-    fresh->compression = *e.options.compression;
+    fresh->compression = codec;
     fresh->header_bytes = fresh->file.bytes.size();
     encoder = std::move(fresh);
   }
@@ -356,6 +454,12 @@ int compressionThreads(const Compression& c, int requested) {
   spdlog::warn("--compression {}: {} compressing threads instead of {} (each holds {} MB for its codec)",
                compressionName(c), fit, requested, compressorBytes(c) >> 20);
   return int(fit);
+}
+
+bool keepsPredictor(size_t with, size_t without, size_t raw) {
+  const bool background = without * 64 <= raw, smaller = with * 102 < without * 100;
+  const bool compressible = without * 3 <= raw && with * 3 <= raw, cheap = with * 4 <= without * 5;
+  return background || smaller || (compressible && cheap);
 }
 
 // ---- writer ---------------------------------------------------------------------------------------------
@@ -583,7 +687,7 @@ ImageWriter::TileRow ImageWriter::encodeTileRow(cv::Mat buffer, int64_t first_ro
   const int tile = options_.tile;
   const size_t px = buffer.elemSize();
   for (int y = int(rows); y < tile; ++y) std::memset(buffer.ptr(y), 0, size_t(width_) * px);
-  if (choose_predictor_) choosePredictor(buffer);
+  if (choose_predictor_) choosePredictor(buffer, rows);
   auto encoding = std::make_shared<TileEncoding>();
   encoding->channels = channels_;
   encoding->type = type_;
@@ -612,7 +716,7 @@ ImageWriter::TileRow ImageWriter::encodeTileRow(cv::Mat buffer, int64_t first_ro
   return row;
 }
 
-void ImageWriter::choosePredictor(const cv::Mat& row) {
+void ImageWriter::choosePredictor(const cv::Mat& row, int64_t rows) {
   choose_predictor_ = false;
   const int tile = options_.tile;
   const int64_t tiles = (width_ + tile - 1) / tile, sampled = std::min<int64_t>(tiles, kPredictorSampleTiles);
@@ -629,11 +733,12 @@ void ImageWriter::choosePredictor(const cv::Mat& row) {
     }
     return bytes;
   };
-  const size_t raw = size_t(sampled) * size_t(tile) * size_t(tile) * row.elemSize();
+  // The image's own samples in those tiles: their zero padding would make noise look compressible.
+  size_t raw = 0;
+  for (int64_t k = 0; k < sampled; ++k)
+    raw += size_t(std::min<int64_t>(tile, width_ - k * tiles / sampled * tile) * rows) * row.elemSize();
   const size_t with = bytesOf(true), without = bytesOf(false);
-  // Tiles that shrink 64x without it (a background, a constant) say nothing about the rest: then the
-  // predictor, which smooth outputs need. Else it must save more than 2% to be worth its time.
-  const bool predictor = without * 64 <= raw || with * 102 < without * 100;
+  const bool predictor = keepsPredictor(with, without, raw);
   spdlog::debug("'{}': {} bytes with the floating-point predictor, {} without, of {} ({} tiles): {}", path_,
                 with, without, raw, sampled, predictor ? "with" : "without");
   options_.compression->predictor = predictor;

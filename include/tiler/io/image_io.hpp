@@ -142,6 +142,13 @@ size_t compressorBytes(const Compression& compression);
 // (one at least): zstd:22 would otherwise take 0.8 GB a thread, 50 GB on a 64-core node.
 constexpr size_t kCompressorBudgetBytes = size_t(1) << 30;
 int compressionThreads(const Compression& compression, int requested);
+// Whether default float compression keeps the floating-point predictor, from the bytes of the same tiles
+// (`raw`: the image's bytes in them, without padding) with it and without: where it makes them smaller; where
+// they shrink 64x without it (a background, a constant: it says nothing of the rest); and where they compress
+// 3x or more either way and it costs at most a quarter more bytes, since zstd then compresses the predictor's
+// planes faster than the samples (docs/performance.md, "The predictor where it pays"). Not on noise: no
+// smaller, and slower.
+bool keepsPredictor(size_t with, size_t without, size_t raw);
 
 // A pyramid level's rows from its parent's: `rows` resized to `size` (2x2 means with INTER_AREA, the top-left
 // pixel with INTER_NEAREST), pairs of rows to one. ImageWriter's TIFF pyramid and the OME-Zarr writer both
@@ -217,10 +224,9 @@ class ImageWriter {
   // Hands the tiles of `rows` rows of `buffer` (a row of tiles; the rest zeroed) to the pool.
   TileRow encodeTileRow(cv::Mat buffer, int64_t first_row, int64_t rows);
   // Default float compression: encodes up to kPredictorSampleTiles tiles of the first row of tiles with and
-  // without the floating-point predictor and keeps it where it pays (smooth outputs: 1.5x smaller with it;
-  // noisy or textured ones: as large or larger, and compressed 2.4x slower). The first row decides for the
-  // whole file, so the bytes do not depend on ranks or threads.
-  void choosePredictor(const cv::Mat& row);
+  // without the floating-point predictor and keeps it where it pays (keepsPredictor). The first row decides
+  // for the whole file, so the bytes do not depend on ranks or threads.
+  void choosePredictor(const cv::Mat& row, int64_t rows);  // `rows` of `row` are the image's
   static constexpr int64_t kPredictorSampleTiles = 8;
   // Writes a row's compressed tiles in order (waiting for each), then keeps its buffer for a later row.
   void writeTileRow(TileRow& row);
