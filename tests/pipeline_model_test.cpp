@@ -232,6 +232,32 @@ TEST_F(Pipeline, TheLayoutIsTimedAndTheStagesAddUpToTheWall) {
   EXPECT_GT(stages["overlapped"]["forward"].get<double>(), stages["overlapped"]["normalize"].get<double>());
 }
 
+// A model whose bytes depend on the intra-op threads (a sum long enough for LibTorch to split between
+// threads) is not timed: the default keeps replicas of one thread and writes what one thread writes, as 2
+// ranks would.
+TEST_F(Pipeline, LayoutsAreTimedOnlyWhereThreadsChangeNoByte) {
+  torch::jit::Module m("ThreadSum");
+  torch::manual_seed(4);
+  m.register_parameter("w", torch::randn({3, 3, 3, 3}) * 0.1, false);
+  m.define(
+      "def forward(self, x):\n    y = x\n    for i in range(8):\n        y = torch.conv2d(y, self.w, "
+      "padding=1)\n"
+      "    return y[:, :2] + torch.sin(x.repeat(1, 1, 2, 2) * 1000.0).sum() * 0.001\n");
+  const std::string model = root_ + "/thread_sum.pt";
+  m.save(model);
+  auto job = [&](const std::string& out, const std::string& flags) {
+    auto r = run("OMP_NUM_THREADS=2 " + kTiler + " -i " + root_ + "/images/a_large.tif -m " + model + " -o " +
+                 out + " --window 96 --batch_size 1 --save labels,probs --no_progress " + flags);
+    EXPECT_EQ(r.code, 0) << r.output;
+    return report(out);
+  };
+  const auto untimed = job(root_ + "/out_thread_sum", "");
+  EXPECT_FALSE(untimed.contains("layouts_timed")) << untimed.dump();
+  EXPECT_EQ(untimed["threads"], 1);
+  job(root_ + "/out_thread_sum_one", "--replicas 2 --threads 1");
+  expectSameOutputs(root_ + "/out_thread_sum_one", root_ + "/out_thread_sum", 2);
+}
+
 // Freeze + optimize_for_inference is the default where the probe's check finds the model's outputs within
 // kJitOptimizeTolerance: a model whose outputs are random (an op left in training mode) runs as loaded and
 // the report says why; --no_jit_optimize and bf16 run as loaded; the two flags together are refused.

@@ -621,7 +621,13 @@ void InferJob::loadModel() {
       layout_ = chooseForwardLayout(0, 0, false, defaultIntraOpThreads(), /*light=*/true);
       at::set_num_threads(layout_.threads);
     }
-    measure_layout_ = !light;
+    // Timing may pick one replica of every thread only where that gives the bytes one thread gives: each
+    // rank's forward then writes what one process would, whichever layout wins.
+    measure_layout_ = !light && model_->sameOutputAtThreads(plan_.spec.window_w, plan_.spec.window_h,
+                                                            layout_.replicas * layout_.threads);
+    if (!light && !measure_layout_)
+      spdlog::debug("the layouts are not timed: {} threads give other bytes than one",
+                    layout_.replicas * layout_.threads);
   }
   stats_.probe_seconds = secondsSince(t0);
   // The owner's windows of other ranks must arrive on the model's device too: one rank, or ranks that gather

@@ -499,14 +499,41 @@ double normalizeSecondsOfThisThread() {
   return normalize_seconds;
 }
 
+namespace {
+
+// Values in [0, 1) that change from pixel to pixel and channel to channel (a zero window checks only the
+// biases).
+torch::Tensor variedWindow(int channels, int64_t window_w, int64_t window_h) {
+  return torch::arange(int64_t(channels) * window_h * window_w, torch::kFloat32)
+      .mul_(0.6180339887f)
+      .frac_()
+      .view({1, channels, window_h, window_w});
+}
+
+}  // namespace
+
+bool ModelRunner::sameOutputAtThreads(int64_t window_w, int64_t window_h, int threads) {
+  const torch::Tensor u = variedWindow(probe_.input_channels, window_w, window_h);
+  const torch::Tensor scales = torch::ones({1});
+  const int restore = at::get_num_threads();
+  try {
+    at::set_num_threads(1);
+    const torch::Tensor one = forward(u, scales).cpu();
+    at::set_num_threads(threads);
+    const torch::Tensor many = forward(u, scales).cpu();
+    at::set_num_threads(restore);
+    return torch::equal(one, many);
+  } catch (const std::exception& e) {
+    at::set_num_threads(restore);
+    spdlog::debug("'{}': the thread check's forward failed: {}", options_.path, firstLine(e.what()));
+    return false;
+  }
+}
+
 void ModelRunner::checkOptimized(int channels, int64_t window_w, int64_t window_h) {
   c10::InferenceMode guard;
-  // Values in [0, 1) that change from pixel to pixel and channel to channel (a zero window checks only the
-  // biases), through the job's normalisation.
-  const torch::Tensor u = torch::arange(int64_t(channels) * window_h * window_w, torch::kFloat32)
-                              .mul_(0.6180339887f)
-                              .frac_()
-                              .view({1, channels, window_h, window_w});
+  // Through the job's normalisation.
+  const torch::Tensor u = variedWindow(channels, window_w, window_h);
   std::string why;
   try {
     const torch::Tensor x = normalize(u, torch::ones({1}));

@@ -118,6 +118,10 @@ class ModelRunner {
   // under `enough`, at the second window alone if over twice it, or at a run over twice it that took
   // 100 ms (past the first runs' one-time cost).
   double secondsPerWindow(int64_t window_w, int64_t window_h, int64_t batch, double enough);
+  // Whether one window of varied values through forward() gives the same bytes with one intra-op thread as
+  // with `threads` (a layout may then be chosen by speed alone: the job's bytes do not depend on it, nor on
+  // how many ranks share the cores). False where the forward fails.
+  bool sameOutputAtThreads(int64_t window_w, int64_t window_h, int threads);
   // batch: float32 or uint8 [B,C,H,W] raw values on the CPU; scales: float32 [B]; affine: float32 [B,2,C]
   // per-sample gains and offsets (WindowBatch::affine) that replace scale, mean and std, or undefined.
   // Returns [B,C',H',W'] of predictionType(), activation and output_steps applied, computed under
