@@ -236,28 +236,18 @@ class Infer(unittest.TestCase):
             tiler.infer(SMALL, self.dir, MODELS / "sample.pt", window=32, batch_size=1, progress=stop)
 
 
-    def test_ctrl_c_raises_keyboard_interrupt_within_5_s(self):
-        """SIGINT while the engine runs (GIL released): KeyboardInterrupt from tiler.infer once the step in
-        flight ends, the lock and partial files gone."""
-        script = os.path.join(self.dir, "long.py")
-        out = os.path.join(self.dir, "long")
-        with open(script, "w", encoding="utf-8") as f:
-            f.write("import sys, time\n"
-                    "sys.path.insert(0, %r)\n"
-                    "import tiler\n"
-                    "def started(done, total):\n"
-                    "    if done <= 8:\n"
-                    "        print('started', flush=True)\n"
-                    "try:\n"
-                    "    tiler.infer(%r, %r, %r, threads=1, batch_size=8, progress=started)\n"
-                    "except KeyboardInterrupt:\n"
-                    "    print('interrupted', time.monotonic(), flush=True)\n"
-                    % (os.path.abspath(MODULE_DIR), str(ROOT / "samples/images/blobs_4096.tif"), out,
-                       str(MODELS / "sample.pt")))
-        run = subprocess.Popen([sys.executable, script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.assertEqual(run.stdout.readline().strip(), "started")
+    def interrupt_in_a_script(self, name, body, settle=0.0):
+        """Runs BODY (after `import sys, time, tiler`) as a script, which prints 'started' once its call is under
+        way and 'interrupted' with time.monotonic() on KeyboardInterrupt; SIGINT `settle` s after 'started':
+        the script ends normally, interrupted within 5 s of the signal."""
         import signal
         import time
+        script = os.path.join(self.dir, name)
+        with open(script, "w", encoding="utf-8") as f:
+            f.write("import sys, time\nsys.path.insert(0, %r)\nimport tiler\n" % os.path.abspath(MODULE_DIR) + body)
+        run = subprocess.Popen([sys.executable, script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.assertEqual(run.stdout.readline().strip(), "started")
+        time.sleep(settle)
         sent = time.monotonic()
         run.send_signal(signal.SIGINT)
         stdout, stderr = run.communicate(timeout=60)
@@ -265,9 +255,22 @@ class Infer(unittest.TestCase):
         words = stdout.split()
         self.assertIn("interrupted", words, stdout + stderr)
         self.assertLess(float(words[words.index("interrupted") + 1]) - sent, 5.0)
+
+    def test_ctrl_c_raises_keyboard_interrupt_within_5_s(self):
+        """SIGINT while the engine runs (GIL released): KeyboardInterrupt from tiler.infer once the step in
+        flight ends, the lock and partial files gone."""
+        out = os.path.join(self.dir, "long")
+        self.interrupt_in_a_script("long.py",
+                                   "def started(done, total):\n"
+                                   "    if done <= 8:\n"
+                                   "        print('started', flush=True)\n"
+                                   "try:\n"
+                                   "    tiler.infer(%r, %r, %r, threads=1, batch_size=8, progress=started)\n"
+                                   "except KeyboardInterrupt:\n"
+                                   "    print('interrupted', time.monotonic(), flush=True)\n"
+                                   % (str(ROOT / "samples/images/blobs_4096.tif"), out, str(MODELS / "sample.pt")))
         left = os.listdir(out) if os.path.isdir(out) else []
         self.assertEqual([name for name in left if name.endswith(".partial") or name == ".tiler.lock"], [], left)
-
 
     def test_ctrl_c_during_set_up_stops_before_any_window(self):
         """An interrupt while the model loads (a timer's, 10 ms into the call): KeyboardInterrupt at the next
@@ -304,38 +307,25 @@ class Infer(unittest.TestCase):
     def test_ctrl_c_stops_finetune_within_5_s(self):
         """SIGINT while tiler.finetune trains (GIL released): KeyboardInterrupt within 5 s, the checkpoint
         directory's lock gone, no partial file and no model written."""
-        script = os.path.join(self.dir, "train.py")
         out = os.path.join(self.dir, "tuned.pt")
         checkpoints = os.path.join(self.dir, "checkpoints")
-        with open(script, "w", encoding="utf-8") as f:
-            f.write("import logging, sys, time\n"
-                    "sys.path.insert(0, %r)\n"
-                    "import tiler\n"
-                    "class Started(logging.Handler):\n"
-                    "    def emit(self, record):\n"
-                    "        if record.getMessage().startswith('finetune: '):\n"
-                    "            print('started', flush=True)\n"
-                    "logging.getLogger('tiler').addHandler(Started())\n"
-                    "logging.getLogger('tiler').setLevel(logging.INFO)\n"
-                    "try:\n"
-                    "    tiler.finetune(%r, %r, %r, labels=%r, epochs=1000, window=64, batch_size=2, threads=1,\n"
-                    "                   val_fraction=0, checkpoint_dir=%r, no_progress=True)\n"
-                    "except KeyboardInterrupt:\n"
-                    "    print('interrupted', time.monotonic(), flush=True)\n"
-                    % (os.path.abspath(MODULE_DIR), str(ROOT / "samples/train/images"), out,
-                       str(MODELS / "init.pt"), str(ROOT / "samples/train/labels"), checkpoints))
-        run = subprocess.Popen([sys.executable, script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.assertEqual(run.stdout.readline().strip(), "started")
-        import signal
-        import time
-        time.sleep(0.5)  # training steps under way
-        sent = time.monotonic()
-        run.send_signal(signal.SIGINT)
-        stdout, stderr = run.communicate(timeout=60)
-        self.assertEqual(run.returncode, 0, stderr)
-        words = stdout.split()
-        self.assertIn("interrupted", words, stdout + stderr)
-        self.assertLess(float(words[words.index("interrupted") + 1]) - sent, 5.0)
+        self.interrupt_in_a_script(
+            "train.py",
+            "import logging\n"
+            "class Started(logging.Handler):\n"
+            "    def emit(self, record):\n"
+            "        if record.getMessage().startswith('finetune: '):\n"
+            "            print('started', flush=True)\n"
+            "logging.getLogger('tiler').addHandler(Started())\n"
+            "logging.getLogger('tiler').setLevel(logging.INFO)\n"
+            "try:\n"
+            "    tiler.finetune(%r, %r, %r, labels=%r, epochs=1000, window=64, batch_size=2, threads=1,\n"
+            "                   val_fraction=0, checkpoint_dir=%r, no_progress=True)\n"
+            "except KeyboardInterrupt:\n"
+            "    print('interrupted', time.monotonic(), flush=True)\n"
+            % (str(ROOT / "samples/train/images"), out, str(MODELS / "init.pt"), str(ROOT / "samples/train/labels"),
+               checkpoints),
+            settle=0.5)  # training steps under way
         left = sorted(os.listdir(self.dir)) + sorted(os.listdir(checkpoints) if os.path.isdir(checkpoints) else [])
         self.assertNotIn("tuned.pt", left)  # the model is written when training ends
         self.assertEqual([n for n in left if n.endswith(".partial") or n == ".tiler.lock"], [], left)
