@@ -245,7 +245,7 @@ TEST_F(Pipeline, LayoutsAreTimedOnlyWhereThreadsChangeNoByte) {
   // summed in an order that depends on the threads.
   m.register_parameter("r", torch::randn({1, 3, 192, 192}), false);
   m.define(
-      "def forward(self, x):\n    y = x\n    for i in range(8):\n        y = torch.conv2d(y, self.w, "
+      "def forward(self, x):\n    y = x\n    for i in range(40):\n        y = torch.conv2d(y, self.w, "
       "padding=1)\n    return y[:, :2] + (x.repeat(1, 1, 2, 2) * self.r).sum() * 0.001\n");
   const std::string model = root_ + "/thread_sum.pt";
   m.save(model);
