@@ -637,27 +637,18 @@ TEST(Model, SecondsPerWindowStopsEarlyForHeavyModels) {
 }
 
 // A model whose one window (run again, past the graph executor's optimisation) costs over twice the bar is
-// judged heavy without a batch: a batch's first run would cost the start-up a second (the sample UNet).
+// judged heavy without a batch: a batch's first run would cost the start-up a second (the sample UNet). The
+// model refuses batches, so a batch run fails the test whatever the machine's speed or load.
 TEST(Model, SecondsPerWindowJudgesAHeavyModelOnOneWindow) {
   ModelRunner r(cpuOptions(saveModule("timed_heavy", 3, 3, R"JIT(
 def forward(self, x):
+    assert x.size(0) == 1, "a batch reached a model judged heavy on one window"
     for i in range(10):
         x = torch.conv2d(x, self.w.repeat(1, 1, 3, 3), padding=1)
     return x[:, :2]
 )JIT")));
   r.probe(256, 256);
-  auto cpu_now = [] {
-    timespec t{};
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-    return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
-  };
-  const double t0 = cpu_now();
-  const double per_window = r.secondsPerWindow(256, 256, 32, 1e-4);
-  const double spent = cpu_now() - t0;
-  EXPECT_GT(per_window, 4e-4);
-  // A batch of 32 would cost 32 windows' time and more (its shape's first run); two windows and the
-  // optimisation of their shape cost a few.
-  EXPECT_LT(spent, 16 * per_window) << "per window " << per_window << " s, spent " << spent << " s";
+  EXPECT_GT(r.secondsPerWindow(256, 256, 32, 1e-4), 4e-4);
 }
 
 // The light-model check must not read a loaded machine as a heavy model: 40 busy threads share this thread's
