@@ -263,6 +263,15 @@ class Bench:
         """The null model: one 1x1 convolution whose forward costs next to nothing."""
         return self.made(self.cache / "tiny.pt", "tiny-model")
 
+    @functools.cached_property
+    def unet2(self):
+        """Issue 74's CPU yardstick: a 2-level UNet (3 -> 2 channels, 16 base, 117 k parameters), random weights
+        of seed 0, scripted by Debian's python3 (scripts/make_unet.py); None where it has no torch."""
+        path = self.cache / "unet2.pt"
+        if not path.exists() and self.debian_python_has("torch"):
+            self.output([DEBIAN_PYTHON, "scripts/make_unet.py", path, "--levels", 2])
+        return path if path.exists() else None
+
     @property
     def sample(self):
         """The pipeline's input: the bundled 4096 px blobs (441 windows), or 1024 px with --quick (25 windows)."""
@@ -352,6 +361,18 @@ def bench_pipeline(b):
             b.emit("pipeline: tiler default flags (optimised) / Python frozen pure forward", "overhead_ratio",
                    ratio(optimized, pyopt))
             b.emit("pipeline: Python frozen / Python as loaded", "time_ratio", ratio(pyopt, py))
+        # The same whole process against Python's forward with a model whose forward costs more a window.
+        if b.unet2:
+            out = b.fresh("out_pipeline")
+            unet2 = b.wall(b.tiler("-i", sample, "-m", b.unet2, "-o", out, "--no_progress"))
+            b.emit("pipeline: 2-level UNet, tiler 1 rank, default flags", "seconds", unet2)
+            stages = (b.report(out / "report.json").get("per_rank") or [{}])[0].get("stages") or {}
+            b.emit("pipeline: 2-level UNet, stage sum / the rank's wall", "time_ratio",
+                   ratio(stages.get("critical_path_sum"), stages.get("wall")))
+            py = b.python_forward("-m", b.unet2, "--windows", n, "--threads", 2).get("seconds")
+            b.emit(f"pipeline: 2-level UNet, pure forward in Python, 2 threads ({n} windows)", "seconds", py)
+            b.emit("pipeline: 2-level UNet, tiler default flags / Python pure forward", "overhead_ratio",
+                   ratio(unet2, py))
 
 
 def stage_table(b, report, wall):
@@ -1201,9 +1222,10 @@ BENCHES = [
         "windows_per_second", bench_light),
     Row("pipeline", "the whole tiler process against the pure forward of as many windows: C++ in 1x2 and in "
         "tiler's default layout, Python (as loaded and frozen); default flags (optimised) against "
-        "--no_jit_optimize; the default run's stage table (the report's per_rank[0].stages) on stderr",
-        "tiler -i blobs_4096.tif (441 windows; --quick: 1024 px, 25) -m sample.pt, --threads 2 / default / "
-        "--no_jit_optimize; tiler_bench forward; python_forward.py --threads 2 [--optimize]",
+        "--no_jit_optimize; the default run's stage table (the report's per_rank[0].stages) on stderr; the "
+        "default run and Python's forward again with a 2-level UNet (scripts/make_unet.py)",
+        "tiler -i blobs_4096.tif (441 windows; --quick: 1024 px, 25) -m sample.pt|unet2.pt, --threads 2 / "
+        "default / --no_jit_optimize; tiler_bench forward; python_forward.py --threads 2 [--optimize]",
         "seconds, replicas, threads_per_replica, overhead_ratio, time_ratio", bench_pipeline),
     Row("blas", "the installed BLAS (OpenBLAS) against Debian's reference libblas3, pure forward and whole process",
         "LD_LIBRARY_PATH=/usr/lib/<multiarch>/blas tiler_bench forward --replicas 2 --threads 1; tiler default "

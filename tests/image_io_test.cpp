@@ -875,22 +875,28 @@ TEST(ImageIo, CompressingThreadsFitTheCodecBudget) {
   EXPECT_EQ(compressorBytes({Codec::kZstd, 0}), compressorBytes({Codec::kZstd, 9}));  // libtiff's default
 }
 
-// Without --compression each output gets the measured default of its sample type (docs/performance.md):
-// integers deflate without a predictor, floats zstd (with the floating-point predictor where it pays: the
-// next test); an asked codec wins.
+// Without --compression each output gets the measured default of its sample type and values
+// (docs/performance.md): integer categories deflate without a predictor, floats and integer measurements
+// zstd (floats with the floating-point predictor where it pays: the next test); an asked codec wins.
 TEST(ImageWriter, EachSampleTypeGetsTheMeasuredDefaultCodec) {
   struct Case {
     int cv_type;
     SampleType type;
+    RasterValues values;
     uint16_t codec, predictor;
   };
-  for (const Case& c : {Case{CV_8UC1, SampleType::kU8, COMPRESSION_ADOBE_DEFLATE, PREDICTOR_NONE},
-                        Case{CV_16UC1, SampleType::kU16, COMPRESSION_ADOBE_DEFLATE, PREDICTOR_NONE},
-                        Case{CV_16FC2, SampleType::kF16, COMPRESSION_ZSTD, PREDICTOR_NONE},
-                        Case{CV_32FC2, SampleType::kF32, COMPRESSION_ZSTD, PREDICTOR_NONE}}) {
+  const auto categories = RasterValues::kCategories, measurements = RasterValues::kMeasurements;
+  for (const Case& c :
+       {Case{CV_8UC1, SampleType::kU8, categories, COMPRESSION_ADOBE_DEFLATE, PREDICTOR_NONE},
+        Case{CV_16UC1, SampleType::kU16, categories, COMPRESSION_ADOBE_DEFLATE, PREDICTOR_NONE},
+        Case{CV_8UC2, SampleType::kU8, measurements, COMPRESSION_ZSTD, PREDICTOR_NONE},
+        Case{CV_16UC2, SampleType::kU16, measurements, COMPRESSION_ZSTD, PREDICTOR_NONE},
+        Case{CV_16FC2, SampleType::kF16, categories, COMPRESSION_ZSTD, PREDICTOR_NONE},
+        Case{CV_32FC2, SampleType::kF32, measurements, COMPRESSION_ZSTD, PREDICTOR_NONE}}) {
     for (bool asked : {false, true}) {
       const std::string path = tempPath("default_codec.tif");
       WriterOptions o;
+      o.values = c.values;
       if (asked) o.compression = Compression{Codec::kLzw};
       const cv::Mat img = randomImage(40, 50, c.cv_type, 3);  // noise: no predictor pays
       writeWithWriter(path, img, c.type, o);

@@ -376,6 +376,23 @@ TEST(OutputsGpu, TheDeviceStitcherOnCudaWritesTheHostsBytes) {
   expectTheHostsBytesOn(torch::Device(torch::kCUDA, 0));
 }
 
+// Probabilities of every stored type are measurements (zstd, as the f32 file has always been); labels are
+// categories (deflate, which every TIFF reader has).
+TEST(Outputs, ProbabilitiesCompressAsMeasurementsAndLabelsAsCategories) {
+  const std::string dir = test::scratchDir("codec_by_values");
+  runEdgeStage(dir, OutputOptions{}, Segmentation{3, {{"probs_dtype", "u8"}}}, 32, {}, 5);
+  const auto codec = [](const std::string& path) {
+    TIFF* t = TIFFOpen(path.c_str(), "r");
+    uint16_t compression = 0;
+    if (t) TIFFGetField(t, TIFFTAG_COMPRESSION, &compression);
+    if (t) TIFFClose(t);
+    return compression;
+  };
+  if (TIFFIsCODECConfigured(COMPRESSION_ZSTD)) EXPECT_EQ(codec(dir + "/img0_probs.tif"), COMPRESSION_ZSTD);
+  EXPECT_EQ(codec(dir + "/img0_labels.tif"), COMPRESSION_ADOBE_DEFLATE);
+  removeTree(dir);
+}
+
 // Out of memory making an image's device stitcher (TILER_FAULT kind oom, stage stitch): that image is
 // stitched on the host, the others on the device, and every file is the host's.
 TEST(Outputs, AnImageTheDeviceCannotHoldIsStitchedOnTheHost) {

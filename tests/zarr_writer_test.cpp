@@ -277,7 +277,9 @@ TEST(ZarrWriter, MetadataSaysScalesColoursAndNames) {
   EXPECT_DOUBLE_EQ(root["tiler"]["probabilities"]["scale"].get<double>(), 1.0 / 255);
   const auto zarray = nlohmann::json::parse(test::slurp(dir + "/a.ome.zarr/0/.zarray"));
   EXPECT_EQ(zarray["shape"], (nlohmann::json{2, 140, 300}));
-  EXPECT_EQ(zarray["compressor"], (nlohmann::json{{"id", "zlib"}, {"level", 1}}));
+  EXPECT_EQ(zarray["compressor"], (nlohmann::json{{"id", "zstd"}, {"level", 1}})) << "u8 probabilities";
+  EXPECT_EQ(nlohmann::json::parse(test::slurp(dir + "/a.ome.zarr/labels/classes/0/.zarray"))["compressor"],
+            (nlohmann::json{{"id", "zlib"}, {"level", 1}}));
   EXPECT_EQ(zarray["dimension_separator"], "/");
   // The zeros of the top-left 150 x 70 px fill chunks (0, 0) and (0, 1) of every channel.
   EXPECT_FALSE(fs::exists(dir + "/a.ome.zarr/0/1/0/0"));
@@ -299,8 +301,8 @@ TEST(ZarrWriter, MetadataSaysScalesColoursAndNames) {
   EXPECT_EQ(pixels["datasets"][1]["coordinateTransformations"][0]["scale"], (nlohmann::json{1.0, 2.0, 2.0}));
 }
 
-// Each array names its codec as numcodecs does: the TIFF outputs' defaults (floats zstd:1, integers zlib:1),
-// else --compression mapped to zstd or zlib (lzw has no Zarr codec), or none.
+// Each array names its codec as numcodecs does: the TIFF outputs' defaults (probabilities zstd:1, labels
+// zlib:1), else --compression mapped to zstd or zlib (lzw has no Zarr codec), or none.
 TEST(ZarrWriter, ArraysNameTheirCompressor) {
   const std::string dir = test::scratchDir("zarr_compressors");
   const auto compressors = [&](const std::string& compression) {

@@ -429,14 +429,15 @@ void checkCompression(const Compression& c) {
 
 // The trade scripts/bench.sh codecs measures (docs/performance.md, "Output codecs"): floats compress much
 // faster as zstd level 1 with the floating-point predictor than as deflate at its default level, to files of
-// about its size (the predictor matters on smooth outputs); integers stay deflate (every TIFF reader has it,
-// Debian's tifffile without imagecodecs included), at level 1 and without differencing (labels are
-// categories), faster than level 6 with it and about as small.
-Compression defaultCompression(SampleType type) {
+// about its size (the predictor matters on smooth outputs); u8 and u16 probabilities go with them (whoever
+// reads the f32 file reads zstd), without differencing, several times deflate's pace and smaller. Labels stay
+// deflate (every TIFF reader has it, Debian's tifffile without imagecodecs included), at level 1 and without
+// differencing (categories), faster than level 6 with it and about as small.
+Compression defaultCompression(SampleType type, RasterValues values) {
   const bool floats = type == SampleType::kF32 || type == SampleType::kF16;
-  if (floats && TIFFIsCODECConfigured(COMPRESSION_ZSTD)) return {Codec::kZstd, 1, true};
-  if (floats) return {Codec::kDeflate, 1, true};  // a libtiff without zstd
-  return {Codec::kDeflate, 1, false};
+  if (!floats && values == RasterValues::kCategories) return {Codec::kDeflate, 1, false};
+  if (TIFFIsCODECConfigured(COMPRESSION_ZSTD)) return {Codec::kZstd, 1, floats};
+  return {Codec::kDeflate, 1, floats};  // a libtiff without zstd
 }
 
 size_t compressorBytes(const Compression& c) {
@@ -483,7 +484,7 @@ ImageWriter::ImageWriter(const std::string& path, int64_t width, int64_t height,
   TILER_CHECK(!(stream_ && tiff), IoError,
               "'" << path << "' is a character device or FIFO; a TIFF is written to a file (it seeks back)");
   if (!options_.compression) {
-    options_.compression = defaultCompression(type);
+    options_.compression = defaultCompression(type, options_.values);
     // Floats: the predictor only where it pays, decided on the first row of tiles (choosePredictor).
     choose_predictor_ =
         tiff && options_.compression->predictor && (type == SampleType::kF32 || type == SampleType::kF16);

@@ -59,6 +59,7 @@ class ProbsWriter : public ImageMapWriter {
  public:
   ProbsWriter(const std::string& path, const MapOutput& m) {
     WriterOptions po = m.writer;
+    po.values = RasterValues::kMeasurements;
     // f32 files stay as they always were: values are probabilities as the model gave them.
     if (m.settings.probs_type != SampleType::kF32)
       po.description = probabilitiesDescription(m.settings.probs_type, m.settings.classes_named);

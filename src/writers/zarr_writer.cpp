@@ -62,10 +62,10 @@ std::string blockedBy(const std::string& path) {
 
 // An array's codec as a Zarr reader names it: `--compression` mapped to numcodecs' zstd and zlib (libtiff's
 // deflate levels 10-12 are libdeflate's: zlib stops at 9; lzw has no Zarr codec), else the TIFF outputs'
-// defaults (defaultCompression: zstd:1 for floats, deflate:1, i.e. zlib:1, for integers), without the
+// defaults (defaultCompression: zstd:1 for probabilities, deflate:1, i.e. zlib:1, for labels), without the
 // predictor.
-Compression zarrCompression(const std::optional<Compression>& asked, SampleType type) {
-  Compression c = asked ? *asked : defaultCompression(type);
+Compression zarrCompression(const std::optional<Compression>& asked, SampleType type, RasterValues values) {
+  Compression c = asked ? *asked : defaultCompression(type, values);
   c.predictor = false;  // no Zarr filter: the codec alone
   if (c.codec == Codec::kLzw) return {Codec::kDeflate, 1, false};
   if (c.codec == Codec::kDeflate) c.level = c.level == 0 ? 6 : std::min(c.level, 9);
@@ -119,15 +119,15 @@ std::vector<uint8_t> encodeChunk(const cv::Mat& rows, int channel, int chunk, co
 // One Zarr array (channels x height x width), filled a row of chunks at a time.
 class ZarrWriter::Array {
  public:
-  Array(std::string dir, int64_t width, int64_t height, int channels, SampleType type, const ZarrOptions& o,
-        std::shared_ptr<std::atomic<bool>> fault, uint64_t& bytes)
+  Array(std::string dir, int64_t width, int64_t height, int channels, SampleType type, RasterValues values,
+        const ZarrOptions& o, std::shared_ptr<std::atomic<bool>> fault, uint64_t& bytes)
       : dir_(std::move(dir)),
         width_(width),
         height_(height),
         channels_(channels),
         type_(type),
         chunk_(o.chunk),
-        compression_(zarrCompression(o.compression, type)),
+        compression_(zarrCompression(o.compression, type, values)),
         pool_(o.pool),
         fault_(std::move(fault)),
         bytes_(bytes),
@@ -265,13 +265,16 @@ class ZarrWriter::Image {
   Image(const std::string& dir, int64_t width, int64_t height, int channels, SampleType type, bool nearest,
         const ZarrOptions& o, const std::shared_ptr<std::atomic<bool>>& fault, uint64_t& bytes)
       : dir_(dir), interpolation_(nearest ? cv::INTER_NEAREST : cv::INTER_AREA) {
-    levels_.push_back(std::make_unique<Array>(dir + "/0", width, height, channels, type, o, fault, bytes));
+    // Nearest levels are labels' (categories); means are of measurements.
+    const RasterValues values = nearest ? RasterValues::kCategories : RasterValues::kMeasurements;
+    levels_.push_back(
+        std::make_unique<Array>(dir + "/0", width, height, channels, type, values, o, fault, bytes));
     // As many levels as ImageWriter's TIFF pyramid with tiles of one chunk.
     for (int64_t w = width, h = height; o.pyramid && std::max(w, h) > o.chunk;) {
       w = (w + 1) / 2;
       h = (h + 1) / 2;
       const std::string level_dir = dir + "/" + std::to_string(levels_.size());
-      levels_.push_back(std::make_unique<Array>(level_dir, w, h, channels, type, o, fault, bytes));
+      levels_.push_back(std::make_unique<Array>(level_dir, w, h, channels, type, values, o, fault, bytes));
     }
     pending_.resize(levels_.size());
   }

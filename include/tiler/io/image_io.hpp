@@ -132,9 +132,12 @@ std::string compressionName(const Compression& compression);
 // Throws ConfigError when this libtiff cannot write `compression` (a codec left out of it, a deflate level
 // above 9 without libdeflate): checked on a TIFF in memory, so that a run refuses before any image.
 void checkCompression(const Compression& compression);
-// The codec of an output of sample type `type` when none is asked for: the measured trade of file size for
-// the write stage's pace (docs/performance.md, "Output codecs").
-Compression defaultCompression(SampleType type);
+// What a raster's samples are: categories (labels, ids: every TIFF reader's deflate) or measurements
+// (probabilities of any sample type: compressed as the floats are).
+enum class RasterValues { kCategories, kMeasurements };
+// The codec of an output of sample type `type` holding `values` when none is asked for: the measured trade of
+// file size for the write stage's pace (docs/performance.md, "Output codecs").
+Compression defaultCompression(SampleType type, RasterValues values);
 // What one thread compressing with `compression` holds for its codec, in bytes: zstd sizes its context by
 // level alone (libtiff pledges no tile size), from 1.4 MB at level 1 to 815 MB at 22.
 size_t compressorBytes(const Compression& compression);
@@ -157,8 +160,9 @@ cv::Mat halve(const cv::Mat& rows, cv::Size size, int interpolation);
 
 struct WriterOptions {
   std::string format = "tif";  // tif | png
-  // Unset: defaultCompression(the writer's sample type).
+  // Unset: defaultCompression(the writer's sample type, values).
   std::optional<Compression> compression;
+  RasterValues values = RasterValues::kCategories;
   int tile = 256;               // TIFF tile edge (multiple of 16)
   std::string metadata_from;    // input TIFF whose resolution and GeoTIFF tags are copied
   double metadata_scale = 1.0;  // output pixels per input pixel, to adjust those tags

@@ -5,7 +5,7 @@
 // labels/<name> (shape (1, H, W), the same chunks and levels); either may be absent. Pyramid levels are the
 // TIFF pyramid's exactly: each half the previous through halve() (2x2 means; the labels' nearest), down to
 // one chunk. Chunks are compressed (zstd or zlib, as numcodecs names them; `--compression`'s codec and level,
-// else the TIFF outputs' defaults: zstd:1 for floats, zlib:1 for integers) as soon as a row of them is
+// else the TIFF outputs' defaults: zstd:1 for probabilities, zlib:1 for labels) as soon as a row of them is
 // complete, on the pool when one is given, and written in order, so the bytes do not depend on the pool's
 // threads; a chunk whose every byte is 0 (the fill value) is not written, as zarr's write_empty_chunks=False,
 // and readers return the fill value there. Memory: per array, the row of chunks being filled and the one
@@ -57,7 +57,7 @@ struct ZarrOptions {
   bool pyramid = false;       // levels, each half the previous, down to one chunk (WriterOptions::pyramid's)
   std::optional<double> mpp;  // micrometres per level-0 pixel: scales in micrometers; unset: in pixels
   // --compression: zstd:L -> zstd, deflate:L -> zlib (levels above 9 as 9), lzw (no Zarr codec) -> zlib:1,
-  // none -> no compressor; unset: zstdOrZlibDefault of each array's sample type.
+  // none -> no compressor; unset: defaultCompression of each array's sample type and values.
   std::optional<Compression> compression;
   std::shared_ptr<WorkPool> pool;  // compresses chunks; null: the calling thread
   std::string name;                // the multiscales' name ("" : "probabilities")
