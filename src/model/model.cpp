@@ -510,21 +510,34 @@ torch::Tensor variedWindow(int channels, int64_t window_w, int64_t window_h) {
       .view({1, channels, window_h, window_w});
 }
 
+// The process's intra-op threads set for a scope (left alone where `threads` is 0), restored when it ends.
+class IntraOpThreads {
+ public:
+  explicit IntraOpThreads(int threads) : restore_(threads > 0 ? at::get_num_threads() : 0) {
+    if (threads > 0) at::set_num_threads(threads);
+  }
+  ~IntraOpThreads() {
+    if (restore_ > 0) at::set_num_threads(restore_);
+  }
+  IntraOpThreads(const IntraOpThreads&) = delete;
+  IntraOpThreads& operator=(const IntraOpThreads&) = delete;
+
+ private:
+  int restore_;
+};
+
 }  // namespace
 
 bool ModelRunner::sameOutputAtThreads(int64_t window_w, int64_t window_h, int threads) {
   const torch::Tensor u = variedWindow(probe_.input_channels, window_w, window_h);
   const torch::Tensor scales = torch::ones({1});
-  const int restore = at::get_num_threads();
   try {
-    at::set_num_threads(1);
+    const IntraOpThreads scope(1);
     const torch::Tensor one = forward(u, scales).cpu();
     at::set_num_threads(threads);
     const torch::Tensor many = forward(u, scales).cpu();
-    at::set_num_threads(restore);
     return torch::equal(one, many);
   } catch (const std::exception& e) {
-    at::set_num_threads(restore);
     spdlog::debug("'{}': the thread check's forward failed: {}", options_.path, firstLine(e.what()));
     return false;
   }
@@ -565,15 +578,7 @@ double ModelRunner::secondsPerWindow(int64_t window_w, int64_t window_h, int64_t
   // On the CPU: this thread's CPU time, one intra-op thread. Wall time counts whatever else the machine runs,
   // and under load would judge a light model heavy.
   const bool cpu = !device_.is_cuda();
-  struct OneIntraOpThread {
-    int restore = 0;
-    explicit OneIntraOpThread(bool on) : restore(on ? at::get_num_threads() : 0) {
-      if (on) at::set_num_threads(1);
-    }
-    ~OneIntraOpThread() {
-      if (restore > 0) at::set_num_threads(restore);
-    }
-  } one_thread(cpu);
+  const IntraOpThreads one_thread(cpu ? 1 : 0);
   auto now = [cpu] {
     if (!cpu)
       return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
