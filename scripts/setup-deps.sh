@@ -8,7 +8,7 @@ packages=(
   libopenslide-dev libhdf5-dev gdal-bin libvips-tools openslide-tools hdf5-tools python3-h5py python3-torch
   python3-setuptools python3-pil util-linux python3-zarr python3-jsonschema openmpi-bin
   libyaml-cpp-dev libminizip-dev libssl-dev python3-yaml
-  libcpp-httplib-dev libsqlite3-dev chromium pybind11-dev python3-dev
+  libcpp-httplib-dev libsqlite3-dev chromium chromium-driver python3-selenium pybind11-dev python3-dev
   python3-shapely
 )
 # tiler view's page: OpenSeadragon, pinned, from npm into .deps/viewer (CMake copies it beside the binary). npm

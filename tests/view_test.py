@@ -3,8 +3,9 @@ non-square regions, level choice, the area rule between levels), the refusals (t
 linked output, malformed IIIF: 4xx, never a file outside the job), the objects endpoint over a TIAToolbox-layout
 store, and the page in a headless Chromium: the screenshot shows the labels' palette colours where the labels
 are, the heatmap where the probabilities are and an object's outline where it is, at two zoom levels.
-Usage: view_test.py TILER. Chromium (Debian's `chromium`) is needed for the browser tests, which skip, saying
-so, where it is absent."""
+Usage: view_test.py TILER. Chromium with its WebDriver and Selenium (Debian's `chromium`, `chromium-driver`,
+`python3-selenium`) are needed for the browser tests, which skip, saying so, where one is absent; a picture is
+taken once the page says it is drawn (its body's data-drawn), not after a fixed time."""
 import http.client
 import json
 import os
@@ -35,6 +36,13 @@ import view_server  # noqa: E402  (scripts/: the one way the test and the bench 
 
 TILER = os.path.abspath(sys.argv.pop(1)) if len(sys.argv) > 1 and os.path.isfile(sys.argv[1]) else ""
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+CHROMEDRIVER = shutil.which("chromedriver")
+try:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.support.ui import WebDriverWait
+except ImportError:
+    webdriver = None
 W, H = 1200, 900  # the input: level 0, then vips's levels of 600x450 and 300x225
 VIRIDIS = [(0.0, 68, 1, 84), (0.2, 65, 68, 135), (0.4, 42, 120, 142), (0.6, 34, 168, 132), (0.8, 122, 209, 81),
            (1.0, 253, 231, 37)]
@@ -348,14 +356,27 @@ class View(unittest.TestCase):
             view_server.stop_view(server)
 
     def screenshot(self, query, name, url=None):
-        if not CHROMIUM:
-            self.skipTest("chromium is not installed (Debian: apt-get install chromium)")
+        if not (CHROMIUM and CHROMEDRIVER and webdriver):
+            self.skipTest("chromium, its driver or selenium is not installed (Debian: apt-get install chromium "
+                          "chromium-driver python3-selenium)")
         shot = self.tmp / f"{name}.png"
         keep = os.environ.get("TILER_VIEW_SCREENSHOTS")
-        subprocess.run([CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                        "--force-device-scale-factor=1", "--window-size=800,600", "--virtual-time-budget=20000",
-                        f"--user-data-dir={self.tmp / 'chromium'}", f"--screenshot={shot}", (url or self.url) + "?size=800x600&" + query],
-                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
+        options = webdriver.ChromeOptions()
+        options.binary_location = CHROMIUM
+        for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                     "--force-device-scale-factor=1", "--window-size=800,600",
+                     f"--user-data-dir={self.tmp / 'chromium'}"):
+            options.add_argument(flag)
+        driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+        try:
+            # The page's 800 x 600 CSS pixels, whatever the browser's window keeps for itself.
+            driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                                   {"width": 800, "height": 600, "deviceScaleFactor": 1, "mobile": False})
+            driver.get((url or self.url) + "?size=800x600&" + query)
+            WebDriverWait(driver, 60).until(lambda d: d.execute_script("return document.body.dataset.drawn === '1'"))
+            driver.save_screenshot(str(shot))
+        finally:
+            driver.quit()
         if keep:
             shutil.copy(shot, Path(keep) / shot.name)
         return np.asarray(Image.open(shot).convert("RGB")).astype(np.float64)

@@ -3,7 +3,8 @@
 // viewport from /api/objects drawn over them, and the controls. URL parameters (for links and tests):
 // image=K, layers=input,labels,probs,objects, class=K (the probabilities' class), opacity_<layer>=0..1,
 // view=x,y,w,h (level-0 pixels to fit), size=WxH (the viewer's size in CSS pixels, else the window's),
-// panel=0 (no controls or scale bar).
+// panel=0 (no controls or scale bar). document.body.dataset.drawn is '1' once every layer shown is fully
+// loaded and the viewport's objects have come, '0' while any is on its way (for scripts that take a picture).
 (function () {
   'use strict';
   const params = new URLSearchParams(window.location.search);
@@ -18,6 +19,15 @@
     }
   }
   let api = null, image = null, viewer = null, layers = {}, objects = [], objectsMode = '', fetchTimer = null;
+  let objectsPending = false;
+
+  function markDrawn() {
+    const items = [];
+    for (let i = 0; viewer && i < viewer.world.getItemCount(); i++) items.push(viewer.world.getItemAt(i));
+    const shownItems = items.filter(t => t.getOpacity() > 0);
+    const loaded = items.length > 0 && shownItems.every(t => t.getFullyLoaded());
+    document.body.dataset.drawn = loaded && !objectsPending ? '1' : '0';
+  }
 
   function defaultOpacity(name) { return name === 'input' ? 1 : name === 'objects' ? 1 : 0.5; }
   function shown() {
@@ -50,6 +60,7 @@
   function layerOf(type) { return image.layers.find(l => l.type === type); }
 
   function open(k) {
+    document.body.dataset.drawn = '0';
     image = api.images[k];
     if (viewer) viewer.destroy();
     layers = {};
@@ -99,7 +110,11 @@
       }
       viewer.forceRedraw();
       controls(labels, scores, cls, grid, gcls);
+      for (let i = 0; i < viewer.world.getItemCount(); i++)
+        viewer.world.getItemAt(i).addHandler('fully-loaded-change', markDrawn);
+      viewer.addHandler('update-viewport', markDrawn);
       requestObjects();
+      markDrawn();
     });
     viewer.addHandler('tile-load-failed', e => { status.textContent = 'a tile failed: ' + e.message; });
     viewer.addHandler('update-viewport', () => { draw(); scalebar(); });
@@ -179,14 +194,18 @@
     const store = layerOf('objects');
     if (!store || !viewer) return;
     clearTimeout(fetchTimer);
+    objectsPending = true;
     fetchTimer = setTimeout(() => {
       const v = viewportRect();
-      if (v.w <= 0 || v.h <= 0) return;
+      if (v.w <= 0 || v.h <= 0) {
+        objectsPending = false;
+        return markDrawn();
+      }
       fetch(store.url + '&x=' + v.x + '&y=' + v.y + '&w=' + v.w + '&h=' + v.h).then(r => r.json()).then(j => {
         objectsMode = j.mode;
         objects = j.mode === 'outlines' ? j.objects : j.points;
         draw();
-      });
+      }).finally(() => { objectsPending = false; markDrawn(); });
     }, bare ? 0 : 150);
   }
 
