@@ -112,12 +112,11 @@
       controls(labels, scores, cls, grid, gcls);
       for (let i = 0; i < viewer.world.getItemCount(); i++)
         viewer.world.getItemAt(i).addHandler('fully-loaded-change', markDrawn);
-      viewer.addHandler('update-viewport', markDrawn);
       requestObjects();
       markDrawn();
     });
     viewer.addHandler('tile-load-failed', e => { status.textContent = 'a tile failed: ' + e.message; });
-    viewer.addHandler('update-viewport', () => { draw(); scalebar(); });
+    viewer.addHandler('update-viewport', () => { draw(); scalebar(); markDrawn(); });
     viewer.addHandler('animation-finish', requestObjects);
     viewer.addHandler('resize', () => { draw(); requestObjects(); });
   }
